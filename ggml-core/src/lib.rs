@@ -1,12 +1,4 @@
-//! Allocation-free, `no_std` core of a Rust re-implementation of ggml.
-//!
-//! - [`dtype`]: element types, including ggml's block-quantised formats;
-//! - [`Tensor`] descriptors in a [`Context`] over caller-provided memory, ops with shape
-//!   rules ([`op`]), and [`Graph`]s of fixed capacity;
-//! - [`backend`]: the object-safe contract every backend implements.
-//!
-//! Nothing here allocates or panics on bad input: every failure is an error value that
-//! says what and where.
+#![doc = include_str!("../README.md")]
 #![no_std]
 #![warn(missing_docs)]
 // Errors carry names inline because there is no allocator to box them into.
@@ -15,6 +7,7 @@
 #[cfg(test)]
 extern crate std;
 
+pub mod alloc;
 pub mod backend;
 pub mod context;
 pub mod dtype;

@@ -1,1 +1,126 @@
-fn main() {}
+//! `cargo xtask <command>`: the project's automation, in Rust so it runs wherever cargo does.
+//!
+//! Commands:
+//! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
+//! - `fetch-model`: download the SmolLM2 GGUF into the cache and print its path.
+
+mod fetch;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use xshell::{cmd, Shell};
+
+type Result<T> = std::result::Result<T, String>;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  ci             format check, clippy, tests (nextest), no_std build of ggml-core,
+                 docs and packaging checks: what CI runs
+  fetch-model    download SmolLM2-135M-Instruct Q4_1 into $GGML_RS_CACHE
+                 (default ~/.cache/ggml-rs), verify it and print its path";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("fetch-model") => fetch::fetch_model().map(|p| println!("{}", p.display())),
+        Some("-h" | "--help" | "help") | None => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command '{other}'\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// Runs one named step, printing a header and the time it took.
+fn step(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    eprintln!("\n==> {name}");
+    let t = std::time::Instant::now();
+    let r = f();
+    eprintln!(
+        "<== {name}: {} in {:.1}s",
+        if r.is_ok() { "ok" } else { "FAILED" },
+        t.elapsed().as_secs_f64()
+    );
+    r.map_err(|e| format!("{name}: {e}"))
+}
+
+fn ci() -> Result<()> {
+    let sh = Shell::new().map_err(|e| e.to_string())?;
+    sh.change_dir(workspace_root());
+    let run = |c: xshell::Cmd<'_>| c.run().map_err(|e| e.to_string());
+
+    step("fmt", || run(cmd!(sh, "cargo fmt --all --check")))?;
+    step("clippy", || {
+        run(cmd!(
+            sh,
+            "cargo clippy --workspace --all-targets --locked -- -D warnings"
+        ))
+    })?;
+    step("tests", || {
+        run(cmd!(
+            sh,
+            "cargo nextest run --workspace --locked --no-fail-fast"
+        ))
+    })?;
+    step("doctests", || {
+        run(cmd!(sh, "cargo test --workspace --locked --doc"))
+    })?;
+    step("no_std build of ggml-core", || no_std_build(&sh))?;
+    step("docs", || {
+        let _env = sh.push_env("RUSTDOCFLAGS", "-D warnings");
+        run(cmd!(sh, "cargo doc --workspace --no-deps --locked"))
+    })?;
+    step("package ggml-core", || {
+        run(cmd!(
+            sh,
+            "cargo package -p ggml-core --locked --allow-dirty"
+        ))
+    })?;
+    eprintln!("\nxtask ci: all checks passed");
+    Ok(())
+}
+
+const NO_STD_TARGET: &str = "thumbv7em-none-eabihf";
+
+fn no_std_build(sh: &Shell) -> Result<()> {
+    let installed = cmd!(sh, "rustup target list --installed")
+        .quiet()
+        .read()
+        .map(|s| s.lines().any(|l| l.trim() == NO_STD_TARGET))
+        .unwrap_or(false);
+    let installed = installed || cmd!(sh, "rustup target add {NO_STD_TARGET}").run().is_ok();
+    if installed {
+        cmd!(
+            sh,
+            "cargo build -p ggml-core --locked --target {NO_STD_TARGET}"
+        )
+        .run()
+        .map_err(|e| e.to_string())
+    } else {
+        eprintln!(
+            "\n!!! WARNING: the {NO_STD_TARGET} target could not be installed; the no_std\n\
+             !!! build is NOT checked on a bare-metal target. Checking a host build of the\n\
+             !!! #![no_std] crate instead (it still forbids std, but not a missing allocator).\n"
+        );
+        cmd!(sh, "cargo build -p ggml-core --locked")
+            .run()
+            .map_err(|e| e.to_string())
+    }
+}
