@@ -3,5 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod dtype;
+pub mod gguf;
 
 pub use dtype::{DType, ALL_DTYPES, QK_K};
+pub use gguf::{Gguf, GgufError};
