@@ -4,6 +4,7 @@ mod common;
 
 use common::{sample, Builder, Val};
 use ggml_core::gguf::{ErrorKind, Gguf, GgufError};
+use ggml_core::DType;
 use rstest::rstest;
 
 fn with(f: impl FnOnce(&mut Builder)) -> Vec<u8> {
@@ -206,6 +207,11 @@ fn sample_header_len() -> usize {
 #[case::data_cut(
     truncated(sample().build(), sample().build().len() - 100),
     "OffsetOutOfBounds", "tensor_info[2].offset", Some("blk.0.attn_q.weight")
+)]
+#[case::empty_tensor_past_end(
+    // No padding after the header: the data section starts past the end of the file.
+    Builder::new().tensor("e", &[0], DType::F32).header(),
+    "OffsetOutOfBounds", "tensor_info[0].offset", Some("e")
 )]
 #[case::duplicate_tensor_name(
     with(|b| b.tensors[2].name = b"token_embd.weight".to_vec()),

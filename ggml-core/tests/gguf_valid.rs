@@ -417,3 +417,63 @@ fn error_display() {
     let as_error: &dyn core::error::Error = &e;
     assert_eq!(as_error.to_string(), msg);
 }
+
+/// Writes small valid files as fuzzing seeds into `$GGML_RS_WRITE_FUZZ_SEEDS` (a
+/// directory) when that variable is set; does nothing otherwise. The committed seeds in
+/// `ggml-core/fuzz/seeds/gguf_parse` come from here.
+#[test]
+fn write_fuzz_seeds() {
+    let Some(dir) = std::env::var_os("GGML_RS_WRITE_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut v2 = sample();
+    v2.version = 2;
+    let mut align8 = sample().kv("general.alignment", Val::U32(8));
+    align8.alignment = 8;
+    let scalars = Builder::new()
+        .kv("u8", Val::U8(1))
+        .kv("i8", Val::I8(-1))
+        .kv("u16", Val::U16(2))
+        .kv("i16", Val::I16(-2))
+        .kv("u32", Val::U32(3))
+        .kv("i32", Val::I32(-3))
+        .kv("u64", Val::U64(4))
+        .kv("i64", Val::I64(-4))
+        .kv("f32", Val::F32(0.5))
+        .kv("f64", Val::F64(0.25))
+        .kv("bool", Val::Bool(true))
+        .kv("s", Val::Str("x".into()));
+    let nested = Builder::new()
+        .kv(
+            "n",
+            Val::Array(
+                9,
+                vec![
+                    Val::Array(8, vec![Val::Str("a".into()), Val::Str("bc".into())]),
+                    Val::Array(7, vec![Val::Bool(false)]),
+                    deep(3),
+                ],
+            ),
+        )
+        .tensor("x", &[4, 2], DType::F16);
+    let shapes = Builder::new()
+        .tensor("scalar", &[], DType::F32)
+        .tensor("empty", &[0, 4], DType::BF16)
+        .tensor("q", &[32, 1, 1, 2], DType::Q5_1)
+        .tensor("k", &[256], DType::Q6K);
+    let seeds = [
+        ("sample_v3.gguf", sample().build()),
+        ("sample_v2.gguf", v2.build()),
+        ("align8.gguf", align8.build()),
+        ("minimal.gguf", Builder::new().header()),
+        ("scalars.gguf", scalars.build()),
+        ("nested.gguf", nested.build()),
+        ("shapes.gguf", shapes.build()),
+    ];
+    for (name, bytes) in seeds {
+        Gguf::parse(&bytes).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}

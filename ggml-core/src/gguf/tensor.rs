@@ -239,12 +239,13 @@ pub(crate) fn place<'a>(
         )
         .with_name(d.name)
     };
-    let available = file_len.saturating_sub(data_offset as u64);
+    // The data section may start past the end of a file without tensor data; then
+    // even an empty tensor lies outside the file (llama.cpp refuses it too).
     let size = d.size as u64;
-    let in_bounds = d
-        .offset
-        .checked_add(size)
-        .is_some_and(|end| end <= available);
+    let in_bounds = file_len
+        .checked_sub(data_offset as u64)
+        .zip(d.offset.checked_add(size))
+        .is_some_and(|(available, end)| end <= available);
     if !in_bounds {
         return Err(err(ErrorKind::OffsetOutOfBounds {
             offset: d.offset,
