@@ -12,6 +12,7 @@ pub mod backend;
 pub mod context;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod graph;
 pub mod name;
 pub mod op;
@@ -24,6 +25,7 @@ pub use backend::{
 pub use context::Context;
 pub use dtype::{DType, ALL_DTYPES, QK_K};
 pub use error::{Error, Result};
+pub use gguf::{Gguf, GgufError};
 pub use graph::Graph;
 pub use name::{Name, MAX_NAME};
 pub use op::{AttnParams, Op, RopeMode, RopeParams};
