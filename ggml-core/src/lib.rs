@@ -3,7 +3,8 @@
 //! - [`dtype`]: element types, including ggml's block-quantised formats;
 //! - [`Tensor`] descriptors in a [`Context`] over caller-provided memory, ops with shape
 //!   rules ([`op`]), and [`Graph`]s of fixed capacity;
-//! - [`backend`]: the object-safe contract every backend implements.
+//! - [`backend`]: the object-safe contract every backend implements;
+//! - [`gguf`]: a zero-copy parser for GGUF files.
 //!
 //! Nothing here allocates or panics on bad input: every failure is an error value that
 //! says what and where.
@@ -19,6 +20,7 @@ pub mod backend;
 pub mod context;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod graph;
 pub mod name;
 pub mod op;
@@ -31,6 +33,7 @@ pub use backend::{
 pub use context::Context;
 pub use dtype::{DType, ALL_DTYPES, QK_K};
 pub use error::{Error, Result};
+pub use gguf::{Gguf, GgufError};
 pub use graph::Graph;
 pub use name::{Name, MAX_NAME};
 pub use op::{AttnParams, Op, RopeMode, RopeParams};
