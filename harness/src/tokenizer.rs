@@ -34,6 +34,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use bpe::Bpe;
+use ggml_core::gguf::Gguf;
 
 pub use bpe::{byte_to_char as gpt2_byte_to_char, char_to_byte as gpt2_char_to_byte};
 pub use unicode_tables::UNICODE_VERSION;
@@ -305,6 +306,90 @@ impl Tokenizer {
             add_bos,
             add_eos: false,
         })
+    }
+
+    /// Builds the tokenizer of a GGUF model: `tokenizer.ggml.tokens`, `token_type` (all
+    /// normal if absent), `merges`, `bos_token_id` and `eos_token_id` (none if absent),
+    /// `add_bos_token` and `add_eos_token` (false if absent, llama.cpp's default for
+    /// BPE vocabularies). `tokenizer.ggml.model` must be `"gpt2"` and
+    /// `tokenizer.ggml.pre` `"smollm"`: other pre-tokenizers split text differently.
+    pub fn from_gguf(gguf: &Gguf<'_>) -> Result<Tokenizer, TokenizerError> {
+        const MODEL: &str = "tokenizer.ggml.model";
+        const PRE: &str = "tokenizer.ggml.pre";
+        const TOKENS: &str = "tokenizer.ggml.tokens";
+        const TYPES: &str = "tokenizer.ggml.token_type";
+        const MERGES: &str = "tokenizer.ggml.merges";
+        const BOS: &str = "tokenizer.ggml.bos_token_id";
+        const EOS: &str = "tokenizer.ggml.eos_token_id";
+        const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+        const ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
+
+        let string = |key: &'static str| -> Result<&str, TokenizerError> {
+            let value = gguf.get(key).ok_or(TokenizerError::MissingKey { key })?;
+            value.as_str().ok_or(TokenizerError::WrongType {
+                key,
+                expected: "a string",
+            })
+        };
+        let strings = |key: &'static str| -> Result<Vec<String>, TokenizerError> {
+            let wrong = TokenizerError::WrongType {
+                key,
+                expected: "an array of strings",
+            };
+            let value = gguf.get(key).ok_or(TokenizerError::MissingKey { key })?;
+            let array = value.as_array().ok_or(wrong.clone())?;
+            let out: Vec<String> = array
+                .strings()
+                .ok_or(wrong.clone())?
+                .map(String::from)
+                .collect();
+            if out.len() != array.len() {
+                return Err(wrong);
+            }
+            Ok(out)
+        };
+        let id = |key: &'static str| -> Result<Option<u32>, TokenizerError> {
+            gguf.get(key)
+                .map(|v| {
+                    v.to_u32().ok_or(TokenizerError::WrongType {
+                        key,
+                        expected: "a token id (an integer in u32 range)",
+                    })
+                })
+                .transpose()
+        };
+        let flag = |key: &'static str| -> Result<bool, TokenizerError> {
+            gguf.get(key).map_or(Ok(false), |v| {
+                v.as_bool().ok_or(TokenizerError::WrongType {
+                    key,
+                    expected: "a bool",
+                })
+            })
+        };
+
+        let model = string(MODEL)?;
+        if model != "gpt2" {
+            return Err(TokenizerError::UnsupportedModel(model.to_owned()));
+        }
+        let pre = string(PRE)?;
+        if pre != "smollm" {
+            return Err(TokenizerError::UnsupportedPreTokenizer(pre.to_owned()));
+        }
+        let tokens = strings(TOKENS)?;
+        let types = match gguf.get(TYPES) {
+            None => vec![TOKEN_TYPE_NORMAL; tokens.len()],
+            Some(value) => {
+                let wrong = TokenizerError::WrongType {
+                    key: TYPES,
+                    expected: "an array of i32",
+                };
+                let array = value.as_array().ok_or(wrong.clone())?;
+                array.numbers::<i32>().ok_or(wrong)?.collect()
+            }
+        };
+        let merges = strings(MERGES)?;
+        let tokenizer = Tokenizer::new(tokens, types, merges, id(BOS)?, id(EOS)?, flag(ADD_BOS)?)?;
+        tokenizer.with_add_eos(flag(ADD_EOS)?)
     }
 
     /// Also end `encode`'s output with EOS (`tokenizer.ggml.add_eos_token`); an error
