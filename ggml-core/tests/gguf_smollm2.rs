@@ -27,8 +27,7 @@ fn smollm2_q4_1() {
         Ok(b) => b,
         Err(e) => {
             eprintln!(
-                "skipped: {} not readable ({e}); fetch it with `cargo xtask fetch-model` \
-                 or see ggml-core/README.md",
+                "skipped: {} not readable ({e}); ggml-core/README.md says how to fetch it",
                 path.display()
             );
             return;

@@ -32,6 +32,14 @@
 //! filter hit, so they are linear for ordinary files but quadratic in the worst case
 //! (many names colliding in the filter). Lookups by key or name are linear scans.
 
+#![deny(
+    clippy::indexing_slicing,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)]
+
 mod error;
 mod reader;
 mod tensor;
