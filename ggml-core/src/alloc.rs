@@ -50,6 +50,26 @@ pub fn plan(
     slots: &mut [Slot],
     free: &mut [FreeBlock],
 ) -> Result<usize> {
+    plan_nodes(
+        tensors,
+        graph.nodes(),
+        graph.leafs(),
+        alignment,
+        slots,
+        free,
+    )
+}
+
+/// [`plan`] over an explicit node order and leaf set (for callers that keep graphs as
+/// plain id lists).
+pub fn plan_nodes(
+    tensors: &[Tensor],
+    nodes: &[TensorId],
+    leafs: impl IntoIterator<Item = TensorId>,
+    alignment: usize,
+    slots: &mut [Slot],
+    free: &mut [FreeBlock],
+) -> Result<usize> {
     if alignment == 0 || !alignment.is_power_of_two() {
         return Err(Error::Param {
             op: "alloc::plan",
@@ -80,7 +100,7 @@ pub fn plan(
     };
 
     // Lifetimes: last reader of every root tensor.
-    for (i, &n) in graph.nodes().iter().enumerate() {
+    for (i, &n) in nodes.iter().enumerate() {
         check(n)?;
         let t = &tensors[n.index()];
         for s in t.src.iter().flatten() {
@@ -106,7 +126,7 @@ pub fn plan(
         top: 0,
     };
     // Leaves that need bytes (inputs) live for the whole graph.
-    for l in graph.leafs() {
+    for l in leafs {
         check(l)?;
         let t = &tensors[l.index()];
         if needs_bytes(t) {
@@ -118,7 +138,7 @@ pub fn plan(
             s.keep = true;
         }
     }
-    for (i, &n) in graph.nodes().iter().enumerate() {
+    for (i, &n) in nodes.iter().enumerate() {
         let t = &tensors[n.index()];
         if needs_bytes(t) {
             let size = aligned(t.nbytes(), alignment)?;

@@ -193,6 +193,15 @@ pub trait Backend: Send + Sync {
     /// Allocates `size` bytes in this backend's domain.
     fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo>;
 
+    /// Wraps `size` bytes of existing host memory at address `ptr` as a buffer of this
+    /// backend's domain without copying (ggml's `buffer_from_host_ptr`, used to run
+    /// memory-mapped weights in place). `Ok(None)` if this backend cannot read host
+    /// memory directly. The caller keeps the memory valid and unchanged until the buffer
+    /// is freed; freeing it does not free the memory.
+    fn buffer_from_host_ptr(&self, _ptr: u64, _size: usize) -> BackendResult<Option<BufferInfo>> {
+        Ok(None)
+    }
+
     /// Frees a buffer. The caller ensures no queued work still uses it.
     fn free_buffer(&self, buffer: BufferId) -> BackendResult<()>;
 

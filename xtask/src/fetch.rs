@@ -1,4 +1,8 @@
 //! Download and verification of the main model, SmolLM2-135M-Instruct Q4_1.
+//!
+//! Self-contained on purpose: the harness includes this same file (`#[path]`), so that
+//! `cargo xtask fetch-model` and `ggml-harness` fetch the model with the same code while
+//! xtask stays free of the heavy harness dependencies.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -6,7 +10,8 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-use crate::Result;
+/// Errors are one-line messages.
+pub type Result<T> = std::result::Result<T, String>;
 
 /// The file inside the wheel and its name in the cache.
 pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

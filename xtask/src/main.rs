@@ -2,7 +2,9 @@
 //!
 //! Commands:
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
-//! - `fetch-model`: download the SmolLM2 GGUF into the cache and print its path.
+//! - `fetch-model`: download the SmolLM2 GGUF into the cache and print its path;
+//! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
+//!   embedded corpus (`ggml-harness perplexity ARGS`).
 
 mod fetch;
 
@@ -11,7 +13,7 @@ use std::process::ExitCode;
 
 use xshell::{cmd, Shell};
 
-type Result<T> = std::result::Result<T, String>;
+use fetch::Result;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
@@ -19,12 +21,15 @@ commands:
   ci             format check, clippy, tests (nextest), no_std build of ggml-core,
                  docs and packaging checks: what CI runs
   fetch-model    download SmolLM2-135M-Instruct Q4_1 into $GGML_RS_CACHE
-                 (default ~/.cache/ggml-rs), verify it and print its path";
+                 (default ~/.cache/ggml-rs), verify it and print its path
+  ppl [-- ARGS]  perplexity of the default model on the embedded corpus
+                 (ARGS go to `ggml-harness perplexity`, see its --help)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
+        Some("ppl") => ppl(&args[1..]),
         Some("fetch-model") => fetch::fetch_model().map(|p| println!("{}", p.display())),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
@@ -59,6 +64,18 @@ fn step(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
     r.map_err(|e| format!("{name}: {e}"))
+}
+
+fn ppl(args: &[String]) -> Result<()> {
+    let sh = Shell::new().map_err(|e| e.to_string())?;
+    sh.change_dir(workspace_root());
+    let args = args.strip_prefix(&["--".to_string()]).unwrap_or(args);
+    cmd!(
+        sh,
+        "cargo run --quiet --release -p harness --bin ggml-harness -- perplexity {args...}"
+    )
+    .run()
+    .map_err(|e| e.to_string())
 }
 
 fn ci() -> Result<()> {
