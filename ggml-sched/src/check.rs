@@ -208,6 +208,9 @@ struct Access {
     info: AccessInfo,
 }
 
+/// Identity of a report for deduplication: rule, both tensors, both splits.
+type ReportKey = (HbRule, String, String, Option<usize>, Option<usize>);
+
 #[derive(Default)]
 struct LogState {
     agents: Vec<String>,
@@ -216,7 +219,7 @@ struct LogState {
     history: HashMap<BufferId, Vec<Access>>,
     ctx: AccessContext,
     reports: Vec<RaceReport>,
-    seen: HashSet<(HbRule, String, String, Option<usize>, Option<usize>)>,
+    seen: HashSet<ReportKey>,
     total: usize,
     accesses: u64,
 }

@@ -312,7 +312,7 @@ pub fn partition(
         }
         let t = &tensors[id.index()];
         let mut best: Option<(usize, usize)> = None;
-        for b in 0..nb {
+        for (b, backend) in backends.iter().enumerate() {
             if !supports(b, id) {
                 continue;
             }
@@ -322,8 +322,7 @@ pub fn partition(
                 .flatten()
                 .filter(|s| {
                     assign[s.index()] == Some(b)
-                        || data_of(**s)
-                            .is_some_and(|d| backends[b].supports_domain(d.buffer.domain))
+                        || data_of(**s).is_some_and(|d| backend.supports_domain(d.buffer.domain))
                 })
                 .count();
             if best.is_none_or(|(sc, _)| score > sc) {

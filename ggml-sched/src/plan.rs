@@ -735,8 +735,34 @@ impl Minimal<'_> {
         join(&mut self.host, &k);
     }
 
-    /// Orders Q(x) after `event` by the cheapest means available.
+    /// Whether Q(x) is already ordered after `event`'s last record: a record of this
+    /// run at a point Q(x) knows, or a record of an earlier run when Q(x) is ordered
+    /// after some point of this run on the owner (which follows all earlier runs there).
+    /// Without events the wait stands for a host sync: Q(x) must know the owner's latest
+    /// point.
+    fn implied(&self, x: usize, event: EventKey) -> bool {
+        let owner = event.backend;
+        let known = self.q[x][owner];
+        if !self.props[owner].events {
+            // Stands for "everything enqueued on the owner so far" (a host sync).
+            return known.is_some() && known >= self.q[owner][owner];
+        }
+        match self.ev_known.get(&event) {
+            Some(k) => known.is_some() && known >= k[owner],
+            None => known.is_some(),
+        }
+    }
+
+    /// Orders Q(x) after `event` by the cheapest means available, unless it already is.
     fn wait(&mut self, acts: &mut Vec<Action>, x: usize, event: EventKey, why: HbRule) {
+        if self.implied(x, event) {
+            return;
+        }
+        self.wait_always(acts, x, event, why);
+    }
+
+    /// As [`Minimal::wait`], even when implied (the own-event wait of the weakened plan).
+    fn wait_always(&mut self, acts: &mut Vec<Action>, x: usize, event: EventKey, why: HbRule) {
         let owner = event.backend;
         if !self.props[owner].events {
             acts.push(Action::HostSync {
@@ -821,8 +847,11 @@ fn minimal(
         m.record(&mut acts, e);
         plan.prologue = acts;
     }
-    // Copy queues that ran user-input copies (HB5 epilogue).
-    let mut user_queues: BTreeSet<usize> = BTreeSet::new();
+    // Copy queues that ran user-input copies (HB5 epilogue): the point of Q(q) the host
+    // must know to be after them, and the order of their last copy.
+    let mut user_need: Vec<Option<usize>> = vec![None; nb];
+    let mut user_last: Vec<usize> = vec![0; nb];
+    let mut n_user_copies = 0usize;
 
     for (k, sp) in part.splits.iter().enumerate() {
         let b = sp.backend;
@@ -847,7 +876,9 @@ fn minimal(
                     join(&mut m.q[b], &ka);
                     if cp.kind == SourceKind::UserInput {
                         need_copydone.insert(a);
-                        user_queues.insert(a);
+                        n_user_copies += 1;
+                        user_need[a] = m.q[a][a].map(|p| p + 1);
+                        user_last[a] = n_user_copies;
                     }
                 }
                 CopyOn::Dst | CopyOn::Host => {
@@ -857,7 +888,7 @@ fn minimal(
                         SourceKind::UserInput => {
                             if own_event {
                                 let e = m.key(b, EventKind::Split);
-                                m.wait(&mut acts, b, e, HbRule::Hb1);
+                                m.wait_always(&mut acts, b, e, HbRule::Hb1);
                             } else if m.q[b][a].is_none() {
                                 let e = m.key(a, EventKind::Inputs);
                                 m.wait(&mut acts, b, e, HbRule::Hb1);
@@ -867,7 +898,7 @@ fn minimal(
                             let producer = part.splits[..k].iter().rposition(|s| s.backend == a);
                             if own_event {
                                 let e = m.key(b, EventKind::Split);
-                                m.wait(&mut acts, b, e, HbRule::Hb1);
+                                m.wait_always(&mut acts, b, e, HbRule::Hb1);
                             } else {
                                 match producer {
                                     Some(p) if m.q[b][a] < Some(p + 1) => {
@@ -891,7 +922,9 @@ fn minimal(
                     m.enqueue(b);
                     if cp.kind == SourceKind::UserInput {
                         need_copydone.insert(b);
-                        user_queues.insert(b);
+                        n_user_copies += 1;
+                        user_need[b] = m.q[b][b].map(|p| p + 1);
+                        user_last[b] = n_user_copies;
                     }
                 }
             }
@@ -947,20 +980,33 @@ fn minimal(
         });
     }
 
-    // HB5: the user-input copies completed before compute returns, one wait per queue.
+    // HB5: the user-input copies completed before compute returns. Wait on the queue
+    // that copied last first; its copy-done event usually implies the others (that queue
+    // waited on their splits), so one host wait remains.
     if !async_user {
         let mut acts = Vec::new();
-        for &q in &user_queues {
+        let mut queues: Vec<usize> = (0..nb).filter(|&q| user_need[q].is_some()).collect();
+        queues.sort_by_key(|&q| std::cmp::Reverse(user_last[q]));
+        for q in queues {
+            if m.host[q].is_some() && m.host[q] >= user_need[q] {
+                continue;
+            }
+            let event = m.key(q, EventKind::CopyDone);
             if props[q].events {
                 acts.push(Action::HostWait {
-                    event: m.key(q, EventKind::CopyDone),
+                    event,
                     why: HbRule::Hb5,
                 });
+                if let Some(k) = m.ev_known.get(&event) {
+                    let k = k.clone();
+                    join(&mut m.host, &k);
+                }
             } else {
                 acts.push(Action::HostSync {
                     backend: q,
                     why: HbRule::Hb5,
                 });
+                m.host_learn_all(q);
             }
         }
         plan.epilogue = acts;
