@@ -63,6 +63,17 @@ pub enum PlanStyle {
     Naive,
 }
 
+impl PlanStyle {
+    /// The style named `name`: `minimal` or `naive`.
+    pub fn from_name(name: &str) -> Option<PlanStyle> {
+        match name {
+            "minimal" => Some(PlanStyle::Minimal),
+            "naive" => Some(PlanStyle::Naive),
+            _ => None,
+        }
+    }
+}
+
 /// Test-only knobs that each drop one happens-before guarantee from the minimal plan, so
 /// that tests and the harness (`--weaken`) can show the checker catches the race.
 #[doc(hidden)]

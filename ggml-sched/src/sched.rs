@@ -376,6 +376,14 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Size in bytes of each backend's compute buffer (0 where none is allocated).
+    pub fn buffer_sizes(&self) -> Vec<usize> {
+        self.buffers
+            .iter()
+            .map(|b| b.map_or(0, |i| i.size))
+            .collect()
+    }
+
     /// The partition of the allocated graph.
     pub fn partition(&self) -> Option<&Partition> {
         self.graph.as_ref().map(|g| &g.part)

@@ -4,12 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
-use ggml_core::{Backend, CopyQueue, DType, TensorFlags, TensorId};
+use ggml_core::CopyQueue;
 use ggml_sched::testing::{FailMode, TestBackend, TestBackendOptions};
-use ggml_sched::{HbRule, PlanStyle, SchedOptions, Scheduler, WeakenKnob};
+use ggml_sched::{HbRule, PlanStyle, SchedOptions, WeakenKnob};
 
 fn layers_for(n_backends: usize) -> Vec<usize> {
     (0..2 * n_backends).map(|l| l / 2).collect()
@@ -88,124 +86,6 @@ fn naive_plan_is_exact_without_pipelining() {
     assert!(c.run_pipelined(&mut s, 4).is_empty());
     let minimal = s.stats().host_syncs_per_compute();
     assert!(minimal < naive, "minimal {minimal} naive {naive}");
-}
-
-/// A two-stage pipeline with an accumulator on the second stage: A computes
-/// `x = in * 2` (the input lives on A), B adds the copy of x into `acc` (caller memory on
-/// B) every run. Any copy that reads the wrong x changes the final sum.
-struct Pipe {
-    g: Built,
-    input: TensorId,
-    acc: TensorId,
-    pins: Vec<(TensorId, usize)>,
-    n: usize,
-    input_on_b: bool,
-}
-
-/// With `reuse`, A computes a second tensor after B's split, which the allocator places
-/// over x's bytes (the HB6 scenario). With `input_on_b`, B's split reads a copy of the
-/// input itself (the HB5 scenario).
-fn pipe(n: usize, reuse: bool, input_on_b: bool) -> Pipe {
-    let mut input = TensorId(0);
-    let mut acc = TensorId(0);
-    let mut pins = Vec::new();
-    let g = build(32, |ctx| {
-        input = ctx.new_tensor_1d(DType::F32, n).unwrap();
-        ctx.set_name(input, "in").unwrap();
-        ctx.set_flags(input, TensorFlags::INPUT).unwrap();
-        acc = ctx.new_tensor_1d(DType::F32, n).unwrap();
-        ctx.set_name(acc, "acc").unwrap();
-        let x = if input_on_b {
-            input
-        } else {
-            let x = ctx.scale(input, 2.0).unwrap();
-            ctx.set_name(x, "x").unwrap();
-            x
-        };
-        let y = ctx.scale(x, 1.0).unwrap();
-        ctx.set_name(y, "y").unwrap();
-        let sum = ctx.add(acc, y).unwrap();
-        ctx.set_name(sum, "sum").unwrap();
-        let upd = ctx.cpy(sum, acc).unwrap();
-        let mut outs = vec![upd];
-        if reuse {
-            let z = ctx.scale(input, 3.0).unwrap();
-            ctx.set_name(z, "z").unwrap();
-            let z2 = ctx.scale(z, 1.0).unwrap();
-            ctx.set_name(z2, "z2").unwrap();
-            ctx.set_flags(z2, TensorFlags::OUTPUT).unwrap();
-            outs.push(z2);
-        }
-        outs
-    });
-    for (i, t) in g.tensors.iter().enumerate() {
-        let id = TensorId(i as u32);
-        match t.name.as_str() {
-            "x" | "z" | "z2" => pins.push((id, 0)),
-            "y" | "sum" => pins.push((id, 1)),
-            _ => {}
-        }
-    }
-    Pipe {
-        g,
-        input,
-        acc,
-        pins,
-        n,
-        input_on_b,
-    }
-}
-
-impl Pipe {
-    fn input(&self, r: u64) -> Vec<f32> {
-        (0..self.n)
-            .map(|i| ((r * 5 + i as u64) % 64) as f32)
-            .collect()
-    }
-
-    /// Runs `runs` runs back to back (no host reads in between), returns whether the
-    /// accumulated sum is exact.
-    fn run(
-        &mut self,
-        backends: Vec<Arc<dyn Backend>>,
-        opts: SchedOptions,
-        input_backend: usize,
-        runs: u64,
-    ) -> bool {
-        place(
-            &*backends[1],
-            &mut self.g.tensors[self.acc.index()],
-            &vec![0.0; self.n],
-        );
-        let mut s = Scheduler::new(
-            backends,
-            SchedOptions {
-                input_backend: Some(input_backend),
-                ..opts
-            },
-        )
-        .unwrap();
-        for &(id, b) in &self.pins {
-            s.set_tensor_backend(id, b).unwrap();
-        }
-        s.alloc_nodes(&self.g.tensors, &self.g.nodes, &self.g.leafs)
-            .unwrap();
-        let mut expect = vec![0.0f32; self.n];
-        let factor = if self.input_on_b { 1.0 } else { 2.0 };
-        for r in 0..runs {
-            let x = self.input(r);
-            for (e, v) in expect.iter_mut().zip(&x) {
-                *e += v * factor;
-            }
-            s.set_input(self.input, &to_bytes(&x)).unwrap();
-            s.compute().unwrap();
-        }
-        s.synchronize().unwrap();
-        let mut out = vec![0u8; self.n * 4];
-        let t = *s.tensor(0, self.acc).unwrap();
-        s.backends()[1].get_tensor(&t, 0, &mut out).unwrap();
-        to_f32(&out) == expect
-    }
 }
 
 struct KnobCase {
