@@ -246,6 +246,7 @@ impl Scheduler {
     /// Partitions, plans and allocates `graph` over `tensors` (the caller's context
     /// table). Waits for every queue first (as ggml's reserve). Tensors with data
     /// (weights) stay where they are; the scheduler places every other tensor.
+    #[doc(alias = "reserve")]
     pub fn alloc(&mut self, tensors: &[Tensor], graph: &Graph<'_>) -> Result<()> {
         let leafs: Vec<TensorId> = graph.leafs().collect();
         self.alloc_nodes(tensors, graph.nodes(), &leafs)

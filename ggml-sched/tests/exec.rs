@@ -18,28 +18,34 @@ fn layers_for(n_backends: usize) -> Vec<usize> {
 fn minimal_plan_is_exact_and_race_free_under_delays() {
     for (i, setup) in Setup::all().into_iter().enumerate() {
         let seed = i as u64;
-        let (b, log) = checked(dyns(setup.tests(Some(seed), 150)));
-        let mut c = chain(8, &layers_for(setup.n_backends));
-        let mut s = c.scheduler(b, setup.opts(PlanStyle::Minimal, &[]));
-        let bad = c.run_pipelined(&mut s, 6);
-        assert!(
-            bad.is_empty(),
-            "{setup:?}: runs {bad:?} wrong\n{}",
-            s.plan(0).unwrap()
-        );
-        assert!(
-            log.is_clean(),
-            "{setup:?}\n{}\n{}",
-            log.summary(8),
-            s.plan(0).unwrap()
-        );
-        let st = s.stats();
-        assert_eq!(st.runs, 6);
-        if setup.events && setup.foreign_waits {
-            // One host wait per run, for the user-input copies (HB5).
-            assert_eq!(st.host_syncs, 6, "{setup:?}\n{}", s.plan(0).unwrap());
+        let mut placements = vec![layers_for(setup.n_backends)];
+        if setup.n_backends == 2 {
+            // Back and forth: A, B, A, B, with copies of p reused across splits.
+            placements.push(vec![0, 1, 0, 1, 1, 0]);
         }
-        assert!(st.bytes_copied > 0);
+        for layers in placements {
+            let (b, log) = checked(dyns(setup.tests(Some(seed), 150)));
+            let mut c = chain(8, &layers);
+            let mut s = c.scheduler(b, setup.opts(PlanStyle::Minimal, &[]));
+            let bad = c.run_pipelined(&mut s, 6);
+            let plan = s.plan(0).unwrap();
+            assert!(
+                bad.is_empty(),
+                "{setup:?} {layers:?}: runs {bad:?} wrong\n{plan}"
+            );
+            assert!(
+                log.is_clean(),
+                "{setup:?} {layers:?}\n{}\n{plan}",
+                log.summary(8)
+            );
+            let st = s.stats();
+            assert_eq!(st.runs, 6);
+            if setup.events && setup.foreign_waits {
+                // One host wait per run, for the user-input copies (HB5).
+                assert_eq!(st.host_syncs, 6, "{setup:?} {layers:?}\n{plan}");
+            }
+            assert!(st.bytes_copied > 0);
+        }
     }
 }
 
