@@ -1,0 +1,755 @@
+//! The scheduler: partition, plan and allocate once per graph shape, then run the plan
+//! any number of times through `&dyn Backend` calls.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use ggml_core::{
+    Backend, BackendErrorKind, BufferInfo, DataRef, EventId, EventRef, Graph, Tensor, TensorId,
+};
+
+use crate::alloc::layout;
+use crate::check::{AccessContext, CheckedBackend, RaceLog};
+use crate::error::{Result, SchedError};
+use crate::partition::{partition, Partition, PartitionConfig};
+use crate::plan::{
+    build_plan, Action, BackendProps, CopyOn, EventKey, Plan, PlanSettings, PlanStyle, WeakenKnob,
+    MAX_COPIES,
+};
+
+/// Options of a [`Scheduler`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedOptions {
+    /// Pipeline slots (1..=[`MAX_COPIES`]): run r uses slot r mod n_copies, so up to
+    /// n_copies runs can be in flight.
+    pub n_copies: usize,
+    /// Which plan to run.
+    pub style: PlanStyle,
+    /// Backend holding [`ggml_core::TensorFlags::INPUT`] tensors; default the last one
+    /// (ggml: the CPU).
+    pub input_backend: Option<usize>,
+    /// ggml's `op_offload` (see [`PartitionConfig::op_offload`]).
+    pub op_offload: bool,
+    /// Weakened rules, for tests and the harness's `--weaken` only.
+    #[doc(hidden)]
+    pub weaken: BTreeSet<WeakenKnob>,
+}
+
+impl Default for SchedOptions {
+    fn default() -> Self {
+        SchedOptions {
+            n_copies: 1,
+            style: PlanStyle::Minimal,
+            input_backend: None,
+            op_offload: false,
+            weaken: BTreeSet::new(),
+        }
+    }
+}
+
+/// What one [`Scheduler::compute`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Run index (0, 1, ...).
+    pub run: u64,
+    /// Pipeline slot used.
+    pub slot: usize,
+    /// Splits enqueued.
+    pub splits: usize,
+    /// Times the host blocked: host waits, host syncs, and the source-queue wait inside
+    /// each blocking copy.
+    pub host_syncs: usize,
+    /// Queue-side event waits.
+    pub queue_waits: usize,
+    /// Events recorded.
+    pub events_recorded: usize,
+    /// Copies done by `cpy_tensor_async`.
+    pub async_copies: usize,
+    /// Copies done through the host (planned, or because a backend declined).
+    pub blocking_copies: usize,
+    /// Bytes copied between backends.
+    pub bytes_copied: u64,
+}
+
+/// Cumulative statistics over runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Completed `compute` calls.
+    pub runs: u64,
+    /// Sum of host syncs.
+    pub host_syncs: u64,
+    /// Sum of queue waits.
+    pub queue_waits: u64,
+    /// Sum of recorded events.
+    pub events_recorded: u64,
+    /// Sum of async copies.
+    pub async_copies: u64,
+    /// Sum of blocking copies.
+    pub blocking_copies: u64,
+    /// Sum of bytes copied.
+    pub bytes_copied: u64,
+}
+
+impl Stats {
+    /// Average host syncs per `compute`.
+    pub fn host_syncs_per_compute(&self) -> f64 {
+        if self.runs == 0 {
+            0.0
+        } else {
+            self.host_syncs as f64 / self.runs as f64
+        }
+    }
+
+    fn add(&mut self, r: &RunStats) {
+        self.runs += 1;
+        self.host_syncs += r.host_syncs as u64;
+        self.queue_waits += r.queue_waits as u64;
+        self.events_recorded += r.events_recorded as u64;
+        self.async_copies += r.async_copies as u64;
+        self.blocking_copies += r.blocking_copies as u64;
+        self.bytes_copied += r.bytes_copied;
+    }
+}
+
+struct GraphState {
+    part: Partition,
+    /// One tensor table per slot: the caller's descriptors with data, plus slot copies,
+    /// with sources remapped to the slot's copies.
+    tables: Vec<Vec<Tensor>>,
+    plans: Vec<Plan>,
+    /// Tensors whose bytes differ per slot (outputs and their views).
+    per_slot: Vec<bool>,
+    last_run: Option<u64>,
+}
+
+/// A multi-backend graph scheduler (ggml's `ggml_backend_sched`).
+///
+/// Build the graph once per batch shape, [`alloc`](Scheduler::alloc) it, then for each
+/// run write inputs with [`set_input`](Scheduler::set_input), call
+/// [`compute`](Scheduler::compute) and read outputs with
+/// [`get_tensor`](Scheduler::get_tensor). `compute` only enqueues (plus the one host wait
+/// HB5 needs when user inputs are copied across backends), so with `n_copies > 1` run
+/// r + 1 is submitted while run r still executes; the outputs of the last `n_copies` runs
+/// stay readable.
+///
+/// The caller's tensors and graph are never modified: the scheduler keeps its own table.
+pub struct Scheduler {
+    backends: Vec<Arc<dyn Backend>>,
+    opts: SchedOptions,
+    props: Vec<BackendProps>,
+    pins: Vec<(TensorId, usize)>,
+    graph: Option<GraphState>,
+    buffers: Vec<Option<BufferInfo>>,
+    events: HashMap<EventKey, EventId>,
+    next_run: u64,
+    stats: Stats,
+    logs: Vec<Arc<RaceLog>>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("backends", &self.props)
+            .field("opts", &self.opts)
+            .field("next_run", &self.next_run)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn props_of(backends: &[Arc<dyn Backend>]) -> Vec<BackendProps> {
+    let refs: Vec<&dyn Backend> = backends.iter().map(|b| &**b).collect();
+    BackendProps::of(&refs)
+}
+
+impl Scheduler {
+    /// A scheduler over `backends` (index = priority, 0 highest; the last is where
+    /// inputs live by default, as ggml's CPU).
+    pub fn new(backends: Vec<Arc<dyn Backend>>, opts: SchedOptions) -> Result<Scheduler> {
+        if backends.is_empty() {
+            return Err(SchedError::Invalid(
+                "a scheduler needs at least one backend".into(),
+            ));
+        }
+        if !(1..=MAX_COPIES).contains(&opts.n_copies) {
+            return Err(SchedError::Invalid(format!(
+                "n_copies must be 1..={MAX_COPIES}, got {}",
+                opts.n_copies
+            )));
+        }
+        if let Some(i) = opts.input_backend {
+            if i >= backends.len() {
+                return Err(SchedError::Invalid(format!(
+                    "input backend {i} out of range (have {})",
+                    backends.len()
+                )));
+            }
+        }
+        let props = props_of(&backends);
+        let mut logs: Vec<Arc<RaceLog>> = Vec::new();
+        for b in &backends {
+            if let Some(c) = b.as_any().downcast_ref::<CheckedBackend>() {
+                if !logs.iter().any(|l| Arc::ptr_eq(l, c.log())) {
+                    logs.push(c.log().clone());
+                }
+            }
+        }
+        let n = backends.len();
+        Ok(Scheduler {
+            backends,
+            opts,
+            props,
+            pins: Vec::new(),
+            graph: None,
+            buffers: vec![None; n],
+            events: HashMap::new(),
+            next_run: 0,
+            stats: Stats::default(),
+            logs,
+        })
+    }
+
+    /// The backends, in priority order.
+    pub fn backends(&self) -> &[Arc<dyn Backend>] {
+        &self.backends
+    }
+
+    /// The options.
+    pub fn options(&self) -> &SchedOptions {
+        &self.opts
+    }
+
+    /// The backend properties the planner uses (events may be turned off here when a
+    /// backend declared events but `event_new` returned none).
+    pub fn backend_props(&self) -> &[BackendProps] {
+        &self.props
+    }
+
+    /// Pins `id` to `backend` for the next [`alloc`](Scheduler::alloc) (ggml's
+    /// `ggml_backend_sched_set_tensor_backend`).
+    pub fn set_tensor_backend(&mut self, id: TensorId, backend: usize) -> Result<()> {
+        if backend >= self.backends.len() {
+            return Err(SchedError::Invalid(format!(
+                "backend {backend} out of range"
+            )));
+        }
+        self.pins.retain(|(t, _)| *t != id);
+        self.pins.push((id, backend));
+        Ok(())
+    }
+
+    /// Removes every pin.
+    pub fn clear_pins(&mut self) {
+        self.pins.clear();
+    }
+
+    /// Partitions, plans and allocates `graph` over `tensors` (the caller's context
+    /// table). Waits for every queue first (as ggml's reserve). Tensors with data
+    /// (weights) stay where they are; the scheduler places every other tensor.
+    #[doc(alias = "reserve")]
+    pub fn alloc(&mut self, tensors: &[Tensor], graph: &Graph<'_>) -> Result<()> {
+        let leafs: Vec<TensorId> = graph.leafs().collect();
+        self.alloc_nodes(tensors, graph.nodes(), &leafs)
+    }
+
+    /// [`alloc`](Scheduler::alloc) for a graph given as node and leaf lists.
+    pub fn alloc_nodes(
+        &mut self,
+        tensors: &[Tensor],
+        nodes: &[TensorId],
+        leafs: &[TensorId],
+    ) -> Result<()> {
+        self.drain();
+        self.graph = None;
+        let n_copies = self.opts.n_copies;
+        let cfg = PartitionConfig {
+            n_copies,
+            input_backend: self.opts.input_backend.unwrap_or(self.backends.len() - 1),
+            op_offload: self.opts.op_offload,
+            pins: self.pins.clone(),
+        };
+        let refs: Vec<&dyn Backend> = self.backends.iter().map(|b| &**b).collect();
+        let part = partition(tensors, nodes, leafs, &refs, &cfg)?;
+        let alignments: Vec<usize> = self
+            .backends
+            .iter()
+            .map(|b| b.alignment().max(1).next_power_of_two())
+            .collect();
+        let lay = layout(tensors, &part, &alignments, n_copies)?;
+
+        // Buffers: keep those big enough, replace the others.
+        for (b, &size) in lay.sizes.iter().enumerate() {
+            let fits = self.buffers[b].is_some_and(|i| i.size >= size);
+            if size == 0 || fits {
+                continue;
+            }
+            if let Some(old) = self.buffers[b].take() {
+                self.backends[b].free_buffer(old.id)?;
+            }
+            self.buffers[b] = Some(self.backends[b].alloc_buffer(size)?);
+        }
+
+        // Tables.
+        let n = part.n_tensors;
+        let mut tables = Vec::with_capacity(n_copies);
+        let mut per_slot = vec![false; n + part.slot_tensors.len()];
+        for c in 0..n_copies {
+            let mut t: Vec<Tensor> = tensors.to_vec();
+            t.extend_from_slice(&part.slot_tensors);
+            for (id, p) in lay.place[c].iter().enumerate() {
+                if let Some((b, off)) = *p {
+                    let buf = self.buffers[b].expect("allocated above");
+                    t[id].data = Some(DataRef {
+                        buffer: buf.id,
+                        addr: buf.base + off as u64,
+                    });
+                    if lay.place[0][id] != Some((b, off)) {
+                        per_slot[id] = true;
+                    }
+                }
+            }
+            // Views (and in-place writers) see their root's bytes.
+            for &id in part.nodes.iter().chain(&part.leafs) {
+                let Some(r) = t[id.index()].view_src else {
+                    continue;
+                };
+                if lay.place[c][r.index()].is_some() || t[id.index()].data.is_none() {
+                    if let Some(d) = t[r.index()].data {
+                        t[id.index()].data = Some(DataRef {
+                            buffer: d.buffer,
+                            addr: d.addr + t[id.index()].view_offs as u64,
+                        });
+                        per_slot[id.index()] = per_slot[r.index()];
+                    }
+                }
+            }
+            for &(node, j, ci) in &part.remap {
+                t[node.index()].src[j] = Some(part.copies[ci].slots[c]);
+            }
+            tables.push(t);
+        }
+
+        // Plans and the events they use; a backend that declared events but has none
+        // is planned again without.
+        let plans = loop {
+            let plans: Vec<Plan> = (0..n_copies)
+                .map(|c| {
+                    build_plan(
+                        &part,
+                        &self.props,
+                        &PlanSettings {
+                            n_copies,
+                            slot: c,
+                            style: self.opts.style,
+                            weaken: self.opts.weaken.clone(),
+                        },
+                    )
+                })
+                .collect();
+            let mut replan = false;
+            let keys: BTreeSet<EventKey> = plans.iter().flat_map(|p| p.events()).collect();
+            for k in keys {
+                if self.events.contains_key(&k) {
+                    continue;
+                }
+                match self.backends[k.backend].event_new()? {
+                    Some(id) => {
+                        self.events.insert(k, id);
+                    }
+                    None => {
+                        self.props[k.backend].events = false;
+                        replan = true;
+                        break;
+                    }
+                }
+            }
+            if !replan {
+                break plans;
+            }
+        };
+        self.graph = Some(GraphState {
+            part,
+            tables,
+            plans,
+            per_slot,
+            last_run: None,
+        });
+        Ok(())
+    }
+
+    /// Size in bytes of each backend's compute buffer (0 where none is allocated).
+    pub fn buffer_sizes(&self) -> Vec<usize> {
+        self.buffers
+            .iter()
+            .map(|b| b.map_or(0, |i| i.size))
+            .collect()
+    }
+
+    /// The partition of the allocated graph.
+    pub fn partition(&self) -> Option<&Partition> {
+        self.graph.as_ref().map(|g| &g.part)
+    }
+
+    /// The plan run for pipeline slot `slot`.
+    pub fn plan(&self, slot: usize) -> Option<&Plan> {
+        self.graph.as_ref().and_then(|g| g.plans.get(slot))
+    }
+
+    /// The scheduler's descriptor of `id` (with data and remapped sources) in slot
+    /// `slot`'s table; ids past the caller's table are slot copies.
+    pub fn tensor(&self, slot: usize, id: TensorId) -> Option<&Tensor> {
+        self.graph
+            .as_ref()
+            .and_then(|g| g.tables.get(slot))
+            .and_then(|t| t.get(id.index()))
+    }
+
+    /// Index of the next run.
+    pub fn next_run(&self) -> u64 {
+        self.next_run
+    }
+
+    /// Cumulative statistics.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Resets the cumulative statistics.
+    pub fn reset_stats(&mut self) {
+        self.stats = Stats::default();
+    }
+
+    fn annotate(&self, ctx: AccessContext) {
+        for l in &self.logs {
+            l.set_context(ctx);
+        }
+    }
+
+    fn state(&self) -> Result<&GraphState> {
+        self.graph.as_ref().ok_or(SchedError::NoGraph)
+    }
+
+    fn tensor_err(&self, id: TensorId, what: &str) -> SchedError {
+        let name = self
+            .graph
+            .as_ref()
+            .and_then(|g| g.tables[0].get(id.index()))
+            .map(|t| t.name.as_str().to_string())
+            .unwrap_or_default();
+        SchedError::Tensor {
+            id: id.0,
+            name,
+            what: what.to_string(),
+        }
+    }
+
+    /// Writes the bytes of input `id` (a leaf without data) for the next run. The write
+    /// is enqueued on the input's backend, so it follows every queued read of the
+    /// previous run there; copies of it to other backends completed before the previous
+    /// `compute` returned (HB5).
+    pub fn set_input(&mut self, id: TensorId, bytes: &[u8]) -> Result<()> {
+        let gs = self.state()?;
+        if !gs.part.user_inputs.contains(&id) {
+            return Err(self.tensor_err(
+                id,
+                "is not an input of the allocated graph (a leaf without data)",
+            ));
+        }
+        let t = &gs.tables[0][id.index()];
+        if bytes.len() != t.nbytes() {
+            return Err(self.tensor_err(
+                id,
+                &format!("expects {} bytes, got {}", t.nbytes(), bytes.len()),
+            ));
+        }
+        let b = gs.part.backend_of[id.index()].expect("inputs are assigned");
+        self.annotate(AccessContext {
+            run: Some(self.next_run),
+            slot: Some((self.next_run % self.opts.n_copies as u64) as usize),
+            split: None,
+            phase: "set_input",
+        });
+        self.backends[b].set_tensor_async(t, 0, bytes)?;
+        Ok(())
+    }
+
+    /// [`set_input`](Scheduler::set_input) for each pair, then
+    /// [`compute`](Scheduler::compute).
+    pub fn compute_with(&mut self, inputs: &[(TensorId, &[u8])]) -> Result<RunStats> {
+        for (id, bytes) in inputs {
+            self.set_input(*id, bytes)?;
+        }
+        self.compute()
+    }
+
+    /// Runs the allocated graph once: enqueues every split with its copies, waits and
+    /// records as the plan of this run's slot says. Returns after everything is enqueued
+    /// and user-input copies finished (HB5); outputs are readable through
+    /// [`get_tensor`](Scheduler::get_tensor) (which waits for the producer's queue, HB7).
+    ///
+    /// On a backend error every queue is drained, the error is returned, and the
+    /// scheduler can run again.
+    pub fn compute(&mut self) -> Result<RunStats> {
+        let run = self.next_run;
+        let c = (run % self.opts.n_copies as u64) as usize;
+        let mut st = RunStats {
+            run,
+            slot: c,
+            ..RunStats::default()
+        };
+        let res = self.execute(c, run, &mut st);
+        self.annotate(AccessContext::default());
+        match res {
+            Ok(()) => {
+                self.next_run += 1;
+                if let Some(g) = self.graph.as_mut() {
+                    g.last_run = Some(run);
+                }
+                self.stats.add(&st);
+                Ok(st)
+            }
+            Err(e) => {
+                self.drain();
+                if let Some(g) = self.graph.as_mut() {
+                    g.last_run = None;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn execute(&self, c: usize, run: u64, st: &mut RunStats) -> Result<()> {
+        let gs = self.state()?;
+        let plan = &gs.plans[c];
+        st.splits = plan.splits.len();
+        let mut ctx = AccessContext {
+            run: Some(run),
+            slot: Some(c),
+            split: None,
+            phase: "prologue",
+        };
+        for a in &plan.prologue {
+            self.annotate(ctx);
+            self.exec(gs, c, a, st)?;
+        }
+        for sp in &plan.splits {
+            ctx.split = Some(sp.split);
+            for a in &sp.actions {
+                ctx.phase = match a {
+                    Action::Copy { .. } => "copy",
+                    Action::Compute { .. } => "compute",
+                    _ => "sync",
+                };
+                self.annotate(ctx);
+                self.exec(gs, c, a, st)?;
+            }
+        }
+        ctx.split = None;
+        ctx.phase = "epilogue";
+        for a in &plan.epilogue {
+            self.annotate(ctx);
+            self.exec(gs, c, a, st)?;
+        }
+        Ok(())
+    }
+
+    fn event(&self, k: &EventKey) -> Result<EventId> {
+        self.events.get(k).copied().ok_or_else(|| {
+            SchedError::Invalid(format!("plan uses an event that was not created: {k:?}"))
+        })
+    }
+
+    fn exec(&self, gs: &GraphState, c: usize, a: &Action, st: &mut RunStats) -> Result<()> {
+        match *a {
+            Action::Wait { queue, event, .. } => {
+                let id = self.event(&event)?;
+                let owner = &*self.backends[event.backend];
+                match self.backends[queue].event_wait(EventRef { owner, id }) {
+                    Ok(()) => st.queue_waits += 1,
+                    Err(e) if e.kind == BackendErrorKind::ForeignEvent => {
+                        owner.event_synchronize(id)?;
+                        st.host_syncs += 1;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Action::HostWait { event, .. } => {
+                let id = self.event(&event)?;
+                self.backends[event.backend].event_synchronize(id)?;
+                st.host_syncs += 1;
+            }
+            Action::HostSync { backend, .. } => {
+                self.backends[backend].synchronize()?;
+                st.host_syncs += 1;
+            }
+            Action::Record { event } => {
+                let id = self.event(&event)?;
+                self.backends[event.backend].event_record(id)?;
+                st.events_recorded += 1;
+            }
+            Action::Compute { split } => {
+                let sp = &gs.part.splits[split];
+                self.backends[sp.backend].graph_compute(&gs.tables[c], &sp.nodes)?;
+            }
+            Action::Copy {
+                copy,
+                slot,
+                from,
+                to,
+                on,
+                ..
+            } => {
+                let cp = &gs.part.copies[copy];
+                let table = &gs.tables[slot];
+                let src = &table[cp.tensor.index()];
+                let dst = &table[cp.slots[slot].index()];
+                match on {
+                    CopyOn::Src | CopyOn::Dst => {
+                        if self.backends[to].cpy_tensor_async(&*self.backends[from], src, dst)? {
+                            st.async_copies += 1;
+                        } else {
+                            // Declined: order it by draining both queues (HB1, HB3, HB4),
+                            // then copy through the host.
+                            self.backends[from].synchronize()?;
+                            self.backends[to].synchronize()?;
+                            st.host_syncs += 2;
+                            self.blocking_copy(from, to, src, dst, st)?;
+                        }
+                    }
+                    CopyOn::Host => self.blocking_copy(from, to, src, dst, st)?,
+                }
+                st.bytes_copied += cp.nbytes as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn blocking_copy(
+        &self,
+        from: usize,
+        to: usize,
+        src: &Tensor,
+        dst: &Tensor,
+        st: &mut RunStats,
+    ) -> Result<()> {
+        let mut buf = vec![0u8; src.nbytes()];
+        // get_tensor waits for the source queue: a host sync.
+        self.backends[from].get_tensor(src, 0, &mut buf)?;
+        let d = dst
+            .data
+            .ok_or_else(|| SchedError::Invalid("slot copy without data".into()))?;
+        let info = self.buffers[to]
+            .filter(|i| i.id == d.buffer)
+            .ok_or_else(|| {
+                SchedError::Invalid("slot copy outside the scheduler's buffer".into())
+            })?;
+        self.backends[to].buffer_set(d.buffer, (d.addr - info.base) as usize, &buf)?;
+        st.host_syncs += 1;
+        st.blocking_copies += 1;
+        Ok(())
+    }
+
+    /// Reads the bytes of `id` as computed by the latest run into `out` (waits for the
+    /// queue of the backend holding it, HB7). Outputs (flagged
+    /// [`ggml_core::TensorFlags::OUTPUT`]), inputs and weights are always readable; other
+    /// intermediates may have been overwritten by the allocator.
+    pub fn get_tensor(&self, id: TensorId, out: &mut [u8]) -> Result<()> {
+        let gs = self.state()?;
+        let run = gs
+            .last_run
+            .ok_or_else(|| self.tensor_err(id, "no completed compute to read from"))?;
+        self.get_tensor_run(run, id, out)
+    }
+
+    /// Reads output `id` of run `run`, which must be one of the last `n_copies` runs
+    /// (older slots are reused).
+    pub fn get_tensor_run(&self, run: u64, id: TensorId, out: &mut [u8]) -> Result<()> {
+        let gs = self.state()?;
+        let n = self.opts.n_copies as u64;
+        if run >= self.next_run || self.next_run - run > n {
+            return Err(self.tensor_err(
+                id,
+                &format!(
+                    "run {run} is not readable (next run {}, n_copies {n})",
+                    self.next_run
+                ),
+            ));
+        }
+        let table = gs
+            .tables
+            .get((run % n) as usize)
+            .ok_or(SchedError::NoGraph)?;
+        let t = table
+            .get(id.index())
+            .ok_or_else(|| self.tensor_err(id, "unknown tensor"))?;
+        if Some(run) != gs.last_run && !gs.per_slot[id.index()] {
+            return Err(self.tensor_err(
+                id,
+                "only outputs (TensorFlags::OUTPUT) of earlier runs stay readable",
+            ));
+        }
+        if t.data.is_none() {
+            return Err(self.tensor_err(id, "has no data (not in the allocated graph)"));
+        }
+        if out.len() != t.nbytes() {
+            return Err(self.tensor_err(
+                id,
+                &format!("has {} bytes, output slice has {}", t.nbytes(), out.len()),
+            ));
+        }
+        let owner = if id.index() < gs.part.n_tensors {
+            let r = t.view_src.unwrap_or(id);
+            gs.part.backend_of[r.index()].or(gs.part.backend_of[id.index()])
+        } else {
+            gs.part
+                .copies
+                .iter()
+                .find(|c| c.slots.contains(&id))
+                .map(|c| c.to)
+        }
+        .ok_or_else(|| self.tensor_err(id, "has no backend"))?;
+        self.annotate(AccessContext {
+            run: Some(run),
+            slot: Some((run % n) as usize),
+            split: None,
+            phase: "get_tensor",
+        });
+        self.backends[owner].get_tensor(t, 0, out)?;
+        Ok(())
+    }
+
+    /// Waits for every backend's queue; returns the first error any reported.
+    pub fn synchronize(&mut self) -> Result<()> {
+        let mut first = None;
+        for b in &self.backends {
+            if let Err(e) = b.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every queue, dropping errors (they belong to a run already failed).
+    fn drain(&self) {
+        for b in &self.backends {
+            let _ = b.synchronize();
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.drain();
+        for (k, id) in self.events.drain() {
+            let _ = self.backends[k.backend].event_free(id);
+        }
+        for (b, info) in self.buffers.iter_mut().enumerate() {
+            if let Some(i) = info.take() {
+                let _ = self.backends[b].free_buffer(i.id);
+            }
+        }
+    }
+}
