@@ -53,8 +53,7 @@ fn div_ceil_u32(a: usize, b: usize) -> Option<u32> {
 
 fn check(d: LaunchDims) -> Option<LaunchDims> {
     let (x, y, z) = d.grid;
-    let ok = x >= 1
-        && x <= MAX_GRID_X
+    let ok = (1..=MAX_GRID_X).contains(&x)
         && (1..=MAX_GRID_YZ).contains(&y)
         && (1..=MAX_GRID_YZ).contains(&z);
     ok.then_some(d)

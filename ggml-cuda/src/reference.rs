@@ -5,6 +5,9 @@
 //! exponentials), and they are what the GPU tests compare against. They are also the
 //! executable documentation of the chunk formats in `kernels/quant.ptx`.
 
+// Index loops mirror the lane/byte indexing of the PTX they document.
+#![allow(clippy::needless_range_loop)]
+
 use ggml_core::DType;
 use half::{bf16, f16};
 
