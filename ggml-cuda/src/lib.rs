@@ -1,1 +1,54 @@
-//! placeholder crate root, replaced as the crate is built
+//! CUDA backend of ggml-rs: hand-written PTX kernels driven through the CUDA driver API.
+//!
+//! - [`CudaBackend`] implements [`ggml_core::Backend`]: device buffers, one non-blocking
+//!   stream per instance, events, async host copies through pinned staging, and
+//!   device-to-device / peer copies that run on the *source* stream
+//!   ([`ggml_core::CopyQueue::Source`]). Several instances on one GPU are the virtual
+//!   devices `cuda:0xN` ([`CudaBackend::new_virtual`]).
+//! - The kernels are PTX written by hand (`kernels/*.ptx`, one file per op family, PTX ISA
+//!   8.0 for `sm_80`), embedded in the binary and JIT-compiled by the driver once per
+//!   device context ([`kernels`]).
+//! - libcuda is loaded at run time: the crate builds and its tests pass on machines
+//!   without CUDA; creating a backend there returns an error that says why.
+//!
+//! # Determinism
+//!
+//! Every reduction in every kernel (over K in mul_mat, over a row in rms_norm and
+//! soft_max, over KV positions in flash attention) gives element `i` to lane `i mod 32`
+//! of one warp, each lane accumulating in increasing index order, and combines the 32
+//! partials with a butterfly `shfl.xor` tree (offsets 16, 8, 4, 2, 1). The order depends
+//! only on the reduction length, never on the number of rows or tokens in a call, the
+//! grid, or how outputs are split across devices. Quantised mul_mat has two kernel
+//! classes ([`MulMatClass`]: `mmvq` below [`MMQ_MIN_N`] tokens, the tiled `mmq` from there
+//! on) with the *same* per-output order, so the class never changes the bits;
+//! [`CudaBackend::kernel_stats`] reports which ran. [`reference`] reproduces each order
+//! on the host.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use ggml_core::Backend;
+//! use ggml_cuda::CudaBackend;
+//!
+//! match CudaBackend::new(0, 0) {
+//!     Ok(gpu) => {
+//!         let buf = gpu.alloc_buffer(1 << 20).expect("device memory");
+//!         println!("{} on {}: buffer at {:#x}", gpu.name(), gpu.device_name(), buf.base);
+//!     }
+//!     Err(e) => println!("no CUDA: {e}"),
+//! }
+//! ```
+#![warn(missing_docs)]
+// Backend errors carry names inline (ggml-core's no-alloc error type).
+#![allow(clippy::result_large_err)]
+
+mod backend;
+mod driver;
+pub mod kernels;
+pub mod launch;
+mod ops;
+pub mod reference;
+
+pub use backend::{CudaBackend, KernelStats, ALIGNMENT};
+pub use driver::{device_count, driver, CuError, REQUIRED_SYMBOLS};
+pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};

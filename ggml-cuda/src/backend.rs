@@ -1,0 +1,807 @@
+//! `CudaBackend`: one CUDA stream on one GPU, implementing the core `Backend` trait.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::sys;
+use ggml_core::{
+    Backend, BackendCaps, BackendError, BackendErrorKind, BackendKind, BackendResult, BufferId,
+    BufferInfo, CopyQueue, EventId, EventRef, MemoryDomain, Name, Tensor, TensorId,
+};
+
+use crate::driver::{self, ck, CuError, Device};
+use crate::launch::MulMatClass;
+
+/// Alignment of buffer bases and tensor offsets (bytes).
+pub const ALIGNMENT: usize = 256;
+/// Smallest pinned staging chunk (bytes).
+const STAGING_MIN: usize = 1 << 20;
+/// Pinned staging kept around before `set_tensor_async` waits for busy chunks (bytes).
+const STAGING_SOFT_LIMIT: usize = 256 << 20;
+
+/// Counts of quantised mul_mat launches per kernel class (see [`MulMatClass`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    /// Launches of the matrix-vector kernel `mmvq`.
+    pub mmvq: u64,
+    /// Launches of the tiled kernel `mmq`.
+    pub mmq: u64,
+}
+
+struct Staging {
+    ptr: *mut u8,
+    size: usize,
+    event: sys::CUevent,
+    busy: bool,
+}
+
+pub(crate) struct State {
+    buffers: HashMap<u32, (u64, usize)>,
+    next_buffer: u32,
+    events: HashMap<u32, sys::CUevent>,
+    next_event: u32,
+    staging: Vec<Staging>,
+    pub(crate) scratch: u64,
+    pub(crate) scratch_size: usize,
+    retired: Vec<u64>,
+}
+
+/// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
+///
+/// Several instances on one GPU are the virtual devices `cuda:0xN` (see
+/// [`CudaBackend::new_virtual`]): they share the device's primary context and kernels but
+/// each has its own stream, events and memory domain, so a scheduler treats them as
+/// separate devices (copies between them are device-to-device copies).
+pub struct CudaBackend {
+    pub(crate) dev: Arc<Device>,
+    instance: u32,
+    name: Name,
+    domain: MemoryDomain,
+    pub(crate) stream: sys::CUstream,
+    copy_event: sys::CUevent,
+    copy_lock: Mutex<()>,
+    pub(crate) err_word: u64,
+    pub(crate) state: Mutex<State>,
+    pub(crate) mmvq_runs: AtomicU64,
+    pub(crate) mmq_runs: AtomicU64,
+    pub(crate) last_class: Mutex<Option<MulMatClass>>,
+}
+
+// SAFETY: the raw handles (stream, events, pinned pointers) are driver objects usable from
+// any thread with the context current, which every method makes so first; mutable state
+// is behind Mutexes.
+unsafe impl Send for CudaBackend {}
+// SAFETY: see above.
+unsafe impl Sync for CudaBackend {}
+
+fn name_of(ordinal: usize, instance: Option<u32>) -> Name {
+    let mut n = Name::EMPTY;
+    let _ = match instance {
+        Some(i) => write!(n, "cuda:{ordinal}#{i}"),
+        None => write!(n, "cuda:{ordinal}"),
+    };
+    n
+}
+
+pub(crate) fn cu_err(name: Name, kind: BackendErrorKind, e: CuError) -> BackendError {
+    BackendError::new(kind, name, e.what).with_code(e.code)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CudaBackend {
+    /// A backend on GPU `ordinal` with its own stream; `instance` numbers virtual devices
+    /// on the same GPU (it only appears in the name, `cuda:0#1`).
+    ///
+    /// Fails, never panics, when libcuda is missing, no GPU is present, the ordinal does
+    /// not exist, the GPU is older than sm_80 or the kernels do not JIT.
+    pub fn new(ordinal: usize, instance: u32) -> BackendResult<CudaBackend> {
+        let name = name_of(ordinal, Some(instance));
+        let unavailable = |e: CuError| cu_err(name, BackendErrorKind::Unavailable, e);
+        let dev = driver::device(ordinal).map_err(unavailable)?;
+        dev.bind().map_err(unavailable)?;
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: context current.
+        ck(
+            unsafe {
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            },
+            "cuStreamCreate failed",
+        )
+        .map_err(unavailable)?;
+        let mut copy_event: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: context current.
+        let r = ck(
+            unsafe { sys::cuEventCreate(&mut copy_event, flags) },
+            "cuEventCreate failed",
+        );
+        let mut err_word: sys::CUdeviceptr = 0;
+        let r = r.and_then(|_| {
+            // SAFETY: context current; 4 bytes for the kernels' error word.
+            ck(
+                unsafe { sys::cuMemAlloc_v2(&mut err_word, 4) },
+                "cuMemAlloc failed",
+            )
+        });
+        let r = r.and_then(|_| {
+            // SAFETY: err_word was just allocated with 4 bytes.
+            ck(
+                unsafe { sys::cuMemsetD8_v2(err_word, 0, 4) },
+                "cuMemsetD8 failed",
+            )
+        });
+        if let Err(e) = r {
+            // SAFETY: destroying what was created above.
+            unsafe {
+                sys::cuStreamDestroy_v2(stream);
+                if !copy_event.is_null() {
+                    sys::cuEventDestroy_v2(copy_event);
+                }
+            }
+            return Err(unavailable(e));
+        }
+        Ok(CudaBackend {
+            dev,
+            instance,
+            name,
+            domain: MemoryDomain::fresh(),
+            stream,
+            copy_event,
+            copy_lock: Mutex::new(()),
+            err_word,
+            state: Mutex::new(State {
+                buffers: HashMap::new(),
+                next_buffer: 0,
+                events: HashMap::new(),
+                next_event: 0,
+                staging: Vec::new(),
+                scratch: 0,
+                scratch_size: 0,
+                retired: Vec::new(),
+            }),
+            mmvq_runs: AtomicU64::new(0),
+            mmq_runs: AtomicU64::new(0),
+            last_class: Mutex::new(None),
+        })
+    }
+
+    /// `n` instances on GPU `ordinal` (the virtual device `cuda:{ordinal}x{n}`), each with
+    /// its own stream.
+    pub fn new_virtual(ordinal: usize, n: u32) -> BackendResult<Vec<CudaBackend>> {
+        (0..n).map(|i| CudaBackend::new(ordinal, i)).collect()
+    }
+
+    /// Number of CUDA devices, or the reason CUDA cannot be used (libcuda missing, no
+    /// device, driver too old).
+    pub fn device_count() -> BackendResult<usize> {
+        driver::device_count()
+            .map_err(|e| cu_err(Name::new("cuda"), BackendErrorKind::Unavailable, e))
+    }
+
+    /// The GPU ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.dev.ordinal as usize
+    }
+
+    /// The instance number on the GPU.
+    pub fn instance(&self) -> u32 {
+        self.instance
+    }
+
+    /// The GPU's name as the driver reports it.
+    pub fn device_name(&self) -> &str {
+        &self.dev.name
+    }
+
+    /// The GPU's compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.dev.cc
+    }
+
+    /// How many quantised mul_mats ran with each kernel class so far.
+    pub fn kernel_stats(&self) -> KernelStats {
+        KernelStats {
+            mmvq: self.mmvq_runs.load(Ordering::Relaxed),
+            mmq: self.mmq_runs.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The class of the last quantised mul_mat enqueued, if any.
+    pub fn last_mul_mat_class(&self) -> Option<MulMatClass> {
+        *lock(&self.last_class)
+    }
+
+    pub(crate) fn err(&self, kind: BackendErrorKind, detail: &'static str) -> BackendError {
+        BackendError::new(kind, self.name, detail)
+    }
+
+    pub(crate) fn cu(&self, e: CuError) -> BackendError {
+        cu_err(self.name, BackendErrorKind::Device, e)
+    }
+
+    pub(crate) fn bind(&self) -> BackendResult<()> {
+        self.dev.bind().map_err(|e| self.cu(e))
+    }
+
+    /// Device address and length of a buffer range, checked to lie within the buffer.
+    fn buffer_range(
+        &self,
+        st: &State,
+        buffer: BufferId,
+        offset: usize,
+        len: usize,
+    ) -> BackendResult<u64> {
+        if buffer.domain != self.domain {
+            return Err(self.err(
+                BackendErrorKind::InvalidArgument,
+                "buffer belongs to another backend",
+            ));
+        }
+        let &(base, size) = st
+            .buffers
+            .get(&buffer.index)
+            .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown buffer"))?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "range overflows"))?;
+        if end > size {
+            return Err(self.err(
+                BackendErrorKind::InvalidArgument,
+                "range past the end of the buffer",
+            ));
+        }
+        Ok(base + offset as u64)
+    }
+
+    /// Device address of byte `offset` of `t`, checking that `len` bytes from there lie in
+    /// one of this backend's buffers.
+    pub(crate) fn tensor_range(
+        &self,
+        st: &State,
+        t: &Tensor,
+        offset: usize,
+        len: usize,
+    ) -> BackendResult<u64> {
+        let d = t.data.ok_or_else(|| {
+            self.err(BackendErrorKind::InvalidArgument, "tensor has no data")
+                .at("tensor", t.name)
+        })?;
+        if d.buffer.domain != self.domain {
+            return Err(self
+                .err(
+                    BackendErrorKind::InvalidArgument,
+                    "tensor is not in this backend's memory",
+                )
+                .at("tensor", t.name));
+        }
+        let &(base, size) = st.buffers.get(&d.buffer.index).ok_or_else(|| {
+            self.err(
+                BackendErrorKind::InvalidArgument,
+                "tensor's buffer is unknown",
+            )
+            .at("tensor", t.name)
+        })?;
+        let start = d.addr.checked_sub(base).map(|s| s as usize);
+        let ok = start
+            .and_then(|s| s.checked_add(offset))
+            .and_then(|s| s.checked_add(len))
+            .is_some_and(|e| e <= size);
+        if !ok {
+            return Err(self
+                .err(
+                    BackendErrorKind::InvalidArgument,
+                    "tensor range outside its buffer",
+                )
+                .at("tensor", t.name));
+        }
+        Ok(d.addr + offset as u64)
+    }
+
+    /// A pinned staging chunk of at least `len` bytes that no queued copy uses.
+    fn staging(&self, st: &mut State, len: usize) -> BackendResult<usize> {
+        let mut total = 0;
+        for (i, s) in st.staging.iter_mut().enumerate() {
+            total += s.size;
+            if s.busy {
+                // SAFETY: event created by us.
+                if unsafe { sys::cuEventQuery(s.event) } == sys::CUresult::CUDA_SUCCESS {
+                    s.busy = false;
+                }
+            }
+            if !s.busy && s.size >= len {
+                return Ok(i);
+            }
+        }
+        if total + len > STAGING_SOFT_LIMIT {
+            // Wait for the oldest large-enough busy chunk instead of pinning more memory.
+            if let Some(i) = st.staging.iter().position(|s| s.size >= len) {
+                let s = &mut st.staging[i];
+                // SAFETY: event created by us.
+                ck(
+                    unsafe { sys::cuEventSynchronize(s.event) },
+                    "cuEventSynchronize failed",
+                )
+                .map_err(|e| self.cu(e))?;
+                s.busy = false;
+                return Ok(i);
+            }
+        }
+        let size = len.max(STAGING_MIN).next_power_of_two();
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: context current.
+        ck(
+            unsafe { sys::cuMemAllocHost_v2(&mut p, size) },
+            "cuMemAllocHost failed",
+        )
+        .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: context current.
+        if let Err(e) = ck(
+            unsafe { sys::cuEventCreate(&mut ev, flags) },
+            "cuEventCreate failed",
+        ) {
+            // SAFETY: allocated just above.
+            unsafe { sys::cuMemFreeHost(p) };
+            return Err(self.cu(e));
+        }
+        st.staging.push(Staging {
+            ptr: p as *mut u8,
+            size,
+            event: ev,
+            busy: false,
+        });
+        Ok(st.staging.len() - 1)
+    }
+
+    /// Device scratch of at least `len` bytes for this graph (Q8_1 activations). A
+    /// smaller old scratch may still be in use by queued kernels, so it is freed at the
+    /// next `synchronize`.
+    pub(crate) fn scratch(&self, st: &mut State, len: usize) -> BackendResult<u64> {
+        if st.scratch_size >= len {
+            return Ok(st.scratch);
+        }
+        let size = len.next_power_of_two().max(1 << 20);
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: context current (callers bind first).
+        ck(
+            unsafe { sys::cuMemAlloc_v2(&mut p, size) },
+            "cuMemAlloc of scratch failed",
+        )
+        .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
+        if st.scratch != 0 {
+            let old = st.scratch;
+            st.retired.push(old);
+        }
+        st.scratch = p;
+        st.scratch_size = size;
+        Ok(p)
+    }
+
+    fn event_handle(&self, id: EventId) -> BackendResult<sys::CUevent> {
+        lock(&self.state)
+            .events
+            .get(&id.0)
+            .copied()
+            .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))
+    }
+
+    /// Reads and clears the kernels' error word (after a stream synchronisation).
+    fn take_kernel_error(&self) -> BackendResult<()> {
+        let mut word = [0u8; 4];
+        // SAFETY: err_word holds 4 bytes; the stream was synchronised by the caller.
+        ck(
+            unsafe { sys::cuMemcpyDtoH_v2(word.as_mut_ptr() as *mut c_void, self.err_word, 4) },
+            "cuMemcpyDtoH of the error word failed",
+        )
+        .map_err(|e| self.cu(e))?;
+        if u32::from_le_bytes(word) != 0 {
+            // SAFETY: as above.
+            ck(
+                unsafe { sys::cuMemsetD8_v2(self.err_word, 0, 4) },
+                "cuMemsetD8 failed",
+            )
+            .map_err(|e| self.cu(e))?;
+            return Err(BackendError::new(
+                BackendErrorKind::BadData,
+                self.name,
+                "a row index was outside the source rows",
+            )
+            .at("GET_ROWS", Name::EMPTY));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if self.dev.bind().is_err() {
+            return;
+        }
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: after the stream drains nothing uses these objects any more.
+        unsafe {
+            sys::cuStreamSynchronize(self.stream);
+            for (_, (p, _)) in st.buffers.drain() {
+                sys::cuMemFree_v2(p);
+            }
+            for (_, e) in st.events.drain() {
+                sys::cuEventDestroy_v2(e);
+            }
+            for s in st.staging.drain(..) {
+                sys::cuEventDestroy_v2(s.event);
+                sys::cuMemFreeHost(s.ptr as *mut c_void);
+            }
+            for p in st.retired.drain(..) {
+                sys::cuMemFree_v2(p);
+            }
+            if st.scratch != 0 {
+                sys::cuMemFree_v2(st.scratch);
+            }
+            sys::cuMemFree_v2(self.err_word);
+            sys::cuEventDestroy_v2(self.copy_event);
+            sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> Name {
+        self.name
+    }
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn caps(&self) -> BackendCaps {
+        BackendCaps {
+            async_compute: true,
+            events: true,
+            copy_queue: CopyQueue::Source,
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn domain(&self) -> MemoryDomain {
+        self.domain
+    }
+
+    fn alignment(&self) -> usize {
+        ALIGNMENT
+    }
+
+    fn supports_domain(&self, domain: MemoryDomain) -> bool {
+        domain == self.domain
+    }
+
+    fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo> {
+        self.bind()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: context current; a zero-size request allocates one byte instead.
+        ck(
+            unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) },
+            "cuMemAlloc failed",
+        )
+        .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
+        let mut st = lock(&self.state);
+        let index = st.next_buffer;
+        st.next_buffer += 1;
+        st.buffers.insert(index, (p, size));
+        Ok(BufferInfo {
+            id: BufferId {
+                domain: self.domain,
+                index,
+            },
+            base: p,
+            size,
+        })
+    }
+
+    fn free_buffer(&self, buffer: BufferId) -> BackendResult<()> {
+        self.bind()?;
+        let mut st = lock(&self.state);
+        self.buffer_range(&st, buffer, 0, 0)?;
+        let (p, _) = st.buffers.remove(&buffer.index).unwrap_or((0, 0));
+        // SAFETY: allocated by alloc_buffer; the caller guarantees no queued use.
+        ck(unsafe { sys::cuMemFree_v2(p) }, "cuMemFree failed").map_err(|e| self.cu(e))
+    }
+
+    fn buffer_set(&self, buffer: BufferId, offset: usize, data: &[u8]) -> BackendResult<()> {
+        self.bind()?;
+        let dst = self.buffer_range(&lock(&self.state), buffer, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: dst..dst+len lies in the buffer; data is valid for len bytes.
+        ck(
+            unsafe { sys::cuMemcpyHtoD_v2(dst, data.as_ptr() as *const c_void, data.len()) },
+            "cuMemcpyHtoD failed",
+        )
+        .map_err(|e| self.cu(e))
+    }
+
+    fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()> {
+        self.bind()?;
+        let src = self.buffer_range(&lock(&self.state), buffer, offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: src range lies in the buffer; out is valid for len bytes.
+        ck(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src, out.len()) },
+            "cuMemcpyDtoH failed",
+        )
+        .map_err(|e| self.cu(e))
+    }
+
+    fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {
+        self.bind()?;
+        let st = lock(&self.state);
+        let (base, size) = st
+            .buffers
+            .get(&buffer.index)
+            .copied()
+            .filter(|_| buffer.domain == self.domain)
+            .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown buffer"))?;
+        drop(st);
+        // SAFETY: the whole buffer.
+        ck(
+            unsafe { sys::cuMemsetD8_v2(base, value, size) },
+            "cuMemsetD8 failed",
+        )
+        .map_err(|e| self.cu(e))
+    }
+
+    fn supports_op(&self, tensors: &[Tensor], node: TensorId) -> bool {
+        crate::ops::check(tensors, node).is_ok()
+    }
+
+    fn offload_op(&self, tensors: &[Tensor], node: TensorId) -> bool {
+        // As ggml-cuda: worth moving a host-weight matmul here from a batch of 32 on.
+        tensors.get(node.index()).is_some_and(|t| {
+            t.op == ggml_core::Op::MulMat
+                && t.ne[1] >= 32
+                && crate::ops::check(tensors, node).is_ok()
+        })
+    }
+
+    fn set_tensor_async(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> BackendResult<()> {
+        self.bind()?;
+        let mut st = lock(&self.state);
+        let dst = self
+            .tensor_range(&st, tensor, offset, data.len())
+            .map_err(|e| e.at("set_tensor_async", tensor.name))?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let i = self.staging(&mut st, data.len())?;
+        let s = &mut st.staging[i];
+        // SAFETY: the chunk holds at least data.len() bytes and no queued copy reads it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr, data.len()) };
+        // SAFETY: pinned source stays allocated until the copy-done event completed.
+        let r = ck(
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst, s.ptr as *const c_void, data.len(), self.stream)
+            },
+            "cuMemcpyHtoDAsync failed",
+        )
+        // SAFETY: event and stream are ours.
+        .and_then(|_| {
+            ck(
+                unsafe { sys::cuEventRecord(s.event, self.stream) },
+                "cuEventRecord failed",
+            )
+        });
+        r.map_err(|e| self.cu(e).at("set_tensor_async", tensor.name))?;
+        s.busy = true;
+        Ok(())
+    }
+
+    fn get_tensor(&self, tensor: &Tensor, offset: usize, out: &mut [u8]) -> BackendResult<()> {
+        self.synchronize()?;
+        let src = self
+            .tensor_range(&lock(&self.state), tensor, offset, out.len())
+            .map_err(|e| e.at("get_tensor", tensor.name))?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: src range checked; the stream is idle; out valid for len bytes.
+        ck(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src, out.len()) },
+            "cuMemcpyDtoH failed",
+        )
+        .map_err(|e| self.cu(e).at("get_tensor", tensor.name))
+    }
+
+    fn cpy_tensor_async(
+        &self,
+        src_backend: &dyn Backend,
+        src: &Tensor,
+        dst: &Tensor,
+    ) -> BackendResult<bool> {
+        let Some(sb) = src_backend.as_any().downcast_ref::<CudaBackend>() else {
+            return Ok(false);
+        };
+        let n = src.nbytes();
+        if n != dst.nbytes()
+            || !src.is_contiguous()
+            || !dst.is_contiguous()
+            || src.dtype != dst.dtype
+        {
+            return Ok(false);
+        }
+        let s_addr = sb
+            .tensor_range(&lock(&sb.state), src, 0, n)
+            .map_err(|e| e.at("cpy_tensor_async", src.name))?;
+        let d_addr = self
+            .tensor_range(&lock(&self.state), dst, 0, n)
+            .map_err(|e| e.at("cpy_tensor_async", dst.name))?;
+        if n == 0 {
+            return Ok(true);
+        }
+        let fail = |e: CuError| self.cu(e).at("cpy_tensor_async", dst.name);
+        if std::ptr::eq(sb, self) {
+            self.bind()?;
+            // SAFETY: both ranges checked, in this context.
+            ck(
+                unsafe { sys::cuMemcpyDtoDAsync_v2(d_addr, s_addr, n, self.stream) },
+                "cuMemcpyDtoDAsync failed",
+            )
+            .map_err(fail)?;
+            return Ok(true);
+        }
+        // The copy runs on the SOURCE stream (after the producer), then the destination
+        // stream waits on the source's copy-done event (CopyQueue::Source).
+        sb.bind()?;
+        let _guard = lock(&sb.copy_lock);
+        let r = if Arc::ptr_eq(&sb.dev, &self.dev) {
+            // SAFETY: one context; ranges checked.
+            ck(
+                unsafe { sys::cuMemcpyDtoDAsync_v2(d_addr, s_addr, n, sb.stream) },
+                "cuMemcpyDtoDAsync failed",
+            )
+        } else {
+            sb.dev.enable_peer(&self.dev);
+            // SAFETY: contexts retained, ranges checked; without peer access the driver
+            // stages the copy through the host.
+            ck(
+                unsafe {
+                    sys::cuMemcpyPeerAsync(d_addr, self.dev.ctx, s_addr, sb.dev.ctx, n, sb.stream)
+                },
+                "cuMemcpyPeerAsync failed",
+            )
+        };
+        r.map_err(fail)?;
+        // SAFETY: copy_event and both streams are valid.
+        ck(
+            unsafe { sys::cuEventRecord(sb.copy_event, sb.stream) },
+            "cuEventRecord failed",
+        )
+        .map_err(fail)?;
+        // SAFETY: as above; the wait captures the event state recorded just now.
+        ck(
+            unsafe { sys::cuStreamWaitEvent(self.stream, sb.copy_event, 0) },
+            "cuStreamWaitEvent failed",
+        )
+        .map_err(fail)?;
+        Ok(true)
+    }
+
+    fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
+        self.bind()?;
+        let mut st = lock(&self.state);
+        for &id in nodes {
+            crate::ops::run(self, &mut st, tensors, id)?;
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> BackendResult<()> {
+        self.bind()?;
+        // SAFETY: our stream.
+        ck(
+            unsafe { sys::cuStreamSynchronize(self.stream) },
+            "cuStreamSynchronize failed (a queued kernel or copy failed)",
+        )
+        .map_err(|e| self.cu(e))?;
+        {
+            let mut st = lock(&self.state);
+            for p in std::mem::take(&mut st.retired) {
+                // SAFETY: the stream is idle, nothing uses the retired scratch.
+                unsafe { sys::cuMemFree_v2(p) };
+            }
+            for s in &mut st.staging {
+                s.busy = false;
+            }
+        }
+        self.take_kernel_error()
+    }
+
+    fn event_new(&self) -> BackendResult<Option<EventId>> {
+        self.bind()?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: context current.
+        ck(
+            unsafe { sys::cuEventCreate(&mut ev, flags) },
+            "cuEventCreate failed",
+        )
+        .map_err(|e| self.cu(e))?;
+        let mut st = lock(&self.state);
+        let id = st.next_event;
+        st.next_event += 1;
+        st.events.insert(id, ev);
+        Ok(Some(EventId(id)))
+    }
+
+    fn event_free(&self, event: EventId) -> BackendResult<()> {
+        self.bind()?;
+        let ev = lock(&self.state)
+            .events
+            .remove(&event.0)
+            .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))?;
+        // SAFETY: created by event_new; the caller guarantees no pending wait.
+        ck(
+            unsafe { sys::cuEventDestroy_v2(ev) },
+            "cuEventDestroy failed",
+        )
+        .map_err(|e| self.cu(e))
+    }
+
+    fn event_record(&self, event: EventId) -> BackendResult<()> {
+        self.bind()?;
+        let ev = self.event_handle(event)?;
+        // SAFETY: our event and stream.
+        ck(
+            unsafe { sys::cuEventRecord(ev, self.stream) },
+            "cuEventRecord failed",
+        )
+        .map_err(|e| self.cu(e))
+    }
+
+    fn event_wait(&self, event: EventRef<'_>) -> BackendResult<()> {
+        let Some(owner) = event.owner.as_any().downcast_ref::<CudaBackend>() else {
+            return Err(self.err(
+                BackendErrorKind::ForeignEvent,
+                "a CUDA stream can only wait on events of CUDA backends",
+            ));
+        };
+        let ev = owner.event_handle(event.id)?;
+        self.bind()?;
+        // SAFETY: a valid event (possibly of another context: allowed) and our stream.
+        ck(
+            unsafe { sys::cuStreamWaitEvent(self.stream, ev, 0) },
+            "cuStreamWaitEvent failed",
+        )
+        .map_err(|e| self.cu(e))
+    }
+
+    fn can_wait_on(&self, owner: &dyn Backend) -> bool {
+        owner.as_any().downcast_ref::<CudaBackend>().is_some()
+    }
+
+    fn event_synchronize(&self, event: EventId) -> BackendResult<()> {
+        self.bind()?;
+        let ev = self.event_handle(event)?;
+        // SAFETY: our event; an unrecorded event completes at once.
+        ck(
+            unsafe { sys::cuEventSynchronize(ev) },
+            "cuEventSynchronize failed",
+        )
+        .map_err(|e| self.cu(e))
+    }
+}

@@ -1,0 +1,270 @@
+//! The hand-written PTX modules, embedded in the binary and JIT-compiled by the driver
+//! once per device context.
+
+/// Every kernel entry point of the crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(usize)]
+pub enum KernelId {
+    /// `binary.ptx`: add / mul with broadcasting.
+    Binary,
+    /// `unary.ptx`: scale.
+    Scale,
+    /// `unary.ptx`: silu.
+    Silu,
+    /// `unary.ptx`: swiglu.
+    Swiglu,
+    /// `cpy.ptx`: cpy / cont.
+    Cpy,
+    /// `cpy.ptx`: concat.
+    Concat,
+    /// `getrows.ptx`: get_rows of float rows.
+    GetRowsF,
+    /// `quant.ptx`: get_rows of quantised rows.
+    GetRowsQ,
+    /// `quant.ptx`: activations to Q8_1.
+    QuantizeQ8_1,
+    /// `quant.ptx`: quantised mul_mat, matrix-vector class.
+    Mmvq,
+    /// `quant.ptx`: quantised mul_mat, tiled class.
+    Mmq,
+    /// `mul_mat.ptx`: f32/f16 mul_mat.
+    MulMatF,
+    /// `norm.ptx`: rms_norm.
+    RmsNorm,
+    /// `softmax.ptx`: soft_max.
+    SoftMax,
+    /// `rope.ptx`: rope.
+    Rope,
+    /// `flash_attn.ptx`: flash_attn_ext.
+    FlashAttnExt,
+}
+
+/// One PTX file and the kernels it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct Module {
+    /// File name under `kernels/`.
+    pub file: &'static str,
+    /// The PTX text.
+    pub source: &'static str,
+    /// Kernel ids and their `.entry` names.
+    pub kernels: &'static [(KernelId, &'static str)],
+}
+
+/// All modules, in load order.
+pub const MODULES: [Module; 10] = [
+    Module {
+        file: "binary.ptx",
+        source: include_str!("../kernels/binary.ptx"),
+        kernels: &[(KernelId::Binary, "binary")],
+    },
+    Module {
+        file: "unary.ptx",
+        source: include_str!("../kernels/unary.ptx"),
+        kernels: &[
+            (KernelId::Scale, "scale"),
+            (KernelId::Silu, "silu"),
+            (KernelId::Swiglu, "swiglu"),
+        ],
+    },
+    Module {
+        file: "cpy.ptx",
+        source: include_str!("../kernels/cpy.ptx"),
+        kernels: &[(KernelId::Cpy, "cpy"), (KernelId::Concat, "concat")],
+    },
+    Module {
+        file: "getrows.ptx",
+        source: include_str!("../kernels/getrows.ptx"),
+        kernels: &[(KernelId::GetRowsF, "get_rows_f")],
+    },
+    Module {
+        file: "quant.ptx",
+        source: include_str!("../kernels/quant.ptx"),
+        kernels: &[
+            (KernelId::GetRowsQ, "get_rows_q"),
+            (KernelId::QuantizeQ8_1, "quantize_q8_1"),
+            (KernelId::Mmvq, "mmvq"),
+            (KernelId::Mmq, "mmq"),
+        ],
+    },
+    Module {
+        file: "mul_mat.ptx",
+        source: include_str!("../kernels/mul_mat.ptx"),
+        kernels: &[(KernelId::MulMatF, "mul_mat_f")],
+    },
+    Module {
+        file: "norm.ptx",
+        source: include_str!("../kernels/norm.ptx"),
+        kernels: &[(KernelId::RmsNorm, "rms_norm")],
+    },
+    Module {
+        file: "softmax.ptx",
+        source: include_str!("../kernels/softmax.ptx"),
+        kernels: &[(KernelId::SoftMax, "soft_max")],
+    },
+    Module {
+        file: "rope.ptx",
+        source: include_str!("../kernels/rope.ptx"),
+        kernels: &[(KernelId::Rope, "rope")],
+    },
+    Module {
+        file: "flash_attn.ptx",
+        source: include_str!("../kernels/flash_attn.ptx"),
+        kernels: &[(KernelId::FlashAttnExt, "flash_attn_ext")],
+    },
+];
+
+/// A `.visible .entry` of a PTX text: its name, its parameter names and the comment
+/// block right above it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryInfo {
+    /// Kernel name.
+    pub name: String,
+    /// Parameter names in order.
+    pub params: Vec<String>,
+    /// The `//` comment lines directly above the entry, without the `//`.
+    pub header: Vec<String>,
+}
+
+/// Parses the entries of a PTX text (enough of PTX for the checks in the tests: entry
+/// names, parameter lists and header comments).
+pub fn entries(ptx: &str) -> Vec<EntryInfo> {
+    let lines: Vec<&str> = ptx.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") else {
+            continue;
+        };
+        let name = rest.split('(').next().unwrap_or("").trim().to_string();
+        let mut params = Vec::new();
+        for l in &lines[i..] {
+            if let Some(p) = l.trim().strip_prefix(".param ") {
+                if let Some(n) = p.split_whitespace().last() {
+                    params.push(n.trim_end_matches(',').to_string());
+                }
+            }
+            if l.trim_start().starts_with(')') {
+                break;
+            }
+        }
+        let mut header = Vec::new();
+        let mut j = i;
+        while j > 0 && lines[j - 1].trim_start().starts_with("//") {
+            j -= 1;
+            header.push(lines[j].trim_start().trim_start_matches('/').to_string());
+        }
+        header.reverse();
+        out.push(EntryInfo {
+            name,
+            params,
+            header,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_is_an_entry_of_its_module() {
+        let mut ids = Vec::new();
+        for m in MODULES {
+            let names: Vec<String> = entries(m.source).into_iter().map(|e| e.name).collect();
+            assert_eq!(names.len(), m.kernels.len(), "{}: {names:?}", m.file);
+            for (id, name) in m.kernels {
+                assert!(names.iter().any(|n| n == name), "{} lacks {name}", m.file);
+                ids.push(*id as usize);
+            }
+        }
+        ids.sort();
+        assert_eq!(
+            ids,
+            (0..=KernelId::FlashAttnExt as usize).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn ptx_targets_driver_580() {
+        for m in MODULES {
+            let head: Vec<&str> = m
+                .source
+                .lines()
+                .map(str::trim)
+                .filter(|l| {
+                    l.starts_with('.') && !l.starts_with(".visible") && !l.starts_with(".func")
+                })
+                .take(3)
+                .collect();
+            assert_eq!(
+                head,
+                [".version 8.0", ".target sm_80", ".address_size 64"],
+                "{}",
+                m.file
+            );
+            assert!(
+                m.source.is_ascii(),
+                "{}: ptxas rejects non-ASCII text",
+                m.file
+            );
+            assert!(
+                m.source.lines().next().unwrap_or("").starts_with("// "),
+                "{}",
+                m.file
+            );
+        }
+    }
+
+    #[test]
+    fn every_entry_documents_its_launch_and_params() {
+        for m in MODULES {
+            for e in entries(m.source) {
+                let h = e.header.join("\n");
+                assert!(
+                    h.contains(&format!("KERNEL {}", e.name)),
+                    "{}: {}",
+                    m.file,
+                    e.name
+                );
+                for key in ["Params:", "Grid:", "Block:", "Shared:", "Reduction:"] {
+                    assert!(h.contains(key), "{}: {} lacks '{key}'", m.file, e.name);
+                }
+                assert!(!e.params.is_empty());
+                for p in &e.params {
+                    let documented = h
+                        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .any(|w| w == p);
+                    assert!(documented, "{}: {} does not document {p}", m.file, e.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ptx_is_structurally_balanced() {
+        for m in MODULES {
+            let opens = m.source.matches('{').count();
+            let closes = m.source.matches('}').count();
+            assert_eq!(opens, closes, "{}", m.file);
+            for l in m.source.lines() {
+                let t = l.trim();
+                if t.is_empty() || t.starts_with("//") || t.ends_with(':') {
+                    continue;
+                }
+                let ok = t.ends_with(';')
+                    || t.ends_with('{')
+                    || t.ends_with('}')
+                    || t.ends_with(',')
+                    || t.ends_with('(')
+                    || t.ends_with(')')
+                    || t.starts_with(".version")
+                    || t.starts_with(".target")
+                    || t.starts_with(".address_size")
+                    || t.starts_with(".param")
+                    || t.starts_with(".func")
+                    || t.starts_with(".visible");
+                assert!(ok, "{}: suspicious line '{t}'", m.file);
+            }
+        }
+    }
+}

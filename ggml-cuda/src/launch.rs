@@ -1,0 +1,335 @@
+//! Launch configurations of the kernels (pure arithmetic, tested without a GPU) and the
+//! on-stack kernel argument list.
+
+use core::ffi::c_void;
+
+/// CUDA's limit on `gridDim.y` and `gridDim.z`.
+pub const MAX_GRID_YZ: u32 = 65_535;
+/// CUDA's limit on `gridDim.x`.
+pub const MAX_GRID_X: u32 = i32::MAX as u32;
+/// Threads per block of the elementwise kernels.
+pub const ELEMENTWISE_BLOCK: u32 = 256;
+/// Shared memory a block may use without opting in (48 KiB).
+pub const DEFAULT_MAX_SHARED: u32 = 48 * 1024;
+/// Largest head size flash_attn_ext supports (D and Dv).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads in x, y, z.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory in bytes.
+    pub shared: u32,
+}
+
+/// The kernel class of a quantised mul_mat; both give bit-identical results because
+/// they share the per-output reduction order (see `kernels/quant.ptx`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MulMatClass {
+    /// `mmvq`: one warp per output element (N < [`MMQ_MIN_N`]).
+    Mmvq,
+    /// `mmq`: one warp per 1 x 8 output tile (N >= [`MMQ_MIN_N`]).
+    Mmq,
+}
+
+/// Smallest number of activation columns (tokens) for which the tiled `mmq` kernel runs.
+pub const MMQ_MIN_N: usize = 8;
+
+/// The quantised mul_mat kernel class used for `n` activation columns.
+pub fn mul_mat_class(n: usize) -> MulMatClass {
+    if n >= MMQ_MIN_N {
+        MulMatClass::Mmq
+    } else {
+        MulMatClass::Mmvq
+    }
+}
+
+fn div_ceil_u32(a: usize, b: usize) -> Option<u32> {
+    u32::try_from(a.div_ceil(b)).ok()
+}
+
+fn check(d: LaunchDims) -> Option<LaunchDims> {
+    let (x, y, z) = d.grid;
+    let ok = (1..=MAX_GRID_X).contains(&x)
+        && (1..=MAX_GRID_YZ).contains(&y)
+        && (1..=MAX_GRID_YZ).contains(&z);
+    ok.then_some(d)
+}
+
+/// One thread per element, 256 per block (binary, unary, cpy, concat). `None` when
+/// `n` is 0 or does not fit the 32-bit element index the kernels use.
+pub fn elementwise(n: usize) -> Option<LaunchDims> {
+    if n == 0 || n > u32::MAX as usize {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (div_ceil_u32(n, ELEMENTWISE_BLOCK as usize)?, 1, 1),
+        block: (ELEMENTWISE_BLOCK, 1, 1),
+        shared: 0,
+    })
+}
+
+/// One warp per row, 4 rows per block (rms_norm, soft_max).
+pub fn warp_per_row(rows: usize) -> Option<LaunchDims> {
+    if rows == 0 || rows > u32::MAX as usize {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (div_ceil_u32(rows, 4)?, 1, 1),
+        block: (32, 4, 1),
+        shared: 0,
+    })
+}
+
+/// mul_mat kernels: `mmvq` and `mul_mat_f` use one warp per (row m, column n); `mmq` one
+/// warp per (row m, 8 columns). `batch` = B2 * B3.
+pub fn mul_mat(class: Option<MulMatClass>, m: usize, n: usize, batch: usize) -> Option<LaunchDims> {
+    if m == 0 || n == 0 || batch == 0 {
+        return None;
+    }
+    let ny = match class {
+        Some(MulMatClass::Mmq) => n.div_ceil(8),
+        _ => n,
+    };
+    check(LaunchDims {
+        grid: (
+            div_ceil_u32(m, 4)?,
+            u32::try_from(ny).ok()?,
+            u32::try_from(batch).ok()?,
+        ),
+        block: (32, 4, 1),
+        shared: 0,
+    })
+}
+
+/// `quantize_q8_1`: 8 blocks of 32 values per 256-thread block; rows in y, batch in z.
+pub fn quantize_q8_1(k: usize, rows: usize, batch: usize) -> Option<LaunchDims> {
+    if k == 0 || k % 32 != 0 || rows == 0 || batch == 0 {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (
+            div_ceil_u32(k / 32, 8)?,
+            u32::try_from(rows).ok()?,
+            u32::try_from(batch).ok()?,
+        ),
+        block: (256, 1, 1),
+        shared: 0,
+    })
+}
+
+/// get_rows: `get_rows_f` has one thread per element of a row (256 per block),
+/// `get_rows_q` one thread per 32-value chunk (64 per block). `k` rows gathered per
+/// (j, l), `zl` = A2 * L.
+pub fn get_rows(quantized: bool, n: usize, k: usize, zl: usize) -> Option<LaunchDims> {
+    if n == 0 || k == 0 || zl == 0 {
+        return None;
+    }
+    let (x, bx) = if quantized {
+        if n % 32 != 0 {
+            return None;
+        }
+        (div_ceil_u32(n / 32, 64)?, 64)
+    } else {
+        (div_ceil_u32(n, 256)?, 256)
+    };
+    check(LaunchDims {
+        grid: (x, u32::try_from(k).ok()?, u32::try_from(zl).ok()?),
+        block: (bx, 1, 1),
+        shared: 0,
+    })
+}
+
+/// rope: one block per (head, token, i3), one thread per rotated pair.
+pub fn rope(ne: [usize; 4]) -> Option<LaunchDims> {
+    let pairs = ne[0] / 2;
+    if pairs == 0 || ne[0] % 2 != 0 || pairs > 1024 {
+        return None;
+    }
+    let threads = (pairs.div_ceil(32) * 32) as u32;
+    check(LaunchDims {
+        grid: (
+            u32::try_from(ne[1]).ok()?,
+            u32::try_from(ne[2]).ok()?,
+            u32::try_from(ne[3]).ok()?,
+        ),
+        block: (threads, 1, 1),
+        shared: 0,
+    })
+}
+
+/// flash_attn_ext: warps per block so that the per-warp shared state
+/// `(Dv*32 + D) * 4` bytes fits the default 48 KiB, at most 4.
+pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> Option<LaunchDims> {
+    if d == 0
+        || dv == 0
+        || d > MAX_HEAD_DIM
+        || dv > MAX_HEAD_DIM
+        || heads == 0
+        || n_q == 0
+        || ne3 == 0
+    {
+        return None;
+    }
+    let per_warp = (dv * 32 + d) * 4;
+    let wpb = (DEFAULT_MAX_SHARED as usize / per_warp).clamp(1, 4);
+    check(LaunchDims {
+        grid: (
+            div_ceil_u32(heads, wpb)?,
+            u32::try_from(n_q).ok()?,
+            u32::try_from(ne3).ok()?,
+        ),
+        block: (32, wpb as u32, 1),
+        shared: u32::try_from(per_warp * wpb).ok()?,
+    })
+}
+
+/// Kernel arguments kept on the stack: each value sits in its own 8-byte slot (u32 and
+/// f32 in the low 4 bytes, which is what the driver reads on little-endian hosts), and
+/// the pointer array handed to `cuLaunchKernel` is built at launch time.
+pub struct Args {
+    slots: [u64; Args::MAX],
+    len: usize,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Args {
+    /// Most arguments of any kernel.
+    pub const MAX: usize = 40;
+
+    /// An empty list.
+    pub fn new() -> Args {
+        Args {
+            slots: [0; Args::MAX],
+            len: 0,
+        }
+    }
+
+    /// Number of arguments pushed.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no argument was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn push(&mut self, v: u64) -> &mut Args {
+        assert!(self.len < Args::MAX, "kernel argument list overflow");
+        self.slots[self.len] = v;
+        self.len += 1;
+        self
+    }
+
+    /// A 64-bit value (device pointer, byte stride).
+    pub fn u64(&mut self, v: u64) -> &mut Args {
+        self.push(v)
+    }
+
+    /// A byte stride or size as u64.
+    pub fn usize(&mut self, v: usize) -> &mut Args {
+        self.push(v as u64)
+    }
+
+    /// A 32-bit unsigned value.
+    pub fn u32(&mut self, v: u32) -> &mut Args {
+        self.push(v as u64)
+    }
+
+    /// An f32 value.
+    pub fn f32(&mut self, v: f32) -> &mut Args {
+        self.push(v.to_bits() as u64)
+    }
+
+    /// The slot values (for tests).
+    pub fn slots(&self) -> &[u64] {
+        &self.slots[..self.len]
+    }
+
+    /// Fills `ptrs` with pointers to the slots and returns the used prefix. `self` must
+    /// not move or change while the pointers are in use.
+    pub fn pointers<'a>(
+        &'a mut self,
+        ptrs: &'a mut [*mut c_void; Args::MAX],
+    ) -> &'a mut [*mut c_void] {
+        for (p, s) in ptrs.iter_mut().zip(self.slots.iter_mut()) {
+            *p = s as *mut u64 as *mut c_void;
+        }
+        &mut ptrs[..self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elementwise_covers_every_element() {
+        let d = elementwise(1000).unwrap();
+        assert_eq!(d.grid, (4, 1, 1));
+        assert!(d.grid.0 * d.block.0 >= 1000);
+        assert!(elementwise(0).is_none());
+        assert!(elementwise(1usize << 33).is_none());
+    }
+
+    #[test]
+    fn mul_mat_classes_and_grids() {
+        assert_eq!(mul_mat_class(1), MulMatClass::Mmvq);
+        assert_eq!(mul_mat_class(7), MulMatClass::Mmvq);
+        assert_eq!(mul_mat_class(8), MulMatClass::Mmq);
+        let v = mul_mat(Some(MulMatClass::Mmvq), 576, 3, 1).unwrap();
+        assert_eq!(v.grid, (144, 3, 1));
+        let q = mul_mat(Some(MulMatClass::Mmq), 49152, 17, 2).unwrap();
+        assert_eq!(q.grid, (12288, 3, 2));
+        assert_eq!(q.block, (32, 4, 1));
+        assert!(mul_mat(None, 4, 70_000, 1).is_none());
+        assert!(mul_mat(Some(MulMatClass::Mmq), 4, 70_000, 1).is_some());
+    }
+
+    #[test]
+    fn flash_attn_fits_shared_memory() {
+        for (d, want_w) in [(64, 4), (128, 2), (256, 1)] {
+            let l = flash_attn(d, d, 9, 7, 1).unwrap();
+            assert_eq!(l.block, (32, want_w, 1));
+            assert!(l.shared <= DEFAULT_MAX_SHARED);
+            assert!(l.grid.0 * want_w >= 9);
+        }
+        assert!(flash_attn(512, 512, 1, 1, 1).is_none());
+    }
+
+    #[test]
+    fn other_kernels() {
+        assert_eq!(quantize_q8_1(576, 5, 1).unwrap().grid, (3, 5, 1));
+        assert!(quantize_q8_1(100, 5, 1).is_none());
+        assert_eq!(get_rows(true, 576, 4, 1).unwrap().grid, (1, 4, 1));
+        assert_eq!(get_rows(false, 576, 4, 1).unwrap().grid, (3, 4, 1));
+        assert_eq!(rope([64, 9, 7, 1]).unwrap().block, (32, 1, 1));
+        assert_eq!(rope([256, 2, 3, 1]).unwrap().block, (128, 1, 1));
+        assert_eq!(warp_per_row(9).unwrap().grid, (3, 1, 1));
+    }
+
+    #[test]
+    fn args_live_in_slots() {
+        let mut a = Args::new();
+        a.u64(0xdead_beef_0000).u32(7).f32(1.5).usize(3);
+        assert_eq!(
+            a.slots(),
+            &[0xdead_beef_0000, 7, 1.5f32.to_bits() as u64, 3]
+        );
+        let mut ptrs = [core::ptr::null_mut(); Args::MAX];
+        let n = a.pointers(&mut ptrs).len();
+        assert_eq!(n, 4);
+        // SAFETY: the pointers point into `a.slots`, alive and unmodified here.
+        let second = unsafe { *(ptrs[1] as *const u32) };
+        assert_eq!(second, 7);
+    }
+}

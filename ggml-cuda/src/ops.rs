@@ -1,0 +1,746 @@
+//! Which ops the CUDA backend runs (`check`) and how each is launched (`run`).
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+
+use cudarc::driver::sys;
+use ggml_core::{
+    BackendError, BackendErrorKind, BackendResult, DType, Op, RopeMode, Tensor, TensorId,
+};
+
+use crate::backend::{CudaBackend, State};
+use crate::driver::ck;
+use crate::kernels::KernelId;
+use crate::launch::{self, Args, LaunchDims, MulMatClass};
+use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
+
+/// Element type code of the elementwise kernels: 0 f32, 1 f16, 2 bf16, 3 i32.
+fn tcode(d: DType) -> Option<u32> {
+    match d {
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        DType::I32 => Some(3),
+        _ => None,
+    }
+}
+
+fn float_code(d: DType) -> Option<u32> {
+    tcode(d).filter(|&c| c != 3)
+}
+
+fn fits_u32(t: &Tensor) -> bool {
+    t.ne.iter().all(|&n| n <= u32::MAX as usize) && t.nelements() <= u32::MAX as usize
+}
+
+fn src(tensors: &[Tensor], t: &Tensor, i: usize) -> Result<Tensor, &'static str> {
+    let id = t.src[i].ok_or("missing source operand")?;
+    tensors
+        .get(id.index())
+        .copied()
+        .ok_or("source id out of range")
+}
+
+fn unit_stride(t: &Tensor) -> bool {
+    t.ne[0] <= 1 || t.nb[0] == t.dtype.type_size()
+}
+
+/// Whether the backend runs `node`; the error says why not.
+pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static str> {
+    let t = tensors.get(node.index()).ok_or("node id out of range")?;
+    if t.op.is_view() || t.op == Op::None {
+        return Ok(());
+    }
+    if !fits_u32(t) {
+        return Err("dimensions beyond 2^32 elements");
+    }
+    match t.op {
+        Op::GetRows => {
+            let a = src(tensors, t, 0)?;
+            let idx = src(tensors, t, 1)?;
+            let ok_dtype = float_code(a.dtype).is_some() || is_kernel_quant(a.dtype);
+            if !ok_dtype || idx.dtype != DType::I32 || t.dtype != DType::F32 || !unit_stride(t) {
+                return Err("get_rows: source dtype without a CUDA kernel");
+            }
+            launch::get_rows(a.dtype.is_quantized(), t.ne[0], t.ne[1], t.ne[2] * t.ne[3])
+                .map(|_| ())
+                .ok_or("get_rows: grid too large")
+        }
+        Op::Add | Op::Mul => {
+            let a = src(tensors, t, 0)?;
+            let b = src(tensors, t, 1)?;
+            if float_code(a.dtype).is_none()
+                || float_code(b.dtype).is_none()
+                || float_code(t.dtype).is_none()
+            {
+                return Err("add/mul: dtypes must be f32, f16 or bf16");
+            }
+            Ok(())
+        }
+        Op::Scale { .. } => {
+            let a = src(tensors, t, 0)?;
+            if float_code(a.dtype).is_none() || a.dtype != t.dtype {
+                return Err("scale: dtype must be f32, f16 or bf16");
+            }
+            Ok(())
+        }
+        Op::Silu | Op::Swiglu => {
+            for i in 0..if t.op == Op::Silu { 1 } else { 2 } {
+                if src(tensors, t, i)?.dtype != DType::F32 {
+                    return Err("silu/swiglu: f32 only");
+                }
+            }
+            (t.dtype == DType::F32)
+                .then_some(())
+                .ok_or("silu/swiglu: f32 only")
+        }
+        Op::RmsNorm { .. } => {
+            let a = src(tensors, t, 0)?;
+            if a.dtype != DType::F32 || !unit_stride(&a) || !unit_stride(t) {
+                return Err("rms_norm: f32 rows with unit element stride");
+            }
+            launch::warp_per_row(t.nrows())
+                .map(|_| ())
+                .ok_or("rms_norm: too many rows")
+        }
+        Op::SoftMax { .. } => {
+            let a = src(tensors, t, 0)?;
+            if a.dtype != DType::F32 || !unit_stride(&a) || !unit_stride(t) {
+                return Err("soft_max: f32 rows with unit element stride");
+            }
+            if let Some(m) = t.src[1] {
+                let m = tensors.get(m.index()).ok_or("mask id out of range")?;
+                if !matches!(m.dtype, DType::F32 | DType::F16) || !unit_stride(m) {
+                    return Err("soft_max: mask must be f32/f16 with unit element stride");
+                }
+            }
+            launch::warp_per_row(t.nrows())
+                .map(|_| ())
+                .ok_or("soft_max: too many rows")
+        }
+        Op::Rope(_) => {
+            let a = src(tensors, t, 0)?;
+            if !matches!(a.dtype, DType::F32 | DType::F16) || a.dtype != t.dtype {
+                return Err("rope: f32 or f16");
+            }
+            launch::rope(t.ne)
+                .map(|_| ())
+                .ok_or("rope: head too large or grid too large")
+        }
+        Op::Cpy => {
+            let a = src(tensors, t, 0)?;
+            if float_code(a.dtype).is_none() || float_code(t.dtype).is_none() {
+                return Err("cpy: only f32/f16/bf16 conversions (no quantising copies)");
+            }
+            Ok(())
+        }
+        Op::Cont => {
+            let a = src(tensors, t, 0)?;
+            (tcode(a.dtype).is_some() && a.dtype == t.dtype)
+                .then_some(())
+                .ok_or("cont: f32, f16, bf16 or i32 only")
+        }
+        Op::Concat { .. } => {
+            let a = src(tensors, t, 0)?;
+            let b = src(tensors, t, 1)?;
+            (tcode(a.dtype).is_some() && a.dtype == b.dtype && a.dtype == t.dtype)
+                .then_some(())
+                .ok_or("concat: f32, f16, bf16 or i32 only")
+        }
+        Op::MulMat => {
+            let a = src(tensors, t, 0)?;
+            let b = src(tensors, t, 1)?;
+            if b.dtype != DType::F32 || t.dtype != DType::F32 || !unit_stride(t) || !unit_stride(&a)
+            {
+                return Err("mul_mat: f32 activations and output, weight rows contiguous");
+            }
+            if !fits_u32(&a) || !fits_u32(&b) {
+                return Err("mul_mat: operands beyond 2^32 elements");
+            }
+            let batch = t.ne[2] * t.ne[3];
+            if matches!(a.dtype, DType::F32 | DType::F16) {
+                return launch::mul_mat(None, t.ne[0], t.ne[1], batch)
+                    .map(|_| ())
+                    .ok_or("mul_mat: grid too large (N > 65535)");
+            }
+            if !is_kernel_quant(a.dtype) {
+                return Err("mul_mat: weight dtype without a CUDA kernel");
+            }
+            if !unit_stride(&b) {
+                return Err("mul_mat: quantised weights need activations with unit element stride");
+            }
+            let class = launch::mul_mat_class(t.ne[1]);
+            launch::mul_mat(Some(class), t.ne[0], t.ne[1], batch)
+                .and(launch::quantize_q8_1(b.ne[0], b.ne[1], batch))
+                .map(|_| ())
+                .ok_or("mul_mat: grid too large")
+        }
+        Op::FlashAttnExt { .. } => {
+            let q = src(tensors, t, 0)?;
+            let k = src(tensors, t, 1)?;
+            let v = src(tensors, t, 2)?;
+            if q.dtype != DType::F32 || !unit_stride(&q) || !t.is_contiguous() {
+                return Err("flash_attn_ext: f32 q with unit stride, contiguous output");
+            }
+            for x in [&k, &v] {
+                if !matches!(x.dtype, DType::F32 | DType::F16) || !unit_stride(x) {
+                    return Err("flash_attn_ext: k/v must be f32/f16 with unit element stride");
+                }
+            }
+            if let Some(m) = t.src[3] {
+                let m = tensors.get(m.index()).ok_or("mask id out of range")?;
+                if !matches!(m.dtype, DType::F32 | DType::F16) || !unit_stride(m) {
+                    return Err("flash_attn_ext: mask must be f32/f16 with unit element stride");
+                }
+            }
+            launch::flash_attn(q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3])
+                .map(|_| ())
+                .ok_or("flash_attn_ext: head size above 256 or grid too large")
+        }
+        _ => Err("op has no CUDA kernel"),
+    }
+}
+
+/// ALiBi bases as ggml computes them: (m0, m1, n_head_log2).
+fn alibi(max_bias: f32, n_head: usize) -> (f32, f32, u32) {
+    let n_head_log2 = 1u32 << (usize::BITS - 1 - n_head.max(1).leading_zeros());
+    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    (m0, m1, n_head_log2)
+}
+
+/// YaRN correction dims as `ggml_rope_yarn_corr_dims`.
+fn yarn_corr_dims(
+    n_dims: u32,
+    n_ctx_orig: u32,
+    freq_base: f32,
+    beta_fast: f32,
+    beta_slow: f32,
+) -> [f32; 2] {
+    let corr_dim = |n_rot: f32| {
+        n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * freq_base.ln())
+    };
+    let start = corr_dim(beta_fast).floor();
+    let end = corr_dim(beta_slow).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}
+
+struct Ctx<'a> {
+    be: &'a CudaBackend,
+    st: &'a mut State,
+    tensors: &'a [Tensor],
+    node: &'a Tensor,
+}
+
+impl Ctx<'_> {
+    fn op(&self) -> &'static str {
+        self.node.op.name()
+    }
+
+    fn fail(&self, kind: BackendErrorKind, detail: &'static str) -> BackendError {
+        self.be.err(kind, detail).at(self.op(), self.node.name)
+    }
+
+    fn src(&self, i: usize) -> BackendResult<Tensor> {
+        src(self.tensors, self.node, i).map_err(|d| self.fail(BackendErrorKind::InvalidArgument, d))
+    }
+
+    /// Device address of `t` with its whole byte span checked against its buffer.
+    fn addr(&self, t: &Tensor) -> BackendResult<u64> {
+        self.be
+            .tensor_range(self.st, t, 0, t.nbytes())
+            .map_err(|e| e.at(self.op(), self.node.name))
+    }
+
+    fn launch(&self, k: KernelId, d: LaunchDims, args: &mut Args) -> BackendResult<()> {
+        let f = self.be.dev.kernels.get(k);
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); Args::MAX];
+        let params = args.pointers(&mut ptrs);
+        if d.shared > launch::DEFAULT_MAX_SHARED {
+            // SAFETY: valid function handle; attribute value within the device limit is
+            // the caller's responsibility (launch::flash_attn keeps it at 48 KiB).
+            ck(
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        d.shared as i32,
+                    )
+                },
+                "cuFuncSetAttribute failed",
+            )
+            .map_err(|e| self.be.cu(e).at(self.op(), self.node.name))?;
+        }
+        // SAFETY: `params` points at `args`' slots, which outlive the call (the driver
+        // copies the values at launch); the argument list matches the kernel's .param
+        // list as documented in its PTX header; every pointer argument was range-checked.
+        ck(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    d.grid.0,
+                    d.grid.1,
+                    d.grid.2,
+                    d.block.0,
+                    d.block.1,
+                    d.block.2,
+                    d.shared,
+                    self.be.stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel failed",
+        )
+        .map_err(|e| self.be.cu(e).at(self.op(), self.node.name))
+    }
+}
+
+fn dims(d: Option<LaunchDims>, c: &Ctx<'_>) -> BackendResult<LaunchDims> {
+    d.ok_or_else(|| {
+        c.fail(
+            BackendErrorKind::UnsupportedOp,
+            "shape outside the kernel's launch limits",
+        )
+    })
+}
+
+fn strides(a: &mut Args, nb: &[usize]) {
+    for &s in nb {
+        a.usize(s);
+    }
+}
+
+/// Enqueues the kernels of `id` on the backend's stream.
+pub(crate) fn run(
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    id: TensorId,
+) -> BackendResult<()> {
+    let node = tensors
+        .get(id.index())
+        .ok_or_else(|| be.err(BackendErrorKind::InvalidArgument, "node id out of range"))?;
+    if node.op.is_view() || node.op == Op::None || node.nelements() == 0 {
+        return Ok(());
+    }
+    check(tensors, id).map_err(|d| {
+        be.err(BackendErrorKind::UnsupportedOp, d)
+            .at(node.op.name(), node.name)
+    })?;
+    let mut c = Ctx {
+        be,
+        st,
+        tensors,
+        node,
+    };
+    let t = *node;
+    let mut a = Args::new();
+    match t.op {
+        Op::GetRows => {
+            let s = c.src(0)?;
+            let idx = c.src(1)?;
+            let quant = s.dtype.is_quantized();
+            let d = dims(
+                launch::get_rows(quant, t.ne[0], t.ne[1], t.ne[2] * t.ne[3]),
+                &c,
+            )?;
+            a.u64(c.addr(&s)?)
+                .u64(c.addr(&idx)?)
+                .u64(c.addr(&t)?)
+                .u64(be.err_word);
+            if quant {
+                a.u32(s.dtype.ggml_id()).u32((t.ne[0] / 32) as u32);
+            } else {
+                a.u32(float_code(s.dtype).unwrap_or(0)).u32(t.ne[0] as u32);
+            }
+            a.u32(s.ne[1] as u32)
+                .u32(s.ne[2] as u32)
+                .u32(s.ne[3] as u32);
+            if quant {
+                strides(&mut a, &s.nb[1..]);
+            } else {
+                strides(&mut a, &s.nb);
+            }
+            strides(&mut a, &idx.nb[..3]);
+            strides(&mut a, &t.nb[1..]);
+            let k = if quant {
+                KernelId::GetRowsQ
+            } else {
+                KernelId::GetRowsF
+            };
+            c.launch(k, d, &mut a)
+        }
+        Op::Add | Op::Mul => {
+            let x = c.src(0)?;
+            let y = c.src(1)?;
+            let d = dims(launch::elementwise(t.nelements()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&y)?).u64(c.addr(&t)?);
+            a.u32(if t.op == Op::Add { 0 } else { 1 });
+            for dt in [x.dtype, y.dtype, t.dtype] {
+                a.u32(float_code(dt).unwrap_or(0));
+            }
+            a.u32(t.nelements() as u32);
+            for i in 0..3 {
+                a.u32(x.ne[i] as u32);
+            }
+            for i in 0..4 {
+                a.u32(y.ne[i] as u32);
+            }
+            strides(&mut a, &x.nb);
+            strides(&mut a, &y.nb);
+            strides(&mut a, &t.nb);
+            c.launch(KernelId::Binary, d, &mut a)
+        }
+        Op::Scale { scale } => {
+            let x = c.src(0)?;
+            let d = dims(launch::elementwise(t.nelements()), &c)?;
+            a.u64(c.addr(&x)?)
+                .u64(c.addr(&t)?)
+                .u32(float_code(t.dtype).unwrap_or(0))
+                .f32(scale);
+            a.u32(t.nelements() as u32)
+                .u32(t.ne[0] as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            strides(&mut a, &t.nb);
+            c.launch(KernelId::Scale, d, &mut a)
+        }
+        Op::Silu | Op::Swiglu => {
+            let d = dims(launch::elementwise(t.nelements()), &c)?;
+            let x = c.src(0)?;
+            a.u64(c.addr(&x)?);
+            let y = if t.op == Op::Swiglu {
+                Some(c.src(1)?)
+            } else {
+                None
+            };
+            if let Some(y) = &y {
+                a.u64(c.addr(y)?);
+            }
+            a.u64(c.addr(&t)?);
+            a.u32(t.nelements() as u32)
+                .u32(t.ne[0] as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            if let Some(y) = &y {
+                strides(&mut a, &y.nb);
+            }
+            strides(&mut a, &t.nb);
+            let k = if t.op == Op::Silu {
+                KernelId::Silu
+            } else {
+                KernelId::Swiglu
+            };
+            c.launch(k, d, &mut a)
+        }
+        Op::RmsNorm { eps } => {
+            let x = c.src(0)?;
+            let d = dims(launch::warp_per_row(t.nrows()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&t)?);
+            a.u32(t.ne[0] as u32)
+                .u32(t.nrows() as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32)
+                .f32(eps);
+            strides(&mut a, &x.nb[1..]);
+            strides(&mut a, &t.nb[1..]);
+            c.launch(KernelId::RmsNorm, d, &mut a)
+        }
+        Op::SoftMax { scale, max_bias } => {
+            let x = c.src(0)?;
+            let mask = match t.src[1] {
+                Some(_) => Some(c.src(1)?),
+                None => None,
+            };
+            let d = dims(launch::warp_per_row(t.nrows()), &c)?;
+            let (m0, m1, nhl2) = alibi(max_bias, x.ne[2]);
+            a.u64(c.addr(&x)?);
+            a.u64(match &mask {
+                Some(m) => c.addr(m)?,
+                None => 0,
+            });
+            a.u64(c.addr(&t)?);
+            a.u32(match &mask {
+                Some(m) if m.dtype == DType::F16 => 1,
+                Some(_) => 0,
+                None => 2,
+            });
+            a.u32(t.ne[0] as u32)
+                .u32(t.nrows() as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            a.f32(scale).f32(max_bias).f32(m0).f32(m1).u32(nhl2);
+            let (mne, mnb) = match &mask {
+                Some(m) => ([m.ne[2], m.ne[3]], [m.nb[1], m.nb[2], m.nb[3]]),
+                None => ([1, 1], [0, 0, 0]),
+            };
+            a.u32(mne[0] as u32).u32(mne[1] as u32);
+            strides(&mut a, &x.nb[1..]);
+            strides(&mut a, &mnb);
+            strides(&mut a, &t.nb[1..]);
+            c.launch(KernelId::SoftMax, d, &mut a)
+        }
+        Op::Rope(p) => {
+            let x = c.src(0)?;
+            let pos = c.src(1)?;
+            let d = dims(launch::rope(t.ne), &c)?;
+            let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
+            let corr = yarn_corr_dims(
+                p.n_dims,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.beta_fast,
+                p.beta_slow,
+            );
+            let mscale = if p.ext_factor != 0.0 {
+                p.attn_factor * (1.0 + 0.1 * (1.0 / p.freq_scale).ln())
+            } else {
+                p.attn_factor
+            };
+            a.u64(c.addr(&x)?).u64(c.addr(&pos)?).u64(c.addr(&t)?);
+            a.u32(float_code(t.dtype).unwrap_or(0))
+                .u32(t.ne[0] as u32)
+                .u32(p.n_dims);
+            a.u32(match p.mode {
+                RopeMode::Normal => 0,
+                RopeMode::Neox => 2,
+            });
+            a.f32(theta_scale)
+                .f32(p.freq_scale)
+                .f32(p.ext_factor)
+                .f32(mscale)
+                .f32(corr[0])
+                .f32(corr[1]);
+            strides(&mut a, &x.nb);
+            a.usize(pos.nb[0]);
+            strides(&mut a, &t.nb);
+            c.launch(KernelId::Rope, d, &mut a)
+        }
+        Op::Cpy | Op::Cont => {
+            let x = c.src(0)?;
+            if x.nelements() != t.nelements() {
+                return Err(c.fail(BackendErrorKind::InvalidArgument, "element counts differ"));
+            }
+            let d = dims(launch::elementwise(t.nelements()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&t)?);
+            a.u32(tcode(x.dtype).unwrap_or(0))
+                .u32(tcode(t.dtype).unwrap_or(0))
+                .u32(t.nelements() as u32);
+            a.u32(x.ne[0] as u32)
+                .u32(x.ne[1] as u32)
+                .u32(x.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            a.u32(t.ne[0] as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &t.nb);
+            c.launch(KernelId::Cpy, d, &mut a)
+        }
+        Op::Concat { dim } => {
+            let x = c.src(0)?;
+            let y = c.src(1)?;
+            let d = dims(launch::elementwise(t.nelements()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&y)?).u64(c.addr(&t)?);
+            a.u32(t.dtype.type_size() as u32)
+                .u32(dim as u32)
+                .u32(x.ne[dim as usize] as u32);
+            a.u32(t.nelements() as u32)
+                .u32(t.ne[0] as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            strides(&mut a, &y.nb);
+            strides(&mut a, &t.nb);
+            c.launch(KernelId::Concat, d, &mut a)
+        }
+        Op::MulMat => mul_mat(&mut c, &t),
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            softcap,
+        } => {
+            let q = c.src(0)?;
+            let k = c.src(1)?;
+            let v = c.src(2)?;
+            let mask = match t.src[3] {
+                Some(_) => Some(c.src(3)?),
+                None => None,
+            };
+            let d = dims(
+                launch::flash_attn(q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]),
+                &c,
+            )?;
+            let (m0, m1, nhl2) = alibi(max_bias, q.ne[2]);
+            a.u64(c.addr(&q)?).u64(c.addr(&k)?).u64(c.addr(&v)?);
+            a.u64(match &mask {
+                Some(m) => c.addr(m)?,
+                None => 0,
+            });
+            a.u64(c.addr(&t)?);
+            a.u32(float_code(k.dtype).unwrap_or(0))
+                .u32(float_code(v.dtype).unwrap_or(0));
+            a.u32(match &mask {
+                Some(m) if m.dtype == DType::F16 => 1,
+                Some(_) => 0,
+                None => 2,
+            });
+            a.u32(q.ne[0] as u32)
+                .u32(v.ne[0] as u32)
+                .u32(k.ne[1] as u32)
+                .u32(q.ne[1] as u32);
+            a.u32(q.ne[2] as u32)
+                .u32((q.ne[2] / k.ne[2]) as u32)
+                .u32(d.block.1);
+            a.f32(scale)
+                .f32(softcap)
+                .f32(max_bias)
+                .f32(m0)
+                .f32(m1)
+                .u32(nhl2);
+            strides(&mut a, &q.nb[1..]);
+            strides(&mut a, &k.nb[1..]);
+            strides(&mut a, &v.nb[1..]);
+            a.usize(mask.map_or(0, |m| m.nb[1]));
+            c.launch(KernelId::FlashAttnExt, d, &mut a)
+        }
+        _ => Err(c.fail(BackendErrorKind::UnsupportedOp, "op has no CUDA kernel")),
+    }
+}
+
+fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
+    let w = c.src(0)?;
+    let x = c.src(1)?;
+    let (m, n, b2, b3) = (t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
+    let (r2, r3) = ((b2 / w.ne[2]) as u32, (b3 / w.ne[3]) as u32);
+    let batch = b2 * b3;
+    let (wa, xa, ta) = (c.addr(&w)?, c.addr(&x)?, c.addr(t)?);
+    if matches!(w.dtype, DType::F32 | DType::F16) {
+        let d = dims(launch::mul_mat(None, m, n, batch), c)?;
+        let mut a = Args::new();
+        a.u64(wa)
+            .u64(xa)
+            .u64(ta)
+            .u32(float_code(w.dtype).unwrap_or(0));
+        a.u32(w.ne[0] as u32)
+            .u32(m as u32)
+            .u32(b2 as u32)
+            .u32(r2)
+            .u32(r3);
+        strides(&mut a, &w.nb[1..]);
+        strides(&mut a, &x.nb);
+        strides(&mut a, &t.nb[1..]);
+        return c.launch(KernelId::MulMatF, d, &mut a);
+    }
+    // Quantise the activations to Q8_1 in scratch, then the dp4a kernel.
+    let k = w.ne[0];
+    let nchunks = k / 32;
+    let row = nchunks * Q8_1_BLOCK;
+    let qnb = [row, row * n, row * n * b2];
+    let scratch = c.be.scratch(c.st, qnb[2] * b3)?;
+    let dq = dims(launch::quantize_q8_1(k, n, batch), c)?;
+    let mut a = Args::new();
+    a.u64(xa).u64(scratch).u32(nchunks as u32).u32(b2 as u32);
+    strides(&mut a, &x.nb[1..]);
+    strides(&mut a, &qnb);
+    c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
+
+    let class = launch::mul_mat_class(n);
+    let d = dims(launch::mul_mat(Some(class), m, n, batch), c)?;
+    let mut a = Args::new();
+    a.u64(wa)
+        .u64(scratch)
+        .u64(ta)
+        .u32(w.dtype.ggml_id())
+        .u32(nchunks as u32);
+    a.u32(m as u32).u32(n as u32).u32(b2 as u32).u32(r2).u32(r3);
+    strides(&mut a, &w.nb[1..]);
+    strides(&mut a, &qnb);
+    strides(&mut a, &t.nb[1..]);
+    let kid = match class {
+        MulMatClass::Mmvq => KernelId::Mmvq,
+        MulMatClass::Mmq => KernelId::Mmq,
+    };
+    c.launch(kid, d, &mut a)?;
+    match class {
+        MulMatClass::Mmvq => c.be.mmvq_runs.fetch_add(1, Ordering::Relaxed),
+        MulMatClass::Mmq => c.be.mmq_runs.fetch_add(1, Ordering::Relaxed),
+    };
+    *c.be.last_class.lock().unwrap_or_else(|e| e.into_inner()) = Some(class);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ggml_core::{AttnParams, Context, RopeParams};
+
+    fn storage() -> Vec<Tensor> {
+        vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 64]
+    }
+
+    #[test]
+    fn supports_the_llama_ops() {
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let emb = ctx.new_tensor(DType::Q8_0, [576, 100, 1, 1]).unwrap();
+        let ids = ctx.new_tensor(DType::I32, [5, 1, 1, 1]).unwrap();
+        let x = ctx.get_rows(emb, ids).unwrap();
+        let n = ctx.rms_norm(x, 1e-5).unwrap();
+        let g = ctx.new_tensor(DType::F32, [576, 1, 1, 1]).unwrap();
+        let n = ctx.mul(n, g).unwrap();
+        let wq = ctx.new_tensor(DType::Q4_1, [576, 576, 1, 1]).unwrap();
+        let q = ctx.mul_mat(wq, n).unwrap();
+        let q3 = ctx.reshape(q, [64, 9, 5, 1]).unwrap();
+        let pos = ctx.new_tensor(DType::I32, [5, 1, 1, 1]).unwrap();
+        let qr = ctx.rope(q3, pos, RopeParams::llama(64, 100000.0)).unwrap();
+        let qp = ctx.permute(qr, [0, 2, 1, 3]).unwrap();
+        let k = ctx.new_tensor(DType::F16, [64, 32, 3, 1]).unwrap();
+        let v = ctx.new_tensor(DType::F16, [64, 32, 3, 1]).unwrap();
+        let m = ctx.new_tensor(DType::F16, [32, 5, 1, 1]).unwrap();
+        let fa = ctx
+            .flash_attn_ext(qp, k, v, Some(m), AttnParams::scaled(0.125))
+            .unwrap();
+        let up = ctx.new_tensor(DType::Q5_0, [576, 1536, 1, 1]).unwrap();
+        let u = ctx.mul_mat(up, n).unwrap();
+        let sw = ctx.swiglu(u, u).unwrap();
+        let kq = ctx.mul_mat(k, qp).unwrap();
+        let sm = ctx.soft_max(kq, None, 0.125, 0.0).unwrap();
+        let out = ctx.get_rows(up, ids);
+        let ts = ctx.tensors();
+        for id in [x, n, q, q3, qr, qp, fa, u, sw, kq, sm] {
+            assert_eq!(check(ts, id), Ok(()), "{:?}", ts[id.index()].op);
+        }
+        assert!(out.is_ok());
+    }
+
+    #[test]
+    fn rejects_what_has_no_kernel() {
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let w = ctx.new_tensor(DType::Q2K, [256, 4, 1, 1]).unwrap();
+        let x = ctx.new_tensor(DType::F32, [256, 2, 1, 1]).unwrap();
+        let y = ctx.mul_mat(w, x).unwrap();
+        let q8 = ctx.new_tensor(DType::Q8_0, [256, 2, 1, 1]).unwrap();
+        let c = ctx.cpy(x, q8).unwrap();
+        let wb = ctx.new_tensor(DType::BF16, [256, 4, 1, 1]).unwrap();
+        let yb = ctx.mul_mat(wb, x).unwrap();
+        let ts = ctx.tensors();
+        assert!(check(ts, y).is_err());
+        assert!(check(ts, c).is_err());
+        assert!(check(ts, yb).is_err());
+    }
+
+    #[test]
+    fn alibi_and_yarn_match_ggml() {
+        let (m0, m1, n) = alibi(8.0, 12);
+        assert_eq!(n, 8);
+        assert_eq!(m0, 2f32.powf(-1.0));
+        assert_eq!(m1, 2f32.powf(-0.5));
+        let c = yarn_corr_dims(64, 4096, 10000.0, 32.0, 1.0);
+        assert!(c[0] >= 0.0 && c[1] <= 63.0 && c[0] <= c[1]);
+    }
+}

@@ -1,0 +1,610 @@
+//! Host-side reference computations that mirror the PTX kernels step by step.
+//!
+//! They define what the kernels compute in the same reduction order and with the same
+//! float operations (so the only differences on a GPU come from `ex2.approx`-based
+//! exponentials), and they are what the GPU tests compare against. They are also the
+//! executable documentation of the chunk formats in `kernels/quant.ptx`.
+
+// Index loops mirror the lane/byte indexing of the PTX they document.
+#![allow(clippy::needless_range_loop)]
+
+use ggml_core::DType;
+use half::{bf16, f16};
+
+/// Lanes per warp: the fixed number of partial sums of every reduction.
+pub const LANES: usize = 32;
+
+/// An f16 stored as its little-endian bits, as f32.
+pub fn f16_to_f32(bits: u16) -> f32 {
+    f16::from_bits(bits).to_f32()
+}
+
+/// f32 to f16 bits, rounding to nearest even (PTX `cvt.rn.f16.f32`).
+pub fn f32_to_f16(x: f32) -> u16 {
+    f16::from_f32(x).to_bits()
+}
+
+/// A bf16 stored as its bits, as f32.
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    bf16::from_bits(bits).to_f32()
+}
+
+/// f32 to bf16 bits, rounding to nearest even (PTX `cvt.rn.bf16.f32`).
+pub fn f32_to_bf16(x: f32) -> u16 {
+    bf16::from_f32(x).to_bits()
+}
+
+fn rd16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn rd32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// One 32-value chunk of a quantised row, as `q_unpack` in `quant.ptx` returns it:
+/// `value_i = fma(dw, (sc_i * (u_i - z)) as f32, mw)` with `sc_i = sc[i / 16]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Chunk {
+    /// The 32 unsigned quants.
+    pub u: [u8; 32],
+    /// Zero point subtracted from every quant.
+    pub z: i32,
+    /// Integer scales of values 0..16 and 16..32.
+    pub sc: [i32; 2],
+    /// Float scale.
+    pub dw: f32,
+    /// Float offset.
+    pub mw: f32,
+}
+
+/// Whether the quantised mul_mat and get_rows kernels handle `dtype`.
+pub fn is_kernel_quant(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q4K
+            | DType::Q6K
+    )
+}
+
+/// Chunk `j` (values `32j..32j+32`) of the quantised row `row`, or `None` for a dtype the
+/// kernels do not handle or a row too short.
+pub fn unpack_chunk(dtype: DType, row: &[u8], j: usize) -> Option<Chunk> {
+    let mut c = Chunk {
+        u: [0; 32],
+        z: 0,
+        sc: [1, 1],
+        dw: 0.0,
+        mw: 0.0,
+    };
+    let nibbles = |c: &mut Chunk, qs: &[u8], qh: u32| {
+        for i in 0..16 {
+            c.u[i] = (qs[i] & 0x0F) | ((((qh >> i) & 1) as u8) << 4);
+            c.u[i + 16] = (qs[i] >> 4) | ((((qh >> (i + 16)) & 1) as u8) << 4);
+        }
+    };
+    match dtype {
+        DType::Q4_0 => {
+            let b = row.get(18 * j..18 * j + 18)?;
+            c.dw = f16_to_f32(rd16(b, 0));
+            c.z = 8;
+            nibbles(&mut c, &b[2..18], 0);
+        }
+        DType::Q4_1 => {
+            let b = row.get(20 * j..20 * j + 20)?;
+            c.dw = f16_to_f32(rd16(b, 0));
+            c.mw = f16_to_f32(rd16(b, 2));
+            nibbles(&mut c, &b[4..20], 0);
+        }
+        DType::Q5_0 => {
+            let b = row.get(22 * j..22 * j + 22)?;
+            c.dw = f16_to_f32(rd16(b, 0));
+            c.z = 16;
+            nibbles(&mut c, &b[6..22], rd32(b, 2));
+        }
+        DType::Q5_1 => {
+            let b = row.get(24 * j..24 * j + 24)?;
+            c.dw = f16_to_f32(rd16(b, 0));
+            c.mw = f16_to_f32(rd16(b, 2));
+            nibbles(&mut c, &b[8..24], rd32(b, 4));
+        }
+        DType::Q8_0 => {
+            let b = row.get(34 * j..34 * j + 34)?;
+            c.dw = f16_to_f32(rd16(b, 0));
+            c.z = 128;
+            for i in 0..32 {
+                c.u[i] = b[2 + i] ^ 0x80;
+            }
+        }
+        DType::Q4K => {
+            let (sb, s) = (j / 8, j % 8);
+            let b = row.get(144 * sb..144 * sb + 144)?;
+            let d = f16_to_f32(rd16(b, 0));
+            let dmin = f16_to_f32(rd16(b, 2));
+            let q = &b[4..16];
+            let (sc, m) = if s < 4 {
+                (q[s] & 63, q[s + 4] & 63)
+            } else {
+                (
+                    (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4),
+                    (q[s + 4] >> 4) | ((q[s] >> 6) << 4),
+                )
+            };
+            c.dw = d;
+            c.sc = [sc as i32, sc as i32];
+            c.mw = -(dmin * m as f32);
+            let qs = &b[16 + 32 * (s / 2)..16 + 32 * (s / 2) + 32];
+            let shift = 4 * (s % 2);
+            for i in 0..32 {
+                c.u[i] = (qs[i] >> shift) & 0x0F;
+            }
+        }
+        DType::Q6K => {
+            let (sb, s) = (j / 8, j % 8);
+            let b = row.get(210 * sb..210 * sb + 210)?;
+            let (n, t) = (s / 4, s % 4);
+            let ql = &b[64 * n + 32 * (t & 1)..64 * n + 32 * (t & 1) + 32];
+            let qh = &b[128 + 32 * n..128 + 32 * n + 32];
+            let scales = &b[192..208];
+            c.dw = f16_to_f32(rd16(b, 208));
+            c.z = 32;
+            c.sc = [
+                scales[8 * n + 2 * t] as i8 as i32,
+                scales[8 * n + 2 * t + 1] as i8 as i32,
+            ];
+            for i in 0..32 {
+                c.u[i] = ((ql[i] >> (4 * (t / 2))) & 0x0F) | (((qh[i] >> (2 * t)) & 3) << 4);
+            }
+        }
+        _ => return None,
+    }
+    Some(c)
+}
+
+impl Chunk {
+    /// Value `i` dequantised exactly as `get_rows_q` does.
+    pub fn value(&self, i: usize) -> f32 {
+        let q = self.sc[i / 16] * (self.u[i] as i32 - self.z);
+        self.dw.mul_add(q as f32, self.mw)
+    }
+}
+
+/// Dequantises `out.len()` values of a row of `dtype` (float types and the quantised
+/// types of [`is_kernel_quant`]) as the get_rows kernels do. Returns `None` for other
+/// dtypes or a short row.
+pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) -> Option<()> {
+    match dtype {
+        DType::F32 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f32::from_le_bytes(row.get(4 * i..4 * i + 4)?.try_into().ok()?);
+            }
+        }
+        DType::F16 | DType::BF16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                let bits = rd16(row.get(2 * i..2 * i + 2)?, 0);
+                *o = if dtype == DType::F16 {
+                    f16_to_f32(bits)
+                } else {
+                    bf16_to_f32(bits)
+                };
+            }
+        }
+        _ => {
+            if out.len() % 32 != 0 {
+                return None;
+            }
+            for (j, chunk) in out.chunks_mut(32).enumerate() {
+                let c = unpack_chunk(dtype, row, j)?;
+                for (i, o) in chunk.iter_mut().enumerate() {
+                    *o = c.value(i);
+                }
+            }
+        }
+    }
+    Some(())
+}
+
+/// Bytes of one Q8_1 block.
+pub const Q8_1_BLOCK: usize = 36;
+
+/// Quantises `x` (a multiple of 32 values) to Q8_1 blocks as `quantize_q8_1` does:
+/// `d = amax / 127`, `q = round_half_even(x * (1/d))`, `s = d * Σq`, d and s stored as f16.
+pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+    for (blk, o) in x.chunks(32).zip(out.chunks_mut(Q8_1_BLOCK)) {
+        let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+        let mut sum = 0i32;
+        for (i, v) in blk.iter().enumerate() {
+            let q = (v * id).round_ties_even() as i32;
+            sum += q;
+            o[4 + i] = q as i8 as u8;
+        }
+        let s = d * sum as f32;
+        o[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        o[2..4].copy_from_slice(&f32_to_f16(s).to_le_bytes());
+    }
+}
+
+/// `acc` plus the contribution of chunk `c` times the Q8_1 block `a` (36 bytes), exactly
+/// as `q8_fma` in `quant.ptx`.
+pub fn chunk_fma(c: &Chunk, a: &[u8], acc: f32) -> f32 {
+    let mut half = [0i32; 2];
+    for (i, &u) in c.u.iter().enumerate() {
+        half[i / 16] += (u as i32 - c.z) * (a[4 + i] as i8 as i32);
+    }
+    let sumi = c.sc[0]
+        .wrapping_mul(half[0])
+        .wrapping_add(c.sc[1].wrapping_mul(half[1]));
+    let da = f16_to_f32(rd16(a, 0));
+    let sa = f16_to_f32(rd16(a, 2));
+    let acc = (c.dw * da).mul_add(sumi as f32, acc);
+    c.mw.mul_add(sa, acc)
+}
+
+/// The butterfly `shfl.xor` tree over 32 lane partials (offsets 16, 8, 4, 2, 1), as every
+/// kernel combines its partials. Returns lane 0's result (all lanes agree).
+pub fn butterfly_sum(mut p: [f32; LANES]) -> f32 {
+    let mut off = LANES / 2;
+    while off > 0 {
+        let prev = p;
+        for (l, v) in p.iter_mut().enumerate() {
+            *v = prev[l] + prev[l ^ off];
+        }
+        off /= 2;
+    }
+    p[0]
+}
+
+/// One output element of the quantised mul_mat (both `mmvq` and `mmq`): weight row `w`
+/// of `dtype` times the Q8_1 row `a`, over `nchunks` chunks of 32.
+pub fn mul_mat_q_dot(dtype: DType, w: &[u8], a: &[u8], nchunks: usize) -> Option<f32> {
+    let mut lanes = [0.0f32; LANES];
+    for j in 0..nchunks {
+        let c = unpack_chunk(dtype, w, j)?;
+        let ab = a.get(Q8_1_BLOCK * j..Q8_1_BLOCK * (j + 1))?;
+        lanes[j % LANES] = chunk_fma(&c, ab, lanes[j % LANES]);
+    }
+    Some(butterfly_sum(lanes))
+}
+
+/// One output element of `mul_mat_f`: `Σ a_k b_k` with lane `k mod 32` partials; for f16
+/// weights (`round_b_to_f16`) each `b_k` is first rounded to f16.
+pub fn mul_mat_f_dot(a: &[f32], b: &[f32], round_b_to_f16: bool) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    for (k, (&x, &y)) in a.iter().zip(b).enumerate() {
+        let y = if round_b_to_f16 {
+            f16_to_f32(f32_to_f16(y))
+        } else {
+            y
+        };
+        lanes[k % LANES] = x.mul_add(y, lanes[k % LANES]);
+    }
+    butterfly_sum(lanes)
+}
+
+/// `rms_norm` of one row in the kernel's order.
+pub fn rms_norm_row(x: &[f32], eps: f32, out: &mut [f32]) {
+    let mut lanes = [0.0f32; LANES];
+    for (i, &v) in x.iter().enumerate() {
+        lanes[i % LANES] = v.mul_add(v, lanes[i % LANES]);
+    }
+    let mean = butterfly_sum(lanes) / x.len() as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v * scale;
+    }
+}
+
+/// Normalised mean squared error `Σ(a−b)² / Σb²` (llama.cpp's test-backend-ops metric),
+/// with `b` the reference. 0 when both are all zeros.
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let d = x as f64 - y as f64;
+        num += d * d;
+        den += y as f64 * y as f64;
+    }
+    if num == 0.0 {
+        0.0
+    } else {
+        num / den
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny deterministic generator for test data.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+        fn f(&mut self) -> f32 {
+            self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next() as u8).collect()
+        }
+    }
+
+    fn set_f16(b: &mut [u8], at: usize, v: f32) {
+        b[at..at + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
+    }
+
+    /// Random quantised row of `n` values with sane scales.
+    fn random_row(dtype: DType, n: usize, rng: &mut Lcg) -> Vec<u8> {
+        let nb = n / dtype.block_size();
+        let ts = dtype.type_size();
+        let mut row = rng.bytes(nb * ts);
+        for b in 0..nb {
+            let blk = &mut row[b * ts..(b + 1) * ts];
+            match dtype {
+                DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => set_f16(blk, 0, 0.01 + 0.01 * rng.f()),
+                DType::Q4_1 | DType::Q5_1 | DType::Q4K => {
+                    set_f16(blk, 0, 0.01 + 0.005 * rng.f());
+                    set_f16(blk, 2, 0.02 * rng.f());
+                }
+                DType::Q6K => set_f16(blk, 208, 0.001 + 0.0005 * rng.f()),
+                _ => {}
+            }
+        }
+        row
+    }
+
+    /// ggml's own dequantisation loops (ggml-quants.c), written independently of
+    /// `unpack_chunk`, for cross-checking the chunk interpretation.
+    fn ggml_dequant(dtype: DType, row: &[u8], n: usize) -> Vec<f32> {
+        let mut y = vec![0f32; n];
+        match dtype {
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => {
+                let ts = dtype.type_size();
+                for (i, blk) in row.chunks(ts).enumerate() {
+                    let d = f16_to_f32(rd16(blk, 0));
+                    let y = &mut y[32 * i..32 * i + 32];
+                    match dtype {
+                        DType::Q4_0 => {
+                            for j in 0..16 {
+                                y[j] = ((blk[2 + j] & 0xF) as i32 - 8) as f32 * d;
+                                y[j + 16] = ((blk[2 + j] >> 4) as i32 - 8) as f32 * d;
+                            }
+                        }
+                        DType::Q4_1 => {
+                            let m = f16_to_f32(rd16(blk, 2));
+                            for j in 0..16 {
+                                y[j] = (blk[4 + j] & 0xF) as f32 * d + m;
+                                y[j + 16] = (blk[4 + j] >> 4) as f32 * d + m;
+                            }
+                        }
+                        DType::Q5_0 | DType::Q5_1 => {
+                            let (qh_at, qs_at, m) = if dtype == DType::Q5_0 {
+                                (2, 6, None)
+                            } else {
+                                (4, 8, Some(f16_to_f32(rd16(blk, 2))))
+                            };
+                            let qh = rd32(blk, qh_at);
+                            for j in 0..16 {
+                                let xh0 = (((qh >> j) << 4) & 0x10) as u8;
+                                let xh1 = ((qh >> (j + 12)) & 0x10) as u8;
+                                let x0 = ((blk[qs_at + j] & 0x0F) | xh0) as i32;
+                                let x1 = ((blk[qs_at + j] >> 4) | xh1) as i32;
+                                match m {
+                                    None => {
+                                        y[j] = (x0 - 16) as f32 * d;
+                                        y[j + 16] = (x1 - 16) as f32 * d;
+                                    }
+                                    Some(m) => {
+                                        y[j] = x0 as f32 * d + m;
+                                        y[j + 16] = x1 as f32 * d + m;
+                                    }
+                                }
+                            }
+                        }
+                        _ => {
+                            for j in 0..32 {
+                                y[j] = blk[2 + j] as i8 as f32 * d;
+                            }
+                        }
+                    }
+                }
+            }
+            DType::Q4K => {
+                for (i, blk) in row.chunks(144).enumerate() {
+                    let d = f16_to_f32(rd16(blk, 0));
+                    let dmin = f16_to_f32(rd16(blk, 2));
+                    let sc = &blk[4..16];
+                    let get = |j: usize| {
+                        if j < 4 {
+                            (sc[j] & 63, sc[j + 4] & 63)
+                        } else {
+                            (
+                                (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                                (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+                            )
+                        }
+                    };
+                    let mut out = 256 * i;
+                    let mut q = 16;
+                    let mut is = 0;
+                    for _ in 0..4 {
+                        let (s1, m1) = get(is);
+                        let (s2, m2) = get(is + 1);
+                        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
+                        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+                        for l in 0..32 {
+                            y[out + l] = d1 * (blk[q + l] & 0xF) as f32 - m1;
+                        }
+                        for l in 0..32 {
+                            y[out + 32 + l] = d2 * (blk[q + l] >> 4) as f32 - m2;
+                        }
+                        out += 64;
+                        q += 32;
+                        is += 2;
+                    }
+                }
+            }
+            DType::Q6K => {
+                for (i, blk) in row.chunks(210).enumerate() {
+                    let d = f16_to_f32(rd16(blk, 208));
+                    for n in 0..2 {
+                        let (ql, qh, sc) = (64 * n, 128 + 32 * n, 192 + 8 * n);
+                        let y = &mut y[256 * i + 128 * n..256 * i + 128 * n + 128];
+                        for l in 0..32 {
+                            let is = l / 16;
+                            let q1 = ((blk[ql + l] & 0xF) | ((blk[qh + l] & 3) << 4)) as i32 - 32;
+                            let q2 = ((blk[ql + l + 32] & 0xF) | (((blk[qh + l] >> 2) & 3) << 4))
+                                as i32
+                                - 32;
+                            let q3 =
+                                ((blk[ql + l] >> 4) | (((blk[qh + l] >> 4) & 3) << 4)) as i32 - 32;
+                            let q4 = ((blk[ql + l + 32] >> 4) | (((blk[qh + l] >> 6) & 3) << 4))
+                                as i32
+                                - 32;
+                            let s = |k: usize| blk[sc + is + k] as i8 as f32;
+                            y[l] = d * s(0) * q1 as f32;
+                            y[l + 32] = d * s(2) * q2 as f32;
+                            y[l + 64] = d * s(4) * q3 as f32;
+                            y[l + 96] = d * s(6) * q4 as f32;
+                        }
+                    }
+                }
+            }
+            _ => unreachable!(),
+        }
+        y
+    }
+
+    const QUANTS: [DType; 7] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ];
+
+    #[test]
+    fn chunks_match_ggml_dequantisation() {
+        let mut rng = Lcg(7);
+        for dt in QUANTS {
+            let row = random_row(dt, 512, &mut rng);
+            let want = ggml_dequant(dt, &row, 512);
+            let mut got = vec![0f32; 512];
+            dequantize_row(dt, &row, &mut got).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let tol = 1e-6 * w.abs().max(1e-3);
+                assert!((g - w).abs() <= tol, "{dt} value {i}: {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn q8_1_quantisation() {
+        let mut rng = Lcg(3);
+        let x: Vec<f32> = (0..64).map(|_| rng.f() * 3.0).collect();
+        let mut q = vec![0u8; 2 * Q8_1_BLOCK];
+        quantize_q8_1(&x, &mut q);
+        for (b, blk) in q.chunks(Q8_1_BLOCK).enumerate() {
+            let d = f16_to_f32(rd16(blk, 0));
+            let s = f16_to_f32(rd16(blk, 2));
+            let sum: i32 = blk[4..].iter().map(|&v| v as i8 as i32).sum();
+            assert!((s - d * sum as f32).abs() <= 1e-3 * s.abs().max(1.0));
+            for i in 0..32 {
+                let v = blk[4 + i] as i8 as f32 * d;
+                assert!((v - x[32 * b + i]).abs() <= d * 0.51 + 1e-3);
+            }
+        }
+        let zeros = [0f32; 32];
+        let mut qz = [0xAAu8; Q8_1_BLOCK];
+        quantize_q8_1(&zeros, &mut qz);
+        assert!(qz.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn quantised_dot_matches_dequantised_dot() {
+        let mut rng = Lcg(11);
+        let k = 512;
+        let x: Vec<f32> = (0..k).map(|_| rng.f()).collect();
+        let mut xq = vec![0u8; k / 32 * Q8_1_BLOCK];
+        quantize_q8_1(&x, &mut xq);
+        let mut xd = vec![0f32; k];
+        for (j, blk) in xq.chunks(Q8_1_BLOCK).enumerate() {
+            let d = f16_to_f32(rd16(blk, 0));
+            for i in 0..32 {
+                xd[32 * j + i] = blk[4 + i] as i8 as f32 * d;
+            }
+        }
+        for dt in QUANTS {
+            let w = random_row(dt, k, &mut rng);
+            let mut wd = vec![0f32; k];
+            dequantize_row(dt, &w, &mut wd).unwrap();
+            let exact: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let got = mul_mat_q_dot(dt, &w, &xq, k / 32).unwrap() as f64;
+            let scale: f64 = wd
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
+            // The min terms use s = f16(d * Σq), hence the small tolerance.
+            assert!(
+                (got - exact).abs() <= 2e-3 * scale + 1e-6,
+                "{dt}: {got} vs {exact}"
+            );
+        }
+    }
+
+    #[test]
+    fn butterfly_is_a_sum_and_lane_symmetric() {
+        let mut p = [0f32; LANES];
+        for (i, v) in p.iter_mut().enumerate() {
+            *v = i as f32;
+        }
+        assert_eq!(butterfly_sum(p), (0..32).sum::<i32>() as f32);
+        let mut rng = Lcg(5);
+        let x: Vec<f32> = (0..1000).map(|_| rng.f()).collect();
+        let ones = vec![1f32; 1000];
+        let s = mul_mat_f_dot(&x, &ones, false) as f64;
+        let exact: f64 = x.iter().map(|&v| v as f64).sum();
+        assert!((s - exact).abs() < 1e-4);
+    }
+
+    #[test]
+    fn reduction_order_ignores_padding() {
+        // Zero padding past K changes nothing (element i always feeds lane i mod 32).
+        let mut rng = Lcg(9);
+        let a: Vec<f32> = (0..100).map(|_| rng.f()).collect();
+        let b: Vec<f32> = (0..100).map(|_| rng.f()).collect();
+        let mut ap = a.clone();
+        let mut bp = b.clone();
+        ap.resize(160, 0.0);
+        bp.resize(160, 0.0);
+        assert_eq!(
+            mul_mat_f_dot(&a, &b, false).to_bits(),
+            mul_mat_f_dot(&ap, &bp, false).to_bits()
+        );
+    }
+
+    #[test]
+    fn rms_norm_and_nmse() {
+        let x = [3.0f32, 4.0];
+        let mut out = [0f32; 2];
+        rms_norm_row(&x, 0.0, &mut out);
+        let r = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / r).abs() < 1e-6 && (out[1] - 4.0 / r).abs() < 1e-6);
+        assert_eq!(nmse(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((nmse(&[1.1], &[1.0]) - 0.01).abs() < 1e-6);
+        assert_eq!(bf16_to_f32(f32_to_bf16(1.5)), 1.5);
+    }
+}

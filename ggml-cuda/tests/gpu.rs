@@ -1,0 +1,650 @@
+//! Every kernel against host references, by NMSE (1e-7 for most ops, 5e-4 for mul_mat
+//! and flash attention), plus bit-identity checks of invariant 2, copies and events.
+//! Each test prints "skipped: <reason>" and returns when no GPU can be used.
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
+use ggml_core::{
+    AttnParams, Backend, BackendErrorKind, Context, DType, DataRef, EventRef, RopeMode, RopeParams,
+    Tensor, TensorId,
+};
+use ggml_cuda::reference::{self, nmse, Q8_1_BLOCK};
+use ggml_cuda::{CudaBackend, MulMatClass};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0, 0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            println!("skipped: {e}");
+            None
+        }
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    fn f(&mut self) -> f32 {
+        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| reference::f32_to_f16(*x).to_le_bytes())
+        .collect()
+}
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+fn to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Random quantised rows with sane scales.
+fn quant_rows(dt: DType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
+    let ts = dt.type_size();
+    let nb = k / dt.block_size() * rows;
+    let mut v: Vec<u8> = (0..nb * ts).map(|_| rng.next() as u8).collect();
+    let put = |b: &mut [u8], at: usize, x: f32| {
+        b[at..at + 2].copy_from_slice(&reference::f32_to_f16(x).to_le_bytes())
+    };
+    for blk in v.chunks_mut(ts) {
+        match dt {
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => put(blk, 0, 0.01 + 0.005 * rng.f()),
+            DType::Q4_1 | DType::Q5_1 | DType::Q4K => {
+                put(blk, 0, 0.01 + 0.005 * rng.f());
+                put(blk, 2, 0.02 * rng.f());
+            }
+            DType::Q6K => put(blk, 208, 0.001 + 0.0005 * rng.f()),
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Allocates every non-view tensor of `ctx` in one buffer, points views at their
+/// roots, uploads `inputs`, computes every node in id order, returns `out`'s bytes.
+fn run(
+    be: &CudaBackend,
+    ctx: &mut Context<'_>,
+    inputs: &[(TensorId, Vec<u8>)],
+    out: TensorId,
+) -> Vec<u8> {
+    let n = ctx.len();
+    let mut offs = vec![0usize; n];
+    let mut total = 0usize;
+    for (i, t) in ctx.tensors().iter().enumerate() {
+        if t.view_src.is_none() {
+            offs[i] = total;
+            total += t.nbytes().div_ceil(256) * 256 + 256;
+        }
+    }
+    let buf = be.alloc_buffer(total).unwrap();
+    be.buffer_clear(buf.id, 0).unwrap();
+    for i in 0..n {
+        let t = ctx.tensors()[i];
+        let (root, extra) = match t.view_src {
+            Some(r) => (r.index(), t.view_offs),
+            None => (i, 0),
+        };
+        ctx.tensors_mut()[i].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + (offs[root] + extra) as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    for (id, bytes) in inputs {
+        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
+    }
+    let nodes: Vec<TensorId> = (0..n as u32)
+        .map(TensorId)
+        .filter(|id| ts[id.index()].op != ggml_core::Op::None)
+        .collect();
+    for &id in &nodes {
+        assert!(
+            be.supports_op(ts, id),
+            "unsupported {:?}",
+            ts[id.index()].op
+        );
+    }
+    be.graph_compute(ts, &nodes).unwrap();
+    be.synchronize().unwrap();
+    let t = ts[out.index()];
+    let mut res = vec![0u8; t.nbytes()];
+    be.get_tensor(&t, 0, &mut res).unwrap();
+    be.free_buffer(buf.id).unwrap();
+    res
+}
+
+fn storage() -> Vec<Tensor> {
+    vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 32]
+}
+
+#[test]
+fn get_rows_all_dtypes() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(1);
+    for dt in [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let (k, rows) = (512, 10);
+        let data = match dt {
+            DType::F32 => f32_bytes(&rng.vec(k * rows)),
+            DType::F16 => f16_bytes(&rng.vec(k * rows)),
+            _ => quant_rows(dt, k, rows, &mut rng),
+        };
+        let idx = [3i32, 0, 9, 3];
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let a = ctx.new_tensor(dt, [k, rows, 1, 1]).unwrap();
+        let i = ctx.new_tensor(DType::I32, [4, 1, 1, 1]).unwrap();
+        let o = ctx.get_rows(a, i).unwrap();
+        let got = to_f32(&run(
+            &be,
+            &mut ctx,
+            &[(a, data.clone()), (i, i32_bytes(&idx))],
+            o,
+        ));
+        let rs = dt.row_size(k).unwrap();
+        let mut want = vec![0f32; 4 * k];
+        for (r, &ix) in idx.iter().enumerate() {
+            let row = &data[ix as usize * rs..(ix as usize + 1) * rs];
+            reference::dequantize_row(dt, row, &mut want[r * k..(r + 1) * k]).unwrap();
+        }
+        assert!(nmse(&got, &want) < 1e-7, "{dt}: {}", nmse(&got, &want));
+    }
+}
+
+#[test]
+fn get_rows_bad_index_is_bad_data() {
+    let Some(be) = gpu() else { return };
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let a = ctx.new_tensor(DType::F32, [32, 4, 1, 1]).unwrap();
+    let i = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
+    let o = ctx.get_rows(a, i).unwrap();
+    let n = ctx.len();
+    let buf = be.alloc_buffer(4096).unwrap();
+    for j in 0..n {
+        ctx.tensors_mut()[j].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + 1024 * j as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    be.set_tensor_async(&ts[i.index()], 0, &i32_bytes(&[4]))
+        .unwrap();
+    be.graph_compute(ts, &[o]).unwrap();
+    let e = be.synchronize().unwrap_err();
+    assert_eq!(e.kind, BackendErrorKind::BadData);
+    be.synchronize().unwrap();
+}
+
+#[test]
+fn binary_unary_norm() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(2);
+    let (x, g, y) = (rng.vec(576 * 6), rng.vec(576), rng.vec(576 * 6));
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tx = ctx.new_tensor(DType::F32, [576, 3, 2, 1]).unwrap();
+    let tg = ctx.new_tensor(DType::F32, [576, 1, 1, 1]).unwrap();
+    let ty = ctx.new_tensor(DType::F32, [576, 3, 2, 1]).unwrap();
+    let n = ctx.rms_norm(tx, 1e-5).unwrap();
+    let m = ctx.mul(n, tg).unwrap();
+    let ad = ctx.add(m, ty).unwrap();
+    let sc = ctx.scale(ad, 0.5).unwrap();
+    let sw = ctx.swiglu(sc, ty).unwrap();
+    let si = ctx.silu(sw).unwrap();
+    let got = to_f32(&run(
+        &be,
+        &mut ctx,
+        &[
+            (tx, f32_bytes(&x)),
+            (tg, f32_bytes(&g)),
+            (ty, f32_bytes(&y)),
+        ],
+        si,
+    ));
+    let mut want = vec![0f32; x.len()];
+    for r in 0..6 {
+        reference::rms_norm_row(
+            &x[r * 576..(r + 1) * 576],
+            1e-5,
+            &mut want[r * 576..(r + 1) * 576],
+        );
+    }
+    let silu = |v: f32| v / (1.0 + (-v).exp());
+    for (i, w) in want.iter_mut().enumerate() {
+        let v = (*w * g[i % 576] + y[i]) * 0.5;
+        *w = silu(silu(v) * y[i]);
+    }
+    assert!(nmse(&got, &want) < 1e-7, "{}", nmse(&got, &want));
+}
+
+#[test]
+fn mul_mat_quantised_both_classes_bit_identical() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(3);
+    for dt in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let (k, m, n) = (512, 40, 17);
+        let w = quant_rows(dt, k, m, &mut rng);
+        let x = rng.vec(k * n);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let tw = ctx.new_tensor(dt, [k, m, 1, 1]).unwrap();
+        let tx = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+        let tx1 = ctx.view_2d(tx, k, 3, 4 * k, 0).unwrap();
+        let big = ctx.mul_mat(tw, tx).unwrap();
+        let small = ctx.mul_mat(tw, tx1).unwrap();
+        let cat = ctx.concat(big, small, 1).unwrap();
+        let got = to_f32(&run(
+            &be,
+            &mut ctx,
+            &[(tw, w.clone()), (tx, f32_bytes(&x))],
+            cat,
+        ));
+        assert_eq!(be.last_mul_mat_class(), Some(MulMatClass::Mmvq));
+        let (bigv, smallv) = got.split_at(m * n);
+        // Invariant 2: tiled (N=17) and matrix-vector (N=3) kernels agree bit for bit.
+        assert_eq!(&bigv[..3 * m], smallv, "{dt}: mmq and mmvq differ");
+        let rs = dt.row_size(k).unwrap();
+        let mut want = vec![0f32; m * n];
+        let mut exact = vec![0f32; m * n];
+        let mut wd = vec![0f32; k];
+        for col in 0..n {
+            let mut q = vec![0u8; k / 32 * Q8_1_BLOCK];
+            reference::quantize_q8_1(&x[col * k..(col + 1) * k], &mut q);
+            for row in 0..m {
+                let wr = &w[row * rs..(row + 1) * rs];
+                want[col * m + row] = reference::mul_mat_q_dot(dt, wr, &q, k / 32).unwrap();
+                reference::dequantize_row(dt, wr, &mut wd).unwrap();
+                exact[col * m + row] = wd.iter().zip(&x[col * k..]).map(|(a, b)| a * b).sum();
+            }
+        }
+        assert!(
+            nmse(bigv, &want) < 1e-10,
+            "{dt} vs mirror: {}",
+            nmse(bigv, &want)
+        );
+        assert!(
+            nmse(bigv, &exact) < 5e-4,
+            "{dt} vs f32: {}",
+            nmse(bigv, &exact)
+        );
+    }
+    let st = be.kernel_stats();
+    assert!(st.mmq >= 7 && st.mmvq >= 7, "{st:?}");
+}
+
+#[test]
+fn mul_mat_float_with_broadcast() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(4);
+    for dt in [DType::F32, DType::F16] {
+        let (k, m, n) = (64, 32, 5);
+        let a = rng.vec(k * m * 3);
+        let b = rng.vec(k * n * 9);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let ta = ctx.new_tensor(dt, [k, m, 3, 1]).unwrap();
+        let tb = ctx.new_tensor(DType::F32, [k, n, 9, 1]).unwrap();
+        let o = ctx.mul_mat(ta, tb).unwrap();
+        let ab = if dt == DType::F32 {
+            f32_bytes(&a)
+        } else {
+            f16_bytes(&a)
+        };
+        let got = to_f32(&run(&be, &mut ctx, &[(ta, ab), (tb, f32_bytes(&b))], o));
+        let mut want = vec![0f32; m * n * 9];
+        for h in 0..9 {
+            for col in 0..n {
+                for row in 0..m {
+                    let ar: Vec<f32> = a[(h / 3) * k * m + row * k..][..k]
+                        .iter()
+                        .map(|&v| {
+                            if dt == DType::F16 {
+                                reference::f16_to_f32(reference::f32_to_f16(v))
+                            } else {
+                                v
+                            }
+                        })
+                        .collect();
+                    let br = &b[h * k * n + col * k..][..k];
+                    want[h * m * n + col * m + row] =
+                        reference::mul_mat_f_dot(&ar, br, dt == DType::F16);
+                }
+            }
+        }
+        assert!(nmse(&got, &want) < 1e-10, "{dt}: {}", nmse(&got, &want));
+    }
+}
+
+fn rope_ref(
+    x: &[f32],
+    pos: &[i32],
+    ne: [usize; 3],
+    n_dims: usize,
+    base: f32,
+    neox: bool,
+) -> Vec<f32> {
+    let mut out = x.to_vec();
+    let theta_scale = base.powf(-2.0 / n_dims as f32);
+    for t in 0..ne[2] {
+        for h in 0..ne[1] {
+            let row = &mut out[(t * ne[1] + h) * ne[0]..][..ne[0]];
+            let src = &x[(t * ne[1] + h) * ne[0]..][..ne[0]];
+            let mut theta = pos[t] as f32;
+            for i in 0..n_dims / 2 {
+                let (c, s) = (theta.cos(), theta.sin());
+                let (i0, i1) = if neox {
+                    (i, i + n_dims / 2)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                row[i0] = src[i0] * c - src[i1] * s;
+                row[i1] = src[i0] * s + src[i1] * c;
+                theta *= theta_scale;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn rope_normal_and_neox() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(5);
+    let ne = [64, 9, 7];
+    let x = rng.vec(64 * 9 * 7);
+    let pos = [0i32, 1, 2, 100, 1000, 4000, 7];
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let tx = ctx.new_tensor(DType::F32, [64, 9, 7, 1]).unwrap();
+        let tp = ctx.new_tensor(DType::I32, [7, 1, 1, 1]).unwrap();
+        let mut p = RopeParams::llama(48, 100000.0);
+        p.mode = mode;
+        let o = ctx.rope(tx, tp, p).unwrap();
+        let got = to_f32(&run(
+            &be,
+            &mut ctx,
+            &[(tx, f32_bytes(&x)), (tp, i32_bytes(&pos))],
+            o,
+        ));
+        let want = rope_ref(&x, &pos, ne, 48, 100000.0, mode == RopeMode::Neox);
+        assert!(nmse(&got, &want) < 1e-7, "{mode:?}: {}", nmse(&got, &want));
+    }
+}
+
+#[test]
+fn soft_max_with_f16_mask() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(6);
+    let (n, rows) = (100, 6);
+    let x = rng.vec(n * rows);
+    let mask: Vec<f32> = (0..n * rows)
+        .map(|i| {
+            if i % n > 60 + i / n {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tx = ctx.new_tensor(DType::F32, [n, rows, 1, 1]).unwrap();
+    let tm = ctx.new_tensor(DType::F16, [n, rows, 1, 1]).unwrap();
+    let o = ctx.soft_max(tx, Some(tm), 0.7, 0.0).unwrap();
+    let got = to_f32(&run(
+        &be,
+        &mut ctx,
+        &[(tx, f32_bytes(&x)), (tm, f16_bytes(&mask))],
+        o,
+    ));
+    let mut want = vec![0f32; n * rows];
+    for r in 0..rows {
+        let v: Vec<f64> = (0..n)
+            .map(|i| x[r * n + i] as f64 * 0.7 + mask[r * n + i] as f64)
+            .collect();
+        let mx = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = v.iter().map(|&y| (y - mx).exp()).sum();
+        for i in 0..n {
+            want[r * n + i] = ((v[i] - mx).exp() / sum) as f32;
+        }
+    }
+    assert!(nmse(&got, &want) < 1e-7, "{}", nmse(&got, &want));
+}
+
+#[test]
+fn cpy_cont_concat() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(7);
+    let x = rng.vec(8 * 6 * 4);
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tx = ctx.new_tensor(DType::F32, [8, 6, 4, 1]).unwrap();
+    let h = ctx.new_tensor(DType::F16, [8, 6, 4, 1]).unwrap();
+    let b = ctx.new_tensor(DType::BF16, [8, 6, 4, 1]).unwrap();
+    let back = ctx.new_tensor(DType::F32, [8, 6, 4, 1]).unwrap();
+    let c1 = ctx.cpy(tx, h).unwrap();
+    let c2 = ctx.cpy(c1, b).unwrap();
+    let c3 = ctx.cpy(c2, back).unwrap();
+    let p = ctx.permute(c3, [1, 0, 2, 3]).unwrap();
+    let ct = ctx.cont(p).unwrap();
+    let cc = ctx.concat(ct, ct, 2).unwrap();
+    let got = to_f32(&run(&be, &mut ctx, &[(tx, f32_bytes(&x))], cc));
+    let r = |v: f32| {
+        reference::bf16_to_f32(reference::f32_to_bf16(reference::f16_to_f32(
+            reference::f32_to_f16(v),
+        )))
+    };
+    let mut want = Vec::new();
+    for _ in 0..2 {
+        for i2 in 0..4 {
+            for i0 in 0..8 {
+                for i1 in 0..6 {
+                    want.push(r(x[i2 * 48 + i1 * 8 + i0]));
+                }
+            }
+        }
+    }
+    assert_eq!(got, want);
+}
+
+fn attn_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[f32],
+    d: usize,
+    nkv: usize,
+    nq: usize,
+    h: usize,
+    hkv: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0f32; d * h * nq];
+    for iq in 0..nq {
+        for hh in 0..h {
+            let hk = hh / (h / hkv);
+            let qr = &q[(hh * nq + iq) * d..][..d];
+            let mut sc = vec![f64::NEG_INFINITY; nkv];
+            for (j, s) in sc.iter_mut().enumerate() {
+                let m = mask[iq * nkv + j];
+                if m == f32::NEG_INFINITY {
+                    continue;
+                }
+                let kr = &k[(hk * nkv + j) * d..][..d];
+                *s = qr
+                    .iter()
+                    .zip(kr)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+                    * scale as f64
+                    + m as f64;
+            }
+            let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = sc.iter().map(|&s| (s - mx).exp()).sum();
+            for dd in 0..d {
+                let acc: f64 = (0..nkv)
+                    .map(|j| (sc[j] - mx).exp() * v[(hk * nkv + j) * d + dd] as f64)
+                    .sum();
+                out[(iq * h + hh) * d + dd] = (acc / sum) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn flash_attn_matches_and_ignores_masked_padding() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(8);
+    let (d, nq, h, hkv) = (64, 5, 6, 2);
+    let mut results = Vec::new();
+    // Positions 0..40 are the same in both runs; 40..72 are masked padding.
+    let mut r2 = Rng(9);
+    let q: Vec<f32> = (0..d * nq * h).map(|_| r2.f()).collect();
+    let kb: Vec<f32> = (0..d * 40 * hkv).map(|_| r2.f()).collect();
+    let vb: Vec<f32> = (0..d * 40 * hkv).map(|_| r2.f()).collect();
+    for nkv in [40usize, 72] {
+        let mut k = vec![0f32; d * nkv * hkv];
+        let mut v = vec![0f32; d * nkv * hkv];
+        for hk in 0..hkv {
+            for j in 0..nkv {
+                for dd in 0..d {
+                    let at = (hk * nkv + j) * d + dd;
+                    if j < 40 {
+                        k[at] = kb[(hk * 40 + j) * d + dd];
+                        v[at] = vb[(hk * 40 + j) * d + dd];
+                    } else {
+                        k[at] = rng.f();
+                        v[at] = rng.f();
+                    }
+                }
+            }
+        }
+        let mask: Vec<f32> = (0..nq * nkv)
+            .map(|i| {
+                if i % nkv >= 40 || i % nkv > 30 + i / nkv {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        // Round K/V to f16 for the reference too.
+        let k16: Vec<f32> = k
+            .iter()
+            .map(|&x| reference::f16_to_f32(reference::f32_to_f16(x)))
+            .collect();
+        let v16: Vec<f32> = v
+            .iter()
+            .map(|&x| reference::f16_to_f32(reference::f32_to_f16(x)))
+            .collect();
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let tq = ctx.new_tensor(DType::F32, [d, h, nq, 1]).unwrap();
+        let tqp = ctx.permute(tq, [0, 2, 1, 3]).unwrap();
+        let tk = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
+        let tv = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
+        let tm = ctx.new_tensor(DType::F16, [nkv, nq, 1, 1]).unwrap();
+        let o = ctx
+            .flash_attn_ext(tqp, tk, tv, Some(tm), AttnParams::scaled(0.125))
+            .unwrap();
+        // q is stored [d, h, nq]: head-major within a token, as the permute expects.
+        let mut qs = vec![0f32; d * h * nq];
+        for iq in 0..nq {
+            for hh in 0..h {
+                qs[(iq * h + hh) * d..][..d].copy_from_slice(&q[(hh * nq + iq) * d..][..d]);
+            }
+        }
+        let got = to_f32(&run(
+            &be,
+            &mut ctx,
+            &[
+                (tq, f32_bytes(&qs)),
+                (tk, f16_bytes(&k)),
+                (tv, f16_bytes(&v)),
+                (tm, f16_bytes(&mask)),
+            ],
+            o,
+        ));
+        let want = attn_ref(&q, &k16, &v16, &mask, d, nkv, nq, h, hkv, 0.125);
+        assert!(nmse(&got, &want) < 5e-4, "nkv {nkv}: {}", nmse(&got, &want));
+        results.push(got);
+    }
+    assert_eq!(results[0], results[1], "masked padding changed the result");
+}
+
+#[test]
+fn copies_and_events_between_virtual_devices() {
+    let v = match CudaBackend::new_virtual(0, 2) {
+        Ok(v) => v,
+        Err(e) => {
+            println!("skipped: {e}");
+            return;
+        }
+    };
+    let (a, b) = (&v[0], &v[1]);
+    let t = Tensor::contiguous(DType::F32, [1024, 1, 1, 1]).unwrap();
+    let ba = a.alloc_buffer(4096).unwrap();
+    let bb = b.alloc_buffer(4096).unwrap();
+    let mut ta = t;
+    ta.data = Some(DataRef {
+        buffer: ba.id,
+        addr: ba.base,
+    });
+    let mut tb = t;
+    tb.data = Some(DataRef {
+        buffer: bb.id,
+        addr: bb.base,
+    });
+    let x: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+    let mut bytes = f32_bytes(&x);
+    a.set_tensor_async(&ta, 0, &bytes).unwrap();
+    bytes.fill(0); // the caller may reuse its bytes at once
+    assert!(b.cpy_tensor_async(a, &ta, &tb).unwrap());
+    let ev = b.event_new().unwrap().unwrap();
+    b.event_record(ev).unwrap();
+    a.event_wait(EventRef { owner: b, id: ev }).unwrap();
+    b.event_synchronize(ev).unwrap();
+    let mut out = vec![0u8; 4096];
+    b.get_tensor(&tb, 0, &mut out).unwrap();
+    assert_eq!(to_f32(&out), x);
+    assert!(a.can_wait_on(b));
+    b.event_free(ev).unwrap();
+    a.free_buffer(ba.id).unwrap();
+    b.free_buffer(bb.id).unwrap();
+}

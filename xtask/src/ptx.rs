@@ -1,0 +1,187 @@
+//! `cargo xtask ptx-check`: assembles every hand-written PTX file of ggml-cuda with
+//! NVIDIA's `ptxas` for sm_80 and sm_90, without a CUDA toolkit install.
+//!
+//! `ptxas` comes from the PyPI wheel `nvidia-cuda-nvcc-cu12` (pinned below), fetched with
+//! `pip download` into `$GGML_RS_CACHE/ptxas` (default `~/.cache/ggml-rs/ptxas`) and
+//! unpacked there once. Any ptxas error or warning fails the check with ptxas' message.
+
+use std::path::{Path, PathBuf};
+
+use xshell::{cmd, Shell};
+
+/// The wheel that provides `ptxas` (CUDA 12.9: accepts PTX ISA 8.x, targets sm_80/sm_90).
+pub const PTXAS_PACKAGE: &str = "nvidia-cuda-nvcc-cu12";
+/// Its pinned version.
+pub const PTXAS_VERSION: &str = "12.9.86";
+/// The architectures every kernel must assemble for.
+pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+/// The cache directory: `$GGML_RS_CACHE/ptxas`, else `$HOME/.cache/ggml-rs/ptxas`.
+pub fn cache_dir() -> Result<PathBuf, String> {
+    let base = match std::env::var_os("GGML_RS_CACHE") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => {
+            let home = std::env::var_os("HOME")
+                .ok_or("neither GGML_RS_CACHE nor HOME is set; cannot place the ptxas cache")?;
+            PathBuf::from(home).join(".cache").join("ggml-rs")
+        }
+    };
+    Ok(base.join("ptxas"))
+}
+
+/// Returns the path of a working `ptxas`, downloading and unpacking the wheel on first use.
+pub fn ensure_ptxas(sh: &Shell) -> Result<PathBuf, String> {
+    let dir = cache_dir()?;
+    let unpacked = dir.join(format!("{PTXAS_PACKAGE}-{PTXAS_VERSION}"));
+    let ptxas = unpacked.join("nvidia/cuda_nvcc/bin/ptxas");
+    if ptxas.is_file() {
+        return Ok(ptxas);
+    }
+    let wheels = dir.join("wheels");
+    std::fs::create_dir_all(&wheels)
+        .map_err(|e| format!("cannot create {}: {e}", wheels.display()))?;
+    let spec = format!("{PTXAS_PACKAGE}=={PTXAS_VERSION}");
+    let have_wheel = find_wheel(&wheels).is_some();
+    if !have_wheel {
+        let pip = pip_command(sh)?;
+        let (prog, rest) = (&pip[0], &pip[1..]);
+        cmd!(
+            sh,
+            "{prog} {rest...} download --no-deps --only-binary=:all: --dest {wheels} {spec}"
+        )
+        .run()
+        .map_err(|e| format!("pip download {spec} failed: {e}"))?;
+    }
+    let wheel = find_wheel(&wheels)
+        .ok_or_else(|| format!("no {PTXAS_PACKAGE} wheel in {}", wheels.display()))?;
+    std::fs::create_dir_all(&unpacked)
+        .map_err(|e| format!("cannot create {}: {e}", unpacked.display()))?;
+    cmd!(
+        sh,
+        "unzip -o -q {wheel} nvidia/cuda_nvcc/bin/ptxas -d {unpacked}"
+    )
+    .run()
+    .map_err(|e| format!("unzip of {} failed: {e}", wheel.display()))?;
+    set_executable(&ptxas)?;
+    if !ptxas.is_file() {
+        return Err(format!(
+            "{} has no nvidia/cuda_nvcc/bin/ptxas",
+            wheel.display()
+        ));
+    }
+    Ok(ptxas)
+}
+
+fn pip_command(sh: &Shell) -> Result<Vec<String>, String> {
+    let candidates: [&[&str]; 3] = [&["pip3"], &["pip"], &["python3", "-m", "pip"]];
+    for argv in candidates {
+        let (prog, rest) = (argv[0], &argv[1..]);
+        let works = cmd!(sh, "{prog} {rest...} --version")
+            .quiet()
+            .ignore_stdout()
+            .ignore_stderr()
+            .run()
+            .is_ok();
+        if works {
+            return Ok(argv.iter().map(|s| s.to_string()).collect());
+        }
+    }
+    Err("no pip found (tried pip3, pip, python3 -m pip); install Python's pip".to_string())
+}
+
+fn find_wheel(dir: &Path) -> Option<PathBuf> {
+    let prefix = format!("{}-{PTXAS_VERSION}-", PTXAS_PACKAGE.replace('-', "_"));
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
+        })
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut perm = std::fs::metadata(path)
+        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?
+        .permissions();
+    perm.set_mode(perm.mode() | 0o755);
+    std::fs::set_permissions(path, perm).map_err(|e| format!("chmod {}: {e}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn set_executable(_path: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+/// The PTX files of ggml-cuda under the workspace `root`, sorted by name.
+pub fn ptx_files(root: &Path) -> Result<Vec<PathBuf>, String> {
+    let dir = root.join("ggml-cuda").join("kernels");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "ptx"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("no .ptx files in {}", dir.display()));
+    }
+    Ok(files)
+}
+
+/// Assembles every `ggml-cuda/kernels/*.ptx` under the workspace `root` for sm_80 and
+/// sm_90. Fails with ptxas' own message on any error or warning; prints one line per
+/// file and architecture otherwise.
+pub fn ptx_check(sh: &Shell, root: &Path) -> Result<(), String> {
+    let ptxas = ensure_ptxas(sh)?;
+    let version = cmd!(sh, "{ptxas} --version")
+        .quiet()
+        .read()
+        .map_err(|e| format!("{} does not run: {e}", ptxas.display()))?;
+    let release = version
+        .lines()
+        .find(|l| l.contains("release"))
+        .unwrap_or("unknown release");
+    println!("ptx-check: {} ({release})", ptxas.display());
+    let out_dir = cache_dir()?.join("out");
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    let mut failures = Vec::new();
+    for file in ptx_files(root)? {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        for arch in ARCHS {
+            let cubin = out_dir.join(format!("{name}.{arch}.cubin"));
+            let arch_flag = format!("-arch={arch}");
+            let output = cmd!(sh, "{ptxas} {arch_flag} -O3 {file} -o {cubin}")
+                .quiet()
+                .ignore_status()
+                .output()
+                .map_err(|e| format!("cannot run ptxas: {e}"))?;
+            let msg = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            if !output.status.success() || !msg.trim().is_empty() {
+                failures.push(format!("{name} ({arch}):\n{}", msg.trim_end()));
+                println!("ptx-check: {name} {arch} FAILED");
+            } else {
+                println!("ptx-check: {name} {arch} ok");
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ptxas rejected {} file/arch pair(s):\n{}",
+            failures.len(),
+            failures.join("\n")
+        ))
+    }
+}
