@@ -3,10 +3,12 @@
 //! Commands:
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
 //! - `fetch-model`: download the SmolLM2 GGUF into the cache and print its path;
+//! - `ptx-check`: assemble every PTX kernel with `ptxas` for sm_80 and sm_90;
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
 
 mod fetch;
+mod ptx;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -22,6 +24,8 @@ commands:
                  docs and packaging checks: what CI runs
   fetch-model    download SmolLM2-135M-Instruct Q4_1 into $GGML_RS_CACHE
                  (default ~/.cache/ggml-rs), verify it and print its path
+  ptx-check      assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
+                 sm_80 and sm_90
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
                  (ARGS go to `ggml-harness perplexity`, see its --help)";
 
@@ -30,6 +34,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("ppl") => ppl(&args[1..]),
+        Some("ptx-check") => Shell::new()
+            .map_err(|e| e.to_string())
+            .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
         Some("fetch-model") => fetch::fetch_model().map(|p| println!("{}", p.display())),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
@@ -100,6 +107,9 @@ fn ci() -> Result<()> {
         run(cmd!(sh, "cargo test --workspace --locked --doc"))
     })?;
     step("no_std build of ggml-core", || no_std_build(&sh))?;
+    step("ptx-check (sm_80, sm_90)", || {
+        ptx::ptx_check(&sh, &workspace_root())
+    })?;
     step("docs", || {
         let _env = sh.push_env("RUSTDOCFLAGS", "-D warnings");
         run(cmd!(sh, "cargo doc --workspace --no-deps --locked"))

@@ -16,17 +16,10 @@ pub const PTXAS_VERSION: &str = "12.9.86";
 /// The architectures every kernel must assemble for.
 pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
-/// The cache directory: `$GGML_RS_CACHE/ptxas`, else `$HOME/.cache/ggml-rs/ptxas`.
+/// The cache directory: `ptxas/` in the model cache (`$GGML_RS_CACHE` or
+/// `~/.cache/ggml-rs`).
 pub fn cache_dir() -> Result<PathBuf, String> {
-    let base = match std::env::var_os("GGML_RS_CACHE") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => {
-            let home = std::env::var_os("HOME")
-                .ok_or("neither GGML_RS_CACHE nor HOME is set; cannot place the ptxas cache")?;
-            PathBuf::from(home).join(".cache").join("ggml-rs")
-        }
-    };
-    Ok(base.join("ptxas"))
+    Ok(crate::fetch::cache_dir()?.join("ptxas"))
 }
 
 /// Returns the path of a working `ptxas`, downloading and unpacking the wheel on first use.
