@@ -3,5 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod dtype;
+pub mod quant;
 
 pub use dtype::{DType, ALL_DTYPES, QK_K};
+pub use quant::{dequantize_row, quantize_row, QuantBlock, QuantError};
