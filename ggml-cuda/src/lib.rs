@@ -21,7 +21,7 @@
 //! grid, or how outputs are split across devices. Quantised mul_mat has two kernel
 //! classes ([`MulMatClass`]: `mmvq` below [`MMQ_MIN_N`] tokens, the tiled `mmq` from there
 //! on) with the *same* per-output order, so the class never changes the bits;
-//! [`CudaBackend::kernel_stats`] reports which ran. [`reference`] reproduces each order
+//! [`CudaBackend::kernel_stats`] reports which ran. [`reference`](mod@reference) reproduces each order
 //! on the host.
 //!
 //! # Example
