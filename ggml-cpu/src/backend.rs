@@ -280,9 +280,8 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo> {
-        let region = Region::alloc(size).ok_or_else(|| {
-            self.err(BackendErrorKind::OutOfMemory, "host allocation failed")
-        })?;
+        let region = Region::alloc(size)
+            .ok_or_else(|| self.err(BackendErrorKind::OutOfMemory, "host allocation failed"))?;
         let (id, region) = self.registry().insert(region);
         Ok(BufferInfo {
             id,
@@ -353,7 +352,10 @@ impl Backend for CpuBackend {
                 .at("GET", tensor.name)
         };
         let d = tensor.data.ok_or_else(|| bad("tensor has no data"))?;
-        if offset.checked_add(out.len()).is_none_or(|e| e > tensor.nbytes()) {
+        if offset
+            .checked_add(out.len())
+            .is_none_or(|e| e > tensor.nbytes())
+        {
             return Err(bad("read past the end of the tensor"));
         }
         let (_r, ptr) = crate::memory::resolve(
@@ -387,9 +389,7 @@ impl Backend for CpuBackend {
         let src_cpu = src_backend.as_any().downcast_ref::<CpuBackend>();
         let src_reg = match src_cpu {
             Some(s) if s.supports_domain(sd.buffer.domain) => s.registry().clone(),
-            _ if sd.buffer.domain == MemoryDomain::HOST
-                || sd.buffer.domain == self.domain() =>
-            {
+            _ if sd.buffer.domain == MemoryDomain::HOST || sd.buffer.domain == self.domain() => {
                 self.registry().clone()
             }
             _ => return Ok(false),

@@ -39,7 +39,11 @@ impl TView {
 
     /// `(i1, i2, i3)` of row `r` in row-major order.
     pub fn row_index(&self, r: usize) -> (usize, usize, usize) {
-        (r % self.ne[1], (r / self.ne[1]) % self.ne[2], r / (self.ne[1] * self.ne[2]))
+        (
+            r % self.ne[1],
+            (r / self.ne[1]) % self.ne[2],
+            r / (self.ne[1] * self.ne[2]),
+        )
     }
 
     /// Address of element `(0, i1, i2, i3)` (not dereferenced).
@@ -262,7 +266,10 @@ pub(crate) fn supports(tensors: &[Tensor], node: TensorId) -> Result<(), &'stati
                 DType::F32 | DType::F16 | DType::BF16 => true,
                 d => ops::mul_mat::quant_supported(d) && a.rows_contiguous(),
             };
-            ok(w_ok && b.dtype == DType::F32, "mul_mat: unsupported weight dtype")
+            ok(
+                w_ok && b.dtype == DType::F32,
+                "mul_mat: unsupported weight dtype",
+            )
         }
         Op::Rope(_) => ok(
             f32_or_f16(src(0)?.dtype) && src(1)?.dtype == DType::I32,
@@ -273,12 +280,15 @@ pub(crate) fn supports(tensors: &[Tensor], node: TensorId) -> Result<(), &'stati
                 Some(_) => f32_or_f16(src(1)?.dtype),
                 None => true,
             };
-            ok(src(0)?.dtype == DType::F32 && m_ok, "soft_max: f32 with f32/f16 mask")
+            ok(
+                src(0)?.dtype == DType::F32 && m_ok,
+                "soft_max: f32 with f32/f16 mask",
+            )
         }
         Op::Cpy => {
             let (a, b) = (src(0)?, src(1)?);
-            let dst_ok = float(b.dtype)
-                || (crate::quant::can_quantize(b.dtype) && b.is_contiguous());
+            let dst_ok =
+                float(b.dtype) || (crate::quant::can_quantize(b.dtype) && b.is_contiguous());
             ok(float(a.dtype) && dst_ok, "cpy: unsupported dtypes")
         }
         Op::Cont => {
@@ -368,7 +378,11 @@ impl Executor {
         // 1. Validate every node before running any.
         for &id in nodes {
             let t = tensors.get(id.index()).ok_or_else(|| {
-                BackendError::new(BackendErrorKind::InvalidArgument, self.name, "node id out of range")
+                BackendError::new(
+                    BackendErrorKind::InvalidArgument,
+                    self.name,
+                    "node id out of range",
+                )
             })?;
             if let Err(why) = supports(tensors, id) {
                 return Err(self.err(BackendErrorKind::UnsupportedOp, why, t));
@@ -385,18 +399,25 @@ impl Executor {
             if !runs(t) {
                 continue;
             }
-            for s in std::iter::once(Some(id)).chain(t.src.iter().copied()).flatten() {
+            for s in std::iter::once(Some(id))
+                .chain(t.src.iter().copied())
+                .flatten()
+            {
                 let st = &tensors[s.index()];
                 if !self.views[s.index()].ptr.is_null() {
                     continue;
                 }
-                let d = st
-                    .data
-                    .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "tensor has no data", st))?;
+                let d = st.data.ok_or_else(|| {
+                    self.err(BackendErrorKind::InvalidArgument, "tensor has no data", st)
+                })?;
                 let (region, ptr) = resolve(registry, d, st.nbytes())
                     .map_err(|why| self.err(BackendErrorKind::InvalidArgument, why, st))?;
                 if s == id && !region.writable() {
-                    return Err(self.err(BackendErrorKind::InvalidArgument, "destination is read-only", st));
+                    return Err(self.err(
+                        BackendErrorKind::InvalidArgument,
+                        "destination is read-only",
+                        st,
+                    ));
                 }
                 if !self.regions.iter().any(|r| Arc::ptr_eq(r, &region)) {
                     self.regions.push(region);
@@ -417,7 +438,11 @@ impl Executor {
         let need = wsize + tsize * nth;
         if self.scratch.as_ref().is_none_or(|s| s.len() < need) {
             self.scratch = Some(Region::alloc(need.next_power_of_two()).ok_or_else(|| {
-                BackendError::new(BackendErrorKind::OutOfMemory, self.name, "scratch allocation failed")
+                BackendError::new(
+                    BackendErrorKind::OutOfMemory,
+                    self.name,
+                    "scratch allocation failed",
+                )
             })?);
         }
         let scratch = self.scratch.as_ref().expect("allocated above");
@@ -436,7 +461,11 @@ impl Executor {
         // 3. Run: every thread walks the nodes; a barrier ends each phase of each node.
         pool.run(&|th| run_nodes(&shared, th));
         self.regions.clear();
-        let e = shared.error.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let e = shared
+            .error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         match e {
             Some((node, kind, why)) => Err(self.err(kind, why, &tensors[nodes[node].index()])),
             None => Ok(()),
@@ -484,8 +513,10 @@ fn run_nodes(s: &Shared<'_>, th: &ThreadCtx<'_>) {
                 s.counters[(phase + 1) % 2].store(0, Ordering::Relaxed);
             }
             if s.fail_phase.load(Ordering::Relaxed) == usize::MAX {
-                let r = catch_unwind(AssertUnwindSafe(|| ops::run(&ctx, th, p)))
-                    .unwrap_or(Err((BackendErrorKind::Device, "kernel panicked (bug in ggml-cpu)")));
+                let r = catch_unwind(AssertUnwindSafe(|| ops::run(&ctx, th, p))).unwrap_or(Err((
+                    BackendErrorKind::Device,
+                    "kernel panicked (bug in ggml-cpu)",
+                )));
                 if let Err((kind, why)) = r {
                     let mut e = s.error.lock().unwrap_or_else(|e| e.into_inner());
                     if e.is_none() {

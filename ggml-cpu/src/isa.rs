@@ -71,7 +71,11 @@ impl Isa {
 
     /// Every level this CPU can run, lowest first.
     pub fn available() -> Vec<Isa> {
-        ALL_ISAS.iter().copied().filter(|i| i.is_available()).collect()
+        ALL_ISAS
+            .iter()
+            .copied()
+            .filter(|i| i.is_available())
+            .collect()
     }
 
     /// A short lower-case name (`"avx2"`).

@@ -161,7 +161,9 @@ impl Registry {
         if id.domain != self.domain {
             return None;
         }
-        self.lock().get_mut(id.index as usize).and_then(|s| s.take())
+        self.lock()
+            .get_mut(id.index as usize)
+            .and_then(|s| s.take())
     }
 
     pub(crate) fn get(&self, id: BufferId) -> Option<Arc<Region>> {

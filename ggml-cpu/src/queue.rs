@@ -273,7 +273,10 @@ fn run_item(q: &Queue, pool: &Pool, exec: &mut Executor, item: Item) -> Result<(
             offset,
             data,
         } => {
-            let bad = |d| q.err(BackendErrorKind::InvalidArgument, d).at("SET", tensor.name);
+            let bad = |d| {
+                q.err(BackendErrorKind::InvalidArgument, d)
+                    .at("SET", tensor.name)
+            };
             let dref = tensor.data.ok_or_else(|| bad("tensor has no data"))?;
             if offset
                 .checked_add(data.len())

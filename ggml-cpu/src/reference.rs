@@ -285,7 +285,11 @@ pub fn rope_cache(pos: f32, p: &RopeParams, cache: &mut [f32]) {
         [0.0, 0.0]
     };
     let mut theta = pos;
-    for (i, pair) in cache.chunks_exact_mut(2).take(n_dims as usize / 2).enumerate() {
+    for (i, pair) in cache
+        .chunks_exact_mut(2)
+        .take(n_dims as usize / 2)
+        .enumerate()
+    {
         let theta_extrap = theta;
         let theta_interp = p.freq_scale * theta_extrap;
         let mut th = theta_interp;
@@ -479,7 +483,9 @@ pub fn unpack_kquant(w: DType, x: &[u8]) -> KBlock {
                 let h = hm[l] & (1 << (4 * half + j)) != 0;
                 k.q[e] = q - if h { 0 } else { 4 };
             }
-            let a = |i: usize| u32::from_le_bytes([sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3]]);
+            let a = |i: usize| {
+                u32::from_le_bytes([sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3]])
+            };
             let (a0, a1, tmp) = (a(0), a(1), a(2));
             const KM1: u32 = 0x0303_0303;
             const KM2: u32 = 0x0f0f_0f0f;
@@ -635,7 +641,8 @@ fn put(out: &mut [u8], dtype: DType, ne: [usize; MAX_DIMS], i: [usize; MAX_DIMS]
 }
 
 fn rows(ne: [usize; MAX_DIMS]) -> impl Iterator<Item = (usize, usize, usize)> {
-    (0..ne[3]).flat_map(move |i3| (0..ne[2]).flat_map(move |i2| (0..ne[1]).map(move |i1| (i1, i2, i3))))
+    (0..ne[3])
+        .flat_map(move |i3| (0..ne[2]).flat_map(move |i2| (0..ne[1]).map(move |i1| (i1, i2, i3))))
 }
 
 fn index_of(flat: usize, ne: [usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
@@ -682,7 +689,13 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
         Op::Scale { scale } => {
             for (i1, i2, i3) in rows(ne) {
                 for i0 in 0..ne[0] {
-                    put(out, dt, ne, [i0, i1, i2, i3], src[0].get([i0, i1, i2, i3]) * scale);
+                    put(
+                        out,
+                        dt,
+                        ne,
+                        [i0, i1, i2, i3],
+                        src[0].get([i0, i1, i2, i3]) * scale,
+                    );
                 }
             }
         }
@@ -728,7 +741,13 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
             let mut o = vec![0f32; ne[0]];
             for (i1, i2, i3) in rows(ne) {
                 rope_cache(pos.get_i32([i2, 0, 0, 0]) as f32, &p, &mut cache);
-                rope_row(&a.row(i1, i2, i3), &cache, p.mode, p.n_dims as usize, &mut o);
+                rope_row(
+                    &a.row(i1, i2, i3),
+                    &cache,
+                    p.mode,
+                    p.n_dims as usize,
+                    &mut o,
+                );
                 for (i0, &v) in o.iter().enumerate() {
                     put(out, dt, ne, [i0, i1, i2, i3], v);
                 }
@@ -791,7 +810,12 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
     Ok(())
 }
 
-fn mul_mat(node: &Tensor, a: HostTensor<'_>, b: HostTensor<'_>, out: &mut [u8]) -> Result<(), &'static str> {
+fn mul_mat(
+    node: &Tensor,
+    a: HostTensor<'_>,
+    b: HostTensor<'_>,
+    out: &mut [u8],
+) -> Result<(), &'static str> {
     let ne = node.ne;
     let k = a.desc.ne[0];
     let (r2, r3) = (b.desc.ne[2] / a.desc.ne[2], b.desc.ne[3] / a.desc.ne[3]);
@@ -806,11 +830,16 @@ fn mul_mat(node: &Tensor, a: HostTensor<'_>, b: HostTensor<'_>, out: &mut [u8]) 
                     let ai = [0, m, i2 / r2, i3 / r3];
                     let v = match w {
                         DType::F32 => {
-                            let x: Vec<f32> = (0..k).map(|i| a.get([i, ai[1], ai[2], ai[3]])).collect();
+                            let x: Vec<f32> =
+                                (0..k).map(|i| a.get([i, ai[1], ai[2], ai[3]])).collect();
                             dot_f32(&x, &yrow)
                         }
                         DType::F16 | DType::BF16 => {
-                            let conv = if w == DType::F16 { f32_to_f16 } else { f32_to_bf16 };
+                            let conv = if w == DType::F16 {
+                                f32_to_f16
+                            } else {
+                                f32_to_bf16
+                            };
                             let x: Vec<u16> = (0..k)
                                 .map(|i| conv(a.get([i, ai[1], ai[2], ai[3]])))
                                 .collect();
@@ -842,10 +871,20 @@ fn mul_mat(node: &Tensor, a: HostTensor<'_>, b: HostTensor<'_>, out: &mut [u8]) 
 pub fn quantize_activations(vdt: DType, y: &[f32]) -> Result<Vec<u8>, &'static str> {
     Ok(match vdt {
         DType::F32 => y.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::F16 => y.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect(),
-        DType::BF16 => y.iter().flat_map(|&v| f32_to_bf16(v).to_le_bytes()).collect(),
+        DType::F16 => y
+            .iter()
+            .flat_map(|&v| f32_to_f16(v).to_le_bytes())
+            .collect(),
+        DType::BF16 => y
+            .iter()
+            .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+            .collect(),
         DType::Q8_0 | DType::Q8_1 | DType::Q8K => {
-            let mut out = vec![0u8; vdt.row_size(y.len()).ok_or("row not a multiple of the block")?];
+            let mut out = vec![
+                0u8;
+                vdt.row_size(y.len())
+                    .ok_or("row not a multiple of the block")?
+            ];
             crate::quant::quantize_row(vdt, y, &mut out);
             out
         }
@@ -854,7 +893,14 @@ pub fn quantize_activations(vdt: DType, y: &[f32]) -> Result<Vec<u8>, &'static s
 }
 
 /// Reference of [`Op::FlashAttnExt`] (see the module docs for the order).
-fn flash_attn(node: &Tensor, src: &[HostTensor<'_>], scale: f32, max_bias: f32, softcap: f32, out: &mut [u8]) {
+fn flash_attn(
+    node: &Tensor,
+    src: &[HostTensor<'_>],
+    scale: f32,
+    max_bias: f32,
+    softcap: f32,
+    out: &mut [u8],
+) {
     let (q, k, v) = (src[0], src[1], src[2]);
     let mask = src.get(3);
     let (d, n_q, n_head, ne3) = (q.desc.ne[0], q.desc.ne[1], q.desc.ne[2], q.desc.ne[3]);

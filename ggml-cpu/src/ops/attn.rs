@@ -15,12 +15,22 @@ use crate::reference::{alibi_slope, exp, fmax, tree16, tree16_max, LANES};
 /// Per-thread scratch bytes.
 pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor]) -> usize {
     let get = |i: usize| t.src[i].map(|s| tensors[s.index()].ne);
-    let (q, k, v) = (get(0).unwrap_or_default(), get(1).unwrap_or_default(), get(2).unwrap_or_default());
+    let (q, k, v) = (
+        get(0).unwrap_or_default(),
+        get(1).unwrap_or_default(),
+        get(2).unwrap_or_default(),
+    );
     let (d, n_kv, dv) = (q[0], k[1], v[0]);
     4 * (2 * n_kv + 3 * d + 2 * dv + 64)
 }
 
-pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, scale: f32, max_bias: f32, softcap: f32) -> KResult {
+pub(crate) fn run(
+    c: &NodeCtx<'_>,
+    th: &ThreadCtx<'_>,
+    scale: f32,
+    max_bias: f32,
+    softcap: f32,
+) -> KResult {
     let (dst, q, k, v) = (c.dst, c.src[0], c.src[1], c.src[2]);
     let mask = c.node.src[3].map(|_| c.src[3]);
     let (d, n_head) = (q.ne[0], q.ne[2]);
@@ -37,7 +47,8 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, scale: f32, max_bias: f32
     let acc = &mut rest[..dv];
     // SAFETY: `qh_f` is a 4-byte aligned f32 area of ceil(d/2) values, reinterpreted as d
     // u16 values; it is not used as f32 anywhere.
-    let qh: &mut [u16] = unsafe { std::slice::from_raw_parts_mut(qh_f.as_mut_ptr() as *mut u16, d) };
+    let qh: &mut [u16] =
+        unsafe { std::slice::from_raw_parts_mut(qh_f.as_mut_ptr() as *mut u16, d) };
     let k_f16 = k.dtype == DType::F16;
     let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
     for r in r0..r1 {

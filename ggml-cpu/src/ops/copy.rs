@@ -22,7 +22,10 @@ pub(crate) fn cpy(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
         if a.ptr == dst.ptr && a.nb == dst.nb && a.ne == dst.ne && a.dtype == dst.dtype {
             return Ok(());
         }
-        return Err((BackendErrorKind::InvalidArgument, "copy source overlaps its destination"));
+        return Err((
+            BackendErrorKind::InvalidArgument,
+            "copy source overlaps its destination",
+        ));
     }
     let n = dst.ne[0];
     let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
@@ -35,7 +38,13 @@ pub(crate) fn cpy(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
             if a.dtype.is_quantized() {
                 let rs = a.dtype.row_size(n).unwrap_or(0);
                 // SAFETY: dense quantised rows of resolved, non-overlapping tensors.
-                unsafe { std::ptr::copy_nonoverlapping(a.row_ptr(i1, i2, i3), dst.row_ptr(i1, i2, i3), rs) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        a.row_ptr(i1, i2, i3),
+                        dst.row_ptr(i1, i2, i3),
+                        rs,
+                    )
+                };
             } else {
                 let (s, d) = (a.row_ptr(i1, i2, i3), dst.row_ptr(i1, i2, i3));
                 for i0 in 0..n {
@@ -76,7 +85,10 @@ pub(crate) fn cpy(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
 pub(crate) fn concat(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, dim: usize) -> KResult {
     let (dst, a, b) = (c.dst, c.src[0], c.src[1]);
     if c.alias[0] || c.alias[1] {
-        return Err((BackendErrorKind::InvalidArgument, "concat operand overlaps the result"));
+        return Err((
+            BackendErrorKind::InvalidArgument,
+            "concat operand overlaps the result",
+        ));
     }
     let ts = dst.dtype.type_size();
     let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
@@ -91,7 +103,9 @@ pub(crate) fn concat(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, dim: usize) -> KResult
                 i[dim] -= a.ne[dim];
                 &b
             };
-            let s = t.ptr.wrapping_add(i[0] * t.nb[0] + i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]);
+            let s = t
+                .ptr
+                .wrapping_add(i[0] * t.nb[0] + i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]);
             // SAFETY: one element of a resolved operand and of the destination row, which
             // do not overlap (checked above).
             unsafe { std::ptr::copy_nonoverlapping(s, drow.add(i0 * dst.nb[0]), ts) };
@@ -108,7 +122,10 @@ pub(crate) fn copy_same_dtype(
     dst_reg: &Registry,
     dst: &Tensor,
 ) -> Result<(), BackendError> {
-    let bad = |d| q.err(BackendErrorKind::InvalidArgument, d).at("CPY", dst.name);
+    let bad = |d| {
+        q.err(BackendErrorKind::InvalidArgument, d)
+            .at("CPY", dst.name)
+    };
     let (Some(sd), Some(dd)) = (src.data, dst.data) else {
         return Err(bad("tensor has no data"));
     };
@@ -134,7 +151,10 @@ pub(crate) fn copy_same_dtype(
         return Ok(());
     }
     let ts = src.dtype.type_size();
-    let (row_dense, rs) = (src.rows_contiguous() && dst.rows_contiguous(), src.row_size());
+    let (row_dense, rs) = (
+        src.rows_contiguous() && dst.rows_contiguous(),
+        src.row_size(),
+    );
     for i3 in 0..src.ne[3] {
         for i2 in 0..src.ne[2] {
             for i1 in 0..src.ne[1] {

@@ -70,7 +70,12 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
             }
             Op::Silu => (c.k.silu)(av, out),
             Op::Swiglu => (c.k.swiglu)(av, bv, out),
-            _ => return Err((ggml_core::BackendErrorKind::UnsupportedOp, "not elementwise")),
+            _ => {
+                return Err((
+                    ggml_core::BackendErrorKind::UnsupportedOp,
+                    "not elementwise",
+                ))
+            }
         }
         if !is_direct {
             unsafe { dst.write_row(i1, i2, i3, xo) };

@@ -11,7 +11,9 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
     let sc = c.scratch_f32();
     for r in r0..r1 {
         let (i1, i2, i3) = dst.row_index(r);
-        let at = idx.ptr.wrapping_add(i1 * idx.nb[0] + i2 * idx.nb[1] + i3 * idx.nb[2]);
+        let at = idx
+            .ptr
+            .wrapping_add(i1 * idx.nb[0] + i2 * idx.nb[1] + i3 * idx.nb[2]);
         // SAFETY: element (i1, i2, i3) of the I32 index tensor (shape checked by core).
         let row = unsafe { (at as *const i32).read_unaligned() };
         if row < 0 || row as usize >= a.ne[1] {

@@ -85,7 +85,10 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         return Ok(());
     }
     let Some(tile) = (c.k.mm)(a.dtype) else {
-        return Err((ggml_core::BackendErrorKind::UnsupportedOp, "no kernel for this weight dtype"));
+        return Err((
+            ggml_core::BackendErrorKind::UnsupportedOp,
+            "no kernel for this weight dtype",
+        ));
     };
     let (m_all, n_all) = (dst.ne[0], dst.ne[1]);
     let batches = dst.ne[2] * dst.ne[3];
@@ -135,7 +138,10 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 for r in 0..nrows {
                     for cc in 0..ncols {
                         let p = dst.ptr.wrapping_add(
-                            (m + r) * dst.nb[0] + (n + cc) * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3],
+                            (m + r) * dst.nb[0]
+                                + (n + cc) * dst.nb[1]
+                                + i2 * dst.nb[2]
+                                + i3 * dst.nb[3],
                         );
                         // SAFETY: output element (m+r, n+cc, i2, i3): inside the resolved
                         // destination, written only by the thread owning this chunk.
@@ -176,7 +182,8 @@ fn convert_b(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, b: TView, vdt: DType, vrs: usi
             }
             DType::F16 => {
                 // SAFETY: scratch rows are 2-byte aligned (64-byte base, even row size).
-                let o16 = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, k) };
+                let o16 =
+                    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, k) };
                 (c.k.f32_to_f16)(x, o16);
             }
             DType::BF16 => {

@@ -19,7 +19,8 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, p: &RopeParams) -> KResul
         let (i1, i2, i3) = dst.row_index(r);
         if cached != Some((i2, i3)) {
             // SAFETY: element i2 of the 1-D I32 positions tensor.
-            let p_i = unsafe { (pos.ptr.wrapping_add(i2 * pos.nb[0]) as *const i32).read_unaligned() };
+            let p_i =
+                unsafe { (pos.ptr.wrapping_add(i2 * pos.nb[0]) as *const i32).read_unaligned() };
             rope_cache(p_i as f32, p, cache);
             cached = Some((i2, i3));
         }

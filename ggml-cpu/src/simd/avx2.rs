@@ -265,7 +265,10 @@ unsafe fn swiglu_imp(a: &[f32], b: &[f32], out: &mut [f32]) {
         // SAFETY: 8 floats at i in all three.
         unsafe {
             let s = silu8(ld_f32(a.as_ptr().add(i)));
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, ld_f32(b.as_ptr().add(i))));
+            _mm256_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm256_mul_ps(s, ld_f32(b.as_ptr().add(i))),
+            );
         }
         i += 8;
     }
@@ -300,7 +303,10 @@ unsafe fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
         // SAFETY: 8 floats at i in both.
         unsafe {
             let p = acc.as_mut_ptr().add(i);
-            _mm256_storeu_ps(p, _mm256_add_ps(ld_f32(p), _mm256_mul_ps(wv, ld_f32(v.as_ptr().add(i)))));
+            _mm256_storeu_ps(
+                p,
+                _mm256_add_ps(ld_f32(p), _mm256_mul_ps(wv, ld_f32(v.as_ptr().add(i)))),
+            );
         }
         i += 8;
     }
@@ -318,7 +324,10 @@ unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u16]) {
         // SAFETY: 8 values at i in both.
         unsafe {
             let p = acc.as_mut_ptr().add(i);
-            _mm256_storeu_ps(p, _mm256_add_ps(ld_f32(p), _mm256_mul_ps(wv, ld_f16(v.as_ptr().add(i)))));
+            _mm256_storeu_ps(
+                p,
+                _mm256_add_ps(ld_f32(p), _mm256_mul_ps(wv, ld_f16(v.as_ptr().add(i)))),
+            );
         }
         i += 8;
     }
@@ -348,8 +357,12 @@ macro_rules! float_tile {
                         unsafe {
                             let (y0, y1) = ($ld(y.add(i)), $ld(y.add(i + 8)));
                             for ri in 0..4 {
-                                acc[ri][0] = _mm256_add_ps(acc[ri][0], _mm256_mul_ps($ld(x[ri].add(i)), y0));
-                                acc[ri][1] = _mm256_add_ps(acc[ri][1], _mm256_mul_ps($ld(x[ri].add(i + 8)), y1));
+                                acc[ri][0] =
+                                    _mm256_add_ps(acc[ri][0], _mm256_mul_ps($ld(x[ri].add(i)), y0));
+                                acc[ri][1] = _mm256_add_ps(
+                                    acc[ri][1],
+                                    _mm256_mul_ps($ld(x[ri].add(i + 8)), y1),
+                                );
                             }
                         }
                         i += 16;

@@ -68,9 +68,12 @@ mod vnni {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
     unsafe fn dot_s(x: __m256i, y: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
+        _mm256_dpbusd_epi32(
+            _mm256_setzero_si256(),
+            _mm256_abs_epi8(x),
+            _mm256_sign_epi8(y, x),
+        )
     }
-
 }
 
 macro_rules! safe {
@@ -147,7 +150,10 @@ macro_rules! dot_impl {
             while i + 16 <= n {
                 // SAFETY: 16 elements at i in both rows.
                 unsafe {
-                    a = _mm512_add_ps(a, _mm512_mul_ps($ld(x.as_ptr().add(i)), $ld(y.as_ptr().add(i))));
+                    a = _mm512_add_ps(
+                        a,
+                        _mm512_mul_ps($ld(x.as_ptr().add(i)), $ld(y.as_ptr().add(i))),
+                    );
                 }
                 i += 16;
             }
@@ -287,7 +293,10 @@ unsafe fn swiglu_imp(a: &[f32], b: &[f32], out: &mut [f32]) {
         // SAFETY: 16 floats at i in all three.
         unsafe {
             let s = silu16(ld_f32(a.as_ptr().add(i)));
-            _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(s, ld_f32(b.as_ptr().add(i))));
+            _mm512_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm512_mul_ps(s, ld_f32(b.as_ptr().add(i))),
+            );
         }
         i += 16;
     }
@@ -322,7 +331,10 @@ unsafe fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
         // SAFETY: 16 floats at i in both.
         unsafe {
             let p = acc.as_mut_ptr().add(i);
-            _mm512_storeu_ps(p, _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f32(v.as_ptr().add(i)))));
+            _mm512_storeu_ps(
+                p,
+                _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f32(v.as_ptr().add(i)))),
+            );
         }
         i += 16;
     }
@@ -340,7 +352,10 @@ unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u16]) {
         // SAFETY: 16 values at i in both.
         unsafe {
             let p = acc.as_mut_ptr().add(i);
-            _mm512_storeu_ps(p, _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f16(v.as_ptr().add(i)))));
+            _mm512_storeu_ps(
+                p,
+                _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f16(v.as_ptr().add(i)))),
+            );
         }
         i += 16;
     }
@@ -370,7 +385,8 @@ macro_rules! float_tile {
                         unsafe {
                             let yv = $ld(y.add(i));
                             for ri in 0..4 {
-                                acc[ri] = _mm512_add_ps(acc[ri], _mm512_mul_ps($ld(x[ri].add(i)), yv));
+                                acc[ri] =
+                                    _mm512_add_ps(acc[ri], _mm512_mul_ps($ld(x[ri].add(i)), yv));
                             }
                         }
                         i += 16;

@@ -93,3 +93,6 @@ pub(crate) fn as_u16(b: &[u8]) -> &[u16] {
 pub(crate) fn all_tables() -> Vec<&'static Kernels> {
     Isa::available().into_iter().map(Kernels::get).collect()
 }
+
+#[cfg(test)]
+mod tests;

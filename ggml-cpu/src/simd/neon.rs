@@ -33,7 +33,10 @@ fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
         for (k, acc) in a.iter_mut().enumerate() {
             // SAFETY: 4 floats at i + 4k in both rows; separate multiply and add.
             unsafe {
-                let p = vmulq_f32(vld1q_f32(x.as_ptr().add(i + 4 * k)), vld1q_f32(y.as_ptr().add(i + 4 * k)));
+                let p = vmulq_f32(
+                    vld1q_f32(x.as_ptr().add(i + 4 * k)),
+                    vld1q_f32(y.as_ptr().add(i + 4 * k)),
+                );
                 *acc = vaddq_f32(*acc, p);
             }
         }

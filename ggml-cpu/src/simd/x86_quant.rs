@@ -99,11 +99,23 @@ macro_rules! x86_quant {
         /// K-quants: the reference code compiled with this level's features (its
         /// integer loops vectorise; its float operations are the reference's).
         #[target_feature(enable = $feat)]
-        unsafe fn tile_kquant_imp(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+        unsafe fn tile_kquant_imp(
+            w: DType,
+            k: usize,
+            a: &[&[u8]],
+            b: &[&[u8]],
+            out: &mut [f32; 16],
+        ) {
             crate::simd::scalar::tile_quant(w, k, a, b, out)
         }
 
-        pub(crate) fn tile_quant(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+        pub(crate) fn tile_quant(
+            w: DType,
+            k: usize,
+            a: &[&[u8]],
+            b: &[&[u8]],
+            out: &mut [f32; 16],
+        ) {
             // SAFETY: this table is installed only when its features were detected.
             unsafe {
                 match w {
@@ -178,12 +190,17 @@ macro_rules! x86_quant {
                 }
                 ob[0..2].copy_from_slice(&crate::reference::f32_to_f16(d).to_le_bytes());
                 if with_sum {
-                    let s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+                    let s = _mm256_add_epi32(
+                        _mm256_add_epi32(qi[0], qi[1]),
+                        _mm256_add_epi32(qi[2], qi[3]),
+                    );
                     let mut l = [0i32; 8];
                     // SAFETY: 8 i32 of room.
                     unsafe { _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, s) };
                     let sum: i32 = l.iter().sum();
-                    ob[2..4].copy_from_slice(&crate::reference::f32_to_f16(sum as f32 * d).to_le_bytes());
+                    ob[2..4].copy_from_slice(
+                        &crate::reference::f32_to_f16(sum as f32 * d).to_le_bytes(),
+                    );
                 }
                 // SAFETY: same features; 32 bytes of room at qoff.
                 unsafe {
@@ -201,7 +218,10 @@ macro_rules! x86_quant {
                 let mut m = _mm256_setzero_ps();
                 for c in xb.chunks_exact(8) {
                     // SAFETY: 8 floats.
-                    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(c.as_ptr()) }));
+                    m = _mm256_max_ps(
+                        m,
+                        _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(c.as_ptr()) }),
+                    );
                 }
                 // SAFETY: same features.
                 let amax = unsafe { hmax8(m) };
@@ -232,7 +252,10 @@ macro_rules! x86_quant {
                     // SAFETY: same features; 32 bytes of room.
                     unsafe {
                         let packed = pack32(qi);
-                        _mm256_storeu_si256(ob.as_mut_ptr().add(4 + 32 * g) as *mut __m256i, packed);
+                        _mm256_storeu_si256(
+                            ob.as_mut_ptr().add(4 + 32 * g) as *mut __m256i,
+                            packed,
+                        );
                     }
                 }
                 ob[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
@@ -286,7 +309,8 @@ macro_rules! quant_tile {
                     unsafe {
                         dx[r] = _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i));
                         if $min {
-                            mx[r] = _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i));
+                            mx[r] =
+                                _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i));
                         }
                     }
                 }
@@ -310,7 +334,8 @@ macro_rules! quant_tile {
                     unsafe {
                         dy[c] = _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i));
                         if $min {
-                            sy[c] = _mm256_cvtph_ps(_mm_loadu_si128(s16.as_ptr() as *const __m128i));
+                            sy[c] =
+                                _mm256_cvtph_ps(_mm_loadu_si128(s16.as_ptr() as *const __m128i));
                         }
                     }
                 }
@@ -333,7 +358,8 @@ macro_rules! quant_tile {
                                 }
                             }
                             let s = reduce8(&p);
-                            let mut v = _mm256_mul_ps(_mm256_mul_ps(dx[r], dy[c]), _mm256_cvtepi32_ps(s));
+                            let mut v =
+                                _mm256_mul_ps(_mm256_mul_ps(dx[r], dy[c]), _mm256_cvtepi32_ps(s));
                             if $min {
                                 v = _mm256_add_ps(v, _mm256_mul_ps(mx[r], sy[c]));
                             }
