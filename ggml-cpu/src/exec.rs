@@ -57,35 +57,13 @@ impl TView {
         self.ne[0] <= 1 || self.nb[0] == self.dtype.type_size()
     }
 
-    /// Whether the whole tensor is dense in row-major order.
-    pub fn is_contiguous(&self) -> bool {
-        let mut expect = self.dtype.type_size();
-        for d in 0..MAX_DIMS {
-            let step = if d == 0 { 1 } else { self.ne[d] };
-            if d > 0 {
-                expect *= if d == 1 {
-                    self.ne[0] / self.dtype.block_size()
-                } else {
-                    self.ne[d - 1]
-                };
-            }
-            if step != 1 && self.nb[d] != expect {
-                return false;
-            }
-            if d == 0 && self.ne[0] > 1 && self.nb[0] != self.dtype.type_size() {
-                return false;
-            }
-        }
-        true
-    }
-
     /// Row `(i1, i2, i3)` as f32 if it is a dense, aligned F32 row.
     ///
     /// # Safety
     /// The row must lie in resolved tensor memory that nobody writes while the slice lives.
     pub unsafe fn row_f32<'a>(&self, i1: usize, i2: usize, i3: usize) -> Option<&'a [f32]> {
         let p = self.row_ptr(i1, i2, i3);
-        if self.dtype != DType::F32 || !self.rows_dense() || p as usize % 4 != 0 {
+        if self.dtype != DType::F32 || !self.rows_dense() || !(p as usize).is_multiple_of(4) {
             return None;
         }
         // SAFETY: dense aligned F32 row inside resolved memory (caller's contract).
@@ -99,7 +77,7 @@ impl TView {
     /// slice lives.
     pub unsafe fn row_f32_mut<'a>(&self, i1: usize, i2: usize, i3: usize) -> Option<&'a mut [f32]> {
         let p = self.row_ptr(i1, i2, i3);
-        if self.dtype != DType::F32 || !self.rows_dense() || p as usize % 4 != 0 {
+        if self.dtype != DType::F32 || !self.rows_dense() || !(p as usize).is_multiple_of(4) {
             return None;
         }
         // SAFETY: as `row_f32`, with exclusive access (caller's contract).
@@ -202,9 +180,8 @@ pub(crate) struct NodeCtx<'a> {
     pub src: [TView; 4],
     /// Whether source `i` shares bytes with the destination.
     pub alias: [bool; 4],
-    /// Shared scratch for the node (e.g. quantised activations), `wsize` bytes.
+    /// Shared scratch for the node (e.g. quantised activations).
     pub wdata: *mut u8,
-    pub wsize: usize,
     /// This thread's scratch, `tsize` bytes, 64-byte aligned.
     tdata: *mut u8,
     tsize: usize,
@@ -498,7 +475,6 @@ fn run_nodes(s: &Shared<'_>, th: &ThreadCtx<'_>) {
             src,
             alias,
             wdata: s.scratch,
-            wsize: s.wsize,
             // SAFETY: inside the scratch allocation (wsize + tsize * nth bytes).
             tdata: unsafe { s.scratch.add(s.wsize + th.ith * s.tsize) },
             tsize: s.tsize,

@@ -100,16 +100,6 @@ impl Region {
         // SAFETY: off + len <= self.len, so the result stays inside the allocation.
         Some(unsafe { self.ptr.add(off) })
     }
-
-    /// The whole region as a byte slice.
-    ///
-    /// # Safety
-    /// No one may write the region while the slice lives.
-    pub(crate) unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: ptr..ptr+len is valid for reads (constructor contracts); the caller
-        // excludes concurrent writes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
 }
 
 impl Drop for Region {

@@ -78,7 +78,8 @@ impl EventState {
     }
 }
 
-/// One unit of queued work.
+/// One unit of queued work. (Items are moved once into the queue; their size is irrelevant.)
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Item {
     /// Compute `nodes` of `tensors` in order.
     Compute {

@@ -182,7 +182,7 @@ pub(crate) const P1: f32 = 1.398_199_9e-3;
 pub(crate) const P2: f32 = 8.333_452e-3;
 pub(crate) const P3: f32 = 4.166_579_6e-2;
 pub(crate) const P4: f32 = 1.666_666_5e-1;
-pub(crate) const P5: f32 = 5.000_000_1e-1;
+pub(crate) const P5: f32 = 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
 
 /// The exponential used by every kernel: Cody–Waite reduction `x = n·ln2 + r` (n rounded
 /// to nearest by the 1.5·2²³ trick), Cephes' degree-6 polynomial for `e^r` in plain
@@ -296,7 +296,7 @@ pub fn rope_cache(pos: f32, p: &RopeParams, cache: &mut [f32]) {
         let mut mscale = p.attn_factor;
         if p.ext_factor != 0.0 {
             let y = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
-            let ramp = 1.0 - y.max(0.0).min(1.0);
+            let ramp = 1.0 - y.clamp(0.0, 1.0);
             let mix = ramp * p.ext_factor;
             th = theta_interp * (1.0 - mix) + theta_extrap * mix;
             mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
@@ -469,9 +469,9 @@ pub fn unpack_kquant(w: DType, x: &[u8]) -> KBlock {
                 let (half, j, l) = (e / 128, (e % 128) / 32, e % 32);
                 k.q[e] = ((qs[32 * half + l] >> (2 * j)) & 3) as i8;
             }
-            for g in 0..16 {
-                k.scale[g] = i32::from(sc[g] & 15);
-                k.min[g] = i32::from(sc[g] >> 4);
+            for (g, &b) in sc.iter().enumerate() {
+                k.scale[g] = i32::from(b & 15);
+                k.min[g] = i32::from(b >> 4);
             }
         }
         DType::Q3K => {
@@ -538,8 +538,8 @@ pub fn unpack_kquant(w: DType, x: &[u8]) -> KBlock {
                 let h = (qh[32 * half + l] >> (2 * kk)) & 3;
                 k.q[e] = (nib | (h << 4)) as i8 - 32;
             }
-            for g in 0..16 {
-                k.scale[g] = i32::from(sc[g] as i8);
+            for (s, &b) in k.scale.iter_mut().zip(sc) {
+                *s = i32::from(b as i8);
             }
         }
         _ => {}
@@ -903,7 +903,7 @@ fn flash_attn(
 ) {
     let (q, k, v) = (src[0], src[1], src[2]);
     let mask = src.get(3);
-    let (d, n_q, n_head, ne3) = (q.desc.ne[0], q.desc.ne[1], q.desc.ne[2], q.desc.ne[3]);
+    let (n_q, n_head, ne3) = (q.desc.ne[1], q.desc.ne[2], q.desc.ne[3]);
     let (n_kv, h_kv) = (k.desc.ne[1], k.desc.ne[2]);
     let dv = v.desc.ne[0];
     let group = n_head / h_kv;

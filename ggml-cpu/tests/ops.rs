@@ -1,6 +1,9 @@
 //! Every op × dtype × shape on every ISA level and thread count 1-3, bit-identical to
 //! the scalar reference.
 
+// rstest tables take one parameter per column.
+#![allow(clippy::too_many_arguments)]
+
 mod common;
 
 use common::{backends, check, f32s, Spec};

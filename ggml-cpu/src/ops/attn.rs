@@ -73,7 +73,7 @@ pub(crate) fn run(
             }
             let kp = k.row_ptr(j, hk, i3);
             let dot = if k_f16 {
-                if k.rows_dense() && kp as usize % 2 == 0 {
+                if k.rows_dense() && (kp as usize).is_multiple_of(2) {
                     // SAFETY: dense, aligned F16 row of d values.
                     let ks = unsafe { std::slice::from_raw_parts(kp as *const u16, d) };
                     (c.k.dot_f16)(qh, ks)
@@ -115,7 +115,7 @@ pub(crate) fn run(
             let w = exp(scores[j] - mx);
             sum[j % LANES] += w;
             let vp = v.row_ptr(j, hk, i3);
-            if v.dtype == DType::F16 && v.rows_dense() && vp as usize % 2 == 0 {
+            if v.dtype == DType::F16 && v.rows_dense() && (vp as usize).is_multiple_of(2) {
                 // SAFETY: dense aligned F16 row of dv values.
                 let vs = unsafe { std::slice::from_raw_parts(vp as *const u16, dv) };
                 (c.k.axpy_f16)(acc, w, vs);

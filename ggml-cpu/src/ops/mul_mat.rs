@@ -44,7 +44,9 @@ fn needs_gather(dtype: DType, ne: [usize; 4], nb: [usize; 4], addr: u64) -> bool
         return false;
     }
     let ts = dtype.type_size();
-    (ne[0] > 1 && nb[0] != ts) || addr % ts as u64 != 0 || nb[1..].iter().any(|&s| s % ts != 0)
+    (ne[0] > 1 && nb[0] != ts)
+        || !addr.is_multiple_of(ts as u64)
+        || nb[1..].iter().any(|&s| !s.is_multiple_of(ts))
 }
 
 fn round64(n: usize) -> usize {

@@ -13,13 +13,13 @@ pub(crate) static KERNELS: Kernels = Kernels {
     sum_sq: r::sum_sq,
     max: r::max,
     exp_shift_sum: r::exp_shift_sum,
-    silu: silu,
-    swiglu: swiglu,
-    f32_to_f16: f32_to_f16,
-    axpy_f32: axpy_f32,
-    axpy_f16: axpy_f16,
-    quantize: quantize,
-    mm: mm,
+    silu,
+    swiglu,
+    f32_to_f16,
+    axpy_f32,
+    axpy_f16,
+    quantize,
+    mm,
 };
 
 pub(crate) fn silu(x: &[f32], out: &mut [f32]) {
