@@ -384,7 +384,15 @@ impl Executor {
                 if !self.views[s.index()].ptr.is_null() {
                     continue;
                 }
-                let d = st.data.ok_or_else(|| {
+                // A view without data of its own reads its root's bytes at view_offs.
+                let view_data = || {
+                    let root = tensors.get(st.view_src?.index())?.data?;
+                    Some(ggml_core::DataRef {
+                        buffer: root.buffer,
+                        addr: root.addr.checked_add(st.view_offs as u64)?,
+                    })
+                };
+                let d = st.data.or_else(view_data).ok_or_else(|| {
                     self.err(BackendErrorKind::InvalidArgument, "tensor has no data", st)
                 })?;
                 let (region, ptr) = resolve(registry, d, st.nbytes())

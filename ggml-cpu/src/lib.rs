@@ -59,3 +59,8 @@ mod simd;
 pub use backend::{CpuBackend, CpuBackendOptions};
 pub use isa::{Isa, ALL_ISAS};
 pub use memory::ALIGNMENT;
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
