@@ -22,6 +22,7 @@ pub mod error;
 pub mod graph;
 pub mod name;
 pub mod op;
+pub mod quant;
 pub mod tensor;
 
 pub use backend::{
@@ -34,6 +35,7 @@ pub use error::{Error, Result};
 pub use graph::Graph;
 pub use name::{Name, MAX_NAME};
 pub use op::{AttnParams, Op, RopeMode, RopeParams};
+pub use quant::{dequantize_row, quantize_row, QuantBlock, QuantError};
 pub use tensor::{
     BufferId, DataRef, MemoryDomain, Tensor, TensorFlags, TensorId, MAX_DIMS, MAX_SRC,
 };

@@ -1,0 +1,308 @@
+//! Unit tests of the byte-level API: lengths, errors, alignment, round trips.
+
+use super::*;
+use crate::dtype::ALL_DTYPES;
+
+const MAX_N: usize = 4 * QK_K;
+
+/// A deterministic, varied test row.
+fn row(n: usize) -> [f32; MAX_N] {
+    let mut x = [0.0f32; MAX_N];
+    let mut s = 0x1234_5678u32;
+    for v in x.iter_mut().take(n) {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        *v = (s as f32 / u32::MAX as f32 - 0.5) * 6.0;
+    }
+    x
+}
+
+/// Worst absolute error bound (relative to the row's largest magnitude) of a round trip.
+fn tolerance(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => 0.0,
+        DType::F16 => 1e-3,
+        DType::BF16 => 8e-3,
+        DType::Q8_0 | DType::Q8_1 | DType::Q8K => 1e-2,
+        DType::Q6K => 2.5e-2,
+        DType::Q5_1 | DType::Q5K => 5e-2,
+        DType::Q5_0 => 0.1,
+        DType::Q4_1 | DType::Q4K => 0.1,
+        // values of the other sign than the largest one only reach 7/8 of it
+        DType::Q4_0 => 0.2,
+        DType::Q3K => 0.25,
+        DType::Q2K => 0.4,
+        DType::I32 => f32::INFINITY,
+    }
+}
+
+#[test]
+fn round_trip_error_bounds_all_dtypes() {
+    let n = 2 * QK_K;
+    let x = row(n);
+    let amax = x[..n].iter().fold(0.0f32, |a, v| a.max(fabs(*v)));
+    for dtype in ALL_DTYPES {
+        if dtype == DType::I32 {
+            continue;
+        }
+        let mut bytes = [0u8; MAX_N * 4];
+        let nbytes = dtype.row_size(n).unwrap();
+        quantize_row(dtype, &x[..n], &mut bytes[..nbytes]).unwrap();
+        let mut y = [0.0f32; MAX_N];
+        dequantize_row(dtype, &bytes[..nbytes], &mut y[..n]).unwrap();
+        let err = x[..n]
+            .iter()
+            .zip(&y[..n])
+            .fold(0.0f32, |e, (a, b)| e.max(fabs(a - b)));
+        assert!(
+            err <= tolerance(dtype) * amax,
+            "{dtype}: error {err} (amax {amax})"
+        );
+    }
+}
+
+fn fabs(v: f32) -> f32 {
+    f32::from_bits(v.to_bits() & 0x7FFF_FFFF)
+}
+
+#[test]
+fn i32_is_unsupported() {
+    let mut b = [0u8; 4];
+    let mut y = [0.0f32; 1];
+    assert_eq!(
+        quantize_row(DType::I32, &[1.0], &mut b),
+        Err(QuantError::Unsupported { dtype: DType::I32 })
+    );
+    assert_eq!(
+        dequantize_row(DType::I32, &b, &mut y),
+        Err(QuantError::Unsupported { dtype: DType::I32 })
+    );
+}
+
+#[test]
+fn bad_lengths_are_errors() {
+    let x = row(64);
+    let mut bytes = [0u8; 1024];
+    let mut y = [0.0f32; 600];
+
+    // Not a multiple of the block size.
+    assert_eq!(
+        quantize_row(DType::Q4_0, &x[..33], &mut bytes[..18]),
+        Err(QuantError::NotBlockMultiple {
+            dtype: DType::Q4_0,
+            len: 33
+        })
+    );
+    assert_eq!(
+        dequantize_row(DType::Q6K, &bytes[..210], &mut y[..255]),
+        Err(QuantError::NotBlockMultiple {
+            dtype: DType::Q6K,
+            len: 255
+        })
+    );
+    // Destination / source of the wrong size.
+    assert_eq!(
+        quantize_row(DType::Q8_0, &x[..64], &mut bytes[..67]),
+        Err(QuantError::SizeMismatch {
+            dtype: DType::Q8_0,
+            what: "destination bytes",
+            expected: 68,
+            actual: 67
+        })
+    );
+    assert_eq!(
+        dequantize_row(DType::Q2K, &bytes[..85], &mut y[..256]),
+        Err(QuantError::SizeMismatch {
+            dtype: DType::Q2K,
+            what: "source bytes",
+            expected: 84,
+            actual: 85
+        })
+    );
+    assert_eq!(
+        quantize_row(DType::F16, &x[..3], &mut bytes[..8]),
+        Err(QuantError::SizeMismatch {
+            dtype: DType::F16,
+            what: "destination bytes",
+            expected: 6,
+            actual: 8
+        })
+    );
+    assert_eq!(
+        dequantize_row(DType::F32, &bytes[..7], &mut y[..2]),
+        Err(QuantError::SizeMismatch {
+            dtype: DType::F32,
+            what: "source bytes",
+            expected: 8,
+            actual: 7
+        })
+    );
+
+    // Typed rows.
+    let mut blocks = [BlockQ8_1::zeroed(); 3];
+    assert_eq!(
+        quantize_row_q8_1(&x[..64], &mut blocks),
+        Err(QuantError::SizeMismatch {
+            dtype: DType::Q8_1,
+            what: "destination blocks",
+            expected: 2,
+            actual: 3
+        })
+    );
+    assert_eq!(
+        quantize_row_q8_1(&x[..40], &mut blocks[..1]),
+        Err(QuantError::NotBlockMultiple {
+            dtype: DType::Q8_1,
+            len: 40
+        })
+    );
+    assert_eq!(
+        dequantize_row_q8_1(&blocks[..1], &mut y[..64]),
+        Err(QuantError::SizeMismatch {
+            dtype: DType::Q8_1,
+            what: "source blocks",
+            expected: 2,
+            actual: 1
+        })
+    );
+    let mut kb = [BlockQ8K::zeroed(); 1];
+    assert!(quantize_row_q8_k(&x[..32], &mut kb).is_err());
+    assert!(quantize_row_q8_k(&y[..256], &mut kb).is_ok());
+
+    // Empty rows are fine.
+    for dtype in ALL_DTYPES {
+        if dtype != DType::I32 {
+            assert_eq!(quantize_row(dtype, &[], &mut []), Ok(()));
+            assert_eq!(dequantize_row(dtype, &[], &mut []), Ok(()));
+        }
+    }
+}
+
+#[test]
+fn errors_display() {
+    use core::fmt::Write;
+    struct Buf {
+        b: [u8; 128],
+        n: usize,
+    }
+    impl Write for Buf {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            let end = self.n + s.len();
+            self.b
+                .get_mut(self.n..end)
+                .ok_or(core::fmt::Error)?
+                .copy_from_slice(s.as_bytes());
+            self.n = end;
+            Ok(())
+        }
+    }
+    let cases = [
+        (
+            QuantError::Unsupported { dtype: DType::I32 },
+            "i32: no conversion to or from f32",
+        ),
+        (
+            QuantError::NotBlockMultiple {
+                dtype: DType::Q4K,
+                len: 300,
+            },
+            "q4_K: row of 300 values is not a multiple of the block size 256",
+        ),
+        (
+            QuantError::SizeMismatch {
+                dtype: DType::Q8_0,
+                what: "destination bytes",
+                expected: 68,
+                actual: 67,
+            },
+            "q8_0: destination bytes: got 67, expected 68",
+        ),
+    ];
+    for (e, want) in cases {
+        let mut buf = Buf { b: [0; 128], n: 0 };
+        write!(buf, "{e}").unwrap();
+        assert_eq!(core::str::from_utf8(&buf.b[..buf.n]).unwrap(), want);
+    }
+}
+
+/// The byte API gives the same bytes whether or not the buffers are aligned for the block
+/// type, and the same as the typed API.
+#[test]
+fn unaligned_buffers() {
+    let n = 2 * QK_K;
+    let x = row(n);
+    for dtype in ALL_DTYPES {
+        if dtype == DType::I32 {
+            continue;
+        }
+        let nbytes = dtype.row_size(n).unwrap();
+        // Backing store aligned to 8, then offset by 0 and by 1 byte.
+        let mut store_a = [0u64; MAX_N / 2];
+        let mut store_b = [0u64; MAX_N / 2];
+        let a: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut store_a)[..nbytes];
+        let b: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut store_b)[1..1 + nbytes];
+        quantize_row(dtype, &x[..n], a).unwrap();
+        quantize_row(dtype, &x[..n], b).unwrap();
+        assert_eq!(a, b, "{dtype}");
+        let mut ya = [0.0f32; MAX_N];
+        let mut yb = [0.0f32; MAX_N];
+        dequantize_row(dtype, a, &mut ya[..n]).unwrap();
+        dequantize_row(dtype, b, &mut yb[..n]).unwrap();
+        for i in 0..n {
+            assert_eq!(ya[i].to_bits(), yb[i].to_bits(), "{dtype} [{i}]");
+        }
+    }
+    // Typed == bytes for one type of each family.
+    let mut q = [BlockQ4K::zeroed(); 2];
+    quantize_row_q4_k(&x[..n], &mut q).unwrap();
+    let mut bytes = [0u8; 288];
+    quantize_row(DType::Q4K, &x[..n], &mut bytes).unwrap();
+    assert_eq!(bytemuck::cast_slice::<BlockQ4K, u8>(&q), &bytes[..]);
+    let mut q = [BlockQ5_1::zeroed(); 16];
+    quantize_row_q5_1(&x[..n], &mut q).unwrap();
+    let mut bytes = [0u8; 384];
+    quantize_row(DType::Q5_1, &x[..n], &mut bytes).unwrap();
+    assert_eq!(bytemuck::cast_slice::<BlockQ5_1, u8>(&q), &bytes[..]);
+}
+
+#[test]
+fn trait_constants() {
+    fn check<B: QuantBlock>() {
+        assert_eq!(B::BLOCK_SIZE, B::DTYPE.block_size());
+        assert_eq!(size_of::<B>(), B::DTYPE.type_size());
+    }
+    check::<BlockQ4_0>();
+    check::<BlockQ4_1>();
+    check::<BlockQ5_0>();
+    check::<BlockQ5_1>();
+    check::<BlockQ8_0>();
+    check::<BlockQ8_1>();
+    check::<BlockQ2K>();
+    check::<BlockQ3K>();
+    check::<BlockQ4K>();
+    check::<BlockQ5K>();
+    check::<BlockQ6K>();
+    check::<BlockQ8K>();
+}
+
+/// Non-finite inputs do not panic (results are unspecified, as in ggml).
+#[test]
+fn non_finite_inputs_do_not_panic() {
+    let mut x = row(QK_K);
+    x[3] = f32::NAN;
+    x[70] = f32::INFINITY;
+    x[200] = -f32::INFINITY;
+    x[201] = f32::MAX;
+    x[202] = f32::MIN_POSITIVE / 3.0;
+    for dtype in ALL_DTYPES {
+        if dtype == DType::I32 {
+            continue;
+        }
+        let mut bytes = [0u8; MAX_N * 4];
+        let nbytes = dtype.row_size(QK_K).unwrap();
+        quantize_row(dtype, &x[..QK_K], &mut bytes[..nbytes]).unwrap();
+        let mut y = [0.0f32; QK_K];
+        dequantize_row(dtype, &bytes[..nbytes], &mut y).unwrap();
+    }
+}
