@@ -63,7 +63,10 @@ fn setup(be: &CpuBackend, build: impl Fn(&mut Context<'_>) -> TensorId) -> Graph
     let mut off = 0u64;
     let mut rng = Rng(0x1234_5678_9abc_def1);
     for t in tensors.iter_mut() {
-        t.data = Some(DataRef { buffer: buf.id, addr: buf.base + off });
+        t.data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + off,
+        });
         off += (t.nbytes().div_ceil(64) * 64) as u64;
         if t.op == ggml_core::Op::None {
             be.set_tensor_async(t, 0, &fill(t, &mut rng)).unwrap();
@@ -85,16 +88,23 @@ fn mul_mat(c: &mut Criterion) {
     group.warm_up_time(std::time::Duration::from_millis(300));
     group.measurement_time(std::time::Duration::from_secs(2));
     for w in [DType::Q4_1, DType::Q8_0] {
-        for (n, k, m) in [(1, 576, 1536), (512, 576, 1536), (1, 576, 49152), (512, 576, 49152)] {
+        for (n, k, m) in [
+            (1, 576, 1536),
+            (512, 576, 1536),
+            (1, 576, 49152),
+            (512, 576, 49152),
+        ] {
             let g = setup(&be, |ctx| {
                 let a = ctx.new_tensor(w, [k, m, 1, 1]).unwrap();
                 let b = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
                 ctx.mul_mat(a, b).unwrap()
             });
             group.throughput(Throughput::Elements((2 * n * k * m) as u64));
-            group.bench_with_input(BenchmarkId::new(w.name(), format!("{n}x{k}x{m}")), &g, |bch, g| {
-                bch.iter(|| run(&be, black_box(g)))
-            });
+            group.bench_with_input(
+                BenchmarkId::new(w.name(), format!("{n}x{k}x{m}")),
+                &g,
+                |bch, g| bch.iter(|| run(&be, black_box(g))),
+            );
         }
     }
     group.finish();

@@ -757,8 +757,9 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
         Op::Cpy | Op::Cont => {
             let a = src[0];
             let n = a.desc.nelements();
-            let vals: Vec<f32> = (0..n).map(|f| a.get(index_of(f, a.desc.ne))).collect();
-            if dt.is_quantized() {
+            let vals = || -> Vec<f32> { (0..n).map(|f| a.get(index_of(f, a.desc.ne))).collect() };
+            if dt.is_quantized() && !a.desc.dtype.is_quantized() {
+                let vals = vals();
                 let rs = dt.row_size(ne[0]).ok_or("bad row")?;
                 for (r, chunk) in vals.chunks(ne[0]).enumerate() {
                     crate::quant::quantize_row(dt, chunk, &mut out[r * rs..(r + 1) * rs]);
@@ -776,7 +777,7 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
                     out[r * rs..(r + 1) * rs].copy_from_slice(&a.bytes[o..o + rs]);
                 }
             } else {
-                for (f, &v) in vals.iter().enumerate() {
+                for (f, v) in vals().into_iter().enumerate() {
                     put(out, dt, ne, index_of(f, ne), v);
                 }
             }

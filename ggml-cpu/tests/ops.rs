@@ -412,3 +412,69 @@ fn flash_attn_padding_invariance() {
         b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
 }
+
+#[rstest]
+fn get_rows_quantised(
+    bes: &[CpuBackend],
+    #[values(
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Q8K
+    )]
+    dt: DType,
+) {
+    check(bes, 23, |ctx| {
+        let a = f(dt, [256, 6, 1, 1])(ctx);
+        let idx = ctx.new_tensor(DType::I32, [3, 1, 1, 1]).unwrap();
+        let mut s = Spec::new(ctx.get_rows(a, idx).unwrap());
+        s.ints.push((idx, vec![5, 0, 5]));
+        s
+    });
+}
+
+#[rstest]
+fn cpy_to_quantised(
+    bes: &[CpuBackend],
+    #[values(
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K
+    )]
+    dt: DType,
+) {
+    check(bes, 24, |ctx| {
+        let x = f(DType::F32, [256, 3, 1, 1])(ctx);
+        let y = f(dt, [256, 3, 1, 1])(ctx);
+        Spec::new(ctx.cpy(x, y).unwrap())
+    });
+    // CONT of a quantised tensor's row view copies bytes.
+    check(bes, 25, |ctx| {
+        let x = f(dt, [256, 4, 2, 1])(ctx);
+        let rs = dt.row_size(256).unwrap();
+        let v = ctx
+            .view(
+                x,
+                [256, 2, 2, 1],
+                [dt.type_size(), 2 * rs, 4 * rs, 8 * rs],
+                rs,
+            )
+            .unwrap();
+        Spec::new(ctx.cont(v).unwrap())
+    });
+}

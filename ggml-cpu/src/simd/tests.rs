@@ -329,3 +329,33 @@ fn reference_dots_are_close_to_f64() {
         "{got} vs {exact}"
     );
 }
+
+#[rstest]
+fn activation_quantisers_match_core(
+    #[values(DType::Q8_0, DType::Q8_1, DType::Q8K)] d: DType,
+    #[values(1, 2, 3)] seed: u64,
+) {
+    let mut rng = Rng::new(seed);
+    let n = 512;
+    let mut inputs = vec![rng.vec(n, 3.0), vec![0.0; n], rng.vec(n, 1e-30)];
+    // Ties: amax 127 makes the scale exactly 1, so x.5 values round half away from zero.
+    let mut ties: Vec<f32> = (0..n).map(|i| (i % 64) as f32 - 31.5).collect();
+    for c in ties.chunks_mut(32) {
+        c[0] = 127.0;
+    }
+    inputs.push(ties);
+    // Q8_K: the first of equal-magnitude extremes decides the sign of the scale.
+    let mut sgn = rng.vec(n, 1.0);
+    sgn[3] = -2.0;
+    sgn[9] = 2.0;
+    inputs.push(sgn);
+    for x in &inputs {
+        let mut want = vec![0u8; d.row_size(n).unwrap()];
+        ggml_core::quant::quantize_row(d, x, &mut want).unwrap();
+        for k in all_tables() {
+            let mut got = vec![0xAAu8; want.len()];
+            (k.quantize)(d, x, &mut got);
+            assert_eq!(got, want, "{:?} {d}", k.isa);
+        }
+    }
+}
