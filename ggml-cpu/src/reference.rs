@@ -965,3 +965,142 @@ fn flash_attn(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The reference against plain f64 arithmetic, with tolerances.
+    use super::*;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+    }
+
+    #[test]
+    fn rms_norm_soft_max_silu_close_to_f64() {
+        let mut r = rng(1);
+        let x: Vec<f32> = (0..577).map(|_| r() * 3.0).collect();
+        let mut out = vec![0f32; x.len()];
+        rms_norm_row(&x, 1e-5, &mut out);
+        let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
+        let sc = 1.0 / (ms + 1e-5).sqrt();
+        for (o, &v) in out.iter().zip(&x) {
+            assert!((*o as f64 - v as f64 * sc).abs() < 1e-5);
+        }
+        let mut s = x.clone();
+        let mask: Vec<f32> = (0..x.len())
+            .map(|i| if i % 7 == 0 { f32::NEG_INFINITY } else { 0.5 })
+            .collect();
+        soft_max_row(&mut s, 0.8, Some((&mask, 1.0)));
+        let w: Vec<f64> = x
+            .iter()
+            .zip(&mask)
+            .map(|(&v, &m)| v as f64 * 0.8 + m as f64)
+            .collect();
+        let mx = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = w.iter().map(|v| (v - mx).exp()).sum();
+        for (i, (&o, v)) in s.iter().zip(&w).enumerate() {
+            let want = (v - mx).exp() / z;
+            assert!((o as f64 - want).abs() < 1e-6, "softmax {i}");
+            if i % 7 == 0 {
+                assert_eq!(o, 0.0);
+            }
+        }
+        for &v in &x {
+            let want = v as f64 / (1.0 + (-(v as f64)).exp());
+            assert!((silu(v) as f64 - want).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn rope_close_to_f64() {
+        let p = RopeParams::llama(64, 10000.0);
+        let mut cache = vec![0f32; 64];
+        rope_cache(37.0, &p, &mut cache);
+        let mut r = rng(2);
+        let x: Vec<f32> = (0..80).map(|_| r()).collect();
+        let mut out = vec![0f32; 80];
+        rope_row(&x, &cache, RopeMode::Neox, 64, &mut out);
+        for i in 0..32 {
+            let th = 37.0f64 * 10000f64.powf(-2.0 * i as f64 / 64.0);
+            let (c, s) = (th.cos(), th.sin());
+            let (x0, x1) = (x[i] as f64, x[i + 32] as f64);
+            assert!((out[i] as f64 - (x0 * c - x1 * s)).abs() < 1e-4, "pair {i}");
+            assert!(
+                (out[i + 32] as f64 - (x0 * s + x1 * c)).abs() < 1e-4,
+                "pair {i}"
+            );
+        }
+        assert_eq!(&out[64..], &x[64..]);
+    }
+
+    #[test]
+    fn alibi_slopes_as_ggml() {
+        assert_eq!(alibi_slope(0.0, 3, 8), 1.0);
+        // 8 heads, max_bias 8: slopes 2^-1 .. 2^-8.
+        for h in 0..8 {
+            let want = 2f32.powi(-(h as i32 + 1));
+            assert!((alibi_slope(8.0, h, 8) - want).abs() < 1e-7);
+        }
+    }
+
+    #[test]
+    fn flash_attention_close_to_f64() {
+        let (d, n_kv, h) = (16usize, 9usize, 2usize);
+        let mut r = rng(3);
+        let mk = |ne: [usize; 4]| Tensor::contiguous(DType::F32, ne).unwrap();
+        let (tq, tk, tv) = (mk([d, 1, h, 1]), mk([d, n_kv, 1, 1]), mk([d, n_kv, 1, 1]));
+        let q: Vec<f32> = (0..d * h).map(|_| r()).collect();
+        let k: Vec<f32> = (0..d * n_kv).map(|_| r()).collect();
+        let v: Vec<f32> = (0..d * n_kv).map(|_| r()).collect();
+        let b = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let (bq, bk, bv) = (b(&q), b(&k), b(&v));
+        let mut node = mk([d, h, 1, 1]);
+        node.op = Op::FlashAttnExt {
+            scale: 0.25,
+            max_bias: 0.0,
+            softcap: 0.0,
+        };
+        let src = [
+            HostTensor {
+                desc: &tq,
+                bytes: &bq,
+            },
+            HostTensor {
+                desc: &tk,
+                bytes: &bk,
+            },
+            HostTensor {
+                desc: &tv,
+                bytes: &bv,
+            },
+        ];
+        let mut out = vec![0u8; d * h * 4];
+        compute(&node, &src, &mut out).unwrap();
+        for hh in 0..h {
+            let s: Vec<f64> = (0..n_kv)
+                .map(|j| {
+                    (0..d)
+                        .map(|i| q[hh * d + i] as f64 * k[j * d + i] as f64)
+                        .sum::<f64>()
+                        * 0.25
+                })
+                .collect();
+            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+            for i in 0..d {
+                let want: f64 = (0..n_kv)
+                    .map(|j| (s[j] - mx).exp() / z * v[j * d + i] as f64)
+                    .sum();
+                let o = hh * d + i;
+                let got = f32::from_le_bytes(out[4 * o..4 * o + 4].try_into().unwrap());
+                assert!((got as f64 - want).abs() < 1e-5, "head {hh} dim {i}");
+            }
+        }
+    }
+}
