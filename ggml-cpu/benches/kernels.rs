@@ -81,8 +81,17 @@ fn run(be: &CpuBackend, g: &Graph) {
     be.synchronize().unwrap();
 }
 
+/// The backend under test: `GGML_CPU_BENCH_THREADS` threads (default: all cores).
+fn backend() -> CpuBackend {
+    let mut o = CpuBackendOptions::default();
+    if let Some(n) = std::env::var("GGML_CPU_BENCH_THREADS").ok().and_then(|v| v.parse().ok()) {
+        o.n_threads = n;
+    }
+    CpuBackend::new(o).unwrap()
+}
+
 fn mul_mat(c: &mut Criterion) {
-    let be = CpuBackend::new(CpuBackendOptions::default()).unwrap();
+    let be = backend();
     let mut group = c.benchmark_group(format!("mul_mat/{}x{}t", be.isa(), be.n_threads()));
     group.sample_size(10);
     group.warm_up_time(std::time::Duration::from_millis(300));
@@ -111,7 +120,7 @@ fn mul_mat(c: &mut Criterion) {
 }
 
 fn row_ops(c: &mut Criterion) {
-    let be = CpuBackend::new(CpuBackendOptions::default()).unwrap();
+    let be = backend();
     let mut group = c.benchmark_group(format!("rows/{}x{}t", be.isa(), be.n_threads()));
     group.sample_size(20);
     group.warm_up_time(std::time::Duration::from_millis(200));

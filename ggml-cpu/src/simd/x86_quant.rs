@@ -90,11 +90,11 @@ macro_rules! x86_quant {
             _mm256_add_epi32(lo, hi)
         }
 
-        quant_tile!(tile_q4_0_imp, $feat, 18, 34, 2, unpack_q4_0, $dot_s, false);
-        quant_tile!(tile_q4_1_imp, $feat, 20, 36, 4, unpack_q4_1, $dot_u, true);
-        quant_tile!(tile_q5_0_imp, $feat, 22, 34, 2, unpack_q5_0, $dot_s, false);
-        quant_tile!(tile_q5_1_imp, $feat, 24, 36, 4, unpack_q5_1, $dot_u, true);
-        quant_tile!(tile_q8_0_imp, $feat, 34, 34, 2, unpack_q8_0, $dot_s, false);
+        quant_tile!(tile_q4_0_imp, tile_q4_0_gen, $feat, 18, 34, 2, unpack_q4_0, $dot_s, false);
+        quant_tile!(tile_q4_1_imp, tile_q4_1_gen, $feat, 20, 36, 4, unpack_q4_1, $dot_u, true);
+        quant_tile!(tile_q5_0_imp, tile_q5_0_gen, $feat, 22, 34, 2, unpack_q5_0, $dot_s, false);
+        quant_tile!(tile_q5_1_imp, tile_q5_1_gen, $feat, 24, 36, 4, unpack_q5_1, $dot_u, true);
+        quant_tile!(tile_q8_0_imp, tile_q8_0_gen, $feat, 34, 34, 2, unpack_q8_0, $dot_s, false);
 
         /// K-quants: the reference code compiled with this level's features (its
         /// integer loops vectorise; its float operations are the reference's).
@@ -277,19 +277,56 @@ macro_rules! x86_quant {
 }
 
 macro_rules! quant_tile {
-    ($name:ident, $feat:literal, $xb:expr, $yb:expr, $yoff:expr, $unpack:ident, $dot:ident, $min:expr) => {
+    ($name:ident, $gen:ident, $feat:literal, $xb:expr, $yb:expr, $yoff:expr, $unpack:ident, $dot:ident, $min:expr) => {
+        quant_tile_body!($gen, $feat, $xb, $yb, $yoff, $unpack, $dot, $min);
+
+        /// Dispatches to a tile of fixed shape (full tiles keep everything in registers);
+        /// every shape performs the same operations per output element.
         #[target_feature(enable = $feat)]
         unsafe fn $name(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+            // SAFETY: same features; shapes match the slices.
+            unsafe {
+                match (a.len(), b.len()) {
+                    (4, 4) => $gen::<4, 4>(k, a, b, out, 0, 0),
+                    (4, 2) => $gen::<4, 2>(k, a, b, out, 0, 0),
+                    (4, 1) => $gen::<4, 1>(k, a, b, out, 0, 0),
+                    (2, 4) => $gen::<2, 4>(k, a, b, out, 0, 0),
+                    (1, 4) => $gen::<1, 4>(k, a, b, out, 0, 0),
+                    (nr, nc) => {
+                        for r in 0..nr.min(4) {
+                            for c in 0..nc.min(4) {
+                                $gen::<1, 1>(k, &a[r..r + 1], &b[c..c + 1], out, r, c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+macro_rules! quant_tile_body {
+    ($gen:ident, $feat:literal, $xb:expr, $yb:expr, $yoff:expr, $unpack:ident, $dot:ident, $min:expr) => {
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $gen<const NR: usize, const NC: usize>(
+            k: usize,
+            a: &[&[u8]],
+            b: &[&[u8]],
+            out: &mut [f32; 16],
+            r0: usize,
+            c0: usize,
+        ) {
             let nb = k / 32;
-            let (nr, nc) = (a.len().min(4), b.len().min(4));
+            let (nr, nc) = (NR, NC);
             let zero = _mm256_setzero_ps();
-            let mut acc = [[zero; 4]; 4];
-            let mut xs = [[_mm256_setzero_si256(); 8]; 4];
+            let mut acc = [[zero; NC]; NR];
+            let mut xs = [[_mm256_setzero_si256(); 8]; NR];
             let mut j = 0;
             while j < nb {
                 let cnt = (nb - j).min(8);
-                let mut dx = [zero; 4];
-                let mut mx = [zero; 4];
+                let mut dx = [zero; NR];
+                let mut mx = [zero; NR];
                 for r in 0..nr {
                     assert!(a[r].len() >= nb * $xb);
                     let mut d16 = [0u16; 8];
@@ -314,8 +351,8 @@ macro_rules! quant_tile {
                         }
                     }
                 }
-                let mut dy = [zero; 4];
-                let mut sy = [zero; 4];
+                let mut dy = [zero; NC];
+                let mut sy = [zero; NC];
                 for c in 0..nc {
                     assert!(b[c].len() >= nb * $yb);
                     let mut d16 = [0u16; 8];
@@ -374,7 +411,7 @@ macro_rules! quant_tile {
                     let mut l = [0f32; 8];
                     // SAFETY: 8 floats of room.
                     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
-                    out[r * 4 + c] = crate::reference::tree8(l);
+                    out[(r0 + r) * 4 + c0 + c] = crate::reference::tree8(l);
                 }
             }
         }
