@@ -84,7 +84,10 @@ fn run(be: &CpuBackend, g: &Graph) {
 /// The backend under test: `GGML_CPU_BENCH_THREADS` threads (default: all cores).
 fn backend() -> CpuBackend {
     let mut o = CpuBackendOptions::default();
-    if let Some(n) = std::env::var("GGML_CPU_BENCH_THREADS").ok().and_then(|v| v.parse().ok()) {
+    if let Some(n) = std::env::var("GGML_CPU_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         o.n_threads = n;
     }
     CpuBackend::new(o).unwrap()

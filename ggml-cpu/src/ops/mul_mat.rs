@@ -60,7 +60,13 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
     let k = a.ne[0];
-    let vrs = a.dtype.vec_dot_type().row_size(k).unwrap_or(0);
+    // Room for either layout of the activations (standard or packed).
+    let vrs = a
+        .dtype
+        .vec_dot_type()
+        .row_size(k)
+        .unwrap_or(0)
+        .max(crate::simd::packed_row_bytes(k));
     let wb = round64(b.nrows() * vrs);
     let addr = a.data.map_or(0, |d| d.addr);
     let wa = if needs_gather(a.dtype, a.ne, a.nb, addr) {
@@ -75,12 +81,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let (dst, a, b) = (c.dst, c.src[0], c.src[1]);
     let k = a.ne[0];
     let vdt = a.dtype.vec_dot_type();
-    let vrs = vdt.row_size(k).unwrap_or(0);
+    let packer = (c.k.pack)(a.dtype);
+    let vrs = match packer {
+        Some(p) => (p.row_bytes)(k),
+        None => vdt.row_size(k).unwrap_or(0),
+    };
     let wb = round64(b.nrows() * vrs);
     let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
     let ars = a.dtype.row_size(k).unwrap_or(0);
     if phase == 0 {
-        convert_b(c, th, b, vdt, vrs);
+        convert_b(c, th, b, vdt, vrs, packer);
         if gather {
             gather_a(c, th, a, wb, ars);
         }
@@ -158,7 +168,14 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     Ok(())
 }
 
-fn convert_b(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, b: TView, vdt: DType, vrs: usize) {
+fn convert_b(
+    c: &NodeCtx<'_>,
+    th: &ThreadCtx<'_>,
+    b: TView,
+    vdt: DType,
+    vrs: usize,
+    packer: Option<crate::simd::Packer>,
+) {
     let k = b.ne[0];
     let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
     let sc = c.scratch_f32();
@@ -176,6 +193,10 @@ fn convert_b(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, b: TView, vdt: DType, vrs: usi
         // SAFETY: row r of the activation area of the shared scratch, written by this
         // thread only (rows are split between threads).
         let out = unsafe { std::slice::from_raw_parts_mut(c.wdata.add(r * vrs), vrs) };
+        if let Some(p) = packer {
+            (p.pack)(x, out);
+            continue;
+        }
         match vdt {
             DType::F32 => {
                 for (o, v) in out.chunks_exact_mut(4).zip(x) {

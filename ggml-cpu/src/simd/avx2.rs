@@ -23,23 +23,28 @@ pub(crate) static KERNELS: Kernels = Kernels {
     axpy_f16,
     quantize,
     mm,
+    pack,
 };
 
 x86_quant!("avx2,fma,f16c", dot_u, dot_s);
 
-/// Integer dot of 32 u8 `x` with 32 i8 `y`: 8 partial i32 sums.
+/// `acc` plus the dots of each lane's 4 u8 of `x` with its 4 i8 of `y` (u8 ≤ 31 here, so
+/// `maddubs` never saturates).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_u(x: __m256i, y: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+unsafe fn dot_u(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1)),
+    )
 }
 
-/// Integer dot of 32 i8 `x` with 32 i8 `y` (y never -128): 8 partial i32 sums.
+/// As [`dot_u`] for i8 `x` (y is never -128: activations are clamped to ±127).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_s(x: __m256i, y: __m256i) -> __m256i {
+unsafe fn dot_s(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
     // SAFETY: same features.
-    unsafe { dot_u(_mm256_abs_epi8(x), _mm256_sign_epi8(y, x)) }
+    unsafe { dot_u(acc, _mm256_abs_epi8(x), _mm256_sign_epi8(y, x)) }
 }
 
 pub(crate) fn mm(w: DType) -> Option<MmTile> {

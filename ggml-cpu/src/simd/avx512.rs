@@ -23,12 +23,14 @@ pub(crate) static KERNELS: Kernels = Kernels {
     axpy_f16,
     quantize: super::avx2::KERNELS.quantize,
     mm,
+    pack: super::avx2::KERNELS.pack,
 };
 
 pub(crate) static KERNELS_VNNI: Kernels = Kernels {
     isa: Isa::Avx512Vnni,
     quantize: vnni::quantize,
     mm: mm_vnni,
+    pack: vnni::pack,
     ..KERNELS
 };
 
@@ -61,18 +63,14 @@ mod vnni {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn dot_u(x: __m256i, y: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+    unsafe fn dot_u(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, x, y)
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn dot_s(x: __m256i, y: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(
-            _mm256_setzero_si256(),
-            _mm256_abs_epi8(x),
-            _mm256_sign_epi8(y, x),
-        )
+    unsafe fn dot_s(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, _mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
     }
 }
 

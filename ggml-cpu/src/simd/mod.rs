@@ -54,6 +54,28 @@ pub(crate) struct Kernels {
     pub quantize: fn(DType, &[f32], &mut [u8]),
     /// The mul_mat tile for weights of a dtype.
     pub mm: fn(DType) -> Option<MmTile>,
+    /// The activation layout the tile of a weight dtype reads, if not the standard
+    /// `vec_dot_type` rows.
+    pub pack: fn(DType) -> Option<Packer>,
+}
+
+/// An ISA-specific activation layout for mul_mat tiles.
+#[derive(Clone, Copy)]
+pub(crate) struct Packer {
+    /// Bytes of a packed row of `k` values.
+    pub row_bytes: fn(usize) -> usize,
+    /// Packs a row of f32 activations.
+    pub pack: fn(&[f32], &mut [u8]),
+}
+
+/// Bytes per group of 8 blocks in the packed Q8 activation layout of the x86 tiles:
+/// 256 transposed quants, 8 f32 `d`, 8 f32 `s`, 8 i32 `Σq`.
+#[allow(dead_code)] // unused on targets without x86 tiles
+pub(crate) const PACK_GROUP: usize = 352;
+
+/// Bytes of a packed Q8 activation row of `k` values.
+pub(crate) fn packed_row_bytes(k: usize) -> usize {
+    (k / 32).div_ceil(8) * PACK_GROUP
 }
 
 impl Kernels {

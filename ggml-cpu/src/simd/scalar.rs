@@ -20,7 +20,13 @@ pub(crate) static KERNELS: Kernels = Kernels {
     axpy_f16,
     quantize,
     mm,
+    pack,
 };
+
+/// The portable level uses the standard Q8_0/Q8_1 layout.
+pub(crate) fn pack(_w: DType) -> Option<super::Packer> {
+    None
+}
 
 pub(crate) fn silu(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {

@@ -201,17 +201,35 @@ const QUANT: [DType; 10] = [
 
 fn check_tile(k: &Kernels, w: DType, kk: usize, nr: usize, nc: usize, rng: &mut Rng) {
     let nb = kk / w.block_size();
+    let vdt = w.vec_dot_type();
     let a: Vec<Vec<u8>> = (0..nr).map(|_| random_blocks(w, nb, rng)).collect();
-    let b: Vec<Vec<u8>> = (0..nc)
-        .map(|_| random_blocks(w.vec_dot_type(), nb, rng))
+    let y: Vec<Vec<f32>> = (0..nc).map(|_| rng.vec(kk, 2.0)).collect();
+    let std: Vec<Vec<u8>> = y
+        .iter()
+        .map(|v| {
+            let mut o = vec![0u8; vdt.row_size(kk).unwrap()];
+            ggml_core::quant::quantize_row(vdt, v, &mut o).unwrap();
+            o
+        })
         .collect();
+    let b: Vec<Vec<u8>> = match (k.pack)(w) {
+        Some(p) => y
+            .iter()
+            .map(|v| {
+                let mut o = vec![0xAAu8; (p.row_bytes)(kk)];
+                (p.pack)(v, &mut o);
+                o
+            })
+            .collect(),
+        None => std.clone(),
+    };
     let ar: Vec<&[u8]> = a.iter().map(|v| v.as_slice()).collect();
     let br: Vec<&[u8]> = b.iter().map(|v| v.as_slice()).collect();
     let mut out = [f32::NAN; 16];
     ((k.mm)(w).expect("tile"))(w, kk, &ar, &br, &mut out);
     for ri in 0..nr {
         for ci in 0..nc {
-            let want = r::vec_dot_quant(w, &a[ri], &b[ci], kk);
+            let want = r::vec_dot_quant(w, &a[ri], &std[ci], kk);
             assert_eq!(
                 out[ri * 4 + ci].to_bits(),
                 want.to_bits(),
@@ -234,7 +252,7 @@ fn quant_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize
     };
     for k in all_tables() {
         for &kk in sizes {
-            for (nr, nc) in [(1, 1), (4, 1), (1, 4), (4, 4), (3, 2)] {
+            for (nr, nc) in [(1, 1), (4, 1), (1, 4), (4, 4), (3, 2), (4, 2), (2, 4)] {
                 check_tile(k, w, kk, nr, nc, &mut rng);
             }
         }

@@ -39,11 +39,14 @@ macro_rules! x86_quant {
             _mm256_and_si256(set, _mm256_set1_epi8(16))
         }
 
+        // Unpacked weight blocks: 32 u8 quants without their format's offset (Q4_0's 8
+        // and Q5_0's 16 are subtracted as `bias · Σy` afterwards), or raw i8 for Q8_0.
+
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn unpack_q4_0(p: *const u8) -> __m256i {
             // SAFETY: a Q4_0 block at p.
-            _mm256_sub_epi8(unsafe { unpack_nibbles(p.add(2)) }, _mm256_set1_epi8(8))
+            unsafe { unpack_nibbles(p.add(2)) }
         }
 
         #[inline]
@@ -57,8 +60,7 @@ macro_rules! x86_quant {
         #[target_feature(enable = $feat)]
         unsafe fn unpack_q5_0(p: *const u8) -> __m256i {
             // SAFETY: a Q5_0 block at p.
-            let q = unsafe { _mm256_or_si256(unpack_nibbles(p.add(6)), bits32(p.add(2))) };
-            _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+            unsafe { _mm256_or_si256(unpack_nibbles(p.add(6)), bits32(p.add(2))) }
         }
 
         #[inline]
@@ -75,26 +77,86 @@ macro_rules! x86_quant {
             unsafe { _mm256_loadu_si256(p.add(2) as *const __m256i) }
         }
 
-        /// Lane t of the result = sum of the 8 lanes of `p[t]`.
+        /// Transposes 8 × 8 dwords: afterwards `v[i]` lane t holds dword i of input t.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn reduce8(p: &[__m256i; 8]) -> __m256i {
-            let h01 = _mm256_hadd_epi32(p[0], p[1]);
-            let h23 = _mm256_hadd_epi32(p[2], p[3]);
-            let h45 = _mm256_hadd_epi32(p[4], p[5]);
-            let h67 = _mm256_hadd_epi32(p[6], p[7]);
-            let q0 = _mm256_hadd_epi32(h01, h23);
-            let q1 = _mm256_hadd_epi32(h45, h67);
-            let lo = _mm256_permute2x128_si256(q0, q1, 0x20);
-            let hi = _mm256_permute2x128_si256(q0, q1, 0x31);
-            _mm256_add_epi32(lo, hi)
+        unsafe fn transpose8(v: &mut [__m256i; 8]) {
+            let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+            let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+            let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+            let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+            let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
+            let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+            let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
+            let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+            let u0 = _mm256_unpacklo_epi64(t0, t2);
+            let u1 = _mm256_unpackhi_epi64(t0, t2);
+            let u2 = _mm256_unpacklo_epi64(t1, t3);
+            let u3 = _mm256_unpackhi_epi64(t1, t3);
+            let u4 = _mm256_unpacklo_epi64(t4, t6);
+            let u5 = _mm256_unpackhi_epi64(t4, t6);
+            let u6 = _mm256_unpacklo_epi64(t5, t7);
+            let u7 = _mm256_unpackhi_epi64(t5, t7);
+            v[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+            v[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+            v[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+            v[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+            v[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+            v[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+            v[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+            v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
         }
 
-        quant_tile!(tile_q4_0_imp, tile_q4_0_gen, $feat, 18, 34, 2, unpack_q4_0, $dot_s, false);
-        quant_tile!(tile_q4_1_imp, tile_q4_1_gen, $feat, 20, 36, 4, unpack_q4_1, $dot_u, true);
-        quant_tile!(tile_q5_0_imp, tile_q5_0_gen, $feat, 22, 34, 2, unpack_q5_0, $dot_s, false);
-        quant_tile!(tile_q5_1_imp, tile_q5_1_gen, $feat, 24, 36, 4, unpack_q5_1, $dot_u, true);
-        quant_tile!(tile_q8_0_imp, tile_q8_0_gen, $feat, 34, 34, 2, unpack_q8_0, $dot_s, false);
+        quant_tile!(
+            tile_q4_0_imp,
+            tile_q4_0_gen,
+            $feat,
+            18,
+            unpack_q4_0,
+            8,
+            $dot_u,
+            false
+        );
+        quant_tile!(
+            tile_q4_1_imp,
+            tile_q4_1_gen,
+            $feat,
+            20,
+            unpack_q4_1,
+            0,
+            $dot_u,
+            true
+        );
+        quant_tile!(
+            tile_q5_0_imp,
+            tile_q5_0_gen,
+            $feat,
+            22,
+            unpack_q5_0,
+            16,
+            $dot_u,
+            false
+        );
+        quant_tile!(
+            tile_q5_1_imp,
+            tile_q5_1_gen,
+            $feat,
+            24,
+            unpack_q5_1,
+            0,
+            $dot_u,
+            true
+        );
+        quant_tile!(
+            tile_q8_0_imp,
+            tile_q8_0_gen,
+            $feat,
+            34,
+            unpack_q8_0,
+            0,
+            $dot_s,
+            false
+        );
 
         /// K-quants: the reference code compiled with this level's features (its
         /// integer loops vectorise; its float operations are the reference's).
@@ -161,53 +223,118 @@ macro_rules! x86_quant {
             _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
         }
 
+        /// One block of 32 values as ggml's Q8_0/Q8_1 reference quantisers: the f32 scale
+        /// `d` (before f16 rounding), the 32 i8 quants, and their sum.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_block(xb: &[f32]) -> (f32, __m256i, i32) {
+            assert!(xb.len() >= 32);
+            let sign = _mm256_set1_ps(-0.0);
+            // SAFETY: 32 floats in xb (asserted).
+            let v = unsafe {
+                [
+                    _mm256_loadu_ps(xb.as_ptr()),
+                    _mm256_loadu_ps(xb.as_ptr().add(8)),
+                    _mm256_loadu_ps(xb.as_ptr().add(16)),
+                    _mm256_loadu_ps(xb.as_ptr().add(24)),
+                ]
+            };
+            let m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+            let m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
+            // SAFETY: same features.
+            let amax = unsafe { hmax8(_mm256_max_ps(m01, m23)) };
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let mut qi = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
+                // SAFETY: same features.
+                qi[i] = _mm256_cvtps_epi32(unsafe { round_away(_mm256_mul_ps(v[i], idv)) });
+            }
+            let s = _mm256_add_epi32(
+                _mm256_add_epi32(qi[0], qi[1]),
+                _mm256_add_epi32(qi[2], qi[3]),
+            );
+            let mut l = [0i32; 8];
+            // SAFETY: 8 i32 of room; same features.
+            unsafe { _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, s) };
+            // SAFETY: same features.
+            (d, unsafe { pack32(qi) }, l.iter().sum())
+        }
+
         /// Q8_0 (`with_sum` false) or Q8_1 blocks, as ggml's reference quantisers.
         #[target_feature(enable = $feat)]
         unsafe fn quantize_q8_01(x: &[f32], out: &mut [u8], with_sum: bool) {
             let (bs, qoff) = if with_sum { (36, 4) } else { (34, 2) };
-            let sign = _mm256_set1_ps(-0.0);
             for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(bs)) {
-                // SAFETY: 32 floats in xb.
-                let v = unsafe {
-                    [
-                        _mm256_loadu_ps(xb.as_ptr()),
-                        _mm256_loadu_ps(xb.as_ptr().add(8)),
-                        _mm256_loadu_ps(xb.as_ptr().add(16)),
-                        _mm256_loadu_ps(xb.as_ptr().add(24)),
-                    ]
-                };
-                let m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
-                let m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
                 // SAFETY: same features.
-                let amax = unsafe { hmax8(_mm256_max_ps(m01, m23)) };
-                let d = amax / 127.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                let idv = _mm256_set1_ps(id);
-                let mut qi = [_mm256_setzero_si256(); 4];
-                for i in 0..4 {
-                    // SAFETY: same features.
-                    qi[i] = _mm256_cvtps_epi32(unsafe { round_away(_mm256_mul_ps(v[i], idv)) });
-                }
+                let (d, q, sum) = unsafe { q8_block(xb) };
                 ob[0..2].copy_from_slice(&crate::reference::f32_to_f16(d).to_le_bytes());
                 if with_sum {
-                    let s = _mm256_add_epi32(
-                        _mm256_add_epi32(qi[0], qi[1]),
-                        _mm256_add_epi32(qi[2], qi[3]),
-                    );
-                    let mut l = [0i32; 8];
-                    // SAFETY: 8 i32 of room.
-                    unsafe { _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, s) };
-                    let sum: i32 = l.iter().sum();
-                    ob[2..4].copy_from_slice(
-                        &crate::reference::f32_to_f16(sum as f32 * d).to_le_bytes(),
-                    );
+                    let s = crate::reference::f32_to_f16(sum as f32 * d);
+                    ob[2..4].copy_from_slice(&s.to_le_bytes());
                 }
-                // SAFETY: same features; 32 bytes of room at qoff.
+                // SAFETY: 32 bytes of room at qoff.
+                unsafe { _mm256_storeu_si256(ob.as_mut_ptr().add(qoff) as *mut __m256i, q) };
+            }
+        }
+
+        /// Packs an activation row for the legacy-quant tiles ([`super::PACK_GROUP`] bytes
+        /// per 8 blocks): the Q8_0/Q8_1 quants transposed so that dword i of block t is
+        /// lane t of vector i, then per block the f32 values of the f16-rounded `d` and
+        /// `s = d·Σq` (as the reference reads them) and `Σq` as i32. Missing blocks of the
+        /// last group are zero.
+        #[target_feature(enable = $feat)]
+        unsafe fn pack_act_imp(x: &[f32], out: &mut [u8]) {
+            use crate::reference::{f16_to_f32, f32_to_f16};
+            let nb = x.len() / 32;
+            assert!(out.len() >= nb.div_ceil(8) * crate::simd::PACK_GROUP);
+            for (g, og) in out
+                .chunks_exact_mut(crate::simd::PACK_GROUP)
+                .take(nb.div_ceil(8))
+                .enumerate()
+            {
+                let mut q = [_mm256_setzero_si256(); 8];
+                let (mut d, mut s, mut sy) = ([0f32; 8], [0f32; 8], [0i32; 8]);
+                for t in 0..(nb - 8 * g).min(8) {
+                    let j = 8 * g + t;
+                    // SAFETY: same features.
+                    let (dd, qq, sum) = unsafe { q8_block(&x[32 * j..32 * j + 32]) };
+                    q[t] = qq;
+                    d[t] = f16_to_f32(f32_to_f16(dd));
+                    s[t] = f16_to_f32(f32_to_f16(sum as f32 * dd));
+                    sy[t] = sum;
+                }
+                // SAFETY: same features; the group has 352 bytes of room (asserted).
                 unsafe {
-                    let packed = pack32(qi);
-                    _mm256_storeu_si256(ob.as_mut_ptr().add(qoff) as *mut __m256i, packed);
+                    transpose8(&mut q);
+                    let p = og.as_mut_ptr();
+                    for (i, v) in q.iter().enumerate() {
+                        _mm256_storeu_si256(p.add(32 * i) as *mut __m256i, *v);
+                    }
+                    _mm256_storeu_ps(p.add(256) as *mut f32, _mm256_loadu_ps(d.as_ptr()));
+                    _mm256_storeu_ps(p.add(288) as *mut f32, _mm256_loadu_ps(s.as_ptr()));
+                    _mm256_storeu_si256(
+                        p.add(320) as *mut __m256i,
+                        _mm256_loadu_si256(sy.as_ptr() as *const __m256i),
+                    );
                 }
             }
+        }
+
+        pub(crate) fn pack(w: DType) -> Option<crate::simd::Packer> {
+            fn pack_act(x: &[f32], out: &mut [u8]) {
+                // SAFETY: this table is installed only when its features were detected.
+                unsafe { pack_act_imp(x, out) }
+            }
+            matches!(
+                w,
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+            )
+            .then_some(crate::simd::Packer {
+                row_bytes: crate::simd::packed_row_bytes,
+                pack: pack_act,
+            })
         }
 
         /// Q8_K blocks, as ggml's `quantize_row_q8_K_ref`.
@@ -277,11 +404,11 @@ macro_rules! x86_quant {
 }
 
 macro_rules! quant_tile {
-    ($name:ident, $gen:ident, $feat:literal, $xb:expr, $yb:expr, $yoff:expr, $unpack:ident, $dot:ident, $min:expr) => {
-        quant_tile_body!($gen, $feat, $xb, $yb, $yoff, $unpack, $dot, $min);
+    ($name:ident, $gen:ident, $feat:literal, $xb:expr, $unpack:ident, $bias:expr, $dot:ident, $min:expr) => {
+        quant_tile_body!($gen, $feat, $xb, $unpack, $bias, $dot, $min);
 
-        /// Dispatches to a tile of fixed shape (full tiles keep everything in registers);
-        /// every shape performs the same operations per output element.
+        /// Dispatches to a tile of fixed shape (full tiles keep their accumulators in
+        /// registers); every shape performs the same operations per output element.
         #[target_feature(enable = $feat)]
         unsafe fn $name(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
             // SAFETY: same features; shapes match the slices.
@@ -306,7 +433,12 @@ macro_rules! quant_tile {
 }
 
 macro_rules! quant_tile_body {
-    ($gen:ident, $feat:literal, $xb:expr, $yb:expr, $yoff:expr, $unpack:ident, $dot:ident, $min:expr) => {
+    ($gen:ident, $feat:literal, $xb:expr, $unpack:ident, $bias:expr, $dot:ident, $min:expr) => {
+        /// `NR` weight rows (blocks of `$xb` bytes) against `NC` packed activation rows.
+        /// Per group of 8 blocks: the weight blocks are unpacked and transposed like the
+        /// activations, so 8 integer dot steps leave block t's exact dot in lane t with no
+        /// horizontal reduction; then `bias·Σy` is subtracted and the format's float
+        /// formula runs lane-wise exactly as `reference::block_value`.
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn $gen<const NR: usize, const NC: usize>(
@@ -318,96 +450,70 @@ macro_rules! quant_tile_body {
             c0: usize,
         ) {
             let nb = k / 32;
-            let (nr, nc) = (NR, NC);
+            let ng = nb.div_ceil(8);
             let zero = _mm256_setzero_ps();
             let mut acc = [[zero; NC]; NR];
-            let mut xs = [[_mm256_setzero_si256(); 8]; NR];
-            let mut j = 0;
-            while j < nb {
-                let cnt = (nb - j).min(8);
-                let mut dx = [zero; NR];
-                let mut mx = [zero; NR];
-                for r in 0..nr {
-                    assert!(a[r].len() >= nb * $xb);
+            for r in 0..NR {
+                assert!(a[r].len() >= nb * $xb);
+            }
+            for c in 0..NC {
+                assert!(b[c].len() >= ng * crate::simd::PACK_GROUP);
+            }
+            for g in 0..ng {
+                let cnt = (nb - 8 * g).min(8);
+                for r in 0..NR {
+                    let mut x = [_mm256_setzero_si256(); 8];
                     let mut d16 = [0u16; 8];
                     let mut m16 = [0u16; 8];
                     for t in 0..cnt {
-                        // SAFETY: block j + t < nb of the row (length asserted above).
+                        // SAFETY: block 8g + t < nb of the row (length asserted above).
                         unsafe {
-                            let p = a[r].as_ptr().add((j + t) * $xb);
+                            let p = a[r].as_ptr().add((8 * g + t) * $xb);
                             d16[t] = (p as *const u16).read_unaligned();
                             if $min {
                                 m16[t] = (p.add(2) as *const u16).read_unaligned();
                             }
-                            xs[r][t] = $unpack(p);
+                            x[t] = $unpack(p);
                         }
                     }
-                    // SAFETY: 8 u16 each.
-                    unsafe {
-                        dx[r] = _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i));
-                        if $min {
-                            mx[r] =
-                                _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i));
-                        }
-                    }
-                }
-                let mut dy = [zero; NC];
-                let mut sy = [zero; NC];
-                for c in 0..nc {
-                    assert!(b[c].len() >= nb * $yb);
-                    let mut d16 = [0u16; 8];
-                    let mut s16 = [0u16; 8];
-                    for t in 0..cnt {
-                        // SAFETY: block j + t < nb of the row (length asserted above).
+                    // SAFETY: same features; 8 u16 each.
+                    let (dx, mx) = unsafe {
+                        transpose8(&mut x);
+                        (
+                            _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
+                            _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
+                        )
+                    };
+                    for c in 0..NC {
+                        // SAFETY: group g of the packed row (length asserted above); same
+                        // features.
                         unsafe {
-                            let p = b[c].as_ptr().add((j + t) * $yb);
-                            d16[t] = (p as *const u16).read_unaligned();
-                            if $min {
-                                s16[t] = (p.add(2) as *const u16).read_unaligned();
+                            let yp = b[c].as_ptr().add(g * crate::simd::PACK_GROUP);
+                            let mut s = _mm256_setzero_si256();
+                            for i in 0..8 {
+                                let y = _mm256_loadu_si256(yp.add(32 * i) as *const __m256i);
+                                s = $dot(s, x[i], y);
                             }
-                        }
-                    }
-                    // SAFETY: 8 u16 each.
-                    unsafe {
-                        dy[c] = _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i));
-                        if $min {
-                            sy[c] =
-                                _mm256_cvtph_ps(_mm_loadu_si128(s16.as_ptr() as *const __m128i));
-                        }
-                    }
-                }
-                for r in 0..nr {
-                    for c in 0..nc {
-                        let mut p = [_mm256_setzero_si256(); 8];
-                        // SAFETY: blocks j..j+cnt of the activation row (asserted above);
-                        // same features.
-                        unsafe {
-                            let yb = b[c].as_ptr().add(j * $yb + $yoff);
-                            if cnt == 8 {
-                                for t in 0..8 {
-                                    let y = _mm256_loadu_si256(yb.add(t * $yb) as *const __m256i);
-                                    p[t] = $dot(xs[r][t], y);
-                                }
-                            } else {
-                                for t in 0..cnt {
-                                    let y = _mm256_loadu_si256(yb.add(t * $yb) as *const __m256i);
-                                    p[t] = $dot(xs[r][t], y);
-                                }
+                            if $bias != 0 {
+                                let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
+                                s = _mm256_sub_epi32(
+                                    s,
+                                    _mm256_mullo_epi32(sy, _mm256_set1_epi32($bias)),
+                                );
                             }
-                            let s = reduce8(&p);
-                            let mut v =
-                                _mm256_mul_ps(_mm256_mul_ps(dx[r], dy[c]), _mm256_cvtepi32_ps(s));
+                            let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
+                            let mut v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
                             if $min {
-                                v = _mm256_add_ps(v, _mm256_mul_ps(mx[r], sy[c]));
+                                let sy = _mm256_loadu_ps(yp.add(288) as *const f32);
+                                v = _mm256_add_ps(v, _mm256_mul_ps(mx, sy));
                             }
                             acc[r][c] = _mm256_add_ps(acc[r][c], v);
                         }
                     }
                 }
-                j += 8;
             }
-            for r in 0..nr {
-                for c in 0..nc {
+            for r in 0..NR {
+                for c in 0..NC {
                     let mut l = [0f32; 8];
                     // SAFETY: 8 floats of room.
                     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
