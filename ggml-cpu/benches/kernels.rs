@@ -1,0 +1,156 @@
+//! Criterion benchmarks of the CPU backend at SmolLM2-135M shapes.
+//!
+//! `cargo bench -p ggml-cpu -- --quick` runs them briefly. Throughput is reported in
+//! elements per second where one element is one floating-point operation (mul_mat:
+//! `2·N·K·M`) or one byte moved (rms_norm, rope, soft_max: bytes read + written).
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ggml_core::{Backend, Context, DType, DataRef, RopeParams, Tensor, TensorId};
+use ggml_cpu::{CpuBackend, CpuBackendOptions};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Random bytes for a tensor: f32 values, or quant blocks with small finite scales.
+fn fill(t: &Tensor, rng: &mut Rng) -> Vec<u8> {
+    let n = t.nbytes();
+    match t.dtype {
+        DType::F32 => (0..n / 4).flat_map(|_| rng.f().to_le_bytes()).collect(),
+        DType::I32 => (0..n / 4).flat_map(|i| (i as i32).to_le_bytes()).collect(),
+        d => {
+            let ts = d.type_size();
+            let mut v: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let scales: &[usize] = match d {
+                DType::Q4_1 => &[0, 2],
+                _ => &[0],
+            };
+            for b in v.chunks_exact_mut(ts) {
+                for &o in scales {
+                    let h = half::f16::from_f32(rng.f() * 0.01).to_bits();
+                    b[o..o + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+            v
+        }
+    }
+}
+
+/// A one-op graph placed in one buffer of `be`, inputs filled.
+struct Graph {
+    tensors: Vec<Tensor>,
+    out: TensorId,
+}
+
+fn setup(be: &CpuBackend, build: impl Fn(&mut Context<'_>) -> TensorId) -> Graph {
+    let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 16];
+    let mut ctx = Context::new(&mut storage);
+    let out = build(&mut ctx);
+    let mut tensors = ctx.tensors().to_vec();
+    let total: usize = tensors.iter().map(|t| t.nbytes().div_ceil(64) * 64).sum();
+    let buf = be.alloc_buffer(total).unwrap();
+    let mut off = 0u64;
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for t in tensors.iter_mut() {
+        t.data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + off,
+        });
+        off += (t.nbytes().div_ceil(64) * 64) as u64;
+        if t.op == ggml_core::Op::None {
+            be.set_tensor_async(t, 0, &fill(t, &mut rng)).unwrap();
+        }
+    }
+    be.synchronize().unwrap();
+    Graph { tensors, out }
+}
+
+fn run(be: &CpuBackend, g: &Graph) {
+    be.graph_compute(&g.tensors, &[g.out]).unwrap();
+    be.synchronize().unwrap();
+}
+
+/// The backend under test: `GGML_CPU_BENCH_THREADS` threads (default: all cores).
+fn backend() -> CpuBackend {
+    let mut o = CpuBackendOptions::default();
+    if let Some(n) = std::env::var("GGML_CPU_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        o.n_threads = n;
+    }
+    CpuBackend::new(o).unwrap()
+}
+
+fn mul_mat(c: &mut Criterion) {
+    let be = backend();
+    let mut group = c.benchmark_group(format!("mul_mat/{}x{}t", be.isa(), be.n_threads()));
+    group.sample_size(10);
+    group.warm_up_time(std::time::Duration::from_millis(300));
+    group.measurement_time(std::time::Duration::from_secs(2));
+    for w in [DType::Q4_1, DType::Q8_0] {
+        for (n, k, m) in [
+            (1, 576, 1536),
+            (512, 576, 1536),
+            (1, 576, 49152),
+            (512, 576, 49152),
+        ] {
+            let g = setup(&be, |ctx| {
+                let a = ctx.new_tensor(w, [k, m, 1, 1]).unwrap();
+                let b = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+                ctx.mul_mat(a, b).unwrap()
+            });
+            group.throughput(Throughput::Elements((2 * n * k * m) as u64));
+            group.bench_with_input(
+                BenchmarkId::new(w.name(), format!("{n}x{k}x{m}")),
+                &g,
+                |bch, g| bch.iter(|| run(&be, black_box(g))),
+            );
+        }
+    }
+    group.finish();
+}
+
+fn row_ops(c: &mut Criterion) {
+    let be = backend();
+    let mut group = c.benchmark_group(format!("rows/{}x{}t", be.isa(), be.n_threads()));
+    group.sample_size(20);
+    group.warm_up_time(std::time::Duration::from_millis(200));
+    group.measurement_time(std::time::Duration::from_secs(1));
+    let n_tok = 512;
+    let g = setup(&be, |ctx| {
+        let x = ctx.new_tensor(DType::F32, [576, n_tok, 1, 1]).unwrap();
+        ctx.rms_norm(x, 1e-5).unwrap()
+    });
+    group.throughput(Throughput::Bytes((2 * 4 * 576 * n_tok) as u64));
+    group.bench_function("rms_norm/576x512", |bch| bch.iter(|| run(&be, &g)));
+    let g = setup(&be, |ctx| {
+        let x = ctx.new_tensor(DType::F32, [64, 9, n_tok, 1]).unwrap();
+        let pos = ctx.new_tensor(DType::I32, [n_tok, 1, 1, 1]).unwrap();
+        ctx.rope(x, pos, RopeParams::llama(64, 100000.0)).unwrap()
+    });
+    group.throughput(Throughput::Bytes((2 * 4 * 64 * 9 * n_tok) as u64));
+    group.bench_function("rope/64x9x512", |bch| bch.iter(|| run(&be, &g)));
+    let g = setup(&be, |ctx| {
+        let x = ctx.new_tensor(DType::F32, [n_tok, n_tok, 9, 1]).unwrap();
+        let m = ctx.new_tensor(DType::F32, [n_tok, n_tok, 1, 1]).unwrap();
+        ctx.soft_max(x, Some(m), 0.125, 0.0).unwrap()
+    });
+    group.throughput(Throughput::Bytes((2 * 4 * n_tok * n_tok * 9) as u64));
+    group.bench_function("soft_max/512x512x9", |bch| bch.iter(|| run(&be, &g)));
+    group.finish();
+}
+
+criterion_group!(benches, mul_mat, row_ops);
+criterion_main!(benches);

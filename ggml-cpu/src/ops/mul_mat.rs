@@ -1,0 +1,235 @@
+//! MUL_MAT: F32, F16, BF16 and block-quantised weights times F32 activations.
+//!
+//! Phase 0 converts every activation row to the weights' dot type (`vec_dot_type`:
+//! Q8_0, Q8_1, Q8_K, F16, BF16 or F32) into shared scratch, and gathers weights whose
+//! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
+//! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of up
+//! to 4 × 4 dot products. Every dot product has the same instruction sequence whatever
+//! the tile, chunk or thread (see [`crate::reference`]), so the split never shows in the
+//! result.
+
+use std::sync::atomic::Ordering;
+
+use ggml_core::{DType, Tensor};
+
+use crate::exec::{KResult, NodeCtx, TView};
+use crate::pool::ThreadCtx;
+use crate::reference::f32_to_bf16;
+
+/// Weight rows per chunk.
+const MC: usize = 64;
+/// Activation rows per chunk.
+const NC: usize = 16;
+
+/// Whether quantised weights of `d` are supported.
+pub(crate) fn quant_supported(d: DType) -> bool {
+    matches!(
+        d,
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q2K
+            | DType::Q3K
+            | DType::Q4K
+            | DType::Q5K
+            | DType::Q6K
+    )
+}
+
+/// Whether float weights must be gathered into dense, aligned rows first.
+fn needs_gather(dtype: DType, ne: [usize; 4], nb: [usize; 4], addr: u64) -> bool {
+    if dtype.is_quantized() {
+        return false;
+    }
+    let ts = dtype.type_size();
+    (ne[0] > 1 && nb[0] != ts)
+        || !addr.is_multiple_of(ts as u64)
+        || nb[1..].iter().any(|&s| !s.is_multiple_of(ts))
+}
+
+fn round64(n: usize) -> usize {
+    n.div_ceil(64) * 64
+}
+
+/// Scratch `(shared, per thread)` bytes.
+pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, usize) {
+    let (Some(a), Some(b)) = (t.src[0], t.src[1]) else {
+        return (0, 0);
+    };
+    let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
+    let k = a.ne[0];
+    // Room for either layout of the activations (standard or packed).
+    let vrs = a
+        .dtype
+        .vec_dot_type()
+        .row_size(k)
+        .unwrap_or(0)
+        .max(crate::simd::packed_row_bytes(k));
+    let wb = round64(b.nrows() * vrs);
+    let addr = a.data.map_or(0, |d| d.addr);
+    let wa = if needs_gather(a.dtype, a.ne, a.nb, addr) {
+        round64(a.nrows() * a.dtype.row_size(k).unwrap_or(0))
+    } else {
+        0
+    };
+    (wb + wa, 4 * (k + 16))
+}
+
+pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
+    let (dst, a, b) = (c.dst, c.src[0], c.src[1]);
+    let k = a.ne[0];
+    let vdt = a.dtype.vec_dot_type();
+    let packer = (c.k.pack)(a.dtype);
+    let vrs = match packer {
+        Some(p) => (p.row_bytes)(k),
+        None => vdt.row_size(k).unwrap_or(0),
+    };
+    let wb = round64(b.nrows() * vrs);
+    let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
+    let ars = a.dtype.row_size(k).unwrap_or(0);
+    if phase == 0 {
+        convert_b(c, th, b, vdt, vrs, packer);
+        if gather {
+            gather_a(c, th, a, wb, ars);
+        }
+        return Ok(());
+    }
+    let Some(tile) = (c.k.mm)(a.dtype) else {
+        return Err((
+            ggml_core::BackendErrorKind::UnsupportedOp,
+            "no kernel for this weight dtype",
+        ));
+    };
+    let (m_all, n_all) = (dst.ne[0], dst.ne[1]);
+    let batches = dst.ne[2] * dst.ne[3];
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let mc = if n_all == 1 { 32 } else { MC };
+    let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(NC));
+    let total = m_chunks * n_chunks * batches;
+    let mut out = [0f32; 16];
+    loop {
+        let ch = c.chunk.fetch_add(1, Ordering::Relaxed);
+        if ch >= total {
+            break;
+        }
+        let mi = ch % m_chunks;
+        let ni = (ch / m_chunks) % n_chunks;
+        let bi = ch / (m_chunks * n_chunks);
+        let (i2, i3) = (bi % dst.ne[2], bi / dst.ne[2]);
+        let (a2, a3) = (i2 / r2, i3 / r3);
+        let (m0, m1) = (mi * mc, ((mi + 1) * mc).min(m_all));
+        let (n0, n1) = (ni * NC, ((ni + 1) * NC).min(n_all));
+        let mut n = n0;
+        while n < n1 {
+            let ncols = (n1 - n).min(4);
+            let mut brows: [&[u8]; 4] = [&[]; 4];
+            for (cc, br) in brows.iter_mut().enumerate().take(ncols) {
+                let row = (i3 * b.ne[2] + i2) * b.ne[1] + n + cc;
+                // SAFETY: row `row` of the converted activations written in phase 0 (the
+                // barrier after it published them); read-only now.
+                *br = unsafe { std::slice::from_raw_parts(c.wdata.add(row * vrs), vrs) };
+            }
+            let mut m = m0;
+            while m < m1 {
+                let nrows = (m1 - m).min(4);
+                let mut arows: [&[u8]; 4] = [&[]; 4];
+                for (r, ar) in arows.iter_mut().enumerate().take(nrows) {
+                    let p = if gather {
+                        let row = (a3 * a.ne[2] + a2) * a.ne[1] + m + r;
+                        c.wdata.wrapping_add(wb + row * ars) as *const u8
+                    } else {
+                        a.row_ptr(m + r, a2, a3) as *const u8
+                    };
+                    // SAFETY: a dense weight row of `ars` bytes: in the resolved weight
+                    // tensor, or gathered in phase 0; nobody writes it now.
+                    *ar = unsafe { std::slice::from_raw_parts(p, ars) };
+                }
+                tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out);
+                for r in 0..nrows {
+                    for cc in 0..ncols {
+                        let p = dst.ptr.wrapping_add(
+                            (m + r) * dst.nb[0]
+                                + (n + cc) * dst.nb[1]
+                                + i2 * dst.nb[2]
+                                + i3 * dst.nb[3],
+                        );
+                        // SAFETY: output element (m+r, n+cc, i2, i3): inside the resolved
+                        // destination, written only by the thread owning this chunk.
+                        unsafe { (p as *mut f32).write_unaligned(out[r * 4 + cc]) };
+                    }
+                }
+                m += nrows;
+            }
+            n += ncols;
+        }
+    }
+    Ok(())
+}
+
+fn convert_b(
+    c: &NodeCtx<'_>,
+    th: &ThreadCtx<'_>,
+    b: TView,
+    vdt: DType,
+    vrs: usize,
+    packer: Option<crate::simd::Packer>,
+) {
+    let k = b.ne[0];
+    let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
+    let sc = c.scratch_f32();
+    for r in r0..r1 {
+        let (i1, i2, i3) = b.row_index(r);
+        // SAFETY: row of the resolved activations (the result never aliases them: it is
+        // a fresh tensor and phase 0 writes only scratch).
+        let x: &[f32] = match unsafe { b.row_f32(i1, i2, i3) } {
+            Some(s) => s,
+            None => {
+                unsafe { b.read_row(i1, i2, i3, sc) };
+                &sc[..k]
+            }
+        };
+        // SAFETY: row r of the activation area of the shared scratch, written by this
+        // thread only (rows are split between threads).
+        let out = unsafe { std::slice::from_raw_parts_mut(c.wdata.add(r * vrs), vrs) };
+        if let Some(p) = packer {
+            (p.pack)(x, out);
+            continue;
+        }
+        match vdt {
+            DType::F32 => {
+                for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            DType::F16 => {
+                // SAFETY: scratch rows are 2-byte aligned (64-byte base, even row size).
+                let o16 =
+                    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, k) };
+                (c.k.f32_to_f16)(x, o16);
+            }
+            DType::BF16 => {
+                for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                    o.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
+                }
+            }
+            _ => (c.k.quantize)(vdt, x, out),
+        }
+    }
+}
+
+fn gather_a(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, a: TView, wb: usize, ars: usize) {
+    let ts = a.dtype.type_size();
+    let (r0, r1) = NodeCtx::split(a.nrows(), th.ith, th.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = a.row_index(r);
+        let src = a.row_ptr(i1, i2, i3);
+        let dst = c.wdata.wrapping_add(wb + r * ars);
+        for i0 in 0..a.ne[0] {
+            // SAFETY: one element of the resolved weights into row r of the gather area of
+            // the scratch, written by this thread only.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(i0 * a.nb[0]), dst.add(i0 * ts), ts) };
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! AVX-512 (F, BW, VL, DQ) levels: 16-lane f32 kernels in one zmm register (exactly the
+//! reference's 16 lanes), quantised tiles from the AVX2 level or, with VNNI, `vpdpbusd`.
+
+use std::arch::x86_64::*;
+
+use ggml_core::DType;
+
+use super::{Kernels, MmTile};
+use crate::isa::Isa;
+use crate::reference as r;
+
+pub(crate) static KERNELS: Kernels = Kernels {
+    isa: Isa::Avx512,
+    dot_f32,
+    dot_f16,
+    sum_sq,
+    max,
+    exp_shift_sum,
+    silu,
+    swiglu,
+    f32_to_f16,
+    axpy_f32,
+    axpy_f16,
+    quantize: super::avx2::KERNELS.quantize,
+    mm,
+    pack: super::avx2::KERNELS.pack,
+};
+
+pub(crate) static KERNELS_VNNI: Kernels = Kernels {
+    isa: Isa::Avx512Vnni,
+    quantize: vnni::quantize,
+    mm: mm_vnni,
+    pack: vnni::pack,
+    ..KERNELS
+};
+
+fn mm(w: DType) -> Option<MmTile> {
+    match w {
+        DType::F32 => Some(tile_f32),
+        DType::F16 => Some(tile_f16),
+        _ => (super::avx2::KERNELS.mm)(w),
+    }
+}
+
+fn mm_vnni(w: DType) -> Option<MmTile> {
+    match w {
+        DType::F32 | DType::F16 | DType::BF16 => mm(w),
+        d if crate::ops::mul_mat::quant_supported(d) => Some(vnni::tile_quant),
+        _ => None,
+    }
+}
+
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use ggml_core::DType;
+
+    x86_quant!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
+        dot_u,
+        dot_s
+    );
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn dot_u(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, x, y)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn dot_s(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, _mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
+    }
+}
+
+macro_rules! safe {
+    ($(fn $name:ident($($a:ident: $t:ty),*) $(-> $ret:ty)? = $imp:ident;)*) => {$(
+        fn $name($($a: $t),*) $(-> $ret)? {
+            // SAFETY: this table is installed only when AVX-512 F/BW/VL/DQ (and AVX2,
+            // FMA, F16C) were detected.
+            unsafe { $imp($($a),*) }
+        }
+    )*};
+}
+
+safe! {
+    fn dot_f32(x: &[f32], y: &[f32]) -> f32 = dot_f32_imp;
+    fn dot_f16(x: &[u16], y: &[u16]) -> f32 = dot_f16_imp;
+    fn sum_sq(x: &[f32]) -> f32 = sum_sq_imp;
+    fn max(x: &[f32]) -> f32 = max_imp;
+    fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 = exp_shift_sum_imp;
+    fn silu(x: &[f32], out: &mut [f32]) = silu_imp;
+    fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) = swiglu_imp;
+    fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
+    fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
+    fn axpy_f16(acc: &mut [f32], w: f32, v: &[u16]) = axpy_f16_imp;
+    fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
+    fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn ld_f32(p: *const f32) -> __m512 {
+    // SAFETY: 16 readable floats at p (caller).
+    unsafe { _mm512_loadu_ps(p) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn ld_f16(p: *const u16) -> __m512 {
+    // SAFETY: 16 readable f16 at p (caller).
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn lanes16(a: __m512) -> [f32; 16] {
+    let mut l = [0f32; 16];
+    // SAFETY: 16 floats of room.
+    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), a) };
+    l
+}
+
+trait ToF32: Copy {
+    fn to(self) -> f32;
+}
+impl ToF32 for f32 {
+    #[inline(always)]
+    fn to(self) -> f32 {
+        self
+    }
+}
+impl ToF32 for u16 {
+    #[inline(always)]
+    fn to(self) -> f32 {
+        r::f16_to_f32(self)
+    }
+}
+
+macro_rules! dot_impl {
+    ($name:ident, $t:ty, $ld:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+        unsafe fn $name(x: &[$t], y: &[$t]) -> f32 {
+            let n = x.len().min(y.len());
+            let mut a = _mm512_setzero_ps();
+            let mut i = 0;
+            while i + 16 <= n {
+                // SAFETY: 16 elements at i in both rows.
+                unsafe {
+                    a = _mm512_add_ps(
+                        a,
+                        _mm512_mul_ps($ld(x.as_ptr().add(i)), $ld(y.as_ptr().add(i))),
+                    );
+                }
+                i += 16;
+            }
+            // SAFETY: same features.
+            let mut l = unsafe { lanes16(a) };
+            for j in i..n {
+                l[j - i] += x[j].to() * y[j].to();
+            }
+            r::tree16(l)
+        }
+    };
+}
+
+dot_impl!(dot_f32_imp, f32, ld_f32);
+dot_impl!(dot_f16_imp, u16, ld_f16);
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn sum_sq_imp(x: &[f32]) -> f32 {
+    let n = x.len();
+    let mut a = _mm512_setzero_ps();
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 floats at i.
+        unsafe {
+            let v = ld_f32(x.as_ptr().add(i));
+            a = _mm512_add_ps(a, _mm512_mul_ps(v, v));
+        }
+        i += 16;
+    }
+    // SAFETY: same features.
+    let mut l = unsafe { lanes16(a) };
+    for j in i..n {
+        l[j - i] += x[j] * x[j];
+    }
+    r::tree16(l)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn max_imp(x: &[f32]) -> f32 {
+    let n = x.len();
+    let mut a = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 floats at i. vmaxps(x, m) = x > m ? x : m, as reference::fmax.
+        unsafe { a = _mm512_max_ps(ld_f32(x.as_ptr().add(i)), a) };
+        i += 16;
+    }
+    // SAFETY: same features.
+    let mut l = unsafe { lanes16(a) };
+    for j in i..n {
+        l[j - i] = r::fmax(x[j], l[j - i]);
+    }
+    r::tree16_max(l)
+}
+
+/// [`r::exp`] on 16 lanes: the same operations in the same order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let s = _mm512_set1_ps;
+    let x = _mm512_max_ps(s(r::EXP_LO), x);
+    let x = _mm512_min_ps(s(r::EXP_HI), x);
+    let magic = s(r::MAGIC);
+    let k = _mm512_add_ps(_mm512_mul_ps(x, s(r::LOG2E)), magic);
+    let n = _mm512_sub_ps(k, magic);
+    let ni = _mm512_sub_epi32(_mm512_castps_si512(k), _mm512_castps_si512(magic));
+    let rr = _mm512_sub_ps(x, _mm512_mul_ps(n, s(r::LN2_HI)));
+    let rr = _mm512_sub_ps(rr, _mm512_mul_ps(n, s(r::LN2_LO)));
+    let z = _mm512_mul_ps(rr, rr);
+    let mut p = _mm512_add_ps(_mm512_mul_ps(s(r::P0), rr), s(r::P1));
+    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P2));
+    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P3));
+    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P4));
+    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P5));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, z), rr), s(1.0));
+    let n1 = _mm512_srai_epi32::<1>(ni);
+    let n2 = _mm512_sub_epi32(ni, n1);
+    let bias = _mm512_set1_epi32(127);
+    let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n1, bias)));
+    let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n2, bias)));
+    _mm512_mul_ps(_mm512_mul_ps(p, s1), s2)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn silu16(x: __m512) -> __m512 {
+    let neg = _mm512_xor_ps(x, _mm512_set1_ps(-0.0));
+    // SAFETY: same features.
+    let e = unsafe { exp16(neg) };
+    _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn exp_shift_sum_imp(x: &mut [f32], m: f32) -> f32 {
+    let n = x.len();
+    let mv = _mm512_set1_ps(m);
+    let mut a = _mm512_setzero_ps();
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 floats at i.
+        unsafe {
+            let p = x.as_mut_ptr().add(i);
+            let e = exp16(_mm512_sub_ps(ld_f32(p), mv));
+            _mm512_storeu_ps(p, e);
+            a = _mm512_add_ps(a, e);
+        }
+        i += 16;
+    }
+    // SAFETY: same features.
+    let mut l = unsafe { lanes16(a) };
+    for j in i..n {
+        x[j] = r::exp(x[j] - m);
+        l[j - i] += x[j];
+    }
+    r::tree16(l)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn silu_imp(x: &[f32], out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 floats at i in both.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), silu16(ld_f32(x.as_ptr().add(i)))) };
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = r::silu(x[j]);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn swiglu_imp(a: &[f32], b: &[f32], out: &mut [f32]) {
+    let n = a.len().min(b.len()).min(out.len());
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 floats at i in all three.
+        unsafe {
+            let s = silu16(ld_f32(a.as_ptr().add(i)));
+            _mm512_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm512_mul_ps(s, ld_f32(b.as_ptr().add(i))),
+            );
+        }
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = r::silu(a[j]) * b[j];
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn f32_to_f16_imp(x: &[f32], out: &mut [u16]) {
+    let n = x.len().min(out.len());
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 values at i in both.
+        unsafe {
+            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(ld_f32(x.as_ptr().add(i)));
+            _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut __m256i, h);
+        }
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = r::f32_to_f16(x[j]);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
+    let n = acc.len().min(v.len());
+    let wv = _mm512_set1_ps(w);
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 floats at i in both.
+        unsafe {
+            let p = acc.as_mut_ptr().add(i);
+            _mm512_storeu_ps(
+                p,
+                _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f32(v.as_ptr().add(i)))),
+            );
+        }
+        i += 16;
+    }
+    for j in i..n {
+        acc[j] += w * v[j];
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u16]) {
+    let n = acc.len().min(v.len());
+    let wv = _mm512_set1_ps(w);
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 16 values at i in both.
+        unsafe {
+            let p = acc.as_mut_ptr().add(i);
+            _mm512_storeu_ps(
+                p,
+                _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f16(v.as_ptr().add(i)))),
+            );
+        }
+        i += 16;
+    }
+    for j in i..n {
+        acc[j] += w * r::f16_to_f32(v[j]);
+    }
+}
+
+macro_rules! float_tile {
+    ($name:ident, $t:ty, $ld:ident, $dot:ident) => {
+        /// Up to 4 weight rows against each activation row, one zmm (16 lanes) per dot.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+        unsafe fn $name(_w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+            let ts = std::mem::size_of::<$t>();
+            for ar in a {
+                assert!(ar.len() >= k * ts && ar.as_ptr() as usize % ts == 0);
+            }
+            for (ci, br) in b.iter().enumerate() {
+                assert!(br.len() >= k * ts && br.as_ptr() as usize % ts == 0);
+                let y = br.as_ptr() as *const $t;
+                if a.len() == 4 {
+                    let x = [0, 1, 2, 3].map(|i| a[i].as_ptr() as *const $t);
+                    let mut acc = [_mm512_setzero_ps(); 4];
+                    let mut i = 0;
+                    while i + 16 <= k {
+                        // SAFETY: 16 elements at i in every row (lengths asserted).
+                        unsafe {
+                            let yv = $ld(y.add(i));
+                            for ri in 0..4 {
+                                acc[ri] =
+                                    _mm512_add_ps(acc[ri], _mm512_mul_ps($ld(x[ri].add(i)), yv));
+                            }
+                        }
+                        i += 16;
+                    }
+                    for ri in 0..4 {
+                        // SAFETY: same features; the tail is read within the asserted lengths.
+                        unsafe {
+                            let mut l = lanes16(acc[ri]);
+                            let xs = std::slice::from_raw_parts(x[ri], k);
+                            let ys = std::slice::from_raw_parts(y, k);
+                            for j in i..k {
+                                l[j - i] += xs[j].to() * ys[j].to();
+                            }
+                            out[ri * 4 + ci] = r::tree16(l);
+                        }
+                    }
+                } else {
+                    for (ri, ar) in a.iter().enumerate() {
+                        // SAFETY: aligned rows of k elements (asserted).
+                        unsafe {
+                            let xs = std::slice::from_raw_parts(ar.as_ptr() as *const $t, k);
+                            let ys = std::slice::from_raw_parts(y, k);
+                            out[ri * 4 + ci] = $dot(xs, ys);
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+float_tile!(tile_f32_imp, f32, ld_f32, dot_f32_imp);
+float_tile!(tile_f16_imp, u16, ld_f16, dot_f16_imp);

@@ -1,0 +1,120 @@
+//! Kernel tables per instruction-set level.
+//!
+//! Each level provides the same functions; every one is bit-identical to the scalar
+//! reference ([`crate::reference`]) because it performs the same f32 operations in the
+//! same order per output element (vectorised across independent lanes or elements only).
+//! Integer parts of quantised dots are exact, so they may be vectorised freely.
+
+#[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod x86_quant;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+mod scalar;
+
+use ggml_core::DType;
+
+use crate::isa::Isa;
+
+/// A matrix-multiplication tile: `out[r*4 + c] = dot(a[r], b[c])` for `a.len() <= 4`
+/// weight rows of dtype `w` and `b.len() <= 4` activation rows of `w.vec_dot_type()`, each
+/// of `k` values.
+pub(crate) type MmTile = fn(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]);
+
+/// The kernels of one instruction-set level.
+pub(crate) struct Kernels {
+    /// The level.
+    #[allow(dead_code)]
+    pub isa: Isa,
+    /// [`crate::reference::dot_f32`].
+    pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// [`crate::reference::dot_f16`].
+    pub dot_f16: fn(&[u16], &[u16]) -> f32,
+    /// [`crate::reference::sum_sq`].
+    pub sum_sq: fn(&[f32]) -> f32,
+    /// [`crate::reference::max`].
+    pub max: fn(&[f32]) -> f32,
+    /// [`crate::reference::exp_shift_sum`].
+    pub exp_shift_sum: fn(&mut [f32], f32) -> f32,
+    /// `out_i = silu(x_i)`.
+    pub silu: fn(&[f32], &mut [f32]),
+    /// `out_i = silu(a_i) * b_i`.
+    pub swiglu: fn(&[f32], &[f32], &mut [f32]),
+    /// f32 to f16 bits, round to nearest even.
+    pub f32_to_f16: fn(&[f32], &mut [u16]),
+    /// `acc_i = acc_i + w * v_i`.
+    pub axpy_f32: fn(&mut [f32], f32, &[f32]),
+    /// `acc_i = acc_i + w * f32(v_i)` for f16 bits `v`.
+    pub axpy_f16: fn(&mut [f32], f32, &[u16]),
+    /// Quantises activations to Q8_0, Q8_1 or Q8_K exactly as ggml-core's reference.
+    pub quantize: fn(DType, &[f32], &mut [u8]),
+    /// The mul_mat tile for weights of a dtype.
+    pub mm: fn(DType) -> Option<MmTile>,
+    /// The activation layout the tile of a weight dtype reads, if not the standard
+    /// `vec_dot_type` rows.
+    pub pack: fn(DType) -> Option<Packer>,
+}
+
+/// An ISA-specific activation layout for mul_mat tiles.
+#[derive(Clone, Copy)]
+pub(crate) struct Packer {
+    /// Bytes of a packed row of `k` values.
+    pub row_bytes: fn(usize) -> usize,
+    /// Packs a row of f32 activations.
+    pub pack: fn(&[f32], &mut [u8]),
+}
+
+/// Bytes per group of 8 blocks in the packed Q8 activation layout of the x86 tiles:
+/// 256 transposed quants, 8 f32 `d`, 8 f32 `s`, 8 i32 `Σq`.
+#[allow(dead_code)] // unused on targets without x86 tiles
+pub(crate) const PACK_GROUP: usize = 352;
+
+/// Bytes of a packed Q8 activation row of `k` values.
+pub(crate) fn packed_row_bytes(k: usize) -> usize {
+    (k / 32).div_ceil(8) * PACK_GROUP
+}
+
+impl Kernels {
+    /// The table of `isa` (which must be available).
+    pub(crate) fn get(isa: Isa) -> &'static Kernels {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => &avx2::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => &avx512::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => &avx512::KERNELS_VNNI,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => &neon::KERNELS,
+            _ => &scalar::KERNELS,
+        }
+    }
+}
+
+/// Views bytes as f32 values (the caller guarantees 4-byte alignment).
+pub(crate) fn as_f32(b: &[u8]) -> &[f32] {
+    // SAFETY: every bit pattern is a valid f32; alignment is asserted by align_to's split.
+    let (pre, mid, _) = unsafe { b.align_to::<f32>() };
+    assert!(pre.is_empty(), "misaligned f32 row");
+    mid
+}
+
+/// Views bytes as u16 values (the caller guarantees 2-byte alignment).
+pub(crate) fn as_u16(b: &[u8]) -> &[u16] {
+    // SAFETY: every bit pattern is a valid u16; alignment is asserted by align_to's split.
+    let (pre, mid, _) = unsafe { b.align_to::<u16>() };
+    assert!(pre.is_empty(), "misaligned f16 row");
+    mid
+}
+
+#[cfg(test)]
+pub(crate) fn all_tables() -> Vec<&'static Kernels> {
+    Isa::available().into_iter().map(Kernels::get).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,379 @@
+//! Every kernel table against the scalar reference, bit for bit.
+
+use ggml_core::DType;
+use rstest::rstest;
+
+use super::{all_tables, Kernels};
+use crate::reference as r;
+
+/// A small xorshift generator.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    pub(crate) fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub(crate) fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+const SIZES: [usize; 9] = [0, 1, 7, 15, 16, 17, 64, 100, 576];
+
+#[rstest]
+fn f32_reductions_match_reference(#[values(1, 2)] seed: u64) {
+    let mut rng = Rng::new(seed);
+    for k in all_tables() {
+        for n in SIZES {
+            let (x, y) = (rng.vec(n, 3.0), rng.vec(n, 3.0));
+            assert_eq!(
+                (k.dot_f32)(&x, &y).to_bits(),
+                r::dot_f32(&x, &y).to_bits(),
+                "{:?} dot {n}",
+                k.isa
+            );
+            assert_eq!(
+                (k.sum_sq)(&x).to_bits(),
+                r::sum_sq(&x).to_bits(),
+                "{:?} sum_sq {n}",
+                k.isa
+            );
+            assert_eq!(
+                (k.max)(&x).to_bits(),
+                r::max(&x).to_bits(),
+                "{:?} max {n}",
+                k.isa
+            );
+            let (xh, yh): (Vec<u16>, Vec<u16>) = (
+                x.iter().map(|&v| r::f32_to_f16(v)).collect(),
+                y.iter().map(|&v| r::f32_to_f16(v)).collect(),
+            );
+            assert_eq!(
+                (k.dot_f16)(&xh, &yh).to_bits(),
+                r::dot_f16(&xh, &yh).to_bits(),
+                "{:?} dot_f16 {n}",
+                k.isa
+            );
+            let mut h = vec![0u16; n];
+            (k.f32_to_f16)(&x, &mut h);
+            assert_eq!(h, xh, "{:?} f32_to_f16 {n}", k.isa);
+        }
+    }
+}
+
+#[rstest]
+fn exp_family_matches_reference(#[values(1, 2, 3)] seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut x = rng.vec(1000, 120.0);
+    x.extend([
+        0.0,
+        -0.0,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        -87.0,
+        -103.9,
+        -150.0,
+        88.7,
+        89.5,
+        1e-30,
+        -1e-30,
+    ]);
+    let y = rng.vec(x.len(), 2.0);
+    for k in all_tables() {
+        let m = rng.f();
+        let mut e1 = x.clone();
+        let mut e2 = x.clone();
+        let s1 = (k.exp_shift_sum)(&mut e1, m);
+        let s2 = r::exp_shift_sum(&mut e2, m);
+        assert_eq!(bits(&e1), bits(&e2), "{:?} exp", k.isa);
+        assert_eq!(s1.to_bits(), s2.to_bits(), "{:?} exp sum", k.isa);
+        let mut o1 = vec![0f32; x.len()];
+        (k.silu)(&x, &mut o1);
+        let o2: Vec<f32> = x.iter().map(|&v| r::silu(v)).collect();
+        assert_eq!(bits(&o1), bits(&o2), "{:?} silu", k.isa);
+        (k.swiglu)(&x, &y, &mut o1);
+        let o2: Vec<f32> = x.iter().zip(&y).map(|(&a, &b)| r::silu(a) * b).collect();
+        assert_eq!(bits(&o1), bits(&o2), "{:?} swiglu", k.isa);
+        let mut acc1 = y.clone();
+        let mut acc2 = y.clone();
+        (k.axpy_f32)(&mut acc1, 0.37, &x);
+        super::scalar::axpy_f32(&mut acc2, 0.37, &x);
+        assert_eq!(bits(&acc1), bits(&acc2), "{:?} axpy", k.isa);
+        let xh: Vec<u16> = y.iter().map(|&v| r::f32_to_f16(v)).collect();
+        (k.axpy_f16)(&mut acc1, -1.5, &xh);
+        super::scalar::axpy_f16(&mut acc2, -1.5, &xh);
+        assert_eq!(bits(&acc1), bits(&acc2), "{:?} axpy_f16", k.isa);
+    }
+}
+
+#[test]
+fn exp_is_accurate() {
+    let mut worst = 0f64;
+    let mut x = -103.0f32;
+    while x < 88.7 {
+        let e = r::exp(x) as f64;
+        let t = (x as f64).exp();
+        if t > f32::MIN_POSITIVE as f64 {
+            worst = worst.max(((e - t) / t).abs());
+        }
+        x += 0.0137;
+    }
+    assert!(worst < 3e-7, "relative error {worst}");
+    assert_eq!(r::exp(f32::NEG_INFINITY), 0.0);
+    assert_eq!(r::exp(0.0), 1.0);
+    assert!(r::exp(f32::NAN).is_nan());
+    assert_eq!(r::exp(100.0), f32::INFINITY);
+}
+
+/// Fills random blocks of `dtype` with finite scales.
+pub(crate) fn random_blocks(dtype: DType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let ts = dtype.type_size();
+    let mut out: Vec<u8> = (0..n_blocks * ts).map(|_| rng.next() as u8).collect();
+    let f16_at: &[usize] = match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q8_1 => &[0, 2],
+        DType::Q2K => &[80, 82],
+        DType::Q3K => &[108],
+        DType::Q6K => &[208],
+        _ => &[],
+    };
+    for b in out.chunks_exact_mut(ts) {
+        for &o in f16_at {
+            let v = r::f32_to_f16(rng.f() * 0.05);
+            b[o..o + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        match dtype {
+            DType::Q8_0 | DType::Q8_1 => {
+                // Activations never hold -128 (ggml's quantisers clamp to ±127).
+                let off = if dtype == DType::Q8_0 { 2 } else { 4 };
+                for q in &mut b[off..] {
+                    if *q == 0x80 {
+                        *q = 0x81;
+                    }
+                }
+            }
+            DType::Q8K => {
+                b[0..4].copy_from_slice(&(rng.f() * 0.05).to_le_bytes());
+                let mut sums = [0i16; 16];
+                for (i, q) in b[4..260].iter_mut().enumerate() {
+                    if *q == 0x80 {
+                        *q = 0x81;
+                    }
+                    sums[i / 16] += i16::from(*q as i8);
+                }
+                for (g, s) in sums.iter().enumerate() {
+                    b[260 + 2 * g..262 + 2 * g].copy_from_slice(&s.to_le_bytes());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+const QUANT: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
+
+fn check_tile(k: &Kernels, w: DType, kk: usize, nr: usize, nc: usize, rng: &mut Rng) {
+    let nb = kk / w.block_size();
+    let vdt = w.vec_dot_type();
+    let a: Vec<Vec<u8>> = (0..nr).map(|_| random_blocks(w, nb, rng)).collect();
+    let y: Vec<Vec<f32>> = (0..nc).map(|_| rng.vec(kk, 2.0)).collect();
+    let std: Vec<Vec<u8>> = y
+        .iter()
+        .map(|v| {
+            let mut o = vec![0u8; vdt.row_size(kk).unwrap()];
+            ggml_core::quant::quantize_row(vdt, v, &mut o).unwrap();
+            o
+        })
+        .collect();
+    let b: Vec<Vec<u8>> = match (k.pack)(w) {
+        Some(p) => y
+            .iter()
+            .map(|v| {
+                let mut o = vec![0xAAu8; (p.row_bytes)(kk)];
+                (p.pack)(v, &mut o);
+                o
+            })
+            .collect(),
+        None => std.clone(),
+    };
+    let ar: Vec<&[u8]> = a.iter().map(|v| v.as_slice()).collect();
+    let br: Vec<&[u8]> = b.iter().map(|v| v.as_slice()).collect();
+    let mut out = [f32::NAN; 16];
+    ((k.mm)(w).expect("tile"))(w, kk, &ar, &br, &mut out);
+    for ri in 0..nr {
+        for ci in 0..nc {
+            let want = r::vec_dot_quant(w, &a[ri], &std[ci], kk);
+            assert_eq!(
+                out[ri * 4 + ci].to_bits(),
+                want.to_bits(),
+                "{:?} {w} k={kk} tile {nr}x{nc} at ({ri},{ci}): {} vs {want}",
+                k.isa,
+                out[ri * 4 + ci]
+            );
+        }
+    }
+}
+
+#[rstest]
+fn quant_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize) {
+    let w = QUANT[wi];
+    let mut rng = Rng::new(wi as u64 + 7);
+    let sizes: &[usize] = if w.block_size() == 32 {
+        &[32, 96, 256, 288, 576, 800]
+    } else {
+        &[256, 768, 2304]
+    };
+    for k in all_tables() {
+        for &kk in sizes {
+            for (nr, nc) in [(1, 1), (4, 1), (1, 4), (4, 4), (3, 2), (4, 2), (2, 4)] {
+                check_tile(k, w, kk, nr, nc, &mut rng);
+            }
+        }
+    }
+}
+
+#[rstest]
+fn float_tiles_match_reference(#[values(DType::F32, DType::F16, DType::BF16)] w: DType) {
+    let mut rng = Rng::new(11);
+    for k in all_tables() {
+        for kk in [1, 15, 16, 33, 64, 100] {
+            for (nr, nc) in [(1, 1), (4, 1), (4, 3), (2, 4)] {
+                let mk = |rng: &mut Rng| -> Vec<u8> {
+                    let v = rng.vec(kk, 2.0);
+                    match w {
+                        DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                        DType::F16 => v
+                            .iter()
+                            .flat_map(|&x| r::f32_to_f16(x).to_le_bytes())
+                            .collect(),
+                        _ => v
+                            .iter()
+                            .flat_map(|&x| r::f32_to_bf16(x).to_le_bytes())
+                            .collect(),
+                    }
+                };
+                // Allocate as u32 to guarantee alignment.
+                let a: Vec<Vec<u32>> = (0..nr).map(|_| to_words(mk(&mut rng))).collect();
+                let b: Vec<Vec<u32>> = (0..nc).map(|_| to_words(mk(&mut rng))).collect();
+                let n = kk * w.type_size();
+                let ar: Vec<&[u8]> = a.iter().map(|v| &bytemuck_bytes(v)[..n]).collect();
+                let br: Vec<&[u8]> = b.iter().map(|v| &bytemuck_bytes(v)[..n]).collect();
+                let mut out = [0f32; 16];
+                ((k.mm)(w).unwrap())(w, kk, &ar, &br, &mut out);
+                let mut want = [0f32; 16];
+                (super::scalar::KERNELS.mm)(w).unwrap()(w, kk, &ar, &br, &mut want);
+                assert_eq!(bits(&out), bits(&want), "{:?} {w} k={kk} {nr}x{nc}", k.isa);
+            }
+        }
+    }
+}
+
+fn to_words(b: Vec<u8>) -> Vec<u32> {
+    let mut w = vec![0u32; b.len().div_ceil(4)];
+    for (i, x) in b.iter().enumerate() {
+        w[i / 4] |= u32::from(*x) << (8 * (i % 4));
+    }
+    w
+}
+
+fn bytemuck_bytes(w: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding and u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, w.len() * 4) }
+}
+
+#[test]
+fn reference_dots_are_close_to_f64() {
+    let mut rng = Rng::new(5);
+    let (x, y) = (rng.vec(1000, 1.0), rng.vec(1000, 1.0));
+    let exact: f64 = x.iter().zip(&y).map(|(&a, &b)| a as f64 * b as f64).sum();
+    assert!((r::dot_f32(&x, &y) as f64 - exact).abs() < 1e-4);
+    let ss: f64 = x.iter().map(|&a| a as f64 * a as f64).sum();
+    assert!((r::sum_sq(&x) as f64 - ss).abs() / ss < 1e-6);
+    // Quantised block dots against dequantised values.
+    let w = DType::Q4_1;
+    let a = random_blocks(w, 4, &mut rng);
+    let b = random_blocks(DType::Q8_1, 4, &mut rng);
+    let mut exact = 0f64;
+    for j in 0..4 {
+        let (xb, yb) = (&a[j * 20..], &b[j * 36..]);
+        let (d, m) = (
+            r::f16_to_f32(u16::from_le_bytes([xb[0], xb[1]])),
+            r::f16_to_f32(u16::from_le_bytes([xb[2], xb[3]])),
+        );
+        let (dy, sy) = (
+            r::f16_to_f32(u16::from_le_bytes([yb[0], yb[1]])),
+            r::f16_to_f32(u16::from_le_bytes([yb[2], yb[3]])),
+        );
+        for l in 0..32 {
+            let q = if l < 16 {
+                xb[4 + l] & 15
+            } else {
+                xb[4 + l - 16] >> 4
+            };
+            exact += (d as f64 * q as f64) * (dy as f64 * (yb[4 + l] as i8) as f64);
+        }
+        exact += m as f64 * sy as f64;
+    }
+    let got = r::vec_dot_quant(w, &a, &b, 128) as f64;
+    assert!(
+        (got - exact).abs() <= 1e-5 * exact.abs().max(1.0),
+        "{got} vs {exact}"
+    );
+}
+
+#[rstest]
+fn activation_quantisers_match_core(
+    #[values(DType::Q8_0, DType::Q8_1, DType::Q8K)] d: DType,
+    #[values(1, 2, 3)] seed: u64,
+) {
+    let mut rng = Rng::new(seed);
+    let n = 512;
+    let mut inputs = vec![rng.vec(n, 3.0), vec![0.0; n], rng.vec(n, 1e-30)];
+    // Ties: amax 127 makes the scale exactly 1, so x.5 values round half away from zero.
+    let mut ties: Vec<f32> = (0..n).map(|i| (i % 64) as f32 - 31.5).collect();
+    for c in ties.chunks_mut(32) {
+        c[0] = 127.0;
+    }
+    inputs.push(ties);
+    // Q8_K: the first of equal-magnitude extremes decides the sign of the scale.
+    let mut sgn = rng.vec(n, 1.0);
+    sgn[3] = -2.0;
+    sgn[9] = 2.0;
+    inputs.push(sgn);
+    for x in &inputs {
+        let mut want = vec![0u8; d.row_size(n).unwrap()];
+        ggml_core::quant::quantize_row(d, x, &mut want).unwrap();
+        for k in all_tables() {
+            let mut got = vec![0xAAu8; want.len()];
+            (k.quantize)(d, x, &mut got);
+            assert_eq!(got, want, "{:?} {d}", k.isa);
+        }
+    }
+}

@@ -1,0 +1,525 @@
+// Quantised mul_mat tiles and activation quantisers for x86, instantiated by `avx2.rs`
+// (maddubs + madd integer dots) and `avx512.rs` (VNNI `vpdpbusd` on 256-bit vectors).
+//
+// Tile structure: blocks are processed 8 at a time. Each weight row's 8 blocks are
+// unpacked once into 32 u8/i8 values per block; for every (weight row, activation row)
+// pair the 8 exact integer block dots are reduced into one vector (block t in lane t),
+// converted to f32, and the format's float formula is applied lane-wise with the same
+// operations as `reference::block_value`; lane t accumulates blocks j ≡ t (mod 8), and
+// the 8 lanes are combined by `reference::tree8`.
+
+macro_rules! x86_quant {
+    ($feat:literal, $dot_u:ident, $dot_s:ident) => {
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
+            // SAFETY: 16 readable bytes at p (inside the block).
+            let q = unsafe { _mm_loadu_si128(p as *const __m128i) };
+            let m = _mm_set1_epi8(15);
+            let lo = _mm_and_si128(q, m);
+            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+            _mm256_set_m128i(hi, lo)
+        }
+
+        /// Byte e is 16 where bit e of the 32-bit word at p is set, else 0.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn bits32(p: *const u8) -> __m256i {
+            // SAFETY: 4 readable bytes at p (inside the block).
+            let x = unsafe { (p as *const i32).read_unaligned() };
+            let shuf = _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            );
+            let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+            let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+            let set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+            _mm256_and_si256(set, _mm256_set1_epi8(16))
+        }
+
+        // Unpacked weight blocks: 32 u8 quants without their format's offset (Q4_0's 8
+        // and Q5_0's 16 are subtracted as `bias · Σy` afterwards), or raw i8 for Q8_0.
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn unpack_q4_0(p: *const u8) -> __m256i {
+            // SAFETY: a Q4_0 block at p.
+            unsafe { unpack_nibbles(p.add(2)) }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn unpack_q4_1(p: *const u8) -> __m256i {
+            // SAFETY: a Q4_1 block at p.
+            unsafe { unpack_nibbles(p.add(4)) }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn unpack_q5_0(p: *const u8) -> __m256i {
+            // SAFETY: a Q5_0 block at p.
+            unsafe { _mm256_or_si256(unpack_nibbles(p.add(6)), bits32(p.add(2))) }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn unpack_q5_1(p: *const u8) -> __m256i {
+            // SAFETY: a Q5_1 block at p.
+            unsafe { _mm256_or_si256(unpack_nibbles(p.add(8)), bits32(p.add(4))) }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn unpack_q8_0(p: *const u8) -> __m256i {
+            // SAFETY: a Q8_0 block at p.
+            unsafe { _mm256_loadu_si256(p.add(2) as *const __m256i) }
+        }
+
+        /// Transposes 8 × 8 dwords: afterwards `v[i]` lane t holds dword i of input t.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn transpose8(v: &mut [__m256i; 8]) {
+            let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+            let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+            let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+            let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+            let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
+            let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+            let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
+            let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+            let u0 = _mm256_unpacklo_epi64(t0, t2);
+            let u1 = _mm256_unpackhi_epi64(t0, t2);
+            let u2 = _mm256_unpacklo_epi64(t1, t3);
+            let u3 = _mm256_unpackhi_epi64(t1, t3);
+            let u4 = _mm256_unpacklo_epi64(t4, t6);
+            let u5 = _mm256_unpackhi_epi64(t4, t6);
+            let u6 = _mm256_unpacklo_epi64(t5, t7);
+            let u7 = _mm256_unpackhi_epi64(t5, t7);
+            v[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+            v[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+            v[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+            v[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+            v[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+            v[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+            v[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+            v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+        }
+
+        quant_tile!(
+            tile_q4_0_imp,
+            tile_q4_0_gen,
+            $feat,
+            18,
+            unpack_q4_0,
+            8,
+            $dot_u,
+            false
+        );
+        quant_tile!(
+            tile_q4_1_imp,
+            tile_q4_1_gen,
+            $feat,
+            20,
+            unpack_q4_1,
+            0,
+            $dot_u,
+            true
+        );
+        quant_tile!(
+            tile_q5_0_imp,
+            tile_q5_0_gen,
+            $feat,
+            22,
+            unpack_q5_0,
+            16,
+            $dot_u,
+            false
+        );
+        quant_tile!(
+            tile_q5_1_imp,
+            tile_q5_1_gen,
+            $feat,
+            24,
+            unpack_q5_1,
+            0,
+            $dot_u,
+            true
+        );
+        quant_tile!(
+            tile_q8_0_imp,
+            tile_q8_0_gen,
+            $feat,
+            34,
+            unpack_q8_0,
+            0,
+            $dot_s,
+            false
+        );
+
+        /// K-quants: the reference code compiled with this level's features (its
+        /// integer loops vectorise; its float operations are the reference's).
+        #[target_feature(enable = $feat)]
+        unsafe fn tile_kquant_imp(
+            w: DType,
+            k: usize,
+            a: &[&[u8]],
+            b: &[&[u8]],
+            out: &mut [f32; 16],
+        ) {
+            crate::simd::scalar::tile_quant(w, k, a, b, out)
+        }
+
+        pub(crate) fn tile_quant(
+            w: DType,
+            k: usize,
+            a: &[&[u8]],
+            b: &[&[u8]],
+            out: &mut [f32; 16],
+        ) {
+            // SAFETY: this table is installed only when its features were detected.
+            unsafe {
+                match w {
+                    DType::Q4_0 => tile_q4_0_imp(k, a, b, out),
+                    DType::Q4_1 => tile_q4_1_imp(k, a, b, out),
+                    DType::Q5_0 => tile_q5_0_imp(k, a, b, out),
+                    DType::Q5_1 => tile_q5_1_imp(k, a, b, out),
+                    DType::Q8_0 => tile_q8_0_imp(k, a, b, out),
+                    _ => tile_kquant_imp(w, k, a, b, out),
+                }
+            }
+        }
+
+        /// Horizontal max of 8 lanes (order-free for non-NaN values).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn hmax8(m: __m256) -> f32 {
+            let m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+            let m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
+            let m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
+            _mm256_cvtss_f32(m)
+        }
+
+        /// `roundf` (half away from zero) of integral-range values, exactly.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn round_away(t: __m256) -> __m256 {
+            let sign = _mm256_set1_ps(-0.0);
+            let tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(t, tr));
+            let ge = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5), _CMP_GE_OQ);
+            let one = _mm256_or_ps(_mm256_and_ps(t, sign), _mm256_set1_ps(1.0));
+            _mm256_add_ps(tr, _mm256_and_ps(ge, one))
+        }
+
+        /// Packs 4 × 8 i32 (each in i8 range) into 32 i8 in order.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn pack32(v: [__m256i; 4]) -> __m256i {
+            let a = _mm256_packs_epi32(v[0], v[1]);
+            let b = _mm256_packs_epi32(v[2], v[3]);
+            let c = _mm256_packs_epi16(a, b);
+            _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+        }
+
+        /// One block of 32 values as ggml's Q8_0/Q8_1 reference quantisers: the f32 scale
+        /// `d` (before f16 rounding), the 32 i8 quants, and their sum.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_block(xb: &[f32]) -> (f32, __m256i, i32) {
+            assert!(xb.len() >= 32);
+            let sign = _mm256_set1_ps(-0.0);
+            // SAFETY: 32 floats in xb (asserted).
+            let v = unsafe {
+                [
+                    _mm256_loadu_ps(xb.as_ptr()),
+                    _mm256_loadu_ps(xb.as_ptr().add(8)),
+                    _mm256_loadu_ps(xb.as_ptr().add(16)),
+                    _mm256_loadu_ps(xb.as_ptr().add(24)),
+                ]
+            };
+            let m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+            let m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
+            // SAFETY: same features.
+            let amax = unsafe { hmax8(_mm256_max_ps(m01, m23)) };
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let mut qi = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
+                // SAFETY: same features.
+                qi[i] = _mm256_cvtps_epi32(unsafe { round_away(_mm256_mul_ps(v[i], idv)) });
+            }
+            let s = _mm256_add_epi32(
+                _mm256_add_epi32(qi[0], qi[1]),
+                _mm256_add_epi32(qi[2], qi[3]),
+            );
+            let mut l = [0i32; 8];
+            // SAFETY: 8 i32 of room; same features.
+            unsafe { _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, s) };
+            // SAFETY: same features.
+            (d, unsafe { pack32(qi) }, l.iter().sum())
+        }
+
+        /// Q8_0 (`with_sum` false) or Q8_1 blocks, as ggml's reference quantisers.
+        #[target_feature(enable = $feat)]
+        unsafe fn quantize_q8_01(x: &[f32], out: &mut [u8], with_sum: bool) {
+            let (bs, qoff) = if with_sum { (36, 4) } else { (34, 2) };
+            for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(bs)) {
+                // SAFETY: same features.
+                let (d, q, sum) = unsafe { q8_block(xb) };
+                ob[0..2].copy_from_slice(&crate::reference::f32_to_f16(d).to_le_bytes());
+                if with_sum {
+                    let s = crate::reference::f32_to_f16(sum as f32 * d);
+                    ob[2..4].copy_from_slice(&s.to_le_bytes());
+                }
+                // SAFETY: 32 bytes of room at qoff.
+                unsafe { _mm256_storeu_si256(ob.as_mut_ptr().add(qoff) as *mut __m256i, q) };
+            }
+        }
+
+        /// Packs an activation row for the legacy-quant tiles ([`super::PACK_GROUP`] bytes
+        /// per 8 blocks): the Q8_0/Q8_1 quants transposed so that dword i of block t is
+        /// lane t of vector i, then per block the f32 values of the f16-rounded `d` and
+        /// `s = d·Σq` (as the reference reads them) and `Σq` as i32. Missing blocks of the
+        /// last group are zero.
+        #[target_feature(enable = $feat)]
+        unsafe fn pack_act_imp(x: &[f32], out: &mut [u8]) {
+            use crate::reference::{f16_to_f32, f32_to_f16};
+            let nb = x.len() / 32;
+            assert!(out.len() >= nb.div_ceil(8) * crate::simd::PACK_GROUP);
+            for (g, og) in out
+                .chunks_exact_mut(crate::simd::PACK_GROUP)
+                .take(nb.div_ceil(8))
+                .enumerate()
+            {
+                let mut q = [_mm256_setzero_si256(); 8];
+                let (mut d, mut s, mut sy) = ([0f32; 8], [0f32; 8], [0i32; 8]);
+                for t in 0..(nb - 8 * g).min(8) {
+                    let j = 8 * g + t;
+                    // SAFETY: same features.
+                    let (dd, qq, sum) = unsafe { q8_block(&x[32 * j..32 * j + 32]) };
+                    q[t] = qq;
+                    d[t] = f16_to_f32(f32_to_f16(dd));
+                    s[t] = f16_to_f32(f32_to_f16(sum as f32 * dd));
+                    sy[t] = sum;
+                }
+                // SAFETY: same features; the group has 352 bytes of room (asserted).
+                unsafe {
+                    transpose8(&mut q);
+                    let p = og.as_mut_ptr();
+                    for (i, v) in q.iter().enumerate() {
+                        _mm256_storeu_si256(p.add(32 * i) as *mut __m256i, *v);
+                    }
+                    _mm256_storeu_ps(p.add(256) as *mut f32, _mm256_loadu_ps(d.as_ptr()));
+                    _mm256_storeu_ps(p.add(288) as *mut f32, _mm256_loadu_ps(s.as_ptr()));
+                    _mm256_storeu_si256(
+                        p.add(320) as *mut __m256i,
+                        _mm256_loadu_si256(sy.as_ptr() as *const __m256i),
+                    );
+                }
+            }
+        }
+
+        pub(crate) fn pack(w: DType) -> Option<crate::simd::Packer> {
+            fn pack_act(x: &[f32], out: &mut [u8]) {
+                // SAFETY: this table is installed only when its features were detected.
+                unsafe { pack_act_imp(x, out) }
+            }
+            matches!(
+                w,
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+            )
+            .then_some(crate::simd::Packer {
+                row_bytes: crate::simd::packed_row_bytes,
+                pack: pack_act,
+            })
+        }
+
+        /// Q8_K blocks, as ggml's `quantize_row_q8_K_ref`.
+        #[target_feature(enable = $feat)]
+        unsafe fn quantize_q8k(x: &[f32], out: &mut [u8]) {
+            let sign = _mm256_set1_ps(-0.0);
+            for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
+                let mut m = _mm256_setzero_ps();
+                for c in xb.chunks_exact(8) {
+                    // SAFETY: 8 floats.
+                    m = _mm256_max_ps(
+                        m,
+                        _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(c.as_ptr()) }),
+                    );
+                }
+                // SAFETY: same features.
+                let amax = unsafe { hmax8(m) };
+                if amax == 0.0 {
+                    ob.fill(0);
+                    continue;
+                }
+                let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+                let iscale = -127.0 / max;
+                let iv = _mm256_set1_ps(iscale);
+                let cap = _mm256_set1_epi32(127);
+                for g in 0..8 {
+                    let mut qi = [_mm256_setzero_si256(); 4];
+                    for i in 0..4 {
+                        // SAFETY: 8 floats at 32g + 8i.
+                        let v = unsafe { _mm256_loadu_ps(xb.as_ptr().add(32 * g + 8 * i)) };
+                        qi[i] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(iv, v)), cap);
+                    }
+                    for h in 0..2 {
+                        let s = _mm256_add_epi32(qi[2 * h], qi[2 * h + 1]);
+                        let mut l = [0i32; 8];
+                        // SAFETY: 8 i32 of room.
+                        unsafe { _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, s) };
+                        let bsum = l.iter().sum::<i32>() as i16;
+                        let at = 260 + 2 * (2 * g + h);
+                        ob[at..at + 2].copy_from_slice(&bsum.to_le_bytes());
+                    }
+                    // SAFETY: same features; 32 bytes of room.
+                    unsafe {
+                        let packed = pack32(qi);
+                        _mm256_storeu_si256(
+                            ob.as_mut_ptr().add(4 + 32 * g) as *mut __m256i,
+                            packed,
+                        );
+                    }
+                }
+                ob[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+            }
+        }
+
+        pub(crate) fn quantize(d: DType, x: &[f32], out: &mut [u8]) {
+            // SAFETY: this table is installed only when its features were detected.
+            unsafe {
+                match d {
+                    DType::Q8_0 => quantize_q8_01(x, out, false),
+                    DType::Q8_1 => quantize_q8_01(x, out, true),
+                    DType::Q8K => quantize_q8k(x, out),
+                    _ => crate::simd::scalar::quantize(d, x, out),
+                }
+            }
+        }
+    };
+}
+
+macro_rules! quant_tile {
+    ($name:ident, $gen:ident, $feat:literal, $xb:expr, $unpack:ident, $bias:expr, $dot:ident, $min:expr) => {
+        quant_tile_body!($gen, $feat, $xb, $unpack, $bias, $dot, $min);
+
+        /// Dispatches to a tile of fixed shape (full tiles keep their accumulators in
+        /// registers); every shape performs the same operations per output element.
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+            // SAFETY: same features; shapes match the slices.
+            unsafe {
+                match (a.len(), b.len()) {
+                    (4, 4) => $gen::<4, 4>(k, a, b, out, 0, 0),
+                    (4, 2) => $gen::<4, 2>(k, a, b, out, 0, 0),
+                    (4, 1) => $gen::<4, 1>(k, a, b, out, 0, 0),
+                    (2, 4) => $gen::<2, 4>(k, a, b, out, 0, 0),
+                    (1, 4) => $gen::<1, 4>(k, a, b, out, 0, 0),
+                    (nr, nc) => {
+                        for r in 0..nr.min(4) {
+                            for c in 0..nc.min(4) {
+                                $gen::<1, 1>(k, &a[r..r + 1], &b[c..c + 1], out, r, c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+macro_rules! quant_tile_body {
+    ($gen:ident, $feat:literal, $xb:expr, $unpack:ident, $bias:expr, $dot:ident, $min:expr) => {
+        /// `NR` weight rows (blocks of `$xb` bytes) against `NC` packed activation rows.
+        /// Per group of 8 blocks: the weight blocks are unpacked and transposed like the
+        /// activations, so 8 integer dot steps leave block t's exact dot in lane t with no
+        /// horizontal reduction; then `bias·Σy` is subtracted and the format's float
+        /// formula runs lane-wise exactly as `reference::block_value`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $gen<const NR: usize, const NC: usize>(
+            k: usize,
+            a: &[&[u8]],
+            b: &[&[u8]],
+            out: &mut [f32; 16],
+            r0: usize,
+            c0: usize,
+        ) {
+            let nb = k / 32;
+            let ng = nb.div_ceil(8);
+            let zero = _mm256_setzero_ps();
+            let mut acc = [[zero; NC]; NR];
+            for r in 0..NR {
+                assert!(a[r].len() >= nb * $xb);
+            }
+            for c in 0..NC {
+                assert!(b[c].len() >= ng * crate::simd::PACK_GROUP);
+            }
+            for g in 0..ng {
+                let cnt = (nb - 8 * g).min(8);
+                for r in 0..NR {
+                    let mut x = [_mm256_setzero_si256(); 8];
+                    let mut d16 = [0u16; 8];
+                    let mut m16 = [0u16; 8];
+                    for t in 0..cnt {
+                        // SAFETY: block 8g + t < nb of the row (length asserted above).
+                        unsafe {
+                            let p = a[r].as_ptr().add((8 * g + t) * $xb);
+                            d16[t] = (p as *const u16).read_unaligned();
+                            if $min {
+                                m16[t] = (p.add(2) as *const u16).read_unaligned();
+                            }
+                            x[t] = $unpack(p);
+                        }
+                    }
+                    // SAFETY: same features; 8 u16 each.
+                    let (dx, mx) = unsafe {
+                        transpose8(&mut x);
+                        (
+                            _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
+                            _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
+                        )
+                    };
+                    for c in 0..NC {
+                        // SAFETY: group g of the packed row (length asserted above); same
+                        // features.
+                        unsafe {
+                            let yp = b[c].as_ptr().add(g * crate::simd::PACK_GROUP);
+                            let mut s = _mm256_setzero_si256();
+                            for i in 0..8 {
+                                let y = _mm256_loadu_si256(yp.add(32 * i) as *const __m256i);
+                                s = $dot(s, x[i], y);
+                            }
+                            if $bias != 0 {
+                                let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
+                                s = _mm256_sub_epi32(
+                                    s,
+                                    _mm256_mullo_epi32(sy, _mm256_set1_epi32($bias)),
+                                );
+                            }
+                            let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
+                            let mut v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
+                            if $min {
+                                let sy = _mm256_loadu_ps(yp.add(288) as *const f32);
+                                v = _mm256_add_ps(v, _mm256_mul_ps(mx, sy));
+                            }
+                            acc[r][c] = _mm256_add_ps(acc[r][c], v);
+                        }
+                    }
+                }
+            }
+            for r in 0..NR {
+                for c in 0..NC {
+                    let mut l = [0f32; 8];
+                    // SAFETY: 8 floats of room.
+                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
+                    out[(r0 + r) * 4 + c0 + c] = crate::reference::tree8(l);
+                }
+            }
+        }
+    };
+}

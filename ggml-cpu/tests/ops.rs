@@ -1,0 +1,480 @@
+//! Every op × dtype × shape on every ISA level and thread count 1-3, bit-identical to
+//! the scalar reference.
+
+// rstest tables take one parameter per column.
+#![allow(clippy::too_many_arguments)]
+
+mod common;
+
+use common::{backends, check, f32s, Spec};
+use ggml_core::{AttnParams, Context, DType, RopeMode, RopeParams};
+use ggml_cpu::CpuBackend;
+use rstest::{fixture, rstest};
+use std::sync::OnceLock;
+
+const THREADS: [usize; 3] = [1, 2, 3];
+
+#[fixture]
+fn bes() -> &'static [CpuBackend] {
+    static B: OnceLock<Vec<CpuBackend>> = OnceLock::new();
+    B.get_or_init(|| backends(&THREADS))
+}
+
+fn f(dt: DType, ne: [usize; 4]) -> impl Fn(&mut Context<'_>) -> ggml_core::TensorId {
+    move |ctx| ctx.new_tensor(dt, ne).unwrap()
+}
+
+#[rstest]
+#[case([7, 1, 1, 1], [7, 1, 1, 1])]
+#[case([33, 5, 2, 3], [33, 5, 2, 3])]
+#[case([33, 5, 2, 3], [33, 1, 1, 1])]
+#[case([16, 4, 6, 1], [1, 4, 3, 1])]
+#[case([40, 3, 1, 2], [20, 1, 1, 2])]
+fn add_mul_broadcast(
+    bes: &[CpuBackend],
+    #[case] a: [usize; 4],
+    #[case] b: [usize; 4],
+    #[values(DType::F32, DType::F16)] dt: DType,
+    #[values(true, false)] add: bool,
+) {
+    check(bes, 1, |ctx| {
+        let x = f(dt, a)(ctx);
+        let y = f(DType::F32, b)(ctx);
+        Spec::new(if add { ctx.add(x, y) } else { ctx.mul(x, y) }.unwrap())
+    });
+}
+
+#[rstest]
+fn elementwise_on_permuted_views(bes: &[CpuBackend], #[values(0, 1, 2, 3)] op: usize) {
+    check(bes, 2, |ctx| {
+        let x = f(DType::F32, [6, 17, 3, 1])(ctx);
+        let p = ctx.permute(x, [1, 0, 2, 3]).unwrap(); // [17, 6, 3]
+        let y = f(DType::F32, [17, 6, 3, 1])(ctx);
+        Spec::new(match op {
+            0 => ctx.scale(p, 0.3).unwrap(),
+            1 => ctx.silu(p).unwrap(),
+            2 => ctx.swiglu(p, y).unwrap(),
+            _ => ctx.add(y, p).unwrap(),
+        })
+    });
+}
+
+#[rstest]
+fn unary(
+    bes: &[CpuBackend],
+    #[values([1, 1, 1, 1], [5, 3, 1, 1], [64, 7, 2, 1], [577, 2, 1, 1])] ne: [usize; 4],
+) {
+    check(bes, 3, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        Spec::new(ctx.silu(x).unwrap())
+    });
+    check(bes, 4, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        let y = f(DType::F32, ne)(ctx);
+        Spec::new(ctx.swiglu(x, y).unwrap())
+    });
+    check(bes, 5, |ctx| {
+        let x = f(DType::F16, ne)(ctx);
+        Spec::new(ctx.scale(x, -1.7).unwrap())
+    });
+}
+
+#[rstest]
+fn rms_norm(
+    bes: &[CpuBackend],
+    #[values([1, 1, 1, 1], [15, 3, 1, 1], [576, 5, 2, 1], [100, 1, 3, 2])] ne: [usize; 4],
+) {
+    check(bes, 6, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        Spec::new(ctx.rms_norm(x, 1e-5).unwrap())
+    });
+}
+
+#[test]
+fn rms_norm_of_transposed_view() {
+    let bes = bes();
+    check(bes, 7, |ctx| {
+        let x = f(DType::F32, [9, 21, 1, 1])(ctx);
+        let t = ctx.transpose(x).unwrap();
+        Spec::new(ctx.rms_norm(t, 1e-6).unwrap())
+    });
+}
+
+#[rstest]
+#[case([17, 3, 1, 1], None)]
+#[case([64, 7, 3, 1], Some(DType::F32))]
+#[case([64, 7, 3, 1], Some(DType::F16))]
+#[case([33, 5, 4, 2], Some(DType::F16))]
+fn soft_max(
+    bes: &[CpuBackend],
+    #[case] ne: [usize; 4],
+    #[case] mask: Option<DType>,
+    #[values(0.0, 8.0)] max_bias: f32,
+) {
+    check(bes, 8, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        let mut spec_floats = vec![];
+        let m = mask.map(|dt| {
+            let m = ctx.new_tensor(dt, [ne[0], ne[1] + 2, 1, 1]).unwrap();
+            // Causal-style mask with -inf.
+            let vals: Vec<f32> = (0..ne[0] * (ne[1] + 2))
+                .map(|i| {
+                    if i % ne[0] > i / ne[0] + 3 {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.1 * (i % 5) as f32
+                    }
+                })
+                .collect();
+            spec_floats.push((m, vals));
+            m
+        });
+        let mut s = Spec::new(ctx.soft_max(x, m, 0.7, max_bias).unwrap());
+        s.floats = spec_floats;
+        s
+    });
+}
+
+#[rstest]
+fn rope(
+    bes: &[CpuBackend],
+    #[values(RopeMode::Normal, RopeMode::Neox)] mode: RopeMode,
+    #[values(DType::F32, DType::F16)] dt: DType,
+    #[values(false, true)] yarn: bool,
+) {
+    check(bes, 9, |ctx| {
+        let x = f(dt, [64, 3, 5, 1])(ctx);
+        let pos = ctx.new_tensor(DType::I32, [5, 1, 1, 1]).unwrap();
+        let mut p = RopeParams::llama(48, 10000.0);
+        p.mode = mode;
+        if yarn {
+            p.ext_factor = 1.0;
+            p.freq_scale = 0.25;
+            p.n_ctx_orig = 4096;
+        }
+        let mut s = Spec::new(ctx.rope(x, pos, p).unwrap());
+        s.ints.push((pos, vec![0, 1, 7, 100, 4095]));
+        s
+    });
+}
+
+#[test]
+fn rope_of_strided_view() {
+    // Q of a fused QKV tensor: a view with row stride larger than the row.
+    check(bes(), 10, |ctx| {
+        let qkv = f(DType::F32, [192, 4, 1, 1])(ctx); // 4 tokens of q|k|v (64 each)
+        let q = ctx
+            .view(qkv, [32, 2, 4, 1], [4, 128, 768, 3072], 0)
+            .unwrap();
+        let pos = ctx.new_tensor(DType::I32, [4, 1, 1, 1]).unwrap();
+        let mut s = Spec::new(ctx.rope(q, pos, RopeParams::llama(32, 100000.0)).unwrap());
+        s.ints.push((pos, vec![3, 2, 1, 0]));
+        s
+    });
+}
+
+#[rstest]
+#[case(64, 1, 1)]
+#[case(64, 37, 1)]
+#[case(33, 5, 2)]
+#[case(576, 4, 1)]
+fn mul_mat_float(
+    bes: &[CpuBackend],
+    #[case] k: usize,
+    #[case] n: usize,
+    #[case] batch: usize,
+    #[values(DType::F32, DType::F16, DType::BF16)] w: DType,
+) {
+    check(bes, 11, |ctx| {
+        let a = f(w, [k, 9, batch, 1])(ctx);
+        let b = f(DType::F32, [k, n, batch * 3, 1])(ctx); // GQA broadcast r2 = 3
+        Spec::new(ctx.mul_mat(a, b).unwrap())
+    });
+}
+
+#[rstest]
+fn mul_mat_quant(
+    bes: &[CpuBackend],
+    #[values(
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K
+    )]
+    w: DType,
+    #[values(1, 5, 37)] n: usize,
+) {
+    let k = if w.block_size() == 32 { 288 } else { 512 };
+    check(bes, 12, |ctx| {
+        let a = f(w, [k, 11, 1, 1])(ctx);
+        let b = f(DType::F32, [k, n, 1, 1])(ctx);
+        Spec::new(ctx.mul_mat(a, b).unwrap())
+    });
+}
+
+#[test]
+fn mul_mat_non_contiguous_operands() {
+    // KQ with a permuted K view (rows dense) and a permuted Q.
+    check(bes(), 13, |ctx| {
+        let k = f(DType::F16, [32, 3, 10, 1])(ctx); // [d, heads, tokens]
+        let kp = ctx.permute(k, [0, 2, 1, 3]).unwrap(); // [d, tokens, heads]
+        let q = f(DType::F32, [32, 6, 5, 1])(ctx); // [d, heads(6), q tokens]
+        let qp = ctx.permute(q, [0, 2, 1, 3]).unwrap(); // [d, 5, 6]
+        Spec::new(ctx.mul_mat(kp, qp).unwrap())
+    });
+    // Float weights whose rows are not dense (dims 2,3 moved to 0,1): gathered first.
+    check(bes(), 14, |ctx| {
+        let w = f(DType::F32, [3, 2, 24, 5])(ctx);
+        let wp = ctx.permute(w, [2, 3, 0, 1]).unwrap(); // [24, 5, 3, 2], nb0 = 24
+        let x = f(DType::F32, [24, 4, 3, 2])(ctx);
+        Spec::new(ctx.mul_mat(wp, x).unwrap())
+    });
+}
+
+/// The same output row computed inside a 1-row call and inside a 37-row call (and with
+/// other thread counts) has identical bits.
+#[rstest]
+fn mul_mat_row_count_independence(
+    #[values(DType::Q4_1, DType::Q8_0, DType::F16, DType::F32, DType::Q4K)] w: DType,
+) {
+    let k = 512;
+    let full = check(bes(), 15, |ctx| {
+        let a = f(w, [k, 13, 1, 1])(ctx);
+        let b = f(DType::F32, [k, 37, 1, 1])(ctx);
+        Spec::new(ctx.mul_mat(a, b).unwrap())
+    });
+    // Row 20 alone, with the same random inputs: view row 20 of b.
+    let one = check(bes(), 15, |ctx| {
+        let a = f(w, [k, 13, 1, 1])(ctx);
+        let b = f(DType::F32, [k, 37, 1, 1])(ctx);
+        let b20 = ctx.view_2d(b, k, 1, 4 * k, 20 * 4 * k).unwrap();
+        Spec::new(ctx.mul_mat(a, b20).unwrap())
+    });
+    let (full, one) = (f32s(&full), f32s(&one));
+    assert_eq!(one.len(), 13);
+    for m in 0..13 {
+        assert_eq!(one[m].to_bits(), full[20 * 13 + m].to_bits(), "row {m}");
+    }
+}
+
+#[rstest]
+fn get_rows(bes: &[CpuBackend], #[values(DType::F32, DType::F16, DType::BF16)] dt: DType) {
+    check(bes, 16, |ctx| {
+        let a = f(dt, [24, 10, 2, 1])(ctx);
+        let idx = ctx.new_tensor(DType::I32, [4, 2, 1, 1]).unwrap();
+        let mut s = Spec::new(ctx.get_rows(a, idx).unwrap());
+        s.ints.push((idx, vec![9, 0, 3, 3, 1, 2, 8, 7]));
+        s
+    });
+}
+
+#[rstest]
+fn cpy_and_cont(
+    bes: &[CpuBackend],
+    #[values(DType::F32, DType::F16, DType::BF16)] from: DType,
+    #[values(DType::F32, DType::F16, DType::BF16)] to: DType,
+) {
+    // Into a view of a KV-cache-like tensor, from a permuted source.
+    check(bes, 17, |ctx| {
+        let x = f(from, [8, 3, 5, 1])(ctx);
+        let xp = ctx.permute(x, [0, 2, 1, 3]).unwrap(); // [8, 5, 3]
+        let cache = f(to, [8, 5, 3, 2])(ctx);
+        let v = ctx
+            .view(
+                cache,
+                [8, 5, 3, 1],
+                [
+                    to.type_size(),
+                    8 * to.type_size(),
+                    40 * to.type_size(),
+                    120 * to.type_size(),
+                ],
+                120 * to.type_size(),
+            )
+            .unwrap();
+        Spec::new(ctx.cpy(xp, v).unwrap())
+    });
+    check(bes, 18, |ctx| {
+        let x = f(from, [8, 3, 5, 1])(ctx);
+        let t = ctx.transpose(x).unwrap();
+        Spec::new(ctx.cont(t).unwrap())
+    });
+    // Reshaping copy: different shapes, same element count.
+    check(bes, 19, |ctx| {
+        let x = f(from, [6, 4, 1, 1])(ctx);
+        let y = f(to, [8, 3, 1, 1])(ctx);
+        Spec::new(ctx.cpy(x, y).unwrap())
+    });
+}
+
+#[rstest]
+fn concat(
+    bes: &[CpuBackend],
+    #[values(0, 1, 2, 3)] dim: usize,
+    #[values(DType::F32, DType::F16, DType::I32)] dt: DType,
+) {
+    check(bes, 20, |ctx| {
+        let mut na = [5, 3, 2, 2];
+        let mut nb = na;
+        na[dim] = 2;
+        nb[dim] = 3;
+        let a = f(dt, na)(ctx);
+        let b = f(dt, nb)(ctx);
+        Spec::new(ctx.concat(a, b, dim).unwrap())
+    });
+}
+
+#[rstest]
+#[case(64, 1, 7, 9, 3, true)]
+#[case(64, 5, 32, 9, 3, true)]
+#[case(32, 3, 17, 4, 4, false)]
+#[case(48, 2, 20, 6, 2, true)]
+fn flash_attn(
+    bes: &[CpuBackend],
+    #[case] d: usize,
+    #[case] n_q: usize,
+    #[case] n_kv: usize,
+    #[case] h: usize,
+    #[case] h_kv: usize,
+    #[case] with_mask: bool,
+    #[values(DType::F16, DType::F32)] kv: DType,
+    #[values(0.0, 5.0)] softcap: f32,
+) {
+    check(bes, 21, |ctx| {
+        let q = f(DType::F32, [d, n_q, h, 1])(ctx);
+        let k = f(kv, [d, n_kv, h_kv, 1])(ctx);
+        let v = f(kv, [d, n_kv, h_kv, 1])(ctx);
+        let mut floats = vec![];
+        let m = with_mask.then(|| {
+            let m = ctx.new_tensor(DType::F16, [n_kv, n_q + 1, 1, 1]).unwrap();
+            let vals: Vec<f32> = (0..n_kv * (n_q + 1))
+                .map(|i| {
+                    if i % n_kv > n_kv - n_q + i / n_kv {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            floats.push((m, vals));
+            m
+        });
+        let mut p = AttnParams::scaled(1.0 / (d as f32).sqrt());
+        p.softcap = softcap;
+        let mut s = Spec::new(ctx.flash_attn_ext(q, k, v, m, p).unwrap());
+        s.floats = floats;
+        s
+    });
+}
+
+/// Padding the KV length with masked positions leaves the result bit-identical.
+#[test]
+fn flash_attn_padding_invariance() {
+    let (d, n_q, n_kv, pad) = (64, 3, 10, 6);
+    let run = |len: usize| {
+        f32s(&check(bes(), 22, |ctx| {
+            let q = f(DType::F32, [d, n_q, 3, 1])(ctx);
+            let kf = f(DType::F16, [d, n_kv + pad, 1, 1])(ctx);
+            let vf = f(DType::F16, [d, n_kv + pad, 1, 1])(ctx);
+            let k = ctx
+                .view(kf, [d, len, 1, 1], [2, 2 * d, 2 * d * len, 2 * d * len], 0)
+                .unwrap();
+            let v = ctx
+                .view(vf, [d, len, 1, 1], [2, 2 * d, 2 * d * len, 2 * d * len], 0)
+                .unwrap();
+            let m = ctx.new_tensor(DType::F32, [len, n_q, 1, 1]).unwrap();
+            let vals: Vec<f32> = (0..len * n_q)
+                .map(|i| {
+                    if i % len >= n_kv || i % len == 2 {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let mut s = Spec::new(
+                ctx.flash_attn_ext(q, k, v, Some(m), AttnParams::scaled(0.125))
+                    .unwrap(),
+            );
+            s.floats.push((m, vals));
+            s
+        }))
+    };
+    let (a, b) = (run(n_kv), run(n_kv + pad));
+    assert_eq!(
+        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+#[rstest]
+fn get_rows_quantised(
+    bes: &[CpuBackend],
+    #[values(
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Q8K
+    )]
+    dt: DType,
+) {
+    check(bes, 23, |ctx| {
+        let a = f(dt, [256, 6, 1, 1])(ctx);
+        let idx = ctx.new_tensor(DType::I32, [3, 1, 1, 1]).unwrap();
+        let mut s = Spec::new(ctx.get_rows(a, idx).unwrap());
+        s.ints.push((idx, vec![5, 0, 5]));
+        s
+    });
+}
+
+#[rstest]
+fn cpy_to_quantised(
+    bes: &[CpuBackend],
+    #[values(
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K
+    )]
+    dt: DType,
+) {
+    check(bes, 24, |ctx| {
+        let x = f(DType::F32, [256, 3, 1, 1])(ctx);
+        let y = f(dt, [256, 3, 1, 1])(ctx);
+        Spec::new(ctx.cpy(x, y).unwrap())
+    });
+    // CONT of a quantised tensor's row view copies bytes.
+    check(bes, 25, |ctx| {
+        let x = f(dt, [256, 4, 2, 1])(ctx);
+        let rs = dt.row_size(256).unwrap();
+        let v = ctx
+            .view(
+                x,
+                [256, 2, 2, 1],
+                [dt.type_size(), 2 * rs, 4 * rs, 8 * rs],
+                rs,
+            )
+            .unwrap();
+        Spec::new(ctx.cont(v).unwrap())
+    });
+}

@@ -1,0 +1,269 @@
+//! The queue, events, copies between backends, errors and shutdown.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{f32s, place};
+use ggml_core::{
+    Backend, BackendErrorKind, Context, CopyQueue, DType, DataRef, EventRef, Tensor, TensorId,
+};
+use ggml_cpu::{CpuBackend, CpuBackendOptions};
+use rstest::rstest;
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn cpu(n: usize, copy_queue: CopyQueue) -> CpuBackend {
+    CpuBackend::new(CpuBackendOptions {
+        n_threads: n,
+        copy_queue,
+        chaos: Some(7),
+        ..CpuBackendOptions::default()
+    })
+    .unwrap()
+}
+
+/// Blocks the backend's queue until the returned sender is dropped or sent to.
+fn gate(be: &CpuBackend) -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<()>();
+    be.enqueue_host_fn(move || {
+        let _ = rx.recv();
+    })
+    .unwrap();
+    tx
+}
+
+#[test]
+fn graph_compute_returns_before_completion() {
+    let be = cpu(2, CopyQueue::Destination);
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+    let mut ctx = Context::new(&mut s);
+    let x = ctx.new_tensor_1d(DType::F32, 64).unwrap();
+    let y = ctx.scale(x, 2.0).unwrap();
+    let (tensors, buf) = place(&ctx, &be);
+    let open = gate(&be);
+    be.set_tensor_async(&tensors[x.index()], 0, &bytes(&[1.5; 64]))
+        .unwrap();
+    be.graph_compute(&tensors, &[y]).unwrap();
+    // The queue is held: nothing ran yet (blocking reads are not ordered with the queue).
+    std::thread::sleep(Duration::from_millis(20));
+    let mut raw = vec![0u8; 256];
+    let off =
+        (tensors[y.index()].data.unwrap().addr - tensors[x.index()].data.unwrap().addr) as usize;
+    be.buffer_get(buf, off, &mut raw).unwrap();
+    assert!(f32s(&raw).iter().all(|&v| v == 0.0));
+    drop(open);
+    be.synchronize().unwrap();
+    be.get_tensor(&tensors[y.index()], 0, &mut raw).unwrap();
+    assert!(f32s(&raw).iter().all(|&v| v == 3.0));
+}
+
+#[test]
+fn events_order_work_across_queues() {
+    let a = cpu(1, CopyQueue::Destination);
+    let b = cpu(2, CopyQueue::Destination);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let open = gate(&a);
+    let l = log.clone();
+    a.enqueue_host_fn(move || l.lock().unwrap().push("a"))
+        .unwrap();
+    let e = a.event_new().unwrap().unwrap();
+    a.event_record(e).unwrap();
+    assert!(b.can_wait_on(&a));
+    b.event_wait(EventRef { owner: &a, id: e }).unwrap();
+    let l = log.clone();
+    b.enqueue_host_fn(move || l.lock().unwrap().push("b"))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(log.lock().unwrap().is_empty(), "b ran before a's event");
+    drop(open);
+    b.synchronize().unwrap();
+    assert_eq!(*log.lock().unwrap(), ["a", "b"]);
+    a.event_synchronize(e).unwrap();
+    a.event_free(e).unwrap();
+}
+
+/// A producer on backend A, a copy into backend B's memory, a consumer on B: correct in
+/// both copy-queue modes with the waits the design prescribes.
+#[rstest]
+fn cross_backend_copy(#[values(CopyQueue::Source, CopyQueue::Destination)] mode: CopyQueue) {
+    let a = cpu(2, mode);
+    let b = cpu(3, mode);
+    assert_ne!(a.domain(), b.domain());
+    for round in 0..5 {
+        let mut sa = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+        let mut ca = Context::new(&mut sa);
+        let x = ca.new_tensor_1d(DType::F32, 300).unwrap();
+        let y = ca.scale(x, 2.0).unwrap(); // produced on A
+        let (ta, _) = place(&ca, &a);
+        let mut sb = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+        let mut cb = Context::new(&mut sb);
+        let yb = cb.new_tensor_1d(DType::F32, 300).unwrap();
+        let z = cb.scale(yb, 3.0).unwrap(); // consumed on B
+        let (tb, _) = place(&cb, &b);
+        let open = gate(&a);
+        let v: Vec<f32> = (0..300).map(|i| i as f32 + round as f32).collect();
+        a.set_tensor_async(&ta[x.index()], 0, &bytes(&v)).unwrap();
+        a.graph_compute(&ta, &[y]).unwrap();
+        if mode == CopyQueue::Destination {
+            // HB1: B's queue waits for the producer's event before the copy.
+            let e = a.event_new().unwrap().unwrap();
+            a.event_record(e).unwrap();
+            b.event_wait(EventRef { owner: &a, id: e }).unwrap();
+        }
+        assert!(b
+            .cpy_tensor_async(&a, &ta[y.index()], &tb[yb.index()])
+            .unwrap());
+        b.graph_compute(&tb, &[z]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        drop(open);
+        b.synchronize().unwrap();
+        a.synchronize().unwrap();
+        let mut out = vec![0u8; 1200];
+        b.get_tensor(&tb[z.index()], 0, &mut out).unwrap();
+        let want: Vec<f32> = v.iter().map(|x| x * 2.0 * 3.0).collect();
+        assert_eq!(f32s(&out), want, "{mode:?} round {round}");
+    }
+}
+
+#[test]
+fn bad_ops_surface_at_synchronize_and_the_queue_survives() {
+    let be = cpu(2, CopyQueue::Destination);
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
+    let mut ctx = Context::new(&mut s);
+    let emb = ctx.new_tensor(DType::F32, [8, 4, 1, 1]).unwrap();
+    let idx = ctx.new_tensor(DType::I32, [2, 1, 1, 1]).unwrap();
+    let rows = ctx.get_rows(emb, idx).unwrap();
+    ctx.set_name(rows, "inp_embd").unwrap();
+    let w = ctx.new_tensor(DType::Q8_1, [32, 2, 1, 1]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [32, 1, 1, 1]).unwrap();
+    let mm = ctx.mul_mat(w, x).unwrap();
+    ctx.set_name(mm, "bad_mm").unwrap();
+    let ok = ctx.scale(emb, 0.5).unwrap();
+    let (t, _) = place(&ctx, &be);
+    // Out-of-range row index.
+    be.set_tensor_async(&t[idx.index()], 0, &[1, 0, 0, 0, 9, 0, 0, 0])
+        .unwrap();
+    be.graph_compute(&t, &[rows]).unwrap();
+    let e = be.synchronize().unwrap_err();
+    assert_eq!(e.kind, BackendErrorKind::BadData);
+    assert_eq!(e.op, Some("GET_ROWS"));
+    assert_eq!(e.tensor.as_str(), "inp_embd");
+    // Unsupported op (Q8_1 weights) reported as such, naming the node.
+    assert!(!be.supports_op(&t, mm));
+    be.graph_compute(&t, &[mm]).unwrap();
+    let e = be.synchronize().unwrap_err();
+    assert_eq!(
+        (e.kind, e.op, e.tensor.as_str()),
+        (BackendErrorKind::UnsupportedOp, Some("MUL_MAT"), "bad_mm")
+    );
+    // The queue still works, and errors were cleared.
+    be.set_tensor_async(&t[emb.index()], 0, &bytes(&[4.0; 32]))
+        .unwrap();
+    be.graph_compute(&t, &[ok]).unwrap();
+    be.synchronize().unwrap();
+    let mut out = vec![0u8; 128];
+    be.get_tensor(&t[ok.index()], 0, &mut out).unwrap();
+    assert!(f32s(&out).iter().all(|&v| v == 2.0));
+    // A tensor whose buffer was freed is an error, not a crash.
+    let mut gone = t[ok.index()];
+    gone.data = Some(DataRef {
+        buffer: ggml_core::BufferId {
+            domain: be.domain(),
+            index: 999,
+        },
+        addr: 64,
+    });
+    let mut t2 = t.clone();
+    t2[ok.index()] = gone;
+    be.graph_compute(&t2, &[ok]).unwrap();
+    assert_eq!(
+        be.synchronize().unwrap_err().kind,
+        BackendErrorKind::InvalidArgument
+    );
+}
+
+#[test]
+fn drop_does_not_hang() {
+    let a = cpu(2, CopyQueue::Destination);
+    let b = cpu(3, CopyQueue::Destination);
+    let open = gate(&b);
+    let e = b.event_new().unwrap().unwrap();
+    b.event_record(e).unwrap(); // stuck behind the gate
+    a.event_wait(EventRef { owner: &b, id: e }).unwrap();
+    for _ in 0..100 {
+        a.enqueue_host_fn(|| std::thread::sleep(Duration::from_millis(1)))
+            .unwrap();
+    }
+    let t0 = Instant::now();
+    drop(a); // its queue is waiting on b's event: the wait is abandoned
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // Dropping b with its queue gated by a host function that ends when the sender goes.
+    let c = cpu(1, CopyQueue::Destination);
+    let e2 = b.event_new().unwrap().unwrap();
+    b.event_record(e2).unwrap();
+    c.event_wait(EventRef { owner: &b, id: e2 }).unwrap();
+    drop(open);
+    drop(b); // c's wait ends when b's events complete or b is gone
+    c.synchronize().unwrap();
+}
+
+#[test]
+fn host_buffers_are_read_only_when_shared() {
+    let be = cpu(2, CopyQueue::Destination);
+    let weights: Vec<u8> = bytes(&(0..64).map(|i| i as f32).collect::<Vec<_>>());
+    let hb = CpuBackend::host_buffer(Arc::new(weights));
+    assert_eq!(hb.id.domain, ggml_core::MemoryDomain::HOST);
+    assert!(be.supports_domain(hb.id.domain));
+    assert!(be.buffer_set(hb.id, 0, &[1, 2]).is_err());
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+    let mut ctx = Context::new(&mut s);
+    let w = ctx.new_tensor(DType::F32, [16, 4, 1, 1]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [16, 1, 1, 1]).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let (mut t, _) = place(&ctx, &be);
+    t[w.index()].data = Some(DataRef {
+        buffer: hb.id,
+        addr: hb.base,
+    });
+    be.set_tensor_async(&t[x.index()], 0, &bytes(&[1.0; 16]))
+        .unwrap();
+    be.graph_compute(&t, &[y]).unwrap();
+    be.synchronize().unwrap();
+    let mut out = vec![0u8; 16];
+    be.get_tensor(&t[y.index()], 0, &mut out).unwrap();
+    let want: Vec<f32> = (0..4)
+        .map(|r| (0..16).map(|c| (r * 16 + c) as f32).sum())
+        .collect();
+    assert_eq!(f32s(&out), want);
+    // Writing into it from a graph is refused.
+    let z = TensorId(y.0);
+    let mut t2 = t.clone();
+    t2[z.index()].data = Some(DataRef {
+        buffer: hb.id,
+        addr: hb.base,
+    });
+    be.graph_compute(&t2, &[z]).unwrap();
+    assert!(be.synchronize().is_err());
+    be.free_buffer(hb.id).unwrap();
+}
+
+#[test]
+fn options_split_threads() {
+    assert_eq!(CpuBackendOptions::split_threads(2, 2), [1, 1]);
+    assert_eq!(CpuBackendOptions::split_threads(5, 2), [3, 2]);
+    assert_eq!(CpuBackendOptions::split_threads(1, 3), [1, 1, 1]);
+    assert!(
+        CpuBackend::new(CpuBackendOptions {
+            n_threads: 0,
+            ..Default::default()
+        })
+        .unwrap()
+        .n_threads()
+            >= 1
+    );
+}
