@@ -290,6 +290,25 @@ impl Backend for CpuBackend {
         })
     }
 
+    /// Wraps the memory read-only in this backend's domain; writes to it fail. The
+    /// trait's contract (memory valid and unchanged until the buffer is freed) is what
+    /// makes this sound; `ptr == 0` or a range past the address space is refused.
+    fn buffer_from_host_ptr(&self, ptr: u64, size: usize) -> BackendResult<Option<BufferInfo>> {
+        let end = ptr.checked_add(size as u64);
+        if ptr == 0 || end.is_none() || usize::try_from(ptr).is_err() {
+            return Err(self.err(BackendErrorKind::InvalidArgument, "bad host pointer"));
+        }
+        // SAFETY: the caller keeps `ptr..ptr+size` valid and unchanged until the buffer
+        // is freed (Backend::buffer_from_host_ptr contract); the region is read-only.
+        let region = unsafe { Region::borrowed(ptr as usize as *const u8, size) };
+        let (id, region) = self.registry().insert(region);
+        Ok(Some(BufferInfo {
+            id,
+            base: region.base(),
+            size,
+        }))
+    }
+
     fn free_buffer(&self, buffer: BufferId) -> BackendResult<()> {
         let r = if buffer.domain == MemoryDomain::HOST {
             HOST.remove(buffer)

@@ -18,7 +18,8 @@ enum Owner {
     Alloc(Layout),
     /// Keeps foreign memory (e.g. a memory map) alive; read-only.
     Shared(#[allow(dead_code)] Arc<dyn AsRef<[u8]> + Send + Sync>),
-    /// Caller-guaranteed memory (see `CpuBackend::host_buffer_raw`).
+    /// Caller-guaranteed memory (see `CpuBackend::host_buffer_raw` and
+    /// `Backend::buffer_from_host_ptr`).
     Raw,
 }
 
@@ -74,6 +75,19 @@ impl Region {
             ptr,
             len,
             writable: true,
+            owner: Owner::Raw,
+        }
+    }
+
+    /// Wraps caller memory read-only.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for reads, and unchanged, until the region is dropped.
+    pub(crate) unsafe fn borrowed(ptr: *const u8, len: usize) -> Region {
+        Region {
+            ptr: ptr as *mut u8,
+            len,
+            writable: false,
             owner: Owner::Raw,
         }
     }

@@ -253,6 +253,30 @@ fn host_buffers_are_read_only_when_shared() {
 }
 
 #[test]
+fn buffer_from_host_ptr_reads_in_place_and_refuses_writes() {
+    let be = cpu(1, CopyQueue::Destination);
+    let weights: Vec<u8> = bytes(&(0..64).map(|i| i as f32).collect::<Vec<_>>());
+    let info = be
+        .buffer_from_host_ptr(weights.as_ptr() as u64, weights.len())
+        .unwrap()
+        .expect("the CPU backend reads host memory directly");
+    assert_eq!(info.id.domain, be.domain());
+    assert_eq!(info.base, weights.as_ptr() as u64, "no copy");
+    let mut back = vec![0u8; 8];
+    be.buffer_get(info.id, 4, &mut back).unwrap();
+    assert_eq!(back, weights[4..12]);
+    assert!(be.buffer_set(info.id, 0, &[1]).is_err());
+    assert!(be.buffer_from_host_ptr(0, 16).is_err());
+    assert!(be.buffer_from_host_ptr(u64::MAX - 4, 16).is_err());
+    be.free_buffer(info.id).unwrap();
+    assert_eq!(
+        weights[0..4],
+        0f32.to_le_bytes(),
+        "freeing does not touch the memory"
+    );
+}
+
+#[test]
 fn options_split_threads() {
     assert_eq!(CpuBackendOptions::split_threads(2, 2), [1, 1]);
     assert_eq!(CpuBackendOptions::split_threads(5, 2), [3, 2]);
