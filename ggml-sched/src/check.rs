@@ -565,6 +565,18 @@ impl Backend for CheckedBackend {
         self.inner.supports_domain(domain)
     }
 
+    fn buffer_from_host_ptr(&self, ptr: u64, size: usize) -> BackendResult<Option<BufferInfo>> {
+        let info = self.inner.buffer_from_host_ptr(ptr, size)?;
+        if let Some(info) = info {
+            self.log.forget_buffer(info.id);
+            self.bufs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(info.id, (info.base, info.size));
+        }
+        Ok(info)
+    }
+
     fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo> {
         let info = self.inner.alloc_buffer(size)?;
         self.log.forget_buffer(info.id);

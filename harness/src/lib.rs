@@ -1,7 +1,39 @@
-//! The ggml-rs harness: runs SmolLM2 GGUF models on the ggml-rs crates.
+//! The `ggml-harness` library: SmolLM2 (and any llama GGUF) from file to perplexity.
 //!
-//! - [`tokenizer`]: GPT-2 byte-level BPE with the smollm pre-tokenizer, matching
-//!   llama.cpp's token ids exactly.
+//! - [`gguf_file`]: a memory-mapped, validated GGUF file;
+//! - [`model`]: hyperparameters, weights and the forward graph;
+//! - [`tokenizer`]: GPT-2 byte-level BPE with the smollm pre-tokenizer;
+//! - [`placement`], [`executor`]: weights and KV cache in backend memory, running passes;
+//! - [`perplexity`]: llama-perplexity's method, exactly;
+//! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download.
 #![warn(missing_docs)]
 
+pub mod batch;
+pub mod bench;
+pub mod devices;
+pub mod error;
+pub mod executor;
+pub mod gguf_file;
+pub mod gguf_writer;
+pub mod model;
+pub mod perplexity;
+pub mod placement;
+pub mod regress;
+pub mod session;
+pub mod synthetic;
 pub mod tokenizer;
+
+#[path = "../../xtask/src/fetch.rs"]
+#[allow(dead_code)]
+mod fetch;
+
+/// The regression corpus (GNU GPL v3 text, which permits verbatim copies), embedded.
+pub fn default_corpus() -> &'static str {
+    include_str!("../data/gpl-3.txt")
+}
+
+/// The cached SmolLM2-135M-Instruct Q4_1 model, downloaded and verified if missing
+/// (the same code as `cargo xtask fetch-model`).
+pub fn default_model_path() -> error::Result<std::path::PathBuf> {
+    fetch::fetch_model().map_err(|e| error::HarnessError::Model(format!("default model: {e}")))
+}

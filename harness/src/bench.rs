@@ -1,0 +1,116 @@
+//! `bench`: prompt processing and generation speed, as llama-bench measures them.
+
+use std::time::Instant;
+
+use crate::batch::Batch;
+use crate::error::{HarnessError, Result};
+use crate::executor::Executor;
+use crate::model::Model;
+use crate::placement::KvCache;
+
+/// One measured test (`pp512`, `tg128`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct BenchResult {
+    /// Test name as llama-bench prints it.
+    pub test: String,
+    /// Tokens per repetition.
+    pub n_tokens: usize,
+    /// Mean tokens per second over repetitions.
+    pub tps_mean: f64,
+    /// Standard deviation of tokens per second.
+    pub tps_stddev: f64,
+    /// Tokens per second of each repetition.
+    pub samples: Vec<f64>,
+}
+
+fn summarize(test: String, n_tokens: usize, samples: Vec<f64>) -> BenchResult {
+    let n = samples.len() as f64;
+    let mean = samples.iter().sum::<f64>() / n;
+    let var = if samples.len() > 1 {
+        samples.iter().map(|s| (s - mean) * (s - mean)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    BenchResult {
+        test,
+        n_tokens,
+        tps_mean: mean,
+        tps_stddev: var.sqrt(),
+        samples,
+    }
+}
+
+/// Token ids that exist in any vocabulary of `n_vocab` tokens (llama-bench uses random
+/// tokens; content does not change the work done).
+fn tokens(n: usize, n_vocab: usize) -> impl Iterator<Item = u32> {
+    (0..n).map(move |i| ((i * 7919 + 13) % n_vocab) as u32)
+}
+
+/// Prompt processing: one batch of `n_prompt` tokens into an empty cache, `reps` times
+/// after one warm-up run.
+pub fn bench_pp(
+    model: &Model,
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    n_prompt: usize,
+    reps: usize,
+) -> Result<BenchResult> {
+    if n_prompt == 0 || reps == 0 {
+        return Err(HarnessError::Usage("-p and -r must be at least 1".into()));
+    }
+    let mut batch = Batch::default();
+    for (i, t) in tokens(n_prompt, model.hp.n_vocab).enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == n_prompt);
+    }
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        kv.clear();
+        let t = Instant::now();
+        exec.forward(model, kv, &batch)?;
+        if rep > 0 {
+            samples.push(n_prompt as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(summarize(format!("pp{n_prompt}"), n_prompt, samples))
+}
+
+/// Generation: `n_gen` single-token decodes after an empty context, `reps` times after
+/// one warm-up run.
+pub fn bench_tg(
+    model: &Model,
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    n_gen: usize,
+    reps: usize,
+) -> Result<BenchResult> {
+    if n_gen == 0 || reps == 0 {
+        return Err(HarnessError::Usage("-n and -r must be at least 1".into()));
+    }
+    let toks: Vec<u32> = tokens(n_gen, model.hp.n_vocab).collect();
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        kv.clear();
+        let t = Instant::now();
+        for (i, &tok) in toks.iter().enumerate() {
+            let mut b = Batch::default();
+            b.push(tok, i as i32, 0, true);
+            exec.forward(model, kv, &b)?;
+        }
+        if rep > 0 {
+            samples.push(n_gen as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(summarize(format!("tg{n_gen}"), n_gen, samples))
+}
+
+/// A Markdown table like llama-bench's.
+pub fn table(model_name: &str, threads: usize, devices: &str, results: &[BenchResult]) -> String {
+    let mut s = String::from("| model | threads | devices | test | t/s |\n|---|---|---|---|---|\n");
+    for r in results {
+        s.push_str(&format!(
+            "| {model_name} | {threads} | {devices} | {} | {:.2} ± {:.2} |\n",
+            r.test, r.tps_mean, r.tps_stddev
+        ));
+    }
+    s
+}

@@ -1,0 +1,478 @@
+//! `ggml-harness`: perplexity and tokenization on GGUF llama models.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use harness::error::{HarnessError, Result};
+use harness::perplexity::{perplexity, PplSettings};
+use harness::session::{RunConfig, Session, SplitMode};
+use harness::{default_corpus, default_model_path};
+
+/// Perplexity and tokenization on GGUF llama models, on CPU and CUDA backends.
+#[derive(Parser, Debug)]
+#[command(name = "ggml-harness", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Perplexity of a model over a text, as llama-perplexity computes it.
+    Perplexity(PplArgs),
+    /// Prints the token ids of a text, one per line.
+    Tokenize {
+        /// GGUF model (default: the cached SmolLM2, downloaded if missing).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Text file (default: the embedded GPL-3 corpus).
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Runs perplexity over a matrix of devices, split modes, pipeline slots and threads;
+    /// fails if any two cells differ in bits.
+    Regress(RegressArgs),
+    /// Prompt-processing and generation speed, like llama-bench.
+    Bench(BenchArgs),
+    /// Downloads the default model into the cache and prints its path.
+    FetchModel,
+}
+
+#[derive(Args, Debug)]
+struct RegressArgs {
+    /// Which matrix: `cpu` (cpu, cpu:2..4 x none/layer x n_copies 1,2,4 x threads 1,2).
+    #[arg(long, default_value = "cpu")]
+    devices_matrix: String,
+    /// GGUF model (default: the cached SmolLM2, downloaded if missing).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Text file (default: the embedded GPL-3 corpus).
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Tokens per decode call.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// Process at most this many chunks per cell.
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Check races in every cell (any race fails the run).
+    #[arg(long)]
+    check_races: bool,
+    /// Random delays in CPU queues from this seed.
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// GGUF model (default: the cached SmolLM2, downloaded if missing).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt tokens of the pp test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens of the tg test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test (after one warm-up).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct PplArgs {
+    /// GGUF model (default: the cached SmolLM2, downloaded if missing).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Text file (default: the embedded GPL-3 corpus).
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Tokens per decode call.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Process at most this many chunks.
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Print one JSON object instead of llama-perplexity's text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Devices and how to use them (shared by perplexity and bench).
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Threads in total (shared by virtual CPU devices).
+    #[arg(short = 't', long, default_value_t = default_threads())]
+    threads: usize,
+    /// Devices: cpu, cpu:N, cuda:G, cuda:GxN, comma-separated.
+    #[arg(long, default_value = "cpu")]
+    devices: String,
+    /// How to spread the model over the devices.
+    #[arg(long, value_enum, default_value_t = SplitMode::None)]
+    split_mode: SplitMode,
+    /// Pipeline slots (layer split).
+    #[arg(long, default_value_t = 1)]
+    n_copies: usize,
+    /// Check every queue access for races (happens-before checker); races are printed on
+    /// stderr and make the run fail.
+    #[arg(long)]
+    check_races: bool,
+    /// Random delays in CPU queues from this seed (chaos mode).
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// Queue on which copies between CPU devices run.
+    #[arg(long, value_enum, default_value_t = CopyQueueArg::Destination)]
+    cpu_copy_queue: CopyQueueArg,
+    /// Weaken the scheduler on purpose: own-event, no-slot-wait, async-user-input,
+    /// no-alloc-wait (to watch the checker catch each bug).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    weaken: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum CopyQueueArg {
+    /// On the source device's queue (CUDA style).
+    Source,
+    /// On the destination device's queue.
+    Destination,
+}
+
+impl RunArgs {
+    fn config(&self) -> Result<RunConfig> {
+        let weaken = self
+            .weaken
+            .iter()
+            .map(|w| {
+                ggml_sched::WeakenKnob::from_name(w).ok_or_else(|| {
+                    HarnessError::Usage(format!(
+                        "--weaken {w}: expected own-event, no-slot-wait, async-user-input or no-alloc-wait"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RunConfig {
+            devices: self.devices.parse()?,
+            split_mode: self.split_mode,
+            n_copies: self.n_copies,
+            threads: self.threads,
+            chaos: self.chaos,
+            check_races: self.check_races,
+            weaken,
+            cpu_copy_queue: match self.cpu_copy_queue {
+                CopyQueueArg::Source => ggml_core::CopyQueue::Source,
+                CopyQueueArg::Destination => ggml_core::CopyQueue::Destination,
+            },
+        })
+    }
+}
+
+/// Prints the races a checked session found; an error if there were any.
+fn report_races(session: &Session) -> Result<usize> {
+    let Some(log) = &session.race_log else {
+        return Ok(0);
+    };
+    let n = log.race_count();
+    if n > 0 {
+        eprintln!("{}", log.summary(20));
+    }
+    Ok(n)
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn read_text(file: &Option<PathBuf>) -> Result<String> {
+    match file {
+        Some(p) => {
+            let mut s = std::fs::read_to_string(p).map_err(|source| HarnessError::Io {
+                path: p.display().to_string(),
+                source,
+            })?;
+            // llama.cpp's -f drops one trailing newline.
+            if s.ends_with('\n') {
+                s.pop();
+            }
+            Ok(s)
+        }
+        None => {
+            let mut s = default_corpus().to_string();
+            if s.ends_with('\n') {
+                s.pop();
+            }
+            Ok(s)
+        }
+    }
+}
+
+fn model_path(model: &Option<PathBuf>) -> Result<PathBuf> {
+    match model {
+        Some(p) => Ok(p.clone()),
+        None => default_model_path(),
+    }
+}
+
+fn run_perplexity(a: PplArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let config = a.run.config()?;
+    let session = Session::open(&model_path(&a.model)?, config.clone())?;
+    let text = read_text(&a.file)?;
+    // As common_tokenize(add_special = true): BOS first when the vocabulary adds it.
+    let tokens = session.tokenizer.encode(&text);
+    let bos = session
+        .tokenizer
+        .add_bos()
+        .then(|| session.tokenizer.bos())
+        .flatten();
+    let n_seq = (a.batch / a.ctx).max(1);
+    let mut kv = session.kv_cache(a.ctx * n_seq)?;
+    let mut exec = session.executor()?;
+    let settings = PplSettings {
+        n_ctx: a.ctx,
+        n_batch: a.batch,
+        max_chunks: a.chunks,
+    };
+    let show_bar = !a.json && std::io::stderr().is_terminal();
+    let bar = show_bar.then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} chunks, {elapsed} elapsed, eta {eta}",
+            )
+            .expect("valid template"),
+        );
+        b
+    });
+    if !a.json {
+        let n_chunk = (tokens.len() / a.ctx).min(a.chunks.unwrap_or(usize::MAX));
+        eprintln!(
+            "perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={}, batch_size={}, n_seq={n_seq}",
+            a.ctx,
+            a.batch.min(a.ctx * n_seq)
+        );
+    }
+    let mut printed = String::new();
+    let r = perplexity(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &tokens,
+        bos,
+        settings,
+        |i, n, p| {
+            if let Some(b) = &bar {
+                b.set_length(n as u64);
+                b.set_position(i as u64 + 1);
+            }
+            if !a.json {
+                let s = format!("[{}]{p:.4},", i + 1);
+                printed.push_str(&s);
+                if let Some(b) = &bar {
+                    b.println(&s);
+                } else {
+                    print!("{s}");
+                    let _ = std::io::stdout().flush();
+                }
+            }
+        },
+    )?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let races = report_races(&session)?;
+    if a.json {
+        let v = serde_json::json!({
+            "ppl": r.ppl,
+            "ppl_f64_bits": format!("{:016x}", r.ppl.to_bits()),
+            "ppl_stderr": r.ppl_stderr,
+            "nll_sum": r.nll_sum,
+            "n_scored": r.n_scored,
+            "chunks": r.chunks,
+            "logits_sha256": r.logits_sha256,
+            "devices": config.devices.to_string(),
+            "split_mode": config.split_mode,
+            "n_copies": config.n_copies,
+            "seconds": seconds,
+            "races": races,
+        });
+        println!("{v}");
+    } else {
+        println!();
+        println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.ppl_stderr);
+        eprintln!("({} tokens scored in {seconds:.1} s)", r.n_scored);
+    }
+    if races > 0 {
+        return Err(HarnessError::Usage(format!(
+            "the happens-before checker found {races} races"
+        )));
+    }
+    Ok(())
+}
+
+fn run_bench(a: BenchArgs) -> Result<()> {
+    let config = a.run.config()?;
+    let path = model_path(&a.model)?;
+    let session = Session::open(&path, config.clone())?;
+    let mut kv = session.kv_cache(a.n_prompt.max(a.n_gen).max(1))?;
+    let mut exec = session.executor()?;
+    let mut results = Vec::new();
+    if a.n_prompt > 0 {
+        results.push(harness::bench::bench_pp(
+            &session.model,
+            exec.as_mut(),
+            &mut kv,
+            a.n_prompt,
+            a.reps,
+        )?);
+    }
+    if a.n_gen > 0 {
+        results.push(harness::bench::bench_tg(
+            &session.model,
+            exec.as_mut(),
+            &mut kv,
+            a.n_gen,
+            a.reps,
+        )?);
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    if a.json {
+        let v = serde_json::json!({
+            "model": name,
+            "threads": config.threads,
+            "devices": config.devices.to_string(),
+            "split_mode": config.split_mode,
+            "n_copies": config.n_copies,
+            "results": results,
+        });
+        println!("{v}");
+    } else {
+        print!(
+            "{}",
+            harness::bench::table(&name, config.threads, &config.devices.to_string(), &results)
+        );
+    }
+    Ok(())
+}
+
+fn run_regress(a: RegressArgs) -> Result<()> {
+    let cells = match a.devices_matrix.as_str() {
+        "cpu" => harness::regress::cpu_matrix(),
+        other => {
+            return Err(HarnessError::Usage(format!(
+                "--devices-matrix {other}: only 'cpu' is available"
+            )))
+        }
+    };
+    let model = model_path(&a.model)?;
+    let text = read_text(&a.file)?;
+    let settings = harness::regress::RegressSettings {
+        ppl: PplSettings {
+            n_ctx: a.ctx,
+            n_batch: a.batch,
+            max_chunks: a.chunks,
+        },
+        check_races: a.check_races,
+        chaos: a.chaos,
+    };
+    let show_bar = !a.json && std::io::stderr().is_terminal();
+    let bar = show_bar.then(|| indicatif::ProgressBar::new(cells.len() as u64));
+    let mut results = Vec::with_capacity(cells.len());
+    for cell in &cells {
+        let r = harness::regress::run_cell(&model, &text, cell, &settings)?;
+        if let Some(b) = &bar {
+            b.inc(1);
+        } else if !a.json {
+            eprintln!(
+                "{} {:?} copies={} threads={}: PPL {:.4} in {:.1} s",
+                r.devices, r.split_mode, r.n_copies, r.threads, r.ppl, r.seconds
+            );
+        }
+        results.push(r);
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&results).map_err(|e| HarnessError::Usage(e.to_string()))?
+        );
+    } else {
+        print!("{}", harness::regress::table(&results));
+    }
+    let races: usize = results.iter().map(|r| r.races).sum();
+    if races > 0 {
+        return Err(HarnessError::Usage(format!(
+            "the happens-before checker found {races} races"
+        )));
+    }
+    harness::regress::check_identical(&results)?;
+    if !a.json {
+        println!("all {} cells bit-identical", results.len());
+    }
+    Ok(())
+}
+
+fn run_tokenize(model: Option<PathBuf>, file: Option<PathBuf>) -> Result<()> {
+    let path = model_path(&model)?;
+    let f = harness::gguf_file::GgufFile::open(&path)?;
+    let tok = harness::tokenizer::Tokenizer::from_gguf(&f.gguf()?)
+        .map_err(|e| HarnessError::Tokenizer(e.to_string()))?;
+    // llama-tokenize keeps the text as is (the reference ids include the final newline).
+    let text = match &file {
+        Some(p) => std::fs::read_to_string(p).map_err(|source| HarnessError::Io {
+            path: p.display().to_string(),
+            source,
+        })?,
+        None => default_corpus().to_string(),
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for id in tok.encode(&text) {
+        writeln!(out, "{id}").map_err(|source| HarnessError::Io {
+            path: "<stdout>".into(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Perplexity(a) => run_perplexity(a),
+        Command::Tokenize { model, file } => run_tokenize(model, file),
+        Command::Bench(a) => run_bench(a),
+        Command::Regress(a) => run_regress(a),
+        Command::FetchModel => default_model_path().map(|p| println!("{}", p.display())),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ggml-harness: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

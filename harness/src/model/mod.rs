@@ -1,0 +1,180 @@
+//! A llama-architecture model loaded from GGUF: hyperparameters, weight descriptors and
+//! their placement in backend memory.
+
+mod graph;
+mod hparams;
+
+pub use graph::{build_forward, BatchShape, ForwardGraph, KvTensors};
+pub use hparams::LlamaHParams;
+
+use ggml_core::{DType, Tensor, TensorFlags, TensorId};
+
+use crate::error::{HarnessError, Result};
+use crate::gguf_file::GgufFile;
+
+/// Weight ids of one transformer block (indices into [`Model::weights`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerWeights {
+    /// `blk.N.attn_norm.weight`, F32 `[n_embd]`.
+    pub attn_norm: TensorId,
+    /// `blk.N.attn_q.weight`, `[n_embd, n_embd]`.
+    pub wq: TensorId,
+    /// `blk.N.attn_k.weight`, `[n_embd, n_embd_kv]`.
+    pub wk: TensorId,
+    /// `blk.N.attn_v.weight`, `[n_embd, n_embd_kv]`.
+    pub wv: TensorId,
+    /// `blk.N.attn_output.weight`, `[n_embd, n_embd]`.
+    pub wo: TensorId,
+    /// `blk.N.ffn_norm.weight`, F32 `[n_embd]`.
+    pub ffn_norm: TensorId,
+    /// `blk.N.ffn_gate.weight`, `[n_embd, n_ff]`.
+    pub ffn_gate: TensorId,
+    /// `blk.N.ffn_up.weight`, `[n_embd, n_ff]`.
+    pub ffn_up: TensorId,
+    /// `blk.N.ffn_down.weight`, `[n_ff, n_embd]`.
+    pub ffn_down: TensorId,
+}
+
+/// Weight dtypes the harness accepts for matrices.
+pub const MATRIX_DTYPES: [DType; 13] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
+
+fn matrix_dtype_ok(d: DType) -> bool {
+    MATRIX_DTYPES.contains(&d)
+}
+
+/// A llama model: hyperparameters and weight descriptors (ids are indices into
+/// `weights` and stay the same in every forward graph).
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// Hyperparameters.
+    pub hp: LlamaHParams,
+    /// Weight descriptors; `data` is set once placed ([`crate::placement`]).
+    pub weights: Vec<Tensor>,
+    /// Byte range of each weight in the GGUF file.
+    pub file_ranges: Vec<std::ops::Range<usize>>,
+    /// `token_embd.weight`, `[n_embd, n_vocab]`.
+    pub tok_embd: TensorId,
+    /// `output_norm.weight`, F32 `[n_embd]`.
+    pub output_norm: TensorId,
+    /// `output.weight`, or `token_embd.weight` when the output is tied.
+    pub output: TensorId,
+    /// Per-layer weights.
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Model {
+    /// Reads the hyperparameters and checks every weight's presence, shape and dtype.
+    pub fn from_gguf(file: &GgufFile) -> Result<Model> {
+        let hp = LlamaHParams::from_gguf(file)?;
+        let mut m = Model {
+            hp: hp.clone(),
+            weights: Vec::new(),
+            file_ranges: Vec::new(),
+            tok_embd: TensorId(0),
+            output_norm: TensorId(0),
+            output: TensorId(0),
+            layers: Vec::with_capacity(hp.n_layer),
+        };
+        let (e, kv, ff, v) = (hp.n_embd, hp.n_embd_kv(), hp.n_ff, hp.n_vocab);
+        m.tok_embd = m.add(file, "token_embd.weight", [e, v], true)?;
+        for il in 0..hp.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            let lw = LayerWeights {
+                attn_norm: m.add(file, &n("attn_norm"), [e, 1], false)?,
+                wq: m.add(file, &n("attn_q"), [e, e], true)?,
+                wk: m.add(file, &n("attn_k"), [e, kv], true)?,
+                wv: m.add(file, &n("attn_v"), [e, kv], true)?,
+                wo: m.add(file, &n("attn_output"), [e, e], true)?,
+                ffn_norm: m.add(file, &n("ffn_norm"), [e, 1], false)?,
+                ffn_gate: m.add(file, &n("ffn_gate"), [e, ff], true)?,
+                ffn_up: m.add(file, &n("ffn_up"), [e, ff], true)?,
+                ffn_down: m.add(file, &n("ffn_down"), [ff, e], true)?,
+            };
+            m.layers.push(lw);
+        }
+        m.output_norm = m.add(file, "output_norm.weight", [e, 1], false)?;
+        m.output = if file.tensor_info("output.weight").is_some() {
+            m.add(file, "output.weight", [e, v], true)?
+        } else {
+            m.tok_embd
+        };
+        Ok(m)
+    }
+
+    fn add(
+        &mut self,
+        file: &GgufFile,
+        name: &str,
+        ne2: [usize; 2],
+        matrix: bool,
+    ) -> Result<TensorId> {
+        let info = file
+            .tensor_info(name)
+            .ok_or_else(|| HarnessError::MissingTensor(name.to_string()))?;
+        let want = [ne2[0], ne2[1], 1, 1];
+        if info.ne != want {
+            return Err(HarnessError::Model(format!(
+                "tensor '{name}' has shape {:?}, expected {want:?}",
+                info.ne
+            )));
+        }
+        let ok = if matrix {
+            matrix_dtype_ok(info.dtype)
+        } else {
+            info.dtype == DType::F32
+        };
+        if !ok {
+            return Err(HarnessError::Model(format!(
+                "tensor '{name}' has unsupported dtype {} ({})",
+                info.dtype,
+                if matrix {
+                    "matrices may be f32, f16, bf16 or a weight quant type"
+                } else {
+                    "norms must be f32"
+                }
+            )));
+        }
+        let mut t = Tensor::contiguous(info.dtype, want).ok_or_else(|| {
+            HarnessError::Model(format!(
+                "tensor '{name}': shape {want:?} does not fit its dtype {}",
+                info.dtype
+            ))
+        })?;
+        if t.nbytes() != info.range.len() {
+            return Err(HarnessError::Model(format!(
+                "tensor '{name}': {} bytes in the file, shape needs {}",
+                info.range.len(),
+                t.nbytes()
+            )));
+        }
+        t.name = ggml_core::Name::new(name);
+        t.flags = TensorFlags::WEIGHT;
+        self.weights.push(t);
+        self.file_ranges.push(info.range.clone());
+        Ok(TensorId(self.weights.len() as u32 - 1))
+    }
+
+    /// The layer a weight belongs to (`None` for embeddings, output norm and output).
+    pub fn layer_of(&self, id: TensorId) -> Option<usize> {
+        self.weights[id.index()]
+            .name
+            .as_str()
+            .strip_prefix("blk.")
+            .and_then(|s| s.split('.').next())
+            .and_then(|s| s.parse().ok())
+    }
+}

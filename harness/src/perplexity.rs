@@ -1,0 +1,188 @@
+//! Perplexity exactly as `llama-perplexity` computes it (tools/perplexity/perplexity.cpp).
+
+use sha2::{Digest, Sha256};
+
+use crate::batch::Batch;
+use crate::error::{HarnessError, Result};
+use crate::executor::Executor;
+use crate::model::Model;
+use crate::placement::KvCache;
+
+/// Settings of a perplexity run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PplSettings {
+    /// Tokens per chunk (`-c`).
+    pub n_ctx: usize,
+    /// Tokens per decode call (`-b`); chunks are processed `max(1, n_batch / n_ctx)` at a
+    /// time as separate sequences.
+    pub n_batch: usize,
+    /// Process at most this many chunks (`--chunks`), all if `None`.
+    pub max_chunks: Option<usize>,
+}
+
+/// Result of a perplexity run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PplResult {
+    /// Final perplexity `exp(mean nll)`.
+    pub ppl: f64,
+    /// Its uncertainty, as llama-perplexity prints it.
+    pub ppl_stderr: f64,
+    /// Sum of negative log-likelihoods.
+    pub nll_sum: f64,
+    /// Tokens scored.
+    pub n_scored: usize,
+    /// The running perplexity after each chunk.
+    pub chunks: Vec<f64>,
+    /// SHA-256 over the f32 bits (little endian) of every scored logit row, in order.
+    pub logits_sha256: String,
+}
+
+/// `log_softmax` of perplexity.cpp: the max in f32, the sum of `expf` in f64 in vocab
+/// order, and `logit[tok] - max` in f32 before subtracting `log(sum)` in f64. Returns
+/// the negative log-likelihood of `tok`.
+pub fn token_nll(logits: &[f32], tok: usize) -> f64 {
+    let max = logits.iter().copied().fold(logits[0], f32::max);
+    let mut sum = 0.0f64;
+    for &l in logits {
+        sum += f64::from((l - max).exp());
+    }
+    -(f64::from(logits[tok] - max) - sum.ln())
+}
+
+/// Runs perplexity over `tokens` and reports progress per chunk to `on_chunk(i, n, ppl)`.
+pub fn perplexity(
+    model: &Model,
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    bos: Option<u32>,
+    s: PplSettings,
+    mut on_chunk: impl FnMut(usize, usize, f64),
+) -> Result<PplResult> {
+    let n_ctx = s.n_ctx;
+    if n_ctx < 4 || n_ctx % 2 != 0 {
+        return Err(HarnessError::Usage(format!(
+            "--ctx {n_ctx}: must be even and at least 4"
+        )));
+    }
+    if tokens.len() < 2 * n_ctx {
+        return Err(HarnessError::Usage(format!(
+            "the text has {} tokens; perplexity needs at least 2 * ctx = {}",
+            tokens.len(),
+            2 * n_ctx
+        )));
+    }
+    if s.n_batch == 0 || (s.n_batch < n_ctx && n_ctx % s.n_batch != 0) {
+        return Err(HarnessError::Usage(format!(
+            "--batch {}: must divide --ctx {n_ctx} or be a multiple of it",
+            s.n_batch
+        )));
+    }
+    let mut n_chunk = tokens.len() / n_ctx;
+    if let Some(m) = s.max_chunks {
+        n_chunk = n_chunk.min(m);
+    }
+    let n_vocab = model.hp.n_vocab;
+    let first = n_ctx / 2;
+    let n_seq = (s.n_batch / n_ctx).max(1);
+    let n_batch = s.n_batch.min(n_ctx);
+    let num_batches = n_ctx.div_ceil(n_batch);
+    let mut hasher = Sha256::new();
+    let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
+    let mut chunks = Vec::with_capacity(n_chunk);
+
+    let mut i = 0;
+    while i < n_chunk {
+        let seqs = n_seq.min(n_chunk - i);
+        kv.clear();
+        // Logits of each sequence, concatenated in batch order as perplexity.cpp does.
+        let mut seq_logits: Vec<Vec<f32>> = vec![Vec::new(); seqs];
+        for j in 0..num_batches {
+            let mut batch = Batch::default();
+            for seq in 0..seqs {
+                let start = (i + seq) * n_ctx + j * n_batch;
+                for k in 0..n_batch {
+                    let pos = j * n_batch + k;
+                    let mut tok = tokens[start + k];
+                    if pos == 0 {
+                        if let Some(b) = bos {
+                            tok = b;
+                        }
+                    }
+                    batch.push(tok, pos as i32, seq as u32, pos >= first);
+                }
+            }
+            if batch.n_outputs() == 0 {
+                // Nothing scored in this batch; it only fills the cache.
+                batch.output[0] = true;
+                exec.forward(model, kv, &batch)?;
+                continue;
+            }
+            let logits = exec.forward(model, kv, &batch)?;
+            let mut row = 0;
+            for (k, &out) in batch.output.iter().enumerate() {
+                if out {
+                    let seq = batch.seq[k] as usize;
+                    seq_logits[seq].extend_from_slice(&logits[row * n_vocab..(row + 1) * n_vocab]);
+                    row += 1;
+                }
+            }
+        }
+        for (seq, logits) in seq_logits.iter().enumerate() {
+            let start = (i + seq) * n_ctx;
+            // Rows are positions first..n_ctx-1; the last is computed but not scored.
+            for (r, pos) in (first..n_ctx - 1).enumerate() {
+                let l = &logits[r * n_vocab..(r + 1) * n_vocab];
+                for x in l {
+                    hasher.update(x.to_bits().to_le_bytes());
+                }
+                let v = token_nll(l, tokens[start + pos + 1] as usize);
+                nll += v;
+                nll2 += v * v;
+                count += 1;
+            }
+            let running = (nll / count as f64).exp();
+            chunks.push(running);
+            on_chunk(i + seq, n_chunk, running);
+        }
+        i += seqs;
+    }
+    let mean = nll / count as f64;
+    let ppl = mean.exp();
+    let var = nll2 / count as f64 - mean * mean;
+    let ppl_stderr = if var > 0.0 && count > 1 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
+    Ok(PplResult {
+        ppl,
+        ppl_stderr,
+        nll_sum: nll,
+        n_scored: count,
+        chunks,
+        logits_sha256: hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nll_of_uniform_logits_is_log_vocab() {
+        let l = vec![0.5f32; 1000];
+        assert!((token_nll(&l, 3) - (1000f64).ln()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn nll_prefers_the_largest_logit() {
+        let l = [0.0f32, 5.0, 1.0];
+        assert!(token_nll(&l, 1) < token_nll(&l, 2));
+        assert!(token_nll(&l, 1) > 0.0);
+    }
+}

@@ -1,0 +1,192 @@
+//! The regression matrix: perplexity over devices x split modes x pipeline slots x
+//! threads, every cell bit-identical (DESIGN.md invariant 2).
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::devices::DeviceList;
+use crate::error::{HarnessError, Result};
+use crate::perplexity::{perplexity, PplSettings};
+use crate::session::{RunConfig, Session, SplitMode};
+
+/// One cell of the matrix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cell {
+    /// Devices.
+    pub devices: DeviceList,
+    /// Split mode.
+    pub split: SplitMode,
+    /// Pipeline slots.
+    pub n_copies: usize,
+    /// Threads in total.
+    pub threads: usize,
+}
+
+/// The CPU matrix: `cpu` with split none, and `cpu:2..4` with layer split, each with
+/// n_copies {1, 2, 4}, all with threads {1, 2}.
+pub fn cpu_matrix() -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for threads in [1, 2] {
+        cells.push(Cell {
+            devices: "cpu".parse().expect("valid"),
+            split: SplitMode::None,
+            n_copies: 1,
+            threads,
+        });
+        for n in [2, 3, 4] {
+            for n_copies in [1, 2, 4] {
+                cells.push(Cell {
+                    devices: format!("cpu:{n}").parse().expect("valid"),
+                    split: SplitMode::Layer,
+                    n_copies,
+                    threads,
+                });
+            }
+        }
+    }
+    cells
+}
+
+/// What one cell measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CellResult {
+    /// Devices.
+    pub devices: String,
+    /// Split mode.
+    pub split_mode: SplitMode,
+    /// Pipeline slots.
+    pub n_copies: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Perplexity.
+    pub ppl: f64,
+    /// Its f64 bits in hex.
+    pub ppl_f64_bits: String,
+    /// SHA-256 of every scored logit.
+    pub logits_sha256: String,
+    /// Wall time of the cell.
+    pub seconds: f64,
+    /// Host syncs per forward pass (from the scheduler).
+    pub host_syncs_per_forward: f64,
+    /// Races the checker found (0 when not checking).
+    pub races: usize,
+}
+
+/// Settings shared by every cell.
+#[derive(Clone, Debug)]
+pub struct RegressSettings {
+    /// Perplexity settings.
+    pub ppl: PplSettings,
+    /// Check races in every cell.
+    pub check_races: bool,
+    /// Chaos seed (each cell uses it).
+    pub chaos: Option<u64>,
+}
+
+/// Runs one cell.
+pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> Result<CellResult> {
+    let t0 = Instant::now();
+    let mut config = RunConfig::simple(
+        cell.devices.clone(),
+        cell.split,
+        cell.n_copies,
+        cell.threads,
+    );
+    config.check_races = s.check_races;
+    config.chaos = s.chaos;
+    let session = Session::open(model, config)?;
+    let tokens = session.tokenizer.encode(text);
+    let bos = session
+        .tokenizer
+        .add_bos()
+        .then(|| session.tokenizer.bos())
+        .flatten();
+    let n_seq = (s.ppl.n_batch / s.ppl.n_ctx).max(1);
+    let mut kv = session.kv_cache(s.ppl.n_ctx * n_seq)?;
+    let mut exec = session.executor()?;
+    let r = perplexity(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &tokens,
+        bos,
+        s.ppl,
+        |_, _, _| {},
+    )?;
+    let races = session.race_log.as_ref().map_or(0, |l| l.race_count());
+    if races > 0 {
+        if let Some(l) = &session.race_log {
+            eprintln!("{}", l.summary(10));
+        }
+    }
+    Ok(CellResult {
+        devices: cell.devices.to_string(),
+        split_mode: cell.split,
+        n_copies: cell.n_copies,
+        threads: cell.threads,
+        ppl: r.ppl,
+        ppl_f64_bits: format!("{:016x}", r.ppl.to_bits()),
+        logits_sha256: r.logits_sha256,
+        seconds: t0.elapsed().as_secs_f64(),
+        host_syncs_per_forward: exec.host_syncs_per_forward().unwrap_or(0.0),
+        races,
+    })
+}
+
+/// A Markdown table of results.
+pub fn table(results: &[CellResult]) -> String {
+    let mut s = String::from(
+        "| devices | split | copies | threads | PPL | PPL bits | logits sha256 | seconds | host syncs/fwd | races |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in results {
+        s.push_str(&format!(
+            "| {} | {:?} | {} | {} | {:.4} | {} | {}… | {:.1} | {:.2} | {} |\n",
+            r.devices,
+            r.split_mode,
+            r.n_copies,
+            r.threads,
+            r.ppl,
+            r.ppl_f64_bits,
+            &r.logits_sha256[..16],
+            r.seconds,
+            r.host_syncs_per_forward,
+            r.races
+        ));
+    }
+    s
+}
+
+/// Checks that every cell has the same bits as the first; the error names each cell
+/// that differs.
+pub fn check_identical(results: &[CellResult]) -> Result<()> {
+    let Some(first) = results.first() else {
+        return Ok(());
+    };
+    let moved: Vec<String> = results
+        .iter()
+        .filter(|r| r.ppl_f64_bits != first.ppl_f64_bits || r.logits_sha256 != first.logits_sha256)
+        .map(|r| {
+            format!(
+                "{} {:?} copies={} threads={}: PPL {} (bits {}) vs {} (bits {})",
+                r.devices,
+                r.split_mode,
+                r.n_copies,
+                r.threads,
+                r.ppl,
+                r.ppl_f64_bits,
+                first.ppl,
+                first.ppl_f64_bits
+            )
+        })
+        .collect();
+    if moved.is_empty() {
+        Ok(())
+    } else {
+        Err(HarnessError::Usage(format!(
+            "{} cells differ from the first cell:\n  {}",
+            moved.len(),
+            moved.join("\n  ")
+        )))
+    }
+}

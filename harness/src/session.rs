@@ -1,0 +1,227 @@
+//! A loaded model ready to run: file, weights placed on devices, KV cache, executor.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ggml_core::Backend;
+
+use crate::devices::{DeviceList, DeviceSpec};
+use crate::error::{HarnessError, Result};
+use crate::executor::{DirectExecutor, Executor, SchedExecutor};
+use crate::gguf_file::GgufFile;
+use crate::model::Model;
+use crate::placement::{place_weights, KvCache, LayerMap, OwnedBuffer};
+use crate::tokenizer::Tokenizer;
+
+/// How the model is spread over devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SplitMode {
+    /// Everything on one device.
+    None,
+    /// Consecutive layers per device (pipeline parallelism).
+    Layer,
+    /// Column-parallel tensor parallelism, bit-exact.
+    Tensor,
+    /// Row-parallel tensor parallelism with all-reduce.
+    TensorReduce,
+}
+
+/// Settings that choose devices and how to use them.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Devices to run on.
+    pub devices: DeviceList,
+    /// Split mode.
+    pub split_mode: SplitMode,
+    /// Pipeline slots.
+    pub n_copies: usize,
+    /// Threads in total (shared between virtual CPU devices).
+    pub threads: usize,
+    /// Seed of random delays in CPU queues (chaos mode), `None` for none.
+    pub chaos: Option<u64>,
+    /// Wrap every backend in the happens-before checker.
+    pub check_races: bool,
+    /// Weakened scheduler rules (for demonstrating the checker).
+    pub weaken: Vec<ggml_sched::WeakenKnob>,
+    /// Queue on which copies between CPU devices run.
+    pub cpu_copy_queue: ggml_core::CopyQueue,
+}
+
+impl RunConfig {
+    /// One device, `threads` threads, no chaos or checking.
+    pub fn simple(
+        devices: DeviceList,
+        split_mode: SplitMode,
+        n_copies: usize,
+        threads: usize,
+    ) -> RunConfig {
+        RunConfig {
+            devices,
+            split_mode,
+            n_copies,
+            threads,
+            chaos: None,
+            check_races: false,
+            weaken: Vec::new(),
+            cpu_copy_queue: ggml_core::CopyQueue::Destination,
+        }
+    }
+}
+
+/// Creates the backends of `config.devices`, giving CPU instances `threads / n_cpu`
+/// threads each (at least one) and chaos seeds `seed + i`.
+pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
+    let (devices, threads) = (&config.devices, config.threads);
+    let n_cpu: usize = devices
+        .0
+        .iter()
+        .map(|d| match d {
+            DeviceSpec::Cpu { count } => *count,
+            DeviceSpec::Cuda { .. } => 0,
+        })
+        .sum();
+    let per_cpu = threads.checked_div(n_cpu).map_or(1, |t| t.max(1));
+    let mut out: Vec<Arc<dyn Backend>> = Vec::new();
+    for d in &devices.0 {
+        match *d {
+            DeviceSpec::Cpu { count } => {
+                for _ in 0..count {
+                    let opts = ggml_cpu::CpuBackendOptions {
+                        n_threads: per_cpu,
+                        copy_queue: config.cpu_copy_queue,
+                        chaos: config.chaos.map(|s| s.wrapping_add(out.len() as u64)),
+                        ..Default::default()
+                    };
+                    out.push(Arc::new(ggml_cpu::CpuBackend::new(opts)?));
+                }
+            }
+            DeviceSpec::Cuda { gpu, count } => {
+                for b in ggml_cuda::CudaBackend::new_virtual(gpu, count as u32)? {
+                    out.push(Arc::new(b));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A model loaded for running.
+pub struct Session {
+    /// The mapped file (weights may point into it).
+    pub file: GgufFile,
+    /// The model.
+    pub model: Model,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The backends.
+    pub backends: Vec<Arc<dyn Backend>>,
+    /// The configuration.
+    pub config: RunConfig,
+    /// Where layers live.
+    pub layers: LayerMap,
+    /// The race log when `config.check_races` is set.
+    pub race_log: Option<Arc<ggml_sched::RaceLog>>,
+    _weights: Vec<OwnedBuffer>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Session({}, {} on {})",
+            self.file.path().display(),
+            self.config.devices,
+            self.backends.len()
+        )
+    }
+}
+
+impl Session {
+    /// Opens `path`, checks the configuration and places the weights.
+    pub fn open(path: &Path, config: RunConfig) -> Result<Session> {
+        if config.threads == 0 {
+            return Err(HarnessError::Usage("--threads must be at least 1".into()));
+        }
+        if !(1..=4).contains(&config.n_copies) {
+            return Err(HarnessError::Usage(format!(
+                "--n-copies {}: must be 1 to 4",
+                config.n_copies
+            )));
+        }
+        let n_dev = config.devices.count();
+        match config.split_mode {
+            SplitMode::None => {
+                if n_dev != 1 {
+                    return Err(HarnessError::Usage(format!(
+                        "--split-mode none runs on one device, but --devices {} names {n_dev}; use --split-mode layer",
+                        config.devices
+                    )));
+                }
+                if config.n_copies != 1 {
+                    return Err(HarnessError::Usage(
+                        "--n-copies > 1 needs a pipeline (--split-mode layer)".into(),
+                    ));
+                }
+            }
+            SplitMode::Layer => {}
+            SplitMode::Tensor | SplitMode::TensorReduce => {
+                return Err(HarnessError::Usage(format!(
+                    "--split-mode {}: tensor parallelism is not available yet",
+                    if config.split_mode == SplitMode::Tensor {
+                        "tensor"
+                    } else {
+                        "tensor-reduce"
+                    }
+                )));
+            }
+        }
+        let file = GgufFile::open(path)?;
+        let mut model = Model::from_gguf(&file)?;
+        let tokenizer = Tokenizer::from_gguf(&file.gguf()?)
+            .map_err(|e| HarnessError::Tokenizer(e.to_string()))?;
+        let mut backends = create_backends(&config)?;
+        let race_log = config.check_races.then(ggml_sched::RaceLog::new);
+        if let Some(log) = &race_log {
+            backends = ggml_sched::CheckedBackend::wrap_all(&backends, log);
+        }
+        let layers = LayerMap::even(model.hp.n_layer, backends.len())?;
+        let weights = place_weights(&mut model, &file, &backends, &layers)?;
+        Ok(Session {
+            file,
+            model,
+            tokenizer,
+            backends,
+            config,
+            layers,
+            race_log,
+            _weights: weights,
+        })
+    }
+
+    /// A KV cache for `cells` cells on the session's devices.
+    pub fn kv_cache(&self, cells: usize) -> Result<KvCache> {
+        KvCache::new(&self.model, &self.backends, &self.layers, cells)
+    }
+
+    /// An executor for the session's configuration: every pass goes through the
+    /// scheduler (with one device its plan is trivial).
+    pub fn executor(&self) -> Result<Box<dyn Executor>> {
+        let opts = ggml_sched::SchedOptions {
+            n_copies: self.config.n_copies,
+            weaken: self.config.weaken.iter().copied().collect(),
+            ..Default::default()
+        };
+        Ok(Box::new(SchedExecutor::new(
+            self.backends.clone(),
+            self.layers.clone(),
+            opts,
+        )?))
+    }
+
+    /// An executor that runs on the first backend without the scheduler (a reference
+    /// for testing the scheduler).
+    pub fn direct_executor(&self) -> DirectExecutor {
+        DirectExecutor::new(self.backends[0].clone())
+    }
+}
