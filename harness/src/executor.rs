@@ -155,6 +155,13 @@ impl SchedExecutor {
         &self.sched
     }
 
+    /// Builds, splits, plans and allocates the forward graph of `batch` without running
+    /// it (so that [`ggml_sched::Scheduler::plan`] can be inspected).
+    pub fn prepare(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<()> {
+        let inputs = prepare(kv, batch)?;
+        self.ensure_graph(model, kv, &inputs)
+    }
+
     fn ensure_graph(&mut self, model: &Model, kv: &KvCache, inputs: &GraphInputs) -> Result<()> {
         if self
             .current

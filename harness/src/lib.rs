@@ -15,6 +15,7 @@ pub mod error;
 pub mod executor;
 pub mod gguf_file;
 pub mod gguf_writer;
+pub mod golden;
 pub mod model;
 pub mod perplexity;
 pub mod placement;

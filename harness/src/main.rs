@@ -37,6 +37,9 @@ enum Command {
     Regress(RegressArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(BenchArgs),
+    /// Prints the scheduler's plan of one forward pass: per split, its waits, copies,
+    /// compute and records, and the host syncs they cost.
+    Plan(PlanArgs),
     /// Downloads the default model into the cache and prints its path.
     FetchModel,
 }
@@ -67,9 +70,40 @@ struct RegressArgs {
     /// Random delays in CPU queues from this seed.
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
+    /// With --chaos: run the whole matrix for this many seeds (SEED, SEED+1, ...).
+    #[arg(long, default_value_t = 1, requires = "chaos")]
+    seeds: u64,
+    /// Golden file to compare with (default: the goldens built into the binary).
+    #[arg(long, value_name = "PATH")]
+    golden: Option<PathBuf>,
+    /// Record this run's bits as the golden of its configuration in PATH (after checking
+    /// that every cell agrees).
+    #[arg(long, value_name = "PATH")]
+    update_golden: Option<PathBuf>,
+    /// Weaken the scheduler on purpose (see `perplexity --help`).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    weaken: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args, Debug)]
+struct PlanArgs {
+    /// GGUF model (default: the cached SmolLM2, downloaded if missing).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Tokens in the batch the plan is made for.
+    #[arg(long, default_value_t = 512)]
+    tokens: usize,
+    /// Pipeline slot whose plan is printed (every slot has its own copies).
+    #[arg(long, default_value_t = 0)]
+    slot: usize,
+    /// Print ggml's plan (a host sync before every split) instead of ours.
+    #[arg(long)]
+    naive: bool,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -132,6 +166,9 @@ struct RunArgs {
     /// Pipeline slots (layer split).
     #[arg(long, default_value_t = 1)]
     n_copies: usize,
+    /// Share of the layers per device for the layer split, e.g. `3,1` (default: equal).
+    #[arg(long, value_delimiter = ',', value_name = "P,P,...")]
+    tensor_split: Vec<f32>,
     /// Check every queue access for races (happens-before checker); races are printed on
     /// stderr and make the run fail.
     #[arg(long)]
@@ -156,19 +193,32 @@ enum CopyQueueArg {
     Destination,
 }
 
+/// Parses `--weaken` names.
+fn parse_weaken(names: &[String]) -> Result<Vec<ggml_sched::WeakenKnob>> {
+    names
+        .iter()
+        .map(|w| {
+            ggml_sched::WeakenKnob::from_name(w).ok_or_else(|| {
+                HarnessError::Usage(format!(
+                    "--weaken {w}: expected own-event, no-slot-wait, async-user-input or no-alloc-wait"
+                ))
+            })
+        })
+        .collect()
+}
+
 impl RunArgs {
     fn config(&self) -> Result<RunConfig> {
-        let weaken = self
-            .weaken
+        let weaken = parse_weaken(&self.weaken)?;
+        if let Some(bad) = self
+            .tensor_split
             .iter()
-            .map(|w| {
-                ggml_sched::WeakenKnob::from_name(w).ok_or_else(|| {
-                    HarnessError::Usage(format!(
-                        "--weaken {w}: expected own-event, no-slot-wait, async-user-input or no-alloc-wait"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .find(|v| !(v.is_finite() && **v >= 0.0))
+        {
+            return Err(HarnessError::Usage(format!(
+                "--tensor-split {bad}: proportions must be finite and >= 0"
+            )));
+        }
         Ok(RunConfig {
             devices: self.devices.parse()?,
             split_mode: self.split_mode,
@@ -181,6 +231,7 @@ impl RunArgs {
                 CopyQueueArg::Source => ggml_core::CopyQueue::Source,
                 CopyQueueArg::Destination => ggml_core::CopyQueue::Destination,
             },
+            tensor_split: (!self.tensor_split.is_empty()).then(|| self.tensor_split.clone()),
         })
     }
 }
@@ -388,29 +439,65 @@ fn run_regress(a: RegressArgs) -> Result<()> {
     };
     let model = model_path(&a.model)?;
     let text = read_text(&a.file)?;
-    let settings = harness::regress::RegressSettings {
-        ppl: PplSettings {
-            n_ctx: a.ctx,
-            n_batch: a.batch,
-            max_chunks: a.chunks,
-        },
-        check_races: a.check_races,
-        chaos: a.chaos,
+    let weaken = parse_weaken(&a.weaken)?;
+    let ppl = PplSettings {
+        n_ctx: a.ctx,
+        n_batch: a.batch,
+        max_chunks: a.chunks,
+    };
+    let key = harness::golden::GoldenKey {
+        hardware: "cpu".into(),
+        model_sha256: harness::golden::sha256_hex(&std::fs::read(&model).map_err(|source| {
+            HarnessError::Io {
+                path: model.display().to_string(),
+                source,
+            }
+        })?),
+        text_sha256: harness::golden::sha256_hex(text.as_bytes()),
+        n_ctx: a.ctx,
+        n_batch: a.batch,
+        chunks: a.chunks,
+    };
+    let goldens = match &a.golden {
+        Some(p) => harness::golden::GoldenSet::load(p)?,
+        None => harness::golden::GoldenSet::parse(harness::golden::EMBEDDED)?,
+    };
+    let seeds: Vec<Option<u64>> = match a.chaos {
+        Some(s0) => (0..a.seeds).map(|i| Some(s0.wrapping_add(i))).collect(),
+        None => vec![None],
     };
     let show_bar = !a.json && std::io::stderr().is_terminal();
-    let bar = show_bar.then(|| indicatif::ProgressBar::new(cells.len() as u64));
-    let mut results = Vec::with_capacity(cells.len());
-    for cell in &cells {
-        let r = harness::regress::run_cell(&model, &text, cell, &settings)?;
-        if let Some(b) = &bar {
-            b.inc(1);
-        } else if !a.json {
-            eprintln!(
-                "{} {:?} copies={} threads={}: PPL {:.4} in {:.1} s",
-                r.devices, r.split_mode, r.n_copies, r.threads, r.ppl, r.seconds
-            );
+    let total = (cells.len() * seeds.len()) as u64;
+    let bar = show_bar.then(|| indicatif::ProgressBar::new(total));
+    let mut results = Vec::with_capacity(total as usize);
+    let mut races = 0usize;
+    for &chaos in &seeds {
+        let settings = harness::regress::RegressSettings {
+            ppl,
+            check_races: a.check_races,
+            chaos,
+            weaken: weaken.clone(),
+        };
+        for cell in &cells {
+            let r = harness::regress::run_cell(&model, &text, cell, &settings)?;
+            if let Some(b) = &bar {
+                b.inc(1);
+            } else if !a.json {
+                eprintln!(
+                    "{}{} {:?} copies={} threads={}: PPL {:.4} in {:.1} s, {} races",
+                    chaos.map_or(String::new(), |s| format!("seed {s}: ")),
+                    r.devices,
+                    r.split_mode,
+                    r.n_copies,
+                    r.threads,
+                    r.ppl,
+                    r.seconds,
+                    r.races
+                );
+            }
+            races += r.races;
+            results.push(r);
         }
-        results.push(r);
     }
     if let Some(b) = bar {
         b.finish_and_clear();
@@ -420,10 +507,9 @@ fn run_regress(a: RegressArgs) -> Result<()> {
             "{}",
             serde_json::to_string(&results).map_err(|e| HarnessError::Usage(e.to_string()))?
         );
-    } else {
+    } else if seeds.len() == 1 {
         print!("{}", harness::regress::table(&results));
     }
-    let races: usize = results.iter().map(|r| r.races).sum();
     if races > 0 {
         return Err(HarnessError::Usage(format!(
             "the happens-before checker found {races} races"
@@ -431,8 +517,79 @@ fn run_regress(a: RegressArgs) -> Result<()> {
     }
     harness::regress::check_identical(&results)?;
     if !a.json {
-        println!("all {} cells bit-identical", results.len());
+        println!(
+            "all {} cells bit-identical{}",
+            results.len(),
+            if seeds.len() > 1 {
+                format!(" over {} chaos seeds", seeds.len())
+            } else {
+                String::new()
+            }
+        );
     }
+    if let Some(path) = &a.update_golden {
+        let first = &results[0];
+        let mut set = harness::golden::GoldenSet::load(path)?;
+        set.record(harness::golden::Golden {
+            key,
+            ppl: first.ppl,
+            ppl_f64_bits: first.ppl_f64_bits.clone(),
+            logits_sha256: first.logits_sha256.clone(),
+        });
+        set.save(path)?;
+        eprintln!("golden recorded in {}", path.display());
+        return Ok(());
+    }
+    match goldens.check(&key, &results) {
+        harness::golden::Verdict::Equal => {
+            if !a.json {
+                println!("equal to the golden");
+            }
+            Ok(())
+        }
+        harness::golden::Verdict::Missing => {
+            eprintln!(
+                "no golden for this model, text and settings (record one with --update-golden)"
+            );
+            Ok(())
+        }
+        harness::golden::Verdict::Moved(cells) => Err(HarnessError::Usage(format!(
+            "{} cells moved from the golden:\n  {}",
+            cells.len(),
+            cells.join("\n  ")
+        ))),
+    }
+}
+
+fn run_plan(a: PlanArgs) -> Result<()> {
+    let config = a.run.config()?;
+    if a.slot >= config.n_copies {
+        return Err(HarnessError::Usage(format!(
+            "--slot {}: there are {} pipeline slots (--n-copies)",
+            a.slot, config.n_copies
+        )));
+    }
+    if a.tokens == 0 {
+        return Err(HarnessError::Usage("--tokens must be at least 1".into()));
+    }
+    let session = Session::open(&model_path(&a.model)?, config)?;
+    let mut kv = session.kv_cache(a.tokens)?;
+    let style = if a.naive {
+        ggml_sched::PlanStyle::Naive
+    } else {
+        ggml_sched::PlanStyle::Minimal
+    };
+    let mut exec = session.sched_executor(style)?;
+    let mut batch = harness::batch::Batch::default();
+    for i in 0..a.tokens {
+        batch.push(0, i as i32, 0, i + 1 == a.tokens);
+    }
+    exec.prepare(&session.model, &mut kv, &batch)?;
+    let plan = exec
+        .scheduler()
+        .plan(a.slot)
+        .ok_or_else(|| HarnessError::Usage("the scheduler made no plan".into()))?;
+    print!("{plan}");
     Ok(())
 }
 
@@ -466,6 +623,7 @@ fn main() -> ExitCode {
         Command::Tokenize { model, file } => run_tokenize(model, file),
         Command::Bench(a) => run_bench(a),
         Command::Regress(a) => run_regress(a),
+        Command::Plan(a) => run_plan(a),
         Command::FetchModel => default_model_path().map(|p| println!("{}", p.display())),
     };
     match r {

@@ -94,7 +94,19 @@ impl LayerMap {
     /// Layers spread over `n_devices` in equal shares (llama.cpp's default
     /// `--tensor-split`); embeddings on the first device, output on the last.
     pub fn even(n_layer: usize, n_devices: usize) -> Result<LayerMap> {
-        let ranges = ggml_sched::split_layers(n_layer, &vec![1.0; n_devices])?;
+        LayerMap::proportional(n_layer, &vec![1.0; n_devices])
+    }
+
+    /// Layers spread over devices in proportion to `shares` (llama.cpp's
+    /// `--tensor-split`); embeddings on the first device, output on the last.
+    pub fn proportional(n_layer: usize, shares: &[f32]) -> Result<LayerMap> {
+        let n_devices = shares.len();
+        if n_devices == 0 {
+            return Err(HarnessError::Usage(
+                "no devices to split layers over".into(),
+            ));
+        }
+        let ranges = ggml_sched::split_layers(n_layer, shares)?;
         let mut layer_device = vec![0; n_layer];
         for (dev, r) in ranges.iter().enumerate() {
             for l in r.clone() {

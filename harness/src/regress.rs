@@ -22,25 +22,23 @@ pub struct Cell {
     pub threads: usize,
 }
 
-/// The CPU matrix: `cpu` with split none, and `cpu:2..4` with layer split, each with
-/// n_copies {1, 2, 4}, all with threads {1, 2}.
+/// The CPU matrix: devices {cpu, cpu:2, cpu:3, cpu:4} x split {none, layer} x n_copies
+/// {1, 2, 4} x threads {1, 2}, 48 cells. With split `none` the whole model runs on the
+/// first device (the others stay idle, as llama.cpp's main device), and a single device
+/// has no pipeline for `n_copies` to fill: such cells must still give the same bits.
 pub fn cpu_matrix() -> Vec<Cell> {
     let mut cells = Vec::new();
     for threads in [1, 2] {
-        cells.push(Cell {
-            devices: "cpu".parse().expect("valid"),
-            split: SplitMode::None,
-            n_copies: 1,
-            threads,
-        });
-        for n in [2, 3, 4] {
-            for n_copies in [1, 2, 4] {
-                cells.push(Cell {
-                    devices: format!("cpu:{n}").parse().expect("valid"),
-                    split: SplitMode::Layer,
-                    n_copies,
-                    threads,
-                });
+        for devices in ["cpu", "cpu:2", "cpu:3", "cpu:4"] {
+            for split in [SplitMode::None, SplitMode::Layer] {
+                for n_copies in [1, 2, 4] {
+                    cells.push(Cell {
+                        devices: devices.parse().expect("valid device list"),
+                        split,
+                        n_copies,
+                        threads,
+                    });
+                }
             }
         }
     }
@@ -81,6 +79,8 @@ pub struct RegressSettings {
     pub check_races: bool,
     /// Chaos seed (each cell uses it).
     pub chaos: Option<u64>,
+    /// Scheduler rules weakened on purpose (to watch the checker catch them).
+    pub weaken: Vec<ggml_sched::WeakenKnob>,
 }
 
 /// Runs one cell.
@@ -94,6 +94,7 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
     );
     config.check_races = s.check_races;
     config.chaos = s.chaos;
+    config.weaken = s.weaken.clone();
     let session = Session::open(model, config)?;
     let tokens = session.tokenizer.encode(text);
     let bos = session

@@ -46,6 +46,9 @@ pub struct RunConfig {
     pub weaken: Vec<ggml_sched::WeakenKnob>,
     /// Queue on which copies between CPU devices run.
     pub cpu_copy_queue: ggml_core::CopyQueue,
+    /// Share of the layers per device for the layer split (like llama.cpp's
+    /// `--tensor-split`); `None` splits evenly.
+    pub tensor_split: Option<Vec<f32>>,
 }
 
 impl RunConfig {
@@ -65,6 +68,7 @@ impl RunConfig {
             check_races: false,
             weaken: Vec::new(),
             cpu_copy_queue: ggml_core::CopyQueue::Destination,
+            tensor_split: None,
         }
     }
 }
@@ -150,31 +154,26 @@ impl Session {
             )));
         }
         let n_dev = config.devices.count();
-        match config.split_mode {
-            SplitMode::None => {
-                if n_dev != 1 {
-                    return Err(HarnessError::Usage(format!(
-                        "--split-mode none runs on one device, but --devices {} names {n_dev}; use --split-mode layer",
-                        config.devices
-                    )));
-                }
-                if config.n_copies != 1 {
-                    return Err(HarnessError::Usage(
-                        "--n-copies > 1 needs a pipeline (--split-mode layer)".into(),
-                    ));
-                }
-            }
-            SplitMode::Layer => {}
-            SplitMode::Tensor | SplitMode::TensorReduce => {
+        if let Some(ts) = &config.tensor_split {
+            if ts.len() != n_dev {
                 return Err(HarnessError::Usage(format!(
-                    "--split-mode {}: tensor parallelism is not available yet",
-                    if config.split_mode == SplitMode::Tensor {
-                        "tensor"
-                    } else {
-                        "tensor-reduce"
-                    }
+                    "--tensor-split has {} proportions for {n_dev} devices",
+                    ts.len()
                 )));
             }
+        }
+        if matches!(
+            config.split_mode,
+            SplitMode::Tensor | SplitMode::TensorReduce
+        ) {
+            return Err(HarnessError::Usage(format!(
+                "--split-mode {}: tensor parallelism is not available yet",
+                if config.split_mode == SplitMode::Tensor {
+                    "tensor"
+                } else {
+                    "tensor-reduce"
+                }
+            )));
         }
         let file = GgufFile::open(path)?;
         let mut model = Model::from_gguf(&file)?;
@@ -185,7 +184,12 @@ impl Session {
         if let Some(log) = &race_log {
             backends = ggml_sched::CheckedBackend::wrap_all(&backends, log);
         }
-        let layers = LayerMap::even(model.hp.n_layer, backends.len())?;
+        // Split none: everything on the first device (llama.cpp's main device).
+        let layers = match (config.split_mode, &config.tensor_split) {
+            (SplitMode::Layer, Some(ts)) => LayerMap::proportional(model.hp.n_layer, ts)?,
+            (SplitMode::Layer, None) => LayerMap::even(model.hp.n_layer, backends.len())?,
+            _ => LayerMap::single(model.hp.n_layer),
+        };
         let weights = place_weights(&mut model, &file, &backends, &layers)?;
         Ok(Session {
             file,
@@ -207,16 +211,20 @@ impl Session {
     /// An executor for the session's configuration: every pass goes through the
     /// scheduler (with one device its plan is trivial).
     pub fn executor(&self) -> Result<Box<dyn Executor>> {
+        Ok(Box::new(
+            self.sched_executor(ggml_sched::PlanStyle::Minimal)?,
+        ))
+    }
+
+    /// The scheduler executor itself, planning in `style` (ours or ggml's naive one).
+    pub fn sched_executor(&self, style: ggml_sched::PlanStyle) -> Result<SchedExecutor> {
         let opts = ggml_sched::SchedOptions {
             n_copies: self.config.n_copies,
             weaken: self.config.weaken.iter().copied().collect(),
+            style,
             ..Default::default()
         };
-        Ok(Box::new(SchedExecutor::new(
-            self.backends.clone(),
-            self.layers.clone(),
-            opts,
-        )?))
+        SchedExecutor::new(self.backends.clone(), self.layers.clone(), opts)
     }
 
     /// An executor that runs on the first backend without the scheduler (a reference

@@ -27,13 +27,18 @@ commands:
   ptx-check      assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
                  sm_80 and sm_90
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
-                 (ARGS go to `ggml-harness perplexity`, see its --help)";
+                 (ARGS go to `ggml-harness perplexity`, see its --help)
+  regress [-- ARGS]
+                 the CPU regression matrix (48 cells) on the real model and corpus,
+                 with the race checker, compared with harness/goldens.json; ARGS go
+                 to `ggml-harness regress` (e.g. --chaos 1 --seeds 100 --chunks 1)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("ppl") => ppl(&args[1..]),
+        Some("regress") => regress(&args[1..]),
         Some("ptx-check") => Shell::new()
             .map_err(|e| e.to_string())
             .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
@@ -80,6 +85,25 @@ fn ppl(args: &[String]) -> Result<()> {
     cmd!(
         sh,
         "cargo run --quiet --release -p harness --bin ggml-harness -- perplexity {args...}"
+    )
+    .run()
+    .map_err(|e| e.to_string())
+}
+
+fn regress(args: &[String]) -> Result<()> {
+    let sh = Shell::new().map_err(|e| e.to_string())?;
+    sh.change_dir(workspace_root());
+    let args = args.strip_prefix(&["--".to_string()]).unwrap_or(args);
+    let golden = workspace_root().join("harness/goldens.json");
+    let golden_args: Vec<String> = if args.iter().any(|a| a.starts_with("--update-golden")) {
+        Vec::new()
+    } else {
+        vec!["--golden".into(), golden.display().to_string()]
+    };
+    fetch::fetch_model()?;
+    cmd!(
+        sh,
+        "cargo run --quiet --release -p harness --bin ggml-harness -- regress --check-races {golden_args...} {args...}"
     )
     .run()
     .map_err(|e| e.to_string())

@@ -1,0 +1,241 @@
+//! Goldens: the perplexity bits and logits hash a configuration must reproduce.
+//!
+//! A golden is keyed by what determines the bits: the hardware class whose kernels ran
+//! (`cpu` for every x86-64 and aarch64 CPU, since all CPU ISA paths are bit-identical to
+//! the reference), the model and text (by SHA-256) and the perplexity settings. Device
+//! count, split mode, pipeline slots and threads are *not* part of the key: invariant 2
+//! says they never change the bits, and the regression matrix checks exactly that.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{HarnessError, Result};
+use crate::regress::CellResult;
+
+/// The goldens shipped with the harness (`harness/goldens.json`).
+pub const EMBEDDED: &str = include_str!("../goldens.json");
+
+/// What determines the bits of a perplexity run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoldenKey {
+    /// Hardware class of the kernels (`cpu`, later `cuda-sm90`, ...).
+    pub hardware: String,
+    /// SHA-256 of the model file, hex.
+    pub model_sha256: String,
+    /// SHA-256 of the text, hex.
+    pub text_sha256: String,
+    /// Tokens per chunk.
+    pub n_ctx: usize,
+    /// Tokens per decode call.
+    pub n_batch: usize,
+    /// Chunk limit (`None`: the whole text).
+    pub chunks: Option<usize>,
+}
+
+/// A recorded result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Golden {
+    /// What it applies to.
+    #[serde(flatten)]
+    pub key: GoldenKey,
+    /// Perplexity (for people; the bits decide).
+    pub ppl: f64,
+    /// Perplexity f64 bits, hex.
+    pub ppl_f64_bits: String,
+    /// SHA-256 over the f32 bits of every scored logit.
+    pub logits_sha256: String,
+}
+
+/// A set of goldens, as stored in `goldens.json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GoldenSet {
+    /// The entries, at most one per key.
+    pub goldens: Vec<Golden>,
+}
+
+/// How a run compares with its golden.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// No golden for this key.
+    Missing,
+    /// Every cell equals the golden.
+    Equal,
+    /// These cells (as `devices split copies threads`) differ from the golden.
+    Moved(Vec<String>),
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl GoldenSet {
+    /// Parses a golden file.
+    pub fn parse(text: &str) -> Result<GoldenSet> {
+        serde_json::from_str(text)
+            .map_err(|e| HarnessError::Usage(format!("golden file is not valid: {e}")))
+    }
+
+    /// Reads a golden file; a missing file is an empty set.
+    pub fn load(path: &Path) -> Result<GoldenSet> {
+        match std::fs::read_to_string(path) {
+            Ok(t) => GoldenSet::parse(&t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(GoldenSet::default()),
+            Err(source) => Err(HarnessError::Io {
+                path: path.display().to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Writes the set as pretty JSON (entries sorted by key, so diffs stay small).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut sorted = self.clone();
+        sorted.goldens.sort_by(|a, b| {
+            let k = |g: &Golden| {
+                (
+                    g.key.hardware.clone(),
+                    g.key.model_sha256.clone(),
+                    g.key.text_sha256.clone(),
+                    g.key.n_ctx,
+                    g.key.n_batch,
+                    g.key.chunks,
+                )
+            };
+            k(a).cmp(&k(b))
+        });
+        let text = serde_json::to_string_pretty(&sorted)
+            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        std::fs::write(path, text + "\n").map_err(|source| HarnessError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// The golden of `key`, if any.
+    pub fn find(&self, key: &GoldenKey) -> Option<&Golden> {
+        self.goldens.iter().find(|g| &g.key == key)
+    }
+
+    /// Records `golden`, replacing the entry with the same key.
+    pub fn record(&mut self, golden: Golden) {
+        self.goldens.retain(|g| g.key != golden.key);
+        self.goldens.push(golden);
+    }
+
+    /// Compares every cell of a run with the golden of `key`.
+    pub fn check(&self, key: &GoldenKey, cells: &[CellResult]) -> Verdict {
+        let Some(g) = self.find(key) else {
+            return Verdict::Missing;
+        };
+        let moved: Vec<String> = cells
+            .iter()
+            .filter(|c| c.ppl_f64_bits != g.ppl_f64_bits || c.logits_sha256 != g.logits_sha256)
+            .map(|c| {
+                format!(
+                    "{} {:?} copies={} threads={}: PPL {:.4} ({}) vs golden {:.4} ({})",
+                    c.devices,
+                    c.split_mode,
+                    c.n_copies,
+                    c.threads,
+                    c.ppl,
+                    c.ppl_f64_bits,
+                    g.ppl,
+                    g.ppl_f64_bits
+                )
+            })
+            .collect();
+        if moved.is_empty() {
+            Verdict::Equal
+        } else {
+            Verdict::Moved(moved)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::SplitMode;
+
+    fn key() -> GoldenKey {
+        GoldenKey {
+            hardware: "cpu".into(),
+            model_sha256: "aa".into(),
+            text_sha256: "bb".into(),
+            n_ctx: 512,
+            n_batch: 512,
+            chunks: None,
+        }
+    }
+
+    fn cell(bits: &str, devices: &str) -> CellResult {
+        CellResult {
+            devices: devices.into(),
+            split_mode: SplitMode::Layer,
+            n_copies: 2,
+            threads: 1,
+            ppl: 18.0,
+            ppl_f64_bits: bits.into(),
+            logits_sha256: "cc".into(),
+            seconds: 0.0,
+            host_syncs_per_forward: 1.0,
+            races: 0,
+        }
+    }
+
+    #[test]
+    fn embedded_goldens_parse() {
+        let set = GoldenSet::parse(EMBEDDED).unwrap();
+        assert!(set.goldens.iter().all(|g| g.ppl_f64_bits.len() == 16));
+    }
+
+    #[test]
+    fn check_names_every_moved_cell() {
+        let mut set = GoldenSet::default();
+        assert_eq!(set.check(&key(), &[cell("01", "cpu")]), Verdict::Missing);
+        set.record(Golden {
+            key: key(),
+            ppl: 18.0,
+            ppl_f64_bits: "01".into(),
+            logits_sha256: "cc".into(),
+        });
+        assert_eq!(set.check(&key(), &[cell("01", "cpu")]), Verdict::Equal);
+        match set.check(&key(), &[cell("01", "cpu"), cell("02", "cpu:3")]) {
+            Verdict::Moved(m) => {
+                assert_eq!(m.len(), 1);
+                assert!(m[0].starts_with("cpu:3 Layer copies=2 threads=1"), "{m:?}");
+            }
+            v => panic!("{v:?}"),
+        }
+        let mut other = key();
+        other.n_ctx = 128;
+        assert_eq!(set.check(&other, &[cell("01", "cpu")]), Verdict::Missing);
+    }
+
+    #[test]
+    fn record_replaces_and_save_round_trips() {
+        let mut set = GoldenSet::default();
+        for bits in ["01", "02"] {
+            set.record(Golden {
+                key: key(),
+                ppl: 18.0,
+                ppl_f64_bits: bits.into(),
+                logits_sha256: "cc".into(),
+            });
+        }
+        assert_eq!(set.goldens.len(), 1);
+        let path = std::env::temp_dir().join(format!("goldens-{}.json", std::process::id()));
+        set.save(&path).unwrap();
+        let back = GoldenSet::load(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(back, set);
+        assert!(GoldenSet::load(&path).unwrap().goldens.is_empty());
+        assert!(GoldenSet::parse("{").is_err());
+    }
+}
