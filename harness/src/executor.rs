@@ -13,7 +13,25 @@ use crate::placement::{KvCache, OwnedBuffer};
 pub trait Executor {
     /// Decodes `batch` (writing its keys and values into `kv`) and returns the logits of
     /// the tokens whose output was requested, `n_vocab` floats per token, in batch order.
-    fn forward(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<Vec<f32>>;
+    fn forward(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<Vec<f32>> {
+        let ticket = self.submit(model, kv, batch)?;
+        self.collect(ticket)
+    }
+
+    /// Enqueues the forward pass of `batch` without waiting for it and returns a ticket
+    /// for [`collect`](Executor::collect). Passes run in submission order; up to
+    /// [`max_in_flight`](Executor::max_in_flight) may overlap (a pipeline keeps every
+    /// device busy with a different pass).
+    fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64>;
+
+    /// The logits of a submitted pass (as [`forward`](Executor::forward) returns them).
+    /// Each ticket is collected once.
+    fn collect(&mut self, ticket: u64) -> Result<Vec<f32>>;
+
+    /// How many submitted passes may be uncollected at once without stalling.
+    fn max_in_flight(&self) -> usize {
+        1
+    }
 
     /// Host syncs per forward pass so far, where the executor counts them.
     fn host_syncs_per_forward(&self) -> Option<f64> {
@@ -25,6 +43,8 @@ pub trait Executor {
 pub struct DirectExecutor {
     backend: Arc<dyn Backend>,
     compute: Option<OwnedBuffer>,
+    done: std::collections::BTreeMap<u64, Vec<f32>>,
+    next: u64,
 }
 
 impl std::fmt::Debug for DirectExecutor {
@@ -39,6 +59,8 @@ impl DirectExecutor {
         DirectExecutor {
             backend,
             compute: None,
+            done: Default::default(),
+            next: 0,
         }
     }
 
@@ -110,15 +132,33 @@ pub fn read_f32(backend: &dyn Backend, t: &Tensor) -> Result<Vec<f32>> {
         .collect())
 }
 
+/// The error for a ticket that was never issued or already collected.
+fn unknown_ticket(ticket: u64) -> HarnessError {
+    HarnessError::Usage(format!(
+        "forward pass {ticket} was not submitted or was already collected"
+    ))
+}
+
 impl Executor for DirectExecutor {
-    fn forward(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<Vec<f32>> {
+    /// Runs the pass to completion (one backend has nothing to overlap with).
+    fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
         let inputs = prepare(kv, batch)?;
         let mut g = build_forward(model, &kv.layers, inputs.shape)?;
         self.allocate(&mut g)?;
         set_inputs(self.backend.as_ref(), &g, &inputs)?;
         self.backend.graph_compute(&g.tensors, &g.nodes)?;
         self.backend.synchronize()?;
-        read_f32(self.backend.as_ref(), &g.tensors[g.logits.index()])
+        let logits = read_f32(self.backend.as_ref(), &g.tensors[g.logits.index()])?;
+        let ticket = self.next;
+        self.next += 1;
+        self.done.insert(ticket, logits);
+        Ok(ticket)
+    }
+
+    fn collect(&mut self, ticket: u64) -> Result<Vec<f32>> {
+        self.done
+            .remove(&ticket)
+            .ok_or_else(|| unknown_ticket(ticket))
     }
 }
 
@@ -128,6 +168,10 @@ pub struct SchedExecutor {
     sched: ggml_sched::Scheduler,
     layers: crate::placement::LayerMap,
     current: Option<ForwardGraph>,
+    /// Runs submitted and not yet read, oldest first (their logits live in the slots).
+    in_flight: std::collections::VecDeque<u64>,
+    /// Logits read early (before a slot or the graph was reused), by run.
+    done: std::collections::BTreeMap<u64, Vec<f32>>,
 }
 
 impl std::fmt::Debug for SchedExecutor {
@@ -147,6 +191,8 @@ impl SchedExecutor {
             sched: ggml_sched::Scheduler::new(backends, opts)?,
             layers,
             current: None,
+            in_flight: Default::default(),
+            done: Default::default(),
         })
     }
 
@@ -185,24 +231,73 @@ impl SchedExecutor {
     }
 }
 
+impl SchedExecutor {
+    /// Reads the logits of run `run` (one of the last `n_copies`) from its slot.
+    fn read_logits(&self, run: u64) -> Result<Vec<f32>> {
+        let g = self.current.as_ref().ok_or_else(|| unknown_ticket(run))?;
+        let t = &g.tensors[g.logits.index()];
+        let mut bytes = vec![0u8; t.nbytes()];
+        self.sched.get_tensor_run(run, g.logits, &mut bytes)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Reads the oldest run in flight into `done`.
+    fn retire_oldest(&mut self) -> Result<()> {
+        if let Some(run) = self.in_flight.front().copied() {
+            let logits = self.read_logits(run)?;
+            self.in_flight.pop_front();
+            self.done.insert(run, logits);
+        }
+        Ok(())
+    }
+}
+
 impl Executor for SchedExecutor {
-    fn forward(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<Vec<f32>> {
+    fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
         let inputs = prepare(kv, batch)?;
+        let reshape = self
+            .current
+            .as_ref()
+            .is_none_or(|g| g.shape != inputs.shape);
+        // A new graph reallocates every slot, and a new run reuses the slot of the run
+        // n_copies back: read what those still hold first.
+        while !self.in_flight.is_empty()
+            && (reshape || self.in_flight.len() >= self.sched.options().n_copies)
+        {
+            self.retire_oldest()?;
+        }
         self.ensure_graph(model, kv, &inputs)?;
         let g = self.current.as_ref().expect("built above");
+        let run = self.sched.next_run();
         self.sched.compute_with(&[
             (g.inp_tokens, &inputs.tokens),
             (g.inp_pos, &inputs.pos),
             (g.kq_mask, &inputs.mask),
             (g.inp_out_ids, &inputs.out_ids),
         ])?;
-        let t = &g.tensors[g.logits.index()];
-        let mut bytes = vec![0u8; t.nbytes()];
-        self.sched.get_tensor(g.logits, &mut bytes)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        self.in_flight.push_back(run);
+        Ok(run)
+    }
+
+    fn collect(&mut self, ticket: u64) -> Result<Vec<f32>> {
+        if let Some(l) = self.done.remove(&ticket) {
+            return Ok(l);
+        }
+        let pos = self
+            .in_flight
+            .iter()
+            .position(|&r| r == ticket)
+            .ok_or_else(|| unknown_ticket(ticket))?;
+        let logits = self.read_logits(ticket)?;
+        self.in_flight.remove(pos);
+        Ok(logits)
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.sched.options().n_copies
     }
 
     fn host_syncs_per_forward(&self) -> Option<f64> {

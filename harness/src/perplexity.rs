@@ -49,6 +49,77 @@ pub fn token_nll(logits: &[f32], tok: usize) -> f64 {
     -(f64::from(logits[tok] - max) - sum.ln())
 }
 
+/// Appends the logits rows of `batch` to the vectors of their sequences, in batch order.
+fn split_by_sequence(batch: &Batch, logits: &[f32], n_vocab: usize, seq_logits: &mut [Vec<f32>]) {
+    let mut row = 0;
+    for (k, &out) in batch.output.iter().enumerate() {
+        if out {
+            let seq = batch.seq[k] as usize;
+            seq_logits[seq].extend_from_slice(&logits[row * n_vocab..(row + 1) * n_vocab]);
+            row += 1;
+        }
+    }
+}
+
+/// The running sums of a perplexity run, in token order.
+struct Scorer<'a> {
+    tokens: &'a [u32],
+    n_ctx: usize,
+    n_vocab: usize,
+    n_chunk: usize,
+    hasher: Sha256,
+    nll: f64,
+    nll2: f64,
+    count: usize,
+    chunks: Vec<f64>,
+}
+
+impl Scorer<'_> {
+    /// Scores the single pass of a group of `seqs` chunks starting at chunk `i`.
+    fn pass(
+        &mut self,
+        i: usize,
+        seqs: usize,
+        batch: &Batch,
+        logits: &[f32],
+        on_chunk: &mut impl FnMut(usize, usize, f64),
+    ) {
+        let mut seq_logits = vec![Vec::new(); seqs];
+        split_by_sequence(batch, logits, self.n_vocab, &mut seq_logits);
+        self.group(i, &seq_logits, on_chunk);
+    }
+
+    /// Scores a group of chunks starting at chunk `i` (one logits vector per chunk, rows
+    /// for positions `n_ctx/2 .. n_ctx-1`).
+    fn group(
+        &mut self,
+        i: usize,
+        seq_logits: &[Vec<f32>],
+        on_chunk: &mut impl FnMut(usize, usize, f64),
+    ) {
+        let (tokens, n_ctx, n_vocab, n_chunk) =
+            (self.tokens, self.n_ctx, self.n_vocab, self.n_chunk);
+        let first = n_ctx / 2;
+        for (seq, logits) in seq_logits.iter().enumerate() {
+            let start = (i + seq) * n_ctx;
+            // Rows are positions first..n_ctx-1; the last is computed but not scored.
+            for (r, pos) in (first..n_ctx - 1).enumerate() {
+                let l = &logits[r * n_vocab..(r + 1) * n_vocab];
+                for x in l {
+                    self.hasher.update(x.to_bits().to_le_bytes());
+                }
+                let v = token_nll(l, tokens[start + pos + 1] as usize);
+                self.nll += v;
+                self.nll2 += v * v;
+                self.count += 1;
+            }
+            let running = (self.nll / self.count as f64).exp();
+            self.chunks.push(running);
+            on_chunk(i + seq, n_chunk, running);
+        }
+    }
+}
+
 /// Runs perplexity over `tokens` and reports progress per chunk to `on_chunk(i, n, ppl)`.
 pub fn perplexity(
     model: &Model,
@@ -87,66 +158,88 @@ pub fn perplexity(
     let n_seq = (s.n_batch / n_ctx).max(1);
     let n_batch = s.n_batch.min(n_ctx);
     let num_batches = n_ctx.div_ceil(n_batch);
-    let mut hasher = Sha256::new();
-    let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
-    let mut chunks = Vec::with_capacity(n_chunk);
-
+    let mut score = Scorer {
+        tokens,
+        n_ctx,
+        n_vocab,
+        n_chunk,
+        hasher: Sha256::new(),
+        nll: 0.0,
+        nll2: 0.0,
+        count: 0,
+        chunks: Vec::with_capacity(n_chunk),
+    };
+    let make_batch = |i: usize, seqs: usize, j: usize| {
+        let mut batch = Batch::default();
+        for seq in 0..seqs {
+            let start = (i + seq) * n_ctx + j * n_batch;
+            for k in 0..n_batch {
+                let pos = j * n_batch + k;
+                let mut tok = tokens[start + k];
+                if pos == 0 {
+                    if let Some(b) = bos {
+                        tok = b;
+                    }
+                }
+                batch.push(tok, pos as i32, seq as u32, pos >= first);
+            }
+        }
+        batch
+    };
+    // With one batch per group of chunks, the groups are independent passes: keep up to
+    // `max_in_flight` of them queued so that a pipeline over several devices overlaps
+    // them (llama.cpp overlaps micro-batches the same way). Results are scored in order,
+    // so the numbers do not depend on the depth.
+    let depth = if num_batches == 1 {
+        exec.max_in_flight().max(1)
+    } else {
+        1
+    };
+    let mut pending: std::collections::VecDeque<(u64, usize, usize, Batch)> =
+        std::collections::VecDeque::new();
     let mut i = 0;
     while i < n_chunk {
         let seqs = n_seq.min(n_chunk - i);
         kv.clear();
-        // Logits of each sequence, concatenated in batch order as perplexity.cpp does.
-        let mut seq_logits: Vec<Vec<f32>> = vec![Vec::new(); seqs];
-        for j in 0..num_batches {
-            let mut batch = Batch::default();
-            for seq in 0..seqs {
-                let start = (i + seq) * n_ctx + j * n_batch;
-                for k in 0..n_batch {
-                    let pos = j * n_batch + k;
-                    let mut tok = tokens[start + k];
-                    if pos == 0 {
-                        if let Some(b) = bos {
-                            tok = b;
-                        }
-                    }
-                    batch.push(tok, pos as i32, seq as u32, pos >= first);
+        if num_batches == 1 {
+            let batch = make_batch(i, seqs, 0);
+            let ticket = exec.submit(model, kv, &batch)?;
+            pending.push_back((ticket, i, seqs, batch));
+            while pending.len() >= depth {
+                let (t, i0, seqs0, b) = pending.pop_front().expect("non-empty");
+                let logits = exec.collect(t)?;
+                score.pass(i0, seqs0, &b, &logits, &mut on_chunk);
+            }
+        } else {
+            // Logits of each sequence, concatenated in batch order as perplexity.cpp does.
+            let mut seq_logits: Vec<Vec<f32>> = vec![Vec::new(); seqs];
+            for j in 0..num_batches {
+                let mut batch = make_batch(i, seqs, j);
+                if batch.n_outputs() == 0 {
+                    // Nothing scored in this batch; it only fills the cache.
+                    batch.output[0] = true;
+                    exec.forward(model, kv, &batch)?;
+                    continue;
                 }
+                let logits = exec.forward(model, kv, &batch)?;
+                split_by_sequence(&batch, &logits, n_vocab, &mut seq_logits);
             }
-            if batch.n_outputs() == 0 {
-                // Nothing scored in this batch; it only fills the cache.
-                batch.output[0] = true;
-                exec.forward(model, kv, &batch)?;
-                continue;
-            }
-            let logits = exec.forward(model, kv, &batch)?;
-            let mut row = 0;
-            for (k, &out) in batch.output.iter().enumerate() {
-                if out {
-                    let seq = batch.seq[k] as usize;
-                    seq_logits[seq].extend_from_slice(&logits[row * n_vocab..(row + 1) * n_vocab]);
-                    row += 1;
-                }
-            }
-        }
-        for (seq, logits) in seq_logits.iter().enumerate() {
-            let start = (i + seq) * n_ctx;
-            // Rows are positions first..n_ctx-1; the last is computed but not scored.
-            for (r, pos) in (first..n_ctx - 1).enumerate() {
-                let l = &logits[r * n_vocab..(r + 1) * n_vocab];
-                for x in l {
-                    hasher.update(x.to_bits().to_le_bytes());
-                }
-                let v = token_nll(l, tokens[start + pos + 1] as usize);
-                nll += v;
-                nll2 += v * v;
-                count += 1;
-            }
-            let running = (nll / count as f64).exp();
-            chunks.push(running);
-            on_chunk(i + seq, n_chunk, running);
+            score.group(i, &seq_logits, &mut on_chunk);
         }
         i += seqs;
     }
+    while let Some((t, i0, seqs0, b)) = pending.pop_front() {
+        let logits = exec.collect(t)?;
+        score.pass(i0, seqs0, &b, &logits, &mut on_chunk);
+    }
+    let Scorer {
+        hasher,
+        nll,
+        nll2,
+        count,
+        chunks,
+        ..
+    } = score;
     let mean = nll / count as f64;
     let ppl = mean.exp();
     let var = nll2 / count as f64 - mean * mean;
