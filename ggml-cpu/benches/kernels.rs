@@ -105,6 +105,9 @@ fn mul_mat(c: &mut Criterion) {
             (512, 576, 1536),
             (1, 576, 49152),
             (512, 576, 49152),
+            // test-backend-ops perf's shape, for a side-by-side with llama.cpp.
+            (1, 14336, 4096),
+            (512, 14336, 4096),
         ] {
             let g = setup(&be, |ctx| {
                 let a = ctx.new_tensor(w, [k, m, 1, 1]).unwrap();
