@@ -21,7 +21,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   ci             format check, clippy, tests (nextest), no_std build of ggml-core,
-                 docs and packaging checks: what CI runs
+                 aarch64 check of ggml-cpu, ptx-check, docs and packaging checks:
+                 what CI runs
   fetch-model    download SmolLM2-135M-Instruct Q4_1 into $GGML_RS_CACHE
                  (default ~/.cache/ggml-rs), verify it and print its path
   ptx-check      assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
@@ -131,6 +132,9 @@ fn ci() -> Result<()> {
         run(cmd!(sh, "cargo test --workspace --locked --doc"))
     })?;
     step("no_std build of ggml-core", || no_std_build(&sh))?;
+    step("aarch64 check of ggml-cpu (NEON paths)", || {
+        aarch64_check(&sh)
+    })?;
     step("ptx-check (sm_80, sm_90)", || {
         ptx::ptx_check(&sh, &workspace_root())
     })?;
@@ -148,16 +152,39 @@ fn ci() -> Result<()> {
     Ok(())
 }
 
-const NO_STD_TARGET: &str = "thumbv7em-none-eabihf";
+const AARCH64_TARGET: &str = "aarch64-unknown-linux-gnu";
 
-fn no_std_build(sh: &Shell) -> Result<()> {
+/// Whether rustup has `target`, installing it if it can.
+fn have_target(sh: &Shell, target: &str) -> bool {
     let installed = cmd!(sh, "rustup target list --installed")
         .quiet()
         .read()
-        .map(|s| s.lines().any(|l| l.trim() == NO_STD_TARGET))
+        .map(|s| s.lines().any(|l| l.trim() == target))
         .unwrap_or(false);
-    let installed = installed || cmd!(sh, "rustup target add {NO_STD_TARGET}").run().is_ok();
-    if installed {
+    installed || cmd!(sh, "rustup target add {target}").run().is_ok()
+}
+
+/// Clippy over ggml-cpu for aarch64, so the NEON kernels at least compile warning-free.
+fn aarch64_check(sh: &Shell) -> Result<()> {
+    if !have_target(sh, AARCH64_TARGET) {
+        eprintln!(
+            "\n!!! WARNING: the {AARCH64_TARGET} target could not be installed; the NEON\n\
+             !!! paths of ggml-cpu are NOT compile-checked in this run.\n"
+        );
+        return Ok(());
+    }
+    cmd!(
+        sh,
+        "cargo clippy -p ggml-cpu --locked --target {AARCH64_TARGET} -- -D warnings"
+    )
+    .run()
+    .map_err(|e| e.to_string())
+}
+
+const NO_STD_TARGET: &str = "thumbv7em-none-eabihf";
+
+fn no_std_build(sh: &Shell) -> Result<()> {
+    if have_target(sh, NO_STD_TARGET) {
         cmd!(
             sh,
             "cargo build -p ggml-core --locked --target {NO_STD_TARGET}"
