@@ -714,6 +714,28 @@ impl Scheduler {
             split: None,
             phase: "get_tensor",
         });
+        // HB7 without draining the owner's queue: a result of the run's graph is complete
+        // once the owner's split event of this slot (recorded after each of its splits,
+        // and not re-recorded until run + n_copies) has completed; read it outside the
+        // queue so that later runs keep going.
+        let slot = (run % n) as usize;
+        let produced = id.index() < gs.part.n_tensors && t.op != ggml_core::Op::None;
+        let split_event = self.events.get(&EventKey {
+            backend: owner,
+            kind: crate::plan::EventKind::Split,
+            slot,
+        });
+        if let (true, Some(&ev), Some(d), Some(buf)) =
+            (produced, split_event, t.data, self.buffers[owner])
+        {
+            if d.buffer == buf.id && d.addr >= buf.base {
+                let off = usize::try_from(d.addr - buf.base)
+                    .map_err(|_| self.tensor_err(id, "address outside its buffer"))?;
+                self.backends[owner].event_synchronize(ev)?;
+                self.backends[owner].buffer_get(buf.id, off, out)?;
+                return Ok(());
+            }
+        }
         self.backends[owner].get_tensor(t, 0, out)?;
         Ok(())
     }
