@@ -124,7 +124,7 @@ impl LayerMap {
     pub fn device_of(&self, model: &Model, id: TensorId) -> usize {
         match model.layer_of(id) {
             Some(l) => self.layer_device[l],
-            None if id == model.tok_embd && id != model.output => self.input_device,
+            None if id == model.tok_embd => self.input_device,
             None => self.output_device,
         }
     }
@@ -156,16 +156,27 @@ pub fn place_weights(
             buffers.push(buf);
             continue;
         }
+        // Descriptors of the same bytes (a tied output) share one upload per device.
         let align = backend.alignment().max(1);
         let mut offsets = Vec::with_capacity(mine.len());
+        let mut first_of: Vec<(usize, usize)> = Vec::new();
         let mut size = 0usize;
         for &i in &mine {
-            offsets.push(size);
-            size += model.file_ranges[i].len().div_ceil(align) * align;
+            let start = model.file_ranges[i].start;
+            match first_of.iter().find(|(s, _)| *s == start) {
+                Some(&(_, off)) => offsets.push((off, false)),
+                None => {
+                    first_of.push((start, size));
+                    offsets.push((size, true));
+                    size += model.file_ranges[i].len().div_ceil(align) * align;
+                }
+            }
         }
         let buf = OwnedBuffer::alloc(backend, size)?;
-        for (&i, &off) in mine.iter().zip(&offsets) {
-            backend.buffer_set(buf.id(), off, &file.bytes()[model.file_ranges[i].clone()])?;
+        for (&i, &(off, upload)) in mine.iter().zip(&offsets) {
+            if upload {
+                backend.buffer_set(buf.id(), off, &file.bytes()[model.file_ranges[i].clone()])?;
+            }
             model.weights[i].data = Some(buf.at(off));
         }
         buffers.push(buf);

@@ -70,7 +70,10 @@ pub struct Model {
     pub tok_embd: TensorId,
     /// `output_norm.weight`, F32 `[n_embd]`.
     pub output_norm: TensorId,
-    /// `output.weight`, or `token_embd.weight` when the output is tied.
+    /// `output.weight`. When the output is tied this is a second descriptor of
+    /// `token_embd.weight`'s bytes (llama.cpp's TENSOR_DUPLICATED), so that the
+    /// embedding lookup can stay on the first device and the output projection on the
+    /// last one; on the CPU both read the same mapped file.
     pub output: TensorId,
     /// Per-layer weights.
     pub layers: Vec<LayerWeights>,
@@ -110,7 +113,9 @@ impl Model {
         m.output = if file.tensor_info("output.weight").is_some() {
             m.add(file, "output.weight", [e, v], true)?
         } else {
-            m.tok_embd
+            let id = m.add(file, "token_embd.weight", [e, v], true)?;
+            m.weights[id.index()].name = ggml_core::Name::new("output.weight");
+            id
         };
         Ok(m)
     }
