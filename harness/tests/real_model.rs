@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use harness::devices::DeviceList;
+use harness::golden;
 use harness::perplexity::{perplexity, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
 
@@ -77,4 +78,20 @@ fn whole_corpus_tracks_llama_cpp() {
     }
     let rel = (r.ppl - REFERENCE_CHUNKS[13]).abs() / REFERENCE_CHUNKS[13];
     assert!(rel < FINAL_TOLERANCE, "final PPL {} vs 18.3914", r.ppl);
+
+    // And bit-for-bit the CPU golden that `cargo xtask regress` recorded.
+    let key = golden::GoldenKey {
+        hardware: "cpu".into(),
+        model_sha256: golden::sha256_hex(&std::fs::read(&path).unwrap()),
+        text_sha256: golden::sha256_hex(text.as_bytes()),
+        n_ctx: 512,
+        n_batch: 512,
+        chunks: None,
+    };
+    let set = golden::GoldenSet::parse(golden::EMBEDDED).unwrap();
+    let g = set
+        .find(&key)
+        .expect("a CPU golden for the default model and corpus");
+    assert_eq!(format!("{:016x}", r.ppl.to_bits()), g.ppl_f64_bits);
+    assert_eq!(r.logits_sha256, g.logits_sha256);
 }
