@@ -222,6 +222,9 @@ impl Session {
             n_copies: self.config.n_copies,
             weaken: self.config.weaken.iter().copied().collect(),
             style,
+            // Inputs live where the embedding lookup runs: on the last device they would
+            // queue behind the previous pass's last layers and stall the pipeline.
+            input_backend: Some(self.layers.input_device),
             ..Default::default()
         };
         SchedExecutor::new(self.backends.clone(), self.layers.clone(), opts)

@@ -69,13 +69,17 @@ fn cpu_matrix_is_bit_identical_and_race_free(#[case] chaos: Option<u64>) {
 
 #[rstest]
 #[case::own_event(ggml_sched::WeakenKnob::OwnEvent)]
-fn every_weakened_rule_is_caught_on_cpu_queues(#[case] knob: ggml_sched::WeakenKnob) {
+#[case::async_user_input(ggml_sched::WeakenKnob::AsyncUserInput)]
+fn weakened_rules_are_caught_on_cpu_queues(#[case] knob: ggml_sched::WeakenKnob) {
     let cell = Cell {
         devices: "cpu:3".parse().unwrap(),
         split: SplitMode::Layer,
         n_copies: 2,
         threads: 3,
     };
-    let r = run_cell(&model(), text(), &cell, &settings(Some(7), vec![knob])).unwrap();
+    // Nine passes, so that later passes are submitted while earlier ones still run.
+    let mut s = settings(Some(7), vec![knob]);
+    s.ppl.max_chunks = Some(36);
+    let r = run_cell(&model(), text(), &cell, &s).unwrap();
     assert!(r.races > 0, "{knob:?} not caught: {r:?}");
 }
