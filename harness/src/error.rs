@@ -55,6 +55,19 @@ pub enum HarnessError {
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A matrix file is not valid.
+    #[error("{path}:{line}: {reason}")]
+    Matrix {
+        /// The file.
+        path: String,
+        /// The line of the mistake (1-based).
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A matrix run broke some of its rules (each is listed in the report).
+    #[error("{0} matrix rule violations")]
+    Violations(usize),
 }
 
 // The foreign errors are boxed so that `Result<T>` stays small on the happy path.

@@ -5,6 +5,7 @@
 //! - [`tokenizer`]: GPT-2 byte-level BPE with the smollm pre-tokenizer;
 //! - [`placement`], [`executor`]: weights and KV cache in backend memory, running passes;
 //! - [`perplexity`]: llama-perplexity's method, exactly;
+//! - [`regress`], [`matrix`], [`golden`]: regression matrices from TOML files, goldens;
 //! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download.
 #![warn(missing_docs)]
 
@@ -16,6 +17,7 @@ pub mod executor;
 pub mod gguf_file;
 pub mod gguf_writer;
 pub mod golden;
+pub mod matrix;
 pub mod model;
 pub mod perplexity;
 pub mod placement;
@@ -31,6 +33,22 @@ mod fetch;
 /// The regression corpus (GNU GPL v3 text, which permits verbatim copies), embedded.
 pub fn default_corpus() -> &'static str {
     include_str!("../data/gpl-3.txt")
+}
+
+/// The text of a corpus file, or of the embedded corpus for `None`, without its final
+/// newline (as llama.cpp's `-f` reads it).
+pub fn corpus_text(path: Option<&std::path::Path>) -> error::Result<String> {
+    let mut s = match path {
+        Some(p) => std::fs::read_to_string(p).map_err(|source| error::HarnessError::Io {
+            path: p.display().to_string(),
+            source,
+        })?,
+        None => default_corpus().to_string(),
+    };
+    if s.ends_with('\n') {
+        s.pop();
+    }
+    Ok(s)
 }
 
 /// The cached SmolLM2-135M-Instruct Q4_1 model, downloaded and verified if missing

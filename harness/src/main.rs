@@ -7,6 +7,10 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use harness::error::{HarnessError, Result};
+use harness::golden::GoldenSet;
+use harness::matrix::report::GoldenStatus;
+use harness::matrix::run::RunOptions;
+use harness::matrix::{Matrix, Source};
 use harness::perplexity::{perplexity, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
 use harness::{default_corpus, default_model_path};
@@ -32,8 +36,8 @@ enum Command {
         #[arg(long)]
         file: Option<PathBuf>,
     },
-    /// Runs perplexity over a matrix of devices, split modes, pipeline slots and threads;
-    /// fails if any two cells differ in bits.
+    /// Runs a regression matrix (a TOML file of cells and rules; default: the CPU matrix)
+    /// and fails if any rule breaks or any cell moves from its golden.
     Regress(RegressArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(BenchArgs),
@@ -46,22 +50,25 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct RegressArgs {
-    /// Which matrix: `cpu` (cpu, cpu:2..4 x none/layer x n_copies 1,2,4 x threads 1,2).
-    #[arg(long, default_value = "cpu")]
-    devices_matrix: String,
-    /// GGUF model (default: the cached SmolLM2, downloaded if missing).
+    /// Matrix file (TOML, see harness/matrices/); default: the embedded CPU matrix.
+    #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
+    matrix: Option<PathBuf>,
+    /// Built-in matrix: `cpu` (the embedded harness/matrices/cpu.toml, 48 cells).
+    #[arg(long)]
+    devices_matrix: Option<String>,
+    /// GGUF model (default: the matrix's).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Text file (default: the embedded GPL-3 corpus).
+    /// Text file (default: the matrix's corpus).
     #[arg(long)]
     file: Option<PathBuf>,
-    /// Tokens per chunk.
-    #[arg(long, default_value_t = 512)]
-    ctx: usize,
-    /// Tokens per decode call.
-    #[arg(long, default_value_t = 512)]
-    batch: usize,
-    /// Process at most this many chunks per cell.
+    /// Tokens per chunk (default: the matrix's).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Tokens per decode call (default: the matrix's).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Process at most this many chunks per cell (default: the matrix's).
     #[arg(long)]
     chunks: Option<usize>,
     /// Check races in every cell (any race fails the run).
@@ -73,17 +80,24 @@ struct RegressArgs {
     /// With --chaos: run the whole matrix for this many seeds (SEED, SEED+1, ...).
     #[arg(long, default_value_t = 1, requires = "chaos")]
     seeds: u64,
-    /// Golden file to compare with (default: the goldens built into the binary).
+    /// Golden file to compare with, and to record into with --bless (default: the
+    /// goldens built into the binary).
     #[arg(long, value_name = "PATH")]
     golden: Option<PathBuf>,
-    /// Record this run's bits as the golden of its configuration in PATH (after checking
-    /// that every cell agrees).
-    #[arg(long, value_name = "PATH")]
+    /// Record a golden in the --golden file for each identical group of the matrix
+    /// (only groups whose cells agree bit for bit, race-free).
+    #[arg(long)]
+    bless: bool,
+    /// Same as --bless --golden PATH.
+    #[arg(long, value_name = "PATH", conflicts_with = "golden")]
     update_golden: Option<PathBuf>,
+    /// Write the JSON report (cells, violations, goldens recorded) to PATH.
+    #[arg(long, value_name = "PATH")]
+    report: Option<PathBuf>,
     /// Weaken the scheduler on purpose (see `perplexity --help`).
     #[arg(long, hide = true, value_delimiter = ',')]
     weaken: Vec<String>,
-    /// Print JSON instead of a table.
+    /// Print the JSON report instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -253,26 +267,7 @@ fn default_threads() -> usize {
 }
 
 fn read_text(file: &Option<PathBuf>) -> Result<String> {
-    match file {
-        Some(p) => {
-            let mut s = std::fs::read_to_string(p).map_err(|source| HarnessError::Io {
-                path: p.display().to_string(),
-                source,
-            })?;
-            // llama.cpp's -f drops one trailing newline.
-            if s.ends_with('\n') {
-                s.pop();
-            }
-            Ok(s)
-        }
-        None => {
-            let mut s = default_corpus().to_string();
-            if s.ends_with('\n') {
-                s.pop();
-            }
-            Ok(s)
-        }
-    }
+    harness::corpus_text(file.as_deref())
 }
 
 fn model_path(model: &Option<PathBuf>) -> Result<PathBuf> {
@@ -428,137 +423,121 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_regress(a: RegressArgs) -> Result<()> {
-    let cells = match a.devices_matrix.as_str() {
-        "cpu" => harness::regress::cpu_matrix(),
-        other => {
+/// The matrix of `regress`, with the command line's settings on top of the file's.
+fn regress_matrix(a: &RegressArgs) -> Result<Matrix> {
+    let mut m = match (&a.matrix, a.devices_matrix.as_deref()) {
+        (Some(path), _) => Matrix::load(path)?,
+        (None, None | Some("cpu")) => Matrix::cpu(),
+        (None, Some(other)) => {
             return Err(HarnessError::Usage(format!(
-                "--devices-matrix {other}: only 'cpu' is available"
+                "--devices-matrix {other}: only 'cpu' is built in (use --matrix FILE)"
             )))
         }
     };
-    let model = model_path(&a.model)?;
-    let text = read_text(&a.file)?;
-    let weaken = parse_weaken(&a.weaken)?;
-    let ppl = PplSettings {
-        n_ctx: a.ctx,
-        n_batch: a.batch,
-        max_chunks: a.chunks,
+    if let Some(p) = &a.model {
+        m.settings.model = Source::Path(p.clone());
+    }
+    if let Some(p) = &a.file {
+        m.settings.corpus = Source::Path(p.clone());
+    }
+    let ppl = &mut m.settings.ppl;
+    ppl.n_ctx = a.ctx.unwrap_or(ppl.n_ctx);
+    ppl.n_batch = a.batch.unwrap_or(ppl.n_batch);
+    ppl.max_chunks = a.chunks.or(ppl.max_chunks);
+    Ok(m)
+}
+
+fn run_regress(a: RegressArgs) -> Result<()> {
+    let matrix = regress_matrix(&a)?;
+    let golden_path = a.update_golden.clone().or(a.golden.clone());
+    let bless = a.bless || a.update_golden.is_some();
+    if bless && golden_path.is_none() {
+        return Err(HarnessError::Usage(
+            "--bless records into the --golden PATH file; give one".into(),
+        ));
+    }
+    let goldens = match &golden_path {
+        Some(p) => GoldenSet::load(p)?,
+        None => GoldenSet::parse(harness::golden::EMBEDDED)?,
     };
-    let key = harness::golden::GoldenKey {
-        hardware: "cpu".into(),
-        model_sha256: harness::golden::sha256_hex(&std::fs::read(&model).map_err(|source| {
-            HarnessError::Io {
-                path: model.display().to_string(),
-                source,
-            }
-        })?),
-        text_sha256: harness::golden::sha256_hex(text.as_bytes()),
-        n_ctx: a.ctx,
-        n_batch: a.batch,
-        chunks: a.chunks,
-    };
-    let goldens = match &a.golden {
-        Some(p) => harness::golden::GoldenSet::load(p)?,
-        None => harness::golden::GoldenSet::parse(harness::golden::EMBEDDED)?,
-    };
-    let seeds: Vec<Option<u64>> = match a.chaos {
+    let chaos_seeds: Vec<Option<u64>> = match a.chaos {
         Some(s0) => (0..a.seeds).map(|i| Some(s0.wrapping_add(i))).collect(),
         None => vec![None],
     };
+    let opts = RunOptions {
+        check_races: a.check_races,
+        chaos_seeds,
+        weaken: parse_weaken(&a.weaken)?,
+        goldens,
+        bless,
+    };
     let show_bar = !a.json && std::io::stderr().is_terminal();
-    let total = (cells.len() * seeds.len()) as u64;
+    let total = (matrix.cells.len() * opts.chaos_seeds.len()) as u64;
     let bar = show_bar.then(|| indicatif::ProgressBar::new(total));
-    let mut results = Vec::with_capacity(total as usize);
-    let mut races = 0usize;
-    for &chaos in &seeds {
-        let settings = harness::regress::RegressSettings {
-            ppl,
-            check_races: a.check_races,
-            chaos,
-            weaken: weaken.clone(),
-        };
-        for cell in &cells {
-            let r = harness::regress::run_cell(&model, &text, cell, &settings)?;
-            if let Some(b) = &bar {
-                b.inc(1);
-            } else if !a.json {
-                eprintln!(
-                    "{}{} {:?} copies={} threads={}: PPL {:.4} in {:.1} s, {} races",
-                    chaos.map_or(String::new(), |s| format!("seed {s}: ")),
-                    r.devices,
-                    r.split_mode,
-                    r.n_copies,
-                    r.threads,
-                    r.ppl,
-                    r.seconds,
-                    r.races
-                );
-            }
-            races += r.races;
-            results.push(r);
+    let report = harness::matrix::run::run(&matrix, &opts, |row| {
+        if let Some(b) = &bar {
+            b.inc(1);
+        } else if !a.json {
+            eprintln!(
+                "{}{}: PPL {:.4} in {:.1} s, {} races",
+                row.chaos.map_or(String::new(), |s| format!("seed {s}: ")),
+                row.name,
+                row.result.ppl,
+                row.result.seconds,
+                row.result.races
+            );
         }
-    }
+    })?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    if let Some(p) = &a.report {
+        report.write_json(p)?;
+    }
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&results).map_err(|e| HarnessError::Usage(e.to_string()))?
-        );
-    } else if seeds.len() == 1 {
-        print!("{}", harness::regress::table(&results));
+        println!("{}", report.json()?);
+    } else {
+        if opts.chaos_seeds.len() == 1 {
+            print!("{}", report.markdown());
+        }
+        println!("{}", report.hardware_note);
+        let missing = report
+            .rows
+            .iter()
+            .filter(|r| r.golden == GoldenStatus::Missing)
+            .count();
+        if missing > 0 && !bless {
+            println!("{missing} cells have no golden (record them with --bless)");
+        }
     }
-    if races > 0 {
-        return Err(HarnessError::Usage(format!(
-            "the happens-before checker found {races} races"
-        )));
+    for v in &report.violations {
+        eprintln!("violation: {v}");
     }
-    harness::regress::check_identical(&results)?;
+    if let Some(path) = golden_path.as_ref().filter(|_| bless) {
+        if !report.blessed.is_empty() {
+            let mut set = GoldenSet::load(path)?;
+            for g in &report.blessed {
+                set.record(g.clone());
+            }
+            set.save(path)?;
+            eprintln!(
+                "{} goldens recorded in {}",
+                report.blessed.len(),
+                path.display()
+            );
+        }
+    }
+    if !report.passed() {
+        return Err(HarnessError::Violations(report.violations.len()));
+    }
     if !a.json {
         println!(
-            "all {} cells bit-identical{}",
-            results.len(),
-            if seeds.len() > 1 {
-                format!(" over {} chaos seeds", seeds.len())
-            } else {
-                String::new()
-            }
+            "{} cells over {} run(s): every rule holds",
+            matrix.cells.len(),
+            opts.chaos_seeds.len()
         );
     }
-    if let Some(path) = &a.update_golden {
-        let first = &results[0];
-        let mut set = harness::golden::GoldenSet::load(path)?;
-        set.record(harness::golden::Golden {
-            key,
-            ppl: first.ppl,
-            ppl_f64_bits: first.ppl_f64_bits.clone(),
-            logits_sha256: first.logits_sha256.clone(),
-        });
-        set.save(path)?;
-        eprintln!("golden recorded in {}", path.display());
-        return Ok(());
-    }
-    match goldens.check(&key, &results) {
-        harness::golden::Verdict::Equal => {
-            if !a.json {
-                println!("equal to the golden");
-            }
-            Ok(())
-        }
-        harness::golden::Verdict::Missing => {
-            eprintln!(
-                "no golden for this model, text and settings (record one with --update-golden)"
-            );
-            Ok(())
-        }
-        harness::golden::Verdict::Moved(cells) => Err(HarnessError::Usage(format!(
-            "{} cells moved from the golden:\n  {}",
-            cells.len(),
-            cells.join("\n  ")
-        ))),
-    }
+    Ok(())
 }
 
 fn run_plan(a: PlanArgs) -> Result<()> {

@@ -1,5 +1,5 @@
-//! The regression matrix: perplexity over devices x split modes x pipeline slots x
-//! threads, every cell bit-identical (DESIGN.md invariant 2).
+//! One cell of a regression matrix: perplexity on given devices, split mode, pipeline
+//! slots and threads (the matrices themselves live in [`crate::matrix`]).
 
 use std::path::Path;
 use std::time::Instant;
@@ -20,29 +20,6 @@ pub struct Cell {
     pub n_copies: usize,
     /// Threads in total.
     pub threads: usize,
-}
-
-/// The CPU matrix: devices {cpu, cpu:2, cpu:3, cpu:4} x split {none, layer} x n_copies
-/// {1, 2, 4} x threads {1, 2}, 48 cells. With split `none` the whole model runs on the
-/// first device (the others stay idle, as llama.cpp's main device), and a single device
-/// has no pipeline for `n_copies` to fill: such cells must still give the same bits.
-pub fn cpu_matrix() -> Vec<Cell> {
-    let mut cells = Vec::new();
-    for threads in [1, 2] {
-        for devices in ["cpu", "cpu:2", "cpu:3", "cpu:4"] {
-            for split in [SplitMode::None, SplitMode::Layer] {
-                for n_copies in [1, 2, 4] {
-                    cells.push(Cell {
-                        devices: devices.parse().expect("valid device list"),
-                        split,
-                        n_copies,
-                        threads,
-                    });
-                }
-            }
-        }
-    }
-    cells
 }
 
 /// What one cell measured.
@@ -132,30 +109,6 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
         host_syncs_per_forward: exec.host_syncs_per_forward().unwrap_or(0.0),
         races,
     })
-}
-
-/// A Markdown table of results.
-pub fn table(results: &[CellResult]) -> String {
-    let mut s = String::from(
-        "| devices | split | copies | threads | PPL | PPL bits | logits sha256 | seconds | host syncs/fwd | races |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in results {
-        s.push_str(&format!(
-            "| {} | {:?} | {} | {} | {:.4} | {} | {}… | {:.1} | {:.2} | {} |\n",
-            r.devices,
-            r.split_mode,
-            r.n_copies,
-            r.threads,
-            r.ppl,
-            r.ppl_f64_bits,
-            &r.logits_sha256[..16],
-            r.seconds,
-            r.host_syncs_per_forward,
-            r.races
-        ));
-    }
-    s
 }
 
 /// Checks that every cell has the same bits as the first; the error names each cell

@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use ggml_core::DType;
+use harness::matrix::Matrix;
 use harness::perplexity::PplSettings;
-use harness::regress::{check_identical, cpu_matrix, run_cell, Cell, RegressSettings};
+use harness::regress::{check_identical, run_cell, Cell, RegressSettings};
 use harness::session::SplitMode;
 use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 use rstest::rstest;
@@ -48,7 +49,7 @@ fn settings(chaos: Option<u64>, weaken: Vec<ggml_sched::WeakenKnob>) -> RegressS
 #[case::chaos_2(Some(2))]
 fn cpu_matrix_is_bit_identical_and_race_free(#[case] chaos: Option<u64>) {
     let model = model();
-    let cells = cpu_matrix();
+    let cells: Vec<Cell> = Matrix::cpu().cells.into_iter().map(|c| c.cell).collect();
     assert_eq!(cells.len(), 48);
     let results: Vec<_> = cells
         .iter()
