@@ -37,7 +37,7 @@ fn model() -> PathBuf {
 
 fn corpus() -> PathBuf {
     scratch_file("corpus.txt", || {
-        harness::default_corpus()[..2500].as_bytes().to_vec()
+        harness::default_corpus().as_bytes()[..2500].to_vec()
     })
 }
 

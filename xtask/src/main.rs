@@ -30,9 +30,11 @@ commands:
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
                  (ARGS go to `ggml-harness perplexity`, see its --help)
   regress [-- ARGS]
-                 the CPU regression matrix (48 cells) on the real model and corpus,
-                 with the race checker, compared with harness/goldens.json; ARGS go
-                 to `ggml-harness regress` (e.g. --chaos 1 --seeds 100 --chunks 1)";
+                 a regression matrix (default: the 48-cell CPU one; --matrix FILE
+                 for another, e.g. harness/matrices/cuda-1gpu.toml) on the real
+                 model and corpus, with the race checker, compared with
+                 harness/goldens.json (--bless records into it); ARGS go to
+                 `ggml-harness regress` (e.g. --chaos 1 --seeds 100 --chunks 1)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -95,8 +97,15 @@ fn regress(args: &[String]) -> Result<()> {
     let sh = Shell::new().map_err(|e| e.to_string())?;
     sh.change_dir(workspace_root());
     let args = args.strip_prefix(&["--".to_string()]).unwrap_or(args);
+    let args = absolute_path_args(
+        args,
+        &["--matrix", "--report", "--golden", "--update-golden"],
+    )?;
     let golden = workspace_root().join("harness/goldens.json");
-    let golden_args: Vec<String> = if args.iter().any(|a| a.starts_with("--update-golden")) {
+    let golden_args: Vec<String> = if args
+        .iter()
+        .any(|a| a.starts_with("--update-golden") || a.starts_with("--golden"))
+    {
         Vec::new()
     } else {
         vec!["--golden".into(), golden.display().to_string()]
@@ -108,6 +117,29 @@ fn regress(args: &[String]) -> Result<()> {
     )
     .run()
     .map_err(|e| e.to_string())
+}
+
+/// `args` with the values of the `flags` (`--flag VALUE` or `--flag=VALUE`) made
+/// absolute: the harness runs from the workspace root, not where xtask was invoked.
+fn absolute_path_args(args: &[String], flags: &[&str]) -> Result<Vec<String>> {
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let absolute = |p: &str| cwd.join(p).display().to_string();
+    let mut out = Vec::with_capacity(args.len());
+    let mut next_is_path = false;
+    for a in args {
+        if next_is_path {
+            out.push(absolute(a));
+            next_is_path = false;
+        } else if flags.contains(&a.as_str()) {
+            out.push(a.clone());
+            next_is_path = true;
+        } else if let Some((flag, value)) = a.split_once('=').filter(|(f, _)| flags.contains(f)) {
+            out.push(format!("{flag}={}", absolute(value)));
+        } else {
+            out.push(a.clone());
+        }
+    }
+    Ok(out)
 }
 
 fn ci() -> Result<()> {

@@ -84,8 +84,8 @@ pub fn evaluate(
                     continue;
                 };
                 let rel = (c.ppl - o.ppl).abs() / o.ppl;
-                // Written so that a NaN perplexity is a violation too.
-                if !(rel <= *rel_ppl) {
+                // A NaN perplexity is a violation too.
+                if rel.is_nan() || rel > *rel_ppl {
                     out.push(violation(
                         cell,
                         format!(

@@ -1,5 +1,6 @@
 //! Running a matrix: devices checked first, then every cell, its rules and goldens.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -61,13 +62,16 @@ pub fn hardware_classes(matrix: &Matrix) -> Result<Vec<String>> {
                     if gpu >= n {
                         return Err(unavailable(format!("this machine has {n} CUDA devices")));
                     }
-                    if !gpu_class.contains_key(&gpu) {
-                        let b = ggml_cuda::CudaBackend::new(gpu, 0)
-                            .map_err(|e| unavailable(e.to_string().replace('\n', " ")))?;
-                        let (major, minor) = b.compute_capability();
-                        gpu_class.insert(gpu, format!("cuda-sm{major}{minor}"));
-                    }
-                    classes.push(gpu_class[&gpu].clone());
+                    let class = match gpu_class.entry(gpu) {
+                        Entry::Occupied(e) => e.get().clone(),
+                        Entry::Vacant(e) => {
+                            let b = ggml_cuda::CudaBackend::new(gpu, 0)
+                                .map_err(|err| unavailable(err.to_string().replace('\n', " ")))?;
+                            let (major, minor) = b.compute_capability();
+                            e.insert(format!("cuda-sm{major}{minor}")).clone()
+                        }
+                    };
+                    classes.push(class);
                 }
             }
         }
