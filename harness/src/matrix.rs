@@ -1,7 +1,7 @@
 //! Data-driven regression matrices: cells and rules read from a TOML file
 //! (`harness/matrices/*.toml`), run on whatever devices the runner has.
 //!
-//! - [`file`]: the TOML form and its validation (every mistake refused with the file,
+//! - [`file`](mod@file): the TOML form and its validation (every mistake refused with the file,
 //!   line and reason before anything runs);
 //! - [`run`]: device checks, running the cells, goldens and blessing;
 //! - [`rules`]: the `identical` and `within` rules over one run's results;
