@@ -28,7 +28,7 @@ pub struct RunOptions {
 }
 
 /// The hardware class of each cell's golden key, in matrix order: `cpu` for every CPU
-/// (all ISA paths are bit-identical), `cuda-smXY` per GPU architecture, joined with `+`
+/// (all ISA paths are bit-identical), `cuda-smXY-NAME` per GPU (architecture and name), joined with `+`
 /// when a cell mixes them. Fails, before anything runs, when a cell needs a device this
 /// machine lacks.
 pub fn hardware_classes(matrix: &Matrix) -> Result<Vec<String>> {
@@ -68,7 +68,15 @@ pub fn hardware_classes(matrix: &Matrix) -> Result<Vec<String>> {
                             let b = ggml_cuda::CudaBackend::new(gpu, 0)
                                 .map_err(|err| unavailable(err.to_string().replace('\n', " ")))?;
                             let (major, minor) = b.compute_capability();
-                            e.insert(format!("cuda-sm{major}{minor}")).clone()
+                            // Name as well as architecture: two GPUs of one architecture
+                            // may still differ (clocks never change bits, but SM counts
+                            // can change how a kernel splits work).
+                            let name: String = b
+                                .device_name()
+                                .chars()
+                                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                                .collect();
+                            e.insert(format!("cuda-sm{major}{minor}-{name}")).clone()
                         }
                     };
                     classes.push(class);
