@@ -56,3 +56,8 @@ pub fn corpus_text(path: Option<&std::path::Path>) -> error::Result<String> {
 pub fn default_model_path() -> error::Result<std::path::PathBuf> {
     fetch::fetch_model().map_err(|e| error::HarnessError::Model(format!("default model: {e}")))
 }
+
+/// Compiles the README's Rust examples as doctests, so the README cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
