@@ -14,6 +14,7 @@ use crate::kernels::{KernelId, MODULES};
 /// Checked before the first call so that a missing one is an error, not a panic.
 pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
+    "cuDriverGetVersion",
     "cuGetErrorName",
     "cuDeviceGetCount",
     "cuDeviceGet",
@@ -127,6 +128,19 @@ pub fn device_count() -> Result<usize, CuError> {
         "cuDeviceGetCount failed",
     )?;
     Ok(n.max(0) as usize)
+}
+
+/// The driver's CUDA version as `1000 · major + 10 · minor` (13000 for CUDA 13.0), an
+/// error if the driver cannot be used.
+pub fn driver_version() -> Result<i32, CuError> {
+    driver()?;
+    let mut v: c_int = 0;
+    // SAFETY: driver initialised; `v` is a valid out pointer.
+    ck(
+        unsafe { sys::cuDriverGetVersion(&mut v) },
+        "cuDriverGetVersion failed",
+    )?;
+    Ok(v)
 }
 
 /// The loaded kernels of one device.

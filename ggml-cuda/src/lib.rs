@@ -50,5 +50,5 @@ mod ops;
 pub mod reference;
 
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT};
-pub use driver::{device_count, driver, CuError, REQUIRED_SYMBOLS};
+pub use driver::{device_count, driver, driver_version, CuError, REQUIRED_SYMBOLS};
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};

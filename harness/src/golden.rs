@@ -20,7 +20,7 @@ pub const EMBEDDED: &str = include_str!("../goldens.json");
 /// What determines the bits of a perplexity run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GoldenKey {
-    /// Hardware class of the kernels (`cpu`, `cuda-sm90-NVIDIA-H100-80GB-HBM3`, ...).
+    /// Hardware class of the kernels (`cpu`, `cuda-sm90-NVIDIA-H100-80GB-HBM3-drv13000`, ...).
     pub hardware: String,
     /// SHA-256 of the model file, hex.
     pub model_sha256: String,

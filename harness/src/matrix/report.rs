@@ -30,7 +30,7 @@ pub struct Row {
     pub name: String,
     /// The chaos seed of the run, if any.
     pub chaos: Option<u64>,
-    /// The hardware class of its golden key (`cpu`, `cuda-sm90-NVIDIA-H100-80GB-HBM3`).
+    /// The hardware class of its golden key (`cpu`, `cuda-sm90-NVIDIA-H100-80GB-HBM3-drv13000`).
     pub hardware: String,
     /// How it compares with its golden.
     pub golden: GoldenStatus,

@@ -28,7 +28,7 @@ pub struct RunOptions {
 }
 
 /// The hardware class of each cell's golden key, in matrix order: `cpu` for every CPU
-/// (all ISA paths are bit-identical), `cuda-smXY-NAME` per GPU (architecture and name), joined with `+`
+/// (all ISA paths are bit-identical), `cuda-smXY-NAME-drvV` per GPU (architecture, name, driver version), joined with `+`
 /// when a cell mixes them. Fails, before anything runs, when a cell needs a device this
 /// machine lacks.
 pub fn hardware_classes(matrix: &Matrix) -> Result<Vec<String>> {
@@ -68,15 +68,18 @@ pub fn hardware_classes(matrix: &Matrix) -> Result<Vec<String>> {
                             let b = ggml_cuda::CudaBackend::new(gpu, 0)
                                 .map_err(|err| unavailable(err.to_string().replace('\n', " ")))?;
                             let (major, minor) = b.compute_capability();
-                            // Name as well as architecture: two GPUs of one architecture
-                            // may still differ (clocks never change bits, but SM counts
-                            // can change how a kernel splits work).
+                            // Name and driver as well as architecture: SM counts can change
+                            // how a kernel splits work, and the driver assembles the PTX.
                             let name: String = b
                                 .device_name()
                                 .chars()
                                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
                                 .collect();
-                            e.insert(format!("cuda-sm{major}{minor}-{name}")).clone()
+                            let driver = ggml_cuda::driver_version().map_err(|err| {
+                                unavailable(format!("{}: {}", err.what, err.code))
+                            })?;
+                            e.insert(format!("cuda-sm{major}{minor}-{name}-drv{driver}"))
+                                .clone()
                         }
                     };
                     classes.push(class);
