@@ -53,7 +53,8 @@ struct RegressArgs {
     /// Matrix file (TOML, see harness/matrices/); default: the embedded CPU matrix.
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
-    /// Built-in matrix: `cpu` (the embedded harness/matrices/cpu.toml, 48 cells).
+    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 48 cells), `cuda` (cuda-1gpu.toml)
+    /// or `cuda-2gpu`.
     #[arg(long)]
     devices_matrix: Option<String>,
     /// GGUF model (default: the matrix's).
@@ -427,12 +428,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
 fn regress_matrix(a: &RegressArgs) -> Result<Matrix> {
     let mut m = match (&a.matrix, a.devices_matrix.as_deref()) {
         (Some(path), _) => Matrix::load(path)?,
-        (None, None | Some("cpu")) => Matrix::cpu(),
-        (None, Some(other)) => {
-            return Err(HarnessError::Usage(format!(
-                "--devices-matrix {other}: only 'cpu' is built in (use --matrix FILE)"
-            )))
-        }
+        (None, None) => Matrix::cpu(),
+        (None, Some(name)) => Matrix::builtin(name).ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "--devices-matrix {name}: built in are cpu, cuda (one GPU) and cuda-2gpu (or use --matrix FILE)"
+            ))
+        })?,
     };
     if let Some(p) = &a.model {
         m.settings.model = Source::Path(p.clone());

@@ -22,6 +22,12 @@ use crate::regress::Cell;
 /// The CPU matrix shipped with the harness (`harness/matrices/cpu.toml`).
 pub const CPU_MATRIX: &str = include_str!("../matrices/cpu.toml");
 
+/// The one-GPU CUDA matrix shipped with the harness (`harness/matrices/cuda-1gpu.toml`).
+pub const CUDA_1GPU_MATRIX: &str = include_str!("../matrices/cuda-1gpu.toml");
+
+/// The two-GPU CUDA matrix shipped with the harness (`harness/matrices/cuda-2gpu.toml`).
+pub const CUDA_2GPU_MATRIX: &str = include_str!("../matrices/cuda-2gpu.toml");
+
 /// Where a model or corpus comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -139,6 +145,17 @@ impl Matrix {
     pub fn cpu() -> Matrix {
         file::parse("harness/matrices/cpu.toml", None, CPU_MATRIX)
             .expect("the embedded CPU matrix is valid")
+    }
+
+    /// A built-in matrix by name: `cpu`, `cuda` (one GPU) or `cuda-2gpu`.
+    pub fn builtin(name: &str) -> Option<Matrix> {
+        let (path, text) = match name {
+            "cpu" => ("harness/matrices/cpu.toml", CPU_MATRIX),
+            "cuda" | "cuda-1gpu" => ("harness/matrices/cuda-1gpu.toml", CUDA_1GPU_MATRIX),
+            "cuda-2gpu" => ("harness/matrices/cuda-2gpu.toml", CUDA_2GPU_MATRIX),
+            _ => return None,
+        };
+        Some(file::parse(path, None, text).expect("the built-in matrices are valid"))
     }
 
     /// The cell named `name`.

@@ -301,3 +301,19 @@ fn bad_files_are_refused_with_their_line(
     );
     assert!(e.contains(reason), "{e}");
 }
+
+#[rstest]
+#[case("cpu", 48)]
+#[case("cuda", 13)]
+#[case("cuda-2gpu", 19)]
+fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize) {
+    let m = Matrix::builtin(name).unwrap();
+    assert_eq!(m.cells.len(), n_cells);
+    let file = match name {
+        "cpu" => "cpu.toml",
+        "cuda" => "cuda-1gpu.toml",
+        _ => "cuda-2gpu.toml",
+    };
+    assert_eq!(Matrix::load(&matrix_file(file)).unwrap().cells, m.cells);
+    assert!(Matrix::builtin("tpu").is_none());
+}
