@@ -15,6 +15,11 @@ fn creation_fails_cleanly_without_a_usable_driver() {
             assert!(e.to_string().contains("cuda:0#0"), "{e}");
             assert!(CudaBackend::device_count().is_err());
             assert!(CudaBackend::new_virtual(0, 2).is_err());
+            assert!(
+                std::env::var_os("GGML_RS_REQUIRE_GPU").is_none(),
+                "GGML_RS_REQUIRE_GPU is set but the driver cannot be used: {}",
+                why.what
+            );
             println!("skipped GPU part: {}", why.what);
         }
         Ok(()) => {
@@ -32,6 +37,10 @@ fn virtual_devices_have_own_streams_and_domains() {
     let v = match CudaBackend::new_virtual(0, 2) {
         Ok(v) => v,
         Err(e) => {
+            assert!(
+                std::env::var_os("GGML_RS_REQUIRE_GPU").is_none(),
+                "GGML_RS_REQUIRE_GPU is set but no GPU can be used: {e}"
+            );
             println!("skipped: {e}");
             return;
         }

@@ -1,6 +1,7 @@
 //! Every kernel against host references, by NMSE (1e-7 for most ops, 5e-4 for mul_mat
 //! and flash attention), plus bit-identity checks of invariant 2, copies and events.
-//! Each test prints "skipped: <reason>" and returns when no GPU can be used.
+//! Each test prints "skipped: <reason>" and returns when no GPU can be used, unless
+//! `GGML_RS_REQUIRE_GPU` is set (as `cargo xtask gpu-test` does): then it fails.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use ggml_core::{
@@ -10,11 +11,19 @@ use ggml_core::{
 use ggml_cuda::reference::{self, nmse, Q8_1_BLOCK};
 use ggml_cuda::{CudaBackend, MulMatClass};
 
+/// Reports why the GPU tests cannot run: a skip, or a failure where a GPU is required.
+fn skip(why: impl std::fmt::Display) {
+    if std::env::var_os("GGML_RS_REQUIRE_GPU").is_some() {
+        panic!("GGML_RS_REQUIRE_GPU is set but no GPU can be used: {why}");
+    }
+    println!("skipped: {why}");
+}
+
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0, 0) {
         Ok(b) => Some(b),
         Err(e) => {
-            println!("skipped: {e}");
+            skip(e);
             None
         }
     }
@@ -613,7 +622,7 @@ fn copies_and_events_between_virtual_devices() {
     let v = match CudaBackend::new_virtual(0, 2) {
         Ok(v) => v,
         Err(e) => {
-            println!("skipped: {e}");
+            skip(e);
             return;
         }
     };

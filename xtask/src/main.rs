@@ -8,6 +8,7 @@
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
 
 mod fetch;
+mod gpu;
 mod ptx;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +26,11 @@ commands:
                  what CI runs
   fetch-model    download SmolLM2-135M-Instruct Q4_1 into $GGML_RS_CACHE
                  (default ~/.cache/ggml-rs), verify it and print its path
+  gpu-test [--prepare DIR]
+                 on a machine with an NVIDIA GPU: ggml-cuda's GPU tests, cuda:0
+                 perplexity within 0.5 % of the CPU's, the CUDA regression matrix;
+                 --prepare packs them (binaries, model in 48 MiB parts, DIR/run.sh)
+                 for a GPU machine without Rust
   ptx-check      assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
                  sm_80 and sm_90
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
@@ -42,6 +48,9 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("ppl") => ppl(&args[1..]),
         Some("regress") => regress(&args[1..]),
+        Some("gpu-test") => Shell::new()
+            .map_err(|e| e.to_string())
+            .and_then(|sh| gpu::gpu_test(&sh, &workspace_root(), &args[1..])),
         Some("ptx-check") => Shell::new()
             .map_err(|e| e.to_string())
             .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
