@@ -1,13 +1,13 @@
-//! Running forward passes: on one backend directly ([`DirectExecutor`]).
+//! Running forward passes through the scheduler ([`SchedExecutor`]).
 
 use std::sync::Arc;
 
-use ggml_core::{alloc, Backend, Tensor, TensorId};
+use ggml_core::Backend;
 
 use crate::batch::{prepare, Batch, GraphInputs};
 use crate::error::{HarnessError, Result};
 use crate::model::{build_forward, ForwardGraph, Model};
-use crate::placement::{KvCache, OwnedBuffer};
+use crate::placement::KvCache;
 
 /// Something that runs forward passes of a model over batches.
 pub trait Executor {
@@ -39,127 +39,11 @@ pub trait Executor {
     }
 }
 
-/// Runs every pass on a single backend, with a compute buffer that grows as needed.
-pub struct DirectExecutor {
-    backend: Arc<dyn Backend>,
-    compute: Option<OwnedBuffer>,
-    done: std::collections::BTreeMap<u64, Vec<f32>>,
-    next: u64,
-}
-
-impl std::fmt::Debug for DirectExecutor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DirectExecutor({})", self.backend.name())
-    }
-}
-
-impl DirectExecutor {
-    /// An executor on `backend`.
-    pub fn new(backend: Arc<dyn Backend>) -> DirectExecutor {
-        DirectExecutor {
-            backend,
-            compute: None,
-            done: Default::default(),
-            next: 0,
-        }
-    }
-
-    /// Gives every tensor of `g` that needs bytes a place in the compute buffer.
-    fn allocate(&mut self, g: &mut ForwardGraph) -> Result<()> {
-        let align = self.backend.alignment().max(1);
-        let mut slots = vec![alloc::Slot::default(); g.tensors.len()];
-        let mut free = vec![alloc::FreeBlock::default(); g.tensors.len()];
-        let size = alloc::plan_nodes(
-            &g.tensors,
-            &g.nodes,
-            g.leafs.iter().copied(),
-            align,
-            &mut slots,
-            &mut free,
-        )?;
-        if self.compute.as_ref().is_none_or(|b| b.info().size < size) {
-            self.compute = None;
-            self.compute = Some(OwnedBuffer::alloc(&self.backend, size)?);
-        }
-        let buf = self.compute.as_ref().expect("allocated above");
-        for (i, s) in slots.iter().enumerate() {
-            if s.allocated {
-                g.tensors[i].data = Some(buf.at(s.offset));
-            }
-        }
-        resolve_views(&mut g.tensors);
-        Ok(())
-    }
-}
-
-/// Sets the data location of every view from its root tensor's.
-pub fn resolve_views(tensors: &mut [Tensor]) {
-    for i in 0..tensors.len() {
-        if let Some(root) = tensors[i].view_src {
-            if let Some(d) = tensors[root.index()].data {
-                tensors[i].data = Some(ggml_core::DataRef {
-                    buffer: d.buffer,
-                    addr: d.addr + tensors[i].view_offs as u64,
-                });
-            }
-        }
-    }
-}
-
-/// Writes the batch inputs into their tensors through `backend`'s queue.
-pub fn set_inputs(backend: &dyn Backend, g: &ForwardGraph, inputs: &GraphInputs) -> Result<()> {
-    let t = |id: TensorId| &g.tensors[id.index()];
-    backend.set_tensor_async(t(g.inp_tokens), 0, &inputs.tokens)?;
-    backend.set_tensor_async(t(g.inp_pos), 0, &inputs.pos)?;
-    backend.set_tensor_async(t(g.kq_mask), 0, &inputs.mask)?;
-    backend.set_tensor_async(t(g.inp_out_ids), 0, &inputs.out_ids)?;
-    Ok(())
-}
-
-/// Reads an F32 tensor's elements.
-pub fn read_f32(backend: &dyn Backend, t: &Tensor) -> Result<Vec<f32>> {
-    if t.dtype != ggml_core::DType::F32 || !t.is_contiguous() {
-        return Err(HarnessError::Usage(format!(
-            "'{}' is not a contiguous f32 tensor",
-            t.name
-        )));
-    }
-    let mut bytes = vec![0u8; t.nbytes()];
-    backend.get_tensor(t, 0, &mut bytes)?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
 /// The error for a ticket that was never issued or already collected.
 fn unknown_ticket(ticket: u64) -> HarnessError {
     HarnessError::Usage(format!(
         "forward pass {ticket} was not submitted or was already collected"
     ))
-}
-
-impl Executor for DirectExecutor {
-    /// Runs the pass to completion (one backend has nothing to overlap with).
-    fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
-        let inputs = prepare(kv, batch)?;
-        let mut g = build_forward(model, &kv.layers, inputs.shape)?;
-        self.allocate(&mut g)?;
-        set_inputs(self.backend.as_ref(), &g, &inputs)?;
-        self.backend.graph_compute(&g.tensors, &g.nodes)?;
-        self.backend.synchronize()?;
-        let logits = read_f32(self.backend.as_ref(), &g.tensors[g.logits.index()])?;
-        let ticket = self.next;
-        self.next += 1;
-        self.done.insert(ticket, logits);
-        Ok(ticket)
-    }
-
-    fn collect(&mut self, ticket: u64) -> Result<Vec<f32>> {
-        self.done
-            .remove(&ticket)
-            .ok_or_else(|| unknown_ticket(ticket))
-    }
 }
 
 /// Runs every pass through [`ggml_sched::Scheduler`] over one or more backends. The

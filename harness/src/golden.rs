@@ -48,22 +48,18 @@ pub struct Golden {
     pub logits_sha256: String,
 }
 
+impl Golden {
+    /// Whether `result` has exactly this golden's bits (PPL and every scored logit).
+    pub fn matches(&self, result: &CellResult) -> bool {
+        self.ppl_f64_bits == result.ppl_f64_bits && self.logits_sha256 == result.logits_sha256
+    }
+}
+
 /// A set of goldens, as stored in `goldens.json`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GoldenSet {
     /// The entries, at most one per key.
     pub goldens: Vec<Golden>,
-}
-
-/// How a run compares with its golden.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Verdict {
-    /// No golden for this key.
-    Missing,
-    /// Every cell equals the golden.
-    Equal,
-    /// These cells (as `devices split copies threads`) differ from the golden.
-    Moved(Vec<String>),
 }
 
 /// Hex SHA-256 of `bytes`.
@@ -127,35 +123,6 @@ impl GoldenSet {
         self.goldens.retain(|g| g.key != golden.key);
         self.goldens.push(golden);
     }
-
-    /// Compares every cell of a run with the golden of `key`.
-    pub fn check(&self, key: &GoldenKey, cells: &[CellResult]) -> Verdict {
-        let Some(g) = self.find(key) else {
-            return Verdict::Missing;
-        };
-        let moved: Vec<String> = cells
-            .iter()
-            .filter(|c| c.ppl_f64_bits != g.ppl_f64_bits || c.logits_sha256 != g.logits_sha256)
-            .map(|c| {
-                format!(
-                    "{} {:?} copies={} threads={}: PPL {:.4} ({}) vs golden {:.4} ({})",
-                    c.devices,
-                    c.split_mode,
-                    c.n_copies,
-                    c.threads,
-                    c.ppl,
-                    c.ppl_f64_bits,
-                    g.ppl,
-                    g.ppl_f64_bits
-                )
-            })
-            .collect();
-        if moved.is_empty() {
-            Verdict::Equal
-        } else {
-            Verdict::Moved(moved)
-        }
-    }
 }
 
 #[cfg(test)]
@@ -196,26 +163,24 @@ mod tests {
     }
 
     #[test]
-    fn check_names_every_moved_cell() {
+    fn find_and_matches_tell_missing_equal_and_moved_apart() {
         let mut set = GoldenSet::default();
-        assert_eq!(set.check(&key(), &[cell("01", "cpu")]), Verdict::Missing);
+        assert!(set.find(&key()).is_none());
         set.record(Golden {
             key: key(),
             ppl: 18.0,
             ppl_f64_bits: "01".into(),
             logits_sha256: "cc".into(),
         });
-        assert_eq!(set.check(&key(), &[cell("01", "cpu")]), Verdict::Equal);
-        match set.check(&key(), &[cell("01", "cpu"), cell("02", "cpu:3")]) {
-            Verdict::Moved(m) => {
-                assert_eq!(m.len(), 1);
-                assert!(m[0].starts_with("cpu:3 Layer copies=2 threads=1"), "{m:?}");
-            }
-            v => panic!("{v:?}"),
-        }
+        let g = set.find(&key()).unwrap();
+        assert!(g.matches(&cell("01", "cpu")));
+        assert!(!g.matches(&cell("02", "cpu:3")));
+        let mut other_logits = cell("01", "cpu");
+        other_logits.logits_sha256 = "dd".into();
+        assert!(!g.matches(&other_logits));
         let mut other = key();
         other.n_ctx = 128;
-        assert_eq!(set.check(&other, &[cell("01", "cpu")]), Verdict::Missing);
+        assert!(set.find(&other).is_none());
     }
 
     #[test]

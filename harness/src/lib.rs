@@ -57,6 +57,14 @@ pub fn default_model_path() -> error::Result<std::path::PathBuf> {
     fetch::fetch_model().map_err(|e| error::HarnessError::Model(format!("default model: {e}")))
 }
 
+/// `path`, or the cached default model when it is `None`.
+pub fn model_path(path: Option<&std::path::Path>) -> error::Result<std::path::PathBuf> {
+    match path {
+        Some(p) => Ok(p.to_path_buf()),
+        None => default_model_path(),
+    }
+}
+
 /// Compiles the README's Rust examples as doctests, so the README cannot go stale.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

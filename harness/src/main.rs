@@ -267,22 +267,11 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-fn read_text(file: &Option<PathBuf>) -> Result<String> {
-    harness::corpus_text(file.as_deref())
-}
-
-fn model_path(model: &Option<PathBuf>) -> Result<PathBuf> {
-    match model {
-        Some(p) => Ok(p.clone()),
-        None => default_model_path(),
-    }
-}
-
 fn run_perplexity(a: PplArgs) -> Result<()> {
     let t0 = Instant::now();
     let config = a.run.config()?;
-    let session = Session::open(&model_path(&a.model)?, config.clone())?;
-    let text = read_text(&a.file)?;
+    let session = Session::open(&harness::model_path(a.model.as_deref())?, config.clone())?;
+    let text = harness::corpus_text(a.file.as_deref())?;
     // As common_tokenize(add_special = true): BOS first when the vocabulary adds it.
     let tokens = session.tokenizer.encode(&text);
     let bos = session
@@ -378,7 +367,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
 
 fn run_bench(a: BenchArgs) -> Result<()> {
     let config = a.run.config()?;
-    let path = model_path(&a.model)?;
+    let path = harness::model_path(a.model.as_deref())?;
     let session = Session::open(&path, config.clone())?;
     let mut kv = session.kv_cache(a.n_prompt.max(a.n_gen).max(1))?;
     let mut exec = session.executor()?;
@@ -552,7 +541,7 @@ fn run_plan(a: PlanArgs) -> Result<()> {
     if a.tokens == 0 {
         return Err(HarnessError::Usage("--tokens must be at least 1".into()));
     }
-    let session = Session::open(&model_path(&a.model)?, config)?;
+    let session = Session::open(&harness::model_path(a.model.as_deref())?, config)?;
     let mut kv = session.kv_cache(a.tokens)?;
     let style = if a.naive {
         ggml_sched::PlanStyle::Naive
@@ -574,7 +563,7 @@ fn run_plan(a: PlanArgs) -> Result<()> {
 }
 
 fn run_tokenize(model: Option<PathBuf>, file: Option<PathBuf>) -> Result<()> {
-    let path = model_path(&model)?;
+    let path = harness::model_path(model.as_deref())?;
     let f = harness::gguf_file::GgufFile::open(&path)?;
     let tok = harness::tokenizer::Tokenizer::from_gguf(&f.gguf()?)
         .map_err(|e| HarnessError::Tokenizer(e.to_string()))?;

@@ -37,6 +37,16 @@ pub enum Source {
     Path(PathBuf),
 }
 
+impl Source {
+    /// The file, or `None` for the default.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            Source::Default => None,
+            Source::Path(p) => Some(p),
+        }
+    }
+}
+
 /// Settings every cell starts from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {

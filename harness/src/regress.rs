@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::devices::DeviceList;
-use crate::error::{HarnessError, Result};
+use crate::error::Result;
 use crate::perplexity::{perplexity, PplSettings};
 use crate::session::{RunConfig, Session, SplitMode};
 
@@ -109,38 +109,4 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
         host_syncs_per_forward: exec.host_syncs_per_forward().unwrap_or(0.0),
         races,
     })
-}
-
-/// Checks that every cell has the same bits as the first; the error names each cell
-/// that differs.
-pub fn check_identical(results: &[CellResult]) -> Result<()> {
-    let Some(first) = results.first() else {
-        return Ok(());
-    };
-    let moved: Vec<String> = results
-        .iter()
-        .filter(|r| r.ppl_f64_bits != first.ppl_f64_bits || r.logits_sha256 != first.logits_sha256)
-        .map(|r| {
-            format!(
-                "{} {:?} copies={} threads={}: PPL {} (bits {}) vs {} (bits {})",
-                r.devices,
-                r.split_mode,
-                r.n_copies,
-                r.threads,
-                r.ppl,
-                r.ppl_f64_bits,
-                first.ppl,
-                first.ppl_f64_bits
-            )
-        })
-        .collect();
-    if moved.is_empty() {
-        Ok(())
-    } else {
-        Err(HarnessError::Usage(format!(
-            "{} cells differ from the first cell:\n  {}",
-            moved.len(),
-            moved.join("\n  ")
-        )))
-    }
 }

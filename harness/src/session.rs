@@ -7,7 +7,7 @@ use ggml_core::Backend;
 
 use crate::devices::{DeviceList, DeviceSpec};
 use crate::error::{HarnessError, Result};
-use crate::executor::{DirectExecutor, Executor, SchedExecutor};
+use crate::executor::{Executor, SchedExecutor};
 use crate::gguf_file::GgufFile;
 use crate::model::Model;
 use crate::placement::{place_weights, KvCache, LayerMap, OwnedBuffer};
@@ -228,11 +228,5 @@ impl Session {
             ..Default::default()
         };
         SchedExecutor::new(self.backends.clone(), self.layers.clone(), opts)
-    }
-
-    /// An executor that runs on the first backend without the scheduler (a reference
-    /// for testing the scheduler).
-    pub fn direct_executor(&self) -> DirectExecutor {
-        DirectExecutor::new(self.backends[0].clone())
     }
 }

@@ -5,9 +5,11 @@
 use std::path::PathBuf;
 
 use ggml_core::DType;
-use harness::matrix::Matrix;
+use harness::golden::GoldenSet;
+use harness::matrix::run::{run, RunOptions};
+use harness::matrix::{Matrix, Source};
 use harness::perplexity::PplSettings;
-use harness::regress::{check_identical, run_cell, Cell, RegressSettings};
+use harness::regress::{run_cell, Cell, RegressSettings};
 use harness::session::SplitMode;
 use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 use rstest::rstest;
@@ -48,21 +50,28 @@ fn settings(chaos: Option<u64>, weaken: Vec<ggml_sched::WeakenKnob>) -> RegressS
 #[case::chaos_1(Some(1))]
 #[case::chaos_2(Some(2))]
 fn cpu_matrix_is_bit_identical_and_race_free(#[case] chaos: Option<u64>) {
-    let model = model();
-    let cells: Vec<Cell> = Matrix::cpu().cells.into_iter().map(|c| c.cell).collect();
-    assert_eq!(cells.len(), 48);
-    let results: Vec<_> = cells
-        .iter()
-        .map(|c| run_cell(&model, text(), c, &settings(chaos, Vec::new())).unwrap())
-        .collect();
-    for r in &results {
-        assert_eq!(r.races, 0, "{r:?}");
-    }
-    check_identical(&results).unwrap();
+    let mut m = Matrix::cpu();
+    assert_eq!(m.cells.len(), 48);
+    let corpus = model().with_file_name(format!("corpus-{chaos:?}.txt"));
+    std::fs::write(&corpus, text()).unwrap();
+    m.settings.model = Source::Path(model());
+    m.settings.corpus = Source::Path(corpus);
+    m.settings.ppl = settings(chaos, Vec::new()).ppl;
+    let opts = RunOptions {
+        check_races: true,
+        chaos_seeds: vec![chaos],
+        weaken: Vec::new(),
+        goldens: GoldenSet::default(),
+        bless: false,
+    };
+    // The matrix's `identical ["*"]` rule and the race check make any differing or racy
+    // cell a violation.
+    let report = run(&m, &opts, |_| {}).unwrap();
+    assert!(report.passed(), "{:?}", report.violations);
     // One host sync per forward pass with a pipeline (HB5: the logits reach the host),
     // none more.
-    for r in results.iter().filter(|r| r.devices != "cpu") {
-        if r.split_mode == SplitMode::Layer {
+    for r in report.rows.iter().map(|r| &r.result) {
+        if r.devices != "cpu" && r.split_mode == SplitMode::Layer {
             assert!(r.host_syncs_per_forward <= 1.0 + 1e-9, "{r:?}");
         }
     }

@@ -12,7 +12,6 @@
 
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
 use xshell::{cmd, Shell};
 
 use crate::fetch::{self, Result};
@@ -193,12 +192,10 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
         let p = dir.join("model").join(format!("part-{i:02}"));
         std::fs::write(&p, part).map_err(|e| io("cannot write", &p, e))?;
     }
-    let sha: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    // fetch_model verified the file against this checksum.
     let run = dir.join("run.sh");
-    std::fs::write(&run, run_script(&sha, &tests)).map_err(|e| io("cannot write", &run, e))?;
+    std::fs::write(&run, run_script(fetch::MODEL_SHA256, &tests))
+        .map_err(|e| io("cannot write", &run, e))?;
     set_executable(&run)?;
 
     let size = folder_size(dir, &dir.join("model"))?;

@@ -16,7 +16,7 @@
 
 use half::{bf16, f16};
 
-use super::QuantError;
+use super::{check_len, QuantError};
 use crate::dtype::DType;
 
 /// ggml's `ggml_compute_fp32_to_fp16`: the f16 bits of `f`, rounded to nearest even; any
@@ -120,27 +120,9 @@ pub fn bf16_to_fp32(h: bf16) -> f32 {
     bf16_bits_to_fp32(h.to_bits())
 }
 
-fn check_same_len(
-    dtype: DType,
-    what: &'static str,
-    expected: usize,
-    actual: usize,
-) -> Result<(), QuantError> {
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(QuantError::SizeMismatch {
-            dtype,
-            what,
-            expected,
-            actual,
-        })
-    }
-}
-
 /// `ggml_fp32_to_fp16_row`: converts `src` into `dst` (same length).
 pub fn fp32_to_fp16_row(src: &[f32], dst: &mut [f16]) -> Result<(), QuantError> {
-    check_same_len(DType::F16, "destination values", src.len(), dst.len())?;
+    check_len(DType::F16, "destination values", src.len(), dst.len())?;
     for (y, &x) in dst.iter_mut().zip(src) {
         *y = fp32_to_fp16(x);
     }
@@ -149,7 +131,7 @@ pub fn fp32_to_fp16_row(src: &[f32], dst: &mut [f16]) -> Result<(), QuantError> 
 
 /// `ggml_fp16_to_fp32_row`: converts `src` into `dst` (same length).
 pub fn fp16_to_fp32_row(src: &[f16], dst: &mut [f32]) -> Result<(), QuantError> {
-    check_same_len(DType::F16, "destination values", src.len(), dst.len())?;
+    check_len(DType::F16, "destination values", src.len(), dst.len())?;
     for (y, &x) in dst.iter_mut().zip(src) {
         *y = fp16_to_fp32(x);
     }
@@ -158,7 +140,7 @@ pub fn fp16_to_fp32_row(src: &[f16], dst: &mut [f32]) -> Result<(), QuantError> 
 
 /// `ggml_fp32_to_bf16_row_ref`: converts `src` into `dst` (same length).
 pub fn fp32_to_bf16_row(src: &[f32], dst: &mut [bf16]) -> Result<(), QuantError> {
-    check_same_len(DType::BF16, "destination values", src.len(), dst.len())?;
+    check_len(DType::BF16, "destination values", src.len(), dst.len())?;
     for (y, &x) in dst.iter_mut().zip(src) {
         *y = fp32_to_bf16(x);
     }
@@ -167,7 +149,7 @@ pub fn fp32_to_bf16_row(src: &[f32], dst: &mut [bf16]) -> Result<(), QuantError>
 
 /// `ggml_bf16_to_fp32_row`: converts `src` into `dst` (same length).
 pub fn bf16_to_fp32_row(src: &[bf16], dst: &mut [f32]) -> Result<(), QuantError> {
-    check_same_len(DType::BF16, "destination values", src.len(), dst.len())?;
+    check_len(DType::BF16, "destination values", src.len(), dst.len())?;
     for (y, &x) in dst.iter_mut().zip(src) {
         *y = bf16_to_fp32(x);
     }

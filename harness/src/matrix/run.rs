@@ -2,11 +2,10 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use super::report::{GoldenStatus, Report, Row};
 use super::rules::{evaluate, Violation};
-use super::{Matrix, MatrixCell, Rule, Source};
+use super::{Matrix, MatrixCell, Rule};
 use crate::devices::DeviceSpec;
 use crate::error::{HarnessError, Result};
 use crate::golden::{sha256_hex, Golden, GoldenKey, GoldenSet};
@@ -98,13 +97,6 @@ pub fn cpu_isa() -> Result<ggml_cpu::Isa> {
     Ok(ggml_cpu::CpuBackend::new(ggml_cpu::CpuBackendOptions::with_threads(1))?.isa())
 }
 
-fn model_path(source: &Source) -> Result<PathBuf> {
-    match source {
-        Source::Default => crate::default_model_path(),
-        Source::Path(p) => Ok(p.clone()),
-    }
-}
-
 fn key(m: &MatrixCell, matrix: &Matrix, hardware: &str, model: &str, text: &str) -> GoldenKey {
     let ppl = m.ppl(matrix.settings.ppl);
     GoldenKey {
@@ -122,11 +114,8 @@ fn key(m: &MatrixCell, matrix: &Matrix, hardware: &str, model: &str, text: &str)
 pub fn run(matrix: &Matrix, opts: &RunOptions, mut progress: impl FnMut(&Row)) -> Result<Report> {
     let hardware = hardware_classes(matrix)?;
     let isa = cpu_isa()?;
-    let model = model_path(&matrix.settings.model)?;
-    let text = match &matrix.settings.corpus {
-        Source::Default => crate::corpus_text(None)?,
-        Source::Path(p) => crate::corpus_text(Some(p))?,
-    };
+    let model = crate::model_path(matrix.settings.model.path())?;
+    let text = crate::corpus_text(matrix.settings.corpus.path())?;
     let model_sha256 = sha256_hex(&std::fs::read(&model).map_err(|source| HarnessError::Io {
         path: model.display().to_string(),
         source,
@@ -156,12 +145,7 @@ pub fn run(matrix: &Matrix, opts: &RunOptions, mut progress: impl FnMut(&Row)) -
             } else {
                 match opts.goldens.find(key) {
                     None => GoldenStatus::Missing,
-                    Some(g)
-                        if g.ppl_f64_bits == result.ppl_f64_bits
-                            && g.logits_sha256 == result.logits_sha256 =>
-                    {
-                        GoldenStatus::Equal
-                    }
+                    Some(g) if g.matches(&result) => GoldenStatus::Equal,
                     Some(g) => {
                         violations.push(Violation {
                             cell: m.name.clone(),
