@@ -115,6 +115,8 @@ pub enum Op {
     },
     /// See [`Context::cpy`].
     Cpy,
+    /// See [`Context::set_rows`].
+    SetRows,
     /// See [`Context::cont`].
     Cont,
     /// See [`Context::view`].
@@ -162,6 +164,7 @@ impl Op {
             Op::Rope(_) => "ROPE",
             Op::SoftMax { .. } => "SOFT_MAX",
             Op::Cpy => "CPY",
+            Op::SetRows => "SET_ROWS",
             Op::Cont => "CONT",
             Op::View => "VIEW",
             Op::Reshape => "RESHAPE",
@@ -443,6 +446,41 @@ impl Context<'_> {
         self.push_view(Op::Cpy, b, tb.dtype, tb.ne, tb.nb, 0, &[a, b])
     }
 
+    /// `SET_ROWS`: writes row `i` of `src`, converted to `dst`'s dtype, into row `idx[i]`
+    /// of `dst`; the other rows of `dst` keep their bytes. This is how a KV cache is
+    /// written at positions given at run time, so one graph serves every micro-batch.
+    ///
+    /// `dst`: F32, F16 or BF16 `[n, rows, 1, 1]` with contiguous elements in a row;
+    /// `src`: F32 `[n, k, 1, 1]`; `idx`: I32 `[k]`. The result is a view of all of `dst`
+    /// (whose bytes the node writes). An index outside `0..rows` is an error of the
+    /// backend at run time; two equal indices leave either row's value.
+    pub fn set_rows(&mut self, dst: TensorId, src: TensorId, idx: TensorId) -> Result<TensorId> {
+        let (td, ts, ti) = (*self.get(dst)?, *self.get(src)?, *self.get(idx)?);
+        require("set_rows", &ts, DType::F32, "f32")?;
+        require("set_rows", &ti, DType::I32, "i32")?;
+        if !matches!(td.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(dtype_err("set_rows", &td, "f32, f16 or bf16"));
+        }
+        let flat = |t: &Tensor| t.ne[2] == 1 && t.ne[3] == 1;
+        if !flat(&td) || !flat(&ts) || ts.ne[0] != td.ne[0] || ti.ne != [ts.ne[1], 1, 1, 1] {
+            return Err(shape_err(
+                "set_rows",
+                "dst [n, rows], src [n, k], idx [k]",
+                &td,
+                ts.ne,
+            ));
+        }
+        if td.nb[0] != td.dtype.type_size() {
+            return Err(shape_err(
+                "set_rows",
+                "destination rows must be contiguous",
+                &td,
+                td.ne,
+            ));
+        }
+        self.push_view(Op::SetRows, dst, td.dtype, td.ne, td.nb, 0, &[src, idx])
+    }
+
     /// `CONT`: a contiguous copy of `a` (same dtype and shape, elements in row-major
     /// order of the shape, whatever `a`'s strides).
     pub fn cont(&mut self, a: TensorId) -> Result<TensorId> {
@@ -700,6 +738,34 @@ mod tests {
 
     fn storage<const N: usize>() -> [Tensor; N] {
         [Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); N]
+    }
+
+    #[test]
+    fn set_rows_is_a_view_of_its_destination() {
+        let mut s = storage::<8>();
+        let mut ctx = Context::new(&mut s);
+        let cache = ctx.new_tensor(DType::F16, [16, 32, 1, 1]).unwrap();
+        let rows = ctx.new_tensor(DType::F32, [16, 4, 1, 1]).unwrap();
+        let idx = ctx.new_tensor(DType::I32, [4, 1, 1, 1]).unwrap();
+        let w = ctx.set_rows(cache, rows, idx).unwrap();
+        let t = *ctx.get(w).unwrap();
+        assert_eq!(
+            (t.op, t.dtype, t.ne),
+            (Op::SetRows, DType::F16, [16, 32, 1, 1])
+        );
+        assert_eq!((t.view_src, t.view_offs), (Some(cache), 0));
+        assert_eq!(t.src[..2], [Some(rows), Some(idx)]);
+
+        let wide = ctx.new_tensor(DType::F32, [8, 4, 1, 1]).unwrap();
+        let idx5 = ctx.new_tensor(DType::I32, [5, 1, 1, 1]).unwrap();
+        let q = ctx.new_tensor(DType::Q8_0, [32, 4, 1, 1]).unwrap();
+        for (d, r, i) in [(cache, wide, idx), (cache, rows, idx5), (q, rows, idx)] {
+            assert!(ctx.set_rows(d, r, i).is_err());
+        }
+        assert!(matches!(
+            ctx.set_rows(cache, idx, idx),
+            Err(Error::DType { op: "set_rows", .. })
+        ));
     }
 
     #[test]

@@ -268,6 +268,13 @@ pub(crate) fn supports(tensors: &[Tensor], node: TensorId) -> Result<(), &'stati
                 float(b.dtype) || (crate::quant::can_quantize(b.dtype) && b.is_contiguous());
             ok(float(a.dtype) && dst_ok, "cpy: unsupported dtypes")
         }
+        Op::SetRows => ok(
+            src(0)?.dtype == DType::F32
+                && src(1)?.dtype == DType::I32
+                && matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16)
+                && t.nb[0] == t.dtype.type_size(),
+            "set_rows: f32 rows into f32/f16/bf16",
+        ),
         Op::Cont => {
             let a = src(0)?;
             ok(

@@ -655,7 +655,8 @@ fn index_of(flat: usize, ne: [usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
 
 /// Computes `node` from its operands `src` (in the order of `node.src`) into `out`, the
 /// node's bytes laid out contiguously in its dtype and shape (for CPY: the bytes of a
-/// contiguous destination `b` of the same shape). Returns an error string for
+/// contiguous destination `b` of the same shape; for SET_ROWS: the destination's current
+/// bytes, of which only the named rows are rewritten). Returns an error string for
 /// unsupported combinations or bad data (e.g. a row index out of range).
 pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<(), &'static str> {
     let ne = node.ne;
@@ -754,6 +755,19 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
             }
         }
         Op::MulMat => mul_mat(node, src[0], src[1], out)?,
+        Op::SetRows => {
+            let (a, idx) = (src[0], src[1]);
+            // Source rows in order: for repeated indices the last one wins.
+            for i in 0..a.desc.ne[1] {
+                let r = idx.get_i32([i, 0, 0, 0]);
+                if r < 0 || r as usize >= ne[1] {
+                    return Err("row index out of range");
+                }
+                for (i0, &v) in a.row(i, 0, 0).iter().enumerate() {
+                    put(out, dt, ne, [i0, r as usize, 0, 0], v);
+                }
+            }
+        }
         Op::Cpy | Op::Cont => {
             let a = src[0];
             let n = a.desc.nelements();

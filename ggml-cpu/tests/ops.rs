@@ -275,6 +275,27 @@ fn get_rows(bes: &[CpuBackend], #[values(DType::F32, DType::F16, DType::BF16)] d
 }
 
 #[rstest]
+#[case::kv_cache(DType::F16, 40, &[7, 8, 9, 10, 11])]
+#[case::scattered(DType::F32, 12, &[11, 0, 5])]
+#[case::bf16(DType::BF16, 9, &[3])]
+#[case::duplicates_last_wins(DType::F16, 6, &[2, 4, 2, 5])]
+fn set_rows(
+    bes: &[CpuBackend],
+    #[case] dt: DType,
+    #[case] rows: usize,
+    #[case] at: &'static [i32],
+) {
+    check(bes, 20, |ctx| {
+        let cache = f(dt, [24, rows, 1, 1])(ctx);
+        let src = f(DType::F32, [24, at.len(), 1, 1])(ctx);
+        let idx = ctx.new_tensor(DType::I32, [at.len(), 1, 1, 1]).unwrap();
+        let mut s = Spec::new(ctx.set_rows(cache, src, idx).unwrap());
+        s.ints.push((idx, at.to_vec()));
+        s
+    });
+}
+
+#[rstest]
 fn cpy_and_cont(
     bes: &[CpuBackend],
     #[values(DType::F32, DType::F16, DType::BF16)] from: DType,

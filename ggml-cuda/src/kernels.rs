@@ -17,6 +17,8 @@ pub enum KernelId {
     Cpy,
     /// `cpy.ptx`: concat.
     Concat,
+    /// `cpy.ptx`: set_rows.
+    SetRows,
     /// `getrows.ptx`: get_rows of float rows.
     GetRowsF,
     /// `quant.ptx`: get_rows of quantised rows.
@@ -69,7 +71,11 @@ pub const MODULES: [Module; 10] = [
     Module {
         file: "cpy.ptx",
         source: include_str!("../kernels/cpy.ptx"),
-        kernels: &[(KernelId::Cpy, "cpy"), (KernelId::Concat, "concat")],
+        kernels: &[
+            (KernelId::Cpy, "cpy"),
+            (KernelId::Concat, "concat"),
+            (KernelId::SetRows, "set_rows"),
+        ],
     },
     Module {
         file: "getrows.ptx",

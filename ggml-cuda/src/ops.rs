@@ -134,6 +134,19 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
             }
             Ok(())
         }
+        Op::SetRows => {
+            let a = src(tensors, t, 0)?;
+            let idx = src(tensors, t, 1)?;
+            if a.dtype != DType::F32 || idx.dtype != DType::I32 || float_code(t.dtype).is_none() {
+                return Err("set_rows: f32 rows into f32, f16 or bf16");
+            }
+            if !unit_stride(t) {
+                return Err("set_rows: destination rows must be contiguous");
+            }
+            launch::get_rows(false, t.ne[0], a.ne[1], 1)
+                .map(|_| ())
+                .ok_or("set_rows: grid too large")
+        }
         Op::Cont => {
             let a = src(tensors, t, 0)?;
             (tcode(a.dtype).is_some() && a.dtype == t.dtype)
@@ -539,6 +552,23 @@ pub(crate) fn run(
                 .u32(t.ne[2] as u32);
             strides(&mut a, &t.nb);
             c.launch(KernelId::Cpy, d, &mut a)
+        }
+        Op::SetRows => {
+            let s = c.src(0)?;
+            let idx = c.src(1)?;
+            // The row grid of get_rows fits: one block row per source row.
+            let d = dims(launch::get_rows(false, t.ne[0], s.ne[1], 1), &c)?;
+            a.u64(c.addr(&s)?)
+                .u64(c.addr(&idx)?)
+                .u64(c.addr(&t)?)
+                .u64(be.err_word);
+            a.u32(float_code(t.dtype).unwrap_or(0))
+                .u32(t.ne[0] as u32)
+                .u32(t.ne[1] as u32);
+            strides(&mut a, &s.nb[..2]);
+            strides(&mut a, &idx.nb[..1]);
+            strides(&mut a, &t.nb[1..2]);
+            c.launch(KernelId::SetRows, d, &mut a)
         }
         Op::Concat { dim } => {
             let x = c.src(0)?;

@@ -186,6 +186,38 @@ fn get_rows_all_dtypes() {
 }
 
 #[test]
+fn set_rows_writes_named_rows_exactly() {
+    let Some(be) = gpu() else { return };
+    let mut rng = Rng(2);
+    let (n, rows) = (64, 12);
+    let cache = rng.vec(n * rows);
+    let src = rng.vec(n * 3);
+    let idx = [7i32, 0, 11];
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let c = ctx.new_tensor(DType::F16, [n, rows, 1, 1]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [n, 3, 1, 1]).unwrap();
+    let i = ctx.new_tensor(DType::I32, [3, 1, 1, 1]).unwrap();
+    let o = ctx.set_rows(c, x, i).unwrap();
+    let got = run(
+        &be,
+        &mut ctx,
+        &[
+            (c, f16_bytes(&cache)),
+            (x, f32_bytes(&src)),
+            (i, i32_bytes(&idx)),
+        ],
+        o,
+    );
+    let mut want = cache.clone();
+    for (r, &ix) in idx.iter().enumerate() {
+        want[ix as usize * n..(ix as usize + 1) * n].copy_from_slice(&src[r * n..(r + 1) * n]);
+    }
+    // Same rounding (to nearest even) as the CPU's f32 -> f16.
+    assert_eq!(got, f16_bytes(&want));
+}
+
+#[test]
 fn get_rows_bad_index_is_bad_data() {
     let Some(be) = gpu() else { return };
     let mut s = storage();

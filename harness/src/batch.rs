@@ -54,16 +54,29 @@ pub struct GraphInputs {
     pub tokens: Vec<u8>,
     /// I32 positions.
     pub pos: Vec<u8>,
+    /// I32 KV cell written by each token.
+    pub kv_idxs: Vec<u8>,
     /// F16 mask `[n_kv, n_tokens]`.
     pub mask: Vec<u8>,
     /// I32 output row ids.
     pub out_ids: Vec<u8>,
+    /// Whether the logits are wanted. A micro-batch whose tokens request none still
+    /// computes its last token's (so every micro-batch has the same graph), and these
+    /// are dropped.
+    pub wanted: bool,
 }
 
 /// Claims cache cells for `batch` (appending after the cells in use) and computes the
-/// graph inputs: the causal mask lets token `i` see every cell of its own sequence at a
-/// position `<=` its own.
-pub fn prepare(kv: &mut KvCache, batch: &Batch) -> Result<GraphInputs> {
+/// inputs of the forward passes of its micro-batches of at most `n_ubatch` tokens (0:
+/// one pass for the whole batch). The causal mask lets token `i` see every cell of its
+/// own sequence at a position `<=` its own.
+///
+/// Every micro-batch of a batch attends the same `n_kv` cells (those the whole batch
+/// needs, a multiple of 256), and all but a shorter last one have the same token and
+/// output counts, so they share one graph: the scheduler runs them back to back in
+/// rotating pipeline slots. Masked cells are skipped by the attention kernels, so a
+/// token's result does not depend on how the batch was cut.
+pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<GraphInputs>> {
     let n = batch.len();
     if n == 0 {
         return Err(HarnessError::Usage("empty batch".into()));
@@ -84,36 +97,50 @@ pub fn prepare(kv: &mut KvCache, batch: &Batch) -> Result<GraphInputs> {
             kv.size
         )));
     }
-    for i in 0..n {
-        kv.cell_pos[kv_head + i] = Some((batch.pos[i], batch.seq[i]));
-    }
-    let n_kv = (kv_head + n).div_ceil(256) * 256;
-    let n_kv = n_kv.min(kv.size);
-    let mut mask = Vec::with_capacity(n_kv * n * 2);
-    for i in 0..n {
-        for j in 0..n_kv {
-            let visible =
-                matches!(kv.cell_pos[j], Some((p, s)) if s == batch.seq[i] && p <= batch.pos[i]);
-            let v = if visible {
-                f16::ZERO
-            } else {
-                f16::NEG_INFINITY
-            };
-            mask.extend_from_slice(&v.to_le_bytes());
+    let n_kv = ((kv_head + n).div_ceil(256) * 256).min(kv.size);
+    let step = if n_ubatch == 0 { n } else { n_ubatch };
+    let mut out = Vec::with_capacity(n.div_ceil(step));
+    for u0 in (0..n).step_by(step) {
+        let u1 = (u0 + step).min(n);
+        let cells = kv_head + u0..kv_head + u1;
+        for (c, i) in cells.clone().zip(u0..u1) {
+            kv.cell_pos[c] = Some((batch.pos[i], batch.seq[i]));
         }
+        let mut mask = Vec::with_capacity(n_kv * (u1 - u0) * 2);
+        for i in u0..u1 {
+            for j in 0..n_kv {
+                let visible = matches!(kv.cell_pos[j],
+                    Some((p, s)) if s == batch.seq[i] && p <= batch.pos[i]);
+                let v = if visible {
+                    f16::ZERO
+                } else {
+                    f16::NEG_INFINITY
+                };
+                mask.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let i32s =
+            |v: &mut dyn Iterator<Item = i32>| v.flat_map(i32::to_le_bytes).collect::<Vec<u8>>();
+        let mut rows: Vec<i32> = (0..(u1 - u0) as i32)
+            .filter(|&i| batch.output[u0 + i as usize])
+            .collect();
+        let wanted = !rows.is_empty();
+        if !wanted {
+            rows.push((u1 - u0 - 1) as i32);
+        }
+        out.push(GraphInputs {
+            shape: BatchShape {
+                n_tokens: u1 - u0,
+                n_kv,
+                n_outputs: rows.len(),
+            },
+            tokens: i32s(&mut batch.tokens[u0..u1].iter().map(|&t| t as i32)),
+            pos: i32s(&mut batch.pos[u0..u1].iter().copied()),
+            kv_idxs: i32s(&mut cells.map(|c| c as i32)),
+            mask,
+            out_ids: i32s(&mut rows.into_iter()),
+            wanted,
+        });
     }
-    let i32s = |v: &mut dyn Iterator<Item = i32>| v.flat_map(i32::to_le_bytes).collect::<Vec<u8>>();
-    let out_ids = i32s(&mut (0..n as i32).filter(|&i| batch.output[i as usize]));
-    Ok(GraphInputs {
-        shape: BatchShape {
-            n_tokens: n,
-            n_kv,
-            kv_head,
-            n_outputs: batch.n_outputs(),
-        },
-        tokens: i32s(&mut batch.tokens.iter().map(|&t| t as i32)),
-        pos: i32s(&mut batch.pos.iter().copied()),
-        mask,
-        out_ids,
-    })
+    Ok(out)
 }

@@ -13,6 +13,7 @@ use crate::placement::KvCache;
 pub trait Executor {
     /// Decodes `batch` (writing its keys and values into `kv`) and returns the logits of
     /// the tokens whose output was requested, `n_vocab` floats per token, in batch order.
+    /// The batch may run as several micro-batches; the result is the same.
     fn forward(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<Vec<f32>> {
         let ticket = self.submit(model, kv, batch)?;
         self.collect(ticket)
@@ -46,16 +47,22 @@ fn unknown_ticket(ticket: u64) -> HarnessError {
     ))
 }
 
-/// Runs every pass through [`ggml_sched::Scheduler`] over one or more backends. The
-/// graph and its allocation are reused while the batch geometry stays the same.
+/// Runs every pass through [`ggml_sched::Scheduler`] over one or more backends. A batch
+/// is cut into micro-batches of `n_ubatch` tokens, each one scheduler run in the next
+/// pipeline slot, submitted back to back. The graph and its allocation are reused while
+/// the micro-batch geometry stays the same.
 pub struct SchedExecutor {
     sched: ggml_sched::Scheduler,
     layers: crate::placement::LayerMap,
+    n_ubatch: usize,
     current: Option<ForwardGraph>,
     /// Runs submitted and not yet read, oldest first (their logits live in the slots).
     in_flight: std::collections::VecDeque<u64>,
     /// Logits read early (before a slot or the graph was reused), by run.
     done: std::collections::BTreeMap<u64, Vec<f32>>,
+    /// The runs of each submitted batch whose logits are wanted, by ticket.
+    tickets: std::collections::BTreeMap<u64, Vec<u64>>,
+    next_ticket: u64,
 }
 
 impl std::fmt::Debug for SchedExecutor {
@@ -65,19 +72,29 @@ impl std::fmt::Debug for SchedExecutor {
 }
 
 impl SchedExecutor {
-    /// An executor scheduling over `backends`, layers placed as `layers` says.
+    /// An executor scheduling over `backends`, layers placed as `layers` says, cutting
+    /// batches into micro-batches of `n_ubatch` tokens (0: never).
     pub fn new(
         backends: Vec<Arc<dyn Backend>>,
         layers: crate::placement::LayerMap,
         opts: ggml_sched::SchedOptions,
+        n_ubatch: usize,
     ) -> Result<SchedExecutor> {
         Ok(SchedExecutor {
             sched: ggml_sched::Scheduler::new(backends, opts)?,
             layers,
+            n_ubatch,
             current: None,
             in_flight: Default::default(),
             done: Default::default(),
+            tickets: Default::default(),
+            next_ticket: 0,
         })
+    }
+
+    /// Mutable access to the scheduler (tracing, statistics).
+    pub fn scheduler_mut(&mut self) -> &mut ggml_sched::Scheduler {
+        &mut self.sched
     }
 
     /// The scheduler (plans, statistics).
@@ -88,8 +105,8 @@ impl SchedExecutor {
     /// Builds, splits, plans and allocates the forward graph of `batch` without running
     /// it (so that [`ggml_sched::Scheduler::plan`] can be inspected).
     pub fn prepare(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<()> {
-        let inputs = prepare(kv, batch)?;
-        self.ensure_graph(model, kv, &inputs)
+        let inputs = prepare(kv, batch, self.n_ubatch)?;
+        self.ensure_graph(model, kv, &inputs[0])
     }
 
     fn ensure_graph(&mut self, model: &Model, kv: &KvCache, inputs: &GraphInputs) -> Result<()> {
@@ -139,9 +156,9 @@ impl SchedExecutor {
     }
 }
 
-impl Executor for SchedExecutor {
-    fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
-        let inputs = prepare(kv, batch)?;
+impl SchedExecutor {
+    /// Submits one micro-batch as the next scheduler run.
+    fn submit_run(&mut self, model: &Model, kv: &KvCache, inputs: &GraphInputs) -> Result<u64> {
         let reshape = self
             .current
             .as_ref()
@@ -153,30 +170,60 @@ impl Executor for SchedExecutor {
         {
             self.retire_oldest()?;
         }
-        self.ensure_graph(model, kv, &inputs)?;
+        self.ensure_graph(model, kv, inputs)?;
         let g = self.current.as_ref().expect("built above");
         let run = self.sched.next_run();
         self.sched.compute_with(&[
             (g.inp_tokens, &inputs.tokens),
             (g.inp_pos, &inputs.pos),
+            (g.inp_kv_idxs, &inputs.kv_idxs),
             (g.kq_mask, &inputs.mask),
             (g.inp_out_ids, &inputs.out_ids),
         ])?;
         self.in_flight.push_back(run);
         Ok(run)
     }
+}
+
+impl Executor for SchedExecutor {
+    fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
+        let inputs = prepare(kv, batch, self.n_ubatch)?;
+        let mut runs = Vec::with_capacity(inputs.len());
+        for inp in &inputs {
+            let run = self.submit_run(model, kv, inp)?;
+            if inp.wanted {
+                runs.push(run);
+            } else {
+                // Nobody reads it: drop it from the runs in flight at once (its slot's
+                // reuse is ordered by the scheduler like any other).
+                self.in_flight.retain(|&r| r != run);
+            }
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.insert(ticket, runs);
+        Ok(ticket)
+    }
 
     fn collect(&mut self, ticket: u64) -> Result<Vec<f32>> {
-        if let Some(l) = self.done.remove(&ticket) {
-            return Ok(l);
-        }
-        let pos = self
-            .in_flight
-            .iter()
-            .position(|&r| r == ticket)
+        let runs = self
+            .tickets
+            .remove(&ticket)
             .ok_or_else(|| unknown_ticket(ticket))?;
-        let logits = self.read_logits(ticket)?;
-        self.in_flight.remove(pos);
+        let mut logits = Vec::new();
+        for run in runs {
+            if let Some(l) = self.done.remove(&run) {
+                logits.extend_from_slice(&l);
+                continue;
+            }
+            let pos = self
+                .in_flight
+                .iter()
+                .position(|&r| r == run)
+                .ok_or_else(|| unknown_ticket(ticket))?;
+            logits.extend_from_slice(&self.read_logits(run)?);
+            self.in_flight.remove(pos);
+        }
         Ok(logits)
     }
 

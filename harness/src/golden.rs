@@ -147,6 +147,7 @@ mod tests {
             split_mode: SplitMode::Layer,
             n_copies: 2,
             threads: 1,
+            n_ubatch: 0,
             ppl: 18.0,
             ppl_f64_bits: bits.into(),
             logits_sha256: "cc".into(),

@@ -53,7 +53,7 @@ struct RegressArgs {
     /// Matrix file (TOML, see harness/matrices/); default: the embedded CPU matrix.
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
-    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 48 cells), `cuda` (cuda-1gpu.toml)
+    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 66 cells), `cuda` (cuda-1gpu.toml)
     /// or `cuda-2gpu`.
     #[arg(long)]
     devices_matrix: Option<String>,
@@ -72,6 +72,9 @@ struct RegressArgs {
     /// Process at most this many chunks per cell (default: the matrix's).
     #[arg(long)]
     chunks: Option<usize>,
+    /// Tokens per micro-batch in every cell (default: each cell's own, usually the batch).
+    #[arg(long, value_name = "N")]
+    ubatch: Option<usize>,
     /// Check races in every cell (any race fails the run).
     #[arg(long)]
     check_races: bool,
@@ -181,6 +184,10 @@ struct RunArgs {
     /// Pipeline slots (layer split).
     #[arg(long, default_value_t = 1)]
     n_copies: usize,
+    /// Tokens per micro-batch: a batch is cut into passes of this many tokens that flow
+    /// through the layer split back to back (default: the whole batch in one pass).
+    #[arg(long, value_name = "N")]
+    ubatch: Option<usize>,
     /// Share of the layers per device for the layer split, e.g. `3,1` (default: equal).
     #[arg(long, value_delimiter = ',', value_name = "P,P,...")]
     tensor_split: Vec<f32>,
@@ -247,6 +254,11 @@ impl RunArgs {
                 CopyQueueArg::Destination => ggml_core::CopyQueue::Destination,
             },
             tensor_split: (!self.tensor_split.is_empty()).then(|| self.tensor_split.clone()),
+            n_ubatch: match self.ubatch {
+                Some(0) => return Err(HarnessError::Usage("--ubatch must be at least 1".into())),
+                Some(u) => u,
+                None => 0,
+            },
         })
     }
 }
@@ -434,6 +446,11 @@ fn regress_matrix(a: &RegressArgs) -> Result<Matrix> {
     ppl.n_ctx = a.ctx.unwrap_or(ppl.n_ctx);
     ppl.n_batch = a.batch.unwrap_or(ppl.n_batch);
     ppl.max_chunks = a.chunks.or(ppl.max_chunks);
+    match a.ubatch {
+        Some(0) => return Err(HarnessError::Usage("--ubatch must be at least 1".into())),
+        Some(u) => m.cells.iter_mut().for_each(|c| c.cell.n_ubatch = u),
+        None => {}
+    }
     Ok(m)
 }
 

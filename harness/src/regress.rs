@@ -20,6 +20,8 @@ pub struct Cell {
     pub n_copies: usize,
     /// Threads in total.
     pub threads: usize,
+    /// Tokens per micro-batch (0: the whole batch).
+    pub n_ubatch: usize,
 }
 
 /// What one cell measured.
@@ -33,6 +35,8 @@ pub struct CellResult {
     pub n_copies: usize,
     /// Threads.
     pub threads: usize,
+    /// Tokens per micro-batch (0: the whole batch).
+    pub n_ubatch: usize,
     /// Perplexity.
     pub ppl: f64,
     /// Its f64 bits in hex.
@@ -72,6 +76,7 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
     config.check_races = s.check_races;
     config.chaos = s.chaos;
     config.weaken = s.weaken.clone();
+    config.n_ubatch = cell.n_ubatch;
     let session = Session::open(model, config)?;
     let tokens = session.tokenizer.encode(text);
     let bos = session
@@ -102,6 +107,7 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
         split_mode: cell.split,
         n_copies: cell.n_copies,
         threads: cell.threads,
+        n_ubatch: cell.n_ubatch,
         ppl: r.ppl,
         ppl_f64_bits: format!("{:016x}", r.ppl.to_bits()),
         logits_sha256: r.logits_sha256,

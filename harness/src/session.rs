@@ -49,6 +49,8 @@ pub struct RunConfig {
     /// Share of the layers per device for the layer split (like llama.cpp's
     /// `--tensor-split`); `None` splits evenly.
     pub tensor_split: Option<Vec<f32>>,
+    /// Tokens per micro-batch (0: a batch is one pass).
+    pub n_ubatch: usize,
 }
 
 impl RunConfig {
@@ -69,6 +71,7 @@ impl RunConfig {
             weaken: Vec::new(),
             cpu_copy_queue: ggml_core::CopyQueue::Destination,
             tensor_split: None,
+            n_ubatch: 0,
         }
     }
 }
@@ -227,6 +230,11 @@ impl Session {
             input_backend: Some(self.layers.input_device),
             ..Default::default()
         };
-        SchedExecutor::new(self.backends.clone(), self.layers.clone(), opts)
+        SchedExecutor::new(
+            self.backends.clone(),
+            self.layers.clone(),
+            opts,
+            self.config.n_ubatch,
+        )
     }
 }

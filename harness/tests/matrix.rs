@@ -68,17 +68,19 @@ fn matrix_file(name: &str) -> PathBuf {
 }
 
 #[test]
-fn cpu_matrix_has_48_named_cells_in_one_identical_group() {
+fn cpu_matrix_has_66_named_cells_in_one_identical_group() {
     let m = Matrix::load(&matrix_file("cpu.toml")).unwrap();
     let embedded = Matrix::cpu();
     assert_eq!(
         (&m.cells, &m.rules, &m.settings),
         (&embedded.cells, &embedded.rules, &embedded.settings)
     );
-    assert_eq!(m.cells.len(), 48);
+    assert_eq!(m.cells.len(), 66);
     let c = m.cell("cpu2-layer-c2-t1").expect("grid names its cells");
     assert_eq!(c.cell.devices.to_string(), "cpu:2");
-    assert_eq!(c.cell.n_copies, 2);
+    assert_eq!((c.cell.n_copies, c.cell.n_ubatch), (2, 0));
+    let u = m.cell("cpu4-layer-c4-t2-u32").expect("micro-batch cells");
+    assert_eq!((u.cell.n_copies, u.cell.n_ubatch), (4, 32));
     assert!(m.cell("cpu-none-c1-t1").is_some() && m.cell("cpu4-layer-c4-t2").is_some());
     assert_eq!(m.settings.model, Source::Default);
     assert_eq!(
@@ -86,7 +88,7 @@ fn cpu_matrix_has_48_named_cells_in_one_identical_group() {
         (512, None)
     );
     match &m.rules[..] {
-        [Rule::Identical { cells, .. }] => assert_eq!(cells.len(), 48),
+        [Rule::Identical { cells, .. }] => assert_eq!(cells.len(), 66),
         r => panic!("{r:?}"),
     }
 }
@@ -149,7 +151,7 @@ fn cpu_matrix_holds_on_a_synthetic_model() {
     let m = on_synthetic(Matrix::cpu());
     let goldens = GoldenSet::parse(harness::golden::EMBEDDED).unwrap();
     let report = run(&m, &options(goldens, false), |_| {}).unwrap();
-    assert_eq!(report.rows.len(), 48);
+    assert_eq!(report.rows.len(), 66);
     assert!(report.passed(), "{:?}", report.violations);
     assert!(report
         .rows
@@ -159,9 +161,13 @@ fn cpu_matrix_holds_on_a_synthetic_model() {
         .hardware_note
         .starts_with("CPU golden shared by all ISA paths (this run: "));
     let table = report.markdown();
-    assert_eq!(table.lines().count(), 2 + 48);
+    assert_eq!(table.lines().count(), 2 + 66);
     assert!(
-        table.contains("| cpu2-layer-c2-t1 | cpu:2 | Layer | 2 | 1 |"),
+        table.contains("| cpu2-layer-c2-t1 | cpu:2 | Layer | 2 | 1 | batch |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| cpu3-layer-c4-t2-u64 | cpu:3 | Layer | 4 | 2 | 64 |"),
         "{table}"
     );
 }
@@ -303,7 +309,7 @@ fn bad_files_are_refused_with_their_line(
 }
 
 #[rstest]
-#[case("cpu", 48)]
+#[case("cpu", 66)]
 #[case("cuda", 13)]
 #[case("cuda-2gpu", 19)]
 fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize) {

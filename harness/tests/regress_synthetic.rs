@@ -51,7 +51,7 @@ fn settings(chaos: Option<u64>, weaken: Vec<ggml_sched::WeakenKnob>) -> RegressS
 #[case::chaos_2(Some(2))]
 fn cpu_matrix_is_bit_identical_and_race_free(#[case] chaos: Option<u64>) {
     let mut m = Matrix::cpu();
-    assert_eq!(m.cells.len(), 48);
+    assert_eq!(m.cells.len(), 66);
     let corpus = model().with_file_name(format!("corpus-{chaos:?}.txt"));
     std::fs::write(&corpus, text()).unwrap();
     m.settings.model = Source::Path(model());
@@ -86,6 +86,7 @@ fn weakened_rules_are_caught_on_cpu_queues(#[case] knob: ggml_sched::WeakenKnob)
         split: SplitMode::Layer,
         n_copies: 2,
         threads: 3,
+        n_ubatch: 0,
     };
     // Nine passes, so that later passes are submitted while earlier ones still run.
     let mut s = settings(Some(7), vec![knob]);

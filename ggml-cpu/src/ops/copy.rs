@@ -1,4 +1,4 @@
-//! CPY, CONT, CONCAT, and the byte copies of `cpy_tensor_async`.
+//! CPY, CONT, SET_ROWS, CONCAT, and the byte copies of `cpy_tensor_async`.
 
 use ggml_core::{BackendError, BackendErrorKind, DType, Tensor};
 
@@ -77,6 +77,39 @@ pub(crate) fn cpy(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
         } else {
             // SAFETY: destination row, this thread's alone.
             unsafe { dst.write_row(i1, i2, i3, vals) };
+        }
+    }
+    Ok(())
+}
+
+/// Each thread owns a range of destination rows and writes the source rows whose index
+/// falls in it, in source order: no two threads touch one row, and for repeated indices
+/// the last source row wins, as in the reference.
+pub(crate) fn set_rows(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
+    let (dst, a, idx) = (c.dst, c.src[0], c.src[1]);
+    if c.alias[0] || c.alias[1] {
+        return Err((
+            BackendErrorKind::InvalidArgument,
+            "set_rows operand overlaps its destination",
+        ));
+    }
+    let (d0, d1) = NodeCtx::split(dst.ne[1], th.ith, th.nth);
+    let vals = &mut c.scratch_f32()[..dst.ne[0]];
+    for i in 0..a.ne[1] {
+        let at = idx.ptr.wrapping_add(i * idx.nb[0]);
+        // SAFETY: element i of the I32 index tensor (shape checked by core).
+        let row = unsafe { (at as *const i32).read_unaligned() };
+        if row < 0 || row as usize >= dst.ne[1] {
+            return Err((BackendErrorKind::BadData, "row index out of range"));
+        }
+        let row = row as usize;
+        if (d0..d1).contains(&row) {
+            // SAFETY: row i of the resolved source; destination row `row` is this
+            // thread's alone (threads own disjoint row ranges).
+            unsafe {
+                a.read_row(i, 0, 0, vals);
+                dst.write_row(row, 0, 0, vals);
+            }
         }
     }
     Ok(())

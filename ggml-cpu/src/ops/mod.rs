@@ -48,6 +48,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         Op::Rope(p) => rope::run(c, th, &p),
         Op::MulMat => mul_mat::run(c, th, phase),
         Op::Cpy | Op::Cont => copy::cpy(c, th),
+        Op::SetRows => copy::set_rows(c, th),
         Op::Concat { dim } => copy::concat(c, th, dim as usize),
         Op::FlashAttnExt {
             scale,

@@ -174,13 +174,19 @@ pub fn check(
         })
         .collect();
     let (oroot, ooff) = root(&out, spec.out.index());
-    let out_len = if out.op == Op::Cpy {
+    // CPY and SET_ROWS write into their destination's bytes: compare all of them.
+    let writes_into = matches!(out.op, Op::Cpy | Op::SetRows);
+    let out_len = if writes_into {
         ctx.get(TensorId(oroot as u32)).unwrap().nbytes()
     } else {
         out.nbytes()
     };
     let mut want = vec![0u8; out_len];
-    if out.op == Op::Cpy {
+    if out.op == Op::SetRows {
+        // SET_ROWS leaves the rows it does not name as they were.
+        want.copy_from_slice(&data[&oroot]);
+        reference::compute(&out, &srcs, &mut want[ooff..]).unwrap();
+    } else if out.op == Op::Cpy {
         want.copy_from_slice(&data[&oroot]);
         let mut tmp = vec![0u8; out.nbytes()];
         reference::compute(&out, &srcs, &mut tmp).unwrap();
@@ -198,7 +204,7 @@ pub fn check(
         be.graph_compute(tensors, &[spec.out]).unwrap();
         be.synchronize().unwrap_or_else(|e| panic!("{e}"));
         let mut got = vec![0u8; out_len];
-        let target = if out.op == Op::Cpy {
+        let target = if writes_into {
             &tensors[oroot]
         } else {
             &tensors[spec.out.index()]

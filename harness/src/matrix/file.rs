@@ -12,6 +12,7 @@
 //! split = ["none", "layer"]
 //! n_copies = [1, 2]
 //! threads = [1, 2]
+//! ubatch = [0, 128]           # optional: micro-batch sizes (0: the batch), names end -u128
 //!
 //! [[cell]]                    # one named cell; grid and cell take ctx, batch, chunks
 //! name = "cpu-short"
@@ -87,6 +88,8 @@ struct GridTable {
     split: Vec<SplitName>,
     n_copies: Vec<Spanned<usize>>,
     threads: Vec<Spanned<usize>>,
+    #[serde(default)]
+    ubatch: Vec<Spanned<usize>>,
     ctx: Option<Spanned<usize>>,
     batch: Option<Spanned<usize>>,
     chunks: Option<Spanned<usize>>,
@@ -100,6 +103,7 @@ struct CellTable {
     split: SplitName,
     n_copies: Spanned<usize>,
     threads: Spanned<usize>,
+    ubatch: Option<Spanned<usize>>,
     ctx: Option<Spanned<usize>>,
     batch: Option<Spanned<usize>>,
     chunks: Option<Spanned<usize>>,
@@ -194,7 +198,7 @@ pub fn devices_slug(devices: &DeviceList) -> String {
         .join("+")
 }
 
-/// The name a grid gives a cell: `cpu2-layer-c2-t1`.
+/// The name a grid gives a cell: `cpu2-layer-c2-t1`, with `-u128` for micro-batches.
 pub fn grid_cell_name(cell: &Cell) -> String {
     let split = match cell.split {
         SplitMode::None => "none",
@@ -202,8 +206,12 @@ pub fn grid_cell_name(cell: &Cell) -> String {
         SplitMode::Tensor => "tensor",
         SplitMode::TensorReduce => "tensor-reduce",
     };
+    let ubatch = match cell.n_ubatch {
+        0 => String::new(),
+        u => format!("-u{u}"),
+    };
     format!(
-        "{}-{split}-c{}-t{}",
+        "{}-{split}-c{}-t{}{ubatch}",
         devices_slug(&cell.devices),
         cell.n_copies,
         cell.threads
@@ -270,27 +278,38 @@ pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
             n_batch: loc.positive(&g.batch, "batch")?,
             max_chunks: loc.positive(&g.chunks, "chunks")?,
         };
+        let ubatches = if g.ubatch.is_empty() {
+            vec![0]
+        } else {
+            g.ubatch
+                .iter()
+                .map(|u| loc.count(u, "ubatch", 0..=usize::MAX))
+                .collect::<Result<Vec<_>>>()?
+        };
         for d in &g.devices {
             let devices = loc.devices(d)?;
             for &split in &g.split {
                 for n_copies in &g.n_copies {
                     for threads in &g.threads {
-                        let cell = Cell {
-                            devices: devices.clone(),
-                            split: split.into(),
-                            n_copies: loc.count(n_copies, "n_copies", 1..=4)?,
-                            threads: loc.count(threads, "threads", 1..=usize::MAX)?,
-                        };
-                        let name = grid_cell_name(&cell);
-                        let at = Spanned::new(d.span(), name.clone());
-                        cells.push((
-                            MatrixCell {
-                                name,
-                                cell,
-                                overrides,
-                            },
-                            at,
-                        ));
+                        for &n_ubatch in &ubatches {
+                            let cell = Cell {
+                                devices: devices.clone(),
+                                split: split.into(),
+                                n_copies: loc.count(n_copies, "n_copies", 1..=4)?,
+                                threads: loc.count(threads, "threads", 1..=usize::MAX)?,
+                                n_ubatch,
+                            };
+                            let name = grid_cell_name(&cell);
+                            let at = Spanned::new(d.span(), name.clone());
+                            cells.push((
+                                MatrixCell {
+                                    name,
+                                    cell,
+                                    overrides,
+                                },
+                                at,
+                            ));
+                        }
                     }
                 }
             }
@@ -305,6 +324,10 @@ pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
             split: c.split.into(),
             n_copies: loc.count(&c.n_copies, "n_copies", 1..=4)?,
             threads: loc.count(&c.threads, "threads", 1..=usize::MAX)?,
+            n_ubatch: match &c.ubatch {
+                Some(u) => loc.count(u, "ubatch", 0..=usize::MAX)?,
+                None => 0,
+            },
         };
         let overrides = CellOverrides {
             n_ctx: loc.positive(&c.ctx, "ctx")?,
@@ -416,12 +439,16 @@ mod tests {
     #[case("cuda:0x2", "cuda0x2-none-c1-t1")]
     #[case("cuda:0,cuda:1", "cuda0+cuda1-none-c1-t1")]
     fn grid_names(#[case] devices: &str, #[case] want: &str) {
-        let cell = Cell {
+        let mut cell = Cell {
             devices: devices.parse().unwrap(),
             split: SplitMode::None,
             n_copies: 1,
             threads: 1,
+            n_ubatch: 0,
         };
+        assert_eq!(grid_cell_name(&cell), want);
+        cell.n_ubatch = 64;
+        let want = format!("{want}-u64");
         assert_eq!(grid_cell_name(&cell), want);
     }
 }

@@ -71,8 +71,8 @@ impl Report {
     /// The rows as a Markdown table.
     pub fn markdown(&self) -> String {
         let mut s = String::from(
-            "| cell | devices | split | copies | threads | PPL | PPL bits | logits sha256 | seconds | host syncs/fwd | races | golden |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| cell | devices | split | copies | threads | ubatch | PPL | PPL bits | logits sha256 | seconds | host syncs/fwd | races | golden |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for row in &self.rows {
             let r = &row.result;
@@ -81,11 +81,15 @@ impl Report {
                 None => row.name.clone(),
             };
             s.push_str(&format!(
-                "| {name} | {} | {:?} | {} | {} | {:.4} | {} | {}… | {:.1} | {:.2} | {} | {} |\n",
+                "| {name} | {} | {:?} | {} | {} | {} | {:.4} | {} | {}… | {:.1} | {:.2} | {} | {} |\n",
                 r.devices,
                 r.split_mode,
                 r.n_copies,
                 r.threads,
+                match r.n_ubatch {
+                    0 => "batch".to_string(),
+                    u => u.to_string(),
+                },
                 r.ppl,
                 r.ppl_f64_bits,
                 &r.logits_sha256[..16],

@@ -23,8 +23,6 @@ pub struct BatchShape {
     pub n_tokens: usize,
     /// KV cells attended (a multiple of 256 covering every cell in use).
     pub n_kv: usize,
-    /// First KV cell written by this batch.
-    pub kv_head: usize,
     /// Rows of logits computed (the tokens whose outputs are requested).
     pub n_outputs: usize,
 }
@@ -43,6 +41,8 @@ pub struct ForwardGraph {
     pub inp_tokens: TensorId,
     /// I32 `[n_tokens]` positions.
     pub inp_pos: TensorId,
+    /// I32 `[n_tokens]` KV cell each token's key and value go to.
+    pub inp_kv_idxs: TensorId,
     /// F16 `[n_kv, n_tokens]` attention mask (0 or −∞).
     pub kq_mask: TensorId,
     /// I32 `[n_outputs]` rows whose logits are computed.
@@ -88,11 +88,13 @@ pub fn build_forward(
     ctx.set_name(inp_tokens, "inp_tokens")?;
     let inp_pos = ctx.new_tensor_1d(DType::I32, n)?;
     ctx.set_name(inp_pos, "inp_pos")?;
+    let inp_kv_idxs = ctx.new_tensor_1d(DType::I32, n)?;
+    ctx.set_name(inp_kv_idxs, "inp_kv_idxs")?;
     let kq_mask = ctx.new_tensor_2d(DType::F16, shape.n_kv, n)?;
     ctx.set_name(kq_mask, "kq_mask")?;
     let inp_out_ids = ctx.new_tensor_1d(DType::I32, shape.n_outputs)?;
     ctx.set_name(inp_out_ids, "inp_out_ids")?;
-    for t in [inp_tokens, inp_pos, kq_mask, inp_out_ids] {
+    for t in [inp_tokens, inp_pos, inp_kv_idxs, kq_mask, inp_out_ids] {
         ctx.set_flags(t, TensorFlags::INPUT)?;
     }
 
@@ -144,13 +146,12 @@ pub fn build_forward(
         let k = ctx.rope(k, inp_pos, rope)?;
         named(&mut ctx, k, "Krope")?;
 
-        // Write this batch's keys and values into the F16 cache.
-        let k_dst = ctx.view_2d(cache.k, hp.n_embd_kv(), n, kv_row, shape.kv_head * kv_row)?;
+        // Write this batch's keys and values into the F16 cache, at cells given at run
+        // time (so one graph serves every micro-batch).
         let k_flat = ctx.reshape(k, [hp.n_embd_kv(), n, 1, 1])?;
-        let k_write = ctx.cpy(k_flat, k_dst)?;
+        let k_write = ctx.set_rows(cache.k, k_flat, inp_kv_idxs)?;
         named(&mut ctx, k_write, "k_cache_write")?;
-        let v_dst = ctx.view_2d(cache.v, hp.n_embd_kv(), n, kv_row, shape.kv_head * kv_row)?;
-        let v_write = ctx.cpy(v, v_dst)?;
+        let v_write = ctx.set_rows(cache.v, v, inp_kv_idxs)?;
         named(&mut ctx, v_write, "v_cache_write")?;
         kv_writes.push(k_write);
         kv_writes.push(v_write);
@@ -217,6 +218,7 @@ pub fn build_forward(
         leafs,
         inp_tokens,
         inp_pos,
+        inp_kv_idxs,
         kq_mask,
         inp_out_ids,
         logits,
