@@ -282,4 +282,12 @@ pub trait Backend: Send + Sync {
     /// Blocks the host until the point last recorded for `event` has completed (at once
     /// if it was never recorded).
     fn event_synchronize(&self, event: EventId) -> BackendResult<()>;
+
+    /// When the point last recorded for `event` completed, in nanoseconds since the Unix
+    /// epoch on the host's clock: `None` while it has not completed (or if it was never
+    /// recorded), and always `None` from backends that do not time their events (the
+    /// default). Traces use it to put queue work and host work on one time line.
+    fn event_time_ns(&self, _event: EventId) -> BackendResult<Option<u64>> {
+        Ok(None)
+    }
 }

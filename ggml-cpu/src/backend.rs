@@ -500,4 +500,9 @@ impl Backend for CpuBackend {
         ev.wait(generation, None);
         Ok(())
     }
+
+    fn event_time_ns(&self, event: EventId) -> BackendResult<Option<u64>> {
+        let ev = self.event(event)?;
+        Ok(ev.completed_at(ev.recorded.load(Ordering::Acquire)))
+    }
 }

@@ -23,8 +23,9 @@ use crate::pool::Pool;
 pub(crate) struct EventState {
     /// Generation of the latest `event_record` enqueued (0: never recorded).
     pub(crate) recorded: AtomicU64,
-    /// (latest completed generation, owner gone).
-    done: Mutex<(u64, bool)>,
+    /// (latest completed generation, owner gone, when it completed in ns since the Unix
+    /// epoch).
+    done: Mutex<(u64, bool, u64)>,
     cv: Condvar,
 }
 
@@ -32,20 +33,29 @@ impl EventState {
     pub(crate) fn new() -> Arc<EventState> {
         Arc::new(EventState {
             recorded: AtomicU64::new(0),
-            done: Mutex::new((0, false)),
+            done: Mutex::new((0, false, 0)),
             cv: Condvar::new(),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, (u64, bool)> {
+    fn lock(&self) -> MutexGuard<'_, (u64, bool, u64)> {
         self.done.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Marks generation `generation` complete.
     pub(crate) fn complete(&self, generation: u64) {
         let mut d = self.lock();
-        d.0 = d.0.max(generation);
+        if generation > d.0 {
+            d.0 = generation;
+            d.2 = now_ns();
+        }
         self.cv.notify_all();
+    }
+
+    /// When `generation` completed (ns since the Unix epoch), if it has.
+    pub(crate) fn completed_at(&self, generation: u64) -> Option<u64> {
+        let d = self.lock();
+        (generation > 0 && d.0 >= generation).then_some(d.2)
     }
 
     /// Marks the event's owner as gone: every wait on it returns.
@@ -76,6 +86,14 @@ impl EventState {
             };
         }
     }
+}
+
+/// The host clock in nanoseconds since the Unix epoch (the time base of
+/// [`ggml_core::Backend::event_time_ns`]).
+pub(crate) fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// One unit of queued work. (Items are moved once into the queue; their size is irrelevant.)

@@ -291,3 +291,32 @@ fn options_split_threads() {
             >= 1
     );
 }
+
+#[test]
+fn events_are_timed_on_the_host_clock() {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    };
+    let a = cpu(1, CopyQueue::Destination);
+    let e = a.event_new().unwrap().unwrap();
+    assert_eq!(a.event_time_ns(e).unwrap(), None, "never recorded");
+    let open = gate(&a);
+    let t0 = now();
+    a.event_record(e).unwrap();
+    assert_eq!(a.event_time_ns(e).unwrap(), None, "not reached yet");
+    std::thread::sleep(Duration::from_millis(20));
+    drop(open);
+    a.event_synchronize(e).unwrap();
+    let t = a.event_time_ns(e).unwrap().expect("completed");
+    assert!(t >= t0 + 20_000_000 && t <= now(), "{t0} {t}");
+    // A new record hides the old time until it completes.
+    let open = gate(&a);
+    a.event_record(e).unwrap();
+    assert_eq!(a.event_time_ns(e).unwrap(), None);
+    drop(open);
+    a.synchronize().unwrap();
+    assert!(a.event_time_ns(e).unwrap().unwrap() > t);
+}

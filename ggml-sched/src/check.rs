@@ -777,4 +777,8 @@ impl Backend for CheckedBackend {
         }
         Ok(())
     }
+
+    fn event_time_ns(&self, event: EventId) -> BackendResult<Option<u64>> {
+        self.inner.event_time_ns(event)
+    }
 }

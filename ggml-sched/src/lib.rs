@@ -14,6 +14,7 @@
 //! - [`check`]: [`CheckedBackend`] and [`RaceLog`], the vector-clock happens-before
 //!   checker;
 //! - [`split_layers`]: llama.cpp's `--tensor-split` proportions;
+//! - [`trace`](mod@trace): timelines of runs (every queue action and host sync, timed);
 //! - `testing` (feature `testing`): a threaded test backend and a recording-only one.
 
 mod alloc;
@@ -25,6 +26,7 @@ pub mod plan;
 mod sched;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod trace;
 
 pub use check::{AccessContext, CheckedBackend, RaceLog, RaceReport};
 pub use error::{Result, SchedError};
@@ -37,3 +39,4 @@ pub use plan::{
     PlanStyle, SplitPlan, MAX_COPIES,
 };
 pub use sched::{RunStats, SchedOptions, Scheduler, Stats};
+pub use trace::{SliceKind, Trace, TraceSlice, TraceTrack};

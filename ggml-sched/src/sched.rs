@@ -13,9 +13,10 @@ use crate::check::{AccessContext, CheckedBackend, RaceLog};
 use crate::error::{Result, SchedError};
 use crate::partition::{partition, Partition, PartitionConfig};
 use crate::plan::{
-    build_plan, Action, BackendProps, CopyOn, EventKey, Plan, PlanSettings, PlanStyle, WeakenKnob,
-    MAX_COPIES,
+    build_plan, Action, BackendProps, CopyOn, EventKey, HbRule, Plan, PlanSettings, PlanStyle,
+    WeakenKnob, MAX_COPIES,
 };
+use crate::trace::{now_ns, SliceKind, Trace, TraceTrack, Tracer};
 
 /// Options of a [`Scheduler`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,6 +145,7 @@ pub struct Scheduler {
     next_run: u64,
     stats: Stats,
     logs: Vec<Arc<RaceLog>>,
+    tracer: Option<Tracer>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -206,6 +208,7 @@ impl Scheduler {
             next_run: 0,
             stats: Stats::default(),
             logs,
+            tracer: None,
         })
     }
 
@@ -463,13 +466,28 @@ impl Scheduler {
             ));
         }
         let b = gs.part.backend_of[id.index()].expect("inputs are assigned");
+        let slot = (self.next_run % self.opts.n_copies as u64) as usize;
         self.annotate(AccessContext {
             run: Some(self.next_run),
-            slot: Some((self.next_run % self.opts.n_copies as u64) as usize),
+            slot: Some(slot),
             split: None,
             phase: "set_input",
         });
+        let open = match &self.tracer {
+            Some(tr) => tr.open(&self.backends, b)?,
+            None => None,
+        };
         self.backends[b].set_tensor_async(t, 0, bytes)?;
+        if let Some(tr) = &self.tracer {
+            let mut sl = tr.slice(
+                TraceTrack::Queue(b),
+                SliceKind::SetInput,
+                t.name.as_str().into(),
+            );
+            sl.run = Some(self.next_run);
+            sl.slot = Some(slot);
+            tr.close(&self.backends, open, sl)?;
+        }
         Ok(())
     }
 
@@ -497,8 +515,16 @@ impl Scheduler {
             slot: c,
             ..RunStats::default()
         };
+        let t0 = now_ns();
         let res = self.execute(c, run, &mut st);
         self.annotate(AccessContext::default());
+        if let Some(tr) = &self.tracer {
+            let mut sl = tr.slice(TraceTrack::Host, SliceKind::Submit, format!("run {run}"));
+            (sl.run, sl.slot, sl.start_ns, sl.end_ns) = (Some(run), Some(c), t0, now_ns());
+            tr.host(sl);
+            // Time what already finished, so that pending markers stay few.
+            tr.resolve(&self.backends, false)?;
+        }
         match res {
             Ok(()) => {
                 self.next_run += 1;
@@ -530,7 +556,7 @@ impl Scheduler {
         };
         for a in &plan.prologue {
             self.annotate(ctx);
-            self.exec(gs, c, a, st)?;
+            self.exec_traced(gs, c, run, None, a, st)?;
         }
         for sp in &plan.splits {
             ctx.split = Some(sp.split);
@@ -541,16 +567,122 @@ impl Scheduler {
                     _ => "sync",
                 };
                 self.annotate(ctx);
-                self.exec(gs, c, a, st)?;
+                self.exec_traced(gs, c, run, Some(sp.split), a, st)?;
             }
         }
         ctx.split = None;
         ctx.phase = "epilogue";
         for a in &plan.epilogue {
             self.annotate(ctx);
-            self.exec(gs, c, a, st)?;
+            self.exec_traced(gs, c, run, None, a, st)?;
         }
         Ok(())
+    }
+
+    /// [`exec`](Scheduler::exec), bracketed by trace markers when tracing.
+    fn exec_traced(
+        &self,
+        gs: &GraphState,
+        c: usize,
+        run: u64,
+        split: Option<usize>,
+        a: &Action,
+        st: &mut RunStats,
+    ) -> Result<()> {
+        let Some(tr) = &self.tracer else {
+            return self.exec(gs, c, a, st);
+        };
+        let name = |id: TensorId| gs.tables[c][id.index()].name.as_str().to_string();
+        let (track, kind, label, rule) = match *a {
+            Action::Wait { queue, event, why } => (
+                TraceTrack::Queue(queue),
+                SliceKind::Wait,
+                format!("wait {}", self.props[event.backend].name),
+                Some(why),
+            ),
+            Action::HostWait { event, why } => (
+                TraceTrack::Host,
+                SliceKind::HostSync,
+                format!("host wait {}", self.props[event.backend].name),
+                Some(why),
+            ),
+            Action::HostSync { backend, why } => (
+                TraceTrack::Host,
+                SliceKind::HostSync,
+                format!("host sync {}", self.props[backend].name),
+                Some(why),
+            ),
+            Action::Record { event } => (
+                TraceTrack::Queue(event.backend),
+                SliceKind::Record,
+                format!("record {:?}", event.kind),
+                None,
+            ),
+            Action::Compute { split } => {
+                let sp = &gs.part.splits[split];
+                let first = sp.nodes.first().map(|&n| name(n)).unwrap_or_default();
+                let last = sp.nodes.last().map(|&n| name(n)).unwrap_or_default();
+                (
+                    TraceTrack::Queue(sp.backend),
+                    SliceKind::Compute,
+                    format!("split {split}: {first} .. {last}"),
+                    None,
+                )
+            }
+            Action::Copy {
+                tensor,
+                from,
+                to,
+                on,
+                ..
+            } => {
+                let (track, kind) = match on {
+                    CopyOn::Src => (TraceTrack::Queue(from), SliceKind::Copy),
+                    CopyOn::Dst => (TraceTrack::Queue(to), SliceKind::Copy),
+                    CopyOn::Host => (TraceTrack::Host, SliceKind::HostCopy),
+                };
+                (track, kind, name(tensor), None)
+            }
+        };
+        let mut sl = tr.slice(track, kind, label);
+        (sl.run, sl.slot, sl.split, sl.rule) = (Some(run), Some(c), split, rule);
+        match track {
+            TraceTrack::Host => {
+                sl.start_ns = now_ns();
+                self.exec(gs, c, a, st)?;
+                sl.end_ns = now_ns();
+                tr.host(sl);
+            }
+            TraceTrack::Queue(q) => {
+                let open = tr.open(&self.backends, q)?;
+                self.exec(gs, c, a, st)?;
+                tr.close(&self.backends, open, sl)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts recording a [`Trace`] of every following run (see [`crate::trace`]).
+    /// Tracing adds two event records per queue action; it changes no result.
+    pub fn enable_trace(&mut self) {
+        self.tracer.get_or_insert_with(Tracer::default);
+    }
+
+    /// Tags the slices of following runs with a batch and micro-batch index (for traces
+    /// of callers that cut batches); `None` clears the tag.
+    pub fn set_trace_tag(&self, tag: Option<(u64, usize)>) {
+        if let Some(tr) = &self.tracer {
+            tr.set_tag(tag);
+        }
+    }
+
+    /// Waits for the queues to pass every trace marker and returns what was recorded
+    /// since tracing was enabled or last taken; `None` when tracing is off.
+    pub fn take_trace(&mut self) -> Result<Option<Trace>> {
+        match &self.tracer {
+            Some(tr) => Ok(Some(tr.take(&self.backends)?)),
+            None => Ok(None),
+        }
     }
 
     fn event(&self, k: &EventKey) -> Result<EventId> {
@@ -731,13 +863,28 @@ impl Scheduler {
             if d.buffer == buf.id && d.addr >= buf.base {
                 let off = usize::try_from(d.addr - buf.base)
                     .map_err(|_| self.tensor_err(id, "address outside its buffer"))?;
+                let t0 = now_ns();
                 self.backends[owner].event_synchronize(ev)?;
+                self.trace_read(run, slot, t, t0);
                 self.backends[owner].buffer_get(buf.id, off, out)?;
                 return Ok(());
             }
         }
+        let t0 = now_ns();
         self.backends[owner].get_tensor(t, 0, out)?;
+        self.trace_read(run, slot, t, t0);
         Ok(())
+    }
+
+    /// Traces the host's wait for an output of `run` (HB7).
+    fn trace_read(&self, run: u64, slot: usize, t: &Tensor, t0: u64) {
+        if let Some(tr) = &self.tracer {
+            let label = format!("read {}", t.name.as_str());
+            let mut sl = tr.slice(TraceTrack::Host, SliceKind::HostSync, label);
+            (sl.run, sl.slot, sl.rule) = (Some(run), Some(slot), Some(HbRule::Hb7));
+            (sl.start_ns, sl.end_ns) = (t0, now_ns());
+            tr.host(sl);
+        }
     }
 
     /// Waits for every backend's queue; returns the first error any reported.

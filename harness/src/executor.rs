@@ -38,6 +38,15 @@ pub trait Executor {
     fn host_syncs_per_forward(&self) -> Option<f64> {
         None
     }
+
+    /// Starts recording a timeline of every following pass, where the executor can.
+    fn enable_trace(&mut self) {}
+
+    /// The timeline recorded since [`enable_trace`](Executor::enable_trace) (waiting for
+    /// queued work to pass its markers); `None` if the executor does not trace.
+    fn take_trace(&mut self) -> Result<Option<ggml_sched::Trace>> {
+        Ok(None)
+    }
 }
 
 /// The error for a ticket that was never issued or already collected.
@@ -188,8 +197,10 @@ impl SchedExecutor {
 impl Executor for SchedExecutor {
     fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
         let inputs = prepare(kv, batch, self.n_ubatch)?;
+        let ticket = self.next_ticket;
         let mut runs = Vec::with_capacity(inputs.len());
-        for inp in &inputs {
+        for (u, inp) in inputs.iter().enumerate() {
+            self.sched.set_trace_tag(Some((ticket, u)));
             let run = self.submit_run(model, kv, inp)?;
             if inp.wanted {
                 runs.push(run);
@@ -199,7 +210,7 @@ impl Executor for SchedExecutor {
                 self.in_flight.retain(|&r| r != run);
             }
         }
-        let ticket = self.next_ticket;
+        self.sched.set_trace_tag(None);
         self.next_ticket += 1;
         self.tickets.insert(ticket, runs);
         Ok(ticket)
@@ -233,5 +244,13 @@ impl Executor for SchedExecutor {
 
     fn host_syncs_per_forward(&self) -> Option<f64> {
         Some(self.sched.stats().host_syncs_per_compute())
+    }
+
+    fn enable_trace(&mut self) {
+        self.sched.enable_trace();
+    }
+
+    fn take_trace(&mut self) -> Result<Option<ggml_sched::Trace>> {
+        Ok(self.sched.take_trace()?)
     }
 }

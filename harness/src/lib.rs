@@ -6,7 +6,8 @@
 //! - [`placement`], [`executor`]: weights and KV cache in backend memory, running passes;
 //! - [`perplexity`]: llama-perplexity's method, exactly;
 //! - [`regress`], [`matrix`], [`golden`]: regression matrices from TOML files, goldens;
-//! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download.
+//! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download;
+//! - [`trace`]: Chrome trace files of scheduler runs and their summary.
 #![warn(missing_docs)]
 
 pub mod batch;
@@ -25,6 +26,7 @@ pub mod regress;
 pub mod session;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod trace;
 
 #[path = "../../xtask/src/fetch.rs"]
 #[allow(dead_code)]

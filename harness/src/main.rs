@@ -46,6 +46,15 @@ enum Command {
     Plan(PlanArgs),
     /// Downloads the default model into the cache and prints its path.
     FetchModel,
+    /// Summarises a `--trace` file: busy and idle time per queue, overlap of the queues,
+    /// the sync pattern of each split and the host syncs by rule.
+    TraceSummary {
+        /// Trace file written by `perplexity --trace` or `bench --trace`.
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -143,6 +152,10 @@ struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Write a Chrome trace-event timeline of every queue and host action to FILE (see
+    /// `trace-summary`).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -167,6 +180,10 @@ struct PplArgs {
     /// Print one JSON object instead of llama-perplexity's text.
     #[arg(long)]
     json: bool,
+    /// Write a Chrome trace-event timeline of every queue and host action to FILE (see
+    /// `trace-summary`).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// Devices and how to use them (shared by perplexity and bench).
@@ -294,6 +311,9 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     let n_seq = (a.batch / a.ctx).max(1);
     let mut kv = session.kv_cache(a.ctx * n_seq)?;
     let mut exec = session.executor()?;
+    if a.trace.is_some() {
+        exec.enable_trace();
+    }
     let settings = PplSettings {
         n_ctx: a.ctx,
         n_batch: a.batch,
@@ -347,6 +367,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
         b.finish_and_clear();
     }
     let seconds = t0.elapsed().as_secs_f64();
+    write_trace(exec.as_mut(), a.trace.as_deref())?;
     let races = report_races(&session)?;
     if a.json {
         let v = serde_json::json!({
@@ -377,12 +398,34 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     Ok(())
 }
 
+/// Writes the executor's trace to `path`, if one was asked for.
+fn write_trace(
+    exec: &mut dyn harness::executor::Executor,
+    path: Option<&std::path::Path>,
+) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let trace = exec
+        .take_trace()?
+        .ok_or_else(|| HarnessError::Usage("--trace: this executor records no trace".into()))?;
+    harness::trace::write_chrome(&trace, path)?;
+    eprintln!(
+        "trace: {} slices on {} queues and the host written to {p} (open in chrome://tracing or ui.perfetto.dev; summary: ggml-harness trace-summary {p})",
+        trace.slices.len(),
+        trace.queues.len(),
+        p = path.display()
+    );
+    Ok(())
+}
+
 fn run_bench(a: BenchArgs) -> Result<()> {
     let config = a.run.config()?;
     let path = harness::model_path(a.model.as_deref())?;
     let session = Session::open(&path, config.clone())?;
     let mut kv = session.kv_cache(a.n_prompt.max(a.n_gen).max(1))?;
     let mut exec = session.executor()?;
+    if a.trace.is_some() {
+        exec.enable_trace();
+    }
     let mut results = Vec::new();
     if a.n_prompt > 0 {
         results.push(harness::bench::bench_pp(
@@ -402,6 +445,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             a.reps,
         )?);
     }
+    write_trace(exec.as_mut(), a.trace.as_deref())?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
@@ -611,6 +655,13 @@ fn main() -> ExitCode {
         Command::Regress(a) => run_regress(a),
         Command::Plan(a) => run_plan(a),
         Command::FetchModel => default_model_path().map(|p| println!("{}", p.display())),
+        Command::TraceSummary { file, json } => harness::trace::summarize(&file).map(|s| {
+            if json {
+                println!("{}", serde_json::to_string(&s).expect("serialisable"));
+            } else {
+                print!("{}", s.text());
+            }
+        }),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
