@@ -162,6 +162,9 @@ pub enum EventKind {
     CopyDone,
     /// Recorded on the input backend at the start of a run, after the caller's writes.
     Inputs,
+    /// Recorded on a queue right after a split's user-input copies when copies of
+    /// computed tensors follow them there: the HB5 host wait waits for the inputs only.
+    InputsCopied,
 }
 
 /// An event of the plan: owned and recorded by `backend`.
@@ -405,6 +408,7 @@ impl Plan {
             EventKind::Split => "split",
             EventKind::CopyDone => "copydone",
             EventKind::Inputs => "inputs",
+            EventKind::InputsCopied => "inputs-copied",
         };
         format!("{kind}[{}]@{}", self.bname(e.backend), e.slot)
     }
@@ -805,6 +809,14 @@ impl Minimal<'_> {
     }
 }
 
+/// The queue a copy into a split on backend `b` runs on.
+fn copy_queue_of(props: &[BackendProps], cp: &crate::partition::CopyInput, b: usize) -> usize {
+    match copy_on(props, b) {
+        CopyOn::Src => cp.from,
+        CopyOn::Dst | CopyOn::Host => b,
+    }
+}
+
 /// Builds the minimal plan into `plan`; returns the copy-done waits left pending at the
 /// end of the run (per backend), for the next run's carry-in.
 fn minimal(
@@ -864,13 +876,66 @@ fn minimal(
     let mut user_last: Vec<usize> = vec![0; nb];
     let mut n_user_copies = 0usize;
 
+    // The event the HB5 wait of each queue waits on (CopyDone, or InputsCopied when
+    // copies of computed tensors followed the user inputs on that queue).
+    let mut user_event: Vec<EventKind> = vec![EventKind::CopyDone; nb];
+
     for (k, sp) in part.splits.iter().enumerate() {
         let b = sp.backend;
         let mut acts = Vec::new();
-        // Input phase.
+        // Input phase: user inputs first, so that the HB5 host wait need not wait for
+        // the copies of computed tensors behind them.
         let mut dst_copy_sources: BTreeSet<usize> = BTreeSet::new();
         let mut need_copydone: BTreeSet<usize> = BTreeSet::new();
-        for &ci in &sp.inputs {
+        let mut inputs = sp.inputs.clone();
+        inputs.sort_by_key(|&ci| part.copies[ci].kind != SourceKind::UserInput);
+        let n_user = inputs
+            .iter()
+            .filter(|&&ci| part.copies[ci].kind == SourceKind::UserInput)
+            .count();
+        // The producer waits of the computed copies come first (they usually imply the
+        // inputs' waits too), so the split keeps its one wait.
+        if !own_event && n_user > 0 && copy_on(props, b) != CopyOn::Src {
+            for &ci in &inputs[n_user..] {
+                if part.copies[ci].kind != SourceKind::Computed {
+                    continue;
+                }
+                let a = part.copies[ci].from;
+                match part.splits[..k].iter().rposition(|s| s.backend == a) {
+                    Some(p) if m.q[b][a] < Some(p + 1) => {
+                        let e = m.key(a, EventKind::Split);
+                        m.wait(&mut acts, b, e, HbRule::Hb1);
+                    }
+                    Some(_) => {}
+                    None => {
+                        let e = EventKey {
+                            backend: a,
+                            kind: EventKind::Split,
+                            slot: prev,
+                        };
+                        m.wait(&mut acts, b, e, HbRule::Hb1);
+                    }
+                }
+            }
+        }
+        for (i, &ci) in inputs.iter().enumerate() {
+            if i == n_user && n_user > 0 && !async_user {
+                // Mark the end of the user-input copies on each queue that ran some and
+                // runs computed copies next.
+                let queues: BTreeSet<usize> = inputs[..n_user]
+                    .iter()
+                    .map(|&cj| copy_queue_of(props, &part.copies[cj], b))
+                    .collect();
+                let later: BTreeSet<usize> = inputs[n_user..]
+                    .iter()
+                    .map(|&cj| copy_queue_of(props, &part.copies[cj], b))
+                    .collect();
+                for &q in queues.intersection(&later) {
+                    let e = m.key(q, EventKind::InputsCopied);
+                    m.record(&mut acts, e);
+                    user_event[q] = EventKind::InputsCopied;
+                }
+            }
             let cp = &part.copies[ci];
             let a = cp.from;
             let on = copy_on(props, b);
@@ -890,6 +955,7 @@ fn minimal(
                         n_user_copies += 1;
                         user_need[a] = m.q[a][a].map(|p| p + 1);
                         user_last[a] = n_user_copies;
+                        user_event[a] = EventKind::CopyDone;
                     }
                 }
                 CopyOn::Dst | CopyOn::Host => {
@@ -936,6 +1002,7 @@ fn minimal(
                         n_user_copies += 1;
                         user_need[b] = m.q[b][b].map(|p| p + 1);
                         user_last[b] = n_user_copies;
+                        user_event[b] = EventKind::CopyDone;
                     }
                 }
             }
@@ -1002,7 +1069,7 @@ fn minimal(
             if m.host[q].is_some() && m.host[q] >= user_need[q] {
                 continue;
             }
-            let event = m.key(q, EventKind::CopyDone);
+            let event = m.key(q, user_event[q]);
             if props[q].events {
                 acts.push(Action::HostWait {
                     event,

@@ -16,6 +16,9 @@ use crate::plan::{
     build_plan, Action, BackendProps, CopyOn, EventKey, HbRule, Plan, PlanSettings, PlanStyle,
     WeakenKnob, MAX_COPIES,
 };
+mod staging;
+pub use staging::StagedOutput;
+
 use crate::trace::{now_ns, SliceKind, Trace, TraceTrack, Tracer};
 
 /// Options of a [`Scheduler`].
@@ -131,7 +134,8 @@ struct GraphState {
 /// [`get_tensor`](Scheduler::get_tensor). `compute` only enqueues (plus the one host wait
 /// HB5 needs when user inputs are copied across backends), so with `n_copies > 1` run
 /// r + 1 is submitted while run r still executes; the outputs of the last `n_copies` runs
-/// stay readable.
+/// stay readable, and [`stage_output`](Scheduler::stage_output) keeps an output readable
+/// for as long as the caller likes without holding its slot.
 ///
 /// The caller's tensors and graph are never modified: the scheduler keeps its own table.
 pub struct Scheduler {
@@ -146,6 +150,11 @@ pub struct Scheduler {
     stats: Stats,
     logs: Vec<Arc<RaceLog>>,
     tracer: Option<Tracer>,
+    /// Free staging buffers and events (see [`Scheduler::stage_output`]).
+    staging: Vec<staging::Spare>,
+    /// Staging memory holding outputs not read yet.
+    staged: HashMap<u64, staging::Spare>,
+    next_staged: u64,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -209,6 +218,9 @@ impl Scheduler {
             stats: Stats::default(),
             logs,
             tracer: None,
+            staging: Vec::new(),
+            staged: HashMap::new(),
+            next_staged: 0,
         })
     }
 
@@ -829,17 +841,7 @@ impl Scheduler {
                 &format!("has {} bytes, output slice has {}", t.nbytes(), out.len()),
             ));
         }
-        let owner = if id.index() < gs.part.n_tensors {
-            let r = t.view_src.unwrap_or(id);
-            gs.part.backend_of[r.index()].or(gs.part.backend_of[id.index()])
-        } else {
-            gs.part
-                .copies
-                .iter()
-                .find(|c| c.slots.contains(&id))
-                .map(|c| c.to)
-        }
-        .ok_or_else(|| self.tensor_err(id, "has no backend"))?;
+        let owner = self.owner_of(gs, id, t)?;
         self.annotate(AccessContext {
             run: Some(run),
             slot: Some((run % n) as usize),
@@ -874,6 +876,21 @@ impl Scheduler {
         self.backends[owner].get_tensor(t, 0, out)?;
         self.trace_read(run, slot, t, t0);
         Ok(())
+    }
+
+    /// The backend holding tensor `id` (descriptor `t` of some slot's table).
+    fn owner_of(&self, gs: &GraphState, id: TensorId, t: &Tensor) -> Result<usize> {
+        if id.index() < gs.part.n_tensors {
+            let r = t.view_src.unwrap_or(id);
+            gs.part.backend_of[r.index()].or(gs.part.backend_of[id.index()])
+        } else {
+            gs.part
+                .copies
+                .iter()
+                .find(|c| c.slots.contains(&id))
+                .map(|c| c.to)
+        }
+        .ok_or_else(|| self.tensor_err(id, "has no backend"))
     }
 
     /// Traces the host's wait for an output of `run` (HB7).
@@ -919,6 +936,10 @@ impl Drop for Scheduler {
             if let Some(i) = info.take() {
                 let _ = self.backends[b].free_buffer(i.id);
             }
+        }
+        let staged = self.staged.drain().map(|(_, sp)| sp);
+        for sp in self.staging.drain(..).chain(staged) {
+            sp.free(&self.backends);
         }
     }
 }

@@ -49,6 +49,38 @@ fn minimal_plan_is_exact_and_race_free_under_delays() {
     }
 }
 
+/// Outputs staged on their producer's queue stay exact when the host reads them only
+/// after many more runs than there are slots, race-free under delays, for both copy
+/// queues; their memory is reused and freed with the scheduler.
+#[test]
+fn staged_outputs_outlive_their_slots() {
+    for queues in 0..2 {
+        let setup = Setup {
+            n_backends: 3,
+            queues,
+            events: true,
+            foreign_waits: true,
+            async_copy: true,
+            n_copies: 2,
+        };
+        let tests = setup.tests(Some(11), 150);
+        let (b, log) = checked(dyns(tests.clone()));
+        let mut c = chain(8, &[0, 0, 1, 1, 2, 2]);
+        let mut s = c.scheduler(b, setup.opts(PlanStyle::Minimal, &[]));
+        assert!(c.run_staged(&mut s, 7).is_empty(), "{setup:?}");
+        assert!(
+            c.run_staged(&mut s, 3).is_empty(),
+            "{setup:?} (reused staging)"
+        );
+        assert!(log.is_clean(), "{setup:?}\n{}", log.summary(8));
+        drop(s);
+        for t in &tests {
+            // Only the test's two weights per backend remain.
+            assert_eq!((t.live_buffers(), t.live_events()), (2, 0), "{setup:?}");
+        }
+    }
+}
+
 #[test]
 fn declined_copies_fall_back_to_blocking_and_stay_exact() {
     for queues in 0..2 {

@@ -58,19 +58,17 @@ fn unknown_ticket(ticket: u64) -> HarnessError {
 
 /// Runs every pass through [`ggml_sched::Scheduler`] over one or more backends. A batch
 /// is cut into micro-batches of `n_ubatch` tokens, each one scheduler run in the next
-/// pipeline slot, submitted back to back. The graph and its allocation are reused while
-/// the micro-batch geometry stays the same.
+/// pipeline slot, submitted back to back. The logits of each run are staged aside on the
+/// producing queue ([`ggml_sched::Scheduler::stage_output`]), so no slot reuse waits for
+/// the host to read them. The graph and its allocation are reused while the micro-batch
+/// geometry stays the same.
 pub struct SchedExecutor {
     sched: ggml_sched::Scheduler,
     layers: crate::placement::LayerMap,
     n_ubatch: usize,
     current: Option<ForwardGraph>,
-    /// Runs submitted and not yet read, oldest first (their logits live in the slots).
-    in_flight: std::collections::VecDeque<u64>,
-    /// Logits read early (before a slot or the graph was reused), by run.
-    done: std::collections::BTreeMap<u64, Vec<f32>>,
-    /// The runs of each submitted batch whose logits are wanted, by ticket.
-    tickets: std::collections::BTreeMap<u64, Vec<u64>>,
+    /// The staged logits of each wanted run of each submitted batch, by ticket.
+    tickets: std::collections::BTreeMap<u64, Vec<ggml_sched::StagedOutput>>,
     next_ticket: u64,
 }
 
@@ -94,8 +92,6 @@ impl SchedExecutor {
             layers,
             n_ubatch,
             current: None,
-            in_flight: Default::default(),
-            done: Default::default(),
             tickets: Default::default(),
             next_ticket: 0,
         })
@@ -142,46 +138,16 @@ impl SchedExecutor {
 }
 
 impl SchedExecutor {
-    /// Reads the logits of run `run` (one of the last `n_copies`) from its slot.
-    fn read_logits(&self, run: u64) -> Result<Vec<f32>> {
-        let g = self.current.as_ref().ok_or_else(|| unknown_ticket(run))?;
-        let t = &g.tensors[g.logits.index()];
-        let mut bytes = vec![0u8; t.nbytes()];
-        self.sched.get_tensor_run(run, g.logits, &mut bytes)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    }
-
-    /// Reads the oldest run in flight into `done`.
-    fn retire_oldest(&mut self) -> Result<()> {
-        if let Some(run) = self.in_flight.front().copied() {
-            let logits = self.read_logits(run)?;
-            self.in_flight.pop_front();
-            self.done.insert(run, logits);
-        }
-        Ok(())
-    }
-}
-
-impl SchedExecutor {
-    /// Submits one micro-batch as the next scheduler run.
-    fn submit_run(&mut self, model: &Model, kv: &KvCache, inputs: &GraphInputs) -> Result<u64> {
-        let reshape = self
-            .current
-            .as_ref()
-            .is_none_or(|g| g.shape != inputs.shape);
-        // A new graph reallocates every slot, and a new run reuses the slot of the run
-        // n_copies back: read what those still hold first.
-        while !self.in_flight.is_empty()
-            && (reshape || self.in_flight.len() >= self.sched.options().n_copies)
-        {
-            self.retire_oldest()?;
-        }
+    /// Submits one micro-batch as the next scheduler run; returns its staged logits if
+    /// they are wanted.
+    fn submit_run(
+        &mut self,
+        model: &Model,
+        kv: &KvCache,
+        inputs: &GraphInputs,
+    ) -> Result<Option<ggml_sched::StagedOutput>> {
         self.ensure_graph(model, kv, inputs)?;
         let g = self.current.as_ref().expect("built above");
-        let run = self.sched.next_run();
         self.sched.compute_with(&[
             (g.inp_tokens, &inputs.tokens),
             (g.inp_pos, &inputs.pos),
@@ -189,8 +155,11 @@ impl SchedExecutor {
             (g.kq_mask, &inputs.mask),
             (g.inp_out_ids, &inputs.out_ids),
         ])?;
-        self.in_flight.push_back(run);
-        Ok(run)
+        if inputs.wanted {
+            Ok(Some(self.sched.stage_output(g.logits)?))
+        } else {
+            Ok(None)
+        }
     }
 }
 
@@ -198,44 +167,35 @@ impl Executor for SchedExecutor {
     fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
         let inputs = prepare(kv, batch, self.n_ubatch)?;
         let ticket = self.next_ticket;
-        let mut runs = Vec::with_capacity(inputs.len());
+        let mut staged = Vec::with_capacity(inputs.len());
         for (u, inp) in inputs.iter().enumerate() {
             self.sched.set_trace_tag(Some((ticket, u)));
-            let run = self.submit_run(model, kv, inp)?;
-            if inp.wanted {
-                runs.push(run);
-            } else {
-                // Nobody reads it: drop it from the runs in flight at once (its slot's
-                // reuse is ordered by the scheduler like any other).
-                self.in_flight.retain(|&r| r != run);
-            }
+            let r = self.submit_run(model, kv, inp);
+            self.sched.set_trace_tag(None);
+            staged.extend(r?);
         }
-        self.sched.set_trace_tag(None);
         self.next_ticket += 1;
-        self.tickets.insert(ticket, runs);
+        self.tickets.insert(ticket, staged);
         Ok(ticket)
     }
 
     fn collect(&mut self, ticket: u64) -> Result<Vec<f32>> {
-        let runs = self
+        let staged = self
             .tickets
             .remove(&ticket)
             .ok_or_else(|| unknown_ticket(ticket))?;
-        let mut logits = Vec::new();
-        for run in runs {
-            if let Some(l) = self.done.remove(&run) {
-                logits.extend_from_slice(&l);
-                continue;
-            }
-            let pos = self
-                .in_flight
-                .iter()
-                .position(|&r| r == run)
-                .ok_or_else(|| unknown_ticket(ticket))?;
-            logits.extend_from_slice(&self.read_logits(run)?);
-            self.in_flight.remove(pos);
+        let total: usize = staged.iter().map(|s| s.nbytes()).sum();
+        let mut bytes = vec![0u8; total];
+        let mut at = 0;
+        for s in staged {
+            let n = s.nbytes();
+            self.sched.read_staged(s, &mut bytes[at..at + n])?;
+            at += n;
         }
-        Ok(logits)
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     fn max_in_flight(&self) -> usize {

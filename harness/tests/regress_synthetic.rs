@@ -8,9 +8,9 @@ use ggml_core::DType;
 use harness::golden::GoldenSet;
 use harness::matrix::run::{run, RunOptions};
 use harness::matrix::{Matrix, Source};
-use harness::perplexity::PplSettings;
-use harness::regress::{run_cell, Cell, RegressSettings};
-use harness::session::SplitMode;
+use harness::perplexity::{perplexity, PplSettings};
+use harness::regress::RegressSettings;
+use harness::session::{RunConfig, Session, SplitMode};
 use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 use rstest::rstest;
 
@@ -78,19 +78,45 @@ fn cpu_matrix_is_bit_identical_and_race_free(#[case] chaos: Option<u64>) {
 }
 
 #[rstest]
-#[case::own_event(ggml_sched::WeakenKnob::OwnEvent)]
-#[case::async_user_input(ggml_sched::WeakenKnob::AsyncUserInput)]
-fn weakened_rules_are_caught_on_cpu_queues(#[case] knob: ggml_sched::WeakenKnob) {
-    let cell = Cell {
-        devices: "cpu:3".parse().unwrap(),
-        split: SplitMode::Layer,
-        n_copies: 2,
-        threads: 3,
-        n_ubatch: 0,
-    };
-    // Nine passes, so that later passes are submitted while earlier ones still run.
-    let mut s = settings(Some(7), vec![knob]);
-    s.ppl.max_chunks = Some(36);
-    let r = run_cell(&model(), text(), &cell, &s).unwrap();
-    assert!(r.races > 0, "{knob:?} not caught: {r:?}");
+#[case::own_event(ggml_sched::WeakenKnob::OwnEvent, ggml_core::CopyQueue::Destination)]
+#[case::no_slot_wait(ggml_sched::WeakenKnob::NoSlotWait, ggml_core::CopyQueue::Source)]
+#[case::async_user_input(
+    ggml_sched::WeakenKnob::AsyncUserInput,
+    ggml_core::CopyQueue::Destination
+)]
+#[case::no_alloc_wait(ggml_sched::WeakenKnob::NoAllocWait, ggml_core::CopyQueue::Destination)]
+fn weakened_rules_are_caught_on_cpu_queues(
+    #[case] knob: ggml_sched::WeakenKnob,
+    #[case] copy_queue: ggml_core::CopyQueue,
+) {
+    // Micro-batches keep several runs in flight inside each batch, with their logits
+    // staged, so that nothing but the plan orders one run's work against the next.
+    let mut config = RunConfig::simple("cpu:3".parse().unwrap(), SplitMode::Layer, 2, 3);
+    config.n_ubatch = 64;
+    config.check_races = true;
+    config.chaos = Some(7);
+    config.weaken = vec![knob];
+    config.cpu_copy_queue = copy_queue;
+    let session = Session::open(&model(), config).unwrap();
+    let tokens = session.tokenizer.encode(text());
+    let mut kv = session.kv_cache(256).unwrap();
+    let mut exec = session.executor().unwrap();
+    let s = settings(None, Vec::new()).ppl;
+    perplexity(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &tokens,
+        session.tokenizer.bos(),
+        s,
+        |_, _, _| {},
+    )
+    .unwrap();
+    let log = session.race_log.as_ref().unwrap();
+    assert!(log.race_count() > 0, "{knob:?} not caught");
+    assert!(
+        log.rules().contains(&knob.rule()),
+        "{knob:?}: {:?}",
+        log.rules()
+    );
 }

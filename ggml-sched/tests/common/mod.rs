@@ -158,6 +158,30 @@ impl Chain {
         s
     }
 
+    /// Runs `runs` runs back to back, staging every output, and reads them all at the
+    /// end; returns the runs whose output differed.
+    pub fn run_staged(&self, s: &mut Scheduler, runs: u64) -> Vec<u64> {
+        let first = s.next_run();
+        let mut staged = Vec::new();
+        for r in first..first + runs {
+            let (x, p) = self.inputs(r);
+            s.set_input(self.x, &to_bytes(&x)).unwrap();
+            s.set_input(self.p, &to_bytes(&p)).unwrap();
+            s.compute().unwrap();
+            staged.push(s.stage_output(self.out).unwrap());
+        }
+        let mut out = vec![0u8; self.n * 4];
+        let mut bad = Vec::new();
+        for st in staged {
+            let r = st.run();
+            s.read_staged(st, &mut out).unwrap();
+            if to_f32(&out) != self.expected(r) {
+                bad.push(r);
+            }
+        }
+        bad
+    }
+
     /// Runs `runs` pipelined runs, reading each output as late as the slots allow;
     /// returns the runs whose output differed.
     pub fn run_pipelined(&self, s: &mut Scheduler, runs: u64) -> Vec<u64> {
