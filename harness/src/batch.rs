@@ -60,10 +60,12 @@ pub struct GraphInputs {
     pub mask: Vec<u8>,
     /// I32 output row ids.
     pub out_ids: Vec<u8>,
-    /// Whether the logits are wanted. A micro-batch whose tokens request none still
-    /// computes its last token's (so every micro-batch has the same graph), and these
+    /// How many of the computed logit rows (the first ones) were requested. Every
+    /// micro-batch of a batch computes as many rows as the one with the most outputs (a
+    /// shorter list repeats its last row, a micro-batch without outputs computes its last
+    /// token's), so that all share one graph and none waits for a rebuild; the extra rows
     /// are dropped.
-    pub wanted: bool,
+    pub wanted_rows: usize,
 }
 
 /// Claims cache cells for `batch` (appending after the cells in use) and computes the
@@ -121,13 +123,9 @@ pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<G
         }
         let i32s =
             |v: &mut dyn Iterator<Item = i32>| v.flat_map(i32::to_le_bytes).collect::<Vec<u8>>();
-        let mut rows: Vec<i32> = (0..(u1 - u0) as i32)
+        let rows: Vec<i32> = (0..(u1 - u0) as i32)
             .filter(|&i| batch.output[u0 + i as usize])
             .collect();
-        let wanted = !rows.is_empty();
-        if !wanted {
-            rows.push((u1 - u0 - 1) as i32);
-        }
         out.push(GraphInputs {
             shape: BatchShape {
                 n_tokens: u1 - u0,
@@ -138,9 +136,95 @@ pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<G
             pos: i32s(&mut batch.pos[u0..u1].iter().copied()),
             kv_idxs: i32s(&mut cells.map(|c| c as i32)),
             mask,
-            out_ids: i32s(&mut rows.into_iter()),
-            wanted,
+            out_ids: i32s(&mut rows.iter().copied()),
+            wanted_rows: rows.len(),
         });
     }
+    // One row count for the whole batch (see `wanted_rows`).
+    let n_rows = out.iter().map(|g| g.wanted_rows).max().unwrap_or(0).max(1);
+    for g in &mut out {
+        let len = g.shape.n_tokens;
+        let last = match g.wanted_rows {
+            0 => (len - 1) as i32,
+            k => i32::from_le_bytes(g.out_ids[4 * (k - 1)..4 * k].try_into().expect("4 bytes")),
+        };
+        // A last micro-batch shorter than the others names at most one row per token.
+        for _ in g.wanted_rows..n_rows.min(len).max(g.wanted_rows) {
+            g.out_ids.extend_from_slice(&last.to_le_bytes());
+        }
+        g.shape.n_outputs = g.out_ids.len() / 4;
+    }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(b: &[u8]) -> Vec<i32> {
+        b.chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Ten tokens, logits wanted for the last three (as perplexity scores a chunk's end).
+    fn batch() -> Batch {
+        let mut b = Batch::default();
+        for i in 0..10 {
+            b.push(100 + i, i as i32, 0, i >= 7);
+        }
+        b
+    }
+
+    #[test]
+    fn micro_batches_share_one_shape_and_cover_the_batch() {
+        let mut kv = KvCache::cells_only(512);
+        let u = prepare(&mut kv, &batch(), 4).unwrap();
+        assert_eq!(u.len(), 3);
+        // Same n_kv everywhere, and the row count of the one with most outputs (2).
+        let shapes: Vec<_> = u.iter().map(|g| g.shape).collect();
+        for (g, n) in shapes.iter().zip([4, 4, 2]) {
+            assert_eq!((g.n_tokens, g.n_kv), (n, 256));
+        }
+        assert_eq!(shapes[0], shapes[1]);
+        assert_eq!(
+            u.iter().map(|g| g.wanted_rows).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        // No output wanted: the last token, repeated; wanted rows first, then repeats.
+        assert_eq!(ints(&u[0].out_ids), [3, 3]);
+        assert_eq!(ints(&u[1].out_ids), [3, 3]);
+        assert!(shapes.iter().all(|g| g.n_outputs == 2));
+        assert_eq!(ints(&u[2].out_ids), [0, 1]);
+        assert_eq!(ints(&u[1].kv_idxs), [4, 5, 6, 7]);
+        assert_eq!(ints(&u[2].tokens), [108, 109]);
+        // Token 5 (micro-batch 1, row 1) sees cells 0..=5 and nothing else.
+        let mask = &u[1].mask;
+        let visible: Vec<usize> = (0..256)
+            .filter(|&j| {
+                f16::from_le_bytes([mask[2 * (256 + j)], mask[2 * (256 + j) + 1]]) == f16::ZERO
+            })
+            .collect();
+        assert_eq!(visible, (0..=5).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn one_pass_without_micro_batches_and_clear_errors() {
+        let mut kv = KvCache::cells_only(256);
+        let u = prepare(&mut kv, &batch(), 0).unwrap();
+        assert_eq!(u.len(), 1);
+        assert_eq!((u[0].shape.n_outputs, u[0].wanted_rows), (3, 3));
+        assert_eq!(ints(&u[0].out_ids), [7, 8, 9]);
+        let mut full = KvCache::cells_only(256);
+        let mut big = Batch::default();
+        for i in 0..300 {
+            big.push(1, i, 0, true);
+        }
+        let e = prepare(&mut full, &big, 0).unwrap_err().to_string();
+        assert!(e.contains("KV cache full"), "{e}");
+        let e = prepare(&mut full, &Batch::default(), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("empty batch"), "{e}");
+    }
 }

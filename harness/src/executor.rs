@@ -67,8 +67,9 @@ pub struct SchedExecutor {
     layers: crate::placement::LayerMap,
     n_ubatch: usize,
     current: Option<ForwardGraph>,
-    /// The staged logits of each wanted run of each submitted batch, by ticket.
-    tickets: std::collections::BTreeMap<u64, Vec<ggml_sched::StagedOutput>>,
+    /// The staged logits (and the bytes of them requested) of each run with requested
+    /// outputs of each submitted batch, by ticket.
+    tickets: std::collections::BTreeMap<u64, Vec<(ggml_sched::StagedOutput, usize)>>,
     next_ticket: u64,
 }
 
@@ -138,14 +139,14 @@ impl SchedExecutor {
 }
 
 impl SchedExecutor {
-    /// Submits one micro-batch as the next scheduler run; returns its staged logits if
-    /// they are wanted.
+    /// Submits one micro-batch as the next scheduler run; returns its staged logits and
+    /// how many of their bytes (leading rows) were requested, if any were.
     fn submit_run(
         &mut self,
         model: &Model,
         kv: &KvCache,
         inputs: &GraphInputs,
-    ) -> Result<Option<ggml_sched::StagedOutput>> {
+    ) -> Result<Option<(ggml_sched::StagedOutput, usize)>> {
         self.ensure_graph(model, kv, inputs)?;
         let g = self.current.as_ref().expect("built above");
         self.sched.compute_with(&[
@@ -155,8 +156,10 @@ impl SchedExecutor {
             (g.kq_mask, &inputs.mask),
             (g.inp_out_ids, &inputs.out_ids),
         ])?;
-        if inputs.wanted {
-            Ok(Some(self.sched.stage_output(g.logits)?))
+        if inputs.wanted_rows > 0 {
+            let staged = self.sched.stage_output(g.logits)?;
+            let keep = staged.nbytes() / inputs.shape.n_outputs * inputs.wanted_rows;
+            Ok(Some((staged, keep)))
         } else {
             Ok(None)
         }
@@ -184,13 +187,13 @@ impl Executor for SchedExecutor {
             .tickets
             .remove(&ticket)
             .ok_or_else(|| unknown_ticket(ticket))?;
-        let total: usize = staged.iter().map(|s| s.nbytes()).sum();
-        let mut bytes = vec![0u8; total];
-        let mut at = 0;
-        for s in staged {
-            let n = s.nbytes();
-            self.sched.read_staged(s, &mut bytes[at..at + n])?;
-            at += n;
+        let total: usize = staged.iter().map(|(_, keep)| keep).sum();
+        let mut bytes = Vec::with_capacity(total);
+        let mut run = Vec::new();
+        for (s, keep) in staged {
+            run.resize(s.nbytes(), 0);
+            self.sched.read_staged(s, &mut run)?;
+            bytes.extend_from_slice(&run[..keep]);
         }
         Ok(bytes
             .chunks_exact(4)

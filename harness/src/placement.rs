@@ -208,6 +208,17 @@ impl std::fmt::Debug for KvCache {
 }
 
 impl KvCache {
+    /// Cell bookkeeping without tensors (for tests of batch preparation).
+    #[cfg(test)]
+    pub(crate) fn cells_only(size: usize) -> KvCache {
+        KvCache {
+            layers: Vec::new(),
+            size,
+            cell_pos: vec![None; size],
+            _buffers: Vec::new(),
+        }
+    }
+
     /// Allocates a zeroed cache of `size` cells (rounded up to a multiple of 256).
     pub fn new(
         model: &Model,
