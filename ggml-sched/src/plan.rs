@@ -703,6 +703,12 @@ impl Minimal<'_> {
         }
     }
 
+    /// Q(x) gets one more item: its own position moves on, so an event recorded later
+    /// marks more than one recorded earlier.
+    fn bump(&mut self, x: usize) {
+        self.q[x][x] = Some(self.q[x][x].map_or(1, |p| p + 1));
+    }
+
     /// Host program order: whatever the host knows, a newly enqueued item knows.
     fn enqueue(&mut self, x: usize) {
         let h = self.host.clone();
@@ -879,6 +885,8 @@ fn minimal(
     // The event the HB5 wait of each queue waits on (CopyDone, or InputsCopied when
     // copies of computed tensors followed the user inputs on that queue).
     let mut user_event: Vec<EventKind> = vec![EventKind::CopyDone; nb];
+    // Position of each split's compute on its queue.
+    let mut compute_pos: Vec<Option<usize>> = vec![None; part.splits.len()];
 
     for (k, sp) in part.splits.iter().enumerate() {
         let b = sp.backend;
@@ -902,7 +910,7 @@ fn minimal(
                 }
                 let a = part.copies[ci].from;
                 match part.splits[..k].iter().rposition(|s| s.backend == a) {
-                    Some(p) if m.q[b][a] < Some(p + 1) => {
+                    Some(p) if m.q[b][a] < compute_pos[p] => {
                         let e = m.key(a, EventKind::Split);
                         m.wait(&mut acts, b, e, HbRule::Hb1);
                     }
@@ -947,13 +955,14 @@ fn minimal(
                         m.wait(&mut acts, a, e, HbRule::Hb3);
                     }
                     m.enqueue(a);
+                    m.bump(a);
                     // The copy-done dependency of cpy_tensor_async: Q(B) after the copy.
                     let ka = m.q[a].clone();
                     join(&mut m.q[b], &ka);
                     if cp.kind == SourceKind::UserInput {
                         need_copydone.insert(a);
                         n_user_copies += 1;
-                        user_need[a] = m.q[a][a].map(|p| p + 1);
+                        user_need[a] = m.q[a][a];
                         user_last[a] = n_user_copies;
                         user_event[a] = EventKind::CopyDone;
                     }
@@ -978,7 +987,7 @@ fn minimal(
                                 m.wait_always(&mut acts, b, e, HbRule::Hb1);
                             } else {
                                 match producer {
-                                    Some(p) if m.q[b][a] < Some(p + 1) => {
+                                    Some(p) if m.q[b][a] < compute_pos[p] => {
                                         let e = m.key(a, EventKind::Split);
                                         m.wait(&mut acts, b, e, HbRule::Hb1);
                                     }
@@ -997,10 +1006,11 @@ fn minimal(
                         }
                     }
                     m.enqueue(b);
+                    m.bump(b);
                     if cp.kind == SourceKind::UserInput {
                         need_copydone.insert(b);
                         n_user_copies += 1;
-                        user_need[b] = m.q[b][b].map(|p| p + 1);
+                        user_need[b] = m.q[b][b];
                         user_last[b] = n_user_copies;
                         user_event[b] = EventKind::CopyDone;
                     }
@@ -1047,7 +1057,8 @@ fn minimal(
         }
         m.enqueue(b);
         acts.push(Action::Compute { split: k });
-        m.q[b][b] = Some(k + 1);
+        m.bump(b);
+        compute_pos[k] = m.q[b][b];
         let e = m.key(b, EventKind::Split);
         m.record(&mut acts, e);
         plan.splits.push(SplitPlan {

@@ -6,7 +6,7 @@ use ggml_core::Backend;
 
 use crate::batch::{prepare, Batch, GraphInputs};
 use crate::error::{HarnessError, Result};
-use crate::model::{build_forward, ForwardGraph, Model};
+use crate::model::{build_forward, build_forward_tp, ForwardGraph, Model};
 use crate::placement::KvCache;
 
 /// Something that runs forward passes of a model over batches.
@@ -124,14 +124,26 @@ impl SchedExecutor {
             return Ok(());
         }
         self.current = None;
-        let g = build_forward(model, &kv.layers, inputs.shape)?;
         self.sched.clear_pins();
-        // The first node of each layer goes where the layer lives (as llama.cpp pins the
-        // norm); everything else follows the weights.
-        for (l, &first) in g.layer_first.iter().enumerate() {
-            self.sched
-                .set_tensor_backend(first, self.layers.layer_device[l])?;
-        }
+        let g = match &self.layers.tp {
+            Some(tp) => {
+                let g = build_forward_tp(model, tp, &kv.tp_layers, inputs.shape)?;
+                for &(id, d) in &g.pins {
+                    self.sched.set_tensor_backend(id, d)?;
+                }
+                g
+            }
+            None => {
+                let g = build_forward(model, &kv.layers, inputs.shape)?;
+                // The first node of each layer goes where the layer lives (as llama.cpp
+                // pins the norm); everything else follows the weights.
+                for (l, &first) in g.layer_first.iter().enumerate() {
+                    self.sched
+                        .set_tensor_backend(first, self.layers.layer_device[l])?;
+                }
+                g
+            }
+        };
         self.sched.alloc_nodes(&g.tensors, &g.nodes, &g.leafs)?;
         self.current = Some(g);
         Ok(())

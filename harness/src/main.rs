@@ -62,7 +62,7 @@ struct RegressArgs {
     /// Matrix file (TOML, see harness/matrices/); default: the embedded CPU matrix.
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
-    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 66 cells), `cuda` (cuda-1gpu.toml)
+    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 72 cells), `cuda` (cuda-1gpu.toml)
     /// or `cuda-2gpu`.
     #[arg(long)]
     devices_matrix: Option<String>,

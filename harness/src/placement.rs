@@ -79,6 +79,8 @@ pub struct LayerMap {
     pub input_device: usize,
     /// Device of the output norm and output matrix.
     pub output_device: usize,
+    /// The cut of every layer over the devices (`--split-mode tensor`), if any.
+    pub tp: Option<std::sync::Arc<crate::model::TpShards>>,
 }
 
 impl LayerMap {
@@ -88,6 +90,7 @@ impl LayerMap {
             layer_device: vec![0; n_layer],
             input_device: 0,
             output_device: 0,
+            tp: None,
         }
     }
 
@@ -117,16 +120,28 @@ impl LayerMap {
             layer_device,
             input_device: 0,
             output_device: n_devices - 1,
+            tp: None,
         })
     }
 
-    /// The device of weight `id` of `model`.
-    pub fn device_of(&self, model: &Model, id: TensorId) -> usize {
-        match model.layer_of(id) {
+    /// Tensor parallelism over `tp.n_dev` devices: embeddings and output on the first.
+    pub fn tensor_parallel(n_layer: usize, tp: crate::model::TpShards) -> LayerMap {
+        LayerMap {
+            tp: Some(std::sync::Arc::new(tp)),
+            ..LayerMap::single(n_layer)
+        }
+    }
+
+    /// The device of weight `id` of `model` (`None`: not used, not placed).
+    pub fn device_of(&self, model: &Model, id: TensorId) -> Option<usize> {
+        if let Some(tp) = &self.tp {
+            return tp.weight_device.get(id.index()).copied().flatten();
+        }
+        Some(match model.layer_of(id) {
             Some(l) => self.layer_device[l],
             None if id == model.tok_embd => self.input_device,
             None => self.output_device,
-        }
+        })
     }
 }
 
@@ -143,7 +158,7 @@ pub fn place_weights(
     let base = file.bytes().as_ptr() as u64;
     for (dev, backend) in backends.iter().enumerate() {
         let mine: Vec<usize> = (0..model.weights.len())
-            .filter(|&i| map.device_of(model, TensorId(i as u32)) == dev)
+            .filter(|&i| map.device_of(model, TensorId(i as u32)) == Some(dev))
             .collect();
         if mine.is_empty() {
             continue;
@@ -193,6 +208,9 @@ pub struct KvCache {
     pub size: usize,
     /// Position held by each cell (`None` when empty).
     pub cell_pos: Vec<Option<(i32, u32)>>,
+    /// With tensor parallelism: per layer, per device, the keys and values of that
+    /// device's KV heads (`layers` is then unused).
+    pub tp_layers: Vec<Vec<(Tensor, Tensor)>>,
     _buffers: Vec<OwnedBuffer>,
 }
 
@@ -215,6 +233,7 @@ impl KvCache {
             layers: Vec::new(),
             size,
             cell_pos: vec![None; size],
+            tp_layers: Vec::new(),
             _buffers: Vec::new(),
         }
     }
@@ -227,6 +246,9 @@ impl KvCache {
         size: usize,
     ) -> Result<KvCache> {
         let size = size.div_ceil(256) * 256;
+        if let Some(tp) = &map.tp {
+            return KvCache::new_tp(model, backends, tp, size);
+        }
         let hp = &model.hp;
         let proto = Tensor::contiguous(DType::F16, [hp.n_embd_kv(), size, 1, 1])
             .ok_or_else(|| HarnessError::Usage(format!("KV cache of {size} cells is too large")))?;
@@ -257,6 +279,57 @@ impl KvCache {
             layers,
             size,
             cell_pos: vec![None; size],
+            tp_layers: Vec::new(),
+            _buffers: buffers,
+        })
+    }
+
+    /// The cache cut by KV heads as `tp` cuts attention: device `d` holds its heads of
+    /// every layer.
+    fn new_tp(
+        model: &Model,
+        backends: &[Arc<dyn Backend>],
+        tp: &crate::model::TpShards,
+        size: usize,
+    ) -> Result<KvCache> {
+        let hp = &model.hp;
+        let too_big = || HarnessError::Usage(format!("KV cache of {size} cells is too large"));
+        let mut tp_layers = vec![Vec::with_capacity(tp.n_dev); hp.n_layer];
+        let mut buffers = Vec::new();
+        for (d, backend) in backends.iter().enumerate().take(tp.n_dev) {
+            let heads = tp.kv_heads[d].len().max(1);
+            let proto = Tensor::contiguous(DType::F16, [hp.head_dim * heads, size, 1, 1])
+                .ok_or_else(too_big)?;
+            let named = |l: usize| {
+                let (mut k, mut v) = (proto, proto);
+                k.name = ggml_core::name!("cache_k_l{l}#{d}");
+                v.name = ggml_core::name!("cache_v_l{l}#{d}");
+                (k, v)
+            };
+            if tp.kv_heads[d].is_empty() {
+                // No heads here: descriptors only, never read.
+                for (l, row) in tp_layers.iter_mut().enumerate() {
+                    row.push(named(l));
+                }
+                continue;
+            }
+            let align = backend.alignment().max(64);
+            let stride = proto.nbytes().div_ceil(align) * align;
+            let buf = OwnedBuffer::alloc(backend, 2 * stride * hp.n_layer)?;
+            backend.buffer_clear(buf.id(), 0)?;
+            for (l, row) in tp_layers.iter_mut().enumerate() {
+                let (mut k, mut v) = named(l);
+                k.data = Some(buf.at(2 * l * stride));
+                v.data = Some(buf.at((2 * l + 1) * stride));
+                row.push((k, v));
+            }
+            buffers.push(buf);
+        }
+        Ok(KvCache {
+            layers: Vec::new(),
+            size,
+            cell_pos: vec![None; size],
+            tp_layers,
             _buffers: buffers,
         })
     }

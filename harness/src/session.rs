@@ -165,18 +165,10 @@ impl Session {
                 )));
             }
         }
-        if matches!(
-            config.split_mode,
-            SplitMode::Tensor | SplitMode::TensorReduce
-        ) {
-            return Err(HarnessError::Usage(format!(
-                "--split-mode {}: tensor parallelism is not available yet",
-                if config.split_mode == SplitMode::Tensor {
-                    "tensor"
-                } else {
-                    "tensor-reduce"
-                }
-            )));
+        if config.split_mode == SplitMode::TensorReduce {
+            return Err(HarnessError::Usage(
+                "--split-mode tensor-reduce: not available yet (use tensor, the exact one)".into(),
+            ));
         }
         let file = GgufFile::open(path)?;
         let mut model = Model::from_gguf(&file)?;
@@ -191,6 +183,10 @@ impl Session {
         let layers = match (config.split_mode, &config.tensor_split) {
             (SplitMode::Layer, Some(ts)) => LayerMap::proportional(model.hp.n_layer, ts)?,
             (SplitMode::Layer, None) => LayerMap::even(model.hp.n_layer, backends.len())?,
+            (SplitMode::Tensor, _) => {
+                let tp = model.shard(backends.len())?;
+                LayerMap::tensor_parallel(model.hp.n_layer, tp)
+            }
             _ => LayerMap::single(model.hp.n_layer),
         };
         let weights = place_weights(&mut model, &file, &backends, &layers)?;

@@ -70,6 +70,7 @@ struct SettingsTable {
 enum SplitName {
     None,
     Layer,
+    Tensor,
 }
 
 impl From<SplitName> for SplitMode {
@@ -77,6 +78,7 @@ impl From<SplitName> for SplitMode {
         match s {
             SplitName::None => SplitMode::None,
             SplitName::Layer => SplitMode::Layer,
+            SplitName::Tensor => SplitMode::Tensor,
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct ForwardGraph {
     pub logits: TensorId,
     /// Per layer: the first tensor of the layer (for assigning layers to devices).
     pub layer_first: Vec<TensorId>,
+    /// Nodes that must run on a given device (tensor parallelism), by device index.
+    pub pins: Vec<(TensorId, usize)>,
     /// The batch geometry this graph was built for.
     pub shape: BatchShape,
 }
@@ -84,19 +86,13 @@ pub fn build_forward(
         });
     }
     let n = shape.n_tokens;
-    let inp_tokens = ctx.new_tensor_1d(DType::I32, n)?;
-    ctx.set_name(inp_tokens, "inp_tokens")?;
-    let inp_pos = ctx.new_tensor_1d(DType::I32, n)?;
-    ctx.set_name(inp_pos, "inp_pos")?;
-    let inp_kv_idxs = ctx.new_tensor_1d(DType::I32, n)?;
-    ctx.set_name(inp_kv_idxs, "inp_kv_idxs")?;
-    let kq_mask = ctx.new_tensor_2d(DType::F16, shape.n_kv, n)?;
-    ctx.set_name(kq_mask, "kq_mask")?;
-    let inp_out_ids = ctx.new_tensor_1d(DType::I32, shape.n_outputs)?;
-    ctx.set_name(inp_out_ids, "inp_out_ids")?;
-    for t in [inp_tokens, inp_pos, inp_kv_idxs, kq_mask, inp_out_ids] {
-        ctx.set_flags(t, TensorFlags::INPUT)?;
-    }
+    let Inputs {
+        tokens: inp_tokens,
+        pos: inp_pos,
+        kv_idxs: inp_kv_idxs,
+        mask: kq_mask,
+        out_ids: inp_out_ids,
+    } = Inputs::push(&mut ctx, shape)?;
 
     let rope = RopeParams::llama(hp.head_dim as u32, hp.rope_freq_base);
     let attn = AttnParams::scaled(1.0 / (hp.head_dim as f32).sqrt());
@@ -198,20 +194,8 @@ pub fn build_forward(
     ctx.set_name(logits, "result_output")?;
     ctx.set_flags(logits, TensorFlags::OUTPUT)?;
 
-    let mut ids = vec![TensorId(0); cap];
-    let mut marks = vec![0u64; Graph::marks_len(cap)];
-    let mut graph = Graph::new(&mut ids, &mut marks);
-    // Cache writes first, layer by layer, so each layer's attention comes after its write.
-    for w in &kv_writes {
-        graph.build_forward_expand(&ctx, *w)?;
-    }
-    graph.build_forward_expand(&ctx, logits)?;
-    let nodes = graph.nodes().to_vec();
-    let mut leafs: Vec<TensorId> = graph.leafs().collect();
-    leafs.sort();
-    let len = ctx.len();
+    let (nodes, leafs, len) = order(ctx, &kv_writes, logits, cap)?;
     storage.truncate(len);
-    debug_assert!(storage.iter().all(|t| t.src.len() == MAX_SRC));
     Ok(ForwardGraph {
         tensors: storage,
         nodes,
@@ -223,6 +207,59 @@ pub fn build_forward(
         inp_out_ids,
         logits,
         layer_first,
+        pins: Vec::new(),
         shape,
     })
+}
+
+/// The input tensors of a forward graph.
+pub(super) struct Inputs {
+    pub tokens: TensorId,
+    pub pos: TensorId,
+    pub kv_idxs: TensorId,
+    pub mask: TensorId,
+    pub out_ids: TensorId,
+}
+
+impl Inputs {
+    /// Creates the named input tensors of a graph for a batch of `shape`.
+    pub fn push(ctx: &mut Context<'_>, shape: BatchShape) -> Result<Inputs> {
+        let n = shape.n_tokens;
+        let mut new = |dtype: DType, ne: [usize; 2], name: &str| -> Result<TensorId> {
+            let t = ctx.new_tensor_2d(dtype, ne[0], ne[1])?;
+            ctx.set_name(t, name)?;
+            ctx.set_flags(t, TensorFlags::INPUT)?;
+            Ok(t)
+        };
+        Ok(Inputs {
+            tokens: new(DType::I32, [n, 1], "inp_tokens")?,
+            pos: new(DType::I32, [n, 1], "inp_pos")?,
+            kv_idxs: new(DType::I32, [n, 1], "inp_kv_idxs")?,
+            mask: new(DType::F16, [shape.n_kv, n], "kq_mask")?,
+            out_ids: new(DType::I32, [shape.n_outputs, 1], "inp_out_ids")?,
+        })
+    }
+}
+
+/// Orders the graph: the cache writes first, layer by layer (so that each layer's
+/// attention comes after its write), then the logits. Returns the nodes, the sorted
+/// leaves and the number of tensors.
+pub(super) fn order(
+    ctx: Context<'_>,
+    kv_writes: &[TensorId],
+    logits: TensorId,
+    cap: usize,
+) -> Result<(Vec<TensorId>, Vec<TensorId>, usize)> {
+    let mut ids = vec![TensorId(0); cap];
+    let mut marks = vec![0u64; Graph::marks_len(cap)];
+    let mut graph = Graph::new(&mut ids, &mut marks);
+    for w in kv_writes {
+        graph.build_forward_expand(&ctx, *w)?;
+    }
+    graph.build_forward_expand(&ctx, logits)?;
+    let nodes = graph.nodes().to_vec();
+    let mut leafs: Vec<TensorId> = graph.leafs().collect();
+    leafs.sort();
+    debug_assert!(ctx.tensors().iter().all(|t| t.src.len() == MAX_SRC));
+    Ok((nodes, leafs, ctx.len()))
 }

@@ -2,10 +2,14 @@
 //! their placement in backend memory.
 
 mod graph;
+mod graph_tp;
 mod hparams;
+pub mod tp;
 
 pub use graph::{build_forward, BatchShape, ForwardGraph, KvTensors};
+pub use graph_tp::build_forward_tp;
 pub use hparams::LlamaHParams;
+pub use tp::TpShards;
 
 use ggml_core::{DType, Tensor, TensorFlags, TensorId};
 

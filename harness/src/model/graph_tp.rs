@@ -1,0 +1,199 @@
+//! The llama forward pass cut over devices by [`TpShards`] (`--split-mode tensor`).
+
+use ggml_core::{AttnParams, Context, DType, RopeParams, Tensor, TensorFlags, TensorId};
+
+use super::graph::{order, Inputs};
+use super::tp::TpShards;
+use super::{BatchShape, ForwardGraph, Model};
+use crate::error::Result;
+
+/// Room for the graph: weights, caches and about 60 tensors per layer and device.
+fn capacity(model: &Model, n_dev: usize) -> usize {
+    model.weights.len() + 2 * model.hp.n_layer * n_dev + 80 * n_dev * (model.hp.n_layer + 1) + 64
+}
+
+/// Node builder that pins every node it makes to the current device.
+struct Pinned<'c, 'a> {
+    ctx: &'c mut Context<'a>,
+    pins: Vec<(TensorId, usize)>,
+    dev: usize,
+}
+
+impl Pinned<'_, '_> {
+    fn pin(&mut self, id: TensorId, name: &str) -> Result<TensorId> {
+        self.ctx.set_name(id, &format!("{name}#{}", self.dev))?;
+        self.pins.push((id, self.dev));
+        Ok(id)
+    }
+
+    /// The slices of all devices joined along dimension 0 on the current device.
+    fn gather(&mut self, parts: &[TensorId], name: &str) -> Result<TensorId> {
+        let mut acc = parts[0];
+        for &p in &parts[1..] {
+            let c = self.ctx.concat(acc, p, 0)?;
+            acc = self.pin(c, name)?;
+        }
+        Ok(acc)
+    }
+}
+
+/// Builds the forward graph of `model` cut over devices as `tp` says, for a batch of
+/// `shape`. `kv[l][d]` are layer `l`'s key and value cache tensors on device `d` (its KV
+/// heads only; empty tensors are never read for devices without heads).
+pub fn build_forward_tp(
+    model: &Model,
+    tp: &TpShards,
+    kv: &[Vec<(Tensor, Tensor)>],
+    shape: BatchShape,
+) -> Result<ForwardGraph> {
+    let hp = &model.hp;
+    let nd = tp.n_dev;
+    let cap = capacity(model, nd);
+    let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).expect("1 element"); cap];
+    let mut ctx = Context::new(&mut storage);
+    for w in &model.weights {
+        ctx.push(*w)?;
+    }
+    let mut caches = Vec::with_capacity(hp.n_layer);
+    for per_dev in kv {
+        let mut row = Vec::with_capacity(nd);
+        for (k, v) in per_dev {
+            row.push((ctx.push(*k)?, ctx.push(*v)?));
+        }
+        caches.push(row);
+    }
+    let n = shape.n_tokens;
+    let inp = Inputs::push(&mut ctx, shape)?;
+    let rope = RopeParams::llama(hp.head_dim as u32, hp.rope_freq_base);
+    let attn = AttnParams::scaled(1.0 / (hp.head_dim as f32).sqrt());
+    let head_bytes = DType::F16.row_size(hp.head_dim).expect("F16 rows fit");
+    let group = hp.n_head / hp.n_head_kv;
+
+    let mut b = Pinned {
+        ctx: &mut ctx,
+        pins: Vec::new(),
+        dev: 0,
+    };
+    let embd = b.ctx.get_rows(model.tok_embd, inp.tokens)?;
+    let embd = b.pin(embd, "inp_embd")?;
+    // The residual stream, replicated: x[d] lives on device d.
+    let mut x = vec![embd; nd];
+    let mut kv_writes = Vec::new();
+    let mut layer_first = Vec::with_capacity(hp.n_layer);
+    for (il, layer_caches) in caches.iter().enumerate() {
+        let name = |what: &str| format!("{what}-{il}");
+        let mut attn_out = Vec::with_capacity(nd);
+        for d in 0..nd {
+            b.dev = d;
+            let s = tp.layers[il][d];
+            let cur = b.ctx.rms_norm(x[d], hp.rms_eps)?;
+            let cur = b.pin(cur, &name("norm"))?;
+            if d == 0 {
+                layer_first.push(cur);
+            }
+            let cur = b.ctx.mul(cur, s.attn_norm)?;
+            let cur = b.pin(cur, &name("attn_norm"))?;
+            let (Some(wq), Some(wk), Some(wv)) = (s.wq, s.wk, s.wv) else {
+                continue;
+            };
+            let nkv = tp.kv_heads[d].len();
+            let nh = nkv * group;
+            let q = b.ctx.mul_mat(wq, cur)?;
+            let q = b.pin(q, &name("Qcur"))?;
+            let k = b.ctx.mul_mat(wk, cur)?;
+            let k = b.pin(k, &name("Kcur"))?;
+            let v = b.ctx.mul_mat(wv, cur)?;
+            let v = b.pin(v, &name("Vcur"))?;
+            let q = b.ctx.reshape(q, [hp.head_dim, nh, n, 1])?;
+            let k = b.ctx.reshape(k, [hp.head_dim, nkv, n, 1])?;
+            let q = b.ctx.rope(q, inp.pos, rope)?;
+            let q = b.pin(q, &name("Qrope"))?;
+            let k = b.ctx.rope(k, inp.pos, rope)?;
+            let k = b.pin(k, &name("Krope"))?;
+            let (ck, cv) = layer_caches[d];
+            let k_flat = b.ctx.reshape(k, [hp.head_dim * nkv, n, 1, 1])?;
+            let kw = b.ctx.set_rows(ck, k_flat, inp.kv_idxs)?;
+            kv_writes.push(b.pin(kw, &name("k_cache_write"))?);
+            let vw = b.ctx.set_rows(cv, v, inp.kv_idxs)?;
+            kv_writes.push(b.pin(vw, &name("v_cache_write"))?);
+            let kv_row = head_bytes * nkv;
+            let ne = [hp.head_dim, shape.n_kv, nkv, 1];
+            let nb = [2, kv_row, head_bytes, kv_row * shape.n_kv];
+            let kc = b.ctx.view(ck, ne, nb, 0)?;
+            let vc = b.ctx.view(cv, ne, nb, 0)?;
+            let qp = b.ctx.permute(q, [0, 2, 1, 3])?;
+            let o = b.ctx.flash_attn_ext(qp, kc, vc, Some(inp.mask), attn)?;
+            let o = b.pin(o, &name("attn_out"))?;
+            attn_out.push(b.ctx.reshape(o, [hp.head_dim * nh, n, 1, 1])?);
+        }
+        // All-gather the heads, project by output rows, all-gather the rows.
+        let mut proj = Vec::with_capacity(nd);
+        for d in 0..nd {
+            b.dev = d;
+            let o = b.gather(&attn_out, &name("attn_gather"))?;
+            let p = b.ctx.mul_mat(tp.layers[il][d].wo, o)?;
+            proj.push(b.pin(p, &name("attn_proj"))?);
+        }
+        let mut gate_up = Vec::with_capacity(nd);
+        let mut ffn_inp = Vec::with_capacity(nd);
+        for (d, &xd) in x.iter().enumerate() {
+            b.dev = d;
+            let s = tp.layers[il][d];
+            let p = b.gather(&proj, &name("proj_gather"))?;
+            let fi = b.ctx.add(p, xd)?;
+            let fi = b.pin(fi, &name("ffn_inp"))?;
+            ffn_inp.push(fi);
+            let cur = b.ctx.rms_norm(fi, hp.rms_eps)?;
+            let cur = b.pin(cur, &name("ffn_rms"))?;
+            let cur = b.ctx.mul(cur, s.ffn_norm)?;
+            let cur = b.pin(cur, &name("ffn_norm"))?;
+            let g = b.ctx.mul_mat(s.ffn_gate, cur)?;
+            let g = b.pin(g, &name("ffn_gate"))?;
+            let u = b.ctx.mul_mat(s.ffn_up, cur)?;
+            let u = b.pin(u, &name("ffn_up"))?;
+            let h = b.ctx.swiglu(g, u)?;
+            gate_up.push(b.pin(h, &name("ffn_swiglu"))?);
+        }
+        let mut down = Vec::with_capacity(nd);
+        for d in 0..nd {
+            b.dev = d;
+            let h = b.gather(&gate_up, &name("ffn_gather"))?;
+            let o = b.ctx.mul_mat(tp.layers[il][d].ffn_down, h)?;
+            down.push(b.pin(o, &name("ffn_out"))?);
+        }
+        for d in 0..nd {
+            b.dev = d;
+            let o = b.gather(&down, &name("out_gather"))?;
+            let l = b.ctx.add(o, ffn_inp[d])?;
+            x[d] = b.pin(l, &name("l_out"))?;
+        }
+    }
+    b.dev = 0;
+    let cur = b.ctx.get_rows(x[0], inp.out_ids)?;
+    let cur = b.pin(cur, "result_rows")?;
+    let cur = b.ctx.rms_norm(cur, hp.rms_eps)?;
+    let cur = b.pin(cur, "result_rms")?;
+    let cur = b.ctx.mul(cur, model.output_norm)?;
+    let cur = b.pin(cur, "result_norm")?;
+    let logits = b.ctx.mul_mat(model.output, cur)?;
+    let logits = b.pin(logits, "result_output")?;
+    b.ctx.set_flags(logits, TensorFlags::OUTPUT)?;
+    let pins = b.pins;
+
+    let (nodes, leafs, len) = order(ctx, &kv_writes, logits, cap)?;
+    storage.truncate(len);
+    Ok(ForwardGraph {
+        tensors: storage,
+        nodes,
+        leafs,
+        inp_tokens: inp.tokens,
+        inp_pos: inp.pos,
+        inp_kv_idxs: inp.kv_idxs,
+        kq_mask: inp.mask,
+        inp_out_ids: inp.out_ids,
+        logits,
+        layer_first,
+        pins,
+        shape,
+    })
+}

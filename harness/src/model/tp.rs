@@ -1,0 +1,193 @@
+//! Exact tensor parallelism (`--split-mode tensor`): every layer's matrices cut by output
+//! rows over the devices, activations all-gathered, no partial sums between devices.
+//!
+//! Attention is cut by whole KV heads, each with its query heads (GQA groups stay
+//! together), so each device attends its heads over its own slice of the KV cache. The
+//! attention output projection and the feed-forward matrices are cut by output rows; the
+//! next op needs the full vector, so the slices are concatenated on every device (an
+//! all-gather made of the scheduler's cross-device copies). Every output element is
+//! computed by the same kernel over the same inputs as without the split, so the logits
+//! are bit-identical to split mode none on the same kind of backend.
+
+use std::ops::Range;
+
+use ggml_core::TensorId;
+
+use super::Model;
+use crate::error::{HarnessError, Result};
+
+/// One device's shards of one layer (ids into [`Model::weights`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceShard {
+    /// This device's copy of the attention norm.
+    pub attn_norm: TensorId,
+    /// Query rows of its heads (`None` when it has no heads).
+    pub wq: Option<TensorId>,
+    /// Key rows of its KV heads.
+    pub wk: Option<TensorId>,
+    /// Value rows of its KV heads.
+    pub wv: Option<TensorId>,
+    /// Its output rows of the attention projection.
+    pub wo: TensorId,
+    /// This device's copy of the feed-forward norm.
+    pub ffn_norm: TensorId,
+    /// Its rows of the gate matrix.
+    pub ffn_gate: TensorId,
+    /// Its rows of the up matrix.
+    pub ffn_up: TensorId,
+    /// Its output rows of the down matrix.
+    pub ffn_down: TensorId,
+}
+
+/// How the model is cut over `n_dev` devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TpShards {
+    /// Devices.
+    pub n_dev: usize,
+    /// Per device: its KV heads (query heads are `n_head / n_head_kv` times these).
+    pub kv_heads: Vec<Range<usize>>,
+    /// Per device: its rows of `n_embd` (outputs of the attention projection and of the
+    /// down matrix).
+    pub embd_rows: Vec<Range<usize>>,
+    /// Per device: its rows of `n_ff`.
+    pub ff_rows: Vec<Range<usize>>,
+    /// Per layer, per device.
+    pub layers: Vec<Vec<DeviceShard>>,
+    /// Device of each weight of the model (`None`: not used by the tensor-parallel graph
+    /// and not placed).
+    pub weight_device: Vec<Option<usize>>,
+}
+
+/// `n` units cut into `parts` contiguous ranges as evenly as possible, the first ranges
+/// taking the remainder.
+pub fn even_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let (q, r) = (n / parts, n % parts);
+    let mut at = 0;
+    (0..parts)
+        .map(|i| {
+            let len = q + usize::from(i < r);
+            let range = at..at + len;
+            at += len;
+            range
+        })
+        .collect()
+}
+
+impl Model {
+    /// Rows `rows` of matrix `id` as a new weight descriptor (a view of the same bytes).
+    fn row_shard(&mut self, id: TensorId, rows: Range<usize>, tag: &str) -> TensorId {
+        let w = self.weights[id.index()];
+        let mut t = w;
+        t.ne[1] = rows.len();
+        t.name = ggml_core::Name::new(&format!("{}{tag}", w.name.as_str()));
+        let start = self.file_ranges[id.index()].start + rows.start * w.nb[1];
+        self.weights.push(t);
+        self.file_ranges.push(start..start + rows.len() * w.nb[1]);
+        TensorId(self.weights.len() as u32 - 1)
+    }
+
+    /// A second descriptor of weight `id` (for a device that needs its own copy).
+    fn replica(&mut self, id: TensorId, tag: &str) -> TensorId {
+        self.row_shard(id, 0..self.weights[id.index()].ne[1], tag)
+    }
+
+    /// Cuts every layer over `n_dev` devices for `--split-mode tensor`; appends the
+    /// shards to the model's weights.
+    pub fn shard(&mut self, n_dev: usize) -> Result<TpShards> {
+        let hp = self.hp.clone();
+        if n_dev == 0 {
+            return Err(HarnessError::Usage("tensor split over no devices".into()));
+        }
+        let group = hp.n_head / hp.n_head_kv;
+        let kv_heads = even_ranges(hp.n_head_kv, n_dev);
+        let embd_rows = even_ranges(hp.n_embd, n_dev);
+        let ff_rows = even_ranges(hp.n_ff, n_dev);
+        if embd_rows.iter().chain(&ff_rows).any(|r| r.is_empty()) {
+            return Err(HarnessError::Usage(format!(
+                "--split-mode tensor over {n_dev} devices: some device would get no rows"
+            )));
+        }
+        let n_before = self.weights.len();
+        let hd = hp.head_dim;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let lw = self.layers[il];
+            let mut devs = Vec::with_capacity(n_dev);
+            for d in 0..n_dev {
+                let tag = format!("#tp{d}");
+                let kvh = kv_heads[d].clone();
+                let (wq, wk, wv) = if kvh.is_empty() {
+                    (None, None, None)
+                } else {
+                    let q_rows = kvh.start * group * hd..kvh.end * group * hd;
+                    let kv_rows = kvh.start * hd..kvh.end * hd;
+                    (
+                        Some(self.row_shard(lw.wq, q_rows, &tag)),
+                        Some(self.row_shard(lw.wk, kv_rows.clone(), &tag)),
+                        Some(self.row_shard(lw.wv, kv_rows, &tag)),
+                    )
+                };
+                devs.push(DeviceShard {
+                    attn_norm: self.replica(lw.attn_norm, &tag),
+                    wq,
+                    wk,
+                    wv,
+                    wo: self.row_shard(lw.wo, embd_rows[d].clone(), &tag),
+                    ffn_norm: self.replica(lw.ffn_norm, &tag),
+                    ffn_gate: self.row_shard(lw.ffn_gate, ff_rows[d].clone(), &tag),
+                    ffn_up: self.row_shard(lw.ffn_up, ff_rows[d].clone(), &tag),
+                    ffn_down: self.row_shard(lw.ffn_down, embd_rows[d].clone(), &tag),
+                });
+            }
+            layers.push(devs);
+        }
+        // Devices: the shards where they were cut for; embedding, output norm and output
+        // on device 0; the uncut layer matrices nowhere.
+        let mut weight_device: Vec<Option<usize>> = (0..self.weights.len())
+            .map(|i| (self.layer_of(TensorId(i as u32)).is_none()).then_some(0))
+            .collect();
+        for devs in &layers {
+            for (d, s) in devs.iter().enumerate() {
+                let ids = [
+                    Some(s.attn_norm),
+                    s.wq,
+                    s.wk,
+                    s.wv,
+                    Some(s.wo),
+                    Some(s.ffn_norm),
+                    Some(s.ffn_gate),
+                    Some(s.ffn_up),
+                    Some(s.ffn_down),
+                ];
+                for id in ids.into_iter().flatten() {
+                    weight_device[id.index()] = Some(d);
+                }
+            }
+        }
+        debug_assert!(weight_device[n_before..].iter().all(Option::is_some));
+        Ok(TpShards {
+            n_dev,
+            kv_heads,
+            embd_rows,
+            ff_rows,
+            layers,
+            weight_device,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn even_ranges_cover_in_order() {
+        assert_eq!(even_ranges(3, 2), vec![0..2, 2..3]);
+        assert_eq!(even_ranges(3, 4), vec![0..1, 1..2, 2..3, 3..3]);
+        assert_eq!(even_ranges(576, 3), vec![0..192, 192..384, 384..576]);
+        assert_eq!(
+            even_ranges(1536, 4).iter().map(|r| r.len()).sum::<usize>(),
+            1536
+        );
+    }
+}
