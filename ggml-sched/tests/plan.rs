@@ -487,3 +487,60 @@ fn style_names() {
     assert_eq!(PlanStyle::from_name("minimal"), Some(PlanStyle::Minimal));
     assert_eq!(PlanStyle::from_name("x"), None);
 }
+
+/// The all-gather of tensor parallelism: each device scales its half, then every device
+/// joins both halves and goes on, three times. After device B copies A's half, A's next
+/// split does not depend on B at all, so only an explicit HB6 wait keeps A from
+/// overwriting the half B still has to copy (the planner once dropped that wait: queue
+/// positions counted splits, so B's copy-done event looked implied by its split event).
+#[test]
+fn all_gather_keeps_its_source_reuse_waits() {
+    for setup in Setup::all().into_iter().filter(|s| s.n_backends == 2) {
+        let (b, log) = checked(setup.sims());
+        let n = 64;
+        let mut pins = Vec::new();
+        let mut x = TensorId(0);
+        let mut out = TensorId(0);
+        let g = build(64, |ctx| {
+            x = ctx.new_tensor_1d(DType::F32, n).unwrap();
+            ctx.set_name(x, "x").unwrap();
+            ctx.set_flags(x, TensorFlags::INPUT).unwrap();
+            let mut full = [x, x];
+            for step in 0..3 {
+                let halves: Vec<TensorId> = (0..2)
+                    .map(|d| {
+                        let v = ctx
+                            .view_2d(full[d], n / 2, 1, n / 2 * 4, d * n / 2 * 4)
+                            .unwrap();
+                        let h = ctx.scale(v, 0.5 + d as f32).unwrap();
+                        ctx.set_name(h, &format!("half{step}.{d}")).unwrap();
+                        pins.push((h, d));
+                        h
+                    })
+                    .collect();
+                for (d, f) in full.iter_mut().enumerate() {
+                    let c = ctx.concat(halves[0], halves[1], 0).unwrap();
+                    ctx.set_name(c, &format!("gather{step}.{d}")).unwrap();
+                    pins.push((c, d));
+                    *f = c;
+                }
+            }
+            out = ctx.add(full[0], full[1]).unwrap();
+            pins.push((out, 0));
+            ctx.set_flags(out, TensorFlags::OUTPUT).unwrap();
+            vec![out]
+        });
+        let mut s = Scheduler::new(b, setup.opts(PlanStyle::Minimal, &[])).unwrap();
+        for &(id, d) in &pins {
+            s.set_tensor_backend(id, d).unwrap();
+        }
+        s.alloc_nodes(&g.tensors, &g.nodes, &g.leafs).unwrap();
+        for r in 0..4 {
+            s.set_input(x, &to_bytes(&vec![r as f32; n])).unwrap();
+            s.compute().unwrap();
+        }
+        let plan = s.plan(0).unwrap();
+        assert!(log.accesses() > 0);
+        assert!(log.is_clean(), "{setup:?}\n{}\n{plan}", log.summary(8));
+    }
+}
