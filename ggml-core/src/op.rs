@@ -481,6 +481,18 @@ impl Context<'_> {
         self.push_view(Op::SetRows, dst, td.dtype, td.ne, td.nb, 0, &[src, idx])
     }
 
+    /// `CONT` into another float dtype (ggml's `ggml_cast`): a contiguous copy of `a`
+    /// (F32, F16 or BF16) converted to `dtype` (F32, F16 or BF16; to F16 and BF16 by
+    /// rounding to nearest even).
+    pub fn cont_as(&mut self, a: TensorId, dtype: DType) -> Result<TensorId> {
+        let ta = *self.get(a)?;
+        require_float("cont_as", &ta)?;
+        if !dtype.is_float() {
+            return Err(dtype_err("cont_as", &ta, "a float target dtype"));
+        }
+        self.push_op(Op::Cont, dtype, ta.ne, &[a])
+    }
+
     /// `CONT`: a contiguous copy of `a` (same dtype and shape, elements in row-major
     /// order of the shape, whatever `a`'s strides).
     pub fn cont(&mut self, a: TensorId) -> Result<TensorId> {

@@ -326,6 +326,12 @@ fn cpy_and_cont(
         let t = ctx.transpose(x).unwrap();
         Spec::new(ctx.cont(t).unwrap())
     });
+    // Cast of a strided view (ggml_cast).
+    check(bes, 21, |ctx| {
+        let x = f(from, [8, 3, 5, 1])(ctx);
+        let t = ctx.transpose(x).unwrap();
+        Spec::new(ctx.cont_as(t, to).unwrap())
+    });
     // Reshaping copy: different shapes, same element count.
     check(bes, 19, |ctx| {
         let x = f(from, [6, 4, 1, 1])(ctx);

@@ -149,9 +149,11 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
         }
         Op::Cont => {
             let a = src(tensors, t, 0)?;
-            (tcode(a.dtype).is_some() && a.dtype == t.dtype)
+            let same = tcode(a.dtype).is_some() && a.dtype == t.dtype;
+            let cast = float_code(a.dtype).is_some() && float_code(t.dtype).is_some();
+            (same || cast)
                 .then_some(())
-                .ok_or("cont: f32, f16, bf16 or i32 only")
+                .ok_or("cont: f32, f16, bf16 or i32, or a cast between f32, f16 and bf16")
         }
         Op::Concat { .. } => {
             let a = src(tensors, t, 0)?;

@@ -14,6 +14,7 @@
 //! - [`check`]: [`CheckedBackend`] and [`RaceLog`], the vector-clock happens-before
 //!   checker;
 //! - [`split_layers`]: llama.cpp's `--tensor-split` proportions;
+//! - [`reduce`]: where tensor parallelism's all-reduces go (a graph pass);
 //! - [`trace`](mod@trace): timelines of runs (every queue action and host sync, timed);
 //! - `testing` (feature `testing`): a threaded test backend and a recording-only one.
 
@@ -23,6 +24,7 @@ mod error;
 mod layers;
 pub mod partition;
 pub mod plan;
+pub mod reduce;
 mod sched;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

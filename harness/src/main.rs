@@ -62,7 +62,7 @@ struct RegressArgs {
     /// Matrix file (TOML, see harness/matrices/); default: the embedded CPU matrix.
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
-    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 72 cells), `cuda` (cuda-1gpu.toml)
+    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 76 cells), `cuda` (cuda-1gpu.toml)
     /// or `cuda-2gpu`.
     #[arg(long)]
     devices_matrix: Option<String>,
@@ -201,6 +201,10 @@ struct RunArgs {
     /// Pipeline slots (layer split).
     #[arg(long, default_value_t = 1)]
     n_copies: usize,
+    /// With --split-mode tensor-reduce: partial sums of at least BYTES cross devices as
+    /// BF16 (the sums stay F32); default: always F32.
+    #[arg(long, value_name = "BYTES")]
+    reduce_bf16_min: Option<usize>,
     /// Tokens per micro-batch: a batch is cut into passes of this many tokens that flow
     /// through the layer split back to back (default: the whole batch in one pass).
     #[arg(long, value_name = "N")]
@@ -276,6 +280,7 @@ impl RunArgs {
                 Some(u) => u,
                 None => 0,
             },
+            reduce_bf16_min: self.reduce_bf16_min,
         })
     }
 }

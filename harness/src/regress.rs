@@ -22,6 +22,8 @@ pub struct Cell {
     pub threads: usize,
     /// Tokens per micro-batch (0: the whole batch).
     pub n_ubatch: usize,
+    /// Tensor-reduce only: partial sums of at least this many bytes cross as BF16.
+    pub reduce_bf16_min: Option<usize>,
 }
 
 /// What one cell measured.
@@ -77,6 +79,7 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
     config.chaos = s.chaos;
     config.weaken = s.weaken.clone();
     config.n_ubatch = cell.n_ubatch;
+    config.reduce_bf16_min = cell.reduce_bf16_min;
     let session = Session::open(model, config)?;
     let tokens = session.tokenizer.encode(text);
     let bos = session

@@ -51,6 +51,8 @@ pub struct RunConfig {
     pub tensor_split: Option<Vec<f32>>,
     /// Tokens per micro-batch (0: a batch is one pass).
     pub n_ubatch: usize,
+    /// `tensor-reduce`: partial sums of at least this many bytes cross devices as BF16.
+    pub reduce_bf16_min: Option<usize>,
 }
 
 impl RunConfig {
@@ -72,6 +74,7 @@ impl RunConfig {
             cpu_copy_queue: ggml_core::CopyQueue::Destination,
             tensor_split: None,
             n_ubatch: 0,
+            reduce_bf16_min: None,
         }
     }
 }
@@ -165,9 +168,9 @@ impl Session {
                 )));
             }
         }
-        if config.split_mode == SplitMode::TensorReduce {
+        if config.reduce_bf16_min.is_some() && config.split_mode != SplitMode::TensorReduce {
             return Err(HarnessError::Usage(
-                "--split-mode tensor-reduce: not available yet (use tensor, the exact one)".into(),
+                "--reduce-bf16-min applies to --split-mode tensor-reduce only".into(),
             ));
         }
         let file = GgufFile::open(path)?;
@@ -184,7 +187,13 @@ impl Session {
             (SplitMode::Layer, Some(ts)) => LayerMap::proportional(model.hp.n_layer, ts)?,
             (SplitMode::Layer, None) => LayerMap::even(model.hp.n_layer, backends.len())?,
             (SplitMode::Tensor, _) => {
-                let tp = model.shard(backends.len())?;
+                let tp = model.shard(backends.len(), false)?;
+                LayerMap::tensor_parallel(model.hp.n_layer, tp)
+            }
+            (SplitMode::TensorReduce, _) => {
+                let mut tp = model.shard(backends.len(), true)?;
+                tp.bf16_min = config.reduce_bf16_min;
+                crate::model::tp::check_reduce_points(&model, &tp)?;
                 LayerMap::tensor_parallel(model.hp.n_layer, tp)
             }
             _ => LayerMap::single(model.hp.n_layer),

@@ -21,6 +21,7 @@
 //! n_copies = 1
 //! threads = 1
 //! chunks = 2
+//! # ubatch = 64; reduce_bf16_min = 0 (tensor-reduce: partial sums as BF16 on the wire)
 //!
 //! [rules]
 //! identical = [["cpu*"]]      # groups of names or globs (`*`, `?`)
@@ -66,11 +67,12 @@ struct SettingsTable {
 }
 
 #[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 enum SplitName {
     None,
     Layer,
     Tensor,
+    TensorReduce,
 }
 
 impl From<SplitName> for SplitMode {
@@ -79,6 +81,7 @@ impl From<SplitName> for SplitMode {
             SplitName::None => SplitMode::None,
             SplitName::Layer => SplitMode::Layer,
             SplitName::Tensor => SplitMode::Tensor,
+            SplitName::TensorReduce => SplitMode::TensorReduce,
         }
     }
 }
@@ -106,6 +109,7 @@ struct CellTable {
     n_copies: Spanned<usize>,
     threads: Spanned<usize>,
     ubatch: Option<Spanned<usize>>,
+    reduce_bf16_min: Option<Spanned<usize>>,
     ctx: Option<Spanned<usize>>,
     batch: Option<Spanned<usize>>,
     chunks: Option<Spanned<usize>>,
@@ -300,6 +304,7 @@ pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
                                 n_copies: loc.count(n_copies, "n_copies", 1..=4)?,
                                 threads: loc.count(threads, "threads", 1..=usize::MAX)?,
                                 n_ubatch,
+                                reduce_bf16_min: None,
                             };
                             let name = grid_cell_name(&cell);
                             let at = Spanned::new(d.span(), name.clone());
@@ -330,6 +335,7 @@ pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
                 Some(u) => loc.count(u, "ubatch", 0..=usize::MAX)?,
                 None => 0,
             },
+            reduce_bf16_min: c.reduce_bf16_min.as_ref().map(|b| *b.get_ref()),
         };
         let overrides = CellOverrides {
             n_ctx: loc.positive(&c.ctx, "ctx")?,
@@ -447,6 +453,7 @@ mod tests {
             n_copies: 1,
             threads: 1,
             n_ubatch: 0,
+            reduce_bf16_min: None,
         };
         assert_eq!(grid_cell_name(&cell), want);
         cell.n_ubatch = 64;

@@ -21,6 +21,8 @@ pub enum GoldenStatus {
     Moved,
     /// Not compared (the run records goldens instead).
     Blessing,
+    /// Not compared: the cell is in no identical group (it answers to tolerances).
+    NotCompared,
 }
 
 /// One cell of one run.
@@ -101,6 +103,7 @@ impl Report {
                     GoldenStatus::Missing => "missing",
                     GoldenStatus::Moved => "MOVED",
                     GoldenStatus::Blessing => "blessing",
+                    GoldenStatus::NotCompared => "-",
                 },
             ));
         }

@@ -37,15 +37,122 @@ impl Pinned<'_, '_> {
     }
 }
 
+/// Adds up the partial sums `parts` (device, tensor) so that every one of the `nd`
+/// devices can read the total: returns per device the tensor holding it there (or on
+/// another device, from which ops pinned to this one copy it). Every device sees the same
+/// bits: two partials are exchanged and added on both sides (addition commutes); more go
+/// round a ring in chunks of rows, each chunk summed once on its way and then gathered
+/// by all. Partials of at least `bf16_min` bytes travel as BF16, and the sum stays F32;
+/// the values every device adds are the rounded ones, its own included.
+fn all_reduce(
+    b: &mut Pinned<'_, '_>,
+    parts: &[(usize, TensorId)],
+    nd: usize,
+    bf16_min: Option<usize>,
+    name: &str,
+) -> Result<Vec<TensorId>> {
+    let t0 = *b.ctx.get(parts[0].1)?;
+    let compress = bf16_min.is_some_and(|m| t0.nbytes() >= m);
+    // The value as it leaves device `d`: itself, or rounded to BF16 there.
+    let wire = |b: &mut Pinned<'_, '_>, d: usize, t: TensorId| -> Result<TensorId> {
+        if !compress {
+            return Ok(t);
+        }
+        b.dev = d;
+        let w = b.ctx.cont_as(t, DType::BF16)?;
+        b.pin(w, &format!("{name}.bf16"))
+    };
+    // The rounded value back in F32 on device `d` (for the values a device adds itself).
+    let unwire = |b: &mut Pinned<'_, '_>, d: usize, w: TensorId| -> Result<TensorId> {
+        if !compress {
+            return Ok(w);
+        }
+        b.dev = d;
+        let f = b.ctx.cont_as(w, DType::F32)?;
+        b.pin(f, &format!("{name}.f32"))
+    };
+    let k = parts.len();
+    if k == 1 {
+        return Ok(vec![parts[0].1; nd]);
+    }
+    if k == 2 {
+        let (d0, p0) = parts[0];
+        let (d1, p1) = parts[1];
+        let (w0, w1) = (wire(b, d0, p0)?, wire(b, d1, p1)?);
+        let own0 = unwire(b, d0, w0)?;
+        let own1 = unwire(b, d1, w1)?;
+        b.dev = d0;
+        let s0 = b.ctx.add(own0, w1)?;
+        let s0 = b.pin(s0, name)?;
+        b.dev = d1;
+        let s1 = b.ctx.add(own1, w0)?;
+        let s1 = b.pin(s1, name)?;
+        return Ok((0..nd).map(|d| if d == d1 { s1 } else { s0 }).collect());
+    }
+    // Ring: chunk c starts at holder c + 1, picks up every holder's share on its way
+    // round and ends, summed, at holder c; then every device gathers the chunks.
+    let rows = super::tp::even_ranges(t0.ne[0], k);
+    let chunk =
+        |b: &mut Pinned<'_, '_>, p: TensorId, r: &std::ops::Range<usize>| -> Result<TensorId> {
+            Ok(b.ctx
+                .view_2d(p, r.len(), t0.ne[1], t0.nb[1], r.start * t0.nb[0])?)
+        };
+    let mut done = Vec::with_capacity(k);
+    for (c, r) in rows.iter().enumerate() {
+        let (d_first, p_first) = parts[(c + 1) % k];
+        b.dev = d_first;
+        let v = chunk(b, p_first, r)?;
+        let mut acc = if compress {
+            let w = b.ctx.cont_as(v, DType::BF16)?;
+            b.pin(w, &format!("{name}.bf16"))?
+        } else {
+            let w = b.ctx.cont(v)?;
+            b.pin(w, name)?
+        };
+        let mut from = d_first;
+        for s in 2..=k {
+            let (d, p) = parts[(c + s) % k];
+            let sent = if s == 2 { acc } else { wire(b, from, acc)? };
+            b.dev = d;
+            let own = chunk(b, p, r)?;
+            let own = if compress {
+                let w = b.ctx.cont_as(own, DType::BF16)?;
+                let w = b.pin(w, &format!("{name}.bf16"))?;
+                unwire(b, d, w)?
+            } else {
+                own
+            };
+            let sum = b.ctx.add(own, sent)?;
+            acc = b.pin(sum, name)?;
+            from = d;
+        }
+        // The summed chunk as every device will read it.
+        let fin = wire(b, from, acc)?;
+        done.push((from, fin));
+    }
+    let mut out = Vec::with_capacity(nd);
+    for d in 0..nd {
+        let pieces: Vec<TensorId> = done
+            .iter()
+            .map(|&(_, t)| unwire(b, d, t))
+            .collect::<Result<_>>()?;
+        b.dev = d;
+        out.push(b.gather(&pieces, &format!("{name}.gather"))?);
+    }
+    Ok(out)
+}
+
 /// Builds the forward graph of `model` cut over devices as `tp` says, for a batch of
 /// `shape`. `kv[l][d]` are layer `l`'s key and value cache tensors on device `d` (its KV
-/// heads only; empty tensors are never read for devices without heads).
+/// heads only; empty tensors are never read for devices without heads). With
+/// `tp.reduce`, partial sums of at least `tp.bf16_min` bytes cross devices as BF16.
 pub fn build_forward_tp(
     model: &Model,
     tp: &TpShards,
     kv: &[Vec<(Tensor, Tensor)>],
     shape: BatchShape,
 ) -> Result<ForwardGraph> {
+    let bf16_min = tp.bf16_min;
     let hp = &model.hp;
     let nd = tp.n_dev;
     let cap = capacity(model, nd);
@@ -124,23 +231,44 @@ pub fn build_forward_tp(
             let qp = b.ctx.permute(q, [0, 2, 1, 3])?;
             let o = b.ctx.flash_attn_ext(qp, kc, vc, Some(inp.mask), attn)?;
             let o = b.pin(o, &name("attn_out"))?;
-            attn_out.push(b.ctx.reshape(o, [hp.head_dim * nh, n, 1, 1])?);
+            attn_out.push((d, b.ctx.reshape(o, [hp.head_dim * nh, n, 1, 1])?));
         }
-        // All-gather the heads, project by output rows, all-gather the rows.
-        let mut proj = Vec::with_capacity(nd);
-        for d in 0..nd {
-            b.dev = d;
-            let o = b.gather(&attn_out, &name("attn_gather"))?;
-            let p = b.ctx.mul_mat(tp.layers[il][d].wo, o)?;
-            proj.push(b.pin(p, &name("attn_proj"))?);
-        }
+        let attn_full = if tp.reduce {
+            // Each device projects its heads (its columns of wo): partial sums, reduced.
+            let mut partial = Vec::with_capacity(attn_out.len());
+            for &(d, o) in &attn_out {
+                b.dev = d;
+                let wo = tp.layers[il][d]
+                    .wo
+                    .expect("devices with heads have columns of wo");
+                let p = b.ctx.mul_mat(wo, o)?;
+                partial.push((d, b.pin(p, &name("attn_proj"))?));
+            }
+            all_reduce(&mut b, &partial, nd, bf16_min, &name("attn_reduce"))?
+        } else {
+            // All-gather the heads, project by output rows, all-gather the rows.
+            let heads: Vec<TensorId> = attn_out.iter().map(|&(_, o)| o).collect();
+            let mut proj = Vec::with_capacity(nd);
+            for d in 0..nd {
+                b.dev = d;
+                let o = b.gather(&heads, &name("attn_gather"))?;
+                let wo = tp.layers[il][d].wo.expect("every device has rows of wo");
+                let p = b.ctx.mul_mat(wo, o)?;
+                proj.push(b.pin(p, &name("attn_proj"))?);
+            }
+            let mut full = Vec::with_capacity(nd);
+            for d in 0..nd {
+                b.dev = d;
+                full.push(b.gather(&proj, &name("proj_gather"))?);
+            }
+            full
+        };
         let mut gate_up = Vec::with_capacity(nd);
         let mut ffn_inp = Vec::with_capacity(nd);
         for (d, &xd) in x.iter().enumerate() {
             b.dev = d;
             let s = tp.layers[il][d];
-            let p = b.gather(&proj, &name("proj_gather"))?;
-            let fi = b.ctx.add(p, xd)?;
+            let fi = b.ctx.add(attn_full[d], xd)?;
             let fi = b.pin(fi, &name("ffn_inp"))?;
             ffn_inp.push(fi);
             let cur = b.ctx.rms_norm(fi, hp.rms_eps)?;
@@ -154,17 +282,32 @@ pub fn build_forward_tp(
             let h = b.ctx.swiglu(g, u)?;
             gate_up.push(b.pin(h, &name("ffn_swiglu"))?);
         }
-        let mut down = Vec::with_capacity(nd);
+        let out_full = if tp.reduce {
+            let mut partial = Vec::with_capacity(nd);
+            for (d, &h) in gate_up.iter().enumerate() {
+                b.dev = d;
+                let o = b.ctx.mul_mat(tp.layers[il][d].ffn_down, h)?;
+                partial.push((d, b.pin(o, &name("ffn_out"))?));
+            }
+            all_reduce(&mut b, &partial, nd, bf16_min, &name("ffn_reduce"))?
+        } else {
+            let mut down = Vec::with_capacity(nd);
+            for d in 0..nd {
+                b.dev = d;
+                let h = b.gather(&gate_up, &name("ffn_gather"))?;
+                let o = b.ctx.mul_mat(tp.layers[il][d].ffn_down, h)?;
+                down.push(b.pin(o, &name("ffn_out"))?);
+            }
+            let mut full = Vec::with_capacity(nd);
+            for d in 0..nd {
+                b.dev = d;
+                full.push(b.gather(&down, &name("out_gather"))?);
+            }
+            full
+        };
         for d in 0..nd {
             b.dev = d;
-            let h = b.gather(&gate_up, &name("ffn_gather"))?;
-            let o = b.ctx.mul_mat(tp.layers[il][d].ffn_down, h)?;
-            down.push(b.pin(o, &name("ffn_out"))?);
-        }
-        for d in 0..nd {
-            b.dev = d;
-            let o = b.gather(&down, &name("out_gather"))?;
-            let l = b.ctx.add(o, ffn_inp[d])?;
+            let l = b.ctx.add(out_full[d], ffn_inp[d])?;
             x[d] = b.pin(l, &name("l_out"))?;
         }
     }

@@ -27,15 +27,17 @@ pub struct DeviceShard {
     pub wk: Option<TensorId>,
     /// Value rows of its KV heads.
     pub wv: Option<TensorId>,
-    /// Its output rows of the attention projection.
-    pub wo: TensorId,
+    /// Its output rows of the attention projection (`tensor`), or the input columns of
+    /// its heads (`tensor-reduce`; `None` when it has no heads).
+    pub wo: Option<TensorId>,
     /// This device's copy of the feed-forward norm.
     pub ffn_norm: TensorId,
     /// Its rows of the gate matrix.
     pub ffn_gate: TensorId,
     /// Its rows of the up matrix.
     pub ffn_up: TensorId,
-    /// Its output rows of the down matrix.
+    /// Its output rows of the down matrix (`tensor`), or its input columns, the rows of
+    /// `n_ff` it computes (`tensor-reduce`).
     pub ffn_down: TensorId,
 }
 
@@ -44,6 +46,12 @@ pub struct DeviceShard {
 pub struct TpShards {
     /// Devices.
     pub n_dev: usize,
+    /// Megatron style (`tensor-reduce`): the attention projection and the down matrix
+    /// cut by input columns, their partial sums all-reduced.
+    pub reduce: bool,
+    /// With `reduce`: partial sums of at least this many bytes cross devices as BF16
+    /// (summation stays F32); `None`: always F32.
+    pub bf16_min: Option<usize>,
     /// Per device: its KV heads (query heads are `n_head / n_head_kv` times these).
     pub kv_heads: Vec<Range<usize>>,
     /// Per device: its rows of `n_embd` (outputs of the attention projection and of the
@@ -86,14 +94,39 @@ impl Model {
         TensorId(self.weights.len() as u32 - 1)
     }
 
+    /// Columns `cols` of matrix `id` (every row's slice; rows keep their stride).
+    fn col_shard(&mut self, id: TensorId, cols: Range<usize>, tag: &str) -> Result<TensorId> {
+        let w = self.weights[id.index()];
+        let bs = w.dtype.block_size();
+        if cols.start % bs != 0 || cols.end % bs != 0 {
+            return Err(HarnessError::Usage(format!(
+                "--split-mode tensor-reduce: columns {cols:?} of '{}' do not fall on {bs}-element blocks",
+                w.name.as_str()
+            )));
+        }
+        let mut t = w;
+        t.ne[0] = cols.len();
+        t.name = ggml_core::Name::new(&format!("{}{tag}", w.name.as_str()));
+        let skip = cols.start / bs * w.dtype.type_size();
+        let start = self.file_ranges[id.index()].start + skip;
+        let row = w
+            .dtype
+            .row_size(cols.len())
+            .expect("a slice of a valid row");
+        self.weights.push(t);
+        self.file_ranges
+            .push(start..start + (w.ne[1] - 1) * w.nb[1] + row);
+        Ok(TensorId(self.weights.len() as u32 - 1))
+    }
+
     /// A second descriptor of weight `id` (for a device that needs its own copy).
     fn replica(&mut self, id: TensorId, tag: &str) -> TensorId {
         self.row_shard(id, 0..self.weights[id.index()].ne[1], tag)
     }
 
-    /// Cuts every layer over `n_dev` devices for `--split-mode tensor`; appends the
-    /// shards to the model's weights.
-    pub fn shard(&mut self, n_dev: usize) -> Result<TpShards> {
+    /// Cuts every layer over `n_dev` devices for `--split-mode tensor` (or
+    /// `tensor-reduce` with `reduce`); appends the shards to the model's weights.
+    pub fn shard(&mut self, n_dev: usize, reduce: bool) -> Result<TpShards> {
         let hp = self.hp.clone();
         if n_dev == 0 {
             return Err(HarnessError::Usage("tensor split over no devices".into()));
@@ -127,16 +160,29 @@ impl Model {
                         Some(self.row_shard(lw.wv, kv_rows, &tag)),
                     )
                 };
+                let (wo, ffn_down) = if reduce {
+                    let head_cols = kvh.start * group * hd..kvh.end * group * hd;
+                    let wo = match kvh.is_empty() {
+                        true => None,
+                        false => Some(self.col_shard(lw.wo, head_cols, &tag)?),
+                    };
+                    (wo, self.col_shard(lw.ffn_down, ff_rows[d].clone(), &tag)?)
+                } else {
+                    (
+                        Some(self.row_shard(lw.wo, embd_rows[d].clone(), &tag)),
+                        self.row_shard(lw.ffn_down, embd_rows[d].clone(), &tag),
+                    )
+                };
                 devs.push(DeviceShard {
                     attn_norm: self.replica(lw.attn_norm, &tag),
                     wq,
                     wk,
                     wv,
-                    wo: self.row_shard(lw.wo, embd_rows[d].clone(), &tag),
+                    wo,
                     ffn_norm: self.replica(lw.ffn_norm, &tag),
                     ffn_gate: self.row_shard(lw.ffn_gate, ff_rows[d].clone(), &tag),
                     ffn_up: self.row_shard(lw.ffn_up, ff_rows[d].clone(), &tag),
-                    ffn_down: self.row_shard(lw.ffn_down, embd_rows[d].clone(), &tag),
+                    ffn_down,
                 });
             }
             layers.push(devs);
@@ -153,7 +199,7 @@ impl Model {
                     s.wq,
                     s.wk,
                     s.wv,
-                    Some(s.wo),
+                    s.wo,
                     Some(s.ffn_norm),
                     Some(s.ffn_gate),
                     Some(s.ffn_up),
@@ -167,6 +213,8 @@ impl Model {
         debug_assert!(weight_device[n_before..].iter().all(Option::is_some));
         Ok(TpShards {
             n_dev,
+            reduce,
+            bf16_min: None,
             kv_heads,
             embd_rows,
             ff_rows,
@@ -174,6 +222,43 @@ impl Model {
             weight_device,
         })
     }
+}
+
+/// Checks with the all-reduce placement pass ([`ggml_sched::reduce::reduce_point`]) on
+/// the model's unsplit graph that each partial sum of `tensor-reduce` (the attention
+/// projection and the down product of every layer) is to be reduced right where the
+/// builder reduces it: at the product, since a residual add reads it next.
+pub fn check_reduce_points(model: &Model, tp: &TpShards) -> Result<()> {
+    let hp = &model.hp;
+    let cache = ggml_core::Tensor::contiguous(ggml_core::DType::F16, [hp.n_embd_kv(), 256, 1, 1])
+        .expect("small cache");
+    let shape = super::BatchShape {
+        n_tokens: 1,
+        n_kv: 256,
+        n_outputs: 1,
+    };
+    let g = super::build_forward(model, &vec![(cache, cache); hp.n_layer], shape)?;
+    let find = |name: &str| {
+        g.nodes
+            .iter()
+            .copied()
+            .find(|n| g.tensors[n.index()].name.as_str() == name)
+    };
+    for il in 0..tp.layers.len() {
+        for what in ["attn_proj", "ffn_out"] {
+            let name = format!("{what}-{il}");
+            let p = find(&name)
+                .ok_or_else(|| HarnessError::Model(format!("no node '{name}' in the graph")))?;
+            let at = ggml_sched::reduce::reduce_point(&g.tensors, &g.nodes, p, &|_| false);
+            if at != p {
+                return Err(HarnessError::Model(format!(
+                    "the all-reduce of '{name}' belongs after '{}', which this graph builder does not do",
+                    g.tensors[at.index()].name.as_str()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
