@@ -92,6 +92,8 @@ pub struct Stats {
     pub blocking_copies: u64,
     /// Sum of bytes copied.
     pub bytes_copied: u64,
+    /// Host waits for staged outputs ([`Scheduler::read_staged`], HB7).
+    pub host_reads: u64,
 }
 
 impl Stats {

@@ -21,6 +21,29 @@ pub struct BenchResult {
     pub tps_stddev: f64,
     /// Tokens per second of each repetition.
     pub samples: Vec<f64>,
+    /// Bytes copied between devices per token (measured repetitions only).
+    pub bytes_moved_per_token: f64,
+    /// Host syncs per token: the plan's (HB5) plus the reads of the logits (HB7).
+    pub host_syncs_per_token: f64,
+}
+
+/// Per-token traffic and host syncs between two snapshots of the scheduler's statistics.
+fn per_token(
+    before: Option<ggml_sched::Stats>,
+    after: Option<ggml_sched::Stats>,
+    tokens: usize,
+) -> (f64, f64) {
+    match (before, after) {
+        (Some(a), Some(b)) if tokens > 0 => {
+            let n = tokens as f64;
+            let syncs = (b.host_syncs - a.host_syncs) + (b.host_reads - a.host_reads);
+            (
+                (b.bytes_copied - a.bytes_copied) as f64 / n,
+                syncs as f64 / n,
+            )
+        }
+        _ => (0.0, 0.0),
+    }
 }
 
 fn summarize(test: String, n_tokens: usize, samples: Vec<f64>) -> BenchResult {
@@ -37,6 +60,8 @@ fn summarize(test: String, n_tokens: usize, samples: Vec<f64>) -> BenchResult {
         tps_mean: mean,
         tps_stddev: var.sqrt(),
         samples,
+        bytes_moved_per_token: 0.0,
+        host_syncs_per_token: 0.0,
     }
 }
 
@@ -63,15 +88,22 @@ pub fn bench_pp(
         batch.push(t, i as i32, 0, i + 1 == n_prompt);
     }
     let mut samples = Vec::with_capacity(reps);
+    let mut before = None;
     for rep in 0..=reps {
         kv.clear();
+        if rep == 1 {
+            before = exec.sched_stats();
+        }
         let t = Instant::now();
         exec.forward(model, kv, &batch)?;
         if rep > 0 {
             samples.push(n_prompt as f64 / t.elapsed().as_secs_f64());
         }
     }
-    Ok(summarize(format!("pp{n_prompt}"), n_prompt, samples))
+    let mut r = summarize(format!("pp{n_prompt}"), n_prompt, samples);
+    (r.bytes_moved_per_token, r.host_syncs_per_token) =
+        per_token(before, exec.sched_stats(), n_prompt * reps);
+    Ok(r)
 }
 
 /// Generation: `n_gen` single-token decodes after an empty context, `reps` times after
@@ -88,8 +120,12 @@ pub fn bench_tg(
     }
     let toks: Vec<u32> = tokens(n_gen, model.hp.n_vocab).collect();
     let mut samples = Vec::with_capacity(reps);
+    let mut before = None;
     for rep in 0..=reps {
         kv.clear();
+        if rep == 1 {
+            before = exec.sched_stats();
+        }
         let t = Instant::now();
         for (i, &tok) in toks.iter().enumerate() {
             let mut b = Batch::default();
@@ -100,16 +136,21 @@ pub fn bench_tg(
             samples.push(n_gen as f64 / t.elapsed().as_secs_f64());
         }
     }
-    Ok(summarize(format!("tg{n_gen}"), n_gen, samples))
+    let mut r = summarize(format!("tg{n_gen}"), n_gen, samples);
+    (r.bytes_moved_per_token, r.host_syncs_per_token) =
+        per_token(before, exec.sched_stats(), n_gen * reps);
+    Ok(r)
 }
 
 /// A Markdown table like llama-bench's.
 pub fn table(model_name: &str, threads: usize, devices: &str, results: &[BenchResult]) -> String {
-    let mut s = String::from("| model | threads | devices | test | t/s |\n|---|---|---|---|---|\n");
+    let mut s = String::from(
+        "| model | threads | devices | test | t/s | bytes moved/token | host syncs/token |\n|---|---|---|---|---|---|---|\n",
+    );
     for r in results {
         s.push_str(&format!(
-            "| {model_name} | {threads} | {devices} | {} | {:.2} ± {:.2} |\n",
-            r.test, r.tps_mean, r.tps_stddev
+            "| {model_name} | {threads} | {devices} | {} | {:.2} ± {:.2} | {:.0} | {:.2} |\n",
+            r.test, r.tps_mean, r.tps_stddev, r.bytes_moved_per_token, r.host_syncs_per_token
         ));
     }
     s

@@ -39,6 +39,12 @@ pub trait Executor {
         None
     }
 
+    /// The scheduler's cumulative statistics (copies, bytes moved, host syncs), where the
+    /// executor has a scheduler.
+    fn sched_stats(&self) -> Option<ggml_sched::Stats> {
+        None
+    }
+
     /// Starts recording a timeline of every following pass, where the executor can.
     fn enable_trace(&mut self) {}
 
@@ -219,6 +225,10 @@ impl Executor for SchedExecutor {
 
     fn host_syncs_per_forward(&self) -> Option<f64> {
         Some(self.sched.stats().host_syncs_per_compute())
+    }
+
+    fn sched_stats(&self) -> Option<ggml_sched::Stats> {
+        Some(*self.sched.stats())
     }
 
     fn enable_trace(&mut self) {

@@ -201,6 +201,7 @@ impl Scheduler {
             phase: "read_staged",
         });
         let t0 = now_ns();
+        self.stats.host_reads += 1;
         let res = b
             .event_synchronize(spare.event)
             .and_then(|()| b.buffer_get(spare.buffer.id, 0, out));
