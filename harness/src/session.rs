@@ -21,9 +21,11 @@ pub enum SplitMode {
     None,
     /// Consecutive layers per device (pipeline parallelism).
     Layer,
-    /// Column-parallel tensor parallelism, bit-exact.
+    /// Tensor parallelism, bit-exact: matrices cut by output rows (attention by whole KV
+    /// heads), activations all-gathered.
     Tensor,
-    /// Row-parallel tensor parallelism with all-reduce.
+    /// Megatron-style tensor parallelism: the attention projection and the down matrix
+    /// cut by input columns, partial sums all-reduced (F32, or BF16 on the wire).
     TensorReduce,
 }
 
