@@ -121,6 +121,18 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         let (a2, a3) = (i2 / r2, i3 / r3);
         let (m0, m1) = (mi * mc, ((mi + 1) * mc).min(m_all));
         let (n0, n1) = (ni * NC, ((ni + 1) * NC).min(n_all));
+        // Weight rows of a chunk are read once per activation column block; when they
+        // are contiguous, keep the next PF_DIST bytes of them in flight.
+        let wrow = |m: usize| -> *const u8 {
+            if gather {
+                let row = (a3 * a.ne[2] + a2) * a.ne[1] + m;
+                c.wdata.wrapping_add(wb + row * ars) as *const u8
+            } else {
+                a.row_ptr(m, a2, a3) as *const u8
+            }
+        };
+        let dense = gather || a.nb[1] == ars;
+        let (pf_end, mut pf) = (wrow(m1) as usize, wrow(m0) as usize);
         let mut n = n0;
         while n < n1 {
             let ncols = (n1 - n).min(4);
@@ -132,16 +144,21 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 *br = unsafe { std::slice::from_raw_parts(c.wdata.add(row * vrs), vrs) };
             }
             let mut m = m0;
+            if n > n0 {
+                pf = wrow(m0) as usize;
+            }
             while m < m1 {
                 let nrows = (m1 - m).min(4);
+                if dense {
+                    let want = (wrow(m + nrows) as usize + PF_DIST).min(pf_end);
+                    while pf < want {
+                        prefetch(pf as *const u8);
+                        pf += 64;
+                    }
+                }
                 let mut arows: [&[u8]; 4] = [&[]; 4];
                 for (r, ar) in arows.iter_mut().enumerate().take(nrows) {
-                    let p = if gather {
-                        let row = (a3 * a.ne[2] + a2) * a.ne[1] + m + r;
-                        c.wdata.wrapping_add(wb + row * ars) as *const u8
-                    } else {
-                        a.row_ptr(m + r, a2, a3) as *const u8
-                    };
+                    let p = wrow(m + r);
                     // SAFETY: a dense weight row of `ars` bytes: in the resolved weight
                     // tensor, or gathered in phase 0; nobody writes it now.
                     *ar = unsafe { std::slice::from_raw_parts(p, ars) };
@@ -166,6 +183,21 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         }
     }
     Ok(())
+}
+
+/// Bytes of weights prefetched ahead of the tile being computed.
+const PF_DIST: usize = 4096;
+
+/// Hints the CPU to bring the cache line at `p` into the caches.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 fn convert_b(
