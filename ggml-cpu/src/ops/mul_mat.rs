@@ -4,9 +4,10 @@
 //! Q8_0, Q8_1, Q8_K, F16, BF16 or F32) into shared scratch, and gathers weights whose
 //! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
 //! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of up
-//! to 4 × 4 dot products. Every dot product has the same instruction sequence whatever
-//! the tile, chunk or thread (see [`crate::reference`]), so the split never shows in the
-//! result.
+//! to 4 × 4 dot products, or, for a single activation column, the level's matrix ×
+//! vector kernel (`gemv`, with its own activation layout) on up to 4 rows. Every dot
+//! product has the same operations whatever the kernel, tile, chunk or thread (see
+//! [`crate::reference`]), so the split never shows in the result.
 
 use std::sync::atomic::Ordering;
 
@@ -81,7 +82,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let (dst, a, b) = (c.dst, c.src[0], c.src[1]);
     let k = a.ne[0];
     let vdt = a.dtype.vec_dot_type();
-    let packer = (c.k.pack)(a.dtype);
+    // A single activation column uses the matrix × vector kernel where there is one.
+    let gemv = if dst.ne[1] == 1 {
+        (c.k.gemv)(a.dtype)
+    } else {
+        None
+    };
+    let packer = match gemv {
+        Some(g) => Some(g.pack),
+        None => (c.k.pack)(a.dtype),
+    };
     let vrs = match packer {
         Some(p) => (p.row_bytes)(k),
         None => vdt.row_size(k).unwrap_or(0),
@@ -163,7 +173,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                     // tensor, or gathered in phase 0; nobody writes it now.
                     *ar = unsafe { std::slice::from_raw_parts(p, ars) };
                 }
-                tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out);
+                match gemv {
+                    Some(g) => {
+                        let mut o = [0f32; 4];
+                        (g.rows)(k, &arows[..nrows], brows[0], &mut o);
+                        for (r, v) in o.iter().enumerate() {
+                            out[r * 4] = *v;
+                        }
+                    }
+                    None => tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out),
+                }
                 for r in 0..nrows {
                     for cc in 0..ncols {
                         let p = dst.ptr.wrapping_add(
