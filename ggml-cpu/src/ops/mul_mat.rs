@@ -21,6 +21,8 @@ use crate::reference::f32_to_bf16;
 const MC: usize = 64;
 /// Activation rows per chunk.
 const NC: usize = 16;
+/// Chunks per thread when there is one activation column.
+const GEMV_CHUNKS: usize = 8;
 
 /// Whether quantised weights of `d` are supported.
 pub(crate) fn quant_supported(d: DType) -> bool {
@@ -115,7 +117,13 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let (m_all, n_all) = (dst.ne[0], dst.ne[1]);
     let batches = dst.ne[2] * dst.ne[3];
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-    let mc = if n_all == 1 { 32 } else { MC };
+    // One column: about GEMV_CHUNKS chunks per thread, so that few chunks start with
+    // weights that the prefetch (which stays inside a chunk) has not brought in yet.
+    let mc = if n_all == 1 {
+        (m_all.div_ceil(th.nth * GEMV_CHUNKS).div_ceil(4) * 4).max(32)
+    } else {
+        MC
+    };
     let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(NC));
     let total = m_chunks * n_chunks * batches;
     let mut out = [0f32; 16];
