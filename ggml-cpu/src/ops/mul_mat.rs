@@ -139,8 +139,9 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         let (a2, a3) = (i2 / r2, i3 / r3);
         let (m0, m1) = (mi * mc, ((mi + 1) * mc).min(m_all));
         let (n0, n1) = (ni * NC, ((ni + 1) * NC).min(n_all));
-        // Weight rows of a chunk are read once per activation column block; when they
-        // are contiguous, keep the next PF_DIST bytes of them in flight.
+        // When the chunk's weight rows are contiguous, keep the next PF_DIST bytes of
+        // them in flight while the first block of columns runs (the later blocks find
+        // them in the caches).
         let wrow = |m: usize| -> *const u8 {
             if gather {
                 let row = (a3 * a.ne[2] + a2) * a.ne[1] + m;
@@ -162,9 +163,6 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 *br = unsafe { std::slice::from_raw_parts(c.wdata.add(row * vrs), vrs) };
             }
             let mut m = m0;
-            if n > n0 {
-                pf = wrow(m0) as usize;
-            }
             while m < m1 {
                 let nrows = (m1 - m).min(4);
                 if dense {
