@@ -1,12 +1,14 @@
 //! `cargo xtask <command>`: the project's automation, in Rust so it runs wherever cargo does.
 //!
 //! Commands:
+//! - `bench-vs-llama`: ggml-harness bench against llama.cpp's llama-bench, alternately;
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
 //! - `fetch-model`: download the SmolLM2 GGUF into the cache and print its path;
 //! - `ptx-check`: assemble every PTX kernel with `ptxas` for sm_80 and sm_90;
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
 
+mod bench_vs_llama;
 mod fetch;
 mod gpu;
 mod ptx;
@@ -21,6 +23,9 @@ use fetch::Result;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
+  bench-vs-llama [--threads N] [-r R] [--rounds K]
+                 `ggml-harness bench` and llama.cpp's llama-bench run alternately
+                 (pp512, tg128): tokens/s, ratios, tg weight bandwidth vs memcpy
   ci             format check, clippy, tests (nextest), no_std build of ggml-core,
                  aarch64 check of ggml-cpu, ptx-check, docs and packaging checks:
                  what CI runs
@@ -45,6 +50,7 @@ commands:
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("bench-vs-llama") => bench_vs_llama::bench_vs_llama(&workspace_root(), &args[1..]),
         Some("ci") => ci(),
         Some("ppl") => ppl(&args[1..]),
         Some("regress") => regress(&args[1..]),

@@ -4,9 +4,10 @@
 //! Q8_0, Q8_1, Q8_K, F16, BF16 or F32) into shared scratch, and gathers weights whose
 //! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
 //! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of up
-//! to 4 × 4 dot products. Every dot product has the same instruction sequence whatever
-//! the tile, chunk or thread (see [`crate::reference`]), so the split never shows in the
-//! result.
+//! to 4 × 4 dot products, or, for a single activation column, the level's matrix ×
+//! vector kernel (`gemv`, with its own activation layout) on up to 4 rows. Every dot
+//! product has the same operations whatever the kernel, tile, chunk or thread (see
+//! [`crate::reference`]), so the split never shows in the result.
 
 use std::sync::atomic::Ordering;
 
@@ -20,6 +21,8 @@ use crate::reference::f32_to_bf16;
 const MC: usize = 64;
 /// Activation rows per chunk.
 const NC: usize = 16;
+/// Chunks per thread when there is one activation column.
+const GEMV_CHUNKS: usize = 8;
 
 /// Whether quantised weights of `d` are supported.
 pub(crate) fn quant_supported(d: DType) -> bool {
@@ -81,7 +84,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let (dst, a, b) = (c.dst, c.src[0], c.src[1]);
     let k = a.ne[0];
     let vdt = a.dtype.vec_dot_type();
-    let packer = (c.k.pack)(a.dtype);
+    // A single activation column uses the matrix × vector kernel where there is one.
+    let gemv = if dst.ne[1] == 1 {
+        (c.k.gemv)(a.dtype)
+    } else {
+        None
+    };
+    let packer = match gemv {
+        Some(g) => Some(g.pack),
+        None => (c.k.pack)(a.dtype),
+    };
     let vrs = match packer {
         Some(p) => (p.row_bytes)(k),
         None => vdt.row_size(k).unwrap_or(0),
@@ -105,7 +117,13 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let (m_all, n_all) = (dst.ne[0], dst.ne[1]);
     let batches = dst.ne[2] * dst.ne[3];
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-    let mc = if n_all == 1 { 32 } else { MC };
+    // One column: about GEMV_CHUNKS chunks per thread, so that few chunks start with
+    // weights that the prefetch (which stays inside a chunk) has not brought in yet.
+    let mc = if n_all == 1 {
+        (m_all.div_ceil(th.nth * GEMV_CHUNKS).div_ceil(4) * 4).max(32)
+    } else {
+        MC
+    };
     let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(NC));
     let total = m_chunks * n_chunks * batches;
     let mut out = [0f32; 16];
@@ -121,6 +139,19 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         let (a2, a3) = (i2 / r2, i3 / r3);
         let (m0, m1) = (mi * mc, ((mi + 1) * mc).min(m_all));
         let (n0, n1) = (ni * NC, ((ni + 1) * NC).min(n_all));
+        // When the chunk's weight rows are contiguous, keep the next PF_DIST bytes of
+        // them in flight while the first block of columns runs (the later blocks find
+        // them in the caches).
+        let wrow = |m: usize| -> *const u8 {
+            if gather {
+                let row = (a3 * a.ne[2] + a2) * a.ne[1] + m;
+                c.wdata.wrapping_add(wb + row * ars) as *const u8
+            } else {
+                a.row_ptr(m, a2, a3) as *const u8
+            }
+        };
+        let dense = gather || a.nb[1] == ars;
+        let (pf_end, mut pf) = (wrow(m1) as usize, wrow(m0) as usize);
         let mut n = n0;
         while n < n1 {
             let ncols = (n1 - n).min(4);
@@ -134,19 +165,30 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             let mut m = m0;
             while m < m1 {
                 let nrows = (m1 - m).min(4);
+                if dense {
+                    let want = (wrow(m + nrows) as usize + PF_DIST).min(pf_end);
+                    while pf < want {
+                        prefetch(pf as *const u8);
+                        pf += 64;
+                    }
+                }
                 let mut arows: [&[u8]; 4] = [&[]; 4];
                 for (r, ar) in arows.iter_mut().enumerate().take(nrows) {
-                    let p = if gather {
-                        let row = (a3 * a.ne[2] + a2) * a.ne[1] + m + r;
-                        c.wdata.wrapping_add(wb + row * ars) as *const u8
-                    } else {
-                        a.row_ptr(m + r, a2, a3) as *const u8
-                    };
+                    let p = wrow(m + r);
                     // SAFETY: a dense weight row of `ars` bytes: in the resolved weight
                     // tensor, or gathered in phase 0; nobody writes it now.
                     *ar = unsafe { std::slice::from_raw_parts(p, ars) };
                 }
-                tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out);
+                match gemv {
+                    Some(g) => {
+                        let mut o = [0f32; 4];
+                        (g.rows)(k, &arows[..nrows], brows[0], &mut o);
+                        for (r, v) in o.iter().enumerate() {
+                            out[r * 4] = *v;
+                        }
+                    }
+                    None => tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out),
+                }
                 for r in 0..nrows {
                     for cc in 0..ncols {
                         let p = dst.ptr.wrapping_add(
@@ -166,6 +208,21 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         }
     }
     Ok(())
+}
+
+/// Bytes of weights prefetched ahead of the tile being computed.
+const PF_DIST: usize = 4096;
+
+/// Hints the CPU to bring the cache line at `p` into the caches.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 fn convert_b(

@@ -24,6 +24,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     quantize,
     mm,
     pack,
+    gemv: super::no_gemv,
 };
 
 x86_quant!("avx2,fma,f16c", dot_u, dot_s);

@@ -24,6 +24,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     quantize: super::avx2::KERNELS.quantize,
     mm,
     pack: super::avx2::KERNELS.pack,
+    gemv: super::no_gemv,
 };
 
 pub(crate) static KERNELS_VNNI: Kernels = Kernels {
@@ -31,6 +32,7 @@ pub(crate) static KERNELS_VNNI: Kernels = Kernels {
     quantize: vnni::quantize,
     mm: mm_vnni,
     pack: vnni::pack,
+    gemv: vnni::gemv,
     ..KERNELS
 };
 
@@ -71,6 +73,289 @@ mod vnni {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
     unsafe fn dot_s(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, _mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
+    }
+
+    // Matrix × vector kernels. The activation row is packed in block order
+    // (`pack_natural`), so a weight block needs no transposition: two blocks fill a zmm
+    // register, one `vpdpbusd` leaves 8 partial sums per block, and three levels of
+    // pairwise adds gather block t's exact integer dot into lane t. From there the float
+    // formula and the lane accumulation are those of the tiles (`reference::block_value`,
+    // lane t accumulating blocks j ≡ t mod 8, `reference::tree8`).
+
+    /// Weight formats with a gemv kernel. (A Q8_0 one, with the same structure, was
+    /// slower than the Q8_0 tile: its blocks need no nibble unpacking, so the transposing
+    /// tile loses less there.)
+    const FMT_Q4_0: u8 = 0;
+    const FMT_Q4_1: u8 = 1;
+
+    /// Bytes per block of a format.
+    const fn block_bytes(fmt: u8) -> usize {
+        match fmt {
+            FMT_Q4_0 => 18,
+            _ => 20,
+        }
+    }
+
+    /// The block dots of 8 blocks, lane t for block t, from 4 registers holding 16 partial
+    /// sums each (blocks 2i and 2i + 1 in register i, 8 lanes each).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    fn reduce8(p: [__m512i; 4]) -> __m256i {
+        let ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let half = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_permutex2var_epi32(a, ie, b),
+                _mm512_permutex2var_epi32(a, io, b),
+            )
+        };
+        let r = half(half(p[0], p[1]), half(p[2], p[3]));
+        _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)))
+    }
+
+    /// Byte mask of the first `n` bytes (at most 64).
+    #[inline]
+    fn first_bytes(n: usize) -> u64 {
+        if n >= 64 {
+            !0
+        } else {
+            (1u64 << n) - 1
+        }
+    }
+
+    /// 64 bytes at `x + off`; with `FULL` false only those below `lim` are read (the rest
+    /// are zero).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn ld512<const FULL: bool>(x: *const u8, off: usize, lim: usize) -> __m512i {
+        // SAFETY: readable bytes (caller: all 64, or those below lim).
+        unsafe {
+            if FULL {
+                _mm512_loadu_si512(x.add(off) as *const __m512i)
+            } else {
+                let m = first_bytes(lim.saturating_sub(off));
+                _mm512_maskz_loadu_epi8(m, x.wrapping_add(off) as *const i8)
+            }
+        }
+    }
+
+    /// [`ld512`] for 16 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn ld128<const FULL: bool>(x: *const u8, off: usize, lim: usize) -> __m128i {
+        // SAFETY: as ld512.
+        unsafe {
+            if FULL {
+                _mm_loadu_si128(x.add(off) as *const __m128i)
+            } else {
+                let m = first_bytes(lim.saturating_sub(off)) as u16;
+                _mm_maskz_loadu_epi8(m, x.wrapping_add(off) as *const i8)
+            }
+        }
+    }
+
+    /// The f16 scales `d` (and for Q4_1 the mins `m`) of the 8 blocks at `x` as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn scales<const FMT: u8, const FULL: bool>(
+        x: *const u8,
+        lim: usize,
+    ) -> (__m256, __m256) {
+        // SAFETY: 8 blocks of the format at x, or `lim` bytes of them (caller); every
+        // load stays inside them.
+        unsafe {
+            match FMT {
+                FMT_Q4_1 => {
+                    // (d, m) pairs are the dwords 5t of the group.
+                    let idx =
+                        _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0);
+                    let l0 = ld512::<FULL>(x, 0, lim);
+                    let l1 = ld512::<FULL>(x, 80, lim);
+                    let dm = _mm512_castsi512_si256(_mm512_permutex2var_epi32(l0, idx, l1));
+                    (
+                        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)),
+                        _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))),
+                    )
+                }
+                _ => {
+                    // d is the word 9t of the group.
+                    let idx = _mm512_setr_epi32(
+                        9 << 16,
+                        27 << 16 | 18,
+                        45 << 16 | 36,
+                        63 << 16 | 54,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                    );
+                    let l0 = ld512::<FULL>(x, 0, lim);
+                    let l1 = ld512::<FULL>(x, 64, lim);
+                    let d = _mm512_castsi512_si128(_mm512_permutex2var_epi16(l0, idx, l1));
+                    (_mm256_cvtph_ps(d), _mm256_setzero_ps())
+                }
+            }
+        }
+    }
+
+    /// Blocks 2i and 2i + 1 at `x` as 64 unsigned bytes in element order (Q4_0's offset 8
+    /// included, corrected through `Σy` afterwards). Bytes from `lim` on read as 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn pair<const FMT: u8, const FULL: bool>(x: *const u8, i: usize, lim: usize) -> __m512i {
+        let xb = block_bytes(FMT);
+        let (b0, b1) = (2 * i * xb, (2 * i + 1) * xb);
+        // SAFETY: blocks 2i and 2i + 1 at x, or the bytes of them below lim (caller).
+        unsafe {
+            let off = if FMT == FMT_Q4_1 { 4 } else { 2 };
+            // Lanes: the 16 quant bytes of block 2i twice, then of block 2i + 1 twice;
+            // low nibbles in lanes 0 and 2, high nibbles in lanes 1 and 3.
+            let z = _mm512_mask_broadcast_i32x4(
+                _mm512_broadcast_i32x4(ld128::<FULL>(x, b0 + off, lim)),
+                0xFF00,
+                ld128::<FULL>(x, b1 + off, lim),
+            );
+            let z = _mm512_mask_srli_epi16(z, 0xFF00_FF00, z, 4);
+            _mm512_and_si512(z, _mm512_set1_epi8(15))
+        }
+    }
+
+    /// The 8 block values (lane t: block t) of one weight row's group at `x` against the
+    /// activation group `(yv, dy, sy, Σy)`; with `FULL` false only the `lim` bytes at `x`
+    /// are read and the missing blocks are zero.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn group<const FMT: u8, const FULL: bool>(
+        x: *const u8,
+        lim: usize,
+        yv: &[__m512i; 4],
+        dy: __m256,
+        sy: __m256,
+        syi: __m256i,
+    ) -> __m256 {
+        // SAFETY: 8 blocks at x, or lim bytes (caller).
+        let (dx, mx, p) = unsafe {
+            let (dx, mx) = scales::<FMT, FULL>(x, lim);
+            let z = _mm512_setzero_si512();
+            // A partial group skips the pairs past its last block (they would be zero).
+            let np = if FULL {
+                4
+            } else {
+                lim.div_ceil(2 * block_bytes(FMT))
+            };
+            let mut p = [z; 4];
+            for (i, pi) in p.iter_mut().enumerate().take(np) {
+                *pi = _mm512_dpbusd_epi32(z, pair::<FMT, FULL>(x, i, lim), yv[i]);
+            }
+            (dx, mx, p)
+        };
+        let mut s = reduce8(p);
+        if FMT == FMT_Q4_0 {
+            s = _mm256_sub_epi32(s, _mm256_slli_epi32(syi, 3));
+        }
+        let v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
+        if FMT == FMT_Q4_1 {
+            _mm256_add_ps(v, _mm256_mul_ps(mx, sy))
+        } else {
+            v
+        }
+    }
+
+    /// `NR` weight rows against one activation row packed by `pack_natural`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn gemv_gen<const FMT: u8, const NR: usize>(
+        k: usize,
+        a: &[&[u8]],
+        y: &[u8],
+        out: &mut [f32; 4],
+    ) {
+        let xb = block_bytes(FMT);
+        let nb = k / 32;
+        let ng = nb.div_ceil(8);
+        assert!(a.len() >= NR && a[..NR].iter().all(|r| r.len() >= nb * xb));
+        assert!(y.len() >= ng * crate::simd::PACK_GROUP);
+        let mut acc = [_mm256_setzero_ps(); NR];
+        for g in 0..ng {
+            let cnt = (nb - 8 * g).min(8);
+            // SAFETY: group g of the packed row (length asserted above).
+            let (yv, dy, sy, syi) = unsafe {
+                let yp = y.as_ptr().add(g * crate::simd::PACK_GROUP);
+                (
+                    [
+                        _mm512_loadu_si512(yp as *const __m512i),
+                        _mm512_loadu_si512(yp.add(64) as *const __m512i),
+                        _mm512_loadu_si512(yp.add(128) as *const __m512i),
+                        _mm512_loadu_si512(yp.add(192) as *const __m512i),
+                    ],
+                    _mm256_loadu_ps(yp.add(256) as *const f32),
+                    _mm256_loadu_ps(yp.add(288) as *const f32),
+                    _mm256_loadu_si256(yp.add(320) as *const __m256i),
+                )
+            };
+            for r in 0..NR {
+                // SAFETY: group g of the row: 8 whole blocks, or the last `cnt` blocks
+                // (lengths asserted above); same features.
+                unsafe {
+                    let x = a[r].as_ptr().add(8 * g * xb);
+                    acc[r] = if cnt == 8 {
+                        let v = group::<FMT, true>(x, 0, &yv, dy, sy, syi);
+                        _mm256_add_ps(acc[r], v)
+                    } else {
+                        let v = group::<FMT, false>(x, cnt * xb, &yv, dy, sy, syi);
+                        _mm256_mask_add_ps(acc[r], (1u8 << cnt) - 1, acc[r], v)
+                    };
+                }
+            }
+        }
+        for r in 0..NR {
+            let mut l = [0f32; 8];
+            // SAFETY: 8 floats of room.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r]) };
+            out[r] = crate::reference::tree8(l);
+        }
+    }
+
+    macro_rules! gemv_rows {
+        ($name:ident, $fmt:expr) => {
+            fn $name(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]) {
+                // SAFETY: this table is installed only when its features were detected.
+                unsafe {
+                    match a.len() {
+                        4 => gemv_gen::<{ $fmt }, 4>(k, a, y, out),
+                        3 => gemv_gen::<{ $fmt }, 3>(k, a, y, out),
+                        2 => gemv_gen::<{ $fmt }, 2>(k, a, y, out),
+                        1 => gemv_gen::<{ $fmt }, 1>(k, a, y, out),
+                        _ => {}
+                    }
+                }
+            }
+        };
+    }
+    gemv_rows!(gemv_q4_0, FMT_Q4_0);
+    gemv_rows!(gemv_q4_1, FMT_Q4_1);
+
+    pub(crate) fn gemv(w: DType) -> Option<crate::simd::Gemv> {
+        let rows: crate::simd::GemvRows = match w {
+            DType::Q4_0 => gemv_q4_0,
+            DType::Q4_1 => gemv_q4_1,
+            _ => return None,
+        };
+        Some(crate::simd::Gemv {
+            pack: crate::simd::Packer {
+                row_bytes: crate::simd::packed_row_bytes,
+                pack: pack_natural,
+            },
+            rows,
+        })
     }
 }
 

@@ -57,6 +57,27 @@ pub(crate) struct Kernels {
     /// The activation layout the tile of a weight dtype reads, if not the standard
     /// `vec_dot_type` rows.
     pub pack: fn(DType) -> Option<Packer>,
+    /// A kernel for a single activation row (matrix × vector) for weights of a dtype,
+    /// if the level has one; used instead of `mm` when the activations have one column.
+    pub gemv: fn(DType) -> Option<Gemv>,
+}
+
+/// `out[r] = dot(a[r], y)` for `a.len() <= 4` weight rows of dtype `w` and one activation
+/// row `y` packed by the kernel's [`Packer`], each of `k` values.
+pub(crate) type GemvRows = fn(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]);
+
+/// A matrix × vector kernel with its activation layout.
+#[derive(Clone, Copy)]
+pub(crate) struct Gemv {
+    /// The activation layout.
+    pub pack: Packer,
+    /// The kernel.
+    pub rows: GemvRows,
+}
+
+/// No gemv kernel: mul_mat uses the tiles for every shape.
+pub(crate) fn no_gemv(_w: DType) -> Option<Gemv> {
+    None
 }
 
 /// An ISA-specific activation layout for mul_mat tiles.

@@ -21,6 +21,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     quantize,
     mm,
     pack,
+    gemv: super::no_gemv,
 };
 
 /// The portable level uses the standard Q8_0/Q8_1 layout.

@@ -260,6 +260,40 @@ fn quant_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize
 }
 
 #[rstest]
+fn quant_gemv_matches_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize) {
+    let w = QUANT[wi];
+    let mut rng = Rng::new(wi as u64 + 70);
+    let vdt = w.vec_dot_type();
+    for k in all_tables() {
+        let Some(g) = (k.gemv)(w) else { continue };
+        for kk in [32, 96, 256, 288, 512, 576, 800, 1536] {
+            let nb = kk / w.block_size();
+            for nr in 1..=4 {
+                let a: Vec<Vec<u8>> = (0..nr).map(|_| random_blocks(w, nb, &mut rng)).collect();
+                let y = rng.vec(kk, 2.0);
+                let mut std = vec![0u8; vdt.row_size(kk).unwrap()];
+                ggml_core::quant::quantize_row(vdt, &y, &mut std).unwrap();
+                let mut packed = vec![0xAAu8; (g.pack.row_bytes)(kk)];
+                (g.pack.pack)(&y, &mut packed);
+                let ar: Vec<&[u8]> = a.iter().map(|v| v.as_slice()).collect();
+                let mut out = [f32::NAN; 4];
+                (g.rows)(kk, &ar, &packed, &mut out);
+                for (ri, row) in a.iter().enumerate() {
+                    let want = r::vec_dot_quant(w, row, &std, kk);
+                    assert_eq!(
+                        out[ri].to_bits(),
+                        want.to_bits(),
+                        "{:?} {w} k={kk} gemv {nr} rows, row {ri}: {} vs {want}",
+                        k.isa,
+                        out[ri]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[rstest]
 fn float_tiles_match_reference(#[values(DType::F32, DType::F16, DType::BF16)] w: DType) {
     let mut rng = Rng::new(11);
     for k in all_tables() {

@@ -284,8 +284,10 @@ macro_rules! x86_quant {
         /// lane t of vector i, then per block the f32 values of the f16-rounded `d` and
         /// `s = d·Σq` (as the reference reads them) and `Σq` as i32. Missing blocks of the
         /// last group are zero.
+        /// With `transpose` false the quants stay in block order (32 bytes per block),
+        /// the layout of the single-row kernels (`gemv`).
         #[target_feature(enable = $feat)]
-        unsafe fn pack_act_imp(x: &[f32], out: &mut [u8]) {
+        unsafe fn pack_act_imp(x: &[f32], out: &mut [u8], transpose: bool) {
             use crate::reference::{f16_to_f32, f32_to_f16};
             let nb = x.len() / 32;
             assert!(out.len() >= nb.div_ceil(8) * crate::simd::PACK_GROUP);
@@ -307,7 +309,9 @@ macro_rules! x86_quant {
                 }
                 // SAFETY: same features; the group has 352 bytes of room (asserted).
                 unsafe {
-                    transpose8(&mut q);
+                    if transpose {
+                        transpose8(&mut q);
+                    }
                     let p = og.as_mut_ptr();
                     for (i, v) in q.iter().enumerate() {
                         _mm256_storeu_si256(p.add(32 * i) as *mut __m256i, *v);
@@ -325,7 +329,7 @@ macro_rules! x86_quant {
         pub(crate) fn pack(w: DType) -> Option<crate::simd::Packer> {
             fn pack_act(x: &[f32], out: &mut [u8]) {
                 // SAFETY: this table is installed only when its features were detected.
-                unsafe { pack_act_imp(x, out) }
+                unsafe { pack_act_imp(x, out, true) }
             }
             matches!(
                 w,
@@ -335,6 +339,14 @@ macro_rules! x86_quant {
                 row_bytes: crate::simd::packed_row_bytes,
                 pack: pack_act,
             })
+        }
+
+        /// Packs an activation row like [`pack`]'s packer, with the quants of each block
+        /// in order instead of transposed.
+        #[allow(dead_code)] // only levels with a gemv kernel use it
+        pub(crate) fn pack_natural(x: &[f32], out: &mut [u8]) {
+            // SAFETY: this table is installed only when its features were detected.
+            unsafe { pack_act_imp(x, out, false) }
         }
 
         /// Q8_K blocks, as ggml's `quantize_row_q8_K_ref`.

@@ -1,0 +1,511 @@
+//! `cargo xtask bench-vs-llama`: our `ggml-harness bench` against llama.cpp's
+//! `llama-bench` on the same model and thread count, run alternately (ours, theirs, ours,
+//! theirs, ...) so that drifts of the machine hit both alike, with the ratios, the
+//! weight bandwidth of generation and the machine's memory copy bandwidth.
+
+use std::path::{Path, PathBuf};
+
+use xshell::{cmd, Shell};
+
+use crate::fetch::{self, Result};
+
+const HELP: &str = "usage: cargo xtask bench-vs-llama [--threads N] [-r R] [--rounds K]
+                                  [-p P] [-n G] [--model PATH]
+
+Runs `ggml-harness bench` and llama.cpp's `llama-bench` (built by
+../shared/tools/llama-cpp.sh) alternately, K rounds of R repetitions each (defaults:
+2 threads, R = 5, K = 2, pp512 and tg128, the cached SmolLM2 Q4_1), then prints tokens/s
+of both and the ratios ours/llama.cpp, the weight bytes read per generated token times
+tokens/s (GB/s) and the memcpy bandwidth of a 256 MiB buffer.";
+
+/// Options of the command.
+struct Opts {
+    threads: usize,
+    reps: usize,
+    rounds: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    model: Option<PathBuf>,
+}
+
+fn parse(args: &[String]) -> Result<Option<Opts>> {
+    let mut o = Opts {
+        threads: 2,
+        reps: 5,
+        rounds: 2,
+        n_prompt: 512,
+        n_gen: 128,
+        model: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        if matches!(flag, "-h" | "--help") {
+            println!("{HELP}");
+            return Ok(None);
+        }
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{flag} needs a value\n\n{HELP}"))
+        };
+        let mut number = |min: usize| -> Result<usize> {
+            let v = value()?;
+            match v.parse::<usize>() {
+                Ok(n) if n >= min => Ok(n),
+                _ => Err(format!("{flag}: '{v}' is not a number >= {min}")),
+            }
+        };
+        match flag {
+            "--threads" | "-t" => o.threads = number(1)?,
+            "-r" | "--repetitions" => o.reps = number(1)?,
+            "--rounds" => o.rounds = number(1)?,
+            "-p" | "--n-prompt" => o.n_prompt = number(0)?,
+            "-n" | "--n-gen" => o.n_gen = number(0)?,
+            "--model" | "-m" => o.model = Some(PathBuf::from(value()?)),
+            _ => return Err(format!("unknown argument '{a}'\n\n{HELP}")),
+        }
+    }
+    if o.n_prompt == 0 && o.n_gen == 0 {
+        return Err("-p and -n are both 0: nothing to measure".into());
+    }
+    Ok(Some(o))
+}
+
+/// Tokens/s samples of one test (`pp512`, `tg128`) for ours and llama.cpp's.
+#[derive(Default)]
+struct Samples {
+    ours: Vec<f64>,
+    theirs: Vec<f64>,
+}
+
+/// Runs the comparison; `args` are the command's arguments.
+pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
+    let Some(o) = parse(args)? else {
+        return Ok(());
+    };
+    let sh = Shell::new().map_err(|e| e.to_string())?;
+    sh.change_dir(root);
+    let model = match &o.model {
+        Some(m) if m.is_file() => m.clone(),
+        Some(m) => return Err(format!("model {} not found", m.display())),
+        None => fetch::fetch_model()?,
+    };
+    let llama_bench = llama_bench(&sh, root)?;
+    eprintln!("bench-vs-llama: building ggml-harness (release)");
+    cmd!(
+        sh,
+        "cargo build --quiet --release -p harness --bin ggml-harness"
+    )
+    .run()
+    .map_err(|e| format!("building ggml-harness: {e}"))?;
+    let ours_bin = target_dir(root).join("release").join("ggml-harness");
+
+    let (t, r, p, n) = (
+        o.threads.to_string(),
+        o.reps.to_string(),
+        o.n_prompt.to_string(),
+        o.n_gen.to_string(),
+    );
+    let mut pp = Samples::default();
+    let mut tg = Samples::default();
+    let mut model_bytes = None;
+    for round in 1..=o.rounds {
+        eprintln!("bench-vs-llama: round {round}/{}: ggml-harness", o.rounds);
+        let out = cmd!(
+            sh,
+            "{ours_bin} bench --model {model} -p {p} -n {n} --threads {t} -r {r} --json"
+        )
+        .read()
+        .map_err(|e| format!("ggml-harness bench: {e}"))?;
+        let v = json::parse(&out).map_err(|e| format!("ggml-harness bench output: {e}"))?;
+        for res in v.get("results").and_then(|r| r.array()).unwrap_or(&[]) {
+            let test = res.get("test").and_then(|t| t.str()).unwrap_or("");
+            let s = res.get("samples").map(|s| s.numbers()).unwrap_or_default();
+            if test.starts_with("pp") {
+                pp.ours.extend(s);
+            } else if test.starts_with("tg") {
+                tg.ours.extend(s);
+            }
+        }
+
+        eprintln!("bench-vs-llama: round {round}/{}: llama-bench", o.rounds);
+        let out = cmd!(
+            sh,
+            "{llama_bench} -m {model} -p {p} -n {n} -t {t} -r {r} -o json"
+        )
+        .ignore_stderr()
+        .read()
+        .map_err(|e| format!("llama-bench: {e}"))?;
+        let v = json::parse(&out).map_err(|e| format!("llama-bench output: {e}"))?;
+        for res in v.array().unwrap_or(&[]) {
+            let num = |k: &str| res.get(k).and_then(|x| x.number()).unwrap_or(0.0);
+            model_bytes = model_bytes.or(res.get("model_size").and_then(|x| x.number()));
+            let s = res
+                .get("samples_ts")
+                .map(|s| s.numbers())
+                .unwrap_or_default();
+            if num("n_prompt") > 0.0 && num("n_gen") == 0.0 {
+                pp.theirs.extend(s);
+            } else if num("n_gen") > 0.0 && num("n_prompt") == 0.0 {
+                tg.theirs.extend(s);
+            }
+        }
+    }
+
+    eprintln!("bench-vs-llama: measuring memcpy bandwidth (256 MiB)");
+    let copy1 = memcpy_bandwidth(1);
+    let copy_n = memcpy_bandwidth(o.threads);
+
+    println!(
+        "\n{} threads, {} rounds x {} repetitions, model {}\n",
+        o.threads,
+        o.rounds,
+        o.reps,
+        model.display()
+    );
+    println!("| test | ours t/s | llama.cpp t/s | ours/llama.cpp |");
+    println!("|---|---|---|---|");
+    for (name, s, on) in [
+        (format!("pp{}", o.n_prompt), &pp, o.n_prompt > 0),
+        (format!("tg{}", o.n_gen), &tg, o.n_gen > 0),
+    ] {
+        if !on {
+            continue;
+        }
+        let (om, os) = mean_sd(&s.ours);
+        let (tm, ts) = mean_sd(&s.theirs);
+        println!(
+            "| {name} | {om:.2} ± {os:.2} | {tm:.2} ± {ts:.2} | {:.3} |",
+            om / tm
+        );
+    }
+    println!();
+    if o.n_gen > 0 {
+        match model_bytes {
+            Some(b) => {
+                let (om, _) = mean_sd(&tg.ours);
+                let (tm, _) = mean_sd(&tg.theirs);
+                println!(
+                    "weights read per generated token: {:.1} MB (llama-bench model_size)",
+                    b / 1e6
+                );
+                println!(
+                    "tg{} weight bandwidth: ours {:.2} GB/s, llama.cpp {:.2} GB/s",
+                    o.n_gen,
+                    b * om / 1e9,
+                    b * tm / 1e9
+                );
+            }
+            None => println!("weight bandwidth: llama-bench reported no model_size"),
+        }
+    }
+    println!(
+        "memcpy bandwidth (bytes copied per second, best of 5): {copy1:.2} GB/s with 1 thread, \
+         {copy_n:.2} GB/s with {} threads",
+        o.threads
+    );
+    Ok(())
+}
+
+/// `llama-bench` from `../shared/tools/llama-cpp.sh` (which builds it once, cached).
+fn llama_bench(sh: &Shell, root: &Path) -> Result<PathBuf> {
+    let script = root.join("../shared/tools/llama-cpp.sh");
+    if !script.is_file() {
+        return Err(format!(
+            "{} not found: it builds llama.cpp's CPU tools (llama-bench)",
+            script.display()
+        ));
+    }
+    eprintln!(
+        "bench-vs-llama: {} (builds llama.cpp once, ~8 min)",
+        script.display()
+    );
+    let dir = cmd!(sh, "bash {script}")
+        .read()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    let bin = PathBuf::from(dir.trim()).join("llama-bench");
+    if !bin.is_file() {
+        return Err(format!(
+            "{} did not produce {}",
+            script.display(),
+            bin.display()
+        ));
+    }
+    Ok(bin)
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR` or `target` in the workspace).
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => root.join(d),
+        None => root.join("target"),
+    }
+}
+
+fn mean_sd(x: &[f64]) -> (f64, f64) {
+    if x.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let n = x.len() as f64;
+    let m = x.iter().sum::<f64>() / n;
+    let var = if x.len() > 1 {
+        x.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (m, var.sqrt())
+}
+
+/// Best-of-5 bytes copied per second of a 256 MiB buffer, split over `threads` threads.
+fn memcpy_bandwidth(threads: usize) -> f64 {
+    const SIZE: usize = 256 << 20;
+    let src = vec![1u8; SIZE];
+    let mut dst = vec![2u8; SIZE];
+    let part = SIZE.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for (d, from) in dst.chunks_mut(part).zip(src.chunks(part)) {
+                s.spawn(move || d.copy_from_slice(from));
+            }
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    SIZE as f64 / best / 1e9
+}
+
+/// A minimal JSON reader for the two benchmark outputs (xtask keeps no JSON dependency).
+mod json {
+    /// A JSON value.
+    #[derive(Debug)]
+    pub enum Value {
+        /// `true`, `false` or `null` (not needed by the readers).
+        Literal,
+        /// A number.
+        Number(f64),
+        /// A string.
+        Str(String),
+        /// An array.
+        Array(Vec<Value>),
+        /// An object, members in order.
+        Object(Vec<(String, Value)>),
+    }
+
+    impl Value {
+        /// Member `k` of an object.
+        pub fn get(&self, k: &str) -> Option<&Value> {
+            match self {
+                Value::Object(m) => m.iter().find(|(n, _)| n == k).map(|(_, v)| v),
+                _ => None,
+            }
+        }
+        /// The elements of an array.
+        pub fn array(&self) -> Option<&[Value]> {
+            match self {
+                Value::Array(a) => Some(a),
+                _ => None,
+            }
+        }
+        /// A number.
+        pub fn number(&self) -> Option<f64> {
+            match self {
+                Value::Number(n) => Some(*n),
+                _ => None,
+            }
+        }
+        /// A string.
+        pub fn str(&self) -> Option<&str> {
+            match self {
+                Value::Str(s) => Some(s),
+                _ => None,
+            }
+        }
+        /// The numbers of an array (others skipped).
+        pub fn numbers(&self) -> Vec<f64> {
+            self.array()
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(Value::number)
+                .collect()
+        }
+    }
+
+    /// Parses the first JSON value in `s` (text before it, such as log lines, is skipped).
+    pub fn parse(s: &str) -> Result<Value, String> {
+        let start = s
+            .find(['{', '['])
+            .ok_or_else(|| format!("no JSON in {:?}", s.chars().take(200).collect::<String>()))?;
+        let mut p = Parser {
+            b: &s.as_bytes()[start..],
+            i: 0,
+        };
+        p.value()
+    }
+
+    struct Parser<'a> {
+        b: &'a [u8],
+        i: usize,
+    }
+
+    impl Parser<'_> {
+        fn ws(&mut self) {
+            while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
+                self.i += 1;
+            }
+        }
+        fn err<T>(&self, what: &str) -> Result<T, String> {
+            Err(format!("{what} at byte {}", self.i))
+        }
+        fn eat(&mut self, c: u8) -> Result<(), String> {
+            self.ws();
+            if self.b.get(self.i) == Some(&c) {
+                self.i += 1;
+                Ok(())
+            } else {
+                self.err(&format!("expected '{}'", c as char))
+            }
+        }
+        fn value(&mut self) -> Result<Value, String> {
+            self.ws();
+            match self.b.get(self.i) {
+                Some(b'{') => {
+                    self.i += 1;
+                    let mut m = Vec::new();
+                    self.ws();
+                    if self.b.get(self.i) == Some(&b'}') {
+                        self.i += 1;
+                        return Ok(Value::Object(m));
+                    }
+                    loop {
+                        self.ws();
+                        let k = self.string()?;
+                        self.eat(b':')?;
+                        m.push((k, self.value()?));
+                        self.ws();
+                        match self.b.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b'}') => {
+                                self.i += 1;
+                                return Ok(Value::Object(m));
+                            }
+                            _ => return self.err("expected ',' or '}'"),
+                        }
+                    }
+                }
+                Some(b'[') => {
+                    self.i += 1;
+                    let mut a = Vec::new();
+                    self.ws();
+                    if self.b.get(self.i) == Some(&b']') {
+                        self.i += 1;
+                        return Ok(Value::Array(a));
+                    }
+                    loop {
+                        a.push(self.value()?);
+                        self.ws();
+                        match self.b.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b']') => {
+                                self.i += 1;
+                                return Ok(Value::Array(a));
+                            }
+                            _ => return self.err("expected ',' or ']'"),
+                        }
+                    }
+                }
+                Some(b'"') => self.string().map(Value::Str),
+                Some(b't') => self.word("true"),
+                Some(b'f') => self.word("false"),
+                Some(b'n') => self.word("null"),
+                Some(_) => {
+                    let st = self.i;
+                    while self.i < self.b.len()
+                        && matches!(
+                            self.b[self.i],
+                            b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'
+                        )
+                    {
+                        self.i += 1;
+                    }
+                    std::str::from_utf8(&self.b[st..self.i])
+                        .ok()
+                        .and_then(|t| t.parse().ok())
+                        .map(Value::Number)
+                        .map_or_else(|| self.err("bad value"), Ok)
+                }
+                None => self.err("unexpected end"),
+            }
+        }
+        fn word(&mut self, w: &str) -> Result<Value, String> {
+            if self.b[self.i..].starts_with(w.as_bytes()) {
+                self.i += w.len();
+                Ok(Value::Literal)
+            } else {
+                self.err("bad literal")
+            }
+        }
+        fn string(&mut self) -> Result<String, String> {
+            self.eat(b'"')?;
+            let mut out = Vec::new();
+            while let Some(&c) = self.b.get(self.i) {
+                self.i += 1;
+                match c {
+                    b'"' => return String::from_utf8(out).map_err(|e| e.to_string()),
+                    b'\\' => {
+                        let e = *self.b.get(self.i).ok_or("unterminated escape")?;
+                        self.i += 1;
+                        match e {
+                            b'n' => out.push(b'\n'),
+                            b't' => out.push(b'\t'),
+                            b'r' => out.push(b'\r'),
+                            b'b' => out.push(8),
+                            b'f' => out.push(12),
+                            b'u' => {
+                                let hex = self.b.get(self.i..self.i + 4).ok_or("bad \\u escape")?;
+                                self.i += 4;
+                                let cp = std::str::from_utf8(hex)
+                                    .ok()
+                                    .and_then(|h| u32::from_str_radix(h, 16).ok())
+                                    .ok_or("bad \\u escape")?;
+                                let ch = char::from_u32(cp).unwrap_or('\u{fffd}');
+                                out.extend_from_slice(ch.to_string().as_bytes());
+                            }
+                            other => out.push(other),
+                        }
+                    }
+                    _ => out.push(c),
+                }
+            }
+            self.err("unterminated string")
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn reads_both_outputs() {
+            let ours = r#"{"model":"m","results":[{"test":"pp512","samples":[1.5,2e2]}]}"#;
+            let v = parse(ours).unwrap();
+            let r = &v.get("results").unwrap().array().unwrap()[0];
+            assert_eq!(r.get("test").unwrap().str(), Some("pp512"));
+            assert_eq!(r.get("samples").unwrap().numbers(), vec![1.5, 200.0]);
+            let theirs = "log line\n[\n {\"n_prompt\": 0, \"n_gen\": 128, \"ok\": true, \
+                          \"s\": \"a\\\"b\\u0041\", \"samples_ts\": [ 137.1, -1 ], \"x\": null }\n]";
+            let v = parse(theirs).unwrap();
+            let r = &v.array().unwrap()[0];
+            assert_eq!(r.get("n_gen").unwrap().number(), Some(128.0));
+            assert_eq!(r.get("s").unwrap().str(), Some("a\"bA"));
+            assert_eq!(r.get("samples_ts").unwrap().numbers(), vec![137.1, -1.0]);
+            assert!(parse("[1,").is_err());
+        }
+    }
+}
