@@ -815,6 +815,37 @@ impl Minimal<'_> {
     }
 }
 
+/// HB1 for a destination-queue copy into split `k` (on `b`) of a tensor computed on `a`:
+/// Q(b) waits for `a`'s latest split before `k`, or for `a`'s last split of the previous
+/// run (slot `prev`) when `a` has none yet in this run, unless Q(b) already knows it.
+#[allow(clippy::too_many_arguments)]
+fn wait_for_producer(
+    m: &mut Minimal<'_>,
+    acts: &mut Vec<Action>,
+    part: &Partition,
+    compute_pos: &[Option<usize>],
+    k: usize,
+    prev: usize,
+    a: usize,
+    b: usize,
+) {
+    match part.splits[..k].iter().rposition(|s| s.backend == a) {
+        Some(p) if m.q[b][a] < compute_pos[p] => {
+            let e = m.key(a, EventKind::Split);
+            m.wait(acts, b, e, HbRule::Hb1);
+        }
+        Some(_) => {}
+        None => {
+            let e = EventKey {
+                backend: a,
+                kind: EventKind::Split,
+                slot: prev,
+            };
+            m.wait(acts, b, e, HbRule::Hb1);
+        }
+    }
+}
+
 /// The queue a copy into a split on backend `b` runs on.
 fn copy_queue_of(props: &[BackendProps], cp: &crate::partition::CopyInput, b: usize) -> usize {
     match copy_on(props, b) {
@@ -909,21 +940,7 @@ fn minimal(
                     continue;
                 }
                 let a = part.copies[ci].from;
-                match part.splits[..k].iter().rposition(|s| s.backend == a) {
-                    Some(p) if m.q[b][a] < compute_pos[p] => {
-                        let e = m.key(a, EventKind::Split);
-                        m.wait(&mut acts, b, e, HbRule::Hb1);
-                    }
-                    Some(_) => {}
-                    None => {
-                        let e = EventKey {
-                            backend: a,
-                            kind: EventKind::Split,
-                            slot: prev,
-                        };
-                        m.wait(&mut acts, b, e, HbRule::Hb1);
-                    }
-                }
+                wait_for_producer(&mut m, &mut acts, part, &compute_pos, k, prev, a, b);
             }
         }
         for (i, &ci) in inputs.iter().enumerate() {
@@ -981,26 +998,20 @@ fn minimal(
                             }
                         }
                         SourceKind::Computed => {
-                            let producer = part.splits[..k].iter().rposition(|s| s.backend == a);
                             if own_event {
                                 let e = m.key(b, EventKind::Split);
                                 m.wait_always(&mut acts, b, e, HbRule::Hb1);
                             } else {
-                                match producer {
-                                    Some(p) if m.q[b][a] < compute_pos[p] => {
-                                        let e = m.key(a, EventKind::Split);
-                                        m.wait(&mut acts, b, e, HbRule::Hb1);
-                                    }
-                                    Some(_) => {}
-                                    None => {
-                                        let e = EventKey {
-                                            backend: a,
-                                            kind: EventKind::Split,
-                                            slot: prev,
-                                        };
-                                        m.wait(&mut acts, b, e, HbRule::Hb1);
-                                    }
-                                }
+                                wait_for_producer(
+                                    &mut m,
+                                    &mut acts,
+                                    part,
+                                    &compute_pos,
+                                    k,
+                                    prev,
+                                    a,
+                                    b,
+                                );
                             }
                             dst_copy_sources.insert(a);
                         }

@@ -104,11 +104,6 @@ impl SchedExecutor {
         })
     }
 
-    /// Mutable access to the scheduler (tracing, statistics).
-    pub fn scheduler_mut(&mut self) -> &mut ggml_sched::Scheduler {
-        &mut self.sched
-    }
-
     /// The scheduler (plans, statistics).
     pub fn scheduler(&self) -> &ggml_sched::Scheduler {
         &self.sched

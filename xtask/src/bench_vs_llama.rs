@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
 use xshell::{cmd, Shell};
 
 use crate::fetch::{self, Result};
@@ -122,10 +123,10 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
         )
         .read()
         .map_err(|e| format!("ggml-harness bench: {e}"))?;
-        let v = json::parse(&out).map_err(|e| format!("ggml-harness bench output: {e}"))?;
-        for res in v.get("results").and_then(|r| r.array()).unwrap_or(&[]) {
-            let test = res.get("test").and_then(|t| t.str()).unwrap_or("");
-            let s = res.get("samples").map(|s| s.numbers()).unwrap_or_default();
+        let v = first_json(&out).map_err(|e| format!("ggml-harness bench output: {e}"))?;
+        for res in v["results"].as_array().map_or(&[][..], Vec::as_slice) {
+            let test = res["test"].as_str().unwrap_or("");
+            let s = numbers(res, "samples");
             if test.starts_with("pp") {
                 pp.ours.extend(s);
             } else if test.starts_with("tg") {
@@ -141,14 +142,11 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
         .ignore_stderr()
         .read()
         .map_err(|e| format!("llama-bench: {e}"))?;
-        let v = json::parse(&out).map_err(|e| format!("llama-bench output: {e}"))?;
-        for res in v.array().unwrap_or(&[]) {
-            let num = |k: &str| res.get(k).and_then(|x| x.number()).unwrap_or(0.0);
-            model_bytes = model_bytes.or(res.get("model_size").and_then(|x| x.number()));
-            let s = res
-                .get("samples_ts")
-                .map(|s| s.numbers())
-                .unwrap_or_default();
+        let v = first_json(&out).map_err(|e| format!("llama-bench output: {e}"))?;
+        for res in v.as_array().map_or(&[][..], Vec::as_slice) {
+            let num = |k: &str| res[k].as_f64().unwrap_or(0.0);
+            model_bytes = model_bytes.or(res["model_size"].as_f64());
+            let s = numbers(res, "samples_ts");
             if num("n_prompt") > 0.0 && num("n_gen") == 0.0 {
                 pp.theirs.extend(s);
             } else if num("n_gen") > 0.0 && num("n_prompt") == 0.0 {
@@ -281,231 +279,44 @@ fn memcpy_bandwidth(threads: usize) -> f64 {
     SIZE as f64 / best / 1e9
 }
 
-/// A minimal JSON reader for the two benchmark outputs (xtask keeps no JSON dependency).
-mod json {
-    /// A JSON value.
-    #[derive(Debug)]
-    pub enum Value {
-        /// `true`, `false` or `null` (not needed by the readers).
-        Literal,
-        /// A number.
-        Number(f64),
-        /// A string.
-        Str(String),
-        /// An array.
-        Array(Vec<Value>),
-        /// An object, members in order.
-        Object(Vec<(String, Value)>),
+/// The first JSON value in `s`; text before it (log lines) is skipped.
+fn first_json(s: &str) -> Result<Value> {
+    let start = s
+        .find(['{', '['])
+        .ok_or_else(|| format!("no JSON in {:?}", s.chars().take(200).collect::<String>()))?;
+    match serde_json::Deserializer::from_str(&s[start..])
+        .into_iter::<Value>()
+        .next()
+    {
+        Some(v) => v.map_err(|e| e.to_string()),
+        None => Err("no JSON value".into()),
     }
+}
 
-    impl Value {
-        /// Member `k` of an object.
-        pub fn get(&self, k: &str) -> Option<&Value> {
-            match self {
-                Value::Object(m) => m.iter().find(|(n, _)| n == k).map(|(_, v)| v),
-                _ => None,
-            }
-        }
-        /// The elements of an array.
-        pub fn array(&self) -> Option<&[Value]> {
-            match self {
-                Value::Array(a) => Some(a),
-                _ => None,
-            }
-        }
-        /// A number.
-        pub fn number(&self) -> Option<f64> {
-            match self {
-                Value::Number(n) => Some(*n),
-                _ => None,
-            }
-        }
-        /// A string.
-        pub fn str(&self) -> Option<&str> {
-            match self {
-                Value::Str(s) => Some(s),
-                _ => None,
-            }
-        }
-        /// The numbers of an array (others skipped).
-        pub fn numbers(&self) -> Vec<f64> {
-            self.array()
-                .unwrap_or(&[])
-                .iter()
-                .filter_map(Value::number)
-                .collect()
-        }
-    }
+/// The numbers of the array member `k` of `v` (others skipped).
+fn numbers(v: &Value, k: &str) -> Vec<f64> {
+    v[k].as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default()
+}
 
-    /// Parses the first JSON value in `s` (text before it, such as log lines, is skipped).
-    pub fn parse(s: &str) -> Result<Value, String> {
-        let start = s
-            .find(['{', '['])
-            .ok_or_else(|| format!("no JSON in {:?}", s.chars().take(200).collect::<String>()))?;
-        let mut p = Parser {
-            b: &s.as_bytes()[start..],
-            i: 0,
-        };
-        p.value()
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    struct Parser<'a> {
-        b: &'a [u8],
-        i: usize,
-    }
-
-    impl Parser<'_> {
-        fn ws(&mut self) {
-            while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
-                self.i += 1;
-            }
-        }
-        fn err<T>(&self, what: &str) -> Result<T, String> {
-            Err(format!("{what} at byte {}", self.i))
-        }
-        fn eat(&mut self, c: u8) -> Result<(), String> {
-            self.ws();
-            if self.b.get(self.i) == Some(&c) {
-                self.i += 1;
-                Ok(())
-            } else {
-                self.err(&format!("expected '{}'", c as char))
-            }
-        }
-        fn value(&mut self) -> Result<Value, String> {
-            self.ws();
-            match self.b.get(self.i) {
-                Some(b'{') => {
-                    self.i += 1;
-                    let mut m = Vec::new();
-                    self.ws();
-                    if self.b.get(self.i) == Some(&b'}') {
-                        self.i += 1;
-                        return Ok(Value::Object(m));
-                    }
-                    loop {
-                        self.ws();
-                        let k = self.string()?;
-                        self.eat(b':')?;
-                        m.push((k, self.value()?));
-                        self.ws();
-                        match self.b.get(self.i) {
-                            Some(b',') => self.i += 1,
-                            Some(b'}') => {
-                                self.i += 1;
-                                return Ok(Value::Object(m));
-                            }
-                            _ => return self.err("expected ',' or '}'"),
-                        }
-                    }
-                }
-                Some(b'[') => {
-                    self.i += 1;
-                    let mut a = Vec::new();
-                    self.ws();
-                    if self.b.get(self.i) == Some(&b']') {
-                        self.i += 1;
-                        return Ok(Value::Array(a));
-                    }
-                    loop {
-                        a.push(self.value()?);
-                        self.ws();
-                        match self.b.get(self.i) {
-                            Some(b',') => self.i += 1,
-                            Some(b']') => {
-                                self.i += 1;
-                                return Ok(Value::Array(a));
-                            }
-                            _ => return self.err("expected ',' or ']'"),
-                        }
-                    }
-                }
-                Some(b'"') => self.string().map(Value::Str),
-                Some(b't') => self.word("true"),
-                Some(b'f') => self.word("false"),
-                Some(b'n') => self.word("null"),
-                Some(_) => {
-                    let st = self.i;
-                    while self.i < self.b.len()
-                        && matches!(
-                            self.b[self.i],
-                            b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'
-                        )
-                    {
-                        self.i += 1;
-                    }
-                    std::str::from_utf8(&self.b[st..self.i])
-                        .ok()
-                        .and_then(|t| t.parse().ok())
-                        .map(Value::Number)
-                        .map_or_else(|| self.err("bad value"), Ok)
-                }
-                None => self.err("unexpected end"),
-            }
-        }
-        fn word(&mut self, w: &str) -> Result<Value, String> {
-            if self.b[self.i..].starts_with(w.as_bytes()) {
-                self.i += w.len();
-                Ok(Value::Literal)
-            } else {
-                self.err("bad literal")
-            }
-        }
-        fn string(&mut self) -> Result<String, String> {
-            self.eat(b'"')?;
-            let mut out = Vec::new();
-            while let Some(&c) = self.b.get(self.i) {
-                self.i += 1;
-                match c {
-                    b'"' => return String::from_utf8(out).map_err(|e| e.to_string()),
-                    b'\\' => {
-                        let e = *self.b.get(self.i).ok_or("unterminated escape")?;
-                        self.i += 1;
-                        match e {
-                            b'n' => out.push(b'\n'),
-                            b't' => out.push(b'\t'),
-                            b'r' => out.push(b'\r'),
-                            b'b' => out.push(8),
-                            b'f' => out.push(12),
-                            b'u' => {
-                                let hex = self.b.get(self.i..self.i + 4).ok_or("bad \\u escape")?;
-                                self.i += 4;
-                                let cp = std::str::from_utf8(hex)
-                                    .ok()
-                                    .and_then(|h| u32::from_str_radix(h, 16).ok())
-                                    .ok_or("bad \\u escape")?;
-                                let ch = char::from_u32(cp).unwrap_or('\u{fffd}');
-                                out.extend_from_slice(ch.to_string().as_bytes());
-                            }
-                            other => out.push(other),
-                        }
-                    }
-                    _ => out.push(c),
-                }
-            }
-            self.err("unterminated string")
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn reads_both_outputs() {
-            let ours = r#"{"model":"m","results":[{"test":"pp512","samples":[1.5,2e2]}]}"#;
-            let v = parse(ours).unwrap();
-            let r = &v.get("results").unwrap().array().unwrap()[0];
-            assert_eq!(r.get("test").unwrap().str(), Some("pp512"));
-            assert_eq!(r.get("samples").unwrap().numbers(), vec![1.5, 200.0]);
-            let theirs = "log line\n[\n {\"n_prompt\": 0, \"n_gen\": 128, \"ok\": true, \
-                          \"s\": \"a\\\"b\\u0041\", \"samples_ts\": [ 137.1, -1 ], \"x\": null }\n]";
-            let v = parse(theirs).unwrap();
-            let r = &v.array().unwrap()[0];
-            assert_eq!(r.get("n_gen").unwrap().number(), Some(128.0));
-            assert_eq!(r.get("s").unwrap().str(), Some("a\"bA"));
-            assert_eq!(r.get("samples_ts").unwrap().numbers(), vec![137.1, -1.0]);
-            assert!(parse("[1,").is_err());
-        }
+    #[test]
+    fn reads_both_outputs() {
+        let ours = r#"{"model":"m","results":[{"test":"pp512","samples":[1.5,2e2]}]}"#;
+        let v = first_json(ours).unwrap();
+        let r = &v["results"][0];
+        assert_eq!(r["test"].as_str(), Some("pp512"));
+        assert_eq!(numbers(r, "samples"), vec![1.5, 200.0]);
+        let theirs = "log line\n[\n {\"n_prompt\": 0, \"n_gen\": 128, \"ok\": true, \
+                      \"samples_ts\": [ 137.1, -1 ], \"x\": null }\n] trailing";
+        let v = first_json(theirs).unwrap();
+        assert_eq!(v[0]["n_gen"].as_f64(), Some(128.0));
+        assert_eq!(numbers(&v[0], "samples_ts"), vec![137.1, -1.0]);
+        assert!(first_json("[1,").is_err());
+        assert!(first_json("no json").is_err());
     }
 }

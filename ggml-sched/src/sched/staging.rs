@@ -115,14 +115,8 @@ impl Scheduler {
             },
         };
         let Some(spare) = spare else {
-            // No events: read it now (a host sync).
-            let mut bytes = vec![0u8; nbytes];
-            self.get_tensor_run(run, id, &mut bytes)?;
-            return Ok(StagedOutput {
-                run,
-                nbytes,
-                place: Place::Ready(bytes),
-            });
+            // No events: read it now.
+            return self.read_now(run, id, nbytes);
         };
         let mut dst = Tensor::contiguous(t.dtype, t.ne)
             .ok_or_else(|| self.tensor_err(id, "has a shape that cannot be staged"))?;
@@ -150,13 +144,7 @@ impl Scheduler {
         }
         if !copied {
             self.staging.push(spare);
-            let mut bytes = vec![0u8; nbytes];
-            self.get_tensor_run(run, id, &mut bytes)?;
-            return Ok(StagedOutput {
-                run,
-                nbytes,
-                place: Place::Ready(bytes),
-            });
+            return self.read_now(run, id, nbytes);
         }
         if let Err(e) = b.event_record(spare.event) {
             self.staging.push(spare);
@@ -170,6 +158,19 @@ impl Scheduler {
             run,
             nbytes,
             place: Place::Queued(key),
+        })
+    }
+
+    /// The fallback where nothing can be staged: reads output `id` of `run` at once (a
+    /// host sync, HB7).
+    fn read_now(&self, run: u64, id: TensorId, nbytes: usize) -> Result<StagedOutput> {
+        let mut bytes = vec![0u8; nbytes];
+        self.get_tensor_run(run, id, &mut bytes)?;
+        self.annotate(AccessContext::default());
+        Ok(StagedOutput {
+            run,
+            nbytes,
+            place: Place::Ready(bytes),
         })
     }
 

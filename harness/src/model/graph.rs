@@ -86,13 +86,9 @@ pub fn build_forward(
         });
     }
     let n = shape.n_tokens;
-    let Inputs {
-        tokens: inp_tokens,
-        pos: inp_pos,
-        kv_idxs: inp_kv_idxs,
-        mask: kq_mask,
-        out_ids: inp_out_ids,
-    } = Inputs::push(&mut ctx, shape)?;
+    let inp = Inputs::push(&mut ctx, shape)?;
+    let (inp_tokens, inp_pos, inp_kv_idxs, kq_mask, inp_out_ids) =
+        (inp.tokens, inp.pos, inp.kv_idxs, inp.mask, inp.out_ids);
 
     let rope = RopeParams::llama(hp.head_dim as u32, hp.rope_freq_base);
     let attn = AttnParams::scaled(1.0 / (hp.head_dim as f32).sqrt());
@@ -194,22 +190,45 @@ pub fn build_forward(
     ctx.set_name(logits, "result_output")?;
     ctx.set_flags(logits, TensorFlags::OUTPUT)?;
 
-    let (nodes, leafs, len) = order(ctx, &kv_writes, logits, cap)?;
-    storage.truncate(len);
-    Ok(ForwardGraph {
-        tensors: storage,
-        nodes,
-        leafs,
-        inp_tokens,
-        inp_pos,
-        inp_kv_idxs,
-        kq_mask,
-        inp_out_ids,
+    let ordered = order(ctx, &kv_writes, logits, cap)?;
+    Ok(ForwardGraph::assemble(
+        storage,
+        ordered,
+        &inp,
         logits,
         layer_first,
-        pins: Vec::new(),
+        Vec::new(),
         shape,
-    })
+    ))
+}
+
+impl ForwardGraph {
+    /// The graph from its tensor storage and [`order`]'s result.
+    pub(super) fn assemble(
+        mut storage: Vec<Tensor>,
+        (nodes, leafs, len): (Vec<TensorId>, Vec<TensorId>, usize),
+        inp: &Inputs,
+        logits: TensorId,
+        layer_first: Vec<TensorId>,
+        pins: Vec<(TensorId, usize)>,
+        shape: BatchShape,
+    ) -> ForwardGraph {
+        storage.truncate(len);
+        ForwardGraph {
+            tensors: storage,
+            nodes,
+            leafs,
+            inp_tokens: inp.tokens,
+            inp_pos: inp.pos,
+            inp_kv_idxs: inp.kv_idxs,
+            kq_mask: inp.mask,
+            inp_out_ids: inp.out_ids,
+            logits,
+            layer_first,
+            pins,
+            shape,
+        }
+    }
 }
 
 /// The input tensors of a forward graph.

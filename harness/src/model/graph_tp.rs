@@ -323,20 +323,14 @@ pub fn build_forward_tp(
     b.ctx.set_flags(logits, TensorFlags::OUTPUT)?;
     let pins = b.pins;
 
-    let (nodes, leafs, len) = order(ctx, &kv_writes, logits, cap)?;
-    storage.truncate(len);
-    Ok(ForwardGraph {
-        tensors: storage,
-        nodes,
-        leafs,
-        inp_tokens: inp.tokens,
-        inp_pos: inp.pos,
-        inp_kv_idxs: inp.kv_idxs,
-        kq_mask: inp.mask,
-        inp_out_ids: inp.out_ids,
+    let ordered = order(ctx, &kv_writes, logits, cap)?;
+    Ok(ForwardGraph::assemble(
+        storage,
+        ordered,
+        &inp,
         logits,
         layer_first,
         pins,
         shape,
-    })
+    ))
 }
