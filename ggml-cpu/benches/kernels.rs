@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ggml_core::{Backend, Context, DType, DataRef, RopeParams, Tensor, TensorId};
+use ggml_core::{AttnParams, Backend, Context, DType, DataRef, RopeParams, Tensor, TensorId};
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
 
 struct Rng(u64);
@@ -155,5 +155,48 @@ fn row_ops(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, mul_mat, row_ops);
+/// FLASH_ATTN_EXT at SmolLM2's shapes (head size 64, 9 query and 3 KV heads, F16 K/V and
+/// causal mask): a 512-token prompt, and one token after 511.
+fn attention(c: &mut Criterion) {
+    let be = backend();
+    let mut group = c.benchmark_group(format!("attn/{}x{}t", be.isa(), be.n_threads()));
+    group.sample_size(10);
+    group.warm_up_time(std::time::Duration::from_millis(300));
+    group.measurement_time(std::time::Duration::from_secs(2));
+    let (d, n_head, n_kv_head, n_kv) = (64, 9, 3, 512);
+    for n_q in [512, 1] {
+        let g = setup(&be, |ctx| {
+            let q = ctx.new_tensor(DType::F32, [d, n_q, n_head, 1]).unwrap();
+            let k = ctx.new_tensor(DType::F16, [d, n_kv, n_kv_head, 1]).unwrap();
+            let v = ctx.new_tensor(DType::F16, [d, n_kv, n_kv_head, 1]).unwrap();
+            let m = ctx.new_tensor(DType::F16, [n_kv, n_q, 1, 1]).unwrap();
+            ctx.flash_attn_ext(q, k, v, Some(m), AttnParams::scaled(0.125))
+                .unwrap()
+        });
+        // Query iq sees positions 0..=n_kv-n_q+iq.
+        let visible = |iq: usize, j: usize| j <= n_kv - n_q + iq;
+        let mask: Vec<u8> = (0..n_q * n_kv)
+            .flat_map(|i| {
+                let v = if visible(i / n_kv, i % n_kv) {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                };
+                half::f16::from_f32(v).to_bits().to_le_bytes()
+            })
+            .collect();
+        let m = g.tensors[g.out.index()].src[3].unwrap();
+        be.set_tensor_async(&g.tensors[m.index()], 0, &mask)
+            .unwrap();
+        be.synchronize().unwrap();
+        let pairs: usize = (0..n_q).map(|iq| n_kv - n_q + iq + 1).sum();
+        group.throughput(Throughput::Elements((4 * d * n_head * pairs) as u64));
+        group.bench_function(format!("f16/q{n_q}xkv{n_kv}"), |bch| {
+            bch.iter(|| run(&be, black_box(&g)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, mul_mat, row_ops, attention);
 criterion_main!(benches);

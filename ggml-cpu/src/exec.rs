@@ -136,6 +136,13 @@ impl TView {
             crate::quant::dequantize_row(self.dtype, bytes, &mut out[..n]);
         } else if let Some(s) = unsafe { self.row_f32(i1, i2, i3) } {
             out[..n].copy_from_slice(s);
+        } else if self.dtype == DType::F16 && self.rows_dense() && (row as usize).is_multiple_of(2)
+        {
+            // SAFETY: a dense, aligned F16 row of n values (caller's contract).
+            let h = unsafe { std::slice::from_raw_parts(row as *const u16, n) };
+            for (o, &x) in out[..n].iter_mut().zip(h) {
+                *o = f16_to_f32(x);
+            }
         } else {
             for (i0, o) in out[..n].iter_mut().enumerate() {
                 // SAFETY: element of the row.

@@ -357,11 +357,23 @@ fn concat(
     });
 }
 
+/// Masks for [`flash_attn`]: none, causal (the last `n_q` positions unveiled one per
+/// query), or causal with holes (every 5th position, one whole query row and the first
+/// `2·iq` positions of query `iq` masked too).
+#[derive(Clone, Copy, Debug)]
+enum AttnMask {
+    None,
+    Causal,
+    Holes,
+}
+
 #[rstest]
-#[case(64, 1, 7, 9, 3, true)]
-#[case(64, 5, 32, 9, 3, true)]
-#[case(32, 3, 17, 4, 4, false)]
-#[case(48, 2, 20, 6, 2, true)]
+#[case(64, 1, 7, 9, 3, AttnMask::Causal)]
+#[case(64, 5, 32, 9, 3, AttnMask::Causal)]
+#[case(32, 3, 17, 4, 4, AttnMask::None)]
+#[case(48, 2, 20, 6, 2, AttnMask::Causal)]
+#[case(64, 24, 70, 6, 2, AttnMask::Causal)]
+#[case(40, 9, 53, 2, 1, AttnMask::Holes)]
 fn flash_attn(
     bes: &[CpuBackend],
     #[case] d: usize,
@@ -369,20 +381,24 @@ fn flash_attn(
     #[case] n_kv: usize,
     #[case] h: usize,
     #[case] h_kv: usize,
-    #[case] with_mask: bool,
+    #[case] mask: AttnMask,
     #[values(DType::F16, DType::F32)] kv: DType,
     #[values(0.0, 5.0)] softcap: f32,
+    #[values(0.0, 8.0)] max_bias: f32,
 ) {
     check(bes, 21, |ctx| {
         let q = f(DType::F32, [d, n_q, h, 1])(ctx);
         let k = f(kv, [d, n_kv, h_kv, 1])(ctx);
         let v = f(kv, [d, n_kv, h_kv, 1])(ctx);
         let mut floats = vec![];
-        let m = with_mask.then(|| {
+        let m = (!matches!(mask, AttnMask::None)).then(|| {
             let m = ctx.new_tensor(DType::F16, [n_kv, n_q + 1, 1, 1]).unwrap();
             let vals: Vec<f32> = (0..n_kv * (n_q + 1))
                 .map(|i| {
-                    if i % n_kv > n_kv - n_q + i / n_kv {
+                    let (j, iq) = (i % n_kv, i / n_kv);
+                    let hole =
+                        matches!(mask, AttnMask::Holes) && (j % 5 == 3 || iq == 1 || j < 2 * iq);
+                    if j > n_kv - n_q + iq || hole {
                         f32::NEG_INFINITY
                     } else {
                         0.0
@@ -394,6 +410,7 @@ fn flash_attn(
         });
         let mut p = AttnParams::scaled(1.0 / (d as f32).sqrt());
         p.softcap = softcap;
+        p.max_bias = max_bias;
         let mut s = Spec::new(ctx.flash_attn_ext(q, k, v, m, p).unwrap());
         s.floats = floats;
         s

@@ -5,12 +5,17 @@
 //! position, `Σ w·v` accumulated in position order, then scaled by `1/Σw`. Identical to
 //! [`crate::reference`]'s definition; padding the KV length with masked positions leaves
 //! the result bit-identical.
+//!
+//! The positions between the first and the last unmasked one are handled in 16-aligned
+//! lane order, masked ones as score −∞ (weight exactly `+0`, which leaves a lane sum
+//! unchanged); the rows of a run of unmasked positions go to the multi-row kernels
+//! (`dots_f16`, `axpy_f16_rows`) when K and V are dense F16.
 
 use ggml_core::{DType, Tensor};
 
-use crate::exec::{KResult, NodeCtx};
+use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
-use crate::reference::{alibi_slope, exp, fmax, tree16, tree16_max, LANES};
+use crate::reference::{alibi_slope, tree16, LANES};
 
 /// Per-thread scratch bytes.
 pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor]) -> usize {
@@ -21,7 +26,51 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor]) -> usize {
         get(2).unwrap_or_default(),
     );
     let (d, n_kv, dv) = (q[0], k[1], v[0]);
-    4 * (2 * n_kv + 3 * d + 2 * dv + 64)
+    4 * (3 * n_kv + 3 * d + 2 * dv + 64)
+}
+
+/// Maximal runs `[a, b)` of unmasked positions in `lo..hi`.
+fn unmasked_runs(
+    bias: Option<&[f32]>,
+    lo: usize,
+    hi: usize,
+) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let masked = move |j: usize| bias.is_some_and(|b| b[j] == f32::NEG_INFINITY);
+    let mut j = lo;
+    std::iter::from_fn(move || {
+        while j < hi && masked(j) {
+            j += 1;
+        }
+        if j >= hi {
+            return None;
+        }
+        let a = j;
+        while j < hi && !masked(j) {
+            j += 1;
+        }
+        Some((a, j))
+    })
+}
+
+/// `len` u16 values from row `(i1, i2, i3)` on, rows `nb[1]` bytes apart, if the tensor
+/// is F16 with dense, 2-byte aligned rows.
+///
+/// # Safety
+/// The values must lie in resolved tensor memory nobody writes meanwhile.
+unsafe fn f16_rows<'a>(
+    t: &TView,
+    i1: usize,
+    i2: usize,
+    i3: usize,
+    len: usize,
+) -> Option<&'a [u16]> {
+    let p = t.row_ptr(i1, i2, i3);
+    let aligned = (p as usize).is_multiple_of(2) && t.nb[1].is_multiple_of(2);
+    if t.dtype != DType::F16 || !t.rows_dense() || !aligned {
+        return None;
+    }
+    // SAFETY: aligned F16 values in resolved memory (caller's contract).
+    Some(unsafe { std::slice::from_raw_parts(p as *const u16, len) })
 }
 
 pub(crate) fn run(
@@ -40,6 +89,7 @@ pub(crate) fn run(
     let sc = c.scratch_f32();
     let (scores, rest) = sc.split_at_mut(n_kv);
     let (mrow, rest) = rest.split_at_mut(n_kv);
+    let (slope_mrow, rest) = rest.split_at_mut(n_kv);
     let (qf, rest) = rest.split_at_mut(d);
     let (krow, rest) = rest.split_at_mut(d);
     let (qh_f, rest) = rest.split_at_mut(d.div_ceil(2));
@@ -50,93 +100,129 @@ pub(crate) fn run(
     let qh: &mut [u16] =
         unsafe { std::slice::from_raw_parts_mut(qh_f.as_mut_ptr() as *mut u16, d) };
     let k_f16 = k.dtype == DType::F16;
-    let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
-    for r in r0..r1 {
-        // Destination row (h, iq, i3).
-        let (h, iq, i3) = dst.row_index(r);
-        let hk = h / group;
-        let slope = alibi_slope(max_bias, h, n_head);
-        // SAFETY (all reads below): rows of resolved operand tensors, which do not overlap
-        // the destination (the result is a fresh tensor; checked through `alias`).
-        unsafe { q.read_row(iq, h, i3, qf) };
-        if k_f16 {
-            (c.k.f32_to_f16)(qf, qh);
-        }
+    let (k_stride, v_stride) = (k.nb[1] / 2, v.nb[1] / 2);
+    // Destination rows are (h, iq, i3). Under a causal mask later queries see more
+    // positions, so each thread takes every nth query (all heads) for an even share of
+    // the work; no result depends on the split.
+    let queries = dst.ne[2] * dst.ne[3];
+    for g in (th.ith..queries).step_by(th.nth.max(1)) {
+        let (iq, i3) = (g % dst.ne[2], g / dst.ne[2]);
         if let Some(m) = mask {
+            // SAFETY: a row of a resolved operand (operands never overlap the fresh
+            // destination; checked through `alias`), as every read below.
             unsafe { m.read_row(iq, 0, 0, mrow) };
         }
-        let masked = |j: usize| mask.is_some() && slope * mrow[j] == f32::NEG_INFINITY;
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        for j in 0..n_kv {
-            if masked(j) {
-                continue;
-            }
-            let kp = k.row_ptr(j, hk, i3);
-            let dot = if k_f16 {
-                if k.rows_dense() && (kp as usize).is_multiple_of(2) {
-                    // SAFETY: dense, aligned F16 row of d values.
-                    let ks = unsafe { std::slice::from_raw_parts(kp as *const u16, d) };
-                    (c.k.dot_f16)(qh, ks)
-                } else {
-                    // Same products and lanes as `dot_f16`, from the exact f32 values.
-                    unsafe { k.read_row(j, hk, i3, krow) };
-                    let mut lane = [0f32; LANES];
-                    for (i, (&a, &b)) in qh.iter().zip(krow.iter()).enumerate() {
-                        lane[i % LANES] += crate::reference::f16_to_f32(a) * b;
+        for h in 0..n_head {
+            let hk = h / group;
+            let slope = alibi_slope(max_bias, h, n_head);
+            // The mask as added to scores: `slope · m` (exactly `m` for slope 1).
+            let bias: Option<&[f32]> = match mask {
+                None => None,
+                Some(_) if slope == 1.0 => Some(mrow),
+                Some(_) => {
+                    for (b, &m) in slope_mrow.iter_mut().zip(mrow.iter()) {
+                        *b = slope * m;
                     }
-                    tree16(lane)
-                }
-            } else {
-                match unsafe { k.row_f32(j, hk, i3) } {
-                    Some(ks) => (c.k.dot_f32)(qf, ks),
-                    None => {
-                        unsafe { k.read_row(j, hk, i3, krow) };
-                        (c.k.dot_f32)(qf, krow)
-                    }
+                    Some(slope_mrow)
                 }
             };
-            let mut s = dot * scale;
-            if softcap > 0.0 {
-                s = softcap * (s / softcap).tanh();
-            }
-            if mask.is_some() {
-                s += slope * mrow[j];
-            }
-            scores[j] = s;
-            lanes[j % LANES] = fmax(s, lanes[j % LANES]);
-        }
-        let mx = tree16_max(lanes);
-        let mut sum = [0f32; LANES];
-        acc.fill(0.0);
-        for j in 0..n_kv {
-            if masked(j) {
+            let masked = |j: usize| bias.is_some_and(|b| b[j] == f32::NEG_INFINITY);
+            let Some(lo) = (0..n_kv).find(|&j| !masked(j)) else {
+                acc.fill(0.0);
+                // SAFETY: destination row (h, iq, i3), this thread's alone.
+                unsafe { dst.write_row(h, iq, i3, acc) };
                 continue;
+            };
+            let hi = 1 + (lo..n_kv).rev().find(|&j| !masked(j)).unwrap_or(lo);
+            let lo16 = lo - lo % LANES;
+            unsafe { q.read_row(iq, h, i3, qf) };
+            if k_f16 {
+                (c.k.f32_to_f16)(qf, qh);
             }
-            let w = exp(scores[j] - mx);
-            sum[j % LANES] += w;
-            let vp = v.row_ptr(j, hk, i3);
-            if v.dtype == DType::F16 && v.rows_dense() && (vp as usize).is_multiple_of(2) {
-                // SAFETY: dense aligned F16 row of dv values.
-                let vs = unsafe { std::slice::from_raw_parts(vp as *const u16, dv) };
-                (c.k.axpy_f16)(acc, w, vs);
-            } else {
-                let vs: &[f32] = match unsafe { v.row_f32(j, hk, i3) } {
-                    Some(s) => s,
+            scores[lo16..hi].fill(f32::NEG_INFINITY);
+            for (a, b) in unmasked_runs(bias, lo, hi) {
+                let run = &mut scores[a..b];
+                match unsafe { f16_rows(&k, a, hk, i3, (b - a - 1) * k_stride + d) } {
+                    Some(rows) => (c.k.dots_f16)(qh, rows, k_stride, run),
                     None => {
-                        unsafe { v.read_row(j, hk, i3, vrow) };
-                        vrow
+                        for (j, s) in (a..b).zip(run.iter_mut()) {
+                            *s = key_dot(c, &k, j, hk, i3, qf, qh, krow);
+                        }
                     }
-                };
-                (c.k.axpy_f32)(acc, w, vs);
+                }
+                for (j, s) in (a..b).zip(run.iter_mut()) {
+                    let mut x = *s * scale;
+                    if softcap > 0.0 {
+                        x = softcap * (x / softcap).tanh();
+                    }
+                    if let Some(bias) = bias {
+                        x += bias[j];
+                    }
+                    *s = x;
+                }
             }
+            // 16-aligned, so lane i of the kernels is lane j % 16 of the definition.
+            let window = &mut scores[lo16..hi];
+            let mx = (c.k.max)(window);
+            let sum = (c.k.exp_shift_sum)(window, mx);
+            acc.fill(0.0);
+            for (a, b) in unmasked_runs(bias, lo, hi) {
+                let w = &scores[a..b];
+                match unsafe { f16_rows(&v, a, hk, i3, (b - a - 1) * v_stride + dv) } {
+                    Some(rows) => (c.k.axpy_f16_rows)(acc, w, rows, v_stride),
+                    None => {
+                        for (j, &wj) in (a..b).zip(w.iter()) {
+                            match unsafe { v.row_f32(j, hk, i3) } {
+                                Some(vs) => (c.k.axpy_f32)(acc, wj, vs),
+                                None => {
+                                    unsafe { v.read_row(j, hk, i3, vrow) };
+                                    (c.k.axpy_f32)(acc, wj, vrow);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            for a in acc.iter_mut() {
+                *a *= inv;
+            }
+            // SAFETY: destination row (h, iq, i3), this thread's alone.
+            unsafe { dst.write_row(h, iq, i3, acc) };
         }
-        let s = tree16(sum);
-        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-        for a in acc.iter_mut() {
-            *a *= inv;
-        }
-        // SAFETY: destination row r, this thread's alone.
-        unsafe { dst.write_row(h, iq, i3, acc) };
     }
     Ok(())
+}
+
+/// The unscaled score of key row `(j, hk, i3)` for a query given as f32 (`qf`) and as f16
+/// bits (`qh`, used when K is F16), for K rows the multi-row kernel cannot read.
+#[allow(clippy::too_many_arguments)]
+fn key_dot(
+    c: &NodeCtx<'_>,
+    k: &TView,
+    j: usize,
+    hk: usize,
+    i3: usize,
+    qf: &[f32],
+    qh: &[u16],
+    krow: &mut [f32],
+) -> f32 {
+    // SAFETY (reads): a row of a resolved operand tensor.
+    if k.dtype == DType::F16 {
+        // Same products and lanes as `dot_f16`, from the exact f32 values.
+        unsafe { k.read_row(j, hk, i3, krow) };
+        let mut lane = [0f32; LANES];
+        for (i, (&a, &b)) in qh.iter().zip(krow.iter()).enumerate() {
+            lane[i % LANES] += crate::reference::f16_to_f32(a) * b;
+        }
+        tree16(lane)
+    } else {
+        match unsafe { k.row_f32(j, hk, i3) } {
+            Some(ks) => (c.k.dot_f32)(qf, ks),
+            None => {
+                unsafe { k.read_row(j, hk, i3, krow) };
+                (c.k.dot_f32)(qf, krow)
+            }
+        }
+    }
 }

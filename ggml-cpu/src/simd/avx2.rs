@@ -12,7 +12,6 @@ use crate::reference as r;
 pub(crate) static KERNELS: Kernels = Kernels {
     isa: Isa::Avx2,
     dot_f32,
-    dot_f16,
     sum_sq,
     max,
     exp_shift_sum,
@@ -20,7 +19,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     swiglu,
     f32_to_f16,
     axpy_f32,
-    axpy_f16,
+    dots_f16,
+    axpy_f16_rows,
     quantize,
     mm,
     pack,
@@ -28,6 +28,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
 };
 
 x86_quant!("avx2,fma,f16c", dot_u, dot_s);
+
+rows_by_loop!(dot_f16, axpy_f16);
 
 /// `acc` plus the dots of each lane's 4 u8 of `x` with its 4 i8 of `y` (u8 ≤ 31 here, so
 /// `maddubs` never saturates).

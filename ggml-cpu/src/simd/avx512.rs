@@ -12,7 +12,6 @@ use crate::reference as r;
 pub(crate) static KERNELS: Kernels = Kernels {
     isa: Isa::Avx512,
     dot_f32,
-    dot_f16,
     sum_sq,
     max,
     exp_shift_sum,
@@ -20,7 +19,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     swiglu,
     f32_to_f16,
     axpy_f32,
-    axpy_f16,
+    dots_f16,
+    axpy_f16_rows,
     quantize: super::avx2::KERNELS.quantize,
     mm,
     pack: super::avx2::KERNELS.pack,
@@ -371,7 +371,6 @@ macro_rules! safe {
 
 safe! {
     fn dot_f32(x: &[f32], y: &[f32]) -> f32 = dot_f32_imp;
-    fn dot_f16(x: &[u16], y: &[u16]) -> f32 = dot_f16_imp;
     fn sum_sq(x: &[f32]) -> f32 = sum_sq_imp;
     fn max(x: &[f32]) -> f32 = max_imp;
     fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 = exp_shift_sum_imp;
@@ -379,7 +378,8 @@ safe! {
     fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) = swiglu_imp;
     fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
     fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
-    fn axpy_f16(acc: &mut [f32], w: f32, v: &[u16]) = axpy_f16_imp;
+    fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
+    fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) = axpy_f16_rows_imp;
     fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
     fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
 }
@@ -626,24 +626,139 @@ unsafe fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
     }
 }
 
+/// Reduces 16 accumulators at once, each exactly as [`r::tree16`] (`l += l+8`,
+/// `l += l+4`, `l += l+2`, `l0 + l1`, the same additions of the same operands); the sum of
+/// `a[t]` ends in lane `t`.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u16]) {
-    let n = acc.len().min(v.len());
-    let wv = _mm512_set1_ps(w);
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: 16 values at i in both.
-        unsafe {
-            let p = acc.as_mut_ptr().add(i);
-            _mm512_storeu_ps(
-                p,
-                _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f16(v.as_ptr().add(i)))),
-            );
-        }
-        i += 16;
+unsafe fn tree16_x16(a: &[__m512; 16]) -> __m512 {
+    // l += l+8, for accumulators 2m (low 256 bits) and 2m+1 (high 256 bits).
+    let mut s8 = [_mm512_setzero_ps(); 8];
+    for (m, s) in s8.iter_mut().enumerate() {
+        let (x, y) = (a[2 * m], a[2 * m + 1]);
+        *s = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(x, y),
+            _mm512_shuffle_f32x4::<0xEE>(x, y),
+        );
     }
-    for j in i..n {
-        acc[j] += w * r::f16_to_f32(v[j]);
+    // l += l+4: 128-bit chunk c of s4[p] holds accumulator 4p+c.
+    let mut s4 = [_mm512_setzero_ps(); 4];
+    for (p, s) in s4.iter_mut().enumerate() {
+        let (x, y) = (s8[2 * p], s8[2 * p + 1]);
+        *s = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(x, y),
+            _mm512_shuffle_f32x4::<0xDD>(x, y),
+        );
+    }
+    // l += l+2: chunk c of s2[q] holds accumulators 8q+c (lanes 0-1) and 8q+4+c (2-3).
+    let mut s2 = [_mm512_setzero_ps(); 2];
+    for (q, s) in s2.iter_mut().enumerate() {
+        let (x, y) = (s4[2 * q], s4[2 * q + 1]);
+        *s = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(x, y),
+            _mm512_shuffle_ps::<0xEE>(x, y),
+        );
+    }
+    // l0 + l1: chunk c holds accumulators c, 4+c, 8+c, 12+c.
+    let (x, y) = (s2[0], s2[1]);
+    let t = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(x, y),
+        _mm512_shuffle_ps::<0xDD>(x, y),
+    );
+    // Lane 4c+u holds accumulator 4u+c: transpose the 4x4.
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(idx, t)
+}
+
+/// 16 f16 values at `p`, or the first `n < 16` of them and zeros.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn ld_f16_part(p: *const u16, n: usize) -> __m512 {
+    let m: __mmask16 = if n >= 16 { 0xffff } else { (1u16 << n) - 1 };
+    // SAFETY: the first `n` values at p are readable (caller); the rest are not touched.
+    unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
+    let (d, n) = (q.len(), out.len());
+    if n == 0 {
+        return;
+    }
+    assert!(k.len() >= (n - 1) * stride + d, "key rows out of bounds");
+    let kp = k.as_ptr();
+    let mut j0 = 0;
+    while j0 < n {
+        let nk = (n - j0).min(16);
+        // Rows past the run repeat its last row; their sums are not stored.
+        let rows: [*const u16; 16] =
+            core::array::from_fn(|t| kp.wrapping_add((j0 + t.min(nk - 1)) * stride));
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut i = 0;
+        while i < d {
+            // Lanes past `d` load zeros: `+0` leaves a lane that started at `+0` unchanged,
+            // as the reference, which adds nothing there.
+            let w = d - i;
+            // SAFETY: `w` values at i in the query and in every row (bounds asserted).
+            unsafe {
+                let qv = ld_f16_part(q.as_ptr().add(i), w);
+                for (a, r) in acc.iter_mut().zip(rows.iter()) {
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, ld_f16_part(r.add(i), w)));
+                }
+            }
+            i += 16;
+        }
+        // SAFETY: same features; `nk` floats of room at j0.
+        unsafe {
+            let sums = tree16_x16(&acc);
+            let m: __mmask16 = if nk == 16 { 0xffff } else { (1u16 << nk) - 1 };
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(j0), m, sums);
+        }
+        j0 += nk;
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn axpy_f16_rows_imp(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
+    let (d, n) = (acc.len(), w.len());
+    if n == 0 {
+        return;
+    }
+    assert!(v.len() >= (n - 1) * stride + d, "value rows out of bounds");
+    // Four registers of the accumulator at a time stay in registers across all rows.
+    let mut c0 = 0;
+    while c0 < d {
+        let width = (d - c0).min(64);
+        let parts = width.div_ceil(16);
+        let masks: [__mmask16; 4] = core::array::from_fn(|p| {
+            let left = width.saturating_sub(16 * p);
+            if left >= 16 {
+                0xffff
+            } else {
+                (1u16 << left) - 1
+            }
+        });
+        // SAFETY (loads and stores below): `width` values at c0 in the accumulator and in
+        // every value row (bounds asserted); masked lanes are not touched.
+        let mut regs = [_mm512_setzero_ps(); 4];
+        let (a, masks) = (&mut regs[..parts], &masks[..parts]);
+        for (p, (ap, &m)) in a.iter_mut().zip(masks).enumerate() {
+            *ap = unsafe { _mm512_maskz_loadu_ps(m, acc.as_ptr().add(c0 + 16 * p)) };
+        }
+        for (j, &wj) in w.iter().enumerate() {
+            let wv = _mm512_set1_ps(wj);
+            let row = v.as_ptr().wrapping_add(j * stride + c0);
+            for (p, (ap, &m)) in a.iter_mut().zip(masks).enumerate() {
+                let x = unsafe {
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row.add(16 * p) as *const i16))
+                };
+                *ap = _mm512_add_ps(*ap, _mm512_mul_ps(wv, x));
+            }
+        }
+        for (p, (ap, &m)) in a.iter_mut().zip(masks).enumerate() {
+            unsafe { _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * p), m, *ap) };
+        }
+        c0 += width;
     }
 }
 

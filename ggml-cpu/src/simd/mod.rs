@@ -5,6 +5,26 @@
 //! same order per output element (vectorised across independent lanes or elements only).
 //! Integer parts of quantised dots are exact, so they may be vectorised freely.
 
+/// Defines `dots_f16` and `axpy_f16_rows` as loops over a level's `dot_f16` and
+/// `axpy_f16`, for levels without dedicated multi-row kernels.
+macro_rules! rows_by_loop {
+    ($dot:path, $axpy:path) => {
+        fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
+            let d = q.len();
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = $dot(q, &k[j * stride..j * stride + d]);
+            }
+        }
+
+        fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
+            let d = acc.len();
+            for (j, &wj) in w.iter().enumerate() {
+                $axpy(acc, wj, &v[j * stride..j * stride + d]);
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 #[macro_use]
 mod x86_quant;
@@ -32,8 +52,6 @@ pub(crate) struct Kernels {
     pub isa: Isa,
     /// [`crate::reference::dot_f32`].
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
-    /// [`crate::reference::dot_f16`].
-    pub dot_f16: fn(&[u16], &[u16]) -> f32,
     /// [`crate::reference::sum_sq`].
     pub sum_sq: fn(&[f32]) -> f32,
     /// [`crate::reference::max`].
@@ -48,8 +66,12 @@ pub(crate) struct Kernels {
     pub f32_to_f16: fn(&[f32], &mut [u16]),
     /// `acc_i = acc_i + w * v_i`.
     pub axpy_f32: fn(&mut [f32], f32, &[f32]),
-    /// `acc_i = acc_i + w * f32(v_i)` for f16 bits `v`.
-    pub axpy_f16: fn(&mut [f32], f32, &[u16]),
+    /// `out[j] = dot_f16(q, k[j*stride..][..q.len()])` for every `j < out.len()`: one
+    /// query against a run of equally spaced key rows (attention scores).
+    pub dots_f16: fn(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]),
+    /// `axpy_f16(acc, w[j], v[j*stride..][..acc.len()])` for `j = 0, 1, ...` in order: a
+    /// weighted sum of equally spaced value rows (attention output).
+    pub axpy_f16_rows: fn(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize),
     /// Quantises activations to Q8_0, Q8_1 or Q8_K exactly as ggml-core's reference.
     pub quantize: fn(DType, &[f32], &mut [u8]),
     /// The mul_mat tile for weights of a dtype.

@@ -9,7 +9,6 @@ use crate::reference as r;
 pub(crate) static KERNELS: Kernels = Kernels {
     isa: Isa::Scalar,
     dot_f32: r::dot_f32,
-    dot_f16: r::dot_f16,
     sum_sq: r::sum_sq,
     max: r::max,
     exp_shift_sum: r::exp_shift_sum,
@@ -17,12 +16,15 @@ pub(crate) static KERNELS: Kernels = Kernels {
     swiglu,
     f32_to_f16,
     axpy_f32,
-    axpy_f16,
+    dots_f16,
+    axpy_f16_rows,
     quantize,
     mm,
     pack,
     gemv: super::no_gemv,
 };
+
+rows_by_loop!(r::dot_f16, axpy_f16);
 
 /// The portable level uses the standard Q8_0/Q8_1 layout.
 pub(crate) fn pack(_w: DType) -> Option<super::Packer> {

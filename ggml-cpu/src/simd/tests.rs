@@ -63,7 +63,11 @@ fn f32_reductions_match_reference(#[values(1, 2)] seed: u64) {
                 y.iter().map(|&v| r::f32_to_f16(v)).collect(),
             );
             assert_eq!(
-                (k.dot_f16)(&xh, &yh).to_bits(),
+                {
+                    let mut o = [0f32];
+                    (k.dots_f16)(&xh, &yh, n, &mut o);
+                    o[0].to_bits()
+                },
                 r::dot_f16(&xh, &yh).to_bits(),
                 "{:?} dot_f16 {n}",
                 k.isa
@@ -114,9 +118,45 @@ fn exp_family_matches_reference(#[values(1, 2, 3)] seed: u64) {
         super::scalar::axpy_f32(&mut acc2, 0.37, &x);
         assert_eq!(bits(&acc1), bits(&acc2), "{:?} axpy", k.isa);
         let xh: Vec<u16> = y.iter().map(|&v| r::f32_to_f16(v)).collect();
-        (k.axpy_f16)(&mut acc1, -1.5, &xh);
+        (k.axpy_f16_rows)(&mut acc1, &[-1.5], &xh, 0);
         super::scalar::axpy_f16(&mut acc2, -1.5, &xh);
         assert_eq!(bits(&acc1), bits(&acc2), "{:?} axpy_f16", k.isa);
+    }
+}
+
+/// The multi-row attention kernels against one `dot_f16` / `axpy_f16` per row, with row
+/// lengths that are and are not multiples of 16 and runs shorter and longer than 16 rows.
+#[rstest]
+fn attention_row_kernels_match_reference(
+    #[values(1, 7, 16, 17, 64, 100)] d: usize,
+    #[values(0, 1, 5, 16, 17, 40)] n: usize,
+) {
+    let mut rng = Rng::new((d * 100 + n) as u64);
+    let stride = d + 3;
+    let half = |x: Vec<f32>| -> Vec<u16> { x.iter().map(|&v| r::f32_to_f16(v)).collect() };
+    let q = half(rng.vec(d, 2.0));
+    let rows = half(rng.vec(n.max(1) * stride, 2.0));
+    let w = rng.vec(n, 1.0);
+    let acc0 = rng.vec(d, 1.0);
+    let want: Vec<f32> = (0..n)
+        .map(|j| r::dot_f16(&q, &rows[j * stride..j * stride + d]))
+        .collect();
+    let mut want_acc = acc0.clone();
+    for (j, &wj) in w.iter().enumerate() {
+        super::scalar::axpy_f16(&mut want_acc, wj, &rows[j * stride..j * stride + d]);
+    }
+    for k in all_tables() {
+        let mut out = vec![f32::NAN; n];
+        (k.dots_f16)(&q, &rows, stride, &mut out);
+        assert_eq!(bits(&out), bits(&want), "{:?} dots_f16 d={d} n={n}", k.isa);
+        let mut acc = acc0.clone();
+        (k.axpy_f16_rows)(&mut acc, &w, &rows, stride);
+        assert_eq!(
+            bits(&acc),
+            bits(&want_acc),
+            "{:?} axpy_f16_rows d={d} n={n}",
+            k.isa
+        );
     }
 }
 
