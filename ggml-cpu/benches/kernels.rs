@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ggml_core::{AttnParams, Backend, Context, DType, DataRef, RopeParams, Tensor, TensorId};
-use ggml_cpu::{CpuBackend, CpuBackendOptions};
+use ggml_cpu::{CpuBackend, CpuBackendOptions, Isa};
 
 struct Rng(u64);
 impl Rng {
@@ -81,7 +81,8 @@ fn run(be: &CpuBackend, g: &Graph) {
     be.synchronize().unwrap();
 }
 
-/// The backend under test: `GGML_CPU_BENCH_THREADS` threads (default: all cores).
+/// The backend under test: `GGML_CPU_BENCH_THREADS` threads (default: all cores) at the
+/// instruction-set level named by `GGML_CPU_BENCH_ISA` (default: the best available).
 fn backend() -> CpuBackend {
     let mut o = CpuBackendOptions::default();
     if let Some(n) = std::env::var("GGML_CPU_BENCH_THREADS")
@@ -89,6 +90,13 @@ fn backend() -> CpuBackend {
         .and_then(|v| v.parse().ok())
     {
         o.n_threads = n;
+    }
+    if let Ok(name) = std::env::var("GGML_CPU_BENCH_ISA") {
+        let isa = Isa::available().into_iter().find(|i| i.name() == name);
+        o.isa = Some(isa.unwrap_or_else(|| {
+            let names: Vec<_> = Isa::available().iter().map(|i| i.name()).collect();
+            panic!("GGML_CPU_BENCH_ISA={name}: not one of the available {names:?}")
+        }));
     }
     CpuBackend::new(o).unwrap()
 }

@@ -29,8 +29,6 @@ pub(crate) static KERNELS: Kernels = Kernels {
 
 x86_quant!("avx2,fma,f16c", dot_u, dot_s);
 
-rows_by_loop!(dot_f16, axpy_f16);
-
 /// `acc` plus the dots of each lane's 4 u8 of `x` with its 4 i8 of `y` (u8 ≤ 31 here, so
 /// `maddubs` never saturates).
 #[inline]
@@ -71,7 +69,6 @@ macro_rules! safe {
 
 safe! {
     fn dot_f32(x: &[f32], y: &[f32]) -> f32 = dot_f32_imp;
-    fn dot_f16(x: &[u16], y: &[u16]) -> f32 = dot_f16_imp;
     fn sum_sq(x: &[f32]) -> f32 = sum_sq_imp;
     fn max(x: &[f32]) -> f32 = max_imp;
     fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 = exp_shift_sum_imp;
@@ -79,7 +76,8 @@ safe! {
     fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) = swiglu_imp;
     fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
     fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
-    fn axpy_f16(acc: &mut [f32], w: f32, v: &[u16]) = axpy_f16_imp;
+    fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
+    fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) = axpy_f16_rows_imp;
     fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
     fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
 }
@@ -323,24 +321,120 @@ unsafe fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
     }
 }
 
+/// Reduces the 16-lane accumulators (lanes 0-7 in `lo`, 8-15 in `hi`) of 4 dots, each
+/// exactly as [`r::tree16`]: `l += l+8`, `l += l+4`, `l += l+2`, `l0 + l1`, the same
+/// additions of the same operands.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u16]) {
-    let n = acc.len().min(v.len());
-    let wv = _mm256_set1_ps(w);
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: 8 values at i in both.
-        unsafe {
-            let p = acc.as_mut_ptr().add(i);
-            _mm256_storeu_ps(
-                p,
-                _mm256_add_ps(ld_f32(p), _mm256_mul_ps(wv, ld_f16(v.as_ptr().add(i)))),
-            );
-        }
-        i += 8;
+unsafe fn tree16_x4(lo: &[__m256; 4], hi: &[__m256; 4]) -> [f32; 4] {
+    let s = [
+        _mm256_add_ps(lo[0], hi[0]),
+        _mm256_add_ps(lo[1], hi[1]),
+        _mm256_add_ps(lo[2], hi[2]),
+        _mm256_add_ps(lo[3], hi[3]),
+    ];
+    // l += l+4: dots 2p (low 128 bits) and 2p+1 (high 128 bits) in u[p].
+    let u = [
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(s[0], s[1]),
+            _mm256_permute2f128_ps::<0x31>(s[0], s[1]),
+        ),
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(s[2], s[3]),
+            _mm256_permute2f128_ps::<0x31>(s[2], s[3]),
+        ),
+    ];
+    // l += l+2: the low 128 bits hold dots 0 (lanes 0-1) and 2 (2-3), the high 1 and 3.
+    let v = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x44>(u[0], u[1]),
+        _mm256_shuffle_ps::<0xEE>(u[0], u[1]),
+    );
+    // l0 + l1: lanes 0, 1, 4, 5 hold dots 0, 2, 1, 3.
+    let t = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(v, v),
+        _mm256_shuffle_ps::<0xDD>(v, v),
+    );
+    let mut l = [0f32; 8];
+    // SAFETY: 8 floats of room.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), t) };
+    [l[0], l[4], l[1], l[5]]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
+    let (d, n) = (q.len(), out.len());
+    if n == 0 {
+        return;
     }
-    for j in i..n {
-        acc[j] += w * r::f16_to_f32(v[j]);
+    assert!(k.len() >= (n - 1) * stride + d, "key rows out of bounds");
+    if !d.is_multiple_of(16) {
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: same features.
+            *o = unsafe { dot_f16_imp(q, &k[j * stride..j * stride + d]) };
+        }
+        return;
+    }
+    let kp = k.as_ptr();
+    let mut j0 = 0;
+    while j0 < n {
+        let nk = (n - j0).min(4);
+        // Rows past the run repeat its last row; their sums are not stored.
+        let rows = [0, 1, 2, 3].map(|t| kp.wrapping_add((j0 + t.min(nk - 1)) * stride));
+        let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+        let mut i = 0;
+        while i < d {
+            // SAFETY: 16 values at i in the query and in every row (bounds asserted, d a
+            // multiple of 16).
+            unsafe {
+                let (q0, q1) = (ld_f16(q.as_ptr().add(i)), ld_f16(q.as_ptr().add(i + 8)));
+                for t in 0..4 {
+                    lo[t] = _mm256_add_ps(lo[t], _mm256_mul_ps(q0, ld_f16(rows[t].add(i))));
+                    hi[t] = _mm256_add_ps(hi[t], _mm256_mul_ps(q1, ld_f16(rows[t].add(i + 8))));
+                }
+            }
+            i += 16;
+        }
+        // SAFETY: same features.
+        let sums = unsafe { tree16_x4(&lo, &hi) };
+        out[j0..j0 + nk].copy_from_slice(&sums[..nk]);
+        j0 += nk;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_f16_rows_imp(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
+    let (d, n) = (acc.len(), w.len());
+    if n == 0 {
+        return;
+    }
+    assert!(v.len() >= (n - 1) * stride + d, "value rows out of bounds");
+    // Up to eight registers of the accumulator stay in registers across all rows.
+    let mut c0 = 0;
+    while c0 + 8 <= d {
+        let parts = ((d - c0) / 8).min(8);
+        let mut regs = [_mm256_setzero_ps(); 8];
+        let a = &mut regs[..parts];
+        // SAFETY (loads and stores below): 8·parts values at c0 in the accumulator and in
+        // every value row (bounds asserted).
+        for (p, ap) in a.iter_mut().enumerate() {
+            *ap = unsafe { ld_f32(acc.as_ptr().add(c0 + 8 * p)) };
+        }
+        for (j, &wj) in w.iter().enumerate() {
+            let wv = _mm256_set1_ps(wj);
+            let row = v.as_ptr().wrapping_add(j * stride + c0);
+            for (p, ap) in a.iter_mut().enumerate() {
+                *ap = _mm256_add_ps(*ap, _mm256_mul_ps(wv, unsafe { ld_f16(row.add(8 * p)) }));
+            }
+        }
+        for (p, ap) in a.iter().enumerate() {
+            unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(c0 + 8 * p), *ap) };
+        }
+        c0 += 8 * parts;
+    }
+    for (c, x) in acc.iter_mut().enumerate().skip(c0) {
+        for (j, &wj) in w.iter().enumerate() {
+            *x += wj * r::f16_to_f32(v[j * stride + c]);
+        }
     }
 }
 

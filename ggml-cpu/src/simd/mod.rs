@@ -5,26 +5,6 @@
 //! same order per output element (vectorised across independent lanes or elements only).
 //! Integer parts of quantised dots are exact, so they may be vectorised freely.
 
-/// Defines `dots_f16` and `axpy_f16_rows` as loops over a level's `dot_f16` and
-/// `axpy_f16`, for levels without dedicated multi-row kernels.
-macro_rules! rows_by_loop {
-    ($dot:path, $axpy:path) => {
-        fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
-            let d = q.len();
-            for (j, o) in out.iter_mut().enumerate() {
-                *o = $dot(q, &k[j * stride..j * stride + d]);
-            }
-        }
-
-        fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
-            let d = acc.len();
-            for (j, &wj) in w.iter().enumerate() {
-                $axpy(acc, wj, &v[j * stride..j * stride + d]);
-            }
-        }
-    };
-}
-
 #[cfg(target_arch = "x86_64")]
 #[macro_use]
 mod x86_quant;

@@ -24,7 +24,19 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv: super::no_gemv,
 };
 
-rows_by_loop!(r::dot_f16, axpy_f16);
+fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
+    let d = q.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = r::dot_f16(q, &k[j * stride..j * stride + d]);
+    }
+}
+
+fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
+    let d = acc.len();
+    for (j, &wj) in w.iter().enumerate() {
+        axpy_f16(acc, wj, &v[j * stride..j * stride + d]);
+    }
+}
 
 /// The portable level uses the standard Q8_0/Q8_1 layout.
 pub(crate) fn pack(_w: DType) -> Option<super::Packer> {
