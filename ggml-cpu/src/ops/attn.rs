@@ -16,6 +16,7 @@ use ggml_core::{DType, Tensor};
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference::{alibi_slope, tree16, LANES};
+use crate::simd::rows_span;
 
 /// Per-thread scratch bytes.
 pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor]) -> usize {
@@ -50,6 +51,14 @@ fn unmasked_runs(
         }
         Some((a, j))
     })
+}
+
+/// The first and one past the last unmasked position of `n`, if any.
+fn unmasked_window(bias: Option<&[f32]>, n: usize) -> Option<(usize, usize)> {
+    let masked = |j: usize| bias.is_some_and(|b| b[j] == f32::NEG_INFINITY);
+    let lo = (0..n).find(|&j| !masked(j))?;
+    let hi = 1 + (lo..n).rev().find(|&j| !masked(j)).unwrap_or(lo);
+    Some((lo, hi))
 }
 
 /// `len` u16 values from row `(i1, i2, i3)` on, rows `nb[1]` bytes apart, if the tensor
@@ -112,6 +121,8 @@ pub(crate) fn run(
             // destination; checked through `alias`), as every read below.
             unsafe { m.read_row(iq, 0, 0, mrow) };
         }
+        // Without ALiBi every head adds the same mask, so they share one window.
+        let shared = (max_bias <= 0.0).then(|| unmasked_window(mask.map(|_| &*mrow), n_kv));
         for h in 0..n_head {
             let hk = h / group;
             let slope = alibi_slope(max_bias, h, n_head);
@@ -126,14 +137,13 @@ pub(crate) fn run(
                     Some(slope_mrow)
                 }
             };
-            let masked = |j: usize| bias.is_some_and(|b| b[j] == f32::NEG_INFINITY);
-            let Some(lo) = (0..n_kv).find(|&j| !masked(j)) else {
+            let window = shared.unwrap_or_else(|| unmasked_window(bias, n_kv));
+            let Some((lo, hi)) = window else {
                 acc.fill(0.0);
                 // SAFETY: destination row (h, iq, i3), this thread's alone.
                 unsafe { dst.write_row(h, iq, i3, acc) };
                 continue;
             };
-            let hi = 1 + (lo..n_kv).rev().find(|&j| !masked(j)).unwrap_or(lo);
             let lo16 = lo - lo % LANES;
             unsafe { q.read_row(iq, h, i3, qf) };
             if k_f16 {
@@ -142,7 +152,7 @@ pub(crate) fn run(
             scores[lo16..hi].fill(f32::NEG_INFINITY);
             for (a, b) in unmasked_runs(bias, lo, hi) {
                 let run = &mut scores[a..b];
-                match unsafe { f16_rows(&k, a, hk, i3, (b - a - 1) * k_stride + d) } {
+                match unsafe { f16_rows(&k, a, hk, i3, rows_span(b - a, k_stride, d)) } {
                     Some(rows) => (c.k.dots_f16)(qh, rows, k_stride, run),
                     None => {
                         for (j, s) in (a..b).zip(run.iter_mut()) {
@@ -168,7 +178,7 @@ pub(crate) fn run(
             acc.fill(0.0);
             for (a, b) in unmasked_runs(bias, lo, hi) {
                 let w = &scores[a..b];
-                match unsafe { f16_rows(&v, a, hk, i3, (b - a - 1) * v_stride + dv) } {
+                match unsafe { f16_rows(&v, a, hk, i3, rows_span(b - a, v_stride, dv)) } {
                     Some(rows) => (c.k.axpy_f16_rows)(acc, w, rows, v_stride),
                     None => {
                         for (j, &wj) in (a..b).zip(w.iter()) {

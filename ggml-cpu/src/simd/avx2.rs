@@ -363,10 +363,10 @@ unsafe fn tree16_x4(lo: &[__m256; 4], hi: &[__m256; 4]) -> [f32; 4] {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
     let (d, n) = (q.len(), out.len());
-    if n == 0 {
-        return;
-    }
-    assert!(k.len() >= (n - 1) * stride + d, "key rows out of bounds");
+    assert!(
+        k.len() >= super::rows_span(n, stride, d),
+        "key rows out of bounds"
+    );
     if !d.is_multiple_of(16) {
         for (j, o) in out.iter_mut().enumerate() {
             // SAFETY: same features.
@@ -404,10 +404,10 @@ unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn axpy_f16_rows_imp(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
     let (d, n) = (acc.len(), w.len());
-    if n == 0 {
-        return;
-    }
-    assert!(v.len() >= (n - 1) * stride + d, "value rows out of bounds");
+    assert!(
+        v.len() >= super::rows_span(n, stride, d),
+        "value rows out of bounds"
+    );
     // Up to eight registers of the accumulator stay in registers across all rows.
     let mut c0 = 0;
     while c0 + 8 <= d {

@@ -682,10 +682,10 @@ unsafe fn ld_f16_part(p: *const u16, n: usize) -> __m512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
     let (d, n) = (q.len(), out.len());
-    if n == 0 {
-        return;
-    }
-    assert!(k.len() >= (n - 1) * stride + d, "key rows out of bounds");
+    assert!(
+        k.len() >= super::rows_span(n, stride, d),
+        "key rows out of bounds"
+    );
     let kp = k.as_ptr();
     let mut j0 = 0;
     while j0 < n {
@@ -721,10 +721,10 @@ unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn axpy_f16_rows_imp(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
     let (d, n) = (acc.len(), w.len());
-    if n == 0 {
-        return;
-    }
-    assert!(v.len() >= (n - 1) * stride + d, "value rows out of bounds");
+    assert!(
+        v.len() >= super::rows_span(n, stride, d),
+        "value rows out of bounds"
+    );
     // Four registers of the accumulator at a time stay in registers across all rows.
     let mut c0 = 0;
     while c0 < d {

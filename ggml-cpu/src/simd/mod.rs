@@ -77,6 +77,15 @@ pub(crate) struct Gemv {
     pub rows: GemvRows,
 }
 
+/// Values spanned by `n` rows of `len` values whose starts are `stride` apart (0 for no
+/// rows): what [`Kernels::dots_f16`] and [`Kernels::axpy_f16_rows`] read.
+pub(crate) fn rows_span(n: usize, stride: usize, len: usize) -> usize {
+    match n {
+        0 => 0,
+        _ => (n - 1) * stride + len,
+    }
+}
+
 /// No gemv kernel: mul_mat uses the tiles for every shape.
 pub(crate) fn no_gemv(_w: DType) -> Option<Gemv> {
     None

@@ -35,6 +35,31 @@ impl Pinned<'_, '_> {
         }
         Ok(acc)
     }
+
+    /// The exact row-split product on `nd` devices: each all-gathers `parts` (named
+    /// `names[0]`), multiplies by its rows of the weight `rows(d)` (`names[1]`), and the
+    /// products are all-gathered again (`names[2]`); returns the result per device.
+    fn row_split_mul_mat(
+        &mut self,
+        parts: &[TensorId],
+        nd: usize,
+        rows: impl Fn(usize) -> TensorId,
+        names: &[String; 3],
+    ) -> Result<Vec<TensorId>> {
+        let mut products = Vec::with_capacity(nd);
+        for d in 0..nd {
+            self.dev = d;
+            let x = self.gather(parts, &names[0])?;
+            let p = self.ctx.mul_mat(rows(d), x)?;
+            products.push(self.pin(p, &names[1])?);
+        }
+        let mut full = Vec::with_capacity(nd);
+        for d in 0..nd {
+            self.dev = d;
+            full.push(self.gather(&products, &names[2])?);
+        }
+        Ok(full)
+    }
 }
 
 /// Adds up the partial sums `parts` (device, tensor) so that every one of the `nd`
@@ -248,20 +273,9 @@ pub fn build_forward_tp(
         } else {
             // All-gather the heads, project by output rows, all-gather the rows.
             let heads: Vec<TensorId> = attn_out.iter().map(|&(_, o)| o).collect();
-            let mut proj = Vec::with_capacity(nd);
-            for d in 0..nd {
-                b.dev = d;
-                let o = b.gather(&heads, &name("attn_gather"))?;
-                let wo = tp.layers[il][d].wo.expect("every device has rows of wo");
-                let p = b.ctx.mul_mat(wo, o)?;
-                proj.push(b.pin(p, &name("attn_proj"))?);
-            }
-            let mut full = Vec::with_capacity(nd);
-            for d in 0..nd {
-                b.dev = d;
-                full.push(b.gather(&proj, &name("proj_gather"))?);
-            }
-            full
+            let wo = |d: usize| tp.layers[il][d].wo.expect("every device has rows of wo");
+            let names = [name("attn_gather"), name("attn_proj"), name("proj_gather")];
+            b.row_split_mul_mat(&heads, nd, wo, &names)?
         };
         let mut gate_up = Vec::with_capacity(nd);
         let mut ffn_inp = Vec::with_capacity(nd);
@@ -291,19 +305,9 @@ pub fn build_forward_tp(
             }
             all_reduce(&mut b, &partial, nd, bf16_min, &name("ffn_reduce"))?
         } else {
-            let mut down = Vec::with_capacity(nd);
-            for d in 0..nd {
-                b.dev = d;
-                let h = b.gather(&gate_up, &name("ffn_gather"))?;
-                let o = b.ctx.mul_mat(tp.layers[il][d].ffn_down, h)?;
-                down.push(b.pin(o, &name("ffn_out"))?);
-            }
-            let mut full = Vec::with_capacity(nd);
-            for d in 0..nd {
-                b.dev = d;
-                full.push(b.gather(&down, &name("out_gather"))?);
-            }
-            full
+            let down = |d: usize| tp.layers[il][d].ffn_down;
+            let names = [name("ffn_gather"), name("ffn_out"), name("out_gather")];
+            b.row_split_mul_mat(&gate_up, nd, down, &names)?
         };
         for d in 0..nd {
             b.dev = d;
