@@ -1,0 +1,201 @@
+//! The emulated machine's configuration: how many devices, how much memory each, the
+//! chaos seed, the checks and the interpreter's host threads. Read from `CUDA_SIM_*`
+//! environment variables by [`SimConfig::from_env`].
+
+use crate::fault::Checks;
+
+/// Default number of emulated devices.
+pub const DEFAULT_DEVICES: usize = 2;
+/// Default memory per device: 4 GiB.
+pub const DEFAULT_MEMORY: u64 = 4 << 30;
+/// The most devices one driver emulates (each gets its own 1 TiB address window).
+pub const MAX_DEVICES: usize = 64;
+
+/// What the emulated driver emulates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Number of devices (`CUDA_SIM_DEVICES`, default 2; 0 to 64).
+    pub devices: usize,
+    /// Bytes of device memory per device (`CUDA_SIM_MEMORY`, default 4 GiB). Only live
+    /// allocations count; memory is backed lazily, as it is touched.
+    pub memory_per_device: u64,
+    /// Seed of the chaos delays (`CUDA_SIM_CHAOS`), `None` for none: with a seed every
+    /// stream sleeps a random 0..=200 µs before half of its operations, so that the
+    /// interleaving of streams varies with the seed.
+    pub chaos_seed: Option<u64>,
+    /// The interpreter's checks (`CUDA_SIM_CHECKS`: `all`, `none`, or a comma list of
+    /// `memcheck`, `racecheck`, `synccheck`, `initcheck`).
+    pub checks: Checks,
+    /// Host threads one kernel launch may use (`CUDA_SIM_THREADS`, default: the
+    /// available parallelism).
+    pub exec_threads: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            devices: DEFAULT_DEVICES,
+            memory_per_device: DEFAULT_MEMORY,
+            chaos_seed: None,
+            checks: Checks::ALL,
+            exec_threads: default_threads(),
+        }
+    }
+}
+
+/// The host's available parallelism (1 if unknown).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl SimConfig {
+    /// The configuration the `CUDA_SIM_*` environment variables ask for (defaults for
+    /// unset ones). A bad value is an error naming the variable and the value.
+    pub fn from_env() -> Result<SimConfig, String> {
+        SimConfig::from_lookup(|name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+
+    /// As [`from_env`](SimConfig::from_env), with the variables read through `get`
+    /// (for tests, or for configuration kept elsewhere).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig, String> {
+        let mut cfg = SimConfig::default();
+        let var = |name: &str| {
+            get(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let bad = |name: &str, value: &str, want: &str| format!("{name}={value:?}: {want}");
+        if let Some(v) = var("CUDA_SIM_DEVICES") {
+            cfg.devices = v
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n <= MAX_DEVICES)
+                .ok_or_else(|| {
+                    bad(
+                        "CUDA_SIM_DEVICES",
+                        &v,
+                        &format!("expected a count from 0 to {MAX_DEVICES}"),
+                    )
+                })?;
+        }
+        if let Some(v) = var("CUDA_SIM_MEMORY") {
+            cfg.memory_per_device = parse_size(&v).filter(|&n| n > 0).ok_or_else(|| {
+                bad(
+                    "CUDA_SIM_MEMORY",
+                    &v,
+                    "expected a positive byte count with an optional K, M, G or T suffix (e.g. 4G)",
+                )
+            })?;
+        }
+        if let Some(v) = var("CUDA_SIM_CHAOS") {
+            cfg.chaos_seed = Some(parse_u64(&v).ok_or_else(|| {
+                bad(
+                    "CUDA_SIM_CHAOS",
+                    &v,
+                    "expected a seed (an unsigned integer)",
+                )
+            })?);
+        }
+        if let Some(v) = var("CUDA_SIM_CHECKS") {
+            cfg.checks = parse_checks(&v).ok_or_else(|| {
+                bad(
+                    "CUDA_SIM_CHECKS",
+                    &v,
+                    "expected all, none, or a comma list of memcheck, racecheck, synccheck, initcheck",
+                )
+            })?;
+        }
+        if let Some(v) = var("CUDA_SIM_THREADS") {
+            cfg.exec_threads = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                bad(
+                    "CUDA_SIM_THREADS",
+                    &v,
+                    "expected a thread count of 1 or more",
+                )
+            })?;
+        }
+        Ok(cfg)
+    }
+}
+
+/// A decimal or `0x` hexadecimal `u64`.
+fn parse_u64(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// A byte count with an optional binary suffix: `4096`, `64K`, `512M`, `4G`, `1T`
+/// (case-insensitive, an optional trailing `B` or `iB` allowed: `4GiB`, `4gb`).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let lower = s.trim().to_ascii_lowercase();
+    let body = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, shift) = match body.as_bytes().last()? {
+        b'k' => (&body[..body.len() - 1], 10),
+        b'm' => (&body[..body.len() - 1], 20),
+        b'g' => (&body[..body.len() - 1], 30),
+        b't' => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let digits = digits.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+/// `all`, `none`, or a comma list of check names (case-insensitive).
+pub fn parse_checks(s: &str) -> Option<Checks> {
+    let s = s.trim().to_ascii_lowercase();
+    match s.as_str() {
+        "all" => return Some(Checks::ALL),
+        "none" => return Some(Checks::NONE),
+        _ => {}
+    }
+    let mut c = Checks::NONE;
+    for name in s.split(',').map(str::trim) {
+        match name {
+            "memcheck" => c.memcheck = true,
+            "racecheck" => c.racecheck = true,
+            "synccheck" => c.synccheck = true,
+            "initcheck" => c.initcheck = true,
+            _ => return None,
+        }
+    }
+    Some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("512m"), Some(512 << 20));
+        assert_eq!(parse_size("4G"), Some(4 << 30));
+        assert_eq!(parse_size("4GiB"), Some(4 << 30));
+        assert_eq!(parse_size("2gb"), Some(2 << 30));
+        assert_eq!(parse_size("1T"), Some(1 << 40));
+        assert_eq!(parse_size("100B"), Some(100));
+        for bad in [
+            "",
+            "G",
+            "4X",
+            "-1",
+            "1.5G",
+            "4 G G",
+            "0x10",
+            "99999999999999999999T",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
+}

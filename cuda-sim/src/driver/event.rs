@@ -1,0 +1,108 @@
+//! Events: a record captures its stream's position (everything enqueued on it up to the
+//! record); a wait, query or synchronize uses the most recent record at the time of the
+//! call. An event never recorded is complete.
+
+use std::sync::{Arc, Mutex};
+
+use super::ops::Op;
+use super::stream::Dep;
+use super::{lock, read, write, Driver, EventHandle, StreamHandle};
+use crate::error::{CuError, ErrorCode};
+
+/// One event.
+pub(crate) struct EventShared {
+    pub(crate) dev: usize,
+    /// The position captured by the latest record.
+    last: Mutex<Option<Dep>>,
+}
+
+impl Driver {
+    fn event_of(&self, e: EventHandle) -> Result<Arc<EventShared>, CuError> {
+        read(&self.events)
+            .get(&e.0)
+            .cloned()
+            .ok_or_else(|| CuError::new(ErrorCode::InvalidHandle, format!("no event {}", e.0)))
+    }
+
+    /// A new event of device `dev` (`CU_EVENT_DISABLE_TIMING`), complete until recorded.
+    pub fn event_create(&self, dev: usize) -> Result<EventHandle, CuError> {
+        self.live_device(dev)?;
+        let id = self.next_id();
+        let e = EventShared {
+            dev,
+            last: Mutex::new(None),
+        };
+        write(&self.events).insert(id, Arc::new(e));
+        Ok(EventHandle(id))
+    }
+
+    /// Destroys an event. Waits that already captured it are unaffected.
+    pub fn event_destroy(&self, e: EventHandle) -> Result<(), CuError> {
+        let ev = write(&self.events)
+            .remove(&e.0)
+            .ok_or_else(|| CuError::new(ErrorCode::InvalidHandle, format!("no event {}", e.0)))?;
+        self.check_sticky(ev.dev)
+    }
+
+    /// Captures in `e` the work enqueued on `s` so far (both of one device).
+    pub fn event_record(&self, e: EventHandle, s: StreamHandle) -> Result<(), CuError> {
+        let ev = self.event_of(e)?;
+        let st = self.stream_of(s)?;
+        if ev.dev != st.dev {
+            return Err(CuError::new(
+                ErrorCode::InvalidHandle,
+                format!(
+                    "event {} of device {} recorded on a stream of device {}",
+                    e.0, ev.dev, st.dev
+                ),
+            ));
+        }
+        self.check_sticky(st.dev)?;
+        // A marker operation, so that the legacy stream's implicit ordering applies to
+        // the record like to any other operation.
+        let seq = self.enqueue(&st, Vec::new(), Op::Marker)?;
+        *lock(&ev.last) = Some(Dep { stream: st, seq });
+        Ok(())
+    }
+
+    /// `Ok` if the work captured by the latest record completed (or the event was
+    /// never recorded), `CUDA_ERROR_NOT_READY` if not.
+    pub fn event_query(&self, e: EventHandle) -> Result<(), CuError> {
+        let ev = self.event_of(e)?;
+        self.check_sticky(ev.dev)?;
+        let dep = lock(&ev.last).clone();
+        match dep {
+            Some(d) if !d.is_done() => Err(CuError::new(
+                ErrorCode::NotReady,
+                format!("event {} has not completed", e.0),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits for the work captured by the latest record.
+    pub fn event_synchronize(&self, e: EventHandle) -> Result<(), CuError> {
+        let ev = self.event_of(e)?;
+        self.check_sticky(ev.dev)?;
+        let dep = lock(&ev.last).clone();
+        if let Some(d) = dep {
+            d.wait();
+        }
+        self.check_sticky(ev.dev)
+    }
+
+    /// Makes later work on `s` wait for the work captured by `e`'s latest record as of
+    /// this call (a later record of `e` does not change it). Streams and events of
+    /// different devices may be combined.
+    pub fn stream_wait_event(&self, s: StreamHandle, e: EventHandle) -> Result<(), CuError> {
+        let st = self.stream_of(s)?;
+        let ev = self.event_of(e)?;
+        self.check_sticky(st.dev)?;
+        self.check_sticky(ev.dev)?;
+        let dep = lock(&ev.last).clone();
+        match dep {
+            Some(d) if !d.is_done() => self.enqueue(&st, vec![d], Op::Marker).map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+}

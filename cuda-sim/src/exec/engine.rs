@@ -1,0 +1,1000 @@
+//! Executing one block: warps of 32 lanes over the decoded code, with min-PC
+//! scheduling for divergence, call frames, barriers and the checks.
+
+use super::arith;
+use crate::fault::{Checks, FaultKind, KernelFault};
+use crate::mem::{GlobalMemory, MemError, Region};
+use crate::ptx::ir::{Addr, AddrBase, Instr, Op, Operand, ShflMode, Space, Special, Ty};
+use crate::ptx::Module;
+
+/// Deepest call nesting before a call faults.
+const MAX_CALL_DEPTH: usize = 64;
+
+/// What a launch shares with every block.
+pub(crate) struct Launch<'a> {
+    pub module: &'a Module,
+    pub entry: usize,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub args: &'a [u8],
+    pub mem: &'a dyn GlobalMemory,
+    pub checks: Checks,
+    pub shared_bytes: usize,
+}
+
+struct Frame {
+    func: usize,
+    /// Lanes executing this call.
+    mask: u32,
+    /// Lanes that returned.
+    done: u32,
+    pc: [u32; 32],
+    regs: Vec<u64>,
+    params: Vec<u8>,
+    param_bytes: usize,
+    /// Where the callee's return goes in the caller's params.
+    ret_to: Option<(u32, u32)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WarpState {
+    Running,
+    AtBarrier,
+    Exited,
+}
+
+struct Warp {
+    id: u32,
+    /// Lanes that exist (a partial last warp has fewer).
+    lanes: u32,
+    exited: u32,
+    frames: Vec<Frame>,
+    state: WarpState,
+}
+
+/// Shadow of one shared byte for racecheck: epoch, last writer warp, reader warp
+/// (`u16::MAX` none, `u16::MAX - 1` several).
+#[derive(Clone, Copy, Default)]
+struct ShadowByte {
+    epoch: u32,
+    writer: u16,
+    reader: u16,
+}
+
+const NONE: u16 = u16::MAX;
+const MANY: u16 = u16::MAX - 1;
+
+/// Reusable per-worker state: one block at a time.
+pub(crate) struct BlockRunner<'a> {
+    l: &'a Launch<'a>,
+    ctaid: [u32; 3],
+    shared: Vec<u8>,
+    shadow: Vec<ShadowByte>,
+    epoch: u32,
+    local: Vec<u8>,
+    local_bytes: usize,
+    pool: Vec<Frame>,
+    region: Option<Region<'a>>,
+    pub warp_instructions: u64,
+    pub thread_instructions: u64,
+}
+
+fn lanes_of(mask: u32) -> impl Iterator<Item = usize> {
+    let mut m = mask;
+    std::iter::from_fn(move || {
+        if m == 0 {
+            None
+        } else {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            Some(l)
+        }
+    })
+}
+
+impl<'a> BlockRunner<'a> {
+    pub(crate) fn new(l: &'a Launch<'a>) -> BlockRunner<'a> {
+        let threads = (l.block[0] * l.block[1] * l.block[2]) as usize;
+        let local_bytes = l.module.local_bytes;
+        BlockRunner {
+            l,
+            ctaid: [0; 3],
+            shared: vec![0; l.shared_bytes],
+            shadow: if l.checks.racecheck {
+                vec![ShadowByte::default(); l.shared_bytes]
+            } else {
+                Vec::new()
+            },
+            epoch: 0,
+            local: vec![0; local_bytes * threads],
+            local_bytes,
+            pool: Vec::new(),
+            region: None,
+            warp_instructions: 0,
+            thread_instructions: 0,
+        }
+    }
+
+    fn new_frame(&mut self, func: usize, mask: u32, ret_to: Option<(u32, u32)>) -> Frame {
+        let f = &self.l.module.functions[func];
+        let mut fr = self.pool.pop().unwrap_or(Frame {
+            func,
+            mask: 0,
+            done: 0,
+            pc: [0; 32],
+            regs: Vec::new(),
+            params: Vec::new(),
+            param_bytes: 0,
+            ret_to: None,
+        });
+        fr.func = func;
+        fr.mask = mask;
+        fr.done = 0;
+        fr.pc = [0; 32];
+        fr.regs.clear();
+        fr.regs.resize(f.n_regs * 32, 0);
+        fr.params.clear();
+        fr.params.resize(f.param_bytes * 32, 0);
+        fr.param_bytes = f.param_bytes;
+        fr.ret_to = ret_to;
+        fr
+    }
+
+    /// Runs block `ctaid` to completion.
+    pub(crate) fn run(&mut self, ctaid: [u32; 3]) -> Result<(), Box<KernelFault>> {
+        self.ctaid = ctaid;
+        self.shared.fill(0);
+        self.epoch = self.epoch.wrapping_add(1);
+        self.local.fill(0);
+        let threads = self.l.block[0] * self.l.block[1] * self.l.block[2];
+        let n_warps = threads.div_ceil(32);
+        let mut warps: Vec<Warp> = (0..n_warps)
+            .map(|w| {
+                let n = (threads - w * 32).min(32);
+                let lanes = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+                Warp {
+                    id: w,
+                    lanes,
+                    exited: 0,
+                    frames: Vec::new(),
+                    state: WarpState::Running,
+                }
+            })
+            .collect();
+        for w in &mut warps {
+            let fr = self.new_frame(self.l.entry, w.lanes, None);
+            w.frames.push(fr);
+        }
+        loop {
+            for w in warps.iter_mut() {
+                if w.state == WarpState::Running {
+                    let r = self.run_warp(w);
+                    if r.is_err() {
+                        for w in warps.iter_mut() {
+                            self.pool.append(&mut w.frames);
+                        }
+                        return r;
+                    }
+                }
+            }
+            if warps.iter().all(|w| w.state == WarpState::Exited) {
+                for w in warps.iter_mut() {
+                    self.pool.append(&mut w.frames);
+                }
+                return Ok(());
+            }
+            // Every live warp waits at the barrier: release them into a new epoch.
+            self.epoch = self.epoch.wrapping_add(1);
+            for w in warps.iter_mut() {
+                if w.state == WarpState::AtBarrier {
+                    w.state = WarpState::Running;
+                }
+            }
+        }
+    }
+
+    fn tid_of(&self, warp: u32, lane: usize) -> [u32; 3] {
+        let t = warp * 32 + lane as u32;
+        let [bx, by, _] = self.l.block;
+        [t % bx, (t / bx) % by, t / (bx * by)]
+    }
+
+    fn fault(
+        &self,
+        kind: FaultKind,
+        ins: &Instr,
+        w: &Warp,
+        lane: usize,
+        address: Option<u64>,
+        detail: String,
+    ) -> Box<KernelFault> {
+        let m = self.l.module;
+        Box::new(KernelFault {
+            kind,
+            kernel: m.functions[self.l.entry].name.clone(),
+            file: m.file.clone(),
+            line: ins.line,
+            instruction: m.line_text(ins.line).to_string(),
+            block: self.ctaid,
+            thread: self.tid_of(w.id, lane),
+            address,
+            detail,
+        })
+    }
+
+    #[inline]
+    fn special(&self, s: Special, warp: u32, lane: usize) -> u64 {
+        let tid = self.tid_of(warp, lane);
+        (match s {
+            Special::Tid(a) => tid[a as usize],
+            Special::Ntid(a) => self.l.block[a as usize],
+            Special::Ctaid(a) => self.ctaid[a as usize],
+            Special::Nctaid(a) => self.l.grid[a as usize],
+            Special::Laneid => lane as u32,
+            Special::Warpid => warp,
+        }) as u64
+    }
+
+    #[inline]
+    fn get(&self, fr: &Frame, o: &Operand, warp: u32, lane: usize) -> u64 {
+        match o {
+            Operand::Reg(r) => fr.regs[*r as usize * 32 + lane],
+            Operand::Imm(v) => *v,
+            Operand::Special(s) => self.special(*s, warp, lane),
+            Operand::SymAddr(_, off) => *off,
+            Operand::Vector(_) => 0,
+        }
+    }
+
+    fn run_warp(&mut self, w: &mut Warp) -> Result<(), Box<KernelFault>> {
+        let module = self.l.module;
+        loop {
+            let depth = w.frames.len();
+            let top = w
+                .frames
+                .last_mut()
+                .expect("a warp has a frame while running");
+            let live = top.mask & !top.done & !w.exited;
+            if live == 0 {
+                if depth == 1 {
+                    w.state = WarpState::Exited;
+                    return Ok(());
+                }
+                let callee = w.frames.pop().expect("depth > 1");
+                let caller = w.frames.last_mut().expect("depth > 1");
+                let cf = &module.functions[callee.func];
+                for lane in lanes_of(callee.mask) {
+                    if let (Some((roff, rsize)), Some((coff, _))) = (callee.ret_to, cf.ret_slot) {
+                        let (roff, rsize, coff) = (roff as usize, rsize as usize, coff as usize);
+                        let src = lane * callee.param_bytes + coff;
+                        let dst = lane * caller.param_bytes + roff;
+                        caller.params[dst..dst + rsize]
+                            .copy_from_slice(&callee.params[src..src + rsize]);
+                    }
+                    caller.pc[lane] += 1;
+                }
+                self.pool.push(callee);
+                continue;
+            }
+            let mut minpc = u32::MAX;
+            let mut group = 0u32;
+            for lane in lanes_of(live) {
+                let pc = top.pc[lane];
+                if pc < minpc {
+                    minpc = pc;
+                    group = 1 << lane;
+                } else if pc == minpc {
+                    group |= 1 << lane;
+                }
+            }
+            let func = &module.functions[top.func];
+            let Some(ins) = func.code.get(minpc as usize) else {
+                // Falling off the end returns.
+                top.done |= group;
+                continue;
+            };
+            let exec = match ins.guard {
+                Some((p, neg)) => {
+                    let mut m = 0;
+                    for lane in lanes_of(group) {
+                        if (top.regs[p as usize * 32 + lane] != 0) != neg {
+                            m |= 1 << lane;
+                        }
+                    }
+                    m
+                }
+                None => group,
+            };
+            self.warp_instructions += 1;
+            self.thread_instructions += exec.count_ones() as u64;
+            match &ins.op {
+                Op::Bra { target } => {
+                    for lane in lanes_of(group) {
+                        top.pc[lane] = if exec & (1 << lane) != 0 {
+                            *target
+                        } else {
+                            minpc + 1
+                        };
+                    }
+                }
+                Op::Call {
+                    func: callee,
+                    ret,
+                    args,
+                } => {
+                    for lane in lanes_of(group & !exec) {
+                        top.pc[lane] += 1;
+                    }
+                    if exec == 0 {
+                        continue;
+                    }
+                    if depth >= MAX_CALL_DEPTH {
+                        let lane = exec.trailing_zeros() as usize;
+                        return Err(self.fault(
+                            FaultKind::IllegalInstruction,
+                            ins,
+                            w,
+                            lane,
+                            None,
+                            "call depth limit (recursion?)".into(),
+                        ));
+                    }
+                    let callee = *callee as usize;
+                    let mut fr = self.new_frame(callee, exec, *ret);
+                    let top = w.frames.last().expect("caller");
+                    let cf = &module.functions[callee];
+                    for lane in lanes_of(exec) {
+                        for (&(aoff, asize), &(poff, _)) in args.iter().zip(&cf.param_slots) {
+                            let (aoff, asize, poff) =
+                                (aoff as usize, asize as usize, poff as usize);
+                            let src = lane * top.param_bytes + aoff;
+                            let dst = lane * fr.param_bytes + poff;
+                            fr.params[dst..dst + asize]
+                                .copy_from_slice(&top.params[src..src + asize]);
+                        }
+                    }
+                    w.frames.push(fr);
+                }
+                Op::Ret => {
+                    top.done |= exec;
+                    for lane in lanes_of(group & !exec) {
+                        top.pc[lane] += 1;
+                    }
+                }
+                Op::Exit => {
+                    w.exited |= exec;
+                    for lane in lanes_of(group & !exec) {
+                        top.pc[lane] += 1;
+                    }
+                }
+                Op::Trap => {
+                    if exec != 0 {
+                        let lane = exec.trailing_zeros() as usize;
+                        return Err(self.fault(
+                            FaultKind::IllegalInstruction,
+                            ins,
+                            w,
+                            lane,
+                            None,
+                            "trap".into(),
+                        ));
+                    }
+                    for lane in lanes_of(group) {
+                        top.pc[lane] += 1;
+                    }
+                }
+                Op::BarSync => {
+                    if exec != 0 {
+                        let all = w.lanes & !w.exited;
+                        if self.l.checks.synccheck && (exec != all || depth != 1 || exec != group) {
+                            let lane = exec.trailing_zeros() as usize;
+                            return Err(self.fault(
+                                FaultKind::BarrierDivergence,
+                                ins,
+                                w,
+                                lane,
+                                None,
+                                format!("bar.sync reached by lanes {exec:#010x} of warp {} whose live lanes are {all:#010x}", w.id),
+                            ));
+                        }
+                    }
+                    for lane in lanes_of(group) {
+                        top.pc[lane] += 1;
+                    }
+                    if exec != 0 {
+                        w.state = WarpState::AtBarrier;
+                        return Ok(());
+                    }
+                }
+                _ => {
+                    let exited = w.exited;
+                    let (id, lanes) = (w.id, w.lanes);
+                    let top = w.frames.last_mut().expect("frame");
+                    if let Err((kind, lane, addr, detail)) =
+                        self.exec(ins, top, exec, group, id, lanes & !exited)
+                    {
+                        return Err(self.fault(kind, ins, w, lane, addr, detail));
+                    }
+                    let top = w.frames.last_mut().expect("frame");
+                    for lane in lanes_of(group) {
+                        top.pc[lane] += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn addr_of(&self, fr: &Frame, a: &Addr, warp: u32, lane: usize) -> u64 {
+        let base = match a.base {
+            AddrBase::Reg(r) => fr.regs[r as usize * 32 + lane],
+            AddrBase::Sym(off) => off,
+        };
+        let _ = warp;
+        base.wrapping_add(a.offset as u64)
+    }
+
+    /// Executes a non-control instruction for the lanes of `exec`.
+    #[allow(clippy::type_complexity)]
+    fn exec(
+        &mut self,
+        ins: &Instr,
+        fr: &mut Frame,
+        exec: u32,
+        group: u32,
+        warp: u32,
+        live: u32,
+    ) -> Result<(), (FaultKind, usize, Option<u64>, String)> {
+        let checks = self.l.checks;
+        match &ins.op {
+            Op::Mov { ty, d, a } => match (d, a) {
+                (Operand::Reg(d), Operand::Vector(parts)) => {
+                    let pw = ty.bits() / parts.len() as u32;
+                    for lane in lanes_of(exec) {
+                        let mut v = 0u64;
+                        for (i, p) in parts.iter().enumerate() {
+                            if let Some(p) = p {
+                                let x = fr.regs[*p as usize * 32 + lane];
+                                v |= (x & mask_bits(pw)) << (i as u32 * pw);
+                            }
+                        }
+                        fr.regs[*d as usize * 32 + lane] = v;
+                    }
+                }
+                (Operand::Vector(parts), a) => {
+                    let pw = ty.bits() / parts.len() as u32;
+                    for lane in lanes_of(exec) {
+                        let v = self.get(fr, a, warp, lane);
+                        for (i, p) in parts.iter().enumerate() {
+                            if let Some(p) = p {
+                                fr.regs[*p as usize * 32 + lane] =
+                                    (v >> (i as u32 * pw)) & mask_bits(pw);
+                            }
+                        }
+                    }
+                }
+                (Operand::Reg(d), a) => {
+                    for lane in lanes_of(exec) {
+                        let v = self.get(fr, a, warp, lane);
+                        fr.regs[*d as usize * 32 + lane] = arith::mask(v, *ty);
+                    }
+                }
+                _ => {}
+            },
+            Op::Bin {
+                op,
+                ty,
+                ftz,
+                d,
+                a,
+                b,
+            } => {
+                let dty = if *op == crate::ptx::ir::BinOp::MulWide {
+                    arith::wide(*ty)
+                } else {
+                    *ty
+                };
+                let _ = dty;
+                for lane in lanes_of(exec) {
+                    let x = self.get(fr, a, warp, lane);
+                    let y = self.get(fr, b, warp, lane);
+                    fr.regs[*d as usize * 32 + lane] = arith::bin(*op, *ty, *ftz, x, y);
+                }
+            }
+            Op::Mad {
+                mode,
+                ty,
+                ftz,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                for lane in lanes_of(exec) {
+                    let x = self.get(fr, a, warp, lane);
+                    let y = self.get(fr, b, warp, lane);
+                    let z = self.get(fr, c, warp, lane);
+                    fr.regs[*d as usize * 32 + lane] = arith::mad(*mode, *ty, *ftz, x, y, z);
+                }
+            }
+            Op::Un { op, ty, ftz, d, a } => {
+                for lane in lanes_of(exec) {
+                    let x = self.get(fr, a, warp, lane);
+                    fr.regs[*d as usize * 32 + lane] = arith::un(*op, *ty, *ftz, x);
+                }
+            }
+            Op::Setp {
+                cmp,
+                ty,
+                ftz,
+                d,
+                a,
+                b,
+            } => {
+                for lane in lanes_of(exec) {
+                    let x = self.get(fr, a, warp, lane);
+                    let y = self.get(fr, b, warp, lane);
+                    fr.regs[*d as usize * 32 + lane] = arith::setp(*cmp, *ty, *ftz, x, y) as u64;
+                }
+            }
+            Op::Pred { op, d, a, b } => {
+                for lane in lanes_of(exec) {
+                    let x = self.get(fr, a, warp, lane) != 0;
+                    let y = self.get(fr, b, warp, lane) != 0;
+                    let r = match op {
+                        crate::ptx::ir::PredOp::And => x & y,
+                        crate::ptx::ir::PredOp::Or => x | y,
+                        crate::ptx::ir::PredOp::Xor => x ^ y,
+                        crate::ptx::ir::PredOp::Not => !x,
+                    };
+                    fr.regs[*d as usize * 32 + lane] = r as u64;
+                }
+            }
+            Op::Selp { ty, d, a, b, c } => {
+                for lane in lanes_of(exec) {
+                    let v = if self.get(fr, c, warp, lane) != 0 {
+                        self.get(fr, a, warp, lane)
+                    } else {
+                        self.get(fr, b, warp, lane)
+                    };
+                    fr.regs[*d as usize * 32 + lane] = arith::mask(v, *ty);
+                }
+            }
+            Op::Cvt {
+                dty,
+                sty,
+                rnd,
+                ftz,
+                sat,
+                d,
+                a,
+            } => {
+                for lane in lanes_of(exec) {
+                    let x = self.get(fr, a, warp, lane);
+                    fr.regs[*d as usize * 32 + lane] = arith::cvt(*dty, *sty, *rnd, *ftz, *sat, x);
+                }
+            }
+            Op::Bfe { ty, d, a, b, c } => {
+                for lane in lanes_of(exec) {
+                    let (x, p, n) = (
+                        self.get(fr, a, warp, lane),
+                        self.get(fr, b, warp, lane),
+                        self.get(fr, c, warp, lane),
+                    );
+                    fr.regs[*d as usize * 32 + lane] = arith::bfe(*ty, x, p, n);
+                }
+            }
+            Op::Dp4a {
+                a_signed,
+                b_signed,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                for lane in lanes_of(exec) {
+                    let (x, y, z) = (
+                        self.get(fr, a, warp, lane),
+                        self.get(fr, b, warp, lane),
+                        self.get(fr, c, warp, lane),
+                    );
+                    fr.regs[*d as usize * 32 + lane] = arith::dp4a(*a_signed, *b_signed, x, y, z);
+                }
+            }
+            Op::Shfl {
+                mode,
+                d,
+                a,
+                b,
+                c,
+                mask,
+            } => {
+                if exec == 0 {
+                    return Ok(());
+                }
+                let first = exec.trailing_zeros() as usize;
+                if checks.synccheck {
+                    let mm = self.get(fr, mask, warp, first) as u32;
+                    check_members(mm, exec, group, live).map_err(|m| {
+                        (FaultKind::SyncMask, first, None, format!("shfl.sync: {m}"))
+                    })?;
+                }
+                let mut vals = [0u64; 32];
+                for lane in lanes_of(live & fr.mask) {
+                    vals[lane] = arith::mask(self.get(fr, a, warp, lane), Ty::B(32));
+                }
+                let mut out = [0u64; 32];
+                for lane in lanes_of(exec) {
+                    let bval = (self.get(fr, b, warp, lane) & 31) as i32;
+                    let cv = self.get(fr, c, warp, lane) as u32;
+                    let (cval, segmask) = ((cv & 31) as i32, ((cv >> 8) & 31) as i32);
+                    let l = lane as i32;
+                    let max_lane = (l & segmask) | (cval & !segmask);
+                    let min_lane = l & segmask;
+                    let (j, ok) = match mode {
+                        ShflMode::Up => (l - bval, l - bval >= max_lane),
+                        ShflMode::Down => (l + bval, l + bval <= max_lane),
+                        ShflMode::Bfly => (l ^ bval, (l ^ bval) <= max_lane),
+                        ShflMode::Idx => {
+                            let j = min_lane | (bval & !segmask);
+                            (j, j <= max_lane)
+                        }
+                    };
+                    let j = if ok { j as usize } else { lane };
+                    if checks.synccheck && exec & (1 << j) == 0 {
+                        return Err((
+                            FaultKind::SyncMask,
+                            lane,
+                            None,
+                            format!("shfl.sync read lane {j}, which is not executing it"),
+                        ));
+                    }
+                    out[lane] = vals[j];
+                }
+                for lane in lanes_of(exec) {
+                    fr.regs[*d as usize * 32 + lane] = out[lane];
+                }
+            }
+            Op::BarWarpSync { mask } if exec != 0 && checks.synccheck => {
+                let first = exec.trailing_zeros() as usize;
+                let mm = self.get(fr, mask, warp, first) as u32;
+                check_members(mm, exec, group, live).map_err(|m| {
+                    (
+                        FaultKind::SyncMask,
+                        first,
+                        None,
+                        format!("bar.warp.sync: {m}"),
+                    )
+                })?;
+            }
+            Op::Ld { space, ty, d, addr } => {
+                let esz = ty.bytes();
+                let total = esz * d.len();
+                for lane in lanes_of(exec) {
+                    let at = self.addr_of(fr, addr, warp, lane);
+                    let mut buf = [0u8; 32];
+                    self.load(*space, at, &mut buf[..total], fr, warp, lane)?;
+                    for (i, r) in d.iter().enumerate() {
+                        if let Some(r) = r {
+                            let mut e = [0u8; 8];
+                            e[..esz].copy_from_slice(&buf[i * esz..(i + 1) * esz]);
+                            let raw = u64::from_le_bytes(e);
+                            let v = if ty.is_signed() {
+                                arith::sext(raw, *ty) as u64
+                            } else {
+                                raw
+                            };
+                            fr.regs[*r as usize * 32 + lane] = v;
+                        }
+                    }
+                }
+            }
+            Op::St { space, ty, a, addr } => {
+                let esz = ty.bytes();
+                let total = esz * a.len();
+                for lane in lanes_of(exec) {
+                    let at = self.addr_of(fr, addr, warp, lane);
+                    let mut buf = [0u8; 32];
+                    for (i, o) in a.iter().enumerate() {
+                        let v = self.get(fr, o, warp, lane);
+                        buf[i * esz..(i + 1) * esz].copy_from_slice(&v.to_le_bytes()[..esz]);
+                    }
+                    self.store(*space, at, &buf[..total], fr, warp, lane)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn load(
+        &mut self,
+        space: Space,
+        at: u64,
+        out: &mut [u8],
+        fr: &Frame,
+        warp: u32,
+        lane: usize,
+    ) -> Result<(), (FaultKind, usize, Option<u64>, String)> {
+        let n = out.len();
+        match space {
+            Space::Global => {
+                self.check_align(at, n, lane)?;
+                let r = self.region(at, n, lane)?;
+                if !r.read(at, out) && self.l.checks.initcheck {
+                    return Err((
+                        FaultKind::UninitializedRead,
+                        lane,
+                        Some(at),
+                        format!("{n}-byte load of device memory never written"),
+                    ));
+                }
+            }
+            Space::Shared => {
+                self.check_align(at, n, lane)?;
+                let s = self.shared_range(at, n, lane)?;
+                self.race(s, n, warp, false, lane, at)?;
+                out.copy_from_slice(&self.shared[s..s + n]);
+            }
+            Space::Local => {
+                self.check_align(at, n, lane)?;
+                let s = self.local_range(at, n, warp, lane)?;
+                out.copy_from_slice(&self.local[s..s + n]);
+            }
+            Space::KernelParam => {
+                let s = at as usize;
+                let src = self.l.args.get(s..s + n).ok_or((
+                    FaultKind::LocalOrSharedOutOfBounds,
+                    lane,
+                    Some(at),
+                    "kernel parameter read out of range".to_string(),
+                ))?;
+                out.copy_from_slice(src);
+            }
+            Space::FuncParam => {
+                let s = at as usize;
+                if s + n > fr.param_bytes {
+                    return Err((
+                        FaultKind::LocalOrSharedOutOfBounds,
+                        lane,
+                        Some(at),
+                        "parameter read out of range".into(),
+                    ));
+                }
+                let b = lane * fr.param_bytes + s;
+                out.copy_from_slice(&fr.params[b..b + n]);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn store(
+        &mut self,
+        space: Space,
+        at: u64,
+        data: &[u8],
+        fr: &mut Frame,
+        warp: u32,
+        lane: usize,
+    ) -> Result<(), (FaultKind, usize, Option<u64>, String)> {
+        let n = data.len();
+        match space {
+            Space::Global => {
+                self.check_align(at, n, lane)?;
+                let r = self.region(at, n, lane)?;
+                r.write(at, data);
+            }
+            Space::Shared => {
+                self.check_align(at, n, lane)?;
+                let s = self.shared_range(at, n, lane)?;
+                self.race(s, n, warp, true, lane, at)?;
+                self.shared[s..s + n].copy_from_slice(data);
+            }
+            Space::Local => {
+                self.check_align(at, n, lane)?;
+                let s = self.local_range(at, n, warp, lane)?;
+                self.local[s..s + n].copy_from_slice(data);
+            }
+            Space::KernelParam => {
+                return Err((
+                    FaultKind::IllegalInstruction,
+                    lane,
+                    Some(at),
+                    "store to a kernel parameter".into(),
+                ));
+            }
+            Space::FuncParam => {
+                let s = at as usize;
+                if s + n > fr.param_bytes {
+                    return Err((
+                        FaultKind::LocalOrSharedOutOfBounds,
+                        lane,
+                        Some(at),
+                        "parameter write out of range".into(),
+                    ));
+                }
+                let b = lane * fr.param_bytes + s;
+                fr.params[b..b + n].copy_from_slice(data);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn check_align(
+        &self,
+        at: u64,
+        n: usize,
+        lane: usize,
+    ) -> Result<(), (FaultKind, usize, Option<u64>, String)> {
+        if self.l.checks.memcheck && at % n as u64 != 0 {
+            return Err((
+                FaultKind::Misaligned,
+                lane,
+                Some(at),
+                format!("{n}-byte access not {n}-byte aligned"),
+            ));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn region(
+        &mut self,
+        at: u64,
+        n: usize,
+        lane: usize,
+    ) -> Result<Region<'a>, (FaultKind, usize, Option<u64>, String)> {
+        if let Some(r) = self.region {
+            if r.contains(at, n as u64) {
+                return Ok(r);
+            }
+        }
+        match self.l.mem.region(at, n as u64) {
+            Ok(r) => {
+                self.region = Some(r);
+                Ok(r)
+            }
+            Err(MemError::Freed) => Err((
+                FaultKind::UseAfterFree,
+                lane,
+                Some(at),
+                format!("{n}-byte access of freed device memory"),
+            )),
+            Err(MemError::OutOfBounds) => Err((
+                FaultKind::OutOfBounds,
+                lane,
+                Some(at),
+                format!("{n}-byte access outside every live allocation"),
+            )),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn shared_range(
+        &self,
+        at: u64,
+        n: usize,
+        lane: usize,
+    ) -> Result<usize, (FaultKind, usize, Option<u64>, String)> {
+        if at
+            .checked_add(n as u64)
+            .is_none_or(|e| e > self.shared.len() as u64)
+        {
+            return Err((
+                FaultKind::LocalOrSharedOutOfBounds,
+                lane,
+                Some(at),
+                format!("shared access past the block's {} bytes", self.shared.len()),
+            ));
+        }
+        Ok(at as usize)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn local_range(
+        &self,
+        at: u64,
+        n: usize,
+        warp: u32,
+        lane: usize,
+    ) -> Result<usize, (FaultKind, usize, Option<u64>, String)> {
+        if at
+            .checked_add(n as u64)
+            .is_none_or(|e| e > self.local_bytes as u64)
+        {
+            return Err((
+                FaultKind::LocalOrSharedOutOfBounds,
+                lane,
+                Some(at),
+                format!("local access past the thread's {} bytes", self.local_bytes),
+            ));
+        }
+        let t = warp as usize * 32 + lane;
+        Ok(t * self.local_bytes + at as usize)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn race(
+        &mut self,
+        s: usize,
+        n: usize,
+        warp: u32,
+        write: bool,
+        lane: usize,
+        at: u64,
+    ) -> Result<(), (FaultKind, usize, Option<u64>, String)> {
+        if !self.l.checks.racecheck {
+            return Ok(());
+        }
+        let w = warp as u16;
+        let epoch = self.epoch;
+        for b in &mut self.shadow[s..s + n] {
+            if b.epoch != epoch {
+                *b = ShadowByte {
+                    epoch,
+                    writer: NONE,
+                    reader: NONE,
+                };
+            }
+            let other = if b.writer != NONE && b.writer != w {
+                Some(("written", b.writer))
+            } else if write && b.reader != NONE && b.reader != w {
+                Some(("read", b.reader))
+            } else {
+                None
+            };
+            if let Some((how, o)) = other {
+                let who = if o == MANY {
+                    "other warps".to_string()
+                } else {
+                    format!("warp {o}")
+                };
+                return Err((
+                    FaultKind::SharedRace,
+                    lane,
+                    Some(at),
+                    format!(
+                        "warp {warp} {} shared bytes {how} by {who} with no bar.sync between",
+                        if write { "writes" } else { "reads" }
+                    ),
+                ));
+            }
+            if write {
+                b.writer = w;
+            } else if b.reader == NONE {
+                b.reader = w;
+            } else if b.reader != w {
+                b.reader = MANY;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn mask_bits(w: u32) -> u64 {
+    if w >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << w) - 1
+    }
+}
+
+/// synccheck of a member mask: every executing lane is named, and every live lane named
+/// is executing.
+fn check_members(members: u32, exec: u32, group: u32, live: u32) -> Result<(), String> {
+    if exec & !members != 0 {
+        return Err(format!(
+            "lanes {:#010x} execute it but are not in the member mask {members:#010x}",
+            exec & !members
+        ));
+    }
+    let missing = members & live & !exec;
+    if missing != 0 {
+        return Err(format!(
+            "member mask {members:#010x} names lanes {missing:#010x} that are not executing it (executing: {exec:#010x}, converged group {group:#010x})"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,410 @@
+//! The decoded form of a PTX module: what the interpreter executes. Registers, labels,
+//! symbols and parameters are resolved to indices and offsets at parse time.
+
+/// A scalar PTX type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ty {
+    /// `.b8` .. `.b64`, untyped bits.
+    B(u8),
+    /// `.u8` .. `.u64`.
+    U(u8),
+    /// `.s8` .. `.s64`.
+    S(u8),
+    /// `.f16`, `.f32`, `.f64`.
+    F(u8),
+    /// `.bf16`.
+    Bf16,
+    /// `.pred`.
+    Pred,
+}
+
+impl Ty {
+    /// Size in bytes (a predicate counts as 1).
+    pub fn bytes(self) -> usize {
+        match self {
+            Ty::B(b) | Ty::U(b) | Ty::S(b) | Ty::F(b) => b as usize / 8,
+            Ty::Bf16 => 2,
+            Ty::Pred => 1,
+        }
+    }
+
+    /// Size in bits.
+    pub fn bits(self) -> u32 {
+        self.bytes() as u32 * 8
+    }
+
+    pub(crate) fn is_signed(self) -> bool {
+        matches!(self, Ty::S(_))
+    }
+
+    pub(crate) fn is_float(self) -> bool {
+        matches!(self, Ty::F(_) | Ty::Bf16)
+    }
+}
+
+/// A special register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Special {
+    /// `%tid.{x,y,z}`.
+    Tid(u8),
+    /// `%ntid.{x,y,z}`.
+    Ntid(u8),
+    /// `%ctaid.{x,y,z}`.
+    Ctaid(u8),
+    /// `%nctaid.{x,y,z}`.
+    Nctaid(u8),
+    /// `%laneid`.
+    Laneid,
+    /// `%warpid`.
+    Warpid,
+}
+
+/// State spaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Space {
+    /// `.global` (and generic addresses, which cuda-sim maps to global).
+    Global,
+    /// `.shared`: offsets in the block's shared memory.
+    Shared,
+    /// `.local`: offsets in the thread's local memory.
+    Local,
+    /// `.param` of an `.entry`: offsets in the launch's argument bytes.
+    KernelParam,
+    /// `.param` of a `.func` or a call scope: offsets in the frame's per-lane param bytes.
+    FuncParam,
+}
+
+/// An operand.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Operand {
+    /// A register (index in the function's register file).
+    Reg(u16),
+    /// An immediate, as bits (floats as their IEEE bits, integers sign-extended to 64).
+    Imm(u64),
+    /// A special register.
+    Special(Special),
+    /// The address of a symbol in its space (`mov.u64 %rd, fa_smem;`).
+    SymAddr(Space, u64),
+    /// `{a, b, ...}`: a vector of registers (or `_` as `None`).
+    Vector(Vec<Option<u16>>),
+}
+
+/// An address operand `[base+offset]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum AddrBase {
+    /// A register holding an address (or offset, for shared/local/param spaces).
+    Reg(u16),
+    /// A symbol: its offset in the instruction's space.
+    Sym(u64),
+}
+
+/// `[base+offset]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Addr {
+    /// Register or symbol.
+    pub base: AddrBase,
+    /// Byte offset added.
+    pub offset: i64,
+}
+
+/// Rounding of float results and float-to-integer conversions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rnd {
+    /// Round to nearest even (`.rn`, `.rni`).
+    Nearest,
+    /// Toward zero (`.rz`, `.rzi`).
+    Zero,
+    /// Toward minus infinity (`.rm`, `.rmi`).
+    Down,
+    /// Toward plus infinity (`.rp`, `.rpi`).
+    Up,
+}
+
+/// Two-operand operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    /// `add`.
+    Add,
+    /// `sub`.
+    Sub,
+    /// `mul.lo` (integers) / `mul` (floats).
+    MulLo,
+    /// `mul.hi`.
+    MulHi,
+    /// `mul.wide`: the double-width product.
+    MulWide,
+    /// `div`.
+    Div,
+    /// `rem`.
+    Rem,
+    /// `and`.
+    And,
+    /// `or`.
+    Or,
+    /// `xor`.
+    Xor,
+    /// `shl`.
+    Shl,
+    /// `shr`.
+    Shr,
+    /// `min`.
+    Min,
+    /// `max`.
+    Max,
+}
+
+/// One-operand operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnOp {
+    /// `neg`.
+    Neg,
+    /// `abs`.
+    Abs,
+    /// `not`.
+    Not,
+    /// `sqrt.rn` (correctly rounded).
+    Sqrt,
+    /// `sqrt.approx`.
+    SqrtApprox,
+    /// `ex2.approx`.
+    Ex2,
+    /// `lg2.approx`.
+    Lg2,
+    /// `tanh.approx`.
+    Tanh,
+    /// `rcp.approx`.
+    RcpApprox,
+    /// `rcp.rn` (correctly rounded).
+    Rcp,
+    /// `rsqrt.approx`.
+    Rsqrt,
+    /// `sin.approx`.
+    Sin,
+    /// `cos.approx`.
+    Cos,
+}
+
+/// `setp` comparisons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cmp {
+    /// `eq` (ordered for floats).
+    Eq,
+    /// `ne` (ordered for floats).
+    Ne,
+    /// `lt`.
+    Lt,
+    /// `le`.
+    Le,
+    /// `gt`.
+    Gt,
+    /// `ge`.
+    Ge,
+    /// `equ` etc.: unordered versions (true if either is NaN).
+    Equ,
+    /// `neu`.
+    Neu,
+    /// `ltu`.
+    Ltu,
+    /// `leu`.
+    Leu,
+    /// `gtu`.
+    Gtu,
+    /// `geu`.
+    Geu,
+    /// `num`: neither is NaN.
+    Num,
+    /// `nan`: either is NaN.
+    Nan,
+}
+
+/// Shuffle modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShflMode {
+    /// `.up`.
+    Up,
+    /// `.down`.
+    Down,
+    /// `.bfly`.
+    Bfly,
+    /// `.idx`.
+    Idx,
+}
+
+/// Predicate logic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PredOp {
+    /// `and.pred`.
+    And,
+    /// `or.pred`.
+    Or,
+    /// `xor.pred`.
+    Xor,
+    /// `not.pred`.
+    Not,
+}
+
+/// A decoded instruction's operation. Fields are named as in the PTX ISA: `d` the
+/// destination register, `a`, `b`, `c` the sources, `ty` the instruction type, `ftz`
+/// flush-to-zero.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `mov` (also `cvta.to.*`, an identity here) incl. vector packing/unpacking.
+    Mov { ty: Ty, d: Operand, a: Operand },
+    /// `ld.space.[vN.]ty` into the registers of `d` (one, or a vector).
+    Ld {
+        space: Space,
+        ty: Ty,
+        d: Vec<Option<u16>>,
+        addr: Addr,
+    },
+    /// `st.space.[vN.]ty` of the values of `a`.
+    St {
+        space: Space,
+        ty: Ty,
+        a: Vec<Operand>,
+        addr: Addr,
+    },
+    /// Two-operand arithmetic/logic.
+    Bin {
+        op: BinOp,
+        ty: Ty,
+        ftz: bool,
+        d: u16,
+        a: Operand,
+        b: Operand,
+    },
+    /// `mad.lo`/`mad.hi`/`mad.wide` (integers) and `fma.rn`/`mad.rn` (floats).
+    Mad {
+        mode: BinOp,
+        ty: Ty,
+        ftz: bool,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
+    /// One-operand operations.
+    Un {
+        op: UnOp,
+        ty: Ty,
+        ftz: bool,
+        d: u16,
+        a: Operand,
+    },
+    /// `setp.cmp.ty d, a, b`.
+    Setp {
+        cmp: Cmp,
+        ty: Ty,
+        ftz: bool,
+        d: u16,
+        a: Operand,
+        b: Operand,
+    },
+    /// Predicate logic.
+    Pred {
+        op: PredOp,
+        d: u16,
+        a: Operand,
+        b: Operand,
+    },
+    /// `selp.ty d, a, b, c`: `c ? a : b`.
+    Selp {
+        ty: Ty,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
+    /// `cvt[.rnd][.ftz][.sat].dty.sty d, a`.
+    Cvt {
+        dty: Ty,
+        sty: Ty,
+        rnd: Option<Rnd>,
+        ftz: bool,
+        sat: bool,
+        d: u16,
+        a: Operand,
+    },
+    /// `bfe.ty d, a, pos, len`.
+    Bfe {
+        ty: Ty,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
+    /// `dp4a.aty.bty d, a, b, c`.
+    Dp4a {
+        a_signed: bool,
+        b_signed: bool,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
+    /// `shfl.sync.mode.b32 d, a, b, c, membermask`.
+    Shfl {
+        mode: ShflMode,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+        mask: Operand,
+    },
+    /// `bar.warp.sync membermask`.
+    BarWarpSync { mask: Operand },
+    /// `bar.sync 0` / `barrier.sync 0`.
+    BarSync,
+    /// `bra target` (instruction index).
+    Bra { target: u32 },
+    /// `call (ret), func, (args)`: caller param offsets copied to the callee's params.
+    Call {
+        func: u32,
+        ret: Option<(u32, u32)>,
+        args: Vec<(u32, u32)>,
+    },
+    /// `ret`.
+    Ret,
+    /// `exit`.
+    Exit,
+    /// `trap`.
+    Trap,
+}
+
+/// An instruction with its guard and where it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instr {
+    /// `@%p` / `@!%p`: predicate register and whether negated.
+    pub guard: Option<(u16, bool)>,
+    /// What it does.
+    pub op: Op,
+    /// 1-based source line.
+    pub line: u32,
+}
+
+/// A `.entry` or `.func`.
+#[derive(Clone, Debug)]
+pub struct Function {
+    /// Its name.
+    pub name: String,
+    /// Whether it is a kernel (`.entry`).
+    pub is_entry: bool,
+    /// The decoded body.
+    pub code: Vec<Instr>,
+    /// Number of registers (all types; predicates included).
+    pub n_regs: usize,
+    /// Bytes of per-lane param storage (a `.func`'s params and return, and every
+    /// call-scope `.param` declared in the body).
+    pub param_bytes: usize,
+    /// Offsets in that storage of the `.func`'s parameters, in order, with sizes.
+    pub param_slots: Vec<(u32, u32)>,
+    /// Offset and size of the return parameter of a `.func`.
+    pub ret_slot: Option<(u32, u32)>,
+    /// Declared parameters of an `.entry`.
+    pub kernel_params: Vec<crate::ptx::Param>,
+    /// Offsets of the `.entry`'s parameters in the argument bytes.
+    pub kernel_param_offsets: Vec<usize>,
+    /// Size of the `.entry`'s argument bytes.
+    pub kernel_param_bytes: usize,
+}

@@ -1,0 +1,144 @@
+//! PTX text to a decoded module.
+//!
+//! The parser accepts the PTX a driver's JIT receives (ISA 8.x, as `ptxas` takes it) for
+//! the instruction forms the interpreter implements; anything else is a [`PtxError`]
+//! naming file, line and instruction, never a silent no-op. A module is parsed once and
+//! executed in decoded form ([`ir`]): registers, labels, symbols and parameters are
+//! resolved to indices and offsets.
+
+pub mod ir;
+mod lex;
+mod parse;
+
+use std::fmt;
+
+/// The scalar type of a kernel parameter as declared (`.param .u32 x` -> `U32`);
+/// byte arrays (`.param .align 16 .b8 x[64]`) are `Bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamType {
+    /// `.u8`/`.s8`/`.b8` .. `.u64`/`.s64`/`.b64`: an integer of `size` bytes.
+    Int {
+        /// Whether declared signed (`.sN`).
+        signed: bool,
+    },
+    /// `.f16`, `.f32`, `.f64`.
+    Float,
+    /// An array of `.b8` (or other elements) with an explicit size.
+    Bytes,
+}
+
+/// One `.param` of a `.entry`, in declaration order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Param {
+    /// The parameter's name.
+    pub name: String,
+    /// Its type class.
+    pub ty: ParamType,
+    /// Its size in bytes.
+    pub size: usize,
+    /// Its alignment in bytes.
+    pub align: usize,
+}
+
+/// A PTX text that does not parse, or uses what the emulator does not implement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PtxError {
+    /// File name as given to [`Module::parse`].
+    pub file: String,
+    /// 1-based line.
+    pub line: u32,
+    /// The offending source line, trimmed.
+    pub text: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for PtxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}: {}: `{}`",
+            self.file, self.line, self.message, self.text
+        )
+    }
+}
+
+impl std::error::Error for PtxError {}
+
+/// A parsed PTX module: its kernels (`.entry`), functions (`.func`), and shared/local
+/// declarations, decoded for the interpreter.
+pub struct Module {
+    pub(crate) file: String,
+    lines: Vec<String>,
+    pub(crate) functions: Vec<ir::Function>,
+    pub(crate) local_bytes: usize,
+    pub(crate) shared_bytes: usize,
+    pub(crate) extern_shared: Option<usize>,
+}
+
+impl fmt::Debug for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Module")
+            .field("file", &self.file)
+            .field("kernels", &self.kernel_names())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Module {
+    /// Parses a PTX text (`file` names it in errors and fault reports).
+    pub fn parse(file: &str, text: &str) -> Result<Module, PtxError> {
+        let lines: Vec<String> = text.lines().map(|l| l.trim().to_string()).collect();
+        match parse::parse(text) {
+            Ok(p) => Ok(Module {
+                file: file.to_string(),
+                lines,
+                functions: p.functions,
+                local_bytes: p.local_bytes,
+                shared_bytes: p.shared_bytes,
+                extern_shared: p.extern_shared,
+            }),
+            Err((line, message)) => Err(PtxError {
+                file: file.to_string(),
+                line,
+                text: lines
+                    .get((line as usize).wrapping_sub(1))
+                    .cloned()
+                    .unwrap_or_default(),
+                message,
+            }),
+        }
+    }
+
+    /// The `.entry` names, in source order.
+    pub fn kernel_names(&self) -> Vec<&str> {
+        self.functions
+            .iter()
+            .filter(|f| f.is_entry)
+            .map(|f| f.name.as_str())
+            .collect()
+    }
+
+    /// The parameter list of kernel `name`, or `None` if there is no such `.entry`.
+    pub fn kernel_params(&self, name: &str) -> Option<&[Param]> {
+        self.functions
+            .iter()
+            .find(|f| f.is_entry && f.name == name)
+            .map(|f| f.kernel_params.as_slice())
+    }
+
+    /// Number of decoded instructions of function or kernel `name`.
+    pub fn instruction_count(&self, name: &str) -> Option<usize> {
+        self.functions
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.code.len())
+    }
+
+    /// The trimmed source text of 1-based `line`.
+    pub(crate) fn line_text(&self, line: u32) -> &str {
+        self.lines
+            .get((line as usize).wrapping_sub(1))
+            .map_or("", |s| s.as_str())
+    }
+}
