@@ -205,13 +205,18 @@ pub trait Backend: Send + Sync {
     /// Frees a buffer. The caller ensures no queued work still uses it.
     fn free_buffer(&self, buffer: BufferId) -> BackendResult<()>;
 
-    /// Blocking write of `data` at byte `offset` of `buffer` (not ordered with the queue).
+    /// Blocking write of `data` at byte `offset` of `buffer`: complete when it returns,
+    /// so work enqueued afterwards sees it. Work queued before it need not be ordered
+    /// before it (the caller synchronises first). A GPU backend must not leave the write
+    /// in flight on a queue its own queue does not wait for (CUDA's legacy NULL stream).
     fn buffer_set(&self, buffer: BufferId, offset: usize, data: &[u8]) -> BackendResult<()>;
 
-    /// Blocking read into `out` from byte `offset` of `buffer` (not ordered with the queue).
+    /// Blocking read into `out` from byte `offset` of `buffer`, complete when it returns
+    /// (not ordered after work already queued: the caller synchronises first).
     fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()>;
 
-    /// Blocking fill of the whole `buffer` with `value` (not ordered with the queue).
+    /// Blocking fill of the whole `buffer` with `value`, complete when it returns (as
+    /// [`Backend::buffer_set`]).
     fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()>;
 
     // ---- ops ----------------------------------------------------------------------

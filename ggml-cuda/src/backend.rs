@@ -2,18 +2,16 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::sys;
 use ggml_core::{
     Backend, BackendCaps, BackendError, BackendErrorKind, BackendKind, BackendResult, BufferId,
     BufferInfo, CopyQueue, EventId, EventRef, MemoryDomain, Name, Tensor, TensorId,
 };
 
-use crate::driver::{self, ck, CuError, Device};
+use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
 use crate::launch::MulMatClass;
 
 /// Alignment of buffer bases and tensor offsets (bytes).
@@ -35,14 +33,14 @@ pub struct KernelStats {
 struct Staging {
     ptr: *mut u8,
     size: usize,
-    event: sys::CUevent,
+    event: Event,
     busy: bool,
 }
 
 pub(crate) struct State {
     buffers: HashMap<u32, (u64, usize)>,
     next_buffer: u32,
-    events: HashMap<u32, sys::CUevent>,
+    events: HashMap<u32, Event>,
     next_event: u32,
     staging: Vec<Staging>,
     pub(crate) scratch: u64,
@@ -61,8 +59,8 @@ pub struct CudaBackend {
     instance: u32,
     name: Name,
     domain: MemoryDomain,
-    pub(crate) stream: sys::CUstream,
-    copy_event: sys::CUevent,
+    pub(crate) stream: Stream,
+    copy_event: Event,
     copy_lock: Mutex<()>,
     pub(crate) err_word: u64,
     pub(crate) state: Mutex<State>,
@@ -78,12 +76,9 @@ unsafe impl Send for CudaBackend {}
 // SAFETY: see above.
 unsafe impl Sync for CudaBackend {}
 
-fn name_of(ordinal: usize, instance: Option<u32>) -> Name {
+fn name_of(kind: DriverKind, ordinal: usize, instance: u32) -> Name {
     let mut n = Name::EMPTY;
-    let _ = match instance {
-        Some(i) => write!(n, "cuda:{ordinal}#{i}"),
-        None => write!(n, "cuda:{ordinal}"),
-    };
+    let _ = write!(n, "{}:{ordinal}#{instance}", kind.prefix());
     n
 }
 
@@ -102,54 +97,49 @@ impl CudaBackend {
     /// Fails, never panics, when libcuda is missing, no GPU is present, the ordinal does
     /// not exist, the GPU is older than sm_80 or the kernels do not JIT.
     pub fn new(ordinal: usize, instance: u32) -> BackendResult<CudaBackend> {
-        let name = name_of(ordinal, Some(instance));
+        CudaBackend::with_driver(DriverKind::Cuda, ordinal, instance)
+    }
+
+    /// A backend on device `ordinal` of driver `kind`: [`DriverKind::Cuda`] is
+    /// [`CudaBackend::new`]; [`DriverKind::Sim`] is the emulated GPU `cuda-sim:N` (cargo
+    /// feature `sim`), named `cuda-sim:0#1`, whose kernels run in cuda-sim's PTX
+    /// interpreter with its checks on.
+    pub fn with_driver(
+        kind: DriverKind,
+        ordinal: usize,
+        instance: u32,
+    ) -> BackendResult<CudaBackend> {
+        let name = name_of(kind, ordinal, instance);
         let unavailable = |e: CuError| cu_err(name, BackendErrorKind::Unavailable, e);
-        let dev = driver::device(ordinal).map_err(unavailable)?;
+        let dev = driver::device(kind, ordinal).map_err(unavailable)?;
         dev.bind().map_err(unavailable)?;
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: context current.
-        ck(
-            unsafe {
-                sys::cuStreamCreate(
-                    &mut stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                )
-            },
-            "cuStreamCreate failed",
-        )
-        .map_err(unavailable)?;
-        let mut copy_event: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: context current.
-        let r = ck(
-            unsafe { sys::cuEventCreate(&mut copy_event, flags) },
-            "cuEventCreate failed",
-        );
-        let mut err_word: sys::CUdeviceptr = 0;
-        let r = r.and_then(|_| {
-            // SAFETY: context current; 4 bytes for the kernels' error word.
-            ck(
-                unsafe { sys::cuMemAlloc_v2(&mut err_word, 4) },
-                "cuMemAlloc failed",
-            )
-        });
-        let r = r.and_then(|_| {
-            // SAFETY: err_word was just allocated with 4 bytes.
-            ck(
-                unsafe { sys::cuMemsetD8_v2(err_word, 0, 4) },
-                "cuMemsetD8 failed",
-            )
-        });
-        if let Err(e) = r {
-            // SAFETY: destroying what was created above.
-            unsafe {
-                sys::cuStreamDestroy_v2(stream);
-                if !copy_event.is_null() {
-                    sys::cuEventDestroy_v2(copy_event);
-                }
+        let api = dev.api;
+        let stream = api.stream_create(dev.ctx).map_err(unavailable)?;
+        let copy_event = match api.event_create(dev.ctx) {
+            Ok(e) => e,
+            Err(e) => {
+                api.stream_destroy(stream);
+                return Err(unavailable(e));
             }
-            return Err(unavailable(e));
-        }
+        };
+        let err_word = api.mem_alloc(dev.ctx, 4).and_then(|p| {
+            // The word must be zero before the first kernel can set it: ordered on our
+            // stream, then waited for.
+            api.memset_d8_async(p, 0, 4, stream)
+                .and_then(|_| api.stream_synchronize(stream))
+                .map(|_| p)
+                .inspect_err(|_| {
+                    let _ = api.mem_free(dev.ctx, p);
+                })
+        });
+        let err_word = match err_word {
+            Ok(p) => p,
+            Err(e) => {
+                api.event_destroy(copy_event);
+                api.stream_destroy(stream);
+                return Err(unavailable(e));
+            }
+        };
         Ok(CudaBackend {
             dev,
             instance,
@@ -178,19 +168,41 @@ impl CudaBackend {
     /// `n` instances on GPU `ordinal` (the virtual device `cuda:{ordinal}x{n}`), each with
     /// its own stream.
     pub fn new_virtual(ordinal: usize, n: u32) -> BackendResult<Vec<CudaBackend>> {
-        (0..n).map(|i| CudaBackend::new(ordinal, i)).collect()
+        CudaBackend::new_virtual_with(DriverKind::Cuda, ordinal, n)
+    }
+
+    /// `n` instances on device `ordinal` of driver `kind` (`cuda-sim:0x2` for
+    /// [`DriverKind::Sim`]).
+    pub fn new_virtual_with(
+        kind: DriverKind,
+        ordinal: usize,
+        n: u32,
+    ) -> BackendResult<Vec<CudaBackend>> {
+        (0..n)
+            .map(|i| CudaBackend::with_driver(kind, ordinal, i))
+            .collect()
     }
 
     /// Number of CUDA devices, or the reason CUDA cannot be used (libcuda missing, no
     /// device, driver too old).
     pub fn device_count() -> BackendResult<usize> {
-        driver::device_count()
-            .map_err(|e| cu_err(Name::new("cuda"), BackendErrorKind::Unavailable, e))
+        CudaBackend::device_count_of(DriverKind::Cuda)
+    }
+
+    /// Number of devices of driver `kind`, or the reason it cannot be used.
+    pub fn device_count_of(kind: DriverKind) -> BackendResult<usize> {
+        kind.device_count()
+            .map_err(|e| cu_err(Name::new(kind.prefix()), BackendErrorKind::Unavailable, e))
+    }
+
+    /// The driver this backend runs on.
+    pub fn driver_kind(&self) -> DriverKind {
+        self.dev.kind
     }
 
     /// The GPU ordinal.
     pub fn ordinal(&self) -> usize {
-        self.dev.ordinal as usize
+        self.dev.ordinal
     }
 
     /// The instance number on the GPU.
@@ -309,14 +321,12 @@ impl CudaBackend {
 
     /// A pinned staging chunk of at least `len` bytes that no queued copy uses.
     fn staging(&self, st: &mut State, len: usize) -> BackendResult<usize> {
+        let api = self.dev.api;
         let mut total = 0;
         for (i, s) in st.staging.iter_mut().enumerate() {
             total += s.size;
-            if s.busy {
-                // SAFETY: event created by us.
-                if unsafe { sys::cuEventQuery(s.event) } == sys::CUresult::CUDA_SUCCESS {
-                    s.busy = false;
-                }
+            if s.busy && api.event_query(s.event).map_err(|e| self.cu(e))? {
+                s.busy = false;
             }
             if !s.busy && s.size >= len {
                 return Ok(i);
@@ -326,37 +336,24 @@ impl CudaBackend {
             // Wait for the oldest large-enough busy chunk instead of pinning more memory.
             if let Some(i) = st.staging.iter().position(|s| s.size >= len) {
                 let s = &mut st.staging[i];
-                // SAFETY: event created by us.
-                ck(
-                    unsafe { sys::cuEventSynchronize(s.event) },
-                    "cuEventSynchronize failed",
-                )
-                .map_err(|e| self.cu(e))?;
+                api.event_synchronize(s.event).map_err(|e| self.cu(e))?;
                 s.busy = false;
                 return Ok(i);
             }
         }
         let size = len.max(STAGING_MIN).next_power_of_two();
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: context current.
-        ck(
-            unsafe { sys::cuMemAllocHost_v2(&mut p, size) },
-            "cuMemAllocHost failed",
-        )
-        .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
-        let mut ev: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: context current.
-        if let Err(e) = ck(
-            unsafe { sys::cuEventCreate(&mut ev, flags) },
-            "cuEventCreate failed",
-        ) {
-            // SAFETY: allocated just above.
-            unsafe { sys::cuMemFreeHost(p) };
-            return Err(self.cu(e));
-        }
+        let p = api
+            .mem_alloc_host(self.dev.ctx, size)
+            .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
+        let ev = match api.event_create(self.dev.ctx) {
+            Ok(ev) => ev,
+            Err(e) => {
+                let _ = api.mem_free_host(self.dev.ctx, p);
+                return Err(self.cu(e));
+            }
+        };
         st.staging.push(Staging {
-            ptr: p as *mut u8,
+            ptr: p,
             size,
             event: ev,
             busy: false,
@@ -372,13 +369,11 @@ impl CudaBackend {
             return Ok(st.scratch);
         }
         let size = len.next_power_of_two().max(1 << 20);
-        let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: context current (callers bind first).
-        ck(
-            unsafe { sys::cuMemAlloc_v2(&mut p, size) },
-            "cuMemAlloc of scratch failed",
-        )
-        .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
+        let p = self
+            .dev
+            .api
+            .mem_alloc(self.dev.ctx, size)
+            .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
         if st.scratch != 0 {
             let old = st.scratch;
             st.retired.push(old);
@@ -388,7 +383,7 @@ impl CudaBackend {
         Ok(p)
     }
 
-    fn event_handle(&self, id: EventId) -> BackendResult<sys::CUevent> {
+    fn event_handle(&self, id: EventId) -> BackendResult<Event> {
         lock(&self.state)
             .events
             .get(&id.0)
@@ -398,20 +393,14 @@ impl CudaBackend {
 
     /// Reads and clears the kernels' error word (after a stream synchronisation).
     fn take_kernel_error(&self) -> BackendResult<()> {
+        let api = self.dev.api;
         let mut word = [0u8; 4];
-        // SAFETY: err_word holds 4 bytes; the stream was synchronised by the caller.
-        ck(
-            unsafe { sys::cuMemcpyDtoH_v2(word.as_mut_ptr() as *mut c_void, self.err_word, 4) },
-            "cuMemcpyDtoH of the error word failed",
-        )
-        .map_err(|e| self.cu(e))?;
-        if u32::from_le_bytes(word) != 0 {
-            // SAFETY: as above.
-            ck(
-                unsafe { sys::cuMemsetD8_v2(self.err_word, 0, 4) },
-                "cuMemsetD8 failed",
-            )
+        api.memcpy_dtoh_async(&mut word, self.err_word, self.stream)
             .map_err(|e| self.cu(e))?;
+        if u32::from_le_bytes(word) != 0 {
+            // On our stream, so the next kernel that may set the word runs after it.
+            api.memset_d8_async(self.err_word, 0, 4, self.stream)
+                .map_err(|e| self.cu(e))?;
             return Err(BackendError::new(
                 BackendErrorKind::BadData,
                 self.name,
@@ -425,33 +414,33 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        let (api, ctx) = (self.dev.api, self.dev.ctx);
         if self.dev.bind().is_err() {
-            return;
+            // A poisoned context: the driver frees everything with it; still give the
+            // handles back so nothing of ours stays registered.
         }
+        let _ = api.stream_synchronize(self.stream);
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: after the stream drains nothing uses these objects any more.
-        unsafe {
-            sys::cuStreamSynchronize(self.stream);
-            for (_, (p, _)) in st.buffers.drain() {
-                sys::cuMemFree_v2(p);
-            }
-            for (_, e) in st.events.drain() {
-                sys::cuEventDestroy_v2(e);
-            }
-            for s in st.staging.drain(..) {
-                sys::cuEventDestroy_v2(s.event);
-                sys::cuMemFreeHost(s.ptr as *mut c_void);
-            }
-            for p in st.retired.drain(..) {
-                sys::cuMemFree_v2(p);
-            }
-            if st.scratch != 0 {
-                sys::cuMemFree_v2(st.scratch);
-            }
-            sys::cuMemFree_v2(self.err_word);
-            sys::cuEventDestroy_v2(self.copy_event);
-            sys::cuStreamDestroy_v2(self.stream);
+        // After the stream drained nothing uses these objects any more.
+        for (_, (p, _)) in st.buffers.drain() {
+            let _ = api.mem_free(ctx, p);
         }
+        for (_, e) in st.events.drain() {
+            api.event_destroy(e);
+        }
+        for s in st.staging.drain(..) {
+            api.event_destroy(s.event);
+            let _ = api.mem_free_host(ctx, s.ptr);
+        }
+        for p in st.retired.drain(..) {
+            let _ = api.mem_free(ctx, p);
+        }
+        if st.scratch != 0 {
+            let _ = api.mem_free(ctx, st.scratch);
+        }
+        let _ = api.mem_free(ctx, self.err_word);
+        api.event_destroy(self.copy_event);
+        api.stream_destroy(self.stream);
     }
 }
 
@@ -490,13 +479,12 @@ impl Backend for CudaBackend {
 
     fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo> {
         self.bind()?;
-        let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: context current; a zero-size request allocates one byte instead.
-        ck(
-            unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) },
-            "cuMemAlloc failed",
-        )
-        .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
+        // A zero-size request allocates one byte instead.
+        let p = self
+            .dev
+            .api
+            .mem_alloc(self.dev.ctx, size.max(1))
+            .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
         let mut st = lock(&self.state);
         let index = st.next_buffer;
         st.next_buffer += 1;
@@ -516,8 +504,11 @@ impl Backend for CudaBackend {
         let mut st = lock(&self.state);
         self.buffer_range(&st, buffer, 0, 0)?;
         let (p, _) = st.buffers.remove(&buffer.index).unwrap_or((0, 0));
-        // SAFETY: allocated by alloc_buffer; the caller guarantees no queued use.
-        ck(unsafe { sys::cuMemFree_v2(p) }, "cuMemFree failed").map_err(|e| self.cu(e))
+        // The caller guarantees no queued use.
+        self.dev
+            .api
+            .mem_free(self.dev.ctx, p)
+            .map_err(|e| self.cu(e))
     }
 
     fn buffer_set(&self, buffer: BufferId, offset: usize, data: &[u8]) -> BackendResult<()> {
@@ -526,12 +517,16 @@ impl Backend for CudaBackend {
         if data.is_empty() {
             return Ok(());
         }
-        // SAFETY: dst..dst+len lies in the buffer; data is valid for len bytes.
-        ck(
-            unsafe { sys::cuMemcpyHtoD_v2(dst, data.as_ptr() as *const c_void, data.len()) },
-            "cuMemcpyHtoD failed",
-        )
-        .map_err(|e| self.cu(e))
+        // On our own stream, then waited for: the driver's synchronous cuMemcpyHtoD runs
+        // on the legacy NULL stream, which does not order against our non-blocking
+        // stream, and may return before the bytes landed, so a kernel enqueued next
+        // could read the old bytes.
+        let api = self.dev.api;
+        // SAFETY: `data` is pageable memory, staged by the driver during the call; the
+        // synchronisation below completes the copy before `data` can change.
+        unsafe { api.memcpy_htod_async(dst, data.as_ptr(), data.len(), self.stream) }
+            .and_then(|_| api.stream_synchronize(self.stream))
+            .map_err(|e| self.cu(e))
     }
 
     fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()> {
@@ -540,12 +535,12 @@ impl Backend for CudaBackend {
         if out.is_empty() {
             return Ok(());
         }
-        // SAFETY: src range lies in the buffer; out is valid for len bytes.
-        ck(
-            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src, out.len()) },
-            "cuMemcpyDtoH failed",
-        )
-        .map_err(|e| self.cu(e))
+        // Ordered on our stream (see buffer_set); a pageable destination makes it
+        // complete on return.
+        self.dev
+            .api
+            .memcpy_dtoh_async(out, src, self.stream)
+            .map_err(|e| self.cu(e))
     }
 
     fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {
@@ -558,12 +553,12 @@ impl Backend for CudaBackend {
             .filter(|_| buffer.domain == self.domain)
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown buffer"))?;
         drop(st);
-        // SAFETY: the whole buffer.
-        ck(
-            unsafe { sys::cuMemsetD8_v2(base, value, size) },
-            "cuMemsetD8 failed",
-        )
-        .map_err(|e| self.cu(e))
+        // On our stream, then waited for (see buffer_set: cuMemsetD8 is asynchronous and
+        // on the legacy NULL stream).
+        let api = self.dev.api;
+        api.memset_d8_async(base, value, size, self.stream)
+            .and_then(|_| api.stream_synchronize(self.stream))
+            .map_err(|e| self.cu(e))
     }
 
     fn supports_op(&self, tensors: &[Tensor], node: TensorId) -> bool {
@@ -581,6 +576,7 @@ impl Backend for CudaBackend {
 
     fn set_tensor_async(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> BackendResult<()> {
         self.bind()?;
+        let api = self.dev.api;
         let mut st = lock(&self.state);
         let dst = self
             .tensor_range(&st, tensor, offset, data.len())
@@ -592,20 +588,10 @@ impl Backend for CudaBackend {
         let s = &mut st.staging[i];
         // SAFETY: the chunk holds at least data.len() bytes and no queued copy reads it.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr, data.len()) };
-        // SAFETY: pinned source stays allocated until the copy-done event completed.
-        let r = ck(
-            unsafe {
-                sys::cuMemcpyHtoDAsync_v2(dst, s.ptr as *const c_void, data.len(), self.stream)
-            },
-            "cuMemcpyHtoDAsync failed",
-        )
-        // SAFETY: event and stream are ours.
-        .and_then(|_| {
-            ck(
-                unsafe { sys::cuEventRecord(s.event, self.stream) },
-                "cuEventRecord failed",
-            )
-        });
+        // SAFETY: the pinned source stays allocated and unchanged until the copy-done
+        // event completed (the chunk is busy until then).
+        let r = unsafe { api.memcpy_htod_async(dst, s.ptr, data.len(), self.stream) }
+            .and_then(|_| api.event_record(s.event, self.stream));
         r.map_err(|e| self.cu(e).at("set_tensor_async", tensor.name))?;
         s.busy = true;
         Ok(())
@@ -619,12 +605,10 @@ impl Backend for CudaBackend {
         if out.is_empty() {
             return Ok(());
         }
-        // SAFETY: src range checked; the stream is idle; out valid for len bytes.
-        ck(
-            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src, out.len()) },
-            "cuMemcpyDtoH failed",
-        )
-        .map_err(|e| self.cu(e).at("get_tensor", tensor.name))
+        self.dev
+            .api
+            .memcpy_dtoh_async(out, src, self.stream)
+            .map_err(|e| self.cu(e).at("get_tensor", tensor.name))
     }
 
     fn cpy_tensor_async(
@@ -633,7 +617,11 @@ impl Backend for CudaBackend {
         src: &Tensor,
         dst: &Tensor,
     ) -> BackendResult<bool> {
-        let Some(sb) = src_backend.as_any().downcast_ref::<CudaBackend>() else {
+        let Some(sb) = src_backend
+            .as_any()
+            .downcast_ref::<CudaBackend>()
+            .filter(|sb| sb.dev.kind == self.dev.kind)
+        else {
             return Ok(false);
         };
         let n = src.nbytes();
@@ -654,14 +642,11 @@ impl Backend for CudaBackend {
             return Ok(true);
         }
         let fail = |e: CuError| self.cu(e).at("cpy_tensor_async", dst.name);
+        let api = self.dev.api;
         if std::ptr::eq(sb, self) {
             self.bind()?;
-            // SAFETY: both ranges checked, in this context.
-            ck(
-                unsafe { sys::cuMemcpyDtoDAsync_v2(d_addr, s_addr, n, self.stream) },
-                "cuMemcpyDtoDAsync failed",
-            )
-            .map_err(fail)?;
+            api.memcpy_dtod_async(d_addr, s_addr, n, self.stream)
+                .map_err(fail)?;
             return Ok(true);
         }
         // The copy runs on the SOURCE stream (after the producer), then the destination
@@ -669,35 +654,17 @@ impl Backend for CudaBackend {
         sb.bind()?;
         let _guard = lock(&sb.copy_lock);
         let r = if Arc::ptr_eq(&sb.dev, &self.dev) {
-            // SAFETY: one context; ranges checked.
-            ck(
-                unsafe { sys::cuMemcpyDtoDAsync_v2(d_addr, s_addr, n, sb.stream) },
-                "cuMemcpyDtoDAsync failed",
-            )
+            api.memcpy_dtod_async(d_addr, s_addr, n, sb.stream)
         } else {
+            // Without peer access the driver stages the copy through the host.
             sb.dev.enable_peer(&self.dev);
-            // SAFETY: contexts retained, ranges checked; without peer access the driver
-            // stages the copy through the host.
-            ck(
-                unsafe {
-                    sys::cuMemcpyPeerAsync(d_addr, self.dev.ctx, s_addr, sb.dev.ctx, n, sb.stream)
-                },
-                "cuMemcpyPeerAsync failed",
-            )
+            api.memcpy_peer_async(d_addr, self.dev.ctx, s_addr, sb.dev.ctx, n, sb.stream)
         };
         r.map_err(fail)?;
-        // SAFETY: copy_event and both streams are valid.
-        ck(
-            unsafe { sys::cuEventRecord(sb.copy_event, sb.stream) },
-            "cuEventRecord failed",
-        )
-        .map_err(fail)?;
-        // SAFETY: as above; the wait captures the event state recorded just now.
-        ck(
-            unsafe { sys::cuStreamWaitEvent(self.stream, sb.copy_event, 0) },
-            "cuStreamWaitEvent failed",
-        )
-        .map_err(fail)?;
+        api.event_record(sb.copy_event, sb.stream).map_err(fail)?;
+        // The wait captures the event state recorded just now.
+        api.stream_wait_event(self.stream, sb.copy_event)
+            .map_err(fail)?;
         Ok(true)
     }
 
@@ -712,17 +679,14 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> BackendResult<()> {
         self.bind()?;
-        // SAFETY: our stream.
-        ck(
-            unsafe { sys::cuStreamSynchronize(self.stream) },
-            "cuStreamSynchronize failed (a queued kernel or copy failed)",
-        )
-        .map_err(|e| self.cu(e))?;
+        let api = self.dev.api;
+        api.stream_synchronize(self.stream)
+            .map_err(|e| self.cu(e))?;
         {
             let mut st = lock(&self.state);
             for p in std::mem::take(&mut st.retired) {
-                // SAFETY: the stream is idle, nothing uses the retired scratch.
-                unsafe { sys::cuMemFree_v2(p) };
+                // The stream is idle, nothing uses the retired scratch.
+                let _ = api.mem_free(self.dev.ctx, p);
             }
             for s in &mut st.staging {
                 s.busy = false;
@@ -733,14 +697,11 @@ impl Backend for CudaBackend {
 
     fn event_new(&self) -> BackendResult<Option<EventId>> {
         self.bind()?;
-        let mut ev: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: context current.
-        ck(
-            unsafe { sys::cuEventCreate(&mut ev, flags) },
-            "cuEventCreate failed",
-        )
-        .map_err(|e| self.cu(e))?;
+        let ev = self
+            .dev
+            .api
+            .event_create(self.dev.ctx)
+            .map_err(|e| self.cu(e))?;
         let mut st = lock(&self.state);
         let id = st.next_event;
         st.next_event += 1;
@@ -754,23 +715,18 @@ impl Backend for CudaBackend {
             .events
             .remove(&event.0)
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))?;
-        // SAFETY: created by event_new; the caller guarantees no pending wait.
-        ck(
-            unsafe { sys::cuEventDestroy_v2(ev) },
-            "cuEventDestroy failed",
-        )
-        .map_err(|e| self.cu(e))
+        // The caller guarantees no pending wait.
+        self.dev.api.event_destroy(ev);
+        Ok(())
     }
 
     fn event_record(&self, event: EventId) -> BackendResult<()> {
         self.bind()?;
         let ev = self.event_handle(event)?;
-        // SAFETY: our event and stream.
-        ck(
-            unsafe { sys::cuEventRecord(ev, self.stream) },
-            "cuEventRecord failed",
-        )
-        .map_err(|e| self.cu(e))
+        self.dev
+            .api
+            .event_record(ev, self.stream)
+            .map_err(|e| self.cu(e))
     }
 
     fn event_wait(&self, event: EventRef<'_>) -> BackendResult<()> {
@@ -780,28 +736,32 @@ impl Backend for CudaBackend {
                 "a CUDA stream can only wait on events of CUDA backends",
             ));
         };
+        if owner.dev.kind != self.dev.kind {
+            return Err(self.err(
+                BackendErrorKind::ForeignEvent,
+                "a CUDA stream can only wait on events of the same driver (cuda or cuda-sim)",
+            ));
+        }
         let ev = owner.event_handle(event.id)?;
         self.bind()?;
-        // SAFETY: a valid event (possibly of another context: allowed) and our stream.
-        ck(
-            unsafe { sys::cuStreamWaitEvent(self.stream, ev, 0) },
-            "cuStreamWaitEvent failed",
-        )
-        .map_err(|e| self.cu(e))
+        // Events of another context are allowed.
+        self.dev
+            .api
+            .stream_wait_event(self.stream, ev)
+            .map_err(|e| self.cu(e))
     }
 
     fn can_wait_on(&self, owner: &dyn Backend) -> bool {
-        owner.as_any().downcast_ref::<CudaBackend>().is_some()
+        owner
+            .as_any()
+            .downcast_ref::<CudaBackend>()
+            .is_some_and(|o| o.dev.kind == self.dev.kind)
     }
 
     fn event_synchronize(&self, event: EventId) -> BackendResult<()> {
         self.bind()?;
         let ev = self.event_handle(event)?;
-        // SAFETY: our event; an unrecorded event completes at once.
-        ck(
-            unsafe { sys::cuEventSynchronize(ev) },
-            "cuEventSynchronize failed",
-        )
-        .map_err(|e| self.cu(e))
+        // An unrecorded event completes at once.
+        self.dev.api.event_synchronize(ev).map_err(|e| self.cu(e))
     }
 }

@@ -187,11 +187,34 @@ pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> 
     })
 }
 
+/// The type an argument was packed as, checked against the kernel's `.param` list on
+/// cuda-sim (a mismatch there is a launch error, not a wrong result on a GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgKind {
+    /// A 64-bit integer or device pointer (`.u64` / `.s64` / `.b64`).
+    U64,
+    /// A 32-bit integer (`.u32` / `.s32` / `.b32`).
+    U32,
+    /// A 32-bit float (`.f32`).
+    F32,
+}
+
+impl ArgKind {
+    /// Size of the parameter in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            ArgKind::U64 => 8,
+            ArgKind::U32 | ArgKind::F32 => 4,
+        }
+    }
+}
+
 /// Kernel arguments kept on the stack: each value sits in its own 8-byte slot (u32 and
 /// f32 in the low 4 bytes, which is what the driver reads on little-endian hosts), and
 /// the pointer array handed to `cuLaunchKernel` is built at launch time.
 pub struct Args {
     slots: [u64; Args::MAX],
+    kinds: [ArgKind; Args::MAX],
     len: usize,
 }
 
@@ -209,6 +232,7 @@ impl Args {
     pub fn new() -> Args {
         Args {
             slots: [0; Args::MAX],
+            kinds: [ArgKind::U64; Args::MAX],
             len: 0,
         }
     }
@@ -223,36 +247,42 @@ impl Args {
         self.len == 0
     }
 
-    fn push(&mut self, v: u64) -> &mut Args {
+    fn push(&mut self, v: u64, kind: ArgKind) -> &mut Args {
         assert!(self.len < Args::MAX, "kernel argument list overflow");
         self.slots[self.len] = v;
+        self.kinds[self.len] = kind;
         self.len += 1;
         self
     }
 
     /// A 64-bit value (device pointer, byte stride).
     pub fn u64(&mut self, v: u64) -> &mut Args {
-        self.push(v)
+        self.push(v, ArgKind::U64)
     }
 
     /// A byte stride or size as u64.
     pub fn usize(&mut self, v: usize) -> &mut Args {
-        self.push(v as u64)
+        self.push(v as u64, ArgKind::U64)
     }
 
     /// A 32-bit unsigned value.
     pub fn u32(&mut self, v: u32) -> &mut Args {
-        self.push(v as u64)
+        self.push(v as u64, ArgKind::U32)
     }
 
     /// An f32 value.
     pub fn f32(&mut self, v: f32) -> &mut Args {
-        self.push(v.to_bits() as u64)
+        self.push(v.to_bits() as u64, ArgKind::F32)
     }
 
-    /// The slot values (for tests).
+    /// The slot values.
     pub fn slots(&self) -> &[u64] {
         &self.slots[..self.len]
+    }
+
+    /// The type each slot was packed as.
+    pub fn kinds(&self) -> &[ArgKind] {
+        &self.kinds[..self.len]
     }
 
     /// Fills `ptrs` with pointers to the slots and returns the used prefix. `self` must
@@ -324,6 +354,10 @@ mod tests {
         assert_eq!(
             a.slots(),
             &[0xdead_beef_0000, 7, 1.5f32.to_bits() as u64, 3]
+        );
+        assert_eq!(
+            a.kinds(),
+            &[ArgKind::U64, ArgKind::U32, ArgKind::F32, ArgKind::U64]
         );
         let mut ptrs = [core::ptr::null_mut(); Args::MAX];
         let n = a.pointers(&mut ptrs).len();

@@ -50,5 +50,17 @@ mod ops;
 pub mod reference;
 
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT};
-pub use driver::{device_count, driver, driver_version, CuError, REQUIRED_SYMBOLS};
+pub use driver::libcuda::{device_count, driver, driver_version};
+pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};
+
+/// The emulator behind `cuda-sim:N` devices, re-exported for users who configure it
+/// (device count, memory, chaos, checks) or inspect it (memory in use, fault reports).
+#[cfg(feature = "sim")]
+pub use cuda_sim;
+
+/// The process-wide emulated driver that [`DriverKind::Sim`] backends run on.
+#[cfg(feature = "sim")]
+pub fn sim_driver() -> Result<std::sync::Arc<cuda_sim::driver::Driver>, CuError> {
+    driver::sim::driver()
+}

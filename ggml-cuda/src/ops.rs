@@ -1,15 +1,12 @@
 //! Which ops the CUDA backend runs (`check`) and how each is launched (`run`).
 
-use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use cudarc::driver::sys;
 use ggml_core::{
     BackendError, BackendErrorKind, BackendResult, DType, Op, RopeMode, Tensor, TensorId,
 };
 
 use crate::backend::{CudaBackend, State};
-use crate::driver::ck;
 use crate::kernels::KernelId;
 use crate::launch::{self, Args, LaunchDims, MulMatClass};
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
@@ -269,46 +266,18 @@ impl Ctx<'_> {
     }
 
     fn launch(&self, k: KernelId, d: LaunchDims, args: &mut Args) -> BackendResult<()> {
-        let f = self.be.dev.kernels.get(k);
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); Args::MAX];
-        let params = args.pointers(&mut ptrs);
+        let dev = &self.be.dev;
+        let f = dev.kernels.get(k);
+        let fail = |e: crate::driver::CuError| self.be.cu(e).at(self.op(), self.node.name);
         if d.shared > launch::DEFAULT_MAX_SHARED {
-            // SAFETY: valid function handle; attribute value within the device limit is
-            // the caller's responsibility (launch::flash_attn keeps it at 48 KiB).
-            ck(
-                unsafe {
-                    sys::cuFuncSetAttribute(
-                        f,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        d.shared as i32,
-                    )
-                },
-                "cuFuncSetAttribute failed",
-            )
-            .map_err(|e| self.be.cu(e).at(self.op(), self.node.name))?;
+            // launch::flash_attn keeps the request within the device limit.
+            dev.api
+                .func_set_max_dynamic_shared(f, d.shared)
+                .map_err(fail)?;
         }
-        // SAFETY: `params` points at `args`' slots, which outlive the call (the driver
-        // copies the values at launch); the argument list matches the kernel's .param
-        // list as documented in its PTX header; every pointer argument was range-checked.
-        ck(
-            unsafe {
-                sys::cuLaunchKernel(
-                    f,
-                    d.grid.0,
-                    d.grid.1,
-                    d.grid.2,
-                    d.block.0,
-                    d.block.1,
-                    d.block.2,
-                    d.shared,
-                    self.be.stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "cuLaunchKernel failed",
-        )
-        .map_err(|e| self.be.cu(e).at(self.op(), self.node.name))
+        // The argument list matches the kernel's .param list as documented in its PTX
+        // header; every pointer argument was range-checked.
+        dev.api.launch(f, &d, self.be.stream, args).map_err(fail)
     }
 }
 

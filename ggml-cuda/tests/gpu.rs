@@ -1,7 +1,10 @@
 //! Every kernel against host references, by NMSE (1e-7 for most ops, 5e-4 for mul_mat
 //! and flash attention), plus bit-identity checks of invariant 2, copies and events.
-//! Each test prints "skipped: <reason>" and returns when no GPU can be used, unless
-//! `GGML_RS_REQUIRE_GPU` is set (as `cargo xtask gpu-test` does): then it fails.
+//!
+//! One test, two drivers: the tests run on cuda-sim's emulated GPU (kernels in its PTX
+//! interpreter with memcheck, racecheck, synccheck and initcheck on) unless
+//! `GGML_RS_REQUIRE_GPU` is set (as `cargo xtask gpu-test` does): then they run on the
+//! real GPU through libcuda and fail if there is none. Nothing is skipped.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use ggml_core::{
@@ -9,24 +12,21 @@ use ggml_core::{
     Tensor, TensorId,
 };
 use ggml_cuda::reference::{self, nmse, Q8_1_BLOCK};
-use ggml_cuda::{CudaBackend, MulMatClass};
+use ggml_cuda::{CudaBackend, DriverKind, MulMatClass};
 
-/// Reports why the GPU tests cannot run: a skip, or a failure where a GPU is required.
-fn skip(why: impl std::fmt::Display) {
+/// The driver under test: libcuda where a GPU is required, cuda-sim otherwise.
+fn driver() -> DriverKind {
     if std::env::var_os("GGML_RS_REQUIRE_GPU").is_some() {
-        panic!("GGML_RS_REQUIRE_GPU is set but no GPU can be used: {why}");
+        DriverKind::Cuda
+    } else {
+        DriverKind::Sim
     }
-    println!("skipped: {why}");
 }
 
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0, 0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            skip(e);
-            None
-        }
-    }
+fn gpu() -> CudaBackend {
+    let kind = driver();
+    CudaBackend::with_driver(kind, 0, 0)
+        .unwrap_or_else(|e| panic!("no {} device 0: {e}", kind.prefix()))
 }
 
 struct Rng(u64);
@@ -145,7 +145,7 @@ fn storage() -> Vec<Tensor> {
 
 #[test]
 fn get_rows_all_dtypes() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(1);
     for dt in [
         DType::F32,
@@ -187,7 +187,7 @@ fn get_rows_all_dtypes() {
 
 #[test]
 fn set_rows_writes_named_rows_exactly() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(2);
     let (n, rows) = (64, 12);
     let cache = rng.vec(n * rows);
@@ -219,7 +219,7 @@ fn set_rows_writes_named_rows_exactly() {
 
 #[test]
 fn get_rows_bad_index_is_bad_data() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut s = storage();
     let mut ctx = Context::new(&mut s);
     let a = ctx.new_tensor(DType::F32, [32, 4, 1, 1]).unwrap();
@@ -244,7 +244,7 @@ fn get_rows_bad_index_is_bad_data() {
 
 #[test]
 fn binary_unary_norm() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(2);
     let (x, g, y) = (rng.vec(576 * 6), rng.vec(576), rng.vec(576 * 6));
     let mut s = storage();
@@ -286,7 +286,7 @@ fn binary_unary_norm() {
 
 #[test]
 fn mul_mat_quantised_both_classes_bit_identical() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(3);
     for dt in [
         DType::Q4_0,
@@ -349,7 +349,7 @@ fn mul_mat_quantised_both_classes_bit_identical() {
 
 #[test]
 fn mul_mat_float_with_broadcast() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(4);
     for dt in [DType::F32, DType::F16] {
         let (k, m, n) = (64, 32, 5);
@@ -423,7 +423,7 @@ fn rope_ref(
 
 #[test]
 fn rope_normal_and_neox() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(5);
     let ne = [64, 9, 7];
     let x = rng.vec(64 * 9 * 7);
@@ -449,7 +449,7 @@ fn rope_normal_and_neox() {
 
 #[test]
 fn soft_max_with_f16_mask() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(6);
     let (n, rows) = (100, 6);
     let x = rng.vec(n * rows);
@@ -489,7 +489,7 @@ fn soft_max_with_f16_mask() {
 
 #[test]
 fn cpy_cont_concat() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(7);
     let x = rng.vec(8 * 6 * 4);
     let mut s = storage();
@@ -570,7 +570,7 @@ fn attn_ref(
 
 #[test]
 fn flash_attn_matches_and_ignores_masked_padding() {
-    let Some(be) = gpu() else { return };
+    let be = gpu();
     let mut rng = Rng(8);
     let (d, nq, h, hkv) = (64, 5, 6, 2);
     let mut results = Vec::new();
@@ -651,13 +651,7 @@ fn flash_attn_matches_and_ignores_masked_padding() {
 
 #[test]
 fn copies_and_events_between_virtual_devices() {
-    let v = match CudaBackend::new_virtual(0, 2) {
-        Ok(v) => v,
-        Err(e) => {
-            skip(e);
-            return;
-        }
-    };
+    let v = CudaBackend::new_virtual_with(driver(), 0, 2).expect("two instances on device 0");
     let (a, b) = (&v[0], &v[1]);
     let t = Tensor::contiguous(DType::F32, [1024, 1, 1, 1]).unwrap();
     let ba = a.alloc_buffer(4096).unwrap();
