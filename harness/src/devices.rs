@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use ggml_cuda::DriverKind;
+
 use crate::error::{HarnessError, Result};
 
 /// One entry of a device list.
@@ -14,8 +16,11 @@ pub enum DeviceSpec {
         /// Number of virtual devices.
         count: usize,
     },
-    /// `cuda:G` or `cuda:GxN`: N backend instances (streams) on GPU `G`.
+    /// `cuda:G` or `cuda:GxN`: N backend instances (streams) on GPU `G`; `cuda-sim:G`
+    /// and `cuda-sim:GxN` the same on cuda-sim's emulated GPU `G`.
     Cuda {
+        /// The real driver (`cuda`) or the emulated one (`cuda-sim`).
+        driver: DriverKind,
         /// GPU ordinal.
         gpu: usize,
         /// Number of virtual devices on that GPU.
@@ -45,7 +50,7 @@ impl FromStr for DeviceList {
     fn from_str(s: &str) -> Result<DeviceList> {
         let bad = |item: &str, why: &str| {
             HarnessError::Usage(format!(
-                "--devices: '{item}': {why} (expected cpu, cpu:N, cuda:G or cuda:GxN, comma-separated)"
+                "--devices: '{item}': {why} (expected cpu, cpu:N, cuda:G, cuda:GxN, cuda-sim:G or cuda-sim:GxN, comma-separated)"
             ))
         };
         let mut out = Vec::new();
@@ -63,9 +68,14 @@ impl FromStr for DeviceList {
                     }
                     out.push(DeviceSpec::Cpu { count });
                 }
-                "cuda" => {
+                "cuda" | "cuda-sim" => {
+                    let driver = if kind == "cuda" {
+                        DriverKind::Cuda
+                    } else {
+                        DriverKind::Sim
+                    };
                     if rest.is_empty() {
-                        return Err(bad(item, "name the GPU, e.g. cuda:0"));
+                        return Err(bad(item, "name the GPU, e.g. cuda:0 or cuda-sim:0"));
                     }
                     let (gpu, count) = match rest.split_once('x') {
                         Some((g, n)) => (num(g)?, num(n)?),
@@ -74,7 +84,7 @@ impl FromStr for DeviceList {
                     if count == 0 || count > 16 {
                         return Err(bad(item, "between 1 and 16 virtual devices per GPU"));
                     }
-                    out.push(DeviceSpec::Cuda { gpu, count });
+                    out.push(DeviceSpec::Cuda { driver, gpu, count });
                 }
                 _ => return Err(bad(item, "unknown device kind")),
             }
@@ -92,8 +102,14 @@ impl fmt::Display for DeviceList {
             match d {
                 DeviceSpec::Cpu { count: 1 } => f.write_str("cpu")?,
                 DeviceSpec::Cpu { count } => write!(f, "cpu:{count}")?,
-                DeviceSpec::Cuda { gpu, count: 1 } => write!(f, "cuda:{gpu}")?,
-                DeviceSpec::Cuda { gpu, count } => write!(f, "cuda:{gpu}x{count}")?,
+                DeviceSpec::Cuda {
+                    driver,
+                    gpu,
+                    count: 1,
+                } => write!(f, "{}:{gpu}", driver.prefix())?,
+                DeviceSpec::Cuda { driver, gpu, count } => {
+                    write!(f, "{}:{gpu}x{count}", driver.prefix())?
+                }
             }
         }
         Ok(())
@@ -106,11 +122,35 @@ mod tests {
 
     #[test]
     fn parses_lists() {
-        let l: DeviceList = "cpu:3,cuda:0x2,cuda:1".parse().unwrap();
-        assert_eq!(l.count(), 6);
-        assert_eq!(l.to_string(), "cpu:3,cuda:0x2,cuda:1");
+        let l: DeviceList = "cpu:3,cuda:0x2,cuda:1,cuda-sim:0x2,cuda-sim:1"
+            .parse()
+            .unwrap();
+        assert_eq!(l.count(), 9);
+        assert_eq!(
+            l.to_string(),
+            "cpu:3,cuda:0x2,cuda:1,cuda-sim:0x2,cuda-sim:1"
+        );
+        assert_eq!(
+            l.0[3],
+            DeviceSpec::Cuda {
+                driver: DriverKind::Sim,
+                gpu: 0,
+                count: 2
+            }
+        );
         for bad in [
-            "", "gpu", "cpu:0", "cpu:x", "cuda", "cuda:0x0", "cpu,,cpu", "cpu:99",
+            "",
+            "gpu",
+            "cpu:0",
+            "cpu:x",
+            "cuda",
+            "cuda:0x0",
+            "cpu,,cpu",
+            "cpu:99",
+            "cuda-sim",
+            "cuda-sim:x",
+            "cuda-sim:0x0",
+            "cudasim:0",
         ] {
             assert!(bad.parse::<DeviceList>().is_err(), "{bad}");
         }

@@ -46,6 +46,20 @@ enum Command {
     Plan(PlanArgs),
     /// Downloads the default model into the cache and prints its path.
     FetchModel,
+    /// Writes the synthetic llama model the tests use (4 layers, 256 wide, GQA, byte
+    /// vocabulary, seeded weights) as a GGUF file, e.g. for runs on cuda-sim in CI.
+    SynthModel {
+        /// Output GGUF file.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// dtype of every matrix but the token embedding (f32, f16, bf16, q4_0, q4_1,
+        /// q5_0, q5_1, q8_0, q4_k, q6_k, ...).
+        #[arg(long, default_value = "q4_1", value_name = "T")]
+        dtype: String,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
     /// Summarises a `--trace` file: busy and idle time per queue, overlap of the queues,
     /// the sync pattern of each split and the host syncs by rule.
     TraceSummary {
@@ -192,7 +206,8 @@ struct RunArgs {
     /// Threads in total (shared by virtual CPU devices).
     #[arg(short = 't', long, default_value_t = default_threads())]
     threads: usize,
-    /// Devices: cpu, cpu:N, cuda:G, cuda:GxN, comma-separated.
+    /// Devices: cpu, cpu:N, cuda:G, cuda:GxN, cuda-sim:G, cuda-sim:GxN (emulated GPUs),
+    /// comma-separated.
     #[arg(long, default_value = "cpu")]
     devices: String,
     /// How to spread the model over the devices.
@@ -660,6 +675,7 @@ fn main() -> ExitCode {
         Command::Regress(a) => run_regress(a),
         Command::Plan(a) => run_plan(a),
         Command::FetchModel => default_model_path().map(|p| println!("{}", p.display())),
+        Command::SynthModel { out, dtype, seed } => synth_model(&out, &dtype, seed),
         Command::TraceSummary { file, json } => harness::trace::summarize(&file).map(|s| {
             if json {
                 println!("{}", serde_json::to_string(&s).expect("serialisable"));
@@ -675,4 +691,33 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn synth_model(out: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
+    use ggml_core::DType;
+    let dt = DType::from_name(dtype)
+        .filter(|d| !matches!(d, DType::I32 | DType::Q8_1 | DType::Q8K))
+        .ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "--dtype: '{dtype}' is not a weight dtype (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)"
+            ))
+        })?;
+    let spec = harness::synthetic::SyntheticSpec {
+        seed,
+        ..harness::synthetic::SyntheticSpec::tiny(dt)
+    };
+    let bytes = harness::synthetic::synthetic_gguf(&spec);
+    std::fs::write(out, &bytes).map_err(|source| HarnessError::Io {
+        path: out.display().to_string(),
+        source,
+    })?;
+    eprintln!(
+        "wrote {} ({} bytes): synthetic llama, {} layers, n_embd {}, matrices {}",
+        out.display(),
+        bytes.len(),
+        spec.n_layer,
+        spec.n_embd,
+        dt.name()
+    );
+    Ok(())
 }

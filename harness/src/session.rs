@@ -95,6 +95,25 @@ pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
         .sum();
     let per_cpu = threads.checked_div(n_cpu).map_or(1, |t| t.max(1));
     let mut out: Vec<Arc<dyn Backend>> = Vec::new();
+    if devices.0.iter().any(|d| {
+        matches!(
+            d,
+            DeviceSpec::Cuda {
+                driver: ggml_cuda::DriverKind::Sim,
+                ..
+            }
+        )
+    }) {
+        // cuda-sim's streams take the same chaos seed as the CPU queues.
+        let sim = ggml_cuda::sim_driver().map_err(|e| {
+            ggml_core::BackendError::new(
+                ggml_core::BackendErrorKind::Unavailable,
+                ggml_core::Name::new("cuda-sim"),
+                e.what,
+            )
+        })?;
+        sim.set_chaos(config.chaos);
+    }
     for d in &devices.0 {
         match *d {
             DeviceSpec::Cpu { count } => {
@@ -108,8 +127,8 @@ pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
                     out.push(Arc::new(ggml_cpu::CpuBackend::new(opts)?));
                 }
             }
-            DeviceSpec::Cuda { gpu, count } => {
-                for b in ggml_cuda::CudaBackend::new_virtual(gpu, count as u32)? {
+            DeviceSpec::Cuda { driver, gpu, count } => {
+                for b in ggml_cuda::CudaBackend::new_virtual_with(driver, gpu, count as u32)? {
                     out.push(Arc::new(b));
                 }
             }

@@ -197,8 +197,14 @@ pub fn devices_slug(devices: &DeviceList) -> String {
         .map(|d| match *d {
             DeviceSpec::Cpu { count: 1 } => "cpu".to_string(),
             DeviceSpec::Cpu { count } => format!("cpu{count}"),
-            DeviceSpec::Cuda { gpu, count: 1 } => format!("cuda{gpu}"),
-            DeviceSpec::Cuda { gpu, count } => format!("cuda{gpu}x{count}"),
+            DeviceSpec::Cuda {
+                driver,
+                gpu,
+                count: 1,
+            } => format!("{}{gpu}", driver.prefix()),
+            DeviceSpec::Cuda { driver, gpu, count } => {
+                format!("{}{gpu}x{count}", driver.prefix())
+            }
         })
         .collect::<Vec<_>>()
         .join("+")

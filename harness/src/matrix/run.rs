@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use super::report::{GoldenStatus, Report, Row};
 use super::rules::{evaluate, Violation};
 use super::{Matrix, MatrixCell, Rule};
+use ggml_cuda::DriverKind;
+
 use crate::devices::DeviceSpec;
 use crate::error::{HarnessError, Result};
 use crate::golden::{sha256_hex, Golden, GoldenKey, GoldenSet};
@@ -31,40 +33,50 @@ pub struct RunOptions {
 /// when a cell mixes them. Fails, before anything runs, when a cell needs a device this
 /// machine lacks.
 pub fn hardware_classes(matrix: &Matrix) -> Result<Vec<String>> {
-    let mut gpu_class: HashMap<usize, String> = HashMap::new();
-    let mut n_gpus: Option<usize> = None;
+    let mut gpu_class: HashMap<(DriverKind, usize), String> = HashMap::new();
+    let mut n_gpus: HashMap<DriverKind, usize> = HashMap::new();
     let mut out = Vec::with_capacity(matrix.cells.len());
     for c in &matrix.cells {
         let mut classes = Vec::new();
         for d in &c.cell.devices.0 {
             match *d {
                 DeviceSpec::Cpu { .. } => classes.push("cpu".to_string()),
-                DeviceSpec::Cuda { gpu, .. } => {
+                DeviceSpec::Cuda { driver, gpu, .. } => {
+                    let p = driver.prefix();
                     let unavailable = |why: String| {
                         HarnessError::Usage(format!(
-                            "{}: cell '{}' needs cuda:{gpu}, but {why}; run this matrix on a runner with the GPUs it names",
+                            "{}: cell '{}' needs {p}:{gpu}, but {why}; run this matrix on a runner with the GPUs it names",
                             matrix.path, c.name
                         ))
                     };
-                    let n = match n_gpus {
-                        Some(n) => n,
-                        None => {
-                            let n = ggml_cuda::CudaBackend::device_count().map_err(|e| {
-                                unavailable(format!(
-                                    "CUDA is unavailable on this machine ({})",
-                                    e.to_string().replace('\n', " ")
-                                ))
-                            })?;
-                            *n_gpus.insert(n)
+                    let n = match n_gpus.entry(driver) {
+                        Entry::Occupied(e) => *e.get(),
+                        Entry::Vacant(e) => {
+                            let n =
+                                ggml_cuda::CudaBackend::device_count_of(driver).map_err(|e| {
+                                    let what = match driver {
+                                        DriverKind::Cuda => "CUDA",
+                                        DriverKind::Sim => "cuda-sim",
+                                    };
+                                    unavailable(format!(
+                                        "{what} is unavailable on this machine ({})",
+                                        e.to_string().replace('\n', " ")
+                                    ))
+                                })?;
+                            *e.insert(n)
                         }
                     };
                     if gpu >= n {
-                        return Err(unavailable(format!("this machine has {n} CUDA devices")));
+                        return Err(unavailable(format!("this machine has {n} {p} devices")));
                     }
-                    let class = match gpu_class.entry(gpu) {
+                    let class = match gpu_class.entry((driver, gpu)) {
                         Entry::Occupied(e) => e.get().clone(),
+                        // The emulator computes the same bits on every host.
+                        Entry::Vacant(e) if driver == DriverKind::Sim => {
+                            e.insert("cuda-sim".to_string()).clone()
+                        }
                         Entry::Vacant(e) => {
-                            let b = ggml_cuda::CudaBackend::new(gpu, 0)
+                            let b = ggml_cuda::CudaBackend::with_driver(driver, gpu, 0)
                                 .map_err(|err| unavailable(err.to_string().replace('\n', " ")))?;
                             let (major, minor) = b.compute_capability();
                             // Name and driver as well as architecture: SM counts can change
@@ -74,10 +86,10 @@ pub fn hardware_classes(matrix: &Matrix) -> Result<Vec<String>> {
                                 .chars()
                                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
                                 .collect();
-                            let driver = ggml_cuda::driver_version().map_err(|err| {
+                            let version = driver.version().map_err(|err| {
                                 unavailable(format!("{}: {}", err.what, err.code))
                             })?;
-                            e.insert(format!("cuda-sm{major}{minor}-{name}-drv{driver}"))
+                            e.insert(format!("cuda-sm{major}{minor}-{name}-drv{version}"))
                                 .clone()
                         }
                     };
