@@ -101,7 +101,7 @@ struct RegressArgs {
     /// Check races in every cell (any race fails the run).
     #[arg(long)]
     check_races: bool,
-    /// Random delays in CPU queues from this seed.
+    /// Random delays in CPU queues and cuda-sim streams from this seed.
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
     /// With --chaos: run the whole matrix for this many seeds (SEED, SEED+1, ...).
@@ -231,7 +231,7 @@ struct RunArgs {
     /// stderr and make the run fail.
     #[arg(long)]
     check_races: bool,
-    /// Random delays in CPU queues from this seed (chaos mode).
+    /// Random delays in CPU queues and cuda-sim streams from this seed (chaos mode).
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
     /// Queue on which copies between CPU devices run.
