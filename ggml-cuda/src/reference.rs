@@ -213,7 +213,8 @@ pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) -> Option<()> {
 pub const Q8_1_BLOCK: usize = 36;
 
 /// Quantises `x` (a multiple of 32 values) to Q8_1 blocks as `quantize_q8_1` does:
-/// `d = amax / 127`, `q = round_half_even(x * (1/d))`, `s = d * Σq`, d and s stored as f16.
+/// `d = amax / 127`, `q = round_half_away(x * (1/d))` (ggml's `roundf`), `s = d * Σq`, d and
+/// s stored as f16.
 pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
     for (blk, o) in x.chunks(32).zip(out.chunks_mut(Q8_1_BLOCK)) {
         let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -221,7 +222,7 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
         let id = if d == 0.0 { 0.0 } else { 1.0 / d };
         let mut sum = 0i32;
         for (i, v) in blk.iter().enumerate() {
-            let q = (v * id).round_ties_even() as i32;
+            let q = (v * id).round() as i32;
             sum += q;
             o[4 + i] = q as i8 as u8;
         }
@@ -530,6 +531,24 @@ mod tests {
         let mut qz = [0xAAu8; Q8_1_BLOCK];
         quantize_q8_1(&zeros, &mut qz);
         assert!(qz.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn q8_1_rounds_ties_away_from_zero_as_ggml() {
+        // amax 127 makes d = 1, so x * (1/d) is x: ties at every half.
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        for (i, v) in x.iter_mut().enumerate().skip(1) {
+            *v = (i as f32 - 16.0) + 0.5;
+        }
+        let mut ours = [0u8; Q8_1_BLOCK];
+        quantize_q8_1(&x, &mut ours);
+        let mut ggml = [0u8; Q8_1_BLOCK];
+        ggml_core::quant::quantize_row(DType::Q8_1, &x, &mut ggml).unwrap();
+        assert_eq!(ours, ggml);
+        assert_eq!(ours[4 + 16] as i8, 1, "0.5 rounds to 1");
+        assert_eq!(ours[4 + 15] as i8, -1, "-0.5 rounds to -1");
+        assert_eq!(ours[4 + 18] as i8, 3, "2.5 rounds to 3");
     }
 
     #[test]

@@ -683,3 +683,34 @@ fn copies_and_events_between_virtual_devices() {
     a.free_buffer(ba.id).unwrap();
     b.free_buffer(bb.id).unwrap();
 }
+
+/// quantize_q8_1 rounds ties away from zero, as ggml's `roundf` (the CPU backend's
+/// activations get the same bytes). Seen through mul_mat with one-hot Q8_0 weight rows of
+/// scale 1: output row i is activation i's quantised value times its scale (1 here).
+#[test]
+fn q8_1_activation_ties_round_away_from_zero() {
+    let be = gpu();
+    let k = 32;
+    let mut x = vec![0f32; k];
+    x[0] = 127.0; // amax 127: d = 1, so every x.5 is a tie
+    for (i, v) in x.iter_mut().enumerate().skip(1) {
+        *v = (i as f32 - 16.0) + 0.5;
+    }
+    // Q8_0 rows: {d: f16 1.0, qs[32]} with qs one-hot at the row's index.
+    let mut w = vec![0u8; k * 34];
+    for (r, row) in w.chunks_mut(34).enumerate() {
+        row[0..2].copy_from_slice(&reference::f32_to_f16(1.0).to_le_bytes());
+        row[2 + r] = 1;
+    }
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tw = ctx.new_tensor(DType::Q8_0, [k, k, 1, 1]).unwrap();
+    let tx = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+    let y = ctx.mul_mat(tw, tx).unwrap();
+    let got = to_f32(&run(&be, &mut ctx, &[(tw, w), (tx, f32_bytes(&x))], y));
+    let mut ggml = [0u8; Q8_1_BLOCK];
+    ggml_core::quant::quantize_row(DType::Q8_1, &x, &mut ggml).unwrap();
+    let want: Vec<f32> = ggml[4..].iter().map(|&q| q as i8 as f32).collect();
+    assert_eq!(got, want);
+    assert_eq!((got[16], got[15], got[18]), (1.0, -1.0, 3.0));
+}
