@@ -18,6 +18,9 @@ use crate::launch::MulMatClass;
 pub const ALIGNMENT: usize = 256;
 /// Smallest pinned staging chunk (bytes).
 const STAGING_MIN: usize = 1 << 20;
+/// Error words (u32 each) of the kernels that check indices: each launch in a
+/// synchronisation interval gets its own, so an error names its op and node.
+const ERR_SLOTS: usize = 64;
 /// Pinned staging kept around before `set_tensor_async` waits for busy chunks (bytes).
 const STAGING_SOFT_LIMIT: usize = 256 << 20;
 
@@ -46,6 +49,8 @@ pub(crate) struct State {
     pub(crate) scratch: u64,
     pub(crate) scratch_size: usize,
     retired: Vec<u64>,
+    /// Op and node of each error word handed out since the last check.
+    err_users: Vec<(&'static str, Name)>,
 }
 
 /// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
@@ -122,10 +127,10 @@ impl CudaBackend {
                 return Err(unavailable(e));
             }
         };
-        let err_word = api.mem_alloc(dev.ctx, 4).and_then(|p| {
-            // The word must be zero before the first kernel can set it: ordered on our
+        let err_word = api.mem_alloc(dev.ctx, 4 * ERR_SLOTS).and_then(|p| {
+            // The words must be zero before the first kernel can set one: ordered on our
             // stream, then waited for.
-            api.memset_d8_async(p, 0, 4, stream)
+            api.memset_d8_async(p, 0, 4 * ERR_SLOTS, stream)
                 .and_then(|_| api.stream_synchronize(stream))
                 .map(|_| p)
                 .inspect_err(|_| {
@@ -158,6 +163,7 @@ impl CudaBackend {
                 scratch: 0,
                 scratch_size: 0,
                 retired: Vec::new(),
+                err_users: Vec::new(),
             }),
             mmvq_runs: AtomicU64::new(0),
             mmq_runs: AtomicU64::new(0),
@@ -391,24 +397,39 @@ impl CudaBackend {
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))
     }
 
-    /// Reads and clears the kernels' error word (after a stream synchronisation).
-    fn take_kernel_error(&self) -> BackendResult<()> {
-        let api = self.dev.api;
-        let mut word = [0u8; 4];
-        api.memcpy_dtoh_async(&mut word, self.err_word, self.stream)
-            .map_err(|e| self.cu(e))?;
-        if u32::from_le_bytes(word) != 0 {
-            // On our stream, so the next kernel that may set the word runs after it.
-            api.memset_d8_async(self.err_word, 0, 4, self.stream)
-                .map_err(|e| self.cu(e))?;
-            return Err(BackendError::new(
-                BackendErrorKind::BadData,
-                self.name,
-                "a row index was outside the source rows",
-            )
-            .at("GET_ROWS", Name::EMPTY));
+    /// The error word for a launch of `op` (node `node`) that checks its indices. Past
+    /// [`ERR_SLOTS`] launches in one synchronisation interval the last word is shared.
+    pub(crate) fn err_slot(&self, st: &mut State, op: &'static str, node: Name) -> u64 {
+        let i = st.err_users.len().min(ERR_SLOTS - 1);
+        if st.err_users.len() < ERR_SLOTS {
+            st.err_users.push((op, node));
         }
-        Ok(())
+        self.err_word + 4 * i as u64
+    }
+
+    /// Reads and clears the error words handed out since the last check (after a stream
+    /// synchronisation); the first one set names its op and node.
+    fn take_kernel_error(&self) -> BackendResult<()> {
+        let users = std::mem::take(&mut lock(&self.state).err_users);
+        if users.is_empty() {
+            return Ok(());
+        }
+        let api = self.dev.api;
+        let mut words = vec![0u8; 4 * users.len()];
+        api.memcpy_dtoh_async(&mut words, self.err_word, self.stream)
+            .map_err(|e| self.cu(e))?;
+        let bad = words.chunks(4).position(|w| w != [0; 4]);
+        let Some(i) = bad else { return Ok(()) };
+        // On our stream, so the next kernel that may set a word runs after it.
+        api.memset_d8_async(self.err_word, 0, words.len(), self.stream)
+            .map_err(|e| self.cu(e))?;
+        let (op, node) = users[i];
+        let detail = if i == ERR_SLOTS - 1 {
+            "a row index was outside the rows (this op or a later index-checking op)"
+        } else {
+            "a row index was outside the rows"
+        };
+        Err(BackendError::new(BackendErrorKind::BadData, self.name, detail).at(op, node))
     }
 }
 

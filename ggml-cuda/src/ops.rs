@@ -323,6 +323,7 @@ pub(crate) fn run(
     let mut a = Args::new();
     match t.op {
         Op::GetRows => {
+            let err_word = be.err_slot(c.st, t.op.name(), t.name);
             let s = c.src(0)?;
             let idx = c.src(1)?;
             let quant = s.dtype.is_quantized();
@@ -333,7 +334,7 @@ pub(crate) fn run(
             a.u64(c.addr(&s)?)
                 .u64(c.addr(&idx)?)
                 .u64(c.addr(&t)?)
-                .u64(be.err_word);
+                .u64(err_word);
             if quant {
                 a.u32(s.dtype.ggml_id()).u32((t.ne[0] / 32) as u32);
             } else {
@@ -525,6 +526,7 @@ pub(crate) fn run(
             c.launch(KernelId::Cpy, d, &mut a)
         }
         Op::SetRows => {
+            let err_word = be.err_slot(c.st, t.op.name(), t.name);
             let s = c.src(0)?;
             let idx = c.src(1)?;
             // The row grid of get_rows fits: one block row per source row.
@@ -532,7 +534,7 @@ pub(crate) fn run(
             a.u64(c.addr(&s)?)
                 .u64(c.addr(&idx)?)
                 .u64(c.addr(&t)?)
-                .u64(be.err_word);
+                .u64(err_word);
             a.u32(float_code(t.dtype).unwrap_or(0))
                 .u32(t.ne[0] as u32)
                 .u32(t.ne[1] as u32);

@@ -239,6 +239,51 @@ fn get_rows_bad_index_is_bad_data() {
     be.graph_compute(ts, &[o]).unwrap();
     let e = be.synchronize().unwrap_err();
     assert_eq!(e.kind, BackendErrorKind::BadData);
+    assert!(e.to_string().contains("GET_ROWS"), "{e}");
+    be.synchronize().unwrap();
+}
+
+/// A bad index in SET_ROWS is reported as SET_ROWS with its node's name, even after a
+/// GET_ROWS that was fine in the same synchronisation interval.
+#[test]
+fn set_rows_bad_index_names_the_op_and_node() {
+    let be = gpu();
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let a = ctx.new_tensor(DType::F32, [32, 4, 1, 1]).unwrap();
+    let i = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
+    let g = ctx.get_rows(a, i).unwrap();
+    let cache = ctx.new_tensor(DType::F32, [32, 4, 1, 1]).unwrap();
+    let bad = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
+    let w = ctx.set_rows(cache, g, bad).unwrap();
+    ctx.set_name(w, "kv_write").unwrap();
+    let n = ctx.len();
+    let buf = be.alloc_buffer(8192).unwrap();
+    for j in 0..n {
+        let off = match ctx.tensors()[j].view_src {
+            Some(r) => 1024 * r.index() as u64,
+            None => 1024 * j as u64,
+        };
+        ctx.tensors_mut()[j].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + off,
+        });
+    }
+    let ts = ctx.tensors();
+    be.set_tensor_async(&ts[a.index()], 0, &f32_bytes(&[1.0; 128]))
+        .unwrap();
+    be.set_tensor_async(&ts[i.index()], 0, &i32_bytes(&[2]))
+        .unwrap();
+    be.set_tensor_async(&ts[bad.index()], 0, &i32_bytes(&[9]))
+        .unwrap();
+    be.graph_compute(ts, &[g, w]).unwrap();
+    let e = be.synchronize().unwrap_err();
+    assert_eq!(e.kind, BackendErrorKind::BadData);
+    let text = e.to_string();
+    assert!(
+        text.contains("SET_ROWS") && text.contains("kv_write"),
+        "{text}"
+    );
     be.synchronize().unwrap();
 }
 
