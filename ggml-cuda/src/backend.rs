@@ -21,8 +21,11 @@ const STAGING_MIN: usize = 1 << 20;
 /// Error words (u32 each) of the kernels that check indices: each launch in a
 /// synchronisation interval gets its own, so an error names its op and node.
 const ERR_SLOTS: usize = 64;
-/// Pinned staging kept around before `set_tensor_async` waits for busy chunks (bytes).
-const STAGING_SOFT_LIMIT: usize = 256 << 20;
+/// Largest pinned staging chunk (bytes): a larger host copy goes through several.
+const STAGING_CHUNK_MAX: usize = 8 << 20;
+/// Most pinned staging memory one backend keeps (bytes). Past it, a copy waits for the
+/// least recently used busy chunk and reuses (or replaces) it.
+pub const STAGING_LIMIT: usize = 64 << 20;
 
 /// Counts of quantised mul_mat launches per kernel class (see [`MulMatClass`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,6 +41,8 @@ struct Staging {
     size: usize,
     event: Event,
     busy: bool,
+    /// When it was last handed out (a counter), to wait for the oldest first.
+    last_use: u64,
 }
 
 pub(crate) struct State {
@@ -46,6 +51,7 @@ pub(crate) struct State {
     events: HashMap<u32, Event>,
     next_event: u32,
     staging: Vec<Staging>,
+    staging_clock: u64,
     pub(crate) scratch: u64,
     pub(crate) scratch_size: usize,
     retired: Vec<u64>,
@@ -160,6 +166,7 @@ impl CudaBackend {
                 events: HashMap::new(),
                 next_event: 0,
                 staging: Vec::new(),
+                staging_clock: 0,
                 scratch: 0,
                 scratch_size: 0,
                 retired: Vec::new(),
@@ -325,29 +332,48 @@ impl CudaBackend {
         Ok(d.addr + offset as u64)
     }
 
-    /// A pinned staging chunk of at least `len` bytes that no queued copy uses.
+    /// A pinned staging chunk of at least `len` (at most [`STAGING_CHUNK_MAX`]) bytes that
+    /// no queued copy uses, keeping the backend's pinned memory within [`STAGING_LIMIT`]:
+    /// a free chunk that fits, else a new one while there is room, else idle chunks too
+    /// small for `len` make room, else the oldest busy chunk is waited for.
     fn staging(&self, st: &mut State, len: usize) -> BackendResult<usize> {
         let api = self.dev.api;
-        let mut total = 0;
-        for (i, s) in st.staging.iter_mut().enumerate() {
-            total += s.size;
-            if s.busy && api.event_query(s.event).map_err(|e| self.cu(e))? {
-                s.busy = false;
+        let want = len.max(STAGING_MIN).next_power_of_two();
+        loop {
+            for s in st.staging.iter_mut().filter(|s| s.busy) {
+                if api.event_query(s.event).map_err(|e| self.cu(e))? {
+                    s.busy = false;
+                }
             }
-            if !s.busy && s.size >= len {
+            let fit = (0..st.staging.len())
+                .filter(|&i| !st.staging[i].busy && st.staging[i].size >= len)
+                .min_by_key(|&i| st.staging[i].size);
+            if let Some(i) = fit {
                 return Ok(i);
             }
-        }
-        if total + len > STAGING_SOFT_LIMIT {
-            // Wait for the oldest large-enough busy chunk instead of pinning more memory.
-            if let Some(i) = st.staging.iter().position(|s| s.size >= len) {
-                let s = &mut st.staging[i];
-                api.event_synchronize(s.event).map_err(|e| self.cu(e))?;
-                s.busy = false;
-                return Ok(i);
+            let total: usize = st.staging.iter().map(|s| s.size).sum();
+            if total + want <= STAGING_LIMIT {
+                return self.new_staging(st, want);
             }
+            if let Some(i) = st.staging.iter().position(|s| !s.busy) {
+                // Idle but too small for this copy: give its room to a larger chunk.
+                let s = st.staging.swap_remove(i);
+                api.event_destroy(s.event);
+                api.mem_free_host(self.dev.ctx, s.ptr)
+                    .map_err(|e| self.cu(e))?;
+                continue;
+            }
+            let Some(oldest) = (0..st.staging.len()).min_by_key(|&i| st.staging[i].last_use) else {
+                return self.new_staging(st, want);
+            };
+            let s = &mut st.staging[oldest];
+            api.event_synchronize(s.event).map_err(|e| self.cu(e))?;
+            s.busy = false;
         }
-        let size = len.max(STAGING_MIN).next_power_of_two();
+    }
+
+    fn new_staging(&self, st: &mut State, size: usize) -> BackendResult<usize> {
+        let api = self.dev.api;
         let p = api
             .mem_alloc_host(self.dev.ctx, size)
             .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
@@ -363,6 +389,7 @@ impl CudaBackend {
             size,
             event: ev,
             busy: false,
+            last_use: 0,
         });
         Ok(st.staging.len() - 1)
     }
@@ -605,16 +632,25 @@ impl Backend for CudaBackend {
         if data.is_empty() {
             return Ok(());
         }
-        let i = self.staging(&mut st, data.len())?;
-        let s = &mut st.staging[i];
-        // SAFETY: the chunk holds at least data.len() bytes and no queued copy reads it.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr, data.len()) };
-        // SAFETY: the pinned source stays allocated and unchanged until the copy-done
-        // event completed (the chunk is busy until then).
-        let r = unsafe { api.memcpy_htod_async(dst, s.ptr, data.len(), self.stream) }
-            .and_then(|_| api.event_record(s.event, self.stream));
-        r.map_err(|e| self.cu(e).at("set_tensor_async", tensor.name))?;
-        s.busy = true;
+        // Through pinned chunks of at most STAGING_CHUNK_MAX bytes, so pinned memory stays
+        // bounded whatever the size of the copy.
+        for (k, piece) in data.chunks(STAGING_CHUNK_MAX).enumerate() {
+            let i = self.staging(&mut st, piece.len())?;
+            st.staging_clock += 1;
+            let clock = st.staging_clock;
+            let s = &mut st.staging[i];
+            // SAFETY: the chunk holds at least piece.len() bytes and no queued copy reads
+            // it.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), s.ptr, piece.len()) };
+            let at = dst + (k * STAGING_CHUNK_MAX) as u64;
+            // SAFETY: the pinned source stays allocated and unchanged until the copy-done
+            // event completed (the chunk is busy until then).
+            let r = unsafe { api.memcpy_htod_async(at, s.ptr, piece.len(), self.stream) }
+                .and_then(|_| api.event_record(s.event, self.stream));
+            r.map_err(|e| self.cu(e).at("set_tensor_async", tensor.name))?;
+            s.busy = true;
+            s.last_use = clock;
+        }
         Ok(())
     }
 

@@ -49,7 +49,7 @@ pub mod launch;
 mod ops;
 pub mod reference;
 
-pub use backend::{CudaBackend, KernelStats, ALIGNMENT};
+pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
 pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};

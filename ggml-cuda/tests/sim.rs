@@ -84,3 +84,39 @@ fn host_writes_are_complete_before_later_kernels() {
         "kernels overtook buffer_set/buffer_clear in rounds {stale:?}"
     );
 }
+
+/// Host copies go through pinned staging; a long run of large copies (each larger than a
+/// staging chunk, queued faster than the stream drains them under chaos) must keep the
+/// pinned memory within STAGING_LIMIT and still deliver every byte.
+#[test]
+fn pinned_staging_stays_bounded_over_large_copies() {
+    let drv = ggml_cuda::sim_driver().unwrap();
+    drv.set_chaos(Some(3));
+    let be = sim(0);
+    let n = 6 << 20; // f32 elements: 24 MiB per copy
+    let t0 = Tensor::contiguous(DType::F32, [n, 1, 1, 1]).unwrap();
+    let buf = be.alloc_buffer(n * 4).unwrap();
+    let mut t = t0;
+    t.data = Some(DataRef {
+        buffer: buf.id,
+        addr: buf.base,
+    });
+    let mut peak = 0;
+    for round in 0..12u8 {
+        let bytes = vec![round; n * 4];
+        be.set_tensor_async(&t, 0, &bytes).unwrap();
+        peak = peak.max(drv.pinned_bytes());
+    }
+    drv.set_chaos(None);
+    let mut out = vec![0u8; n * 4];
+    be.get_tensor(&t, 0, &mut out).unwrap();
+    assert!(
+        out.iter().all(|&b| b == 11),
+        "the last copy's bytes arrived"
+    );
+    assert!(
+        peak as usize <= ggml_cuda::STAGING_LIMIT,
+        "pinned staging grew to {peak} bytes"
+    );
+    be.free_buffer(buf.id).unwrap();
+}
