@@ -584,7 +584,11 @@ fn attn_ref(
     for iq in 0..nq {
         for hh in 0..h {
             let hk = hh / (h / hkv);
-            let qr = &q[(hh * nq + iq) * d..][..d];
+            // f16 keys: the kernel rounds q to f16 for q.k, as ggml does.
+            let qr: Vec<f32> = q[(hh * nq + iq) * d..][..d]
+                .iter()
+                .map(|&x| reference::f16_to_f32(reference::f32_to_f16(x)))
+                .collect();
             let mut sc = vec![f64::NEG_INFINITY; nkv];
             for (j, s) in sc.iter_mut().enumerate() {
                 let m = mask[iq * nkv + j];
