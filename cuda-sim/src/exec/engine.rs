@@ -74,9 +74,26 @@ pub(crate) struct BlockRunner<'a> {
     local: Vec<u8>,
     local_bytes: usize,
     pool: Vec<Frame>,
+    /// The block's warps, kept between blocks so their frame stacks keep their memory.
+    warps: Vec<Warp>,
     region: Option<Region<'a>>,
     pub warp_instructions: u64,
     pub thread_instructions: u64,
+}
+
+/// Advances the program counter of the lanes in `group` (branch-free, vectorised).
+#[inline(always)]
+fn step(pc: &mut [u32; 32], group: u32) {
+    for (lane, p) in pc.iter_mut().enumerate() {
+        *p += group >> lane & 1;
+    }
+}
+
+/// The 32 lanes of register `r` of `fr`.
+#[inline(always)]
+fn dst(fr: &mut Frame, r: u16) -> &mut [u64] {
+    let b = r as usize * 32;
+    &mut fr.regs[b..b + 32]
 }
 
 fn lanes_of(mask: u32) -> impl Iterator<Item = usize> {
@@ -90,6 +107,25 @@ fn lanes_of(mask: u32) -> impl Iterator<Item = usize> {
             Some(l)
         }
     })
+}
+
+/// The lowest program counter among the `live` lanes, and the lanes at it. Branch-free
+/// over all 32 lanes, so the compiler vectorises it: it runs once per instruction.
+#[inline]
+fn min_pc(pc: &[u32; 32], live: u32) -> (u32, u32) {
+    let keyed: [u32; 32] = std::array::from_fn(|lane| {
+        if live >> lane & 1 != 0 {
+            pc[lane]
+        } else {
+            u32::MAX
+        }
+    });
+    let min = keyed.iter().copied().fold(u32::MAX, u32::min);
+    let mut group = 0u32;
+    for (lane, &k) in keyed.iter().enumerate() {
+        group |= ((k == min) as u32) << lane;
+    }
+    (min, group & live)
 }
 
 impl<'a> BlockRunner<'a> {
@@ -109,6 +145,7 @@ impl<'a> BlockRunner<'a> {
             local: vec![0; local_bytes * threads],
             local_bytes,
             pool: Vec::new(),
+            warps: Vec::new(),
             region: None,
             warp_instructions: 0,
             thread_instructions: 0,
@@ -117,7 +154,7 @@ impl<'a> BlockRunner<'a> {
 
     fn new_frame(&mut self, func: usize, mask: u32, ret_to: Option<(u32, u32)>) -> Frame {
         let f = &self.l.module.functions[func];
-        let mut fr = self.pool.pop().unwrap_or(Frame {
+        let mut fr = self.pool.pop().unwrap_or_else(|| Frame {
             func,
             mask: 0,
             done: 0,
@@ -148,40 +185,42 @@ impl<'a> BlockRunner<'a> {
         self.local.fill(0);
         let threads = self.l.block[0] * self.l.block[1] * self.l.block[2];
         let n_warps = threads.div_ceil(32);
-        let mut warps: Vec<Warp> = (0..n_warps)
-            .map(|w| {
-                let n = (threads - w * 32).min(32);
-                let lanes = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
-                Warp {
-                    id: w,
-                    lanes,
-                    exited: 0,
-                    frames: Vec::new(),
-                    state: WarpState::Running,
-                }
-            })
-            .collect();
-        for w in &mut warps {
-            let fr = self.new_frame(self.l.entry, w.lanes, None);
-            w.frames.push(fr);
+        let mut warps = std::mem::take(&mut self.warps);
+        warps.truncate(n_warps as usize);
+        while warps.len() < n_warps as usize {
+            warps.push(Warp {
+                id: 0,
+                lanes: 0,
+                exited: 0,
+                frames: Vec::new(),
+                state: WarpState::Running,
+            });
         }
-        loop {
+        for (w, warp) in warps.iter_mut().enumerate() {
+            let w = w as u32;
+            let n = (threads - w * 32).min(32);
+            warp.id = w;
+            warp.lanes = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+            warp.exited = 0;
+            warp.state = WarpState::Running;
+            let fr = self.new_frame(self.l.entry, warp.lanes, None);
+            warp.frames.push(fr);
+        }
+        let result = loop {
+            let mut failed = None;
             for w in warps.iter_mut() {
                 if w.state == WarpState::Running {
-                    let r = self.run_warp(w);
-                    if r.is_err() {
-                        for w in warps.iter_mut() {
-                            self.pool.append(&mut w.frames);
-                        }
-                        return r;
+                    if let Err(e) = self.run_warp(w) {
+                        failed = Some(e);
+                        break;
                     }
                 }
             }
+            if let Some(e) = failed {
+                break Err(e);
+            }
             if warps.iter().all(|w| w.state == WarpState::Exited) {
-                for w in warps.iter_mut() {
-                    self.pool.append(&mut w.frames);
-                }
-                return Ok(());
+                break Ok(());
             }
             // Every live warp waits at the barrier: release them into a new epoch.
             self.epoch = self.epoch.wrapping_add(1);
@@ -190,7 +229,12 @@ impl<'a> BlockRunner<'a> {
                     w.state = WarpState::Running;
                 }
             }
+        };
+        for w in warps.iter_mut() {
+            self.pool.append(&mut w.frames);
         }
+        self.warps = warps;
+        result
     }
 
     fn tid_of(&self, warp: u32, lane: usize) -> [u32; 3] {
@@ -235,6 +279,21 @@ impl<'a> BlockRunner<'a> {
         }) as u64
     }
 
+    /// Operand `o` for all 32 lanes: one copy of a register's lanes, not a match per lane.
+    #[inline(always)]
+    fn vals(&self, fr: &Frame, o: &Operand, warp: u32) -> [u64; 32] {
+        match o {
+            Operand::Reg(r) => {
+                let b = *r as usize * 32;
+                fr.regs[b..b + 32]
+                    .try_into()
+                    .expect("a register has 32 lanes")
+            }
+            Operand::Imm(v) => [*v; 32],
+            _ => std::array::from_fn(|lane| self.get(fr, o, warp, lane)),
+        }
+    }
+
     #[inline]
     fn get(&self, fr: &Frame, o: &Operand, warp: u32, lane: usize) -> u64 {
         match o {
@@ -276,17 +335,7 @@ impl<'a> BlockRunner<'a> {
                 self.pool.push(callee);
                 continue;
             }
-            let mut minpc = u32::MAX;
-            let mut group = 0u32;
-            for lane in lanes_of(live) {
-                let pc = top.pc[lane];
-                if pc < minpc {
-                    minpc = pc;
-                    group = 1 << lane;
-                } else if pc == minpc {
-                    group |= 1 << lane;
-                }
-            }
+            let (minpc, group) = min_pc(&top.pc, live);
             let func = &module.functions[top.func];
             let Some(ins) = func.code.get(minpc as usize) else {
                 // Falling off the end returns.
@@ -296,11 +345,11 @@ impl<'a> BlockRunner<'a> {
             let exec = match ins.guard {
                 Some((p, neg)) => {
                     let mut m = 0;
-                    for lane in lanes_of(group) {
-                        if (top.regs[p as usize * 32 + lane] != 0) != neg {
-                            m |= 1 << lane;
-                        }
+                    let b = p as usize * 32;
+                    for (lane, &v) in top.regs[b..b + 32].iter().enumerate() {
+                        m |= (((v != 0) != neg) as u32) << lane;
                     }
+                    m &= group;
                     m
                 }
                 None => group,
@@ -416,9 +465,7 @@ impl<'a> BlockRunner<'a> {
                         return Err(self.fault(kind, ins, w, lane, addr, detail));
                     }
                     let top = w.frames.last_mut().expect("frame");
-                    for lane in lanes_of(group) {
-                        top.pc[lane] += 1;
-                    }
+                    step(&mut top.pc, group);
                 }
             }
         }
@@ -473,9 +520,10 @@ impl<'a> BlockRunner<'a> {
                     }
                 }
                 (Operand::Reg(d), a) => {
+                    let x = self.vals(fr, a, warp);
+                    let out = dst(fr, *d);
                     for lane in lanes_of(exec) {
-                        let v = self.get(fr, a, warp, lane);
-                        fr.regs[*d as usize * 32 + lane] = arith::mask(v, *ty);
+                        out[lane] = arith::mask(x[lane], *ty);
                     }
                 }
                 _ => {}
@@ -494,10 +542,10 @@ impl<'a> BlockRunner<'a> {
                     *ty
                 };
                 let _ = dty;
+                let (x, y) = (self.vals(fr, a, warp), self.vals(fr, b, warp));
+                let out = dst(fr, *d);
                 for lane in lanes_of(exec) {
-                    let x = self.get(fr, a, warp, lane);
-                    let y = self.get(fr, b, warp, lane);
-                    fr.regs[*d as usize * 32 + lane] = arith::bin(*op, *ty, *ftz, x, y);
+                    out[lane] = arith::bin(*op, *ty, *ftz, x[lane], y[lane]);
                 }
             }
             Op::Mad {
@@ -509,17 +557,21 @@ impl<'a> BlockRunner<'a> {
                 b,
                 c,
             } => {
+                let (x, y, z) = (
+                    self.vals(fr, a, warp),
+                    self.vals(fr, b, warp),
+                    self.vals(fr, c, warp),
+                );
+                let out = dst(fr, *d);
                 for lane in lanes_of(exec) {
-                    let x = self.get(fr, a, warp, lane);
-                    let y = self.get(fr, b, warp, lane);
-                    let z = self.get(fr, c, warp, lane);
-                    fr.regs[*d as usize * 32 + lane] = arith::mad(*mode, *ty, *ftz, x, y, z);
+                    out[lane] = arith::mad(*mode, *ty, *ftz, x[lane], y[lane], z[lane]);
                 }
             }
             Op::Un { op, ty, ftz, d, a } => {
+                let x = self.vals(fr, a, warp);
+                let out = dst(fr, *d);
                 for lane in lanes_of(exec) {
-                    let x = self.get(fr, a, warp, lane);
-                    fr.regs[*d as usize * 32 + lane] = arith::un(*op, *ty, *ftz, x);
+                    out[lane] = arith::un(*op, *ty, *ftz, x[lane]);
                 }
             }
             Op::Setp {
@@ -530,10 +582,10 @@ impl<'a> BlockRunner<'a> {
                 a,
                 b,
             } => {
+                let (x, y) = (self.vals(fr, a, warp), self.vals(fr, b, warp));
+                let out = dst(fr, *d);
                 for lane in lanes_of(exec) {
-                    let x = self.get(fr, a, warp, lane);
-                    let y = self.get(fr, b, warp, lane);
-                    fr.regs[*d as usize * 32 + lane] = arith::setp(*cmp, *ty, *ftz, x, y) as u64;
+                    out[lane] = arith::setp(*cmp, *ty, *ftz, x[lane], y[lane]) as u64;
                 }
             }
             Op::Pred { op, d, a, b } => {
@@ -550,13 +602,15 @@ impl<'a> BlockRunner<'a> {
                 }
             }
             Op::Selp { ty, d, a, b, c } => {
+                let (x, y, p) = (
+                    self.vals(fr, a, warp),
+                    self.vals(fr, b, warp),
+                    self.vals(fr, c, warp),
+                );
+                let out = dst(fr, *d);
                 for lane in lanes_of(exec) {
-                    let v = if self.get(fr, c, warp, lane) != 0 {
-                        self.get(fr, a, warp, lane)
-                    } else {
-                        self.get(fr, b, warp, lane)
-                    };
-                    fr.regs[*d as usize * 32 + lane] = arith::mask(v, *ty);
+                    let v = if p[lane] != 0 { x[lane] } else { y[lane] };
+                    out[lane] = arith::mask(v, *ty);
                 }
             }
             Op::Cvt {
@@ -568,9 +622,10 @@ impl<'a> BlockRunner<'a> {
                 d,
                 a,
             } => {
+                let x = self.vals(fr, a, warp);
+                let out = dst(fr, *d);
                 for lane in lanes_of(exec) {
-                    let x = self.get(fr, a, warp, lane);
-                    fr.regs[*d as usize * 32 + lane] = arith::cvt(*dty, *sty, *rnd, *ftz, *sat, x);
+                    out[lane] = arith::cvt(*dty, *sty, *rnd, *ftz, *sat, x[lane]);
                 }
             }
             Op::Bfe { ty, d, a, b, c } => {
@@ -743,12 +798,14 @@ impl<'a> BlockRunner<'a> {
             }
             Space::KernelParam => {
                 let s = at as usize;
-                let src = self.l.args.get(s..s + n).ok_or((
-                    FaultKind::LocalOrSharedOutOfBounds,
-                    lane,
-                    Some(at),
-                    "kernel parameter read out of range".to_string(),
-                ))?;
+                let src = self.l.args.get(s..s + n).ok_or_else(|| {
+                    (
+                        FaultKind::LocalOrSharedOutOfBounds,
+                        lane,
+                        Some(at),
+                        "kernel parameter read out of range".to_string(),
+                    )
+                })?;
                 out.copy_from_slice(src);
             }
             Space::FuncParam => {
