@@ -18,6 +18,12 @@ pub struct Checks {
     pub synccheck: bool,
     /// Loads of global bytes that were never written since allocation.
     pub initcheck: bool,
+    /// `.approx` instructions return a result at the edge of the PTX ISA's documented
+    /// error bound (deterministically, in a direction that depends on the input) instead
+    /// of the correctly rounded one, so a kernel that needs more precision than the ISA
+    /// promises fails its tests here rather than on some GPU. Off, they are correctly
+    /// rounded.
+    pub approx_at_bound: bool,
 }
 
 impl Checks {
@@ -27,6 +33,7 @@ impl Checks {
         racecheck: true,
         synccheck: true,
         initcheck: true,
+        approx_at_bound: true,
     };
     /// Only what a GPU itself would fault on (bounds).
     pub const NONE: Checks = Checks {
@@ -34,6 +41,7 @@ impl Checks {
         racecheck: false,
         synccheck: false,
         initcheck: false,
+        approx_at_bound: false,
     };
 }
 

@@ -38,7 +38,7 @@ fn every_variable() {
         ("CUDA_SIM_DEVICES", "3"),
         ("CUDA_SIM_MEMORY", "512M"),
         ("CUDA_SIM_CHAOS", "42"),
-        ("CUDA_SIM_CHECKS", "memcheck, initcheck"),
+        ("CUDA_SIM_CHECKS", "memcheck, initcheck, approx"),
         ("CUDA_SIM_THREADS", "3"),
     ])
     .unwrap();
@@ -51,7 +51,8 @@ fn every_variable() {
             memcheck: true,
             racecheck: false,
             synccheck: false,
-            initcheck: true
+            initcheck: true,
+            approx_at_bound: true
         }
     );
     assert_eq!(cfg.exec_threads, 3);

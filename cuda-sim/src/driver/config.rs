@@ -24,7 +24,8 @@ pub struct SimConfig {
     /// interleaving of streams varies with the seed.
     pub chaos_seed: Option<u64>,
     /// The interpreter's checks (`CUDA_SIM_CHECKS`: `all`, `none`, or a comma list of
-    /// `memcheck`, `racecheck`, `synccheck`, `initcheck`).
+    /// `memcheck`, `racecheck`, `synccheck`, `initcheck`, `approx`).
+    /// `approx` is [`Checks::approx_at_bound`].
     pub checks: Checks,
     /// Host threads one kernel launch may use (`CUDA_SIM_THREADS`, default: the
     /// available parallelism).
@@ -103,7 +104,7 @@ impl SimConfig {
                 bad(
                     "CUDA_SIM_CHECKS",
                     &v,
-                    "expected all, none, or a comma list of memcheck, racecheck, synccheck, initcheck",
+                    "expected all, none, or a comma list of memcheck, racecheck, synccheck, initcheck, approx",
                 )
             })?;
         }
@@ -165,6 +166,7 @@ pub fn parse_checks(s: &str) -> Option<Checks> {
             "racecheck" => c.racecheck = true,
             "synccheck" => c.synccheck = true,
             "initcheck" => c.initcheck = true,
+            "approx" => c.approx_at_bound = true,
             _ => return None,
         }
     }

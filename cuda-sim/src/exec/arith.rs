@@ -248,9 +248,14 @@ pub fn mad(mode: BinOp, ty: Ty, ftz: bool, a: u64, b: u64, c: u64) -> u64 {
 }
 
 /// A one-operand instruction. `.approx` results are computed in f64 and rounded once to
-/// f32: deterministic on every host and well within the ISA's bounds (ex2/lg2: 2 ulp,
-/// tanh: 2^-10.987 relative, rcp/sqrt/rsqrt approx: 1 ulp).
-pub fn un(op: UnOp, ty: Ty, ftz: bool, a: u64) -> u64 {
+/// f32, deterministic on every host. With `at_bound` (the default check
+/// [`approx_at_bound`](crate::Checks::approx_at_bound)) that result is then moved to the
+/// edge of the PTX ISA's bound, up or down as a hash of the input says: `ex2`/`lg2`
+/// (2 ulp) by one ulp, `tanh` (relative 2^-10.987) by 2^-11 of itself (kept within
+/// -1..1), `sin`/`cos`
+/// (absolute 2^-20.9 in -pi..pi) by 2^-21 up or down; `rcp`/`sqrt`/`rsqrt.approx`
+/// (1 ulp) stay correctly rounded, which is already at their bound.
+pub fn un(op: UnOp, ty: Ty, ftz: bool, a: u64, at_bound: bool) -> u64 {
     if ty.is_float() {
         if ty == Ty::F(64) {
             let x = f64::from_bits(a);
@@ -278,6 +283,11 @@ pub fn un(op: UnOp, ty: Ty, ftz: bool, a: u64) -> u64 {
             UnOp::Sin => d.sin() as f32,
             UnOp::Cos => d.cos() as f32,
         };
+        let r = if at_bound {
+            approx_at_bound(op, a, r)
+        } else {
+            r
+        };
         return out32(r, ftz);
     }
     match op {
@@ -285,6 +295,38 @@ pub fn un(op: UnOp, ty: Ty, ftz: bool, a: u64) -> u64 {
         UnOp::Abs => mask(sext(a, ty).wrapping_abs() as u64, ty),
         UnOp::Not => mask(!a, ty),
         _ => 0,
+    }
+}
+
+/// `r`, the correctly rounded result of `op` on input bits `a`, moved to the edge of the
+/// ISA's error bound for `op` (see [`un`]). Zeros, infinities and NaN stay.
+fn approx_at_bound(op: UnOp, a: u64, r: f32) -> f32 {
+    if !r.is_finite() || r == 0.0 {
+        return r;
+    }
+    // One well-mixed bit of the input picks the direction, so errors do not all lean
+    // one way (a systematic bias would be kinder to sums than a GPU is).
+    let up = (a.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63) == 1;
+    match op {
+        UnOp::Ex2 | UnOp::Lg2 => {
+            let b = r.to_bits();
+            let mag = b & 0x7fff_ffff;
+            let stepped = if up { mag + 1 } else { mag - 1 };
+            if stepped >= 0x7f80_0000 || stepped == 0 {
+                r
+            } else {
+                f32::from_bits((b & 0x8000_0000) | stepped)
+            }
+        }
+        UnOp::Tanh => {
+            let e = if up { 1.0 } else { -1.0 } * (-11f64).exp2();
+            (r as f64 * (1.0 + e)).clamp(-1.0, 1.0) as f32
+        }
+        UnOp::Sin | UnOp::Cos => {
+            let e = (-21f64).exp2();
+            (r as f64 + if up { e } else { -e }).clamp(-1.0, 1.0) as f32
+        }
+        _ => r,
     }
 }
 
@@ -651,10 +693,48 @@ mod tests {
 
     #[test]
     fn approx_results_are_close_and_deterministic() {
-        let e = f32::from_bits(un(UnOp::Ex2, F32, false, f(0.5)) as u32);
-        assert!((e - std::f32::consts::SQRT_2).abs() <= f32::EPSILON * 2.0);
-        let t = f32::from_bits(un(UnOp::Tanh, F32, false, f(20.0)) as u32);
+        let e = f32::from_bits(un(UnOp::Ex2, F32, false, f(0.5), false) as u32);
+        assert_eq!(e, std::f32::consts::SQRT_2);
+        let t = f32::from_bits(un(UnOp::Tanh, F32, false, f(20.0), false) as u32);
         assert_eq!(t, 1.0);
-        assert_eq!(un(UnOp::Neg, F32, false, f(0.0)), f(-0.0));
+        assert_eq!(un(UnOp::Neg, F32, false, f(0.0), true), f(-0.0));
+    }
+
+    #[test]
+    fn approx_at_bound_stays_within_the_isa_bounds_and_moves() {
+        let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+        let (mut ex2_moved, mut up, mut down) = (0, 0, 0);
+        for i in 0..2000 {
+            let x = -30.0 + i as f32 * 0.0301;
+            let exact = f32::from_bits(un(UnOp::Ex2, F32, false, f(x), false) as u32);
+            let bound = f32::from_bits(un(UnOp::Ex2, F32, false, f(x), true) as u32);
+            assert!(ulps(exact, bound) <= 1, "ex2({x}): {exact} vs {bound}");
+            ex2_moved += (exact != bound) as u32;
+            if bound > exact {
+                up += 1;
+            } else if bound < exact {
+                down += 1;
+            }
+            let t = f32::from_bits(un(UnOp::Tanh, F32, false, f(x), true) as u32);
+            let rel = ((t as f64 - (x as f64).tanh()) / (x as f64).tanh()).abs();
+            assert!(
+                rel <= (-10.987f64).exp2(),
+                "tanh({x}): {t}, relative {rel:e}"
+            );
+            assert!(
+                rel >= (-12f64).exp2() || x == 0.0 || t.abs() == 1.0,
+                "tanh({x}) moved: {rel:e}"
+            );
+            assert!(t.abs() <= 1.0);
+            let y = x / 10.0;
+            let s = f32::from_bits(un(UnOp::Sin, F32, false, f(y), true) as u32);
+            assert!((s as f64 - (y as f64).sin()).abs() <= (-20.9f64).exp2());
+        }
+        assert!(
+            ex2_moved > 1900 && up > 500 && down > 500,
+            "{up} up, {down} down"
+        );
+        // Correctly rounded where the bound is one ulp.
+        assert_eq!(un(UnOp::RcpApprox, F32, false, f(3.0), true), f(1.0 / 3.0));
     }
 }

@@ -571,7 +571,7 @@ impl<'a> BlockRunner<'a> {
                 let x = self.vals(fr, a, warp);
                 let out = dst(fr, *d);
                 for lane in lanes_of(exec) {
-                    out[lane] = arith::un(*op, *ty, *ftz, x[lane]);
+                    out[lane] = arith::un(*op, *ty, *ftz, x[lane], checks.approx_at_bound);
                 }
             }
             Op::Setp {
