@@ -12,6 +12,7 @@ use ggml_core::{
 };
 
 use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
+use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
 
 /// Alignment of buffer bases and tensor offsets (bytes).
@@ -27,13 +28,23 @@ const STAGING_CHUNK_MAX: usize = 8 << 20;
 /// least recently used busy chunk and reuses (or replaces) it.
 pub const STAGING_LIMIT: usize = 64 << 20;
 
-/// Counts of quantised mul_mat launches per kernel class (see [`MulMatClass`]).
+/// Successful launches of each kernel since the backend was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelStats {
-    /// Launches of the matrix-vector kernel `mmvq`.
+    /// Launches of the quantised mul_mat's matrix-vector kernel `mmvq` (see
+    /// [`MulMatClass`]).
     pub mmvq: u64,
-    /// Launches of the tiled kernel `mmq`.
+    /// Launches of the quantised mul_mat's tiled kernel `mmq`.
     pub mmq: u64,
+    /// Launches per kernel, indexed by `KernelId as usize`.
+    pub launches: [u64; KernelId::COUNT],
+}
+
+impl KernelStats {
+    /// Launches of kernel `k`.
+    pub fn launches_of(&self, k: KernelId) -> u64 {
+        self.launches[k as usize]
+    }
 }
 
 struct Staging {
@@ -75,8 +86,7 @@ pub struct CudaBackend {
     copy_lock: Mutex<()>,
     pub(crate) err_word: u64,
     pub(crate) state: Mutex<State>,
-    pub(crate) mmvq_runs: AtomicU64,
-    pub(crate) mmq_runs: AtomicU64,
+    pub(crate) launches: [AtomicU64; KernelId::COUNT],
     pub(crate) last_class: Mutex<Option<MulMatClass>>,
 }
 
@@ -172,8 +182,7 @@ impl CudaBackend {
                 retired: Vec::new(),
                 err_users: Vec::new(),
             }),
-            mmvq_runs: AtomicU64::new(0),
-            mmq_runs: AtomicU64::new(0),
+            launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
         })
     }
@@ -235,9 +244,11 @@ impl CudaBackend {
 
     /// How many quantised mul_mats ran with each kernel class so far.
     pub fn kernel_stats(&self) -> KernelStats {
+        let launches = std::array::from_fn(|k| self.launches[k].load(Ordering::Relaxed));
         KernelStats {
-            mmvq: self.mmvq_runs.load(Ordering::Relaxed),
-            mmq: self.mmq_runs.load(Ordering::Relaxed),
+            mmvq: launches[KernelId::Mmvq as usize],
+            mmq: launches[KernelId::Mmq as usize],
+            launches,
         }
     }
 

@@ -41,6 +41,45 @@ pub enum KernelId {
     FlashAttnExt,
 }
 
+impl KernelId {
+    /// Number of kernels.
+    pub const COUNT: usize = KernelId::FlashAttnExt as usize + 1;
+
+    /// Every kernel, in declaration order (`ALL[k as usize] == k`).
+    pub const ALL: [KernelId; KernelId::COUNT] = [
+        KernelId::Binary,
+        KernelId::Scale,
+        KernelId::Silu,
+        KernelId::Swiglu,
+        KernelId::Cpy,
+        KernelId::Concat,
+        KernelId::SetRows,
+        KernelId::GetRowsF,
+        KernelId::GetRowsQ,
+        KernelId::QuantizeQ8_1,
+        KernelId::Mmvq,
+        KernelId::Mmq,
+        KernelId::MulMatF,
+        KernelId::RmsNorm,
+        KernelId::SoftMax,
+        KernelId::Rope,
+        KernelId::FlashAttnExt,
+    ];
+
+    /// The module file and `.entry` name of the kernel.
+    pub fn entry(self) -> (&'static str, &'static str) {
+        MODULES
+            .iter()
+            .find_map(|m| {
+                m.kernels
+                    .iter()
+                    .find(|(k, _)| *k == self)
+                    .map(|(_, name)| (m.file, *name))
+            })
+            .expect("every kernel is in MODULES (tested)")
+    }
+}
+
 /// One PTX file and the kernels it defines.
 #[derive(Clone, Copy, Debug)]
 pub struct Module {
@@ -184,10 +223,11 @@ mod tests {
             }
         }
         ids.sort();
-        assert_eq!(
-            ids,
-            (0..=KernelId::FlashAttnExt as usize).collect::<Vec<_>>()
-        );
+        assert_eq!(ids, (0..KernelId::COUNT).collect::<Vec<_>>());
+        for (i, k) in KernelId::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+        }
+        assert_eq!(KernelId::Mmq.entry(), ("quant.ptx", "mmq"));
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub mod reference;
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
 pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
+pub use kernels::KernelId;
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};
 
 /// The emulator behind `cuda-sim:N` devices, re-exported for users who configure it

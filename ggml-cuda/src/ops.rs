@@ -276,8 +276,11 @@ impl Ctx<'_> {
                 .map_err(fail)?;
         }
         // The argument list matches the kernel's .param list as documented in its PTX
-        // header; every pointer argument was range-checked.
-        dev.api.launch(f, &d, self.be.stream, args).map_err(fail)
+        // header (cuda-sim checks it at every launch); every pointer argument was
+        // range-checked.
+        dev.api.launch(f, &d, self.be.stream, args).map_err(fail)?;
+        self.be.launches[k as usize].fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -668,10 +671,6 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         MulMatClass::Mmq => KernelId::Mmq,
     };
     c.launch(kid, d, &mut a)?;
-    match class {
-        MulMatClass::Mmvq => c.be.mmvq_runs.fetch_add(1, Ordering::Relaxed),
-        MulMatClass::Mmq => c.be.mmq_runs.fetch_add(1, Ordering::Relaxed),
-    };
     *c.be.last_class.lock().unwrap_or_else(|e| e.into_inner()) = Some(class);
     Ok(())
 }

@@ -836,3 +836,59 @@ fn flash_attn_soft_cap_with_large_logits(#[case] softcap: f32) {
     let e = nmse(&got, &want);
     assert!(e < 1e-9, "soft-cap {softcap}: NMSE {e:e}");
 }
+
+/// One graph that launches every kernel of the crate. On cuda-sim each launch is checked
+/// against the kernel's `.param` list (count, order, size and integer/float type of each
+/// argument): a mismatch fails the launch. So this test compares, for every kernel, what
+/// the launcher packs with what the PTX declares. (Inputs are the zeroed buffer: only
+/// the launches matter here; the other tests check the numbers.)
+#[test]
+fn every_kernel_launches_with_its_parameter_list() {
+    let be = gpu();
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 64];
+    let mut ctx = Context::new(&mut s);
+    let k = 256;
+    let x = ctx.new_tensor(DType::F32, [k, 8, 1, 1]).unwrap();
+    let x1 = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+    let wq = ctx.new_tensor(DType::Q4_0, [k, 16, 1, 1]).unwrap();
+    let wf = ctx.new_tensor(DType::F32, [k, 16, 1, 1]).unwrap();
+    let idx = ctx.new_tensor(DType::I32, [2, 1, 1, 1]).unwrap();
+    let mut outs = vec![
+        ctx.mul_mat(wq, x1).unwrap(),
+        ctx.mul_mat(wq, x).unwrap(),
+        ctx.mul_mat(wf, x).unwrap(),
+        ctx.get_rows(wf, idx).unwrap(),
+        ctx.get_rows(wq, idx).unwrap(),
+        ctx.add(x, x).unwrap(),
+        ctx.scale(x, 0.5).unwrap(),
+        ctx.silu(x).unwrap(),
+        ctx.swiglu(x, x).unwrap(),
+        ctx.rms_norm(x, 1e-6).unwrap(),
+        ctx.soft_max(x, None, 1.0, 0.0).unwrap(),
+        ctx.concat(x, x, 1).unwrap(),
+    ];
+    let h16 = ctx.new_tensor(DType::F16, [k, 8, 1, 1]).unwrap();
+    outs.push(ctx.cpy(x, h16).unwrap());
+    let cache = ctx.new_tensor(DType::F16, [k, 4, 1, 1]).unwrap();
+    let rows = ctx.new_tensor(DType::F32, [k, 2, 1, 1]).unwrap();
+    outs.push(ctx.set_rows(cache, rows, idx).unwrap());
+    let xr = ctx.new_tensor(DType::F32, [64, 2, 8, 1]).unwrap();
+    let pos = ctx.new_tensor(DType::I32, [8, 1, 1, 1]).unwrap();
+    outs.push(ctx.rope(xr, pos, RopeParams::llama(64, 10000.0)).unwrap());
+    let q = ctx.new_tensor(DType::F32, [64, 4, 2, 1]).unwrap();
+    let tk = ctx.new_tensor(DType::F16, [64, 16, 2, 1]).unwrap();
+    let tv = ctx.new_tensor(DType::F16, [64, 16, 2, 1]).unwrap();
+    let o = ctx
+        .flash_attn_ext(q, tk, tv, None, AttnParams::scaled(0.125))
+        .unwrap();
+    outs.push(o);
+    run(&be, &mut ctx, &[], o);
+    let st = be.kernel_stats();
+    let missing: Vec<_> = ggml_cuda::KernelId::ALL
+        .iter()
+        .filter(|&&k| st.launches_of(k) == 0)
+        .map(|k| k.entry())
+        .collect();
+    assert!(missing.is_empty(), "never launched: {missing:?}");
+    assert_eq!(st.launches.iter().sum::<u64>(), 18, "{st:?} for {outs:?}");
+}

@@ -284,3 +284,45 @@ impl Api for Sim {
         self.drv.event_synchronize(EventHandle(e.0)).map_err(conv)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(name: &str, ty: ParamType, size: usize) -> Param {
+        Param {
+            name: name.into(),
+            ty,
+            size,
+            align: size,
+        }
+    }
+
+    #[test]
+    fn packing_is_checked_by_count_order_size_and_type() {
+        let int = ParamType::Int { signed: false };
+        let params = [
+            param("p_x", int, 8),
+            param("p_n", int, 4),
+            param("p_scale", ParamType::Float, 4),
+        ];
+        let ok = [ArgKind::U64, ArgKind::U32, ArgKind::F32];
+        assert!(check_packing(&params, &ok).is_ok());
+        let refused = |kinds: &[ArgKind], why: &str| {
+            let e = check_packing(&params, kinds).unwrap_err().to_string();
+            assert!(
+                e.contains("CUDA_ERROR_INVALID_VALUE") && e.contains(why),
+                "{e}"
+            );
+        };
+        refused(&ok[..2], "2 packed, the kernel declares 3");
+        refused(
+            &[ArgKind::U64, ArgKind::F32, ArgKind::U32],
+            "argument 1 packed as F32, parameter 'p_n'",
+        );
+        refused(
+            &[ArgKind::U32, ArgKind::U32, ArgKind::F32],
+            "argument 0 packed as U32, parameter 'p_x'",
+        );
+    }
+}
