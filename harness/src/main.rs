@@ -76,8 +76,8 @@ struct RegressArgs {
     /// Matrix file (TOML, see harness/matrices/); default: the embedded CPU matrix.
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
-    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 76 cells), `cuda` (cuda-1gpu.toml)
-    /// or `cuda-2gpu`.
+    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 76 cells), `cuda` (cuda-1gpu.toml),
+    /// `cuda-2gpu`, or `cuda-sim` (emulated GPUs, synthetic model; no GPU needed).
     #[arg(long)]
     devices_matrix: Option<String>,
     /// GGUF model (default: the matrix's).
@@ -496,7 +496,7 @@ fn regress_matrix(a: &RegressArgs) -> Result<Matrix> {
         (None, None) => Matrix::cpu(),
         (None, Some(name)) => Matrix::builtin(name).ok_or_else(|| {
             HarnessError::Usage(format!(
-                "--devices-matrix {name}: built in are cpu, cuda (one GPU) and cuda-2gpu (or use --matrix FILE)"
+                "--devices-matrix {name}: built in are cpu, cuda (one GPU), cuda-2gpu and cuda-sim (or use --matrix FILE)"
             ))
         })?,
     };
@@ -694,14 +694,8 @@ fn main() -> ExitCode {
 }
 
 fn synth_model(out: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
-    use ggml_core::DType;
-    let dt = DType::from_name(dtype)
-        .filter(|d| !matches!(d, DType::I32 | DType::Q8_1 | DType::Q8K))
-        .ok_or_else(|| {
-            HarnessError::Usage(format!(
-                "--dtype: '{dtype}' is not a weight dtype (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)"
-            ))
-        })?;
+    let dt = harness::synthetic::weight_dtype(dtype)
+        .map_err(|e| HarnessError::Usage(format!("--dtype: {e}")))?;
     let spec = harness::synthetic::SyntheticSpec {
         seed,
         ..harness::synthetic::SyntheticSpec::tiny(dt)

@@ -28,6 +28,9 @@ pub const CUDA_1GPU_MATRIX: &str = include_str!("../matrices/cuda-1gpu.toml");
 /// The two-GPU CUDA matrix shipped with the harness (`harness/matrices/cuda-2gpu.toml`).
 pub const CUDA_2GPU_MATRIX: &str = include_str!("../matrices/cuda-2gpu.toml");
 
+/// The CUDA matrix on cuda-sim's emulated GPUs, run in CI (`harness/matrices/cuda-sim.toml`).
+pub const CUDA_SIM_MATRIX: &str = include_str!("../matrices/cuda-sim.toml");
+
 /// Where a model or corpus comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -35,14 +38,27 @@ pub enum Source {
     Default,
     /// A file.
     Path(PathBuf),
+    /// The seeded synthetic llama model with weights of this dtype
+    /// (`model = "synthetic:q4_1"` in a matrix file; models only), written to the cache
+    /// on first use.
+    Synthetic(ggml_core::DType),
 }
 
 impl Source {
-    /// The file, or `None` for the default.
+    /// The file, or `None` for the default and for a synthetic model.
     pub fn path(&self) -> Option<&std::path::Path> {
         match self {
-            Source::Default => None,
             Source::Path(p) => Some(p),
+            Source::Default | Source::Synthetic(_) => None,
+        }
+    }
+
+    /// The model file this source names: the file, the cached default model (downloaded
+    /// if missing), or the cached synthetic model (written if missing).
+    pub fn model_file(&self) -> crate::error::Result<PathBuf> {
+        match self {
+            Source::Synthetic(dtype) => crate::synthetic::cached_model(*dtype),
+            _ => crate::model_path(self.path()),
         }
     }
 }
@@ -157,12 +173,13 @@ impl Matrix {
             .expect("the embedded CPU matrix is valid")
     }
 
-    /// A built-in matrix by name: `cpu`, `cuda` (one GPU) or `cuda-2gpu`.
+    /// A built-in matrix by name: `cpu`, `cuda` (one GPU), `cuda-2gpu` or `cuda-sim`.
     pub fn builtin(name: &str) -> Option<Matrix> {
         let (path, text) = match name {
             "cpu" => ("harness/matrices/cpu.toml", CPU_MATRIX),
             "cuda" | "cuda-1gpu" => ("harness/matrices/cuda-1gpu.toml", CUDA_1GPU_MATRIX),
             "cuda-2gpu" => ("harness/matrices/cuda-2gpu.toml", CUDA_2GPU_MATRIX),
+            "cuda-sim" => ("harness/matrices/cuda-sim.toml", CUDA_SIM_MATRIX),
             _ => return None,
         };
         Some(file::parse(path, None, text).expect("the built-in matrices are valid"))

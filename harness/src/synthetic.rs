@@ -44,6 +44,45 @@ impl SyntheticSpec {
     }
 }
 
+/// The dtype named `name` if synthetic weights can have it (every weight dtype of the
+/// CPU backend), else an error listing them.
+pub fn weight_dtype(name: &str) -> Result<DType, String> {
+    DType::from_name(&name.to_ascii_lowercase())
+        .filter(|d| !matches!(d, DType::I32 | DType::Q8_1 | DType::Q8K))
+        .ok_or_else(|| {
+            format!(
+                "'{name}' is not a weight dtype (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)"
+            )
+        })
+}
+
+/// The file of [`SyntheticSpec::tiny`]`(dtype)` in the model cache
+/// (`$GGML_RS_CACHE`, default `~/.cache/ggml-rs`), written there if it is missing or
+/// differs (the generator is deterministic, so the bytes are known).
+pub fn cached_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
+    use crate::error::HarnessError;
+    let dir = crate::fetch::cache_dir().map_err(|e| HarnessError::Model(e.to_string()))?;
+    let path = dir.join(format!("synthetic-{}.gguf", dtype.name()));
+    let bytes = synthetic_gguf(&SyntheticSpec::tiny(dtype));
+    if std::fs::read(&path).is_ok_and(|old| old == bytes) {
+        return Ok(path);
+    }
+    let io = |p: &std::path::Path| {
+        let path = p.display().to_string();
+        move |source| HarnessError::Io { path, source }
+    };
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    // Written aside and renamed, so a concurrent reader never sees half a file.
+    let tmp = dir.join(format!(
+        "synthetic-{}.gguf.{}.tmp",
+        dtype.name(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    Ok(path)
+}
+
 /// splitmix64: a tiny, well-distributed seeded generator.
 struct Rng(u64);
 

@@ -98,8 +98,8 @@ fn cpu_matrix_has_72_identical_cells_and_4_within_tolerance() {
 }
 
 #[rstest]
-#[case::one_gpu("cuda-1gpu.toml", 13, &["cuda:0", "cuda:0x2"])]
-#[case::two_gpus("cuda-2gpu.toml", 19, &["cuda:0", "cuda:0x2", "cuda:0,cuda:1"])]
+#[case::one_gpu("cuda-1gpu.toml", 17, &["cuda:0", "cuda:0x2"])]
+#[case::two_gpus("cuda-2gpu.toml", 23, &["cuda:0", "cuda:0x2", "cuda:0,cuda:1"])]
 fn cuda_matrices_validate(#[case] file: &str, #[case] n_cells: usize, #[case] gpus: &[&str]) {
     let m = Matrix::load(&matrix_file(file)).unwrap();
     assert_eq!(m.cells.len(), n_cells);
@@ -125,9 +125,23 @@ fn cuda_matrices_validate(#[case] file: &str, #[case] n_cells: usize, #[case] gp
     assert_eq!(identical.len(), 1);
     assert_eq!(
         identical[0].len(),
-        n_cells - 1,
-        "every GPU cell, not the CPU one"
+        n_cells - 3,
+        "every GPU cell but the two tensor-reduce ones, not the CPU one"
     );
+    let tensor: Vec<&str> = m
+        .cells
+        .iter()
+        .filter(|c| c.cell.split == harness::session::SplitMode::Tensor)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(tensor.len(), 2, "{tensor:?}");
+    assert!(tensor.iter().all(|t| identical[0].iter().any(|c| c == t)));
+    let reduce = m
+        .cells
+        .iter()
+        .filter(|c| c.cell.split == harness::session::SplitMode::TensorReduce)
+        .count();
+    assert_eq!(reduce, 2);
 }
 
 #[test]
@@ -318,16 +332,57 @@ fn bad_files_are_refused_with_their_line(
 
 #[rstest]
 #[case("cpu", 76)]
-#[case("cuda", 13)]
-#[case("cuda-2gpu", 19)]
+#[case("cuda", 17)]
+#[case("cuda-2gpu", 23)]
+#[case("cuda-sim", 7)]
 fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize) {
     let m = Matrix::builtin(name).unwrap();
     assert_eq!(m.cells.len(), n_cells);
     let file = match name {
         "cpu" => "cpu.toml",
         "cuda" => "cuda-1gpu.toml",
+        "cuda-sim" => "cuda-sim.toml",
         _ => "cuda-2gpu.toml",
     };
     assert_eq!(Matrix::load(&matrix_file(file)).unwrap().cells, m.cells);
     assert!(Matrix::builtin("tpu").is_none());
+}
+
+/// The CUDA backend's matrix on emulated GPUs, as CI runs it: race checker on, with and
+/// without chaos in the streams; every exact CUDA cell equals `cuda-sim:0` and the
+/// committed cuda-sim golden, the others hold their tolerances.
+#[test]
+fn cuda_sim_matrix_holds_under_chaos_with_the_race_checker() {
+    let m = Matrix::builtin("cuda-sim").unwrap();
+    assert_eq!(m.settings.model, Source::Synthetic(DType::Q4_1));
+    let goldens = GoldenSet::parse(harness::golden::EMBEDDED).unwrap();
+    let mut opts = options(goldens, false);
+    opts.chaos_seeds = vec![None, Some(1)];
+    let report = run(&m, &opts, |_| {}).unwrap();
+    assert!(report.passed(), "{:?}", report.violations);
+    assert_eq!(report.rows.len(), 2 * 7);
+    for r in &report.rows {
+        assert_eq!(r.result.races, 0, "{}", r.name);
+        let exact = r.name.starts_with("sim0") && !r.name.contains("reduce");
+        let want = if exact {
+            GoldenStatus::Equal
+        } else {
+            GoldenStatus::NotCompared
+        };
+        assert_eq!(r.golden, want, "{}", r.name);
+        if r.name.starts_with("sim") {
+            assert_eq!(r.hardware, "cuda-sim", "{}", r.name);
+        }
+    }
+}
+
+#[rstest]
+#[case::bad_dtype("synthetic:q9_9", "model: 'q9_9' is not a weight dtype")]
+#[case::not_a_weight("synthetic:i32", "model: 'i32' is not a weight dtype")]
+fn bad_synthetic_models_are_refused_with_their_line(#[case] model: &str, #[case] want: &str) {
+    let text = format!(
+        "[settings]\nmodel = \"{model}\"\ncorpus = \"default\"\nctx = 64\nbatch = 64\n\n[[cell]]\nname = \"a\"\ndevices = \"cpu\"\nsplit = \"none\"\nn_copies = 1\nthreads = 1\n"
+    );
+    let e = parse("m.toml", None, &text).unwrap_err().to_string();
+    assert!(e.starts_with("m.toml:2: ") && e.contains(want), "{e}");
 }

@@ -59,7 +59,7 @@ struct MatrixFile {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SettingsTable {
-    model: String,
+    model: Spanned<String>,
     corpus: String,
     ctx: Spanned<usize>,
     batch: Spanned<usize>,
@@ -262,6 +262,17 @@ fn source(value: &str, base: Option<&Path>) -> Source {
     }
 }
 
+/// `model = "synthetic:DTYPE"` names the seeded synthetic model; anything else is
+/// [`source`].
+fn model_source(loc: &Located<'_>, value: &Spanned<String>, base: Option<&Path>) -> Result<Source> {
+    match value.get_ref().strip_prefix("synthetic:") {
+        Some(name) => crate::synthetic::weight_dtype(name)
+            .map(Source::Synthetic)
+            .map_err(|e| loc.at(value, format!("model: {e}"))),
+        None => Ok(source(value.get_ref(), base)),
+    }
+}
+
 /// Parses and validates a matrix; `path` names it in errors, `base` is the folder that
 /// relative model and corpus paths start from.
 pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
@@ -273,7 +284,7 @@ pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
     })?;
     let s = &file.settings;
     let settings = Settings {
-        model: source(&s.model, base),
+        model: model_source(&loc, &s.model, base)?,
         corpus: source(&s.corpus, base),
         ppl: PplSettings {
             n_ctx: loc.count(&s.ctx, "ctx", 1..=usize::MAX)?,

@@ -126,7 +126,7 @@ fn key(m: &MatrixCell, matrix: &Matrix, hardware: &str, model: &str, text: &str)
 pub fn run(matrix: &Matrix, opts: &RunOptions, mut progress: impl FnMut(&Row)) -> Result<Report> {
     let hardware = hardware_classes(matrix)?;
     let isa = cpu_isa()?;
-    let model = crate::model_path(matrix.settings.model.path())?;
+    let model = matrix.settings.model.model_file()?;
     let text = crate::corpus_text(matrix.settings.corpus.path())?;
     let model_sha256 = sha256_hex(&std::fs::read(&model).map_err(|source| HarnessError::Io {
         path: model.display().to_string(),
