@@ -1,0 +1,127 @@
+//! What the GPU test files share: a seeded generator and a runner that computes a graph
+//! on any backend.
+
+use ggml_core::{Backend, Context, DType, DataRef, Op, TensorId};
+use ggml_cuda::reference;
+use ggml_cuda::{CudaBackend, DriverKind};
+
+/// The driver under test: libcuda where a GPU is required (`GGML_RS_REQUIRE_GPU`, as
+/// `cargo xtask gpu-test` sets), cuda-sim otherwise.
+pub fn driver() -> DriverKind {
+    if std::env::var_os("GGML_RS_REQUIRE_GPU").is_some() {
+        DriverKind::Cuda
+    } else {
+        DriverKind::Sim
+    }
+}
+
+/// Device 0 of [`driver`].
+pub fn gpu() -> CudaBackend {
+    let kind = driver();
+    CudaBackend::with_driver(kind, 0, 0)
+        .unwrap_or_else(|e| panic!("no {} device 0: {e}", kind.prefix()))
+}
+
+/// A small seeded LCG: the same inputs on every run and host.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 31 random bits.
+    pub fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn f(&mut self) -> f32 {
+        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+    }
+
+    /// `n` values of [`f`](Rng::f).
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+/// The bytes of `v` as little-endian f32.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// `bytes` of a tensor of `dtype` (f32, f16 or bf16) as f32 values.
+pub fn to_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| reference::f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| reference::bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        d => panic!("no f32 view of {d}"),
+    }
+}
+
+/// Allocates every non-view tensor of `ctx` in one zeroed buffer of `be`, points views
+/// at their roots, uploads `inputs`, computes every node in id order and returns `out`'s
+/// bytes.
+pub fn run(
+    be: &dyn Backend,
+    ctx: &mut Context<'_>,
+    inputs: &[(TensorId, Vec<u8>)],
+    out: TensorId,
+) -> Vec<u8> {
+    let n = ctx.len();
+    let mut offs = vec![0usize; n];
+    let mut total = 0usize;
+    for (i, t) in ctx.tensors().iter().enumerate() {
+        if t.view_src.is_none() {
+            offs[i] = total;
+            total += t.nbytes().div_ceil(256) * 256 + 256;
+        }
+    }
+    let buf = be.alloc_buffer(total).unwrap();
+    be.buffer_clear(buf.id, 0).unwrap();
+    for i in 0..n {
+        let t = ctx.tensors()[i];
+        let (root, extra) = match t.view_src {
+            Some(r) => (r.index(), t.view_offs),
+            None => (i, 0),
+        };
+        ctx.tensors_mut()[i].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + (offs[root] + extra) as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    for (id, bytes) in inputs {
+        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
+    }
+    let nodes: Vec<TensorId> = (0..n as u32)
+        .map(TensorId)
+        .filter(|id| ts[id.index()].op != Op::None)
+        .collect();
+    for &id in &nodes {
+        assert!(
+            be.supports_op(ts, id),
+            "{} does not support {:?}",
+            be.name(),
+            ts[id.index()].op
+        );
+    }
+    be.graph_compute(ts, &nodes).unwrap();
+    be.synchronize().unwrap();
+    let t = ts[out.index()];
+    let mut res = vec![0u8; t.nbytes()];
+    be.get_tensor(&t, 0, &mut res).unwrap();
+    be.free_buffer(buf.id).unwrap();
+    res
+}
