@@ -39,7 +39,7 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
     let err = |e: xshell::Error| e.to_string();
     cmd!(
         sh,
-        "cargo test --release --locked -p ggml-cuda --test gpu --test backend"
+        "cargo test --release --locked -p ggml-cuda --test gpu --test backend --test coverage"
     )
     .run()
     .map_err(err)?;
@@ -143,7 +143,7 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
     // Test binaries: the executables cargo reports for the ggml-cuda GPU tests.
     let json = cmd!(
         sh,
-        "cargo test --release --locked -p ggml-cuda --test gpu --test backend --no-run --message-format=json-render-diagnostics"
+        "cargo test --release --locked -p ggml-cuda --test gpu --test backend --test coverage --no-run --message-format=json-render-diagnostics"
     )
     .read()
     .map_err(err)?;

@@ -10,6 +10,7 @@
 
 mod bench_vs_llama;
 mod fetch;
+mod gen_ci;
 mod gpu;
 mod ptx;
 
@@ -36,6 +37,10 @@ commands:
                  perplexity within 0.5 % of the CPU's, the CUDA regression matrix;
                  --prepare packs them (binaries, model in 48 MiB parts, DIR/run.sh)
                  for a GPU machine without Rust
+  gen-ci [--check]
+                 write .github/workflows from harness/matrices (a CPU job, and a
+                 GPU job for each matrix with [ci] runs_on labels); --check fails
+                 if the committed files differ, then lints them with actionlint
   ptx-check      assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
                  sm_80 and sm_90
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
@@ -60,6 +65,7 @@ fn main() -> ExitCode {
         Some("ptx-check") => Shell::new()
             .map_err(|e| e.to_string())
             .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
+        Some("gen-ci") => gen_ci::gen_ci(&workspace_root(), &args[1..]),
         Some("fetch-model") => fetch::fetch_model().map(|p| println!("{}", p.display())),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
@@ -181,6 +187,9 @@ fn ci() -> Result<()> {
     step("no_std build of ggml-core", || no_std_build(&sh))?;
     step("aarch64 check of ggml-cpu (NEON paths)", || {
         aarch64_check(&sh)
+    })?;
+    step("workflows: gen-ci --check, actionlint", || {
+        gen_ci::gen_ci(&workspace_root(), &["--check".to_string()])
     })?;
     step("ptx-check (sm_80, sm_90)", || {
         ptx::ptx_check(&sh, &workspace_root())

@@ -54,6 +54,18 @@ struct MatrixFile {
     cell: Vec<CellTable>,
     #[serde(default)]
     rules: RulesTable,
+    /// Read by `cargo xtask gen-ci` (the runner labels of the matrix's workflow); the
+    /// harness only checks its shape.
+    #[serde(default)]
+    #[allow(dead_code)]
+    ci: Option<CiTable>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CiTable {
+    #[allow(dead_code)]
+    runs_on: Vec<String>,
 }
 
 #[derive(Deserialize)]
