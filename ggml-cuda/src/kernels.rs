@@ -29,7 +29,7 @@ pub enum KernelId {
     Mmvq,
     /// `quant.ptx`: quantised mul_mat, tiled class.
     Mmq,
-    /// `mul_mat.ptx`: f32/f16 mul_mat.
+    /// `mul_mat.ptx`: f32/f16/bf16 mul_mat.
     MulMatF,
     /// `norm.ptx`: rms_norm.
     RmsNorm,

@@ -26,6 +26,11 @@ fn float_code(d: DType) -> Option<u32> {
     tcode(d).filter(|&c| c != 3)
 }
 
+/// Weight dtypes of `mul_mat_f` (the others go through Q8_1 and the quantised kernels).
+fn is_float_weight(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
 fn fits_u32(t: &Tensor) -> bool {
     t.ne.iter().all(|&n| n <= u32::MAX as usize) && t.nelements() <= u32::MAX as usize
 }
@@ -170,7 +175,7 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 return Err("mul_mat: operands beyond 2^32 elements");
             }
             let batch = t.ne[2] * t.ne[3];
-            if matches!(a.dtype, DType::F32 | DType::F16) {
+            if is_float_weight(a.dtype) {
                 return launch::mul_mat(None, t.ne[0], t.ne[1], batch)
                     .map(|_| ())
                     .ok_or("mul_mat: grid too large (N > 65535)");
@@ -624,7 +629,7 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     let (r2, r3) = ((b2 / w.ne[2]) as u32, (b3 / w.ne[3]) as u32);
     let batch = b2 * b3;
     let (wa, xa, ta) = (c.addr(&w)?, c.addr(&x)?, c.addr(t)?);
-    if matches!(w.dtype, DType::F32 | DType::F16) {
+    if is_float_weight(w.dtype) {
         let d = dims(launch::mul_mat(None, m, n, batch), c)?;
         let mut a = Args::new();
         a.u64(wa)
@@ -710,10 +715,12 @@ mod tests {
         let u = ctx.mul_mat(up, n).unwrap();
         let sw = ctx.swiglu(u, u).unwrap();
         let kq = ctx.mul_mat(k, qp).unwrap();
+        let wb = ctx.new_tensor(DType::BF16, [576, 64, 1, 1]).unwrap();
+        let yb = ctx.mul_mat(wb, n).unwrap();
         let sm = ctx.soft_max(kq, None, 0.125, 0.0).unwrap();
         let out = ctx.get_rows(up, ids);
         let ts = ctx.tensors();
-        for id in [x, n, q, q3, qr, qp, fa, u, sw, kq, sm] {
+        for id in [x, n, q, q3, qr, qp, fa, u, sw, kq, sm, yb] {
             assert_eq!(check(ts, id), Ok(()), "{:?}", ts[id.index()].op);
         }
         assert!(out.is_ok());
@@ -723,17 +730,21 @@ mod tests {
     fn rejects_what_has_no_kernel() {
         let mut s = storage();
         let mut ctx = Context::new(&mut s);
-        let w = ctx.new_tensor(DType::Q2K, [256, 4, 1, 1]).unwrap();
         let x = ctx.new_tensor(DType::F32, [256, 2, 1, 1]).unwrap();
-        let y = ctx.mul_mat(w, x).unwrap();
+        let w = ctx.new_tensor(DType::Q2K, [256, 4, 1, 1]).unwrap();
+        let xt = ctx.new_tensor(DType::F32, [2, 256, 1, 1]).unwrap();
+        let xt = ctx.permute(xt, [1, 0, 2, 3]).unwrap();
+        // quantize_q8_1 reads activations with unit element stride only.
+        let y = ctx.mul_mat(w, xt).unwrap();
         let q8 = ctx.new_tensor(DType::Q8_0, [256, 2, 1, 1]).unwrap();
         let c = ctx.cpy(x, q8).unwrap();
-        let wb = ctx.new_tensor(DType::BF16, [256, 4, 1, 1]).unwrap();
-        let yb = ctx.mul_mat(wb, x).unwrap();
+        // Q8_1 is an activation format: q_unpack has no branch for it.
+        let w8 = ctx.new_tensor(DType::Q8_1, [256, 4, 1, 1]).unwrap();
+        let y8 = ctx.mul_mat(w8, x).unwrap();
         let ts = ctx.tensors();
         assert!(check(ts, y).is_err());
         assert!(check(ts, c).is_err());
-        assert!(check(ts, yb).is_err());
+        assert!(check(ts, y8).is_err());
     }
 
     #[test]

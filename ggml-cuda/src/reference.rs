@@ -43,7 +43,8 @@ fn rd32(b: &[u8], at: usize) -> u32 {
 }
 
 /// One 32-value chunk of a quantised row, as `q_unpack` in `quant.ptx` returns it:
-/// `value_i = fma(dw, (sc_i * (u_i - z)) as f32, mw)` with `sc_i = sc[i / 16]`.
+/// `value_i = fma(dw, (sc_i * (u_i - z)) as f32, fma(-dm, m_i as f32, mw))` with
+/// `sc_i = sc[i / 16]`, `m_i = m[i / 16]`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Chunk {
     /// The 32 unsigned quants.
@@ -56,6 +57,10 @@ pub struct Chunk {
     pub dw: f32,
     /// Float offset.
     pub mw: f32,
+    /// Integer mins of values 0..16 and 16..32 (Q2_K; 0 for the other formats).
+    pub m: [i32; 2],
+    /// Float scale of the mins (Q2_K; 0 for the other formats).
+    pub dm: f32,
 }
 
 /// Whether the quantised mul_mat and get_rows kernels handle `dtype`.
@@ -67,7 +72,10 @@ pub fn is_kernel_quant(dtype: DType) -> bool {
             | DType::Q5_0
             | DType::Q5_1
             | DType::Q8_0
+            | DType::Q2K
+            | DType::Q3K
             | DType::Q4K
+            | DType::Q5K
             | DType::Q6K
     )
 }
@@ -81,6 +89,8 @@ pub fn unpack_chunk(dtype: DType, row: &[u8], j: usize) -> Option<Chunk> {
         sc: [1, 1],
         dw: 0.0,
         mw: 0.0,
+        m: [0, 0],
+        dm: 0.0,
     };
     let nibbles = |c: &mut Chunk, qs: &[u8], qh: u32| {
         for i in 0..16 {
@@ -121,9 +131,45 @@ pub fn unpack_chunk(dtype: DType, row: &[u8], j: usize) -> Option<Chunk> {
                 c.u[i] = b[2 + i] ^ 0x80;
             }
         }
-        DType::Q4K => {
+        DType::Q2K => {
             let (sb, s) = (j / 8, j % 8);
-            let b = row.get(144 * sb..144 * sb + 144)?;
+            let b = row.get(84 * sb..84 * sb + 84)?;
+            let (n, t) = (s / 4, s % 4);
+            let (s0, s1) = (b[2 * s], b[2 * s + 1]);
+            c.dw = f16_to_f32(rd16(b, 80));
+            c.dm = f16_to_f32(rd16(b, 82));
+            c.sc = [(s0 & 0x0F) as i32, (s1 & 0x0F) as i32];
+            c.m = [(s0 >> 4) as i32, (s1 >> 4) as i32];
+            let qs = &b[16 + 32 * n..48 + 32 * n];
+            for i in 0..32 {
+                c.u[i] = (qs[i] >> (2 * t)) & 3;
+            }
+        }
+        DType::Q3K => {
+            let (sb, s) = (j / 8, j % 8);
+            let b = row.get(110 * sb..110 * sb + 110)?;
+            let (n, t) = (s / 4, s % 4);
+            let (hmask, qs, scales) = (&b[0..32], &b[32 + 32 * n..64 + 32 * n], &b[96..108]);
+            let scale = |k: usize| {
+                let lo = (scales[k % 8] >> (4 * (k / 8))) & 0x0F;
+                let hi = (scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+                (lo | (hi << 4)) as i32 - 32
+            };
+            c.dw = f16_to_f32(rd16(b, 108));
+            c.z = 4;
+            c.sc = [scale(2 * s), scale(2 * s + 1)];
+            for i in 0..32 {
+                c.u[i] = ((qs[i] >> (2 * t)) & 3) | (((hmask[i] >> s) & 1) << 2);
+            }
+        }
+        DType::Q4K | DType::Q5K => {
+            let (sb, s) = (j / 8, j % 8);
+            let (bs, qs_at) = if dtype == DType::Q4K {
+                (144, 16)
+            } else {
+                (176, 48)
+            };
+            let b = row.get(bs * sb..bs * sb + bs)?;
             let d = f16_to_f32(rd16(b, 0));
             let dmin = f16_to_f32(rd16(b, 2));
             let q = &b[4..16];
@@ -138,10 +184,13 @@ pub fn unpack_chunk(dtype: DType, row: &[u8], j: usize) -> Option<Chunk> {
             c.dw = d;
             c.sc = [sc as i32, sc as i32];
             c.mw = -(dmin * m as f32);
-            let qs = &b[16 + 32 * (s / 2)..16 + 32 * (s / 2) + 32];
+            let qs = &b[qs_at + 32 * (s / 2)..qs_at + 32 * (s / 2) + 32];
             let shift = 4 * (s % 2);
             for i in 0..32 {
                 c.u[i] = (qs[i] >> shift) & 0x0F;
+                if dtype == DType::Q5K {
+                    c.u[i] |= ((b[16 + i] >> s) & 1) << 4;
+                }
             }
         }
         DType::Q6K => {
@@ -170,7 +219,8 @@ impl Chunk {
     /// Value `i` dequantised exactly as `get_rows_q` does.
     pub fn value(&self, i: usize) -> f32 {
         let q = self.sc[i / 16] * (self.u[i] as i32 - self.z);
-        self.dw.mul_add(q as f32, self.mw)
+        let mw = (-self.dm).mul_add(self.m[i / 16] as f32, self.mw);
+        self.dw.mul_add(q as f32, mw)
     }
 }
 
@@ -236,8 +286,10 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
 /// as `q8_fma` in `quant.ptx`.
 pub fn chunk_fma(c: &Chunk, a: &[u8], acc: f32) -> f32 {
     let mut half = [0i32; 2];
+    let mut asum = [0i32; 2];
     for (i, &u) in c.u.iter().enumerate() {
         half[i / 16] += (u as i32 - c.z) * (a[4 + i] as i8 as i32);
+        asum[i / 16] += a[4 + i] as i8 as i32;
     }
     let sumi = c.sc[0]
         .wrapping_mul(half[0])
@@ -245,7 +297,15 @@ pub fn chunk_fma(c: &Chunk, a: &[u8], acc: f32) -> f32 {
     let da = f16_to_f32(rd16(a, 0));
     let sa = f16_to_f32(rd16(a, 2));
     let acc = (c.dw * da).mul_add(sumi as f32, acc);
-    c.mw.mul_add(sa, acc)
+    let acc = c.mw.mul_add(sa, acc);
+    if c.dm != 0.0 {
+        let mi = c.m[0]
+            .wrapping_mul(asum[0])
+            .wrapping_add(c.m[1].wrapping_mul(asum[1]));
+        (-(c.dm * da)).mul_add(mi as f32, acc)
+    } else {
+        acc
+    }
 }
 
 /// The butterfly `shfl.xor` tree over 32 lane partials (offsets 16, 8, 4, 2, 1), as every
@@ -274,15 +334,16 @@ pub fn mul_mat_q_dot(dtype: DType, w: &[u8], a: &[u8], nchunks: usize) -> Option
     Some(butterfly_sum(lanes))
 }
 
-/// One output element of `mul_mat_f`: `Σ a_k b_k` with lane `k mod 32` partials; for f16
-/// weights (`round_b_to_f16`) each `b_k` is first rounded to f16.
-pub fn mul_mat_f_dot(a: &[f32], b: &[f32], round_b_to_f16: bool) -> f32 {
+/// One output element of `mul_mat_f` with weights of type `weight` (F32, F16 or BF16),
+/// given as f32 values `a`: `Σ a_k b_k` with lane `k mod 32` partials; for f16 (bf16)
+/// weights each `b_k` is first rounded to f16 (bf16).
+pub fn mul_mat_f_dot(weight: DType, a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; LANES];
     for (k, (&x, &y)) in a.iter().zip(b).enumerate() {
-        let y = if round_b_to_f16 {
-            f16_to_f32(f32_to_f16(y))
-        } else {
-            y
+        let y = match weight {
+            DType::F16 => f16_to_f32(f32_to_f16(y)),
+            DType::BF16 => bf16_to_f32(f32_to_bf16(y)),
+            _ => y,
         };
         lanes[k % LANES] = x.mul_add(y, lanes[k % LANES]);
     }
@@ -353,10 +414,15 @@ mod tests {
             let blk = &mut row[b * ts..(b + 1) * ts];
             match dtype {
                 DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => set_f16(blk, 0, 0.01 + 0.01 * rng.f()),
-                DType::Q4_1 | DType::Q5_1 | DType::Q4K => {
+                DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => {
                     set_f16(blk, 0, 0.01 + 0.005 * rng.f());
                     set_f16(blk, 2, 0.02 * rng.f());
                 }
+                DType::Q2K => {
+                    set_f16(blk, 80, 0.01 + 0.005 * rng.f());
+                    set_f16(blk, 82, 0.02 * rng.f());
+                }
+                DType::Q3K => set_f16(blk, 108, 0.002 + 0.001 * rng.f()),
                 DType::Q6K => set_f16(blk, 208, 0.001 + 0.0005 * rng.f()),
                 _ => {}
             }
@@ -365,7 +431,8 @@ mod tests {
     }
 
     /// ggml's own dequantisation loops (ggml-quants.c), written independently of
-    /// `unpack_chunk`, for cross-checking the chunk interpretation.
+    /// `unpack_chunk` (Q2_K, Q3_K and Q5_K: ggml-core's port of them), for cross-checking the
+    /// chunk interpretation.
     fn ggml_dequant(dtype: DType, row: &[u8], n: usize) -> Vec<f32> {
         let mut y = vec![0f32; n];
         match dtype {
@@ -481,18 +548,22 @@ mod tests {
                     }
                 }
             }
-            _ => unreachable!(),
+            // ggml-core's port of ggml's dequantize_row_*.
+            _ => ggml_core::quant::dequantize_row(dtype, row, &mut y).unwrap(),
         }
         y
     }
 
-    const QUANTS: [DType; 7] = [
+    const QUANTS: [DType; 10] = [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
         DType::Q4K,
+        DType::Q5K,
         DType::Q6K,
     ];
 
@@ -594,7 +665,7 @@ mod tests {
         let mut rng = Lcg(5);
         let x: Vec<f32> = (0..1000).map(|_| rng.f()).collect();
         let ones = vec![1f32; 1000];
-        let s = mul_mat_f_dot(&x, &ones, false) as f64;
+        let s = mul_mat_f_dot(DType::F32, &x, &ones) as f64;
         let exact: f64 = x.iter().map(|&v| v as f64).sum();
         assert!((s - exact).abs() < 1e-4);
     }
@@ -610,9 +681,20 @@ mod tests {
         ap.resize(160, 0.0);
         bp.resize(160, 0.0);
         assert_eq!(
-            mul_mat_f_dot(&a, &b, false).to_bits(),
-            mul_mat_f_dot(&ap, &bp, false).to_bits()
+            mul_mat_f_dot(DType::F32, &a, &b).to_bits(),
+            mul_mat_f_dot(DType::F32, &ap, &bp).to_bits()
         );
+    }
+
+    #[test]
+    fn float_dot_rounds_activations_to_the_weight_type() {
+        // 1 + 2^-8 is exact in f16 but a tie in bf16 (rounds to even: 1).
+        let (a, b) = ([1.0f32], [1.0f32 + 1.0 / 256.0]);
+        assert_eq!(mul_mat_f_dot(DType::F32, &a, &b), b[0]);
+        assert_eq!(mul_mat_f_dot(DType::F16, &a, &b), b[0]);
+        assert_eq!(mul_mat_f_dot(DType::BF16, &a, &b), 1.0);
+        let c = [1.0f32 + 1.0 / 4096.0];
+        assert_eq!(mul_mat_f_dot(DType::F16, &a, &c), 1.0);
     }
 
     #[test]

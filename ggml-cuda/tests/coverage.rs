@@ -68,6 +68,14 @@ fn gpu_vs_cpu(build: impl Fn(&mut Context<'_>) -> Case) -> f64 {
 #[case::q4_k_n9(DType::Q4K, 512, 7, 9)]
 #[case::q4_k_n1(DType::Q4K, 768, 3, 1)]
 #[case::q6_k_n8(DType::Q6K, 512, 5, 8)]
+#[case::bf16_k1000_n9(DType::BF16, 1000, 7, 9)]
+#[case::bf16_k1000_n1(DType::BF16, 1000, 5, 1)]
+#[case::q2_k_n1(DType::Q2K, 512, 7, 1)]
+#[case::q2_k_n9(DType::Q2K, 768, 5, 9)]
+#[case::q3_k_n8(DType::Q3K, 512, 7, 8)]
+#[case::q3_k_n1(DType::Q3K, 768, 3, 1)]
+#[case::q5_k_n9(DType::Q5K, 512, 7, 9)]
+#[case::q5_k_n1(DType::Q5K, 768, 5, 1)]
 fn mul_mat(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: usize) {
     let e = gpu_vs_cpu(|ctx| {
         let mut r = Rng(k as u64 * 31 + m as u64 * 7 + n as u64);

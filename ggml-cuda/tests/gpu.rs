@@ -54,6 +54,11 @@ fn f16_bytes(v: &[f32]) -> Vec<u8> {
         .flat_map(|x| reference::f32_to_f16(*x).to_le_bytes())
         .collect()
 }
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| reference::f32_to_bf16(*x).to_le_bytes())
+        .collect()
+}
 fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
@@ -74,10 +79,15 @@ fn quant_rows(dt: DType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
     for blk in v.chunks_mut(ts) {
         match dt {
             DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => put(blk, 0, 0.01 + 0.005 * rng.f()),
-            DType::Q4_1 | DType::Q5_1 | DType::Q4K => {
+            DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => {
                 put(blk, 0, 0.01 + 0.005 * rng.f());
                 put(blk, 2, 0.02 * rng.f());
             }
+            DType::Q2K => {
+                put(blk, 80, 0.01 + 0.005 * rng.f());
+                put(blk, 82, 0.02 * rng.f());
+            }
+            DType::Q3K => put(blk, 108, 0.002 + 0.001 * rng.f()),
             DType::Q6K => put(blk, 208, 0.001 + 0.0005 * rng.f()),
             _ => {}
         }
@@ -150,17 +160,22 @@ fn get_rows_all_dtypes() {
     for dt in [
         DType::F32,
         DType::F16,
+        DType::BF16,
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
         DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
         DType::Q4K,
+        DType::Q5K,
         DType::Q6K,
     ] {
         let (k, rows) = (512, 10);
         let data = match dt {
             DType::F32 => f32_bytes(&rng.vec(k * rows)),
             DType::F16 => f16_bytes(&rng.vec(k * rows)),
+            DType::BF16 => bf16_bytes(&rng.vec(k * rows)),
             _ => quant_rows(dt, k, rows, &mut rng),
         };
         let idx = [3i32, 0, 9, 3];
@@ -339,7 +354,10 @@ fn mul_mat_quantised_both_classes_bit_identical() {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
         DType::Q4K,
+        DType::Q5K,
         DType::Q6K,
     ] {
         let (k, m, n) = (512, 40, 17);
@@ -389,14 +407,14 @@ fn mul_mat_quantised_both_classes_bit_identical() {
         );
     }
     let st = be.kernel_stats();
-    assert!(st.mmq >= 7 && st.mmvq >= 7, "{st:?}");
+    assert!(st.mmq >= 10 && st.mmvq >= 10, "{st:?}");
 }
 
 #[test]
 fn mul_mat_float_with_broadcast() {
     let be = gpu();
     let mut rng = Rng(4);
-    for dt in [DType::F32, DType::F16] {
+    for dt in [DType::F32, DType::F16, DType::BF16] {
         let (k, m, n) = (64, 32, 5);
         let a = rng.vec(k * m * 3);
         let b = rng.vec(k * n * 9);
@@ -405,10 +423,10 @@ fn mul_mat_float_with_broadcast() {
         let ta = ctx.new_tensor(dt, [k, m, 3, 1]).unwrap();
         let tb = ctx.new_tensor(DType::F32, [k, n, 9, 1]).unwrap();
         let o = ctx.mul_mat(ta, tb).unwrap();
-        let ab = if dt == DType::F32 {
-            f32_bytes(&a)
-        } else {
-            f16_bytes(&a)
+        let ab = match dt {
+            DType::F32 => f32_bytes(&a),
+            DType::F16 => f16_bytes(&a),
+            _ => bf16_bytes(&a),
         };
         let got = to_f32(&run(&be, &mut ctx, &[(ta, ab), (tb, f32_bytes(&b))], o));
         let mut want = vec![0f32; m * n * 9];
@@ -417,17 +435,14 @@ fn mul_mat_float_with_broadcast() {
                 for row in 0..m {
                     let ar: Vec<f32> = a[(h / 3) * k * m + row * k..][..k]
                         .iter()
-                        .map(|&v| {
-                            if dt == DType::F16 {
-                                reference::f16_to_f32(reference::f32_to_f16(v))
-                            } else {
-                                v
-                            }
+                        .map(|&v| match dt {
+                            DType::F16 => reference::f16_to_f32(reference::f32_to_f16(v)),
+                            DType::BF16 => reference::bf16_to_f32(reference::f32_to_bf16(v)),
+                            _ => v,
                         })
                         .collect();
                     let br = &b[h * k * n + col * k..][..k];
-                    want[h * m * n + col * m + row] =
-                        reference::mul_mat_f_dot(&ar, br, dt == DType::F16);
+                    want[h * m * n + col * m + row] = reference::mul_mat_f_dot(dt, &ar, br);
                 }
             }
         }
