@@ -1,7 +1,8 @@
 //! The CUDA backend end to end on cuda-sim's emulated GPUs, in CI without a GPU: the
-//! synthetic model's perplexity against the CPU's, layer splits over two emulated GPUs
-//! with pipeline slots under chaos and the race checker, and the weakened scheduler
-//! rules caught on CUDA-style (source-queue) copies.
+//! synthetic model's perplexity against the CPU's, and the weakened scheduler rule
+//! caught on CUDA-style (source-queue) copies. Layer, tensor and mixed splits over
+//! emulated GPUs under chaos and the race checker are the cuda-sim regression matrix
+//! (tests/matrix.rs).
 
 use std::path::PathBuf;
 
@@ -54,23 +55,25 @@ fn cell(devices: &str, split: SplitMode, n_copies: usize, n_ubatch: usize) -> Ce
     }
 }
 
-fn run(c: &Cell, s: &RegressSettings) -> CellResult {
-    run_with(DType::Q4_1, c, s)
-}
-
 fn run_with(dtype: DType, c: &Cell, s: &RegressSettings) -> CellResult {
     run_cell(&model(dtype), text(), c, s).unwrap_or_else(|e| panic!("{}: {e}", c.devices))
 }
 
 /// With f32 weights the CPU and CUDA kernels differ only in summation order: within
-/// 1e-4. With Q4_1 weights both quantise activations to Q8_1 by the same rule, but the
-/// tiny upstream differences move a few values across a rounding step, which this random
-/// model amplifies: measured 5.8e-4 on this text, held to 1e-3.
+/// 1e-4 (measured 3.4e-5 on the first chunk). With Q4_1 weights both quantise
+/// activations to Q8_1 by the same rule, but tiny upstream differences move a few values
+/// across a rounding step, which this random model amplifies: the first chunk happens to
+/// be bit-identical, the second differs; measured up to 8e-4 per chunk, held to 1e-3.
 #[rstest]
-#[case::f32(DType::F32, 1e-4)]
-#[case::q4_1(DType::Q4_1, 1e-3)]
-fn perplexity_on_cuda_sim_matches_the_cpu(#[case] dtype: DType, #[case] tolerance: f64) {
-    let s = settings(None, Vec::new());
+#[case::f32(DType::F32, 1, 1e-4)]
+#[case::q4_1(DType::Q4_1, 2, 1e-3)]
+fn perplexity_on_cuda_sim_matches_the_cpu(
+    #[case] dtype: DType,
+    #[case] chunks: usize,
+    #[case] tolerance: f64,
+) {
+    let mut s = settings(None, Vec::new());
+    s.ppl.max_chunks = Some(chunks);
     let cpu = run_with(dtype, &cell("cpu", SplitMode::None, 1, 0), &s);
     let gpu = run_with(dtype, &cell("cuda-sim:0", SplitMode::None, 1, 0), &s);
     let rel = (gpu.ppl - cpu.ppl).abs() / cpu.ppl;
@@ -81,18 +84,6 @@ fn perplexity_on_cuda_sim_matches_the_cpu(#[case] dtype: DType, #[case] toleranc
         cpu.ppl
     );
     assert_eq!(gpu.races, 0);
-}
-
-#[rstest]
-#[case::no_chaos(None)]
-#[case::chaos_1(Some(1))]
-#[case::chaos_2(Some(2))]
-fn two_emulated_gpus_give_the_bits_of_one(#[case] chaos: Option<u64>) {
-    let s = settings(chaos, Vec::new());
-    let one = run(&cell("cuda-sim:0", SplitMode::None, 1, 0), &s);
-    let two = run(&cell("cuda-sim:0,cuda-sim:1", SplitMode::Layer, 2, 32), &s);
-    assert_eq!(two.races, 0, "{two:?}");
-    assert_eq!(one.logits_sha256, two.logits_sha256, "{one:?}\n{two:?}");
 }
 
 /// One perplexity pass over `text()` with `config`: the logits' SHA-256 and the race log.

@@ -4,7 +4,7 @@
 use super::arith;
 use crate::fault::{Checks, FaultKind, KernelFault};
 use crate::mem::{GlobalMemory, MemError, Region};
-use crate::ptx::ir::{Addr, AddrBase, Instr, Op, Operand, ShflMode, Space, Special, Ty};
+use crate::ptx::ir::{Addr, AddrBase, BinOp, Instr, Op, Operand, ShflMode, Space, Special, Ty};
 use crate::ptx::Module;
 
 /// Deepest call nesting before a call faults.
@@ -544,8 +544,29 @@ impl<'a> BlockRunner<'a> {
                 let _ = dty;
                 let (x, y) = (self.vals(fr, a, warp), self.vals(fr, b, warp));
                 let out = dst(fr, *d);
-                for lane in lanes_of(exec) {
-                    out[lane] = arith::bin(*op, *ty, *ftz, x[lane], y[lane]);
+                // The integer forms every kernel runs in its address arithmetic, without
+                // the per-lane dispatch of `arith::bin` (same results).
+                match op {
+                    BinOp::Add if !ty.is_float() => {
+                        for lane in lanes_of(exec) {
+                            out[lane] = arith::mask(x[lane].wrapping_add(y[lane]), *ty);
+                        }
+                    }
+                    BinOp::Sub if !ty.is_float() => {
+                        for lane in lanes_of(exec) {
+                            out[lane] = arith::mask(x[lane].wrapping_sub(y[lane]), *ty);
+                        }
+                    }
+                    BinOp::MulWide if *ty == Ty::U(32) => {
+                        for lane in lanes_of(exec) {
+                            out[lane] = (x[lane] & 0xffff_ffff) * (y[lane] & 0xffff_ffff);
+                        }
+                    }
+                    _ => {
+                        for lane in lanes_of(exec) {
+                            out[lane] = arith::bin(*op, *ty, *ftz, x[lane], y[lane]);
+                        }
+                    }
                 }
             }
             Op::Mad {
