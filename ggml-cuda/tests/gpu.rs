@@ -9,46 +9,14 @@
 
 use ggml_core::{
     AttnParams, Backend, BackendErrorKind, Context, DType, DataRef, EventRef, RopeMode, RopeParams,
-    Tensor, TensorId,
+    Tensor,
 };
 use ggml_cuda::reference::{self, nmse, Q8_1_BLOCK};
-use ggml_cuda::{CudaBackend, DriverKind, MulMatClass};
+use ggml_cuda::{CudaBackend, MulMatClass};
 
-/// The driver under test: libcuda where a GPU is required, cuda-sim otherwise.
-fn driver() -> DriverKind {
-    if std::env::var_os("GGML_RS_REQUIRE_GPU").is_some() {
-        DriverKind::Cuda
-    } else {
-        DriverKind::Sim
-    }
-}
+mod common;
+use common::{driver, f32_bytes, gpu, run, Rng};
 
-fn gpu() -> CudaBackend {
-    let kind = driver();
-    CudaBackend::with_driver(kind, 0, 0)
-        .unwrap_or_else(|e| panic!("no {} device 0: {e}", kind.prefix()))
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn f(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
 fn f16_bytes(v: &[f32]) -> Vec<u8> {
     v.iter()
         .flat_map(|x| reference::f32_to_f16(*x).to_le_bytes())
@@ -63,9 +31,7 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    common::to_f32(DType::F32, b)
 }
 
 /// Random quantised rows with sane scales.
@@ -93,60 +59,6 @@ fn quant_rows(dt: DType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
         }
     }
     v
-}
-
-/// Allocates every non-view tensor of `ctx` in one buffer, points views at their
-/// roots, uploads `inputs`, computes every node in id order, returns `out`'s bytes.
-fn run(
-    be: &CudaBackend,
-    ctx: &mut Context<'_>,
-    inputs: &[(TensorId, Vec<u8>)],
-    out: TensorId,
-) -> Vec<u8> {
-    let n = ctx.len();
-    let mut offs = vec![0usize; n];
-    let mut total = 0usize;
-    for (i, t) in ctx.tensors().iter().enumerate() {
-        if t.view_src.is_none() {
-            offs[i] = total;
-            total += t.nbytes().div_ceil(256) * 256 + 256;
-        }
-    }
-    let buf = be.alloc_buffer(total).unwrap();
-    be.buffer_clear(buf.id, 0).unwrap();
-    for i in 0..n {
-        let t = ctx.tensors()[i];
-        let (root, extra) = match t.view_src {
-            Some(r) => (r.index(), t.view_offs),
-            None => (i, 0),
-        };
-        ctx.tensors_mut()[i].data = Some(DataRef {
-            buffer: buf.id,
-            addr: buf.base + (offs[root] + extra) as u64,
-        });
-    }
-    let ts = ctx.tensors();
-    for (id, bytes) in inputs {
-        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
-    }
-    let nodes: Vec<TensorId> = (0..n as u32)
-        .map(TensorId)
-        .filter(|id| ts[id.index()].op != ggml_core::Op::None)
-        .collect();
-    for &id in &nodes {
-        assert!(
-            be.supports_op(ts, id),
-            "unsupported {:?}",
-            ts[id.index()].op
-        );
-    }
-    be.graph_compute(ts, &nodes).unwrap();
-    be.synchronize().unwrap();
-    let t = ts[out.index()];
-    let mut res = vec![0u8; t.nbytes()];
-    be.get_tensor(&t, 0, &mut res).unwrap();
-    be.free_buffer(buf.id).unwrap();
-    res
 }
 
 fn storage() -> Vec<Tensor> {

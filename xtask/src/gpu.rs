@@ -8,7 +8,12 @@
 //! 2. the perplexity of the real model on `cuda:0` within 0.5 % of the CPU's;
 //! 3. the built-in CUDA regression matrix (`cuda:0`, `cuda:0x2`, layer split) with the
 //!    race checker, compared with `harness/goldens.json` (and the 2-GPU matrix where two
-//!    GPUs exist).
+//!    GPUs exist);
+//! 4. emulator vs hardware: the same kernel tests run on cuda-sim (approx results
+//!    correctly rounded) record a digest of every GPU output (`GGML_RS_KERNEL_RESULTS`),
+//!    and the GPU's digests are compared with them output by output. Exact instructions
+//!    must agree; the report lists the tests whose bits differ (expected only where a
+//!    kernel uses `.approx` instructions).
 
 use std::path::{Path, PathBuf};
 
@@ -35,14 +40,31 @@ pub fn gpu_test(sh: &Shell, root: &Path, args: &[String]) -> Result<()> {
 fn run_here(sh: &Shell, root: &Path) -> Result<()> {
     sh.change_dir(root);
     let model = fetch::fetch_model()?;
-    let _gpu = sh.push_env("GGML_RS_REQUIRE_GPU", "1");
     let err = |e: xshell::Error| e.to_string();
-    cmd!(
-        sh,
-        "cargo test --release --locked -p ggml-cuda --test gpu --test backend --test coverage"
-    )
-    .run()
-    .map_err(err)?;
+    let out = root.join("target/gpu-test");
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let (sim_file, gpu_file) = (
+        out.join("sim-kernel-results.txt"),
+        out.join("gpu-kernel-results.txt"),
+    );
+    for (file, on_gpu) in [(&sim_file, false), (&gpu_file, true)] {
+        let _ = std::fs::remove_file(file);
+        let _results = sh.push_env(KERNEL_RESULTS_VAR, file);
+        let _checks = (!on_gpu).then(|| sh.push_env("CUDA_SIM_CHECKS", SIM_CHECKS));
+        let _gpu = on_gpu.then(|| sh.push_env("GGML_RS_REQUIRE_GPU", "1"));
+        cmd!(
+            sh,
+            "cargo test --release --locked -p ggml-cuda --test gpu --test backend --test coverage -- --test-threads 1"
+        )
+        .run()
+        .map_err(err)?;
+    }
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let report = compare_kernel_results(&read(&sim_file)?, &read(&gpu_file)?);
+    let report_file = out.join("emulator-vs-gpu.txt");
+    std::fs::write(&report_file, &report).map_err(|e| format!("{}: {e}", report_file.display()))?;
+    eprint!("emulator vs GPU ({}):\n{report}", report_file.display());
+    let _gpu = sh.push_env("GGML_RS_REQUIRE_GPU", "1");
     let harness = |args: &[&str]| -> Result<String> {
         cmd!(
             sh,
@@ -96,6 +118,52 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
     }
     eprintln!("gpu-test: all checks passed");
     Ok(())
+}
+
+/// Where the kernel tests append their output digests (see ggml-cuda/tests/common).
+const KERNEL_RESULTS_VAR: &str = "GGML_RS_KERNEL_RESULTS";
+/// cuda-sim's checks for the reference digests: all but approx, whose deliberately
+/// bound-edge results no GPU would produce.
+const SIM_CHECKS: &str = "memcheck,racecheck,synccheck,initcheck";
+
+/// Compares the `TEST#N SHA256 BYTES` lines of a cuda-sim run and a GPU run: the counts
+/// of equal and differing outputs, then one line per test with differing or missing
+/// outputs.
+fn compare_kernel_results(sim: &str, gpu: &str) -> String {
+    use std::collections::BTreeMap;
+    let parse = |text: &str| -> BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let (sim, gpu) = (parse(sim), parse(gpu));
+    let (mut equal, mut differ) = (0usize, BTreeMap::<String, (usize, usize)>::new());
+    let keys: std::collections::BTreeSet<&String> = sim.keys().chain(gpu.keys()).collect();
+    for k in keys {
+        let test = k
+            .rsplit_once('#')
+            .map_or(k.as_str(), |(t, _)| t)
+            .to_string();
+        match (sim.get(k), gpu.get(k)) {
+            (Some(a), Some(b)) if a == b => equal += 1,
+            (Some(_), Some(_)) => differ.entry(test).or_default().0 += 1,
+            _ => differ.entry(test).or_default().1 += 1,
+        }
+    }
+    let n_differ: usize = differ.values().map(|(d, _)| d).sum();
+    let mut s = format!(
+        "{equal} outputs bit-identical, {n_differ} differ, in {} tests\n",
+        differ.len()
+    );
+    for (test, (d, missing)) in differ {
+        s.push_str(&format!("  {test}: {d} differ"));
+        if missing > 0 {
+            s.push_str(&format!(", {missing} only in one run"));
+        }
+        s.push('\n');
+    }
+    s
 }
 
 /// GPUs `nvidia-smi -L` lists (0 when it is missing).
@@ -163,6 +231,7 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
         let short = name.rsplit_once('-').map_or(name, |(n, _)| n).to_string();
         let to = bin.join(format!("test-{short}"));
         std::fs::copy(&exe, &to).map_err(|e| io("cannot copy", &exe, e))?;
+        strip_debug(sh, &to);
         tests.push(short);
     }
     if tests.is_empty() {
@@ -177,6 +246,7 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
     let harness = root.join("target/release/ggml-harness");
     std::fs::copy(&harness, bin.join("ggml-harness"))
         .map_err(|e| io("cannot copy", &harness, e))?;
+    strip_debug(sh, &bin.join("ggml-harness"));
     for f in ["cuda-1gpu.toml", "cuda-2gpu.toml"] {
         let from = root.join("harness/matrices").join(f);
         std::fs::copy(&from, dir.join("matrices").join(f))
@@ -193,6 +263,17 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
         std::fs::write(&p, part).map_err(|e| io("cannot write", &p, e))?;
     }
     // fetch_model verified the file against this checksum.
+    // The reference digests: the same test binaries on cuda-sim, here.
+    let sim_results = dir.join("sim-kernel-results.txt");
+    let _ = std::fs::remove_file(&sim_results);
+    {
+        let _results = sh.push_env(KERNEL_RESULTS_VAR, &sim_results);
+        let _checks = sh.push_env("CUDA_SIM_CHECKS", SIM_CHECKS);
+        for t in &tests {
+            let exe = bin.join(format!("test-{t}"));
+            cmd!(sh, "{exe} --test-threads 1").run().map_err(err)?;
+        }
+    }
     let run = dir.join("run.sh");
     std::fs::write(&run, run_script(fetch::MODEL_SHA256, &tests))
         .map_err(|e| io("cannot write", &run, e))?;
@@ -219,7 +300,7 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
 fn run_script(model_sha256: &str, tests: &[String]) -> String {
     let tests = tests.join(" ");
     format!(
-        r#"#!/usr/bin/env bash
+        r##"#!/usr/bin/env bash
 # Generated by `cargo xtask gpu-test --prepare`: the GPU checks of ggml-rs, without Rust.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -229,10 +310,22 @@ cat model/part-* > model.gguf
 echo "{model_sha256}  model.gguf" | sha256sum -c -
 
 export GGML_RS_REQUIRE_GPU=1
+export {KERNEL_RESULTS_VAR}="$out/gpu-kernel-results.txt"
+rm -f "${KERNEL_RESULTS_VAR}"
 for t in {tests}; do
   echo "== ggml-cuda tests: $t"
   "bin/test-$t" --test-threads 1
 done
+unset {KERNEL_RESULTS_VAR}
+
+echo "== emulator vs GPU, output by output (cuda-sim's digests made by --prepare)"
+LC_ALL=C sort sim-kernel-results.txt > "$out/sim.sorted"
+LC_ALL=C sort "$out/gpu-kernel-results.txt" > "$out/gpu.sorted"
+LC_ALL=C join -a1 -a2 -e MISSING -o 0,1.2,2.2 "$out/sim.sorted" "$out/gpu.sorted" \
+  > "$out/emulator-vs-gpu.txt"
+awk '{{ if ($2 == $3) eq++; else {{ ne++; split($1, t, "#"); d[t[1]]++ }} }}
+  END {{ printf "%d outputs bit-identical, %d differ\n", eq, ne
+        for (k in d) printf "  %s: %d differ\n", k, d[k] }}' "$out/emulator-vs-gpu.txt"
 
 echo "== perplexity: cpu vs cuda:0"
 cpu=$(bin/ggml-harness perplexity --model model.gguf --devices cpu --json)
@@ -254,8 +347,16 @@ if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ]; then
     --check-races --golden goldens.json --report "$out/regress-cuda-2gpu.json"
 fi
 echo "gpu-test: all checks passed"
-"#
+"##
     )
+}
+
+/// Drops the debug line tables from a carried binary (about 8x smaller; symbol names stay
+/// for backtraces). Without `strip` the binary is carried as it is.
+fn strip_debug(sh: &Shell, exe: &Path) {
+    if cmd!(sh, "strip --strip-debug {exe}").quiet().run().is_err() {
+        eprintln!("gpu-test: could not strip {} (carried with debug info)", exe.display());
+    }
 }
 
 #[cfg(unix)]
@@ -309,5 +410,19 @@ mod tests {
         assert!(s.contains("for t in gpu backend; do"));
         assert!(s.contains("GGML_RS_REQUIRE_GPU=1"));
         assert!(s.contains("--matrix matrices/cuda-1gpu.toml"));
+        assert!(s.contains("export GGML_RS_KERNEL_RESULTS=\"$out/gpu-kernel-results.txt\""));
+        assert!(s.contains("sort sim-kernel-results.txt"));
+    }
+
+    #[test]
+    fn kernel_results_are_compared_output_by_output() {
+        let sim = "a#0 x 4\na#1 y 4\nb#0 z 8\nc#0 w 2\n";
+        let gpu = "a#0 x 4\na#1 Y 4\nb#0 z 8\n";
+        let r = compare_kernel_results(sim, gpu);
+        assert_eq!(
+            r,
+            "2 outputs bit-identical, 1 differ, in 2 tests\n  a: 1 differ\n  c: 0 differ, 1 only in one run\n"
+        );
+        assert!(compare_kernel_results(sim, sim).starts_with("4 outputs bit-identical, 0 differ"));
     }
 }

@@ -1,5 +1,10 @@
 //! What the GPU test files share: a seeded generator and a runner that computes a graph
 //! on any backend.
+//!
+//! With `GGML_RS_KERNEL_RESULTS=FILE`, every output the runner reads back from a CUDA
+//! backend is appended to FILE as `TEST#N SHA256 BYTES` (N counts the outputs of one
+//! test), so a run on cuda-sim and a run on a GPU can be compared bit for bit, kernel
+//! test by kernel test (`cargo xtask gpu-test` does).
 
 use ggml_core::{Backend, Context, DType, DataRef, Op, TensorId};
 use ggml_cuda::reference;
@@ -123,5 +128,43 @@ pub fn run(
     let mut res = vec![0u8; t.nbytes()];
     be.get_tensor(&t, 0, &mut res).unwrap();
     be.free_buffer(buf.id).unwrap();
+    if be.as_any().downcast_ref::<CudaBackend>().is_some() {
+        record(&res);
+    }
     res
+}
+
+thread_local! {
+    static OUTPUTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Appends `bytes`' digest to `$GGML_RS_KERNEL_RESULTS`, if set.
+fn record(bytes: &[u8]) {
+    use sha2::{Digest, Sha256};
+    use std::io::Write;
+    let Some(path) = std::env::var_os("GGML_RS_KERNEL_RESULTS") else {
+        return;
+    };
+    let n = OUTPUTS.with(|c| {
+        let n = c.get();
+        c.set(n + 1);
+        n
+    });
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .replace(' ', "_");
+    let digest: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // One write per line with O_APPEND: lines from parallel test processes do not mix.
+    let line = format!("{test}#{n} {digest} {}\n", bytes.len());
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("GGML_RS_KERNEL_RESULTS={path:?}: {e}"));
+    f.write_all(line.as_bytes())
+        .unwrap_or_else(|e| panic!("GGML_RS_KERNEL_RESULTS={path:?}: {e}"));
 }
