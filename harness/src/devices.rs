@@ -50,7 +50,7 @@ impl FromStr for DeviceList {
     fn from_str(s: &str) -> Result<DeviceList> {
         let bad = |item: &str, why: &str| {
             HarnessError::Usage(format!(
-                "--devices: '{item}': {why} (expected cpu, cpu:N, cuda:G, cuda:GxN, cuda-sim:G or cuda-sim:GxN, comma-separated)"
+                "--devices: {item:?}: {why} (expected cpu, cpu:N, cuda:G, cuda:GxN, cuda-sim:G or cuda-sim:GxN, comma-separated)"
             ))
         };
         let mut out = Vec::new();

@@ -28,8 +28,6 @@ pub struct GgufWriter {
     tensors: Vec<(String, DType, Vec<u64>, Vec<u8>)>,
 }
 
-const ALIGN: usize = 32;
-
 impl GgufWriter {
     /// An empty file.
     pub fn new() -> GgufWriter {
@@ -49,8 +47,45 @@ impl GgufWriter {
         self
     }
 
-    /// The file's bytes.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// The data alignment: `general.alignment` if the metadata sets it (a `u32` power of
+    /// two, as readers require), else GGUF's default of 32.
+    fn alignment(&self) -> Result<usize, String> {
+        let key = ggml_core::gguf::ALIGNMENT_KEY;
+        match self.meta.iter().rev().find(|(k, _)| k == key) {
+            None => Ok(ggml_core::gguf::DEFAULT_ALIGNMENT as usize),
+            Some((_, MetaValue::U32(a))) if a.is_power_of_two() => Ok(*a as usize),
+            Some((_, v)) => Err(format!("{key} must be a u32 power of two, not {v:?}")),
+        }
+    }
+
+    /// The file's bytes, or why readers would refuse the file: a bad
+    /// `general.alignment`, a key or tensor name given twice, a tensor name longer than
+    /// ggml's 63 bytes, or more than 4 dimensions.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        use ggml_core::gguf::{MAX_DIMS, MAX_TENSOR_NAME_LEN};
+        let align = self.alignment()?;
+        for (i, (k, _)) in self.meta.iter().enumerate() {
+            if self.meta[..i].iter().any(|(other, _)| other == k) {
+                return Err(format!("metadata key {k:?} given twice"));
+            }
+        }
+        for (i, (name, _, ne, _)) in self.tensors.iter().enumerate() {
+            if name.len() > MAX_TENSOR_NAME_LEN {
+                return Err(format!(
+                    "tensor name {name:?} is {} bytes, over ggml's limit of {MAX_TENSOR_NAME_LEN}",
+                    name.len()
+                ));
+            }
+            if ne.len() > MAX_DIMS {
+                return Err(format!(
+                    "tensor {name:?} has {} dimensions, over {MAX_DIMS}",
+                    ne.len()
+                ));
+            }
+            if self.tensors[..i].iter().any(|(other, ..)| other == name) {
+                return Err(format!("tensor name {name:?} given twice"));
+            }
+        }
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&3u32.to_le_bytes());
@@ -110,13 +145,13 @@ impl GgufWriter {
             }
             out.extend_from_slice(&dtype.ggml_id().to_le_bytes());
             out.extend_from_slice(&(offset as u64).to_le_bytes());
-            offset += data.len().div_ceil(ALIGN) * ALIGN;
+            offset += data.len().div_ceil(align) * align;
         }
-        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+        out.resize(out.len().div_ceil(align) * align, 0);
         for (_, _, _, data) in &self.tensors {
             out.extend_from_slice(data);
-            out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+            out.resize(out.len().div_ceil(align) * align, 0);
         }
-        out
+        Ok(out)
     }
 }

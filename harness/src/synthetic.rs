@@ -202,4 +202,5 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
     }
     matrix(&mut w, "output_norm.weight", DType::F32, e, 1, 0.0);
     w.to_bytes()
+        .expect("the synthetic model's metadata is valid GGUF metadata")
 }

@@ -355,7 +355,10 @@ echo "gpu-test: all checks passed"
 /// for backtraces). Without `strip` the binary is carried as it is.
 fn strip_debug(sh: &Shell, exe: &Path) {
     if cmd!(sh, "strip --strip-debug {exe}").quiet().run().is_err() {
-        eprintln!("gpu-test: could not strip {} (carried with debug info)", exe.display());
+        eprintln!(
+            "gpu-test: could not strip {} (carried with debug info)",
+            exe.display()
+        );
     }
 }
 

@@ -10,6 +10,7 @@
 
 mod bench_vs_llama;
 mod fetch;
+mod fuzz;
 mod gen_ci;
 mod gpu;
 mod ptx;
@@ -37,6 +38,9 @@ commands:
                  perplexity within 0.5 % of the CPU's, the CUDA regression matrix;
                  --prepare packs them (binaries, model in 48 MiB parts, DIR/run.sh)
                  for a GPU machine without Rust
+  fuzz --minutes N
+                 every cargo-fuzz target (GGUF parser, matrix files, --devices,
+                 tokenizer text, GGUF writer round trip) for N minutes in all
   gen-ci [--check]
                  write .github/workflows from harness/matrices (a CPU job, and a
                  GPU job for each matrix with [ci] runs_on labels); --check fails
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
         Some("ptx-check") => Shell::new()
             .map_err(|e| e.to_string())
             .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
+        Some("fuzz") => fuzz::fuzz(&workspace_root(), &args[1..]),
         Some("gen-ci") => gen_ci::gen_ci(&workspace_root(), &args[1..]),
         Some("fetch-model") => fetch::fetch_model().map(|p| println!("{}", p.display())),
         Some("-h" | "--help" | "help") | None => {
