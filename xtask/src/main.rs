@@ -29,8 +29,8 @@ commands:
                  `ggml-harness bench` and llama.cpp's llama-bench run alternately
                  (pp512, tg128): tokens/s, ratios, tg weight bandwidth vs memcpy
   ci             format check, clippy, tests (nextest), no_std build of ggml-core,
-                 aarch64 check of ggml-cpu, ptx-check, docs and packaging checks:
-                 what CI runs
+                 fuzz targets compile, aarch64 check of ggml-cpu, workflows, ptx-check,
+                 docs and packaging checks: what CI runs
   fetch-model    download SmolLM2-135M-Instruct Q4_1 into $GGML_RS_CACHE
                  (default ~/.cache/ggml-rs), verify it and print its path
   gpu-test [--prepare DIR]
@@ -190,6 +190,16 @@ fn ci() -> Result<()> {
         run(cmd!(sh, "cargo test --workspace --locked --doc"))
     })?;
     step("no_std build of ggml-core", || no_std_build(&sh))?;
+    step("fuzz targets compile (cargo xtask fuzz runs them)", || {
+        for dir in ["ggml-core/fuzz", "harness/fuzz"] {
+            let manifest = format!("{dir}/Cargo.toml");
+            run(cmd!(
+                sh,
+                "cargo check --quiet --locked --manifest-path {manifest} --bins"
+            ))?;
+        }
+        Ok(())
+    })?;
     step("aarch64 check of ggml-cpu (NEON paths)", || {
         aarch64_check(&sh)
     })?;
