@@ -548,6 +548,56 @@ fn attn_ref(
     out
 }
 
+/// Head size, query rows, KV length, query heads and KV heads of an attention test.
+#[derive(Clone, Copy)]
+struct AttnShape {
+    d: usize,
+    nq: usize,
+    nkv: usize,
+    h: usize,
+    hkv: usize,
+}
+
+/// flash_attn_ext on the GPU: `q` as `[d, nq, h]` (head-major, as `attn_ref` reads it),
+/// f16 K/V `[d, nkv, hkv]`, f16 mask `[nkv, nq]`.
+fn flash_attn_on_gpu(
+    be: &CudaBackend,
+    shape: AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[f32],
+    params: AttnParams,
+) -> Vec<f32> {
+    let AttnShape { d, nq, nkv, h, hkv } = shape;
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tq = ctx.new_tensor(DType::F32, [d, h, nq, 1]).unwrap();
+    let tqp = ctx.permute(tq, [0, 2, 1, 3]).unwrap();
+    let tk = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
+    let tv = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
+    let tm = ctx.new_tensor(DType::F16, [nkv, nq, 1, 1]).unwrap();
+    let o = ctx.flash_attn_ext(tqp, tk, tv, Some(tm), params).unwrap();
+    // q is stored [d, h, nq]: head-major within a token, as the permute expects.
+    let mut qs = vec![0f32; d * h * nq];
+    for iq in 0..nq {
+        for hh in 0..h {
+            qs[(iq * h + hh) * d..][..d].copy_from_slice(&q[(hh * nq + iq) * d..][..d]);
+        }
+    }
+    to_f32(&run(
+        be,
+        &mut ctx,
+        &[
+            (tq, f32_bytes(&qs)),
+            (tk, f16_bytes(k)),
+            (tv, f16_bytes(v)),
+            (tm, f16_bytes(mask)),
+        ],
+        o,
+    ))
+}
+
 #[test]
 fn flash_attn_matches_and_ignores_masked_padding() {
     let be = gpu();
@@ -594,34 +644,8 @@ fn flash_attn_matches_and_ignores_masked_padding() {
             .iter()
             .map(|&x| reference::f16_to_f32(reference::f32_to_f16(x)))
             .collect();
-        let mut s = storage();
-        let mut ctx = Context::new(&mut s);
-        let tq = ctx.new_tensor(DType::F32, [d, h, nq, 1]).unwrap();
-        let tqp = ctx.permute(tq, [0, 2, 1, 3]).unwrap();
-        let tk = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
-        let tv = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
-        let tm = ctx.new_tensor(DType::F16, [nkv, nq, 1, 1]).unwrap();
-        let o = ctx
-            .flash_attn_ext(tqp, tk, tv, Some(tm), AttnParams::scaled(0.125))
-            .unwrap();
-        // q is stored [d, h, nq]: head-major within a token, as the permute expects.
-        let mut qs = vec![0f32; d * h * nq];
-        for iq in 0..nq {
-            for hh in 0..h {
-                qs[(iq * h + hh) * d..][..d].copy_from_slice(&q[(hh * nq + iq) * d..][..d]);
-            }
-        }
-        let got = to_f32(&run(
-            &be,
-            &mut ctx,
-            &[
-                (tq, f32_bytes(&qs)),
-                (tk, f16_bytes(&k)),
-                (tv, f16_bytes(&v)),
-                (tm, f16_bytes(&mask)),
-            ],
-            o,
-        ));
+        let shape = AttnShape { d, nq, nkv, h, hkv };
+        let got = flash_attn_on_gpu(&be, shape, &q, &k, &v, &mask, AttnParams::scaled(0.125));
         let want = attn_ref(&q, &k16, &v16, &mask, d, nkv, nq, h, hkv, 0.125, 0.0);
         assert!(nmse(&got, &want) < 5e-4, "nkv {nkv}: {}", nmse(&got, &want));
         results.push(got);
@@ -715,35 +739,12 @@ fn flash_attn_soft_cap_with_large_logits(#[case] softcap: f32) {
             .map(|&x| reference::f16_to_f32(reference::f32_to_f16(x)))
             .collect()
     };
-    let mut s = storage();
-    let mut ctx = Context::new(&mut s);
-    let tq = ctx.new_tensor(DType::F32, [d, h, nq, 1]).unwrap();
-    let tqp = ctx.permute(tq, [0, 2, 1, 3]).unwrap();
-    let tk = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
-    let tv = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
-    let tm = ctx.new_tensor(DType::F16, [nkv, nq, 1, 1]).unwrap();
     let params = AttnParams {
         softcap,
         ..AttnParams::scaled(0.125)
     };
-    let o = ctx.flash_attn_ext(tqp, tk, tv, Some(tm), params).unwrap();
-    let mut qs = vec![0f32; d * h * nq];
-    for iq in 0..nq {
-        for hh in 0..h {
-            qs[(iq * h + hh) * d..][..d].copy_from_slice(&q[(hh * nq + iq) * d..][..d]);
-        }
-    }
-    let got = to_f32(&run(
-        &be,
-        &mut ctx,
-        &[
-            (tq, f32_bytes(&qs)),
-            (tk, f16_bytes(&k)),
-            (tv, f16_bytes(&v)),
-            (tm, f16_bytes(&mask)),
-        ],
-        o,
-    ));
+    let shape = AttnShape { d, nq, nkv, h, hkv };
+    let got = flash_attn_on_gpu(&be, shape, &q, &k, &v, &mask, params);
     let want = attn_ref(
         &q,
         &round(&k),
