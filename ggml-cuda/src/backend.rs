@@ -242,7 +242,7 @@ impl CudaBackend {
         self.dev.cc
     }
 
-    /// How many quantised mul_mats ran with each kernel class so far.
+    /// How many times each kernel was launched so far.
     pub fn kernel_stats(&self) -> KernelStats {
         let launches = std::array::from_fn(|k| self.launches[k].load(Ordering::Relaxed));
         KernelStats {

@@ -72,11 +72,13 @@ pub fn cached_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
         move |source| HarnessError::Io { path, source }
     };
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    // Written aside and renamed, so a concurrent reader never sees half a file.
+    // Written aside (a name of this process and thread) and renamed, so a concurrent
+    // reader never sees half a file.
     let tmp = dir.join(format!(
-        "synthetic-{}.gguf.{}.tmp",
+        "synthetic-{}.gguf.{}.{:?}.tmp",
         dtype.name(),
-        std::process::id()
+        std::process::id(),
+        std::thread::current().id()
     ));
     std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
     std::fs::rename(&tmp, &path).map_err(io(&path))?;

@@ -10,19 +10,10 @@ use ggml_core::DType;
 use harness::perplexity::{perplexity, PplSettings};
 use harness::regress::{run_cell, Cell, CellResult, RegressSettings};
 use harness::session::{RunConfig, Session, SplitMode};
-use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 use rstest::rstest;
 
 fn model(dtype: DType) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-rs-cuda-sim-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("synthetic-{}.gguf", dtype.name()));
-    if !path.exists() {
-        let tmp = dir.join(format!("tmp-{:?}", std::thread::current().id()));
-        std::fs::write(&tmp, synthetic_gguf(&SyntheticSpec::tiny(dtype))).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    harness::synthetic::cached_model(dtype).unwrap()
 }
 
 fn text() -> &'static str {

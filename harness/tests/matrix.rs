@@ -9,7 +9,6 @@ use harness::matrix::file::parse;
 use harness::matrix::report::GoldenStatus;
 use harness::matrix::run::{run, RunOptions};
 use harness::matrix::{Matrix, Rule, Source};
-use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 use rstest::rstest;
 
 fn scratch() -> PathBuf {
@@ -30,9 +29,7 @@ fn scratch_file(name: &str, bytes: impl FnOnce() -> Vec<u8>) -> PathBuf {
 }
 
 fn model() -> PathBuf {
-    scratch_file("synthetic-q4_1.gguf", || {
-        synthetic_gguf(&SyntheticSpec::tiny(DType::Q4_1))
-    })
+    harness::synthetic::cached_model(DType::Q4_1).unwrap()
 }
 
 fn corpus() -> PathBuf {

@@ -11,19 +11,10 @@ use harness::matrix::{Matrix, Source};
 use harness::perplexity::{perplexity, PplSettings};
 use harness::regress::RegressSettings;
 use harness::session::{RunConfig, Session, SplitMode};
-use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 use rstest::rstest;
 
 fn model() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-rs-regress-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("synthetic-q4_1.gguf");
-    if !path.exists() {
-        let tmp = dir.join(format!("tmp-{:?}", std::thread::current().id()));
-        std::fs::write(&tmp, synthetic_gguf(&SyntheticSpec::tiny(DType::Q4_1))).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    harness::synthetic::cached_model(DType::Q4_1).unwrap()
 }
 
 fn text() -> &'static str {

@@ -7,19 +7,10 @@ use ggml_core::DType;
 use harness::devices::DeviceList;
 use harness::perplexity::{perplexity, PplResult, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
-use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 use rstest::rstest;
 
 fn write_model(dtype: DType) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-rs-synth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("synthetic-{}.gguf", dtype.name()));
-    if !path.exists() {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, synthetic_gguf(&SyntheticSpec::tiny(dtype))).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    harness::synthetic::cached_model(dtype).unwrap()
 }
 
 fn run(dtype: DType, threads: usize, ctx: usize, batch: usize) -> PplResult {

@@ -6,16 +6,9 @@ use std::path::PathBuf;
 use ggml_core::DType;
 use harness::perplexity::{perplexity, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
-use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 
 fn model(dtype: DType) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-rs-tp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("synthetic-{dtype}.gguf"));
-    if !path.exists() {
-        std::fs::write(&path, synthetic_gguf(&SyntheticSpec::tiny(dtype))).unwrap();
-    }
-    path
+    harness::synthetic::cached_model(dtype).unwrap()
 }
 
 fn ppl(dtype: DType, devices: &str, split: SplitMode, bf16_min: Option<usize>) -> f64 {

@@ -8,16 +8,9 @@ use ggml_core::DType;
 use harness::executor::Executor;
 use harness::perplexity::{perplexity, PplResult, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
-use harness::synthetic::{synthetic_gguf, SyntheticSpec};
 
 fn model() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-rs-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("synthetic-q4_1.gguf");
-    if !path.exists() {
-        std::fs::write(&path, synthetic_gguf(&SyntheticSpec::tiny(DType::Q4_1))).unwrap();
-    }
-    path
+    harness::synthetic::cached_model(DType::Q4_1).unwrap()
 }
 
 const SETTINGS: PplSettings = PplSettings {

@@ -371,9 +371,7 @@ impl<'a> BlockRunner<'a> {
                     ret,
                     args,
                 } => {
-                    for lane in lanes_of(group & !exec) {
-                        top.pc[lane] += 1;
-                    }
+                    step(&mut top.pc, group & !exec);
                     if exec == 0 {
                         continue;
                     }
@@ -406,15 +404,11 @@ impl<'a> BlockRunner<'a> {
                 }
                 Op::Ret => {
                     top.done |= exec;
-                    for lane in lanes_of(group & !exec) {
-                        top.pc[lane] += 1;
-                    }
+                    step(&mut top.pc, group & !exec);
                 }
                 Op::Exit => {
                     w.exited |= exec;
-                    for lane in lanes_of(group & !exec) {
-                        top.pc[lane] += 1;
-                    }
+                    step(&mut top.pc, group & !exec);
                 }
                 Op::Trap => {
                     if exec != 0 {
@@ -428,9 +422,7 @@ impl<'a> BlockRunner<'a> {
                             "trap".into(),
                         ));
                     }
-                    for lane in lanes_of(group) {
-                        top.pc[lane] += 1;
-                    }
+                    step(&mut top.pc, group);
                 }
                 Op::BarSync => {
                     if exec != 0 {
@@ -447,9 +439,7 @@ impl<'a> BlockRunner<'a> {
                             ));
                         }
                     }
-                    for lane in lanes_of(group) {
-                        top.pc[lane] += 1;
-                    }
+                    step(&mut top.pc, group);
                     if exec != 0 {
                         w.state = WarpState::AtBarrier;
                         return Ok(());
@@ -536,12 +526,6 @@ impl<'a> BlockRunner<'a> {
                 a,
                 b,
             } => {
-                let dty = if *op == crate::ptx::ir::BinOp::MulWide {
-                    arith::wide(*ty)
-                } else {
-                    *ty
-                };
-                let _ = dty;
                 let (x, y) = (self.vals(fr, a, warp), self.vals(fr, b, warp));
                 let out = dst(fr, *d);
                 // The integer forms every kernel runs in its address arithmetic, without
