@@ -134,6 +134,10 @@ pub enum Op {
     Silu,
     /// See [`Context::swiglu`].
     Swiglu,
+    /// See [`Context::gelu`].
+    Gelu,
+    /// See [`Context::geglu`].
+    Geglu,
     /// See [`Context::concat`].
     Concat {
         /// Dimension along which the operands are joined.
@@ -172,6 +176,8 @@ impl Op {
             Op::Transpose => "TRANSPOSE",
             Op::Silu => "SILU",
             Op::Swiglu => "SWIGLU",
+            Op::Gelu => "GELU",
+            Op::Geglu => "GEGLU",
             Op::Concat { .. } => "CONCAT",
             Op::FlashAttnExt { .. } => "FLASH_ATTN_EXT",
         }
@@ -635,6 +641,41 @@ impl Context<'_> {
         self.push_op(Op::Swiglu, DType::F32, ta.ne, &[a, b])
     }
 
+    /// `GELU`, tanh approximation, elementwise, F32, exactly as ggml's CPU backend
+    /// computes it (`GGML_GELU_FP16`: through a table indexed by f16):
+    ///
+    /// - `x <= -10`: `out = 0`;
+    /// - `x >= 10`: `out = x`;
+    /// - otherwise `out = f32(f16(g(f32(f16(x)))))`, where `f16(·)` rounds to nearest
+    ///   even and `g(v) = 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v·v)))` is evaluated in
+    ///   f32, left to right (`√(2/π)` as the f32 nearest to 0.7978845608), with the C
+    ///   library's `tanhf` and `1 + 0.044715·v·v` as one fused multiply-add
+    ///   `fma(0.044715·v, v, 1)`, as GCC compiles ggml's C for FMA-capable CPUs; every
+    ///   other step is rounded on its own. (`ggml-cpu`'s `reference::gelu_f32` says more.)
+    ///
+    /// NaN gives NaN (its payload is unspecified), `+∞` gives `+∞` and `−∞` gives 0.
+    /// Backends other than the CPU's may differ from this in the last f16 place of
+    /// `g` for a few inputs (a `tanh` that is not the C library's).
+    pub fn gelu(&mut self, a: TensorId) -> Result<TensorId> {
+        let ta = *self.get(a)?;
+        require("gelu", &ta, DType::F32, "f32")?;
+        self.push_op(Op::Gelu, DType::F32, ta.ne, &[a])
+    }
+
+    /// `GEGLU` (ggml's `geglu_split`): `out = gelu(gate) · up` elementwise, F32, equal
+    /// shapes, with [`gelu`](Context::gelu)'s table semantics and one f32 multiply:
+    /// `gate <= -10` gives exactly 0 (whatever `up` is), `gate >= 10` gives `gate · up`,
+    /// otherwise `f32(f16(g(f32(f16(gate))))) · up`.
+    pub fn geglu(&mut self, gate: TensorId, up: TensorId) -> Result<TensorId> {
+        let (ta, tb) = (*self.get(gate)?, *self.get(up)?);
+        require("geglu", &ta, DType::F32, "f32")?;
+        require("geglu", &tb, DType::F32, "f32")?;
+        if ta.ne != tb.ne {
+            return Err(shape_err("geglu", "equal shapes", &ta, tb.ne));
+        }
+        self.push_op(Op::Geglu, DType::F32, ta.ne, &[gate, up])
+    }
+
     /// `CONCAT`: joins `a` and `b` along dimension `dim`; all other dimensions equal,
     /// same scalar dtype. `out[.., i_dim, ..] = a[..]` for `i_dim < a.ne[dim]`, else
     /// `b[.., i_dim − a.ne[dim], ..]`. Used by all-gathers.
@@ -851,6 +892,40 @@ mod tests {
         assert!(ctx
             .flash_attn_ext(q, k2, v, None, AttnParams::scaled(0.125))
             .is_err());
+    }
+
+    #[test]
+    fn gelu_and_geglu_shapes_and_dtypes() {
+        let mut s = storage::<8>();
+        let mut ctx = Context::new(&mut s);
+        let g = ctx.new_tensor(DType::F32, [10, 3, 2, 1]).unwrap();
+        let u = ctx.new_tensor(DType::F32, [10, 3, 2, 1]).unwrap();
+        let y = ctx.gelu(g).unwrap();
+        let t = *ctx.get(y).unwrap();
+        assert_eq!((t.op, t.dtype, t.ne), (Op::Gelu, DType::F32, [10, 3, 2, 1]));
+        assert_eq!((t.op.name(), &t.src[..2]), ("GELU", &[Some(g), None][..]));
+        let z = ctx.geglu(g, u).unwrap();
+        let t = *ctx.get(z).unwrap();
+        assert_eq!(
+            (t.op, t.dtype, t.ne),
+            (Op::Geglu, DType::F32, [10, 3, 2, 1])
+        );
+        assert_eq!(
+            (t.op.name(), &t.src[..2]),
+            ("GEGLU", &[Some(g), Some(u)][..])
+        );
+        // Equal shapes only (no broadcasting), f32 only, as swiglu.
+        let row = ctx.new_tensor(DType::F32, [10, 1, 1, 1]).unwrap();
+        assert!(matches!(
+            ctx.geglu(g, row),
+            Err(Error::Shape { op: "geglu", .. })
+        ));
+        let h = ctx.new_tensor(DType::F16, [10, 3, 2, 1]).unwrap();
+        assert!(matches!(ctx.gelu(h), Err(Error::DType { op: "gelu", .. })));
+        assert!(matches!(
+            ctx.geglu(g, h),
+            Err(Error::DType { op: "geglu", .. })
+        ));
     }
 
     #[test]

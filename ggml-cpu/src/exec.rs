@@ -239,10 +239,10 @@ pub(crate) fn supports(tensors: &[Tensor], node: TensorId) -> Result<(), &'stati
             "add/mul: float dtypes only",
         ),
         Op::Scale { .. } => ok(float(src(0)?.dtype) && float(t.dtype), "scale: float only"),
-        Op::RmsNorm { .. } | Op::Silu => ok(src(0)?.dtype == DType::F32, "f32 only"),
-        Op::Swiglu => ok(
+        Op::RmsNorm { .. } | Op::Silu | Op::Gelu => ok(src(0)?.dtype == DType::F32, "f32 only"),
+        Op::Swiglu | Op::Geglu => ok(
             src(0)?.dtype == DType::F32 && src(1)?.dtype == DType::F32,
-            "swiglu: f32 only",
+            "swiglu/geglu: f32 only",
         ),
         Op::MulMat => {
             let (a, b) = (src(0)?, src(1)?);

@@ -23,7 +23,8 @@
 //!   lanes combine by [`tree8`].
 //! - exp: one polynomial ([`exp`]) of plain f32 multiplies and adds, shared by softmax,
 //!   silu, swiglu and flash attention; sin/cos for rope come from `f32::sin`/`f32::cos`
-//!   in one scalar routine ([`rope_cache`]).
+//!   in one scalar routine ([`rope_cache`]); gelu and geglu use `f32::tanh` through
+//!   ggml's f16 table ([`gelu_f16`]).
 //! - Flash attention: scores per KV position; masked (−∞) positions are skipped
 //!   entirely; max over the rest; weights `exp(s − max)` summed in 16 lanes by position
 //!   (`j % 16`); `Σ w_j·v_j` accumulated per output element in position order.
@@ -212,6 +213,66 @@ pub fn exp(x: f32) -> f32 {
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
+}
+
+/// ggml's `SQRT_2_OVER_PI`: the f32 nearest to 0.79788456080286535587989211986876.
+pub const GELU_SQRT_2_OVER_PI: f32 = f32::from_bits(0x3f4c_422a);
+/// ggml's `GELU_COEF_A`: the f32 nearest to 0.044715.
+pub const GELU_COEF_A: f32 = f32::from_bits(0x3d37_2713);
+
+/// ggml's `ggml_gelu_f32`: `0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x·x)))` in f32, left
+/// to right, `tanh` from the C library (`f32::tanh`), with `1 + 0.044715·x·x` as one fused
+/// multiply-add `fma(0.044715·x, x, 1)`, every other step rounded on its own.
+///
+/// The fused step is what llama.cpp's builds compute: ggml-cpu is C compiled as
+/// `-std=gnu11`, where GCC contracts `1.0f + GELU_COEF_A*x*x` into an FMA on every target
+/// that has one (x86-64 from Haswell on, as `-march=native` and the `GGML_CPU_ALL_VARIANTS`
+/// builds select, and aarch64). Checked against llama.cpp's table (llama-cpp-python
+/// 0.3.36, x86-64 AVX2+FMA): all 65536 entries equal; with the multiply and add rounded
+/// separately, entry 0xBFFF (x = −1.9990234375) is one f16 place lower. `f32::mul_add`
+/// is exact on every host (software where the CPU has no FMA), so the table is the same
+/// everywhere. Only [`gelu_f16`] (the table) calls this in ggml.
+#[inline]
+pub fn gelu_f32(x: f32) -> f32 {
+    let z = GELU_SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + z.tanh())
+}
+
+/// Entry `h` of ggml's `ggml_table_gelu_f16`: f16 bits of [`gelu_f32`] of the f16 value
+/// with bits `h`. NaN entries hold a NaN.
+#[inline]
+pub fn gelu_f16(h: u16) -> u16 {
+    f32_to_f16(gelu_f32(f16_to_f32(h)))
+}
+
+/// GELU (tanh approximation) as ggml's CPU computes f32 GELU (`ggml_vec_gelu_f32` with
+/// `GGML_GELU_FP16`): `x <= -10` gives 0, `x >= 10` gives `x`, anything else (NaN too)
+/// goes through the f16 table: `f16_to_f32(gelu_f16(f32_to_f16(x)))`. So NaN gives NaN,
+/// `+∞` gives `+∞`, `−∞` gives `+0`. This computes the table entry directly; the
+/// backend's kernel looks it up in a table built from [`gelu_f16`] (same bits).
+#[inline]
+pub fn gelu(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        f16_to_f32(gelu_f16(f32_to_f16(x)))
+    }
+}
+
+/// GEGLU of one element as ggml's `ggml_vec_geglu_f32` (`GGML_GELU_FP16`): `x <= -10`
+/// gives exactly 0 (whatever `g` is), `x >= 10` gives `x·g`, otherwise
+/// `f16_to_f32(gelu_f16(f32_to_f16(x)))·g`.
+#[inline]
+pub fn geglu(x: f32, g: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x * g
+    } else {
+        f16_to_f32(gelu_f16(f32_to_f16(x))) * g
+    }
 }
 
 /// Replaces `x_i` by `exp(x_i − max)` and returns their sum in 16 lanes.
@@ -721,6 +782,19 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
                 }
             }
         }
+        Op::Gelu | Op::Geglu => {
+            for (i1, i2, i3) in rows(ne) {
+                for i0 in 0..ne[0] {
+                    let i = [i0, i1, i2, i3];
+                    let x = src[0].get(i);
+                    let v = match node.op {
+                        Op::Geglu => geglu(x, src[1].get(i)),
+                        _ => gelu(x),
+                    };
+                    put(out, dt, ne, i, v);
+                }
+            }
+        }
         Op::SoftMax { scale, max_bias } => {
             let mask = src.get(1);
             for (i1, i2, i3) in rows(ne) {
@@ -1032,6 +1106,54 @@ mod tests {
     }
 
     #[test]
+    fn gelu_close_to_f64_with_ggml_rules() {
+        assert_eq!(
+            GELU_SQRT_2_OVER_PI,
+            (2.0 / core::f64::consts::PI).sqrt() as f32
+        );
+        assert_eq!(GELU_COEF_A, 0.044715f64 as f32);
+        let g64 =
+            |x: f64| 0.5 * x * (1.0 + (0.7978845608028654 * x * (1.0 + 0.044715 * x * x)).tanh());
+        let mut r = rng(4);
+        for i in 0..20000 {
+            let x = if i < 10000 { r() * 10.0 } else { r() * 3.0 };
+            let (got, want) = (gelu(x) as f64, g64(x as f64));
+            // Rounding x to f16 (slope of gelu <= 1.13), the result to f16, and the f32
+            // quantisation of 1 + tanh near -1.
+            let tol = 2f64.powi(-11) * (1.2 * x.abs() as f64 + want.abs()) + 1e-6;
+            assert!((got - want).abs() <= tol, "gelu({x}) = {got}, f64 {want}");
+            let g = r() * 4.0;
+            let gg = geglu(x, g);
+            assert_eq!(gg.to_bits(), (gelu(x) * g).to_bits(), "geglu({x}, {g})");
+        }
+        // The +-10 rules, then infinities and NaN as they fall out.
+        assert_eq!(gelu(-10.0).to_bits(), 0f32.to_bits());
+        assert_eq!(gelu(-1e30).to_bits(), 0f32.to_bits());
+        assert_eq!(gelu(f32::NEG_INFINITY).to_bits(), 0f32.to_bits());
+        assert_eq!(gelu(10.0), 10.0);
+        assert_eq!(gelu(1e30), 1e30);
+        assert_eq!(gelu(f32::INFINITY), f32::INFINITY);
+        assert!(gelu(f32::NAN).is_nan());
+        // Just inside the bounds the table applies: 9.999 rounds to f16 10 (gelu 10).
+        assert_eq!(gelu(9.999), 10.0);
+        assert_eq!(gelu(-9.999), 0.0);
+        assert_eq!(geglu(-10.0, f32::NAN).to_bits(), 0f32.to_bits());
+        assert_eq!(geglu(f32::NEG_INFINITY, 3.0).to_bits(), 0f32.to_bits());
+        assert_eq!(geglu(10.0, -2.5), -25.0);
+        assert_eq!(geglu(f32::INFINITY, 2.0), f32::INFINITY);
+        assert!(geglu(f32::NAN, 1.0).is_nan());
+        assert!(geglu(1.0, f32::NAN).is_nan());
+        // Entry 0xBFFF, the one that tells the fused 1 + 0.044715·x·x of llama.cpp's
+        // builds (ggml: -0.04550171, 1491·2^-15) from a separately rounded one (1490·2^-15).
+        assert_eq!(f16_to_f32(0xbfff), -1.999_023_4);
+        assert_eq!(gelu(-1.999_023_4), -1491.0 * 2f32.powi(-15));
+        // A few values of ggml's table (f16 in, f16 out).
+        assert_eq!(gelu(0.0).to_bits(), 0f32.to_bits());
+        assert_eq!(gelu(1.0), f16_to_f32(f32_to_f16(0.841_192)));
+        assert_eq!(gelu(-1.0), f16_to_f32(f32_to_f16(-0.158_808)));
+    }
+
+    #[test]
     fn rope_close_to_f64() {
         let p = RopeParams::llama(64, 10000.0);
         let mut cache = vec![0f32; 64];
@@ -1053,6 +1175,34 @@ mod tests {
         assert_eq!(&out[64..], &x[64..]);
     }
 
+    /// Gemma 3's rope: NeoX pairs over a whole head of 256, bases 1e4 and 1e6. The
+    /// angles come from ggml's running product `theta *= theta_scale` in f32, whose
+    /// relative error grows with the pair index (largest seen: 1.1e-4, base 1e4, position
+    /// 1000): 3e-4 absolute covers it, and a wrong pairing, base or direction is off by O(1).
+    #[test]
+    fn rope_neox_head_256_close_to_f64() {
+        let mut r = rng(5);
+        let x: Vec<f32> = (0..256).map(|_| r()).collect();
+        let mut cache = vec![0f32; 256];
+        let mut out = vec![0f32; 256];
+        for base in [10000f32, 1e6] {
+            let mut p = RopeParams::llama(256, base);
+            p.mode = RopeMode::Neox;
+            for pos in [1i32, 37, 1000] {
+                rope_cache(pos as f32, &p, &mut cache);
+                rope_row(&x, &cache, RopeMode::Neox, 256, &mut out);
+                for i in 0..128 {
+                    let th = pos as f64 * (base as f64).powf(-2.0 * i as f64 / 256.0);
+                    let (c, s) = (th.cos(), th.sin());
+                    let (x0, x1) = (x[i] as f64, x[i + 128] as f64);
+                    let e0 = (out[i] as f64 - (x0 * c - x1 * s)).abs();
+                    let e1 = (out[i + 128] as f64 - (x0 * s + x1 * c)).abs();
+                    assert!(e0.max(e1) < 3e-4, "base {base} pos {pos} pair {i}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn alibi_slopes_as_ggml() {
         assert_eq!(alibi_slope(0.0, 3, 8), 1.0);
@@ -1060,6 +1210,88 @@ mod tests {
         for h in 0..8 {
             let want = 2f32.powi(-(h as i32 + 1));
             assert!((alibi_slope(8.0, h, 8) - want).abs() < 1e-7);
+        }
+    }
+
+    /// Gemma 3's attention shape: head size 256, 4 query heads on 1 KV head, F16 K and V,
+    /// an F16 causal mask, 3 queries over 20 positions; against f64 on the f16 values
+    /// (q rounded to f16 too, as ggml converts q to K's dot type).
+    #[test]
+    fn flash_attention_head_256_gqa4_f16_close_to_f64() {
+        let (d, n_kv, n_q, h) = (256usize, 20usize, 3usize, 4usize);
+        let mut r = rng(6);
+        let tq = Tensor::contiguous(DType::F32, [d, n_q, h, 1]).unwrap();
+        let tk = Tensor::contiguous(DType::F16, [d, n_kv, 1, 1]).unwrap();
+        let tm = Tensor::contiguous(DType::F16, [n_kv, n_q, 1, 1]).unwrap();
+        let q: Vec<f32> = (0..d * n_q * h).map(|_| r()).collect();
+        let h16 = |v: f32| f16_to_f32(f32_to_f16(v));
+        let k: Vec<f32> = (0..d * n_kv).map(|_| h16(r())).collect();
+        let v: Vec<f32> = (0..d * n_kv).map(|_| h16(r())).collect();
+        // Query iq sees positions 0 ..= n_kv - n_q + iq.
+        let visible = |j: usize, iq: usize| j <= n_kv - n_q + iq;
+        let m: Vec<f32> = (0..n_kv * n_q)
+            .map(|i| match visible(i % n_kv, i / n_kv) {
+                true => 0.0,
+                false => f32::NEG_INFINITY,
+            })
+            .collect();
+        let b32 = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let b16 = |x: &[f32]| {
+            x.iter()
+                .flat_map(|&f| f32_to_f16(f).to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        let (bq, bk, bv, bm) = (b32(&q), b16(&k), b16(&v), b16(&m));
+        let scale = 1.0 / 16.0;
+        let mut node = Tensor::contiguous(DType::F32, [d, h, n_q, 1]).unwrap();
+        node.op = Op::FlashAttnExt {
+            scale,
+            max_bias: 0.0,
+            softcap: 0.0,
+        };
+        let host = |desc, bytes| HostTensor { desc, bytes };
+        let src = [
+            host(&tq, &bq[..]),
+            host(&tk, &bk[..]),
+            host(&tk, &bv[..]),
+            host(&tm, &bm[..]),
+        ];
+        let mut out = vec![0u8; d * h * n_q * 4];
+        compute(&node, &src, &mut out).unwrap();
+        for iq in 0..n_q {
+            for hh in 0..h {
+                // With F16 K, q is rounded to f16 for the dot (ggml's q_to_vec_dot).
+                let qr: Vec<f32> = q[(hh * n_q + iq) * d..][..d]
+                    .iter()
+                    .map(|&x| h16(x))
+                    .collect();
+                let s: Vec<f64> = (0..n_kv)
+                    .filter(|&j| visible(j, iq))
+                    .map(|j| {
+                        let kr = &k[j * d..][..d];
+                        qr.iter()
+                            .zip(kr)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                for i in 0..d {
+                    let want: f64 = s
+                        .iter()
+                        .enumerate()
+                        .map(|(j, sj)| (sj - mx).exp() / z * v[j * d + i] as f64)
+                        .sum();
+                    let o = (iq * h + hh) * d + i;
+                    let got = f32::from_le_bytes(out[4 * o..4 * o + 4].try_into().unwrap());
+                    assert!(
+                        (got as f64 - want).abs() < 1e-5,
+                        "query {iq} head {hh} dim {i}: {got} vs {want}"
+                    );
+                }
+            }
         }
     }
 

@@ -30,6 +30,8 @@ fn f(dt: DType, ne: [usize; 4]) -> impl Fn(&mut Context<'_>) -> ggml_core::Tenso
 #[case([33, 5, 2, 3], [33, 1, 1, 1])]
 #[case([16, 4, 6, 1], [1, 4, 3, 1])]
 #[case([40, 3, 1, 2], [20, 1, 1, 2])]
+// Gemma 3's q/k norm weight: one row of 256 on [256, heads, tokens].
+#[case([256, 4, 7, 1], [256, 1, 1, 1])]
 fn add_mul_broadcast(
     bes: &[CpuBackend],
     #[case] a: [usize; 4],
@@ -45,7 +47,7 @@ fn add_mul_broadcast(
 }
 
 #[rstest]
-fn elementwise_on_permuted_views(bes: &[CpuBackend], #[values(0, 1, 2, 3)] op: usize) {
+fn elementwise_on_permuted_views(bes: &[CpuBackend], #[values(0, 1, 2, 3, 4, 5)] op: usize) {
     check(bes, 2, |ctx| {
         let x = f(DType::F32, [6, 17, 3, 1])(ctx);
         let p = ctx.permute(x, [1, 0, 2, 3]).unwrap(); // [17, 6, 3]
@@ -54,6 +56,8 @@ fn elementwise_on_permuted_views(bes: &[CpuBackend], #[values(0, 1, 2, 3)] op: u
             0 => ctx.scale(p, 0.3).unwrap(),
             1 => ctx.silu(p).unwrap(),
             2 => ctx.swiglu(p, y).unwrap(),
+            4 => ctx.gelu(p).unwrap(),
+            5 => ctx.geglu(p, y).unwrap(),
             _ => ctx.add(y, p).unwrap(),
         })
     });
@@ -77,12 +81,74 @@ fn unary(
         let x = f(DType::F16, ne)(ctx);
         Spec::new(ctx.scale(x, -1.7).unwrap())
     });
+    check(bes, 22, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        Spec::new(ctx.gelu(x).unwrap())
+    });
+    check(bes, 23, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        let y = f(DType::F32, ne)(ctx);
+        Spec::new(ctx.geglu(x, y).unwrap())
+    });
+}
+
+/// gelu and geglu over a wide range of gates: both sides of the +-10 bounds, the bounds
+/// themselves, values that round to f16 10, infinities; rows long enough for several of
+/// the kernel's 64-value chunks plus a tail.
+#[rstest]
+fn gelu_geglu_wide_range(
+    bes: &[CpuBackend],
+    #[values([1, 1, 1, 1], [150, 3, 2, 1])] ne: [usize; 4],
+) {
+    let n: usize = ne.iter().product();
+    let edges = [
+        -10.0,
+        10.0,
+        -10.000001,
+        9.999999,
+        9.999,
+        -9.999,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        65519.0,
+    ];
+    let gate: Vec<f32> = (0..n)
+        .map(|i| match edges.get(i % 97) {
+            Some(&e) => e,
+            None => ((i * 7919) % 2400) as f32 / 100.0 - 12.0,
+        })
+        .collect();
+    let up: Vec<f32> = (0..n)
+        .map(|i| ((i * 31) % 50) as f32 / 10.0 - 2.5)
+        .collect();
+    check(bes, 24, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        let mut s = Spec::new(ctx.gelu(x).unwrap());
+        s.floats.push((x, gate.clone()));
+        s
+    });
+    check(bes, 25, |ctx| {
+        let x = f(DType::F32, ne)(ctx);
+        let y = f(DType::F32, ne)(ctx);
+        let mut s = Spec::new(ctx.geglu(x, y).unwrap());
+        s.floats.push((x, gate.clone()));
+        s.floats.push((y, up.clone()));
+        s
+    });
 }
 
 #[rstest]
 fn rms_norm(
     bes: &[CpuBackend],
-    #[values([1, 1, 1, 1], [15, 3, 1, 1], [576, 5, 2, 1], [100, 1, 3, 2])] ne: [usize; 4],
+    #[values(
+        [1, 1, 1, 1],
+        [15, 3, 1, 1],
+        [576, 5, 2, 1],
+        [100, 1, 3, 2],
+        [256, 4, 7, 1]
+    )]
+    ne: [usize; 4],
 ) {
     check(bes, 6, |ctx| {
         let x = f(DType::F32, ne)(ctx);
@@ -154,6 +220,25 @@ fn rope(
         }
         let mut s = Spec::new(ctx.rope(x, pos, p).unwrap());
         s.ints.push((pos, vec![0, 1, 7, 100, 4095]));
+        s
+    });
+}
+
+/// NeoX rope over whole heads of 256 (Gemma 3: base 10000 for local layers, 1e6 for
+/// global ones), positions up to 32767.
+#[rstest]
+fn rope_neox_head_256(
+    bes: &[CpuBackend],
+    #[values(10000.0, 1e6)] base: f32,
+    #[values(DType::F32, DType::F16)] dt: DType,
+) {
+    check(bes, 26, |ctx| {
+        let x = f(dt, [256, 4, 6, 1])(ctx);
+        let pos = ctx.new_tensor(DType::I32, [6, 1, 1, 1]).unwrap();
+        let mut p = RopeParams::llama(256, base);
+        p.mode = RopeMode::Neox;
+        let mut s = Spec::new(ctx.rope(x, pos, p).unwrap());
+        s.ints.push((pos, vec![0, 1, 7, 100, 4095, 32767]));
         s
     });
 }
@@ -374,6 +459,8 @@ enum AttnMask {
 #[case(48, 2, 20, 6, 2, AttnMask::Causal)]
 #[case(64, 24, 70, 6, 2, AttnMask::Causal)]
 #[case(40, 9, 53, 2, 1, AttnMask::Holes)]
+// Gemma 3 (1B): head size 256, 4 query heads on 1 KV head (GQA 4).
+#[case(256, 5, 40, 4, 1, AttnMask::Causal)]
 fn flash_attn(
     bes: &[CpuBackend],
     #[case] d: usize,

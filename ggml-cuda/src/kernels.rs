@@ -13,6 +13,10 @@ pub enum KernelId {
     Silu,
     /// `unary.ptx`: swiglu.
     Swiglu,
+    /// `unary.ptx`: gelu (tanh approximation, ggml's f16-table semantics).
+    Gelu,
+    /// `unary.ptx`: geglu.
+    Geglu,
     /// `cpy.ptx`: cpy / cont.
     Cpy,
     /// `cpy.ptx`: concat.
@@ -51,6 +55,8 @@ impl KernelId {
         KernelId::Scale,
         KernelId::Silu,
         KernelId::Swiglu,
+        KernelId::Gelu,
+        KernelId::Geglu,
         KernelId::Cpy,
         KernelId::Concat,
         KernelId::SetRows,
@@ -105,6 +111,8 @@ pub const MODULES: [Module; 10] = [
             (KernelId::Scale, "scale"),
             (KernelId::Silu, "silu"),
             (KernelId::Swiglu, "swiglu"),
+            (KernelId::Gelu, "gelu"),
+            (KernelId::Geglu, "geglu"),
         ],
     },
     Module {

@@ -86,15 +86,20 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
             }
             Ok(())
         }
-        Op::Silu | Op::Swiglu => {
-            for i in 0..if t.op == Op::Silu { 1 } else { 2 } {
+        Op::Silu | Op::Swiglu | Op::Gelu | Op::Geglu => {
+            let n_src = if matches!(t.op, Op::Silu | Op::Gelu) {
+                1
+            } else {
+                2
+            };
+            for i in 0..n_src {
                 if src(tensors, t, i)?.dtype != DType::F32 {
-                    return Err("silu/swiglu: f32 only");
+                    return Err("silu/swiglu/gelu/geglu: f32 only");
                 }
             }
             (t.dtype == DType::F32)
                 .then_some(())
-                .ok_or("silu/swiglu: f32 only")
+                .ok_or("silu/swiglu/gelu/geglu: f32 only")
         }
         Op::RmsNorm { .. } => {
             let a = src(tensors, t, 0)?;
@@ -401,11 +406,11 @@ pub(crate) fn run(
             strides(&mut a, &t.nb);
             c.launch(KernelId::Scale, d, &mut a)
         }
-        Op::Silu | Op::Swiglu => {
+        Op::Silu | Op::Swiglu | Op::Gelu | Op::Geglu => {
             let d = dims(launch::elementwise(t.nelements()), &c)?;
             let x = c.src(0)?;
             a.u64(c.addr(&x)?);
-            let y = if t.op == Op::Swiglu {
+            let y = if matches!(t.op, Op::Swiglu | Op::Geglu) {
                 Some(c.src(1)?)
             } else {
                 None
@@ -423,10 +428,11 @@ pub(crate) fn run(
                 strides(&mut a, &y.nb);
             }
             strides(&mut a, &t.nb);
-            let k = if t.op == Op::Silu {
-                KernelId::Silu
-            } else {
-                KernelId::Swiglu
+            let k = match t.op {
+                Op::Silu => KernelId::Silu,
+                Op::Swiglu => KernelId::Swiglu,
+                Op::Gelu => KernelId::Gelu,
+                _ => KernelId::Geglu,
             };
             c.launch(k, d, &mut a)
         }
@@ -714,13 +720,15 @@ mod tests {
         let up = ctx.new_tensor(DType::Q5_0, [576, 1536, 1, 1]).unwrap();
         let u = ctx.mul_mat(up, n).unwrap();
         let sw = ctx.swiglu(u, u).unwrap();
+        let ge = ctx.gelu(u).unwrap();
+        let gg = ctx.geglu(u, u).unwrap();
         let kq = ctx.mul_mat(k, qp).unwrap();
         let wb = ctx.new_tensor(DType::BF16, [576, 64, 1, 1]).unwrap();
         let yb = ctx.mul_mat(wb, n).unwrap();
         let sm = ctx.soft_max(kq, None, 0.125, 0.0).unwrap();
         let out = ctx.get_rows(up, ids);
         let ts = ctx.tensors();
-        for id in [x, n, q, q3, qr, qp, fa, u, sw, kq, sm, yb] {
+        for id in [x, n, q, q3, qr, qp, fa, u, sw, ge, gg, kq, sm, yb] {
             assert_eq!(check(ts, id), Ok(()), "{:?}", ts[id.index()].op);
         }
         assert!(out.is_ok());

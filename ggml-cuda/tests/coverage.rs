@@ -28,9 +28,8 @@ fn bytes_of(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
     out
 }
 
-/// Runs `build` on the CPU backend and on the GPU; returns the NMSE of the GPU's output
-/// against the CPU's.
-fn gpu_vs_cpu(build: impl Fn(&mut Context<'_>) -> Case) -> f64 {
+/// Runs `build` on the CPU backend and on the GPU; returns both outputs, CPU first.
+fn cpu_and_gpu(build: impl Fn(&mut Context<'_>) -> Case) -> [Vec<f32>; 2] {
     let cpu = CpuBackend::new(CpuBackendOptions::with_threads(2)).unwrap();
     let cuda = gpu();
     let mut outs = Vec::new();
@@ -41,11 +40,16 @@ fn gpu_vs_cpu(build: impl Fn(&mut Context<'_>) -> Case) -> f64 {
         let dtype = ctx.tensors()[c.out.index()].dtype;
         outs.push(to_f32(dtype, &run(be, &mut ctx, &c.inputs, c.out)));
     }
-    assert!(
-        outs[0].iter().all(|x| x.is_finite()),
-        "CPU result not finite"
-    );
-    nmse(&outs[1], &outs[0])
+    let gpu = outs.pop().expect("two outputs");
+    [outs.pop().expect("two outputs"), gpu]
+}
+
+/// Runs `build` on the CPU backend and on the GPU; returns the NMSE of the GPU's output
+/// against the CPU's.
+fn gpu_vs_cpu(build: impl Fn(&mut Context<'_>) -> Case) -> f64 {
+    let [cpu, gpu] = cpu_and_gpu(build);
+    assert!(cpu.iter().all(|x| x.is_finite()), "CPU result not finite");
+    nmse(&gpu, &cpu)
 }
 
 #[rstest]
@@ -209,20 +213,23 @@ fn soft_max_alibi_and_masks(
 /// flash attention: head sizes 64, 128 and 256, GQA ratios 1, 4 and 8, KV lengths that
 /// are not a multiple of the 32-wide tile, with and without mask and soft-cap.
 #[rstest]
-#[case::d64_gqa1_mask(64, 1, 33, true, 0.0)]
-#[case::d64_gqa4_nomask(64, 4, 100, false, 0.0)]
-#[case::d128_gqa8_mask(128, 8, 100, true, 0.0)]
-#[case::d128_gqa1_softcap(128, 1, 77, true, 50.0)]
-#[case::d256_gqa4_mask(256, 4, 33, true, 0.0)]
-#[case::d256_gqa8_softcap_nomask(256, 8, 65, false, 30.0)]
+#[case::d64_gqa1_mask(64, 1, 2, 33, true, 0.0)]
+#[case::d64_gqa4_nomask(64, 4, 2, 100, false, 0.0)]
+#[case::d128_gqa8_mask(128, 8, 2, 100, true, 0.0)]
+#[case::d128_gqa1_softcap(128, 1, 2, 77, true, 50.0)]
+#[case::d256_gqa4_mask(256, 4, 2, 33, true, 0.0)]
+#[case::d256_gqa8_softcap_nomask(256, 8, 2, 65, false, 30.0)]
+// Gemma 3 (1B): 4 query heads on a single KV head.
+#[case::d256_gqa4_one_kv_head_mask(256, 4, 1, 100, true, 0.0)]
 fn flash_attn(
     #[case] d: usize,
     #[case] gqa: usize,
+    #[case] hkv: usize,
     #[case] nkv: usize,
     #[case] with_mask: bool,
     #[case] softcap: f32,
 ) {
-    let (nq, hkv) = (3, 2);
+    let nq = 3;
     let h = hkv * gqa;
     let e = gpu_vs_cpu(|ctx| {
         let mut r = Rng(d as u64 + nkv as u64);
@@ -257,6 +264,260 @@ fn flash_attn(
     });
     assert!(
         e < 5e-4,
-        "d {d} gqa {gqa} nkv {nkv} mask {with_mask} softcap {softcap}: NMSE {e:e}"
+        "d {d} gqa {gqa} hkv {hkv} nkv {nkv} mask {with_mask} softcap {softcap}: NMSE {e:e}"
+    );
+}
+
+/// Gemma 3's attention as llama.cpp's graph lays it out: q a permuted view of
+/// `[256, 4 heads, tokens]`, K and V the first 37 positions of F16 caches of 64, one KV
+/// head (GQA 4), an F16 causal mask, scale 1/16.
+#[rstest]
+fn flash_attn_gemma3_layout(#[values(1, 5)] n_tok: usize) {
+    let (d, h, cache, nkv) = (256, 4, 64, 37);
+    let e = gpu_vs_cpu(|ctx| {
+        let mut r = Rng(11 + n_tok as u64);
+        let q0 = ctx.new_tensor(DType::F32, [d, h, n_tok, 1]).unwrap();
+        let q = ctx.permute(q0, [0, 2, 1, 3]).unwrap();
+        let kc = ctx.new_tensor(DType::F16, [d, cache, 1, 1]).unwrap();
+        let vc = ctx.new_tensor(DType::F16, [d, cache, 1, 1]).unwrap();
+        let nb = [2, 2 * d, 2 * d * nkv, 2 * d * nkv];
+        let k = ctx.view(kc, [d, nkv, 1, 1], nb, 0).unwrap();
+        let v = ctx.view(vc, [d, nkv, 1, 1], nb, 0).unwrap();
+        let m = ctx.new_tensor(DType::F16, [nkv, n_tok, 1, 1]).unwrap();
+        let mv: Vec<f32> = (0..nkv * n_tok)
+            .map(|i| match i % nkv <= nkv - n_tok + i / nkv {
+                true => 0.0,
+                false => f32::NEG_INFINITY,
+            })
+            .collect();
+        let out = ctx
+            .flash_attn_ext(q, k, v, Some(m), AttnParams::scaled(1.0 / 16.0))
+            .unwrap();
+        Case {
+            inputs: vec![
+                (q0, f32_bytes(&r.vec(d * h * n_tok))),
+                (kc, bytes_of(DType::F16, &r.vec(d * cache), d)),
+                (vc, bytes_of(DType::F16, &r.vec(d * cache), d)),
+                (m, bytes_of(DType::F16, &mv, nkv)),
+            ],
+            out,
+        }
+    });
+    assert!(e < 5e-4, "tokens {n_tok}: NMSE {e:e}");
+}
+
+/// Gemma 3's q/k norm: rms_norm over rows of 256 of `[256, heads, tokens]`, then mul by a
+/// `[256]` weight broadcast over heads and tokens.
+#[rstest]
+fn rms_norm_then_row_weight(#[values(1, 7)] n_tok: usize) {
+    let e = gpu_vs_cpu(|ctx| {
+        let mut r = Rng(12 + n_tok as u64);
+        let x = ctx.new_tensor(DType::F32, [256, 4, n_tok, 1]).unwrap();
+        let w = ctx.new_tensor(DType::F32, [256, 1, 1, 1]).unwrap();
+        let nx = ctx.rms_norm(x, 1e-6).unwrap();
+        let out = ctx.mul(nx, w).unwrap();
+        Case {
+            inputs: vec![
+                (x, f32_bytes(&r.vec(256 * 4 * n_tok))),
+                (w, f32_bytes(&r.vec(256))),
+            ],
+            out,
+        }
+    });
+    assert!(e < 1e-7, "tokens {n_tok}: NMSE {e:e}");
+}
+
+/// NeoX rope over whole heads of 256 (Gemma 3: base 1e4 for local layers, 1e6 for global
+/// ones), positions up to 32767.
+#[rstest]
+fn rope_neox_head_256(
+    #[values(10000.0, 1e6)] base: f32,
+    #[values(DType::F32, DType::F16)] dtype: DType,
+) {
+    let e = gpu_vs_cpu(|ctx| {
+        let mut r = Rng(13);
+        let x = ctx.new_tensor(dtype, [256, 4, 6, 1]).unwrap();
+        let pos = ctx.new_tensor(DType::I32, [6, 1, 1, 1]).unwrap();
+        let mut p = RopeParams::llama(256, base);
+        p.mode = RopeMode::Neox;
+        let out = ctx.rope(x, pos, p).unwrap();
+        let positions: Vec<u8> = [0i32, 1, 7, 100, 4095, 32767]
+            .iter()
+            .flat_map(|p| p.to_le_bytes())
+            .collect();
+        Case {
+            inputs: vec![
+                (x, bytes_of(dtype, &r.vec(256 * 4 * 6), 256)),
+                (pos, positions),
+            ],
+            out,
+        }
+    });
+    assert!(e < 1e-7, "{dtype} base {base}: NMSE {e:e}");
+}
+
+/// Inputs of the gelu / geglu cases.
+#[derive(Clone, Copy, Debug)]
+enum GeluInput {
+    /// Every f16 value but NaN, the ±10 bounds with their f32 neighbours, values that
+    /// round to f16 ±10, infinities and a NaN: `[256, 249]`, contiguous.
+    AllF16,
+    /// An odd row length, three dimensions, gates across (−12, 12).
+    Odd,
+    /// Gate a permuted view and up a transposed view (`[17, 6, 3]` of `[6, 17, 3]`
+    /// storage), gates across (−12, 12).
+    Strided,
+}
+
+/// Gates for [`GeluInput::AllF16`]: all f16 values but NaN, then the edges, padded with
+/// small values to `256 · 249`.
+fn all_f16_gates() -> Vec<f32> {
+    let mut v: Vec<f32> = (0..=u16::MAX)
+        .map(ggml_cuda::reference::f16_to_f32)
+        .filter(|x| !x.is_nan())
+        .collect();
+    for b in [10f32, -10.0] {
+        v.extend([
+            b,
+            f32::from_bits(b.to_bits() - 1),
+            f32::from_bits(b.to_bits() + 1),
+        ]);
+    }
+    v.extend([
+        9.999,
+        -9.999,
+        9.998,
+        -9.998,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ]);
+    v.extend([f32::NAN, 1e30, -1e30]);
+    let n = 256 * 249;
+    let mut i = 0u32;
+    while v.len() < n {
+        v.push((i % 4001) as f32 / 1000.0 - 2.0);
+        i += 1;
+    }
+    v
+}
+
+/// The f16 value `v` (exactly representable) as an integer in f16 order: neighbouring
+/// f16 values differ by 1, and ±0 are both 0.
+fn f16_order(v: f32) -> i32 {
+    let b = ggml_cuda::reference::f32_to_f16(v) as i32;
+    if b & 0x8000 != 0 {
+        -(b & 0x7fff)
+    } else {
+        b
+    }
+}
+
+/// The spacing of f16 values at `|v|` (the larger one at a power of two).
+fn f16_ulp(v: f32) -> f32 {
+    let a = v.abs();
+    if a < 2f32.powi(-14) {
+        2f32.powi(-24)
+    } else {
+        2f32.powi(a.log2().floor() as i32 - 10)
+    }
+}
+
+/// gelu and geglu (gate, up) on the GPU against the CPU backend (ggml's table, which
+/// the GPU computes instead of looking up). An element may differ only inside the
+/// table's range (−10 < gate < 10), by at most one f16 place of gelu(gate) (times |up|
+/// for geglu, plus the f32 rounding of that product), and only rarely: where tanh(z)
+/// on the two sides lands on different sides of an f16 rounding boundary. Outside the
+/// range (0, gate, gate · up) and for NaN the results are the same. A wrong constant,
+/// a tanh.approx, a missing f16 rounding of the input or of the result, or a wrong
+/// bound each move thousands of elements by more.
+#[rstest]
+fn gelu_geglu_within_an_f16_place_of_the_cpu(
+    #[values(GeluInput::AllF16, GeluInput::Odd, GeluInput::Strided)] input: GeluInput,
+    #[values(false, true)] gated: bool,
+) {
+    let (storage_ne, ne) = match input {
+        GeluInput::AllF16 => ([256, 249, 1, 1], [256, 249, 1, 1]),
+        GeluInput::Odd => ([577, 3, 2, 1], [577, 3, 2, 1]),
+        GeluInput::Strided => ([6, 17, 3, 1], [17, 6, 3, 1]),
+    };
+    let n: usize = ne.iter().product();
+    let mut r = Rng(7 + n as u64);
+    let gate_storage = match input {
+        GeluInput::AllF16 => all_f16_gates(),
+        _ => r.vec(n).iter().map(|v| v * 12.0).collect(),
+    };
+    let mut up_storage: Vec<f32> = r.vec(n).iter().map(|v| v * 2.0).collect();
+    if let GeluInput::AllF16 = input {
+        // up = NaN or ∞ where the gate is <= -10: ggml gives 0 there all the same.
+        for (u, &g) in up_storage.iter_mut().zip(&gate_storage) {
+            if g <= -10.0 {
+                *u = if g.to_bits() % 2 == 0 {
+                    f32::NAN
+                } else {
+                    f32::INFINITY
+                };
+            }
+        }
+    }
+    // Storage index of output element i (the views' element order).
+    let at = |i: usize| match input {
+        GeluInput::Strided => {
+            let (i0, i1, i2) = (i % 17, i / 17 % 6, i / 102);
+            i1 + 6 * i0 + 102 * i2
+        }
+        _ => i,
+    };
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
+        let g0 = ctx.new_tensor(DType::F32, storage_ne).unwrap();
+        let u0 = ctx.new_tensor(DType::F32, storage_ne).unwrap();
+        let (g, u) = match input {
+            GeluInput::Strided => (
+                ctx.permute(g0, [1, 0, 2, 3]).unwrap(),
+                ctx.transpose(u0).unwrap(),
+            ),
+            _ => (g0, u0),
+        };
+        assert_eq!(ctx.tensors()[g.index()].ne, ne);
+        let out = if gated {
+            ctx.geglu(g, u).unwrap()
+        } else {
+            ctx.gelu(g).unwrap()
+        };
+        Case {
+            inputs: vec![(g0, f32_bytes(&gate_storage)), (u0, f32_bytes(&up_storage))],
+            out,
+        }
+    });
+    let (mut differ, mut in_table) = (0usize, 0usize);
+    for i in 0..n {
+        let (x, y) = (gate_storage[at(i)], up_storage[at(i)]);
+        let (want, got) = (cpu[i], gpu[i]);
+        let what = || {
+            format!("{input:?} gated {gated} #{i}: gate {x:e} up {y:e}: CPU {want:e}, GPU {got:e}")
+        };
+        if x.is_nan() {
+            assert!(want.is_nan() && got.is_nan(), "{}", what());
+            continue;
+        }
+        let table = x > -10.0 && x < 10.0;
+        in_table += table as usize;
+        if got == want || (want.is_nan() && got.is_nan()) {
+            continue;
+        }
+        differ += 1;
+        assert!(table, "outside the table's range: {}", what());
+        if gated {
+            let g = ggml_cpu::reference::gelu(x);
+            let tol = f16_ulp(g) * y.abs() + (want.abs() + got.abs()) * 2f32.powi(-24);
+            assert!((got - want).abs() <= tol, "{} (tolerance {tol:e})", what());
+        } else {
+            let places = (f16_order(got) - f16_order(want)).abs();
+            assert!(places <= 1, "{} ({places} f16 places)", what());
+        }
+    }
+    eprintln!("{input:?} gated {gated}: {differ} of {in_table} table-range elements differ");
+    assert!(
+        differ * 1000 <= in_table.max(1000),
+        "{input:?} gated {gated}: {differ} of {in_table} elements differ"
     );
 }

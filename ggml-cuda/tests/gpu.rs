@@ -791,6 +791,8 @@ fn every_kernel_launches_with_its_parameter_list() {
         ctx.scale(x, 0.5).unwrap(),
         ctx.silu(x).unwrap(),
         ctx.swiglu(x, x).unwrap(),
+        ctx.gelu(x).unwrap(),
+        ctx.geglu(x, x).unwrap(),
         ctx.rms_norm(x, 1e-6).unwrap(),
         ctx.soft_max(x, None, 1.0, 0.0).unwrap(),
         ctx.concat(x, x, 1).unwrap(),
@@ -818,5 +820,5 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 18, "{st:?} for {outs:?}");
+    assert_eq!(st.launches.iter().sum::<u64>(), 20, "{st:?} for {outs:?}");
 }

@@ -1,9 +1,13 @@
-//! ADD, MUL (with broadcasting), SCALE, SILU, SWIGLU.
+//! ADD, MUL (with broadcasting), SCALE, SILU, SWIGLU, GELU, GEGLU.
+
+use std::sync::OnceLock;
 
 use ggml_core::Op;
 
 use crate::exec::{KResult, NodeCtx};
 use crate::pool::ThreadCtx;
+use crate::reference as r;
+use crate::simd::Kernels;
 
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
     let dst = c.dst;
@@ -15,7 +19,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
     let xo = &mut rest[..n];
     let a = c.src[0];
     let b = c.src[1];
-    let binary = matches!(c.node.op, Op::Add | Op::Mul | Op::Swiglu);
+    let binary = matches!(c.node.op, Op::Add | Op::Mul | Op::Swiglu | Op::Geglu);
     for r in r0..r1 {
         let (i1, i2, i3) = dst.row_index(r);
         // SAFETY (all row accesses below): rows of resolved tensors; this thread alone
@@ -70,6 +74,8 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
             }
             Op::Silu => (c.k.silu)(av, out),
             Op::Swiglu => (c.k.swiglu)(av, bv, out),
+            Op::Gelu => gelu_row(c.k, av, None, out),
+            Op::Geglu => gelu_row(c.k, av, Some(bv), out),
             _ => {
                 return Err((
                     ggml_core::BackendErrorKind::UnsupportedOp,
@@ -82,4 +88,169 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
         }
     }
     Ok(())
+}
+
+/// ggml's `ggml_table_gelu_f16`, widened to f32: entry `h` is
+/// `f16_to_f32(reference::gelu_f16(h))`. Built once, on first use (65536 `tanhf`).
+fn gelu_table() -> &'static [f32] {
+    static TABLE: OnceLock<Box<[f32]>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|h| r::f16_to_f32(r::gelu_f16(h)))
+            .collect()
+    })
+}
+
+/// `out_i = gelu(x_i)`, or `gelu(x_i) · g_i` with `g`: [`reference::gelu`](r::gelu) and
+/// [`reference::geglu`](r::geglu) bit for bit, through the table. `x` is rounded to f16
+/// by the ISA level's converter (the same rounding as the reference's), a chunk at a
+/// time.
+pub(crate) fn gelu_row(k: &Kernels, x: &[f32], g: Option<&[f32]>, out: &mut [f32]) {
+    const CHUNK: usize = 64;
+    let table = gelu_table();
+    let mut h = [0u16; CHUNK];
+    for (c, (xc, oc)) in x.chunks(CHUNK).zip(out.chunks_mut(CHUNK)).enumerate() {
+        let h = &mut h[..xc.len()];
+        (k.f32_to_f16)(xc, h);
+        match g {
+            None => {
+                for ((o, &v), &hv) in oc.iter_mut().zip(xc).zip(h.iter()) {
+                    *o = if v <= -10.0 {
+                        0.0
+                    } else if v >= 10.0 {
+                        v
+                    } else {
+                        table[hv as usize]
+                    };
+                }
+            }
+            Some(g) => {
+                let gc = &g[c * CHUNK..c * CHUNK + xc.len()];
+                for (((o, &v), &hv), &w) in oc.iter_mut().zip(xc).zip(h.iter()).zip(gc) {
+                    *o = if v <= -10.0 {
+                        0.0
+                    } else if v >= 10.0 {
+                        v * w
+                    } else {
+                        table[hv as usize] * w
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every f16 value, values between f16 neighbours (rounding ties and near-ties),
+    /// the +-10 bounds and their f32 neighbours, infinities and NaN.
+    fn inputs() -> Vec<f32> {
+        let mut v: Vec<f32> = (0..=u16::MAX).map(r::f16_to_f32).collect();
+        for h in 0..0x7bffu16 {
+            let (a, b) = (r::f16_to_f32(h), r::f16_to_f32(h + 1));
+            let mid = (a + b) / 2.0; // exact: a tie, rounds to even
+            for m in [mid, -mid] {
+                v.extend([
+                    m,
+                    f32::from_bits(m.to_bits() - 1),
+                    f32::from_bits(m.to_bits() + 1),
+                ]);
+            }
+        }
+        for b in [10f32, -10.0] {
+            v.extend([
+                b,
+                f32::from_bits(b.to_bits() - 1),
+                f32::from_bits(b.to_bits() + 1),
+            ]);
+        }
+        v.extend([
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e30,
+            -1e30,
+            65520.0,
+            -65520.0,
+        ]);
+        v
+    }
+
+    #[test]
+    fn gelu_table_is_the_reference_formula_bit_for_bit() {
+        let t = gelu_table();
+        for h in 0..=u16::MAX {
+            let want = r::f16_to_f32(r::f32_to_f16(r::gelu_f32(r::f16_to_f32(h))));
+            if want.is_nan() {
+                assert!(t[h as usize].is_nan(), "entry {h:#06x}");
+            } else {
+                assert_eq!(t[h as usize].to_bits(), want.to_bits(), "entry {h:#06x}");
+            }
+        }
+    }
+
+    /// The table is llama.cpp's `ggml_table_gelu_f16`: FNV-1a (64-bit) of its 65536
+    /// entries as little-endian f16 bits, NaN entries written as 0x7e00, equals the
+    /// digest of what llama.cpp's `ggml_gelu` gives on an F16 tensor holding every f16
+    /// bit pattern (that op reads the table directly), computed with llama-cpp-python
+    /// 0.3.36's ggml built for x86-64 with `-march=native` (AVX2, FMA), glibc. Rust's
+    /// `f32::tanh` is the C library's `tanhf`: on a host whose libm rounds `tanhf`
+    /// differently this fails, and there llama.cpp's own table differs the same way.
+    #[test]
+    fn gelu_table_is_llama_cpps() {
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        let mut nans = 0;
+        for h in 0..=u16::MAX {
+            let mut v = r::gelu_f16(h);
+            if (v & 0x7c00) == 0x7c00 && (v & 0x3ff) != 0 {
+                v = 0x7e00;
+                nans += 1;
+            }
+            for b in v.to_le_bytes() {
+                hash = (hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        // 2046 NaN inputs, and -inf (0.5·(-inf)·(1 + tanh(-inf)) = -inf·0).
+        assert_eq!(nans, 2047);
+        assert_eq!(hash, 0xd101_f521_207d_200c);
+        assert_eq!(r::gelu_f16(0xbfff), 0xa9d3);
+    }
+
+    /// The fast path equals the reference bit for bit (NaN: NaN, payload unspecified)
+    /// on every ISA level, gelu and geglu, over all f16 inputs and the edges.
+    #[test]
+    fn gelu_geglu_rows_match_the_reference_on_every_isa() {
+        let x = inputs();
+        let g: Vec<f32> = (0..x.len())
+            .map(|i| match i % 7 {
+                0 => f32::NAN,
+                1 => -0.0,
+                2 => f32::INFINITY,
+                _ => (i % 1000) as f32 / 250.0 - 2.0,
+            })
+            .collect();
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for k in crate::simd::all_tables() {
+            let mut o = vec![0f32; x.len()];
+            gelu_row(k, &x, None, &mut o);
+            for (i, (&v, &got)) in x.iter().zip(&o).enumerate() {
+                assert!(
+                    same(got, r::gelu(v)),
+                    "{:?} gelu({v:e}) #{i}: {got:e}",
+                    k.isa
+                );
+            }
+            gelu_row(k, &x, Some(&g), &mut o);
+            for (i, ((&v, &w), &got)) in x.iter().zip(&g).zip(&o).enumerate() {
+                let want = r::geglu(v, w);
+                assert!(
+                    same(got, want),
+                    "{:?} geglu({v:e}, {w:e}) #{i}: {got:e}",
+                    k.isa
+                );
+            }
+        }
+    }
 }

@@ -42,7 +42,9 @@ pub(crate) fn scratch_size(t: &Tensor, tensors: &[Tensor], nth: usize) -> (usize
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
     match c.node.op {
         Op::GetRows => get_rows::run(c, th),
-        Op::Add | Op::Mul | Op::Scale { .. } | Op::Silu | Op::Swiglu => elementwise::run(c, th),
+        Op::Add | Op::Mul | Op::Scale { .. } | Op::Silu | Op::Swiglu | Op::Gelu | Op::Geglu => {
+            elementwise::run(c, th)
+        }
         Op::RmsNorm { eps } => norm::rms_norm(c, th, eps),
         Op::SoftMax { scale, max_bias } => norm::soft_max(c, th, scale, max_bias),
         Op::Rope(p) => rope::run(c, th, &p),
