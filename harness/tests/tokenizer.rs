@@ -589,10 +589,10 @@ fn from_gguf_errors_name_the_problem() {
     );
 
     let mut kvs = tokenizer_metadata("smollm");
-    kvs[0].1 = Meta::Str("llama".into());
+    kvs[0].1 = Meta::Str("bert".into());
     assert_eq!(
         from_metadata(&kvs).unwrap_err(),
-        TokenizerError::UnsupportedModel("llama".into())
+        TokenizerError::UnsupportedModel("bert".into())
     );
 
     for missing in [
