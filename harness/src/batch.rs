@@ -58,6 +58,10 @@ pub struct GraphInputs {
     pub kv_idxs: Vec<u8>,
     /// F16 mask `[n_kv, n_tokens]`.
     pub mask: Vec<u8>,
+    /// F16 mask `[n_kv, n_tokens]` of the sliding-window layers (empty when the cache's
+    /// model has none): the causal mask without the cells `n_swa` or more positions
+    /// back (llama.cpp's standard window: `pos - p >= n_swa` is masked).
+    pub mask_swa: Vec<u8>,
     /// I32 output row ids.
     pub out_ids: Vec<u8>,
     /// How many of the computed logit rows (the first ones) were requested. Every
@@ -108,17 +112,28 @@ pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<G
         for (c, i) in cells.clone().zip(u0..u1) {
             kv.cell_pos[c] = Some((batch.pos[i], batch.seq[i]));
         }
+        let swa = kv.n_swa;
         let mut mask = Vec::with_capacity(n_kv * (u1 - u0) * 2);
+        let mut mask_swa = Vec::with_capacity(if swa > 0 { mask.capacity() } else { 0 });
+        let bit = |visible: bool| {
+            if visible {
+                f16::ZERO
+            } else {
+                f16::NEG_INFINITY
+            }
+            .to_le_bytes()
+        };
         for i in u0..u1 {
             for j in 0..n_kv {
-                let visible = matches!(kv.cell_pos[j],
-                    Some((p, s)) if s == batch.seq[i] && p <= batch.pos[i]);
-                let v = if visible {
-                    f16::ZERO
-                } else {
-                    f16::NEG_INFINITY
+                let seen = match kv.cell_pos[j] {
+                    Some((p, s)) if s == batch.seq[i] && p <= batch.pos[i] => Some(p),
+                    _ => None,
                 };
-                mask.extend_from_slice(&v.to_le_bytes());
+                mask.extend_from_slice(&bit(seen.is_some()));
+                if swa > 0 {
+                    let near = seen.is_some_and(|p| ((batch.pos[i] - p) as usize) < swa);
+                    mask_swa.extend_from_slice(&bit(near));
+                }
             }
         }
         let i32s =
@@ -136,6 +151,7 @@ pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<G
             pos: i32s(&mut batch.pos[u0..u1].iter().copied()),
             kv_idxs: i32s(&mut cells.map(|c| c as i32)),
             mask,
+            mask_swa,
             out_ids: i32s(&mut rows.iter().copied()),
             wanted_rows: rows.len(),
         });

@@ -162,13 +162,17 @@ impl SchedExecutor {
     ) -> Result<Option<(ggml_sched::StagedOutput, usize)>> {
         self.ensure_graph(model, kv, inputs)?;
         let g = self.current.as_ref().expect("built above");
-        self.sched.compute_with(&[
+        let mut feeds: Vec<(ggml_core::TensorId, &[u8])> = vec![
             (g.inp_tokens, &inputs.tokens),
             (g.inp_pos, &inputs.pos),
             (g.inp_kv_idxs, &inputs.kv_idxs),
             (g.kq_mask, &inputs.mask),
             (g.inp_out_ids, &inputs.out_ids),
-        ])?;
+        ];
+        if let Some(m) = g.kq_mask_swa {
+            feeds.push((m, &inputs.mask_swa));
+        }
+        self.sched.compute_with(&feeds)?;
         if inputs.wanted_rows > 0 {
             let staged = self.sched.stage_output(g.logits)?;
             let keep = staged.nbytes() / inputs.shape.n_outputs * inputs.wanted_rows;

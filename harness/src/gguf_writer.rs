@@ -19,6 +19,8 @@ pub enum MetaValue {
     StrArray(Vec<String>),
     /// An array of i32.
     I32Array(Vec<i32>),
+    /// An array of f32.
+    F32Array(Vec<f32>),
 }
 
 /// Collects metadata and tensors, then serialises them as GGUF v3.
@@ -129,6 +131,14 @@ impl GgufWriter {
                 MetaValue::I32Array(xs) => {
                     out.extend_from_slice(&9u32.to_le_bytes());
                     out.extend_from_slice(&5u32.to_le_bytes());
+                    out.extend_from_slice(&(xs.len() as u64).to_le_bytes());
+                    for x in xs {
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
+                }
+                MetaValue::F32Array(xs) => {
+                    out.extend_from_slice(&9u32.to_le_bytes());
+                    out.extend_from_slice(&6u32.to_le_bytes());
                     out.extend_from_slice(&(xs.len() as u64).to_le_bytes());
                     for x in xs {
                         out.extend_from_slice(&x.to_le_bytes());

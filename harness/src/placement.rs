@@ -211,6 +211,9 @@ pub struct KvCache {
     /// With tensor parallelism: per layer, per device, the keys and values of that
     /// device's KV heads (`layers` is then unused).
     pub tp_layers: Vec<Vec<(Tensor, Tensor)>>,
+    /// The model's sliding window (0: none): its local layers see only the cells of the
+    /// `n_swa` latest positions.
+    pub n_swa: usize,
     _buffers: Vec<OwnedBuffer>,
 }
 
@@ -234,6 +237,7 @@ impl KvCache {
             size,
             cell_pos: vec![None; size],
             tp_layers: Vec::new(),
+            n_swa: 0,
             _buffers: Vec::new(),
         }
     }
@@ -280,6 +284,7 @@ impl KvCache {
             size,
             cell_pos: vec![None; size],
             tp_layers: Vec::new(),
+            n_swa: hp.n_swa,
             _buffers: buffers,
         })
     }
@@ -330,6 +335,7 @@ impl KvCache {
             size,
             cell_pos: vec![None; size],
             tp_layers,
+            n_swa: hp.n_swa,
             _buffers: buffers,
         })
     }

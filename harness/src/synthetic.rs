@@ -1,15 +1,23 @@
-//! Synthetic llama models: tiny, seeded, one variant per weight dtype, written as GGUF so
-//! that every test runs the real loading path without a download.
+//! Synthetic models: tiny, seeded, one variant per architecture and weight dtype, written
+//! as GGUF so that every test runs the real loading path without a download.
 
 use ggml_core::quant::quantize_row;
 use ggml_core::DType;
 
 use crate::gguf_writer::{GgufWriter, MetaValue};
+use crate::model::Arch;
 use crate::tokenizer::gpt2_byte_to_char;
 
 /// Shape of a synthetic model.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SyntheticSpec {
+    /// Architecture (llama: byte-level BPE vocabulary; gemma3: SentencePiece vocabulary
+    /// with byte fallback, q/k and post norms, GeGLU, sliding-window layers).
+    pub arch: Arch,
+    /// Width of one attention head (llama: `n_embd / n_head`).
+    pub head_dim: usize,
+    /// Sliding window of the local layers (gemma3; 0: every layer global).
+    pub n_swa: usize,
     /// Transformer blocks.
     pub n_layer: usize,
     /// Embedding width (a multiple of 256 so every quant type fits).
@@ -32,6 +40,9 @@ impl SyntheticSpec {
     /// A 4-layer, 256-wide model with GQA (4 heads, 2 KV heads) whose matrices are `dtype`.
     pub fn tiny(dtype: DType) -> SyntheticSpec {
         SyntheticSpec {
+            arch: Arch::Llama,
+            head_dim: 64,
+            n_swa: 0,
             n_layer: 4,
             n_embd: 256,
             n_head: 4,
@@ -40,6 +51,30 @@ impl SyntheticSpec {
             dtype,
             embd_dtype: DType::Q8_0,
             seed: 42,
+        }
+    }
+}
+
+impl SyntheticSpec {
+    /// A 6-layer Gemma 3 (five local layers with a window of 8 positions, so windows
+    /// matter in short tests, then one global), 256 wide, 4 heads of 128 (queries 512
+    /// wide, unlike `n_embd`) sharing one KV head, matrices `dtype`.
+    pub fn tiny_gemma3(dtype: DType) -> SyntheticSpec {
+        SyntheticSpec {
+            arch: Arch::Gemma3,
+            head_dim: 128,
+            n_swa: 8,
+            n_layer: 6,
+            n_head_kv: 1,
+            ..SyntheticSpec::tiny(dtype)
+        }
+    }
+
+    /// The tiny spec of `arch`.
+    pub fn tiny_of(arch: Arch, dtype: DType) -> SyntheticSpec {
+        match arch {
+            Arch::Llama => SyntheticSpec::tiny(dtype),
+            Arch::Gemma3 => SyntheticSpec::tiny_gemma3(dtype),
         }
     }
 }
@@ -60,10 +95,20 @@ pub fn weight_dtype(name: &str) -> Result<DType, String> {
 /// (`$GGML_RS_CACHE`, default `~/.cache/ggml-rs`), written there if it is missing or
 /// differs (the generator is deterministic, so the bytes are known).
 pub fn cached_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
+    cached_model_of(Arch::Llama, dtype)
+}
+
+/// The file of [`SyntheticSpec::tiny_of`]`(arch, dtype)` in the model cache, written
+/// there if it is missing or differs.
+pub fn cached_model_of(arch: Arch, dtype: DType) -> crate::error::Result<std::path::PathBuf> {
     use crate::error::HarnessError;
     let dir = crate::fetch::cache_dir().map_err(|e| HarnessError::Model(e.to_string()))?;
-    let path = dir.join(format!("synthetic-{}.gguf", dtype.name()));
-    let bytes = synthetic_gguf(&SyntheticSpec::tiny(dtype));
+    let stem = match arch {
+        Arch::Llama => format!("synthetic-{}", dtype.name()),
+        other => format!("synthetic-{}-{}", other.name(), dtype.name()),
+    };
+    let path = dir.join(format!("{stem}.gguf"));
+    let bytes = synthetic_gguf(&SyntheticSpec::tiny_of(arch, dtype));
     if std::fs::read(&path).is_ok_and(|old| old == bytes) {
         return Ok(path);
     }
@@ -75,8 +120,7 @@ pub fn cached_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
     // Written aside (a name of this process and thread) and renamed, so a concurrent
     // reader never sees half a file.
     let tmp = dir.join(format!(
-        "synthetic-{}.gguf.{}.{:?}.tmp",
-        dtype.name(),
+        "{stem}.gguf.{}.{:?}.tmp",
         std::process::id(),
         std::thread::current().id()
     ));
@@ -113,47 +157,53 @@ fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
     out
 }
 
-/// The GGUF bytes of a synthetic llama model with a byte-level vocabulary of 256 tokens
-/// (so any text tokenizes) plus BOS/EOS.
+/// The GGUF bytes of a synthetic model: llama with a byte-level BPE vocabulary of 256
+/// tokens plus BOS/EOS, or Gemma 3 with a SentencePiece vocabulary (control tokens, the
+/// 256 byte tokens, printable ASCII and a few merges), so any text tokenizes.
 pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
     let mut rng = Rng(spec.seed);
-    let n_vocab = 258usize;
     let mut w = GgufWriter::new();
     let u = |v: usize| MetaValue::U32(v as u32);
-    w.meta("general.architecture", MetaValue::Str("llama".into()))
+    let a = spec.arch.name();
+    let key = |k: &str| format!("{a}.{k}");
+    w.meta("general.architecture", MetaValue::Str(a.into()))
         .meta(
             "general.name",
-            MetaValue::Str(format!("synthetic-{}", spec.dtype)),
+            MetaValue::Str(match spec.arch {
+                Arch::Llama => format!("synthetic-{}", spec.dtype),
+                _ => format!("synthetic-{a}-{}", spec.dtype),
+            }),
         )
-        .meta("llama.block_count", u(spec.n_layer))
-        .meta("llama.context_length", u(4096))
-        .meta("llama.embedding_length", u(spec.n_embd))
-        .meta("llama.feed_forward_length", u(spec.n_ff))
-        .meta("llama.attention.head_count", u(spec.n_head))
-        .meta("llama.attention.head_count_kv", u(spec.n_head_kv))
-        .meta("llama.rope.freq_base", MetaValue::F32(10_000.0))
+        .meta(&key("block_count"), u(spec.n_layer))
+        .meta(&key("context_length"), u(4096))
+        .meta(&key("embedding_length"), u(spec.n_embd))
+        .meta(&key("feed_forward_length"), u(spec.n_ff))
+        .meta(&key("attention.head_count"), u(spec.n_head))
+        .meta(&key("attention.head_count_kv"), u(spec.n_head_kv))
         .meta(
-            "llama.attention.layer_norm_rms_epsilon",
+            &key("rope.freq_base"),
+            MetaValue::F32(match spec.arch {
+                Arch::Llama => 10_000.0,
+                _ => 1_000_000.0,
+            }),
+        )
+        .meta(
+            &key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(1e-5),
         );
-    let mut tokens: Vec<String> = (0..=255u8)
-        .map(|b| gpt2_byte_to_char(b).to_string())
-        .collect();
-    tokens.push("<|bos|>".into());
-    tokens.push("<|eos|>".into());
-    let mut types = vec![1i32; 256];
-    types.extend([3, 3]);
-    w.meta("tokenizer.ggml.model", MetaValue::Str("gpt2".into()))
-        .meta("tokenizer.ggml.pre", MetaValue::Str("smollm".into()))
-        .meta("tokenizer.ggml.tokens", MetaValue::StrArray(tokens))
-        .meta("tokenizer.ggml.token_type", MetaValue::I32Array(types))
-        .meta("tokenizer.ggml.merges", MetaValue::StrArray(Vec::new()))
-        .meta("tokenizer.ggml.bos_token_id", u(256))
-        .meta("tokenizer.ggml.eos_token_id", u(257))
-        .meta("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
+    let n_vocab = match spec.arch {
+        Arch::Llama => byte_bpe_vocab(&mut w),
+        Arch::Gemma3 => {
+            w.meta(&key("attention.key_length"), u(spec.head_dim))
+                .meta(&key("attention.value_length"), u(spec.head_dim))
+                .meta(&key("attention.sliding_window"), u(spec.n_swa));
+            spm_vocab(&mut w)
+        }
+    };
 
     let e = spec.n_embd;
-    let kv = spec.n_embd / spec.n_head * spec.n_head_kv;
+    let q = spec.n_head * spec.head_dim;
+    let kv = spec.head_dim * spec.n_head_kv;
     // Matrices are uniform in [-a, a); norms (a = 0) are 1 +- 0.1.
     let mut matrix =
         |w: &mut GgufWriter, name: &str, dtype: DType, ne0: usize, ne1: usize, a: f32| {
@@ -173,6 +223,12 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
             w.tensor(name, dtype, &[ne0 as u64, ne1 as u64], data);
         };
     let scale = 1.0 / (e as f32).sqrt() * 1.7;
+    // Gemma scales embeddings by sqrt(n_embd); its table is that much smaller, so the
+    // tied output gives logits of the same spread.
+    let embd_scale = match spec.arch {
+        Arch::Llama => scale,
+        Arch::Gemma3 => scale / (e as f32).sqrt() * 4.0,
+    };
     matrix(
         &mut w,
         "token_embd.weight",
@@ -181,15 +237,23 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
         n_vocab,
         // Tied with the output: logits of a unit-RMS state then have a standard
         // deviation near 1, so the model is random but not absurdly confident.
-        scale,
+        embd_scale,
     );
+    let gemma = spec.arch == Arch::Gemma3;
     for il in 0..spec.n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         matrix(&mut w, &n("attn_norm"), DType::F32, e, 1, 0.0);
-        matrix(&mut w, &n("attn_q"), spec.dtype, e, e, scale);
+        matrix(&mut w, &n("attn_q"), spec.dtype, e, q, scale);
         matrix(&mut w, &n("attn_k"), spec.dtype, e, kv, scale);
         matrix(&mut w, &n("attn_v"), spec.dtype, e, kv, scale);
-        matrix(&mut w, &n("attn_output"), spec.dtype, e, e, scale);
+        let o_scale = 1.0 / (q as f32).sqrt() * 1.7;
+        matrix(&mut w, &n("attn_output"), spec.dtype, q, e, o_scale);
+        if gemma {
+            matrix(&mut w, &n("attn_q_norm"), DType::F32, spec.head_dim, 1, 0.0);
+            matrix(&mut w, &n("attn_k_norm"), DType::F32, spec.head_dim, 1, 0.0);
+            matrix(&mut w, &n("post_attention_norm"), DType::F32, e, 1, 0.0);
+            matrix(&mut w, &n("post_ffw_norm"), DType::F32, e, 1, 0.0);
+        }
         matrix(&mut w, &n("ffn_norm"), DType::F32, e, 1, 0.0);
         matrix(&mut w, &n("ffn_gate"), spec.dtype, e, spec.n_ff, scale);
         matrix(&mut w, &n("ffn_up"), spec.dtype, e, spec.n_ff, scale);
@@ -205,4 +269,77 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
     matrix(&mut w, "output_norm.weight", DType::F32, e, 1, 0.0);
     w.to_bytes()
         .expect("the synthetic model's metadata is valid GGUF metadata")
+}
+
+/// A byte-level BPE vocabulary: the 256 byte characters, BOS and EOS. Returns its size.
+fn byte_bpe_vocab(w: &mut GgufWriter) -> usize {
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| gpt2_byte_to_char(b).to_string())
+        .collect();
+    tokens.push("<|bos|>".into());
+    tokens.push("<|eos|>".into());
+    let mut types = vec![1i32; 256];
+    types.extend([3, 3]);
+    let n = tokens.len();
+    let u = |v: usize| MetaValue::U32(v as u32);
+    w.meta("tokenizer.ggml.model", MetaValue::Str("gpt2".into()))
+        .meta("tokenizer.ggml.pre", MetaValue::Str("smollm".into()))
+        .meta("tokenizer.ggml.tokens", MetaValue::StrArray(tokens))
+        .meta("tokenizer.ggml.token_type", MetaValue::I32Array(types))
+        .meta("tokenizer.ggml.merges", MetaValue::StrArray(Vec::new()))
+        .meta("tokenizer.ggml.bos_token_id", u(256))
+        .meta("tokenizer.ggml.eos_token_id", u(257))
+        .meta("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
+    n
+}
+
+/// A SentencePiece vocabulary laid out like Gemma's: `<pad>`, `<eos>`, `<bos>`, `<unk>`
+/// (control), the byte tokens `<0x00>`..`<0xFF>`, then `▁`, printable ASCII and a few
+/// merges, scored so that longer pieces win. BOS is added, no space prefix. Returns its
+/// size.
+fn spm_vocab(w: &mut GgufWriter) -> usize {
+    let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"]
+        .map(String::from)
+        .to_vec();
+    let mut types = vec![3i32, 3, 3, 2];
+    let mut scores = vec![0f32; 4];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+        scores.push(0.0);
+    }
+    let mut normal: Vec<String> = vec!["\u{2581}".into()];
+    normal.extend((b'!'..=b'~').map(|c| (c as char).to_string()));
+    for m in [
+        "\u{2581}t",
+        "he",
+        "\u{2581}the",
+        "in",
+        "er",
+        "an",
+        "on",
+        "\u{2581}a",
+    ] {
+        normal.push(m.into());
+    }
+    for (i, t) in normal.into_iter().enumerate() {
+        // Longer pieces score higher; among equals, earlier ones.
+        scores.push(t.chars().count() as f32 - i as f32 * 1e-3);
+        tokens.push(t);
+        types.push(1);
+    }
+    let n = tokens.len();
+    let u = |v: usize| MetaValue::U32(v as u32);
+    w.meta("tokenizer.ggml.model", MetaValue::Str("llama".into()))
+        .meta("tokenizer.ggml.pre", MetaValue::Str("default".into()))
+        .meta("tokenizer.ggml.tokens", MetaValue::StrArray(tokens))
+        .meta("tokenizer.ggml.scores", MetaValue::F32Array(scores))
+        .meta("tokenizer.ggml.token_type", MetaValue::I32Array(types))
+        .meta("tokenizer.ggml.bos_token_id", u(2))
+        .meta("tokenizer.ggml.eos_token_id", u(1))
+        .meta("tokenizer.ggml.unknown_token_id", u(3))
+        .meta("tokenizer.ggml.padding_token_id", u(0))
+        .meta("tokenizer.ggml.add_bos_token", MetaValue::Bool(true))
+        .meta("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false));
+    n
 }

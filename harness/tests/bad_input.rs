@@ -122,6 +122,11 @@ proptest! {
                     let got: Vec<i32> = a.numbers::<i32>().unwrap().collect();
                     prop_assert_eq!(&got, x);
                 }
+                MetaValue::F32Array(x) => {
+                    let a = g.get_array(k).unwrap();
+                    let got: Vec<u32> = a.numbers::<f32>().unwrap().map(f32::to_bits).collect();
+                    prop_assert_eq!(got, x.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                }
             }
         }
         prop_assert_eq!(g.tensor_count(), tensors.len());
@@ -157,6 +162,7 @@ fn meta_value() -> impl Strategy<Value = MetaValue> {
         "\\PC{0,20}".prop_map(MetaValue::Str),
         prop::collection::vec("\\PC{0,8}", 0..5).prop_map(MetaValue::StrArray),
         prop::collection::vec(any::<i32>(), 0..6).prop_map(MetaValue::I32Array),
+        prop::collection::vec(any::<f32>(), 0..6).prop_map(MetaValue::F32Array),
     ]
 }
 

@@ -10,7 +10,6 @@
 //! model asks.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -28,36 +27,19 @@ use proptest::prelude::*;
 const REFERENCE_IDS: &str = include_str!("../data/gpl-3.gemma3.tokens.txt");
 const CASES: &str = include_str!("../data/tokenizer-cases.gemma3.json");
 
-/// `$GGML_RS_GEMMA3`, or where the Gemma 3 270M Q4_K_M model was put by hand.
-// TODO(lead): switch to harness::gemma3_model_path()
-fn gemma3_model_path() -> PathBuf {
-    std::env::var_os("GGML_RS_GEMMA3")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/gemma/gemma-3-270m-q4_k_m.gguf"))
-}
-
-/// Gemma 3's tokenizer, read once for all tests, or `None` (after saying so) when the
-/// model is not there.
-fn gemma3() -> Option<&'static Tokenizer> {
-    static TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
-    let tok = TOK.get_or_init(|| {
-        let path = gemma3_model_path();
-        let Ok(bytes) = std::fs::read(&path) else {
-            return None;
-        };
+/// Gemma 3's tokenizer (the model downloaded into the cache if missing, as CI has it),
+/// read once for all tests.
+fn gemma3() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let path = harness::gemma3_model_path().expect("the Gemma 3 model");
+        let bytes = std::fs::read(&path).expect("reading the Gemma 3 model");
         let gguf = Gguf::parse(&bytes).expect("parsing the Gemma 3 model");
         let start = Instant::now();
         let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer from the model");
         println!("built the Gemma 3 tokenizer in {:?}", start.elapsed());
-        Some(tok)
-    });
-    if tok.is_none() {
-        println!(
-            "skipped: Gemma 3 model not found at {} (set GGML_RS_GEMMA3)",
-            gemma3_model_path().display()
-        );
-    }
-    tok.as_ref()
+        tok
+    })
 }
 
 /// Panics with the tokens around the first difference of `got` and `want`.
@@ -86,7 +68,7 @@ fn assert_same_ids(tok: &Tokenizer, what: &str, got: &[u32], want: &[u32]) {
 
 #[test]
 fn gemma3_encodes_the_corpus_like_llama_cpp() {
-    let Some(tok) = gemma3() else { return };
+    let tok = gemma3();
     let corpus = harness::corpus_text(None).expect("the embedded corpus");
     let want: Vec<u32> = REFERENCE_IDS
         .lines()
@@ -113,7 +95,7 @@ fn gemma3_encodes_the_corpus_like_llama_cpp() {
 
 #[test]
 fn gemma3_metadata_and_special_tokens() {
-    let Some(tok) = gemma3() else { return };
+    let tok = gemma3();
     assert_eq!(tok.kind(), TokenizerKind::SentencePiece);
     assert_eq!(tok.vocab_size(), 262_144);
     assert_eq!(
@@ -157,7 +139,7 @@ struct Case {
 fn gemma3_encodes_tricky_texts_like_llama_cpp() {
     let cases: Cases = serde_json::from_str(CASES).expect("the cases file");
     assert!(cases.cases.len() >= 40);
-    let Some(tok) = gemma3() else { return };
+    let tok = gemma3();
     for case in &cases.cases {
         let got = tok.encode(&case.text);
         assert_same_ids(tok, &case.name, &got, &case.ids);
@@ -185,7 +167,7 @@ fn gemma3_encodes_tricky_texts_like_llama_cpp() {
 
 #[test]
 fn gemma3_byte_fallback_and_whitespace_runs() {
-    let Some(tok) = gemma3() else { return };
+    let tok = gemma3();
     // U+20000 has no token: its four bytes are byte tokens
     assert_eq!(
         tok.encode_with("\u{20000}", false),

@@ -11,7 +11,7 @@ use xshell::{cmd, Shell};
 use crate::fetch::{self, Result};
 
 const HELP: &str = "usage: cargo xtask bench-vs-llama [--threads N] [-r R] [--rounds K]
-                                  [-p P] [-n G] [--model PATH]
+                                  [-p P] [-n G] [--model PATH|NAME]
 
 Runs `ggml-harness bench` and llama.cpp's `llama-bench` (built by
 ../shared/tools/llama-cpp.sh) alternately, K rounds of R repetitions each (defaults:
@@ -93,7 +93,16 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
     sh.change_dir(root);
     let model = match &o.model {
         Some(m) if m.is_file() => m.clone(),
-        Some(m) => return Err(format!("model {} not found", m.display())),
+        Some(m) => match m.to_str().and_then(fetch::known_model) {
+            Some(known) => fetch::fetch(known)?,
+            None => {
+                return Err(format!(
+                    "model {}: no such file, and not a known model ({})",
+                    m.display(),
+                    fetch::known_model_names()
+                ))
+            }
+        },
         None => fetch::fetch_model()?,
     };
     let llama_bench = llama_bench(&sh, root)?;

@@ -3,7 +3,8 @@
 //! Commands:
 //! - `bench-vs-llama`: ggml-harness bench against llama.cpp's llama-bench, alternately;
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
-//! - `fetch-model`: download the SmolLM2 GGUF into the cache and print its path;
+//! - `fetch-model [--model NAME]`: download a known GGUF (SmolLM2 by default, or
+//!   gemma3-270m) into the cache and print its path;
 //! - `ptx-check`: assemble every PTX kernel with `ptxas` for sm_80 and sm_90;
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
@@ -31,8 +32,10 @@ commands:
   ci             format check, clippy, tests (nextest), no_std build of ggml-core,
                  fuzz targets compile, aarch64 check of ggml-cpu, workflows, ptx-check,
                  docs and packaging checks: what CI runs
-  fetch-model    download SmolLM2-135M-Instruct Q4_1 into $GGML_RS_CACHE
-                 (default ~/.cache/ggml-rs), verify it and print its path
+  fetch-model [--model NAME]
+                 download a known model (smollm2-135m, the default: SmolLM2-135M-
+                 Instruct Q4_1; gemma3-270m: Gemma 3 270M Q4_K_M) into
+                 $GGML_RS_CACHE (default ~/.cache/ggml-rs), verify it, print its path
   gpu-test [--prepare DIR]
                  on a machine with an NVIDIA GPU: ggml-cuda's GPU tests, cuda:0
                  perplexity within 0.5 % of the CPU's, the CUDA regression matrix;
@@ -71,7 +74,7 @@ fn main() -> ExitCode {
             .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
         Some("fuzz") => fuzz::fuzz(&workspace_root(), &args[1..]),
         Some("gen-ci") => gen_ci::gen_ci(&workspace_root(), &args[1..]),
-        Some("fetch-model") => fetch::fetch_model().map(|p| println!("{}", p.display())),
+        Some("fetch-model") => fetch_model_cmd(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
             Ok(())
@@ -85,6 +88,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `fetch-model [--model NAME]`.
+fn fetch_model_cmd(args: &[String]) -> Result<()> {
+    let model = match args {
+        [] => &fetch::SMOLLM2,
+        [flag, name] if flag == "--model" => fetch::known_model(name).ok_or_else(|| {
+            format!(
+                "unknown model '{name}'; known models: {}",
+                fetch::known_model_names()
+            )
+        })?,
+        _ => {
+            return Err(format!(
+                "usage: cargo xtask fetch-model [--model NAME]\n\n{USAGE}"
+            ))
+        }
+    };
+    fetch::fetch(model).map(|p| println!("{}", p.display()))
 }
 
 fn workspace_root() -> PathBuf {

@@ -15,13 +15,14 @@ fuzz_target!(|input: (
     let mut kvs: Vec<(String, MetaValue)> = kvs
         .into_iter()
         .map(|(k, sel, n, s, v)| {
-            let value = match sel % 7 {
+            let value = match sel % 8 {
                 0 => MetaValue::U32(n),
                 1 => MetaValue::I32(n as i32),
                 2 => MetaValue::F32(f32::from_bits(n)),
                 3 => MetaValue::Bool(n & 1 == 1),
                 4 => MetaValue::Str(s),
                 5 => MetaValue::StrArray(s.split(',').map(str::to_string).collect()),
+                6 => MetaValue::F32Array(v.iter().map(|&x| f32::from_bits(x as u32)).collect()),
                 _ => MetaValue::I32Array(v),
             };
             (k, value)
@@ -88,6 +89,15 @@ fuzz_target!(|input: (
                     .expect("i32s")
                     .collect();
                 assert_eq!(&got, x);
+            }
+            MetaValue::F32Array(x) => {
+                let got: Vec<u32> = g
+                    .get_array(k)
+                    .and_then(|a| a.numbers::<f32>())
+                    .expect("f32s")
+                    .map(f32::to_bits)
+                    .collect();
+                assert_eq!(got, x.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
             }
         }
     }

@@ -1,10 +1,9 @@
-//! The llama forward pass as a ggml-core graph.
+//! The forward pass on one device (or split by layers) as a ggml-core graph.
 
-use ggml_core::{
-    AttnParams, Context, DType, Graph, RopeParams, Tensor, TensorFlags, TensorId, MAX_SRC,
-};
+use ggml_core::{Context, DType, Graph, Tensor, TensorFlags, TensorId, MAX_SRC};
 
-use super::{LayerWeights, Model};
+use super::blocks::{self, Nodes};
+use super::{HParams, Model};
 use crate::error::Result;
 
 /// Tensors of one layer's KV cache as they appear in a graph.
@@ -45,6 +44,8 @@ pub struct ForwardGraph {
     pub inp_kv_idxs: TensorId,
     /// F16 `[n_kv, n_tokens]` attention mask (0 or −∞).
     pub kq_mask: TensorId,
+    /// F16 `[n_kv, n_tokens]` mask of the sliding-window layers (models with some).
+    pub kq_mask_swa: Option<TensorId>,
     /// I32 `[n_outputs]` rows whose logits are computed.
     pub inp_out_ids: TensorId,
     /// F32 `[n_vocab, n_outputs]` logits.
@@ -57,13 +58,34 @@ pub struct ForwardGraph {
     pub shape: BatchShape,
 }
 
-/// Room for one forward graph: weights, cache and about 40 tensors per layer.
+/// Room for one forward graph: weights, cache and about 50 tensors per layer.
 fn capacity(model: &Model) -> usize {
-    model.weights.len() + 2 * model.hp.n_layer + 64 * (model.hp.n_layer + 1) + 64
+    model.weights.len() + 2 * model.hp.n_layer + 80 * (model.hp.n_layer + 1) + 64
+}
+
+/// Names nodes `{what}-{il}` inside layer `il`, `{what}` outside layers.
+struct Single<'c, 'a> {
+    ctx: &'c mut Context<'a>,
+    layer: Option<usize>,
+}
+
+impl<'a> Nodes<'a> for Single<'_, 'a> {
+    fn ctx(&mut self) -> &mut Context<'a> {
+        self.ctx
+    }
+
+    fn node(&mut self, id: TensorId, name: &str) -> Result<TensorId> {
+        match self.layer {
+            Some(il) => self.ctx.set_name(id, &format!("{name}-{il}"))?,
+            None => self.ctx.set_name(id, name)?,
+        }
+        Ok(id)
+    }
 }
 
 /// Builds the forward graph of `model` for a batch of `shape`. `kv` gives each layer's
-/// cache tensors (leaves with data) as descriptors to copy into the graph.
+/// cache tensors (leaves with data) as descriptors to copy into the graph. The layers
+/// follow the architecture's [`Features`](super::Features).
 pub fn build_forward(
     model: &Model,
     kv: &[(Tensor, Tensor)],
@@ -86,12 +108,7 @@ pub fn build_forward(
         });
     }
     let n = shape.n_tokens;
-    let inp = Inputs::push(&mut ctx, shape)?;
-    let (inp_tokens, inp_pos, inp_kv_idxs, kq_mask, inp_out_ids) =
-        (inp.tokens, inp.pos, inp.kv_idxs, inp.mask, inp.out_ids);
-
-    let rope = RopeParams::llama(hp.head_dim as u32, hp.rope_freq_base);
-    let attn = AttnParams::scaled(1.0 / (hp.head_dim as f32).sqrt());
+    let inp = Inputs::push(&mut ctx, shape, hp.n_swa > 0)?;
     let kv_row = DType::F16
         .row_size(hp.n_embd_kv())
         .expect("F16 rows always fit");
@@ -99,57 +116,39 @@ pub fn build_forward(
         .row_size(hp.head_dim)
         .expect("F16 rows always fit");
 
-    let mut x = ctx.get_rows(model.tok_embd, inp_tokens)?;
-    ctx.set_name(x, "inp_embd")?;
+    let mut b = Single {
+        ctx: &mut ctx,
+        layer: None,
+    };
+    let mut x = blocks::embeddings(&mut b, hp, model.tok_embd, inp.tokens)?;
     let mut kv_writes = Vec::with_capacity(2 * hp.n_layer);
     let mut layer_first = Vec::with_capacity(hp.n_layer);
     for (il, (lw, cache)) in model.layers.iter().zip(&caches).enumerate() {
-        let LayerWeights {
-            attn_norm,
-            wq,
-            wk,
-            wv,
-            wo,
-            ffn_norm,
-            ffn_gate,
-            ffn_up,
-            ffn_down,
-        } = *lw;
-        let named = |ctx: &mut Context<'_>, id: TensorId, what: &str| -> Result<TensorId> {
-            ctx.set_name(id, &format!("{what}-{il}"))?;
-            Ok(id)
-        };
-        let cur = ctx.rms_norm(x, hp.rms_eps)?;
-        layer_first.push(cur);
-        named(&mut ctx, cur, "norm")?;
-        let cur = ctx.mul(cur, attn_norm)?;
-        named(&mut ctx, cur, "attn_norm")?;
+        b.layer = Some(il);
+        let (first, cur) = blocks::norm(&mut b, x, lw.attn_norm, hp.rms_eps, "norm", "attn_norm")?;
+        layer_first.push(first);
 
-        let q = ctx.mul_mat(wq, cur)?;
-        named(&mut ctx, q, "Qcur")?;
-        let k = ctx.mul_mat(wk, cur)?;
-        named(&mut ctx, k, "Kcur")?;
-        let v = ctx.mul_mat(wv, cur)?;
-        named(&mut ctx, v, "Vcur")?;
-        let q = ctx.reshape(q, [hp.head_dim, hp.n_head, n, 1])?;
-        let k = ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n, 1])?;
-        let q = ctx.rope(q, inp_pos, rope)?;
-        named(&mut ctx, q, "Qrope")?;
-        let k = ctx.rope(k, inp_pos, rope)?;
-        named(&mut ctx, k, "Krope")?;
+        let q = b.ctx.mul_mat(lw.wq, cur)?;
+        let q = b.node(q, "Qcur")?;
+        let k = b.ctx.mul_mat(lw.wk, cur)?;
+        let k = b.node(k, "Kcur")?;
+        let v = b.ctx.mul_mat(lw.wv, cur)?;
+        let v = b.node(v, "Vcur")?;
+        let q = b.ctx.reshape(q, [hp.head_dim, hp.n_head, n, 1])?;
+        let k = b.ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n, 1])?;
+        let norms = (lw.attn_q_norm, lw.attn_k_norm);
+        let (q, k, attn) = blocks::prepare_qk(&mut b, hp, il, (q, k), norms, inp.pos)?;
 
         // Write this batch's keys and values into the F16 cache, at cells given at run
         // time (so one graph serves every micro-batch).
-        let k_flat = ctx.reshape(k, [hp.n_embd_kv(), n, 1, 1])?;
-        let k_write = ctx.set_rows(cache.k, k_flat, inp_kv_idxs)?;
-        named(&mut ctx, k_write, "k_cache_write")?;
-        let v_write = ctx.set_rows(cache.v, v, inp_kv_idxs)?;
-        named(&mut ctx, v_write, "v_cache_write")?;
-        kv_writes.push(k_write);
-        kv_writes.push(v_write);
+        let k_flat = b.ctx.reshape(k, [hp.n_embd_kv(), n, 1, 1])?;
+        let k_write = b.ctx.set_rows(cache.k, k_flat, inp.kv_idxs)?;
+        kv_writes.push(b.node(k_write, "k_cache_write")?);
+        let v_write = b.ctx.set_rows(cache.v, v, inp.kv_idxs)?;
+        kv_writes.push(b.node(v_write, "v_cache_write")?);
 
         // Attention over the first n_kv cells, heads as dimension 2.
-        let qp = ctx.permute(q, [0, 2, 1, 3])?;
+        let qp = b.ctx.permute(q, [0, 2, 1, 3])?;
         let kv_view = |ctx: &mut Context<'_>, cache: TensorId| -> Result<TensorId> {
             Ok(ctx.view(
                 cache,
@@ -158,36 +157,50 @@ pub fn build_forward(
                 0,
             )?)
         };
-        let kc = kv_view(&mut ctx, cache.k)?;
-        let vc = kv_view(&mut ctx, cache.v)?;
-        let o = ctx.flash_attn_ext(qp, kc, vc, Some(kq_mask), attn)?;
-        named(&mut ctx, o, "attn_out")?;
-        let o = ctx.reshape(o, [hp.n_embd, n, 1, 1])?;
-        let o = ctx.mul_mat(wo, o)?;
-        named(&mut ctx, o, "attn_proj")?;
-        let ffn_inp = ctx.add(o, x)?;
-        named(&mut ctx, ffn_inp, "ffn_inp")?;
+        let kc = kv_view(b.ctx, cache.k)?;
+        let vc = kv_view(b.ctx, cache.v)?;
+        let o = b
+            .ctx
+            .flash_attn_ext(qp, kc, vc, Some(inp.mask_of(hp, il)), attn)?;
+        let o = b.node(o, "attn_out")?;
+        let o = b.ctx.reshape(o, [hp.n_embd_q(), n, 1, 1])?;
+        let o = b.ctx.mul_mat(lw.wo, o)?;
+        let o = b.node(o, "attn_proj")?;
+        let o = blocks::post_norm(&mut b, o, lw.attn_post_norm, hp.rms_eps, "attn_post_norm")?;
+        let ffn_inp = b.ctx.add(o, x)?;
+        let ffn_inp = b.node(ffn_inp, "ffn_inp")?;
 
-        let cur = ctx.rms_norm(ffn_inp, hp.rms_eps)?;
-        let cur = ctx.mul(cur, ffn_norm)?;
-        named(&mut ctx, cur, "ffn_norm")?;
-        let g = ctx.mul_mat(ffn_gate, cur)?;
-        named(&mut ctx, g, "ffn_gate")?;
-        let u = ctx.mul_mat(ffn_up, cur)?;
-        named(&mut ctx, u, "ffn_up")?;
-        let h = ctx.swiglu(g, u)?;
-        named(&mut ctx, h, "ffn_swiglu")?;
-        let d = ctx.mul_mat(ffn_down, h)?;
-        named(&mut ctx, d, "ffn_out")?;
-        x = ctx.add(d, ffn_inp)?;
-        named(&mut ctx, x, "l_out")?;
+        let (_, cur) = blocks::norm(
+            &mut b,
+            ffn_inp,
+            lw.ffn_norm,
+            hp.rms_eps,
+            "ffn_rms",
+            "ffn_norm",
+        )?;
+        let g = b.ctx.mul_mat(lw.ffn_gate, cur)?;
+        let g = b.node(g, "ffn_gate")?;
+        let u = b.ctx.mul_mat(lw.ffn_up, cur)?;
+        let u = b.node(u, "ffn_up")?;
+        let h = blocks::ffn_act(&mut b, hp.features.ffn_act, g, u)?;
+        let d = b.ctx.mul_mat(lw.ffn_down, h)?;
+        let d = b.node(d, "ffn_out")?;
+        let d = blocks::post_norm(&mut b, d, lw.ffn_post_norm, hp.rms_eps, "ffn_post_norm")?;
+        x = b.ctx.add(d, ffn_inp)?;
+        x = b.node(x, "l_out")?;
     }
-    let cur = ctx.get_rows(x, inp_out_ids)?;
-    let cur = ctx.rms_norm(cur, hp.rms_eps)?;
-    let cur = ctx.mul(cur, model.output_norm)?;
-    ctx.set_name(cur, "result_norm")?;
-    let logits = ctx.mul_mat(model.output, cur)?;
-    ctx.set_name(logits, "result_output")?;
+    b.layer = None;
+    let cur = b.ctx.get_rows(x, inp.out_ids)?;
+    let (_, cur) = blocks::norm(
+        &mut b,
+        cur,
+        model.output_norm,
+        hp.rms_eps,
+        "result_rms",
+        "result_norm",
+    )?;
+    let logits = b.ctx.mul_mat(model.output, cur)?;
+    let logits = b.node(logits, "result_output")?;
     ctx.set_flags(logits, TensorFlags::OUTPUT)?;
 
     let ordered = order(ctx, &kv_writes, logits, cap)?;
@@ -222,6 +235,7 @@ impl ForwardGraph {
             inp_pos: inp.pos,
             inp_kv_idxs: inp.kv_idxs,
             kq_mask: inp.mask,
+            kq_mask_swa: inp.mask_swa,
             inp_out_ids: inp.out_ids,
             logits,
             layer_first,
@@ -237,12 +251,14 @@ pub(super) struct Inputs {
     pub pos: TensorId,
     pub kv_idxs: TensorId,
     pub mask: TensorId,
+    pub mask_swa: Option<TensorId>,
     pub out_ids: TensorId,
 }
 
 impl Inputs {
-    /// Creates the named input tensors of a graph for a batch of `shape`.
-    pub fn push(ctx: &mut Context<'_>, shape: BatchShape) -> Result<Inputs> {
+    /// Creates the named input tensors of a graph for a batch of `shape` (with a second
+    /// mask for sliding-window layers when `swa`).
+    pub fn push(ctx: &mut Context<'_>, shape: BatchShape, swa: bool) -> Result<Inputs> {
         let n = shape.n_tokens;
         let mut new = |dtype: DType, ne: [usize; 2], name: &str| -> Result<TensorId> {
             let t = ctx.new_tensor_2d(dtype, ne[0], ne[1])?;
@@ -255,8 +271,22 @@ impl Inputs {
             pos: new(DType::I32, [n, 1], "inp_pos")?,
             kv_idxs: new(DType::I32, [n, 1], "inp_kv_idxs")?,
             mask: new(DType::F16, [shape.n_kv, n], "kq_mask")?,
+            mask_swa: match swa {
+                true => Some(new(DType::F16, [shape.n_kv, n], "kq_mask_swa")?),
+                false => None,
+            },
             out_ids: new(DType::I32, [shape.n_outputs, 1], "inp_out_ids")?,
         })
+    }
+}
+
+impl Inputs {
+    /// The mask layer `il` attends with.
+    pub fn mask_of(&self, hp: &HParams, il: usize) -> TensorId {
+        match self.mask_swa {
+            Some(m) if hp.is_swa(il) => m,
+            _ => self.mask,
+        }
     }
 }
 

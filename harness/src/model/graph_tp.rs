@@ -1,7 +1,9 @@
-//! The llama forward pass cut over devices by [`TpShards`] (`--split-mode tensor`).
+//! The forward pass cut over devices by [`TpShards`] (`--split-mode tensor`), following
+//! the architecture's [`Features`](super::Features) like the single-device builder.
 
-use ggml_core::{AttnParams, Context, DType, RopeParams, Tensor, TensorFlags, TensorId};
+use ggml_core::{Context, DType, Tensor, TensorFlags, TensorId};
 
+use super::blocks::{self, Nodes};
 use super::graph::{order, Inputs};
 use super::tp::TpShards;
 use super::{BatchShape, ForwardGraph, Model};
@@ -9,7 +11,7 @@ use crate::error::Result;
 
 /// Room for the graph: weights, caches and about 60 tensors per layer and device.
 fn capacity(model: &Model, n_dev: usize) -> usize {
-    model.weights.len() + 2 * model.hp.n_layer * n_dev + 80 * n_dev * (model.hp.n_layer + 1) + 64
+    model.weights.len() + 2 * model.hp.n_layer * n_dev + 100 * n_dev * (model.hp.n_layer + 1) + 64
 }
 
 /// Node builder that pins every node it makes to the current device.
@@ -17,6 +19,21 @@ struct Pinned<'c, 'a> {
     ctx: &'c mut Context<'a>,
     pins: Vec<(TensorId, usize)>,
     dev: usize,
+    /// The layer being built (names of block nodes get `-{layer}`).
+    layer: Option<usize>,
+}
+
+impl<'a> Nodes<'a> for Pinned<'_, 'a> {
+    fn ctx(&mut self) -> &mut Context<'a> {
+        self.ctx
+    }
+
+    fn node(&mut self, id: TensorId, name: &str) -> Result<TensorId> {
+        match self.layer {
+            Some(il) => self.pin(id, &format!("{name}-{il}")),
+            None => self.pin(id, name),
+        }
+    }
 }
 
 impl Pinned<'_, '_> {
@@ -195,9 +212,7 @@ pub fn build_forward_tp(
         caches.push(row);
     }
     let n = shape.n_tokens;
-    let inp = Inputs::push(&mut ctx, shape)?;
-    let rope = RopeParams::llama(hp.head_dim as u32, hp.rope_freq_base);
-    let attn = AttnParams::scaled(1.0 / (hp.head_dim as f32).sqrt());
+    let inp = Inputs::push(&mut ctx, shape, hp.n_swa > 0)?;
     let head_bytes = DType::F16.row_size(hp.head_dim).expect("F16 rows fit");
     let group = hp.n_head / hp.n_head_kv;
 
@@ -205,9 +220,9 @@ pub fn build_forward_tp(
         ctx: &mut ctx,
         pins: Vec::new(),
         dev: 0,
+        layer: None,
     };
-    let embd = b.ctx.get_rows(model.tok_embd, inp.tokens)?;
-    let embd = b.pin(embd, "inp_embd")?;
+    let embd = blocks::embeddings(&mut b, hp, model.tok_embd, inp.tokens)?;
     // The residual stream, replicated: x[d] lives on device d.
     let mut x = vec![embd; nd];
     let mut kv_writes = Vec::new();
@@ -217,14 +232,13 @@ pub fn build_forward_tp(
         let mut attn_out = Vec::with_capacity(nd);
         for d in 0..nd {
             b.dev = d;
+            b.layer = Some(il);
             let s = tp.layers[il][d];
-            let cur = b.ctx.rms_norm(x[d], hp.rms_eps)?;
-            let cur = b.pin(cur, &name("norm"))?;
+            let (first, cur) =
+                blocks::norm(&mut b, x[d], s.attn_norm, hp.rms_eps, "norm", "attn_norm")?;
             if d == 0 {
-                layer_first.push(cur);
+                layer_first.push(first);
             }
-            let cur = b.ctx.mul(cur, s.attn_norm)?;
-            let cur = b.pin(cur, &name("attn_norm"))?;
             let (Some(wq), Some(wk), Some(wv)) = (s.wq, s.wk, s.wv) else {
                 continue;
             };
@@ -238,10 +252,8 @@ pub fn build_forward_tp(
             let v = b.pin(v, &name("Vcur"))?;
             let q = b.ctx.reshape(q, [hp.head_dim, nh, n, 1])?;
             let k = b.ctx.reshape(k, [hp.head_dim, nkv, n, 1])?;
-            let q = b.ctx.rope(q, inp.pos, rope)?;
-            let q = b.pin(q, &name("Qrope"))?;
-            let k = b.ctx.rope(k, inp.pos, rope)?;
-            let k = b.pin(k, &name("Krope"))?;
+            let norms = (s.attn_q_norm, s.attn_k_norm);
+            let (q, k, attn) = blocks::prepare_qk(&mut b, hp, il, (q, k), norms, inp.pos)?;
             let (ck, cv) = layer_caches[d];
             let k_flat = b.ctx.reshape(k, [hp.head_dim * nkv, n, 1, 1])?;
             let kw = b.ctx.set_rows(ck, k_flat, inp.kv_idxs)?;
@@ -254,7 +266,9 @@ pub fn build_forward_tp(
             let kc = b.ctx.view(ck, ne, nb, 0)?;
             let vc = b.ctx.view(cv, ne, nb, 0)?;
             let qp = b.ctx.permute(q, [0, 2, 1, 3])?;
-            let o = b.ctx.flash_attn_ext(qp, kc, vc, Some(inp.mask), attn)?;
+            let o = b
+                .ctx
+                .flash_attn_ext(qp, kc, vc, Some(inp.mask_of(hp, il)), attn)?;
             let o = b.pin(o, &name("attn_out"))?;
             attn_out.push((d, b.ctx.reshape(o, [hp.head_dim * nh, n, 1, 1])?));
         }
@@ -282,19 +296,22 @@ pub fn build_forward_tp(
         for (d, &xd) in x.iter().enumerate() {
             b.dev = d;
             let s = tp.layers[il][d];
-            let fi = b.ctx.add(attn_full[d], xd)?;
+            let a = blocks::post_norm(
+                &mut b,
+                attn_full[d],
+                s.attn_post_norm,
+                hp.rms_eps,
+                "attn_post_norm",
+            )?;
+            let fi = b.ctx.add(a, xd)?;
             let fi = b.pin(fi, &name("ffn_inp"))?;
             ffn_inp.push(fi);
-            let cur = b.ctx.rms_norm(fi, hp.rms_eps)?;
-            let cur = b.pin(cur, &name("ffn_rms"))?;
-            let cur = b.ctx.mul(cur, s.ffn_norm)?;
-            let cur = b.pin(cur, &name("ffn_norm"))?;
+            let (_, cur) = blocks::norm(&mut b, fi, s.ffn_norm, hp.rms_eps, "ffn_rms", "ffn_norm")?;
             let g = b.ctx.mul_mat(s.ffn_gate, cur)?;
             let g = b.pin(g, &name("ffn_gate"))?;
             let u = b.ctx.mul_mat(s.ffn_up, cur)?;
             let u = b.pin(u, &name("ffn_up"))?;
-            let h = b.ctx.swiglu(g, u)?;
-            gate_up.push(b.pin(h, &name("ffn_swiglu"))?);
+            gate_up.push(blocks::ffn_act(&mut b, hp.features.ffn_act, g, u)?);
         }
         let out_full = if tp.reduce {
             let mut partial = Vec::with_capacity(nd);
@@ -311,11 +328,14 @@ pub fn build_forward_tp(
         };
         for d in 0..nd {
             b.dev = d;
-            let l = b.ctx.add(out_full[d], ffn_inp[d])?;
+            let post = tp.layers[il][d].ffn_post_norm;
+            let o = blocks::post_norm(&mut b, out_full[d], post, hp.rms_eps, "ffn_post_norm")?;
+            let l = b.ctx.add(o, ffn_inp[d])?;
             x[d] = b.pin(l, &name("l_out"))?;
         }
     }
     b.dev = 0;
+    b.layer = None;
     let cur = b.ctx.get_rows(x[0], inp.out_ids)?;
     let cur = b.pin(cur, "result_rows")?;
     let cur = b.ctx.rms_norm(cur, hp.rms_eps)?;

@@ -1,14 +1,17 @@
-//! A llama-architecture model loaded from GGUF: hyperparameters, weight descriptors and
-//! their placement in backend memory.
+//! A model loaded from GGUF (any supported [`Arch`]): hyperparameters, weight
+//! descriptors and their placement in backend memory.
 
+pub mod arch;
+mod blocks;
 mod graph;
 mod graph_tp;
 mod hparams;
 pub mod tp;
 
+pub use arch::{Arch, Features, FfnAct};
 pub use graph::{build_forward, BatchShape, ForwardGraph, KvTensors};
 pub use graph_tp::build_forward_tp;
-pub use hparams::LlamaHParams;
+pub use hparams::{HParams, LlamaHParams};
 pub use tp::TpShards;
 
 use ggml_core::{DType, Tensor, TensorFlags, TensorId};
@@ -21,13 +24,13 @@ use crate::gguf_file::GgufFile;
 pub struct LayerWeights {
     /// `blk.N.attn_norm.weight`, F32 `[n_embd]`.
     pub attn_norm: TensorId,
-    /// `blk.N.attn_q.weight`, `[n_embd, n_embd]`.
+    /// `blk.N.attn_q.weight`, `[n_embd, n_head * head_dim]`.
     pub wq: TensorId,
     /// `blk.N.attn_k.weight`, `[n_embd, n_embd_kv]`.
     pub wk: TensorId,
     /// `blk.N.attn_v.weight`, `[n_embd, n_embd_kv]`.
     pub wv: TensorId,
-    /// `blk.N.attn_output.weight`, `[n_embd, n_embd]`.
+    /// `blk.N.attn_output.weight`, `[n_head * head_dim, n_embd]`.
     pub wo: TensorId,
     /// `blk.N.ffn_norm.weight`, F32 `[n_embd]`.
     pub ffn_norm: TensorId,
@@ -37,6 +40,14 @@ pub struct LayerWeights {
     pub ffn_up: TensorId,
     /// `blk.N.ffn_down.weight`, `[n_ff, n_embd]`.
     pub ffn_down: TensorId,
+    /// `blk.N.attn_q_norm.weight`, F32 `[head_dim]` (with [`Features::qk_norm`]).
+    pub attn_q_norm: Option<TensorId>,
+    /// `blk.N.attn_k_norm.weight`, F32 `[head_dim]` (with [`Features::qk_norm`]).
+    pub attn_k_norm: Option<TensorId>,
+    /// `blk.N.post_attention_norm.weight`, F32 `[n_embd]` (with [`Features::post_norms`]).
+    pub attn_post_norm: Option<TensorId>,
+    /// `blk.N.post_ffw_norm.weight`, F32 `[n_embd]` (with [`Features::post_norms`]).
+    pub ffn_post_norm: Option<TensorId>,
 }
 
 /// Weight dtypes the harness accepts for matrices.
@@ -60,12 +71,12 @@ fn matrix_dtype_ok(d: DType) -> bool {
     MATRIX_DTYPES.contains(&d)
 }
 
-/// A llama model: hyperparameters and weight descriptors (ids are indices into
+/// A model: hyperparameters and weight descriptors (ids are indices into
 /// `weights` and stay the same in every forward graph).
 #[derive(Clone, Debug)]
 pub struct Model {
     /// Hyperparameters.
-    pub hp: LlamaHParams,
+    pub hp: HParams,
     /// Weight descriptors; `data` is set once placed ([`crate::placement`]).
     pub weights: Vec<Tensor>,
     /// Byte range of each weight in the GGUF file.
@@ -86,7 +97,7 @@ pub struct Model {
 impl Model {
     /// Reads the hyperparameters and checks every weight's presence, shape and dtype.
     pub fn from_gguf(file: &GgufFile) -> Result<Model> {
-        let hp = LlamaHParams::from_gguf(file)?;
+        let hp = HParams::from_gguf(file)?;
         let mut m = Model {
             hp: hp.clone(),
             weights: Vec::new(),
@@ -97,19 +108,36 @@ impl Model {
             layers: Vec::with_capacity(hp.n_layer),
         };
         let (e, kv, ff, v) = (hp.n_embd, hp.n_embd_kv(), hp.n_ff, hp.n_vocab);
+        let (q, hd, feat) = (hp.n_embd_q(), hp.head_dim, hp.features);
         m.tok_embd = m.add(file, "token_embd.weight", [e, v], true)?;
         for il in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             let lw = LayerWeights {
                 attn_norm: m.add(file, &n("attn_norm"), [e, 1], false)?,
-                wq: m.add(file, &n("attn_q"), [e, e], true)?,
+                wq: m.add(file, &n("attn_q"), [e, q], true)?,
                 wk: m.add(file, &n("attn_k"), [e, kv], true)?,
                 wv: m.add(file, &n("attn_v"), [e, kv], true)?,
-                wo: m.add(file, &n("attn_output"), [e, e], true)?,
+                wo: m.add(file, &n("attn_output"), [q, e], true)?,
                 ffn_norm: m.add(file, &n("ffn_norm"), [e, 1], false)?,
                 ffn_gate: m.add(file, &n("ffn_gate"), [e, ff], true)?,
                 ffn_up: m.add(file, &n("ffn_up"), [e, ff], true)?,
                 ffn_down: m.add(file, &n("ffn_down"), [ff, e], true)?,
+                attn_q_norm: feat
+                    .qk_norm
+                    .then(|| m.add(file, &n("attn_q_norm"), [hd, 1], false))
+                    .transpose()?,
+                attn_k_norm: feat
+                    .qk_norm
+                    .then(|| m.add(file, &n("attn_k_norm"), [hd, 1], false))
+                    .transpose()?,
+                attn_post_norm: feat
+                    .post_norms
+                    .then(|| m.add(file, &n("post_attention_norm"), [e, 1], false))
+                    .transpose()?,
+                ffn_post_norm: feat
+                    .post_norms
+                    .then(|| m.add(file, &n("post_ffw_norm"), [e, 1], false))
+                    .transpose()?,
             };
             m.layers.push(lw);
         }

@@ -39,6 +39,15 @@ pub struct DeviceShard {
     /// Its output rows of the down matrix (`tensor`), or its input columns, the rows of
     /// `n_ff` it computes (`tensor-reduce`).
     pub ffn_down: TensorId,
+    /// This device's copy of the query head norm (architectures with one, devices with
+    /// heads).
+    pub attn_q_norm: Option<TensorId>,
+    /// This device's copy of the key head norm (as `attn_q_norm`).
+    pub attn_k_norm: Option<TensorId>,
+    /// This device's copy of the attention post-norm (architectures with one).
+    pub attn_post_norm: Option<TensorId>,
+    /// This device's copy of the feed-forward post-norm (architectures with one).
+    pub ffn_post_norm: Option<TensorId>,
 }
 
 /// How the model is cut over `n_dev` devices.
@@ -173,6 +182,14 @@ impl Model {
                         self.row_shard(lw.ffn_down, embd_rows[d].clone(), &tag),
                     )
                 };
+                let has_heads = !kvh.is_empty();
+                let mut copy = |id: Option<TensorId>, wanted: bool| {
+                    id.filter(|_| wanted).map(|id| self.replica(id, &tag))
+                };
+                let attn_q_norm = copy(lw.attn_q_norm, has_heads);
+                let attn_k_norm = copy(lw.attn_k_norm, has_heads);
+                let attn_post_norm = copy(lw.attn_post_norm, true);
+                let ffn_post_norm = copy(lw.ffn_post_norm, true);
                 devs.push(DeviceShard {
                     attn_norm: self.replica(lw.attn_norm, &tag),
                     wq,
@@ -183,6 +200,10 @@ impl Model {
                     ffn_gate: self.row_shard(lw.ffn_gate, ff_rows[d].clone(), &tag),
                     ffn_up: self.row_shard(lw.ffn_up, ff_rows[d].clone(), &tag),
                     ffn_down,
+                    attn_q_norm,
+                    attn_k_norm,
+                    attn_post_norm,
+                    ffn_post_norm,
                 });
             }
             layers.push(devs);
@@ -204,6 +225,10 @@ impl Model {
                     Some(s.ffn_gate),
                     Some(s.ffn_up),
                     Some(s.ffn_down),
+                    s.attn_q_norm,
+                    s.attn_k_norm,
+                    s.attn_post_norm,
+                    s.ffn_post_norm,
                 ];
                 for id in ids.into_iter().flatten() {
                     weight_device[id.index()] = Some(d);

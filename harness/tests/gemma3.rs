@@ -1,0 +1,387 @@
+//! Gemma 3, the second architecture: the synthetic Gemma 3 (sliding windows of 8, so
+//! local layers matter in short tests) through every split mode and on cuda-sim, and the
+//! real Gemma 3 270M Q4_K_M (downloaded into the cache by name, as CI does) against
+//! numbers measured with llama.cpp; greedy generation against `llama-simple` on both
+//! real models.
+
+use ggml_core::DType;
+use harness::generate::{generate, Sampler, SamplerConfig};
+use harness::golden::GoldenSet;
+use harness::matrix::run::{run, RunOptions};
+use harness::matrix::Matrix;
+use harness::model::Arch;
+use harness::perplexity::{perplexity, PplSettings};
+use harness::regress::{run_cell, Cell, RegressSettings};
+use harness::session::{RunConfig, Session, SplitMode};
+use rstest::rstest;
+
+fn synthetic() -> std::path::PathBuf {
+    harness::synthetic::cached_model_of(Arch::Gemma3, DType::Q4_1).unwrap()
+}
+
+fn cell(devices: &str, split: SplitMode, n_copies: usize, n_ubatch: usize) -> Cell {
+    Cell {
+        devices: devices.parse().unwrap(),
+        split,
+        n_copies,
+        threads: 2,
+        n_ubatch,
+        reduce_bf16_min: None,
+    }
+}
+
+/// Two chunks of 48 tokens: positions beyond the window of 8, in micro-batches too.
+fn settings() -> RegressSettings {
+    RegressSettings {
+        ppl: PplSettings {
+            n_ctx: 48,
+            n_batch: 96,
+            max_chunks: Some(2),
+        },
+        check_races: true,
+        chaos: Some(3),
+        weaken: Vec::new(),
+    }
+}
+
+#[test]
+fn synthetic_gemma3_loads_as_gemma3() {
+    let f = harness::gguf_file::GgufFile::open(&synthetic()).unwrap();
+    let m = harness::model::Model::from_gguf(&f).unwrap();
+    assert_eq!(m.hp.arch, Arch::Gemma3);
+    assert_eq!(m.hp.n_embd_q(), 512, "queries wider than n_embd");
+    assert_eq!(m.hp.n_swa, 8);
+    assert_eq!(
+        m.hp.swa_layers,
+        vec![true, true, true, true, true, false],
+        "five local layers, then a global one"
+    );
+    assert_eq!(m.hp.rope(0).freq_base, 10_000.0);
+    assert_eq!(m.hp.rope(5).freq_base, 1_000_000.0);
+    assert!(m
+        .layers
+        .iter()
+        .all(|l| l.attn_q_norm.is_some() && l.ffn_post_norm.is_some()));
+}
+
+/// Every exact split of the synthetic Gemma 3 gives the logits of one CPU, bit for bit,
+/// under chaos and the race checker.
+#[rstest]
+#[case::layer("cpu:2", SplitMode::Layer, 2, 0)]
+#[case::layer_ubatch("cpu:3", SplitMode::Layer, 2, 16)]
+#[case::tensor("cpu:2", SplitMode::Tensor, 1, 0)]
+#[case::tensor_c2("cpu:2", SplitMode::Tensor, 2, 32)]
+fn synthetic_gemma3_splits_give_the_bits_of_one_device(
+    #[case] devices: &str,
+    #[case] split: SplitMode,
+    #[case] n_copies: usize,
+    #[case] n_ubatch: usize,
+) {
+    let text = &harness::default_corpus()[..1500];
+    let s = settings();
+    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
+    let split = run_cell(
+        &synthetic(),
+        text,
+        &cell(devices, split, n_copies, n_ubatch),
+        &s,
+    )
+    .unwrap();
+    assert_eq!(
+        split.logits_sha256, one.logits_sha256,
+        "{devices} {split:?}"
+    );
+    assert_eq!(split.races, 0);
+    assert!(one.ppl.is_finite() && one.ppl > 1.0);
+}
+
+/// Tensor-reduce sums partial products in another order: within 0.1 %.
+#[test]
+fn synthetic_gemma3_tensor_reduce_is_close() {
+    let text = &harness::default_corpus()[..1500];
+    let s = settings();
+    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
+    let red = run_cell(
+        &synthetic(),
+        text,
+        &cell("cpu:2", SplitMode::TensorReduce, 1, 0),
+        &s,
+    )
+    .unwrap();
+    let rel = (red.ppl - one.ppl).abs() / one.ppl;
+    assert!(
+        rel < 1e-3,
+        "tensor-reduce {} vs {} ({rel:.2e})",
+        red.ppl,
+        one.ppl
+    );
+}
+
+/// The GELU, q/k-norm, scale and sliding-window paths on the CUDA backend (cuda-sim):
+/// within 1e-3 of the CPU (Q4_1 weights; see tests/cuda_sim.rs for why not closer).
+#[test]
+fn synthetic_gemma3_on_cuda_sim_matches_the_cpu() {
+    let text = &harness::default_corpus()[..1500];
+    let mut s = settings();
+    s.chaos = None;
+    let cpu = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
+    let gpu = run_cell(
+        &synthetic(),
+        text,
+        &cell("cuda-sim:0", SplitMode::None, 1, 0),
+        &s,
+    )
+    .unwrap();
+    let rel = (gpu.ppl - cpu.ppl).abs() / cpu.ppl;
+    assert!(
+        rel < 1e-3,
+        "cuda-sim {} vs cpu {} ({rel:.2e})",
+        gpu.ppl,
+        cpu.ppl
+    );
+    assert_eq!(gpu.races, 0);
+}
+
+/// The sliding window is honoured: the same text with every layer global gives other
+/// logits once positions pass the window (and the same before).
+#[test]
+fn sliding_window_changes_results_only_beyond_the_window() {
+    use harness::synthetic::{synthetic_gguf, SyntheticSpec};
+    let dir = std::env::temp_dir().join(format!("ggml-rs-gemma3-swa-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |n_swa: usize| {
+        let spec = SyntheticSpec {
+            n_swa,
+            ..SyntheticSpec::tiny_gemma3(DType::F32)
+        };
+        let p = dir.join(format!("swa{n_swa}.gguf"));
+        std::fs::write(&p, synthetic_gguf(&spec)).unwrap();
+        p
+    };
+    let logits = |path: &std::path::Path, n: usize| {
+        let config = RunConfig::simple("cpu".parse().unwrap(), SplitMode::None, 1, 2);
+        let s = Session::open(path, config).unwrap();
+        let mut kv = s.kv_cache(64).unwrap();
+        let mut exec = s.executor().unwrap();
+        let mut b = harness::batch::Batch::default();
+        for i in 0..n {
+            b.push((i * 37 % 300) as u32, i as i32, 0, true);
+        }
+        exec.forward(&s.model, &mut kv, &b).unwrap()
+    };
+    // A window as long as the text is no window; 8 cuts positions 8 and later.
+    let (wide, narrow) = (write(64), write(8));
+    let (a, b) = (logits(&wide, 16), logits(&narrow, 16));
+    let n_vocab = a.len() / 16;
+    let row = |v: &[f32], i: usize| v[i * n_vocab..(i + 1) * n_vocab].to_vec();
+    for i in 0..8 {
+        assert_eq!(row(&a, i), row(&b, i), "position {i} is inside the window");
+    }
+    for i in 8..16 {
+        assert_ne!(row(&a, i), row(&b, i), "position {i} is beyond the window");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Greedy generation gives the same tokens in one pass per token whatever the split
+/// (the streamed bytes are the decoded tokens).
+#[test]
+fn synthetic_gemma3_generates_the_same_tokens_on_every_split() {
+    let run = |devices: &str, split: SplitMode| {
+        let config = RunConfig::simple(devices.parse().unwrap(), split, 2, 2);
+        let s = Session::open(&synthetic(), config).unwrap();
+        let mut kv = s.kv_cache(64).unwrap();
+        let mut exec = s.executor().unwrap();
+        let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
+        let mut streamed = Vec::new();
+        let g = generate(
+            &s,
+            exec.as_mut(),
+            &mut kv,
+            "the cat sat on",
+            24,
+            &mut sampler,
+            |_, bytes| {
+                streamed.extend_from_slice(bytes);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(streamed, s.tokenizer.decode_bytes(&g.tokens));
+        g.tokens
+    };
+    let one = run("cpu", SplitMode::None);
+    assert!(!one.is_empty());
+    assert_eq!(run("cpu:2", SplitMode::Layer), one);
+    assert_eq!(run("cpu:2", SplitMode::Tensor), one);
+}
+
+// --- The real models -----------------------------------------------------------------
+
+/// llama-perplexity on Gemma 3 270M Q4_K_M, GPL-3 corpus, `-c 512 -b 512 -t 2`, CPU
+/// (llama.cpp of llama-cpp-python 0.3.36), measured 2026-11-25: running PPL per chunk.
+const REFERENCE_CHUNKS: [f64; 14] = [
+    12.9953, 13.9358, 13.8492, 15.1904, 14.9197, 14.5455, 14.8115, 14.9498, 15.1861, 14.9820,
+    14.8794, 14.7634, 14.0483, 13.8844,
+];
+
+#[test]
+fn gemma3_whole_corpus_tracks_llama_cpp() {
+    let path = harness::gemma3_model_path().unwrap();
+    let config = RunConfig::simple("cpu".parse().unwrap(), SplitMode::None, 1, 2);
+    let s = Session::open(&path, config).unwrap();
+    let mut text = harness::default_corpus().to_string();
+    text.pop();
+    let tokens = s.tokenizer.encode(&text);
+    let mut kv = s.kv_cache(512).unwrap();
+    let mut exec = s.executor().unwrap();
+    let settings = PplSettings {
+        n_ctx: 512,
+        n_batch: 512,
+        max_chunks: None,
+    };
+    // As llama-perplexity: each chunk starts with BOS, which Gemma's vocabulary adds.
+    let bos = s.tokenizer.add_bos().then(|| s.tokenizer.bos()).flatten();
+    assert!(bos.is_some());
+    let r = perplexity(
+        &s.model,
+        exec.as_mut(),
+        &mut kv,
+        &tokens,
+        bos,
+        settings,
+        |_, _, _| {},
+    )
+    .unwrap();
+    assert_eq!(r.chunks.len(), REFERENCE_CHUNKS.len());
+    for (i, (ours, theirs)) in r.chunks.iter().zip(REFERENCE_CHUNKS).enumerate() {
+        let rel = (ours - theirs).abs() / theirs;
+        eprintln!(
+            "[{}] ours {ours:.4} llama.cpp {theirs:.4} (rel diff {rel:.2e})",
+            i + 1
+        );
+        assert!(rel < 1.5e-2, "chunk {}: {ours} vs {theirs}", i + 1);
+    }
+    let last = REFERENCE_CHUNKS[13];
+    let rel = (r.ppl - last).abs() / last;
+    assert!(rel < 2e-3, "final PPL {} vs {last} ({rel:.2e})", r.ppl);
+}
+
+/// The Gemma 3 CPU matrix: layer and tensor splits and micro-batches bit-identical to
+/// one device, race-checked, equal to the golden.
+#[test]
+fn gemma3_matrix_is_bit_identical_race_free_and_golden() {
+    let m = Matrix::builtin("gemma3").unwrap();
+    let opts = RunOptions {
+        check_races: true,
+        chaos_seeds: vec![None],
+        weaken: Vec::new(),
+        goldens: GoldenSet::parse(harness::golden::EMBEDDED).unwrap(),
+        bless: false,
+    };
+    let report = run(&m, &opts, |_| {}).unwrap();
+    assert!(report.passed(), "{:?}", report.violations);
+    for r in &report.rows {
+        assert_eq!(r.result.races, 0, "{}", r.name);
+        if !r.name.contains("reduce") {
+            assert_eq!(
+                r.golden,
+                harness::matrix::report::GoldenStatus::Equal,
+                "{}: no golden or a different one",
+                r.name
+            );
+        }
+    }
+}
+
+/// Greedy continuations of a few prompts, 64 tokens, as llama-simple printed them.
+#[derive(serde::Deserialize)]
+struct Reference {
+    cases: Vec<ReferenceCase>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReferenceCase {
+    model: String,
+    prompt: String,
+    n_predict: usize,
+    continuation: String,
+}
+
+/// Largest logit gap at which a different greedy choice from llama.cpp's counts as a
+/// near-tie (both runs rank the same two tokens, in the other order): 0.1 in logits
+/// about 20 is 0.5 %, the size of the per-chunk perplexity differences between
+/// llama.cpp's own CPU attention paths (see tests/real_model.rs).
+const NEAR_TIE: f32 = 0.1;
+
+/// Greedy decoding against llama-simple's 64 tokens: equal text, or equal up to a
+/// step where llama.cpp took our runner-up token of a near-tie (then the texts part).
+/// Every case is reported; at least two per model must match in full.
+#[rstest]
+#[case::gemma3("gemma3-270m")]
+#[case::smollm2("smollm2-135m")]
+fn greedy_generation_matches_llama_simple(#[case] model: &str) {
+    let r: Reference =
+        serde_json::from_str(include_str!("../data/greedy/llama-simple.json")).unwrap();
+    let path = harness::model_path(Some(std::path::Path::new(model))).unwrap();
+    let config = RunConfig::simple("cpu".parse().unwrap(), SplitMode::None, 1, 2);
+    let s = Session::open(&path, config).unwrap();
+    let mut full = 0;
+    for c in r.cases.iter().filter(|c| c.model == model) {
+        let mut kv = s.kv_cache(256).unwrap();
+        let mut exec = s.executor().unwrap();
+        let ids = s.tokenizer.encode(&c.prompt);
+        let mut b = harness::batch::Batch::default();
+        for (i, &t) in ids.iter().enumerate() {
+            b.push(t, i as i32, 0, i + 1 == ids.len());
+        }
+        let mut logits = exec.forward(&s.model, &mut kv, &b).unwrap();
+        let mut text = Vec::new();
+        let want = c.continuation.as_bytes();
+        let mut parted = None;
+        for step in 0..c.n_predict {
+            let best = harness::generate::argmax(&logits);
+            if harness::generate::is_end_of_generation(&s.tokenizer, best) {
+                break;
+            }
+            let piece = s.tokenizer.decode_bytes(&[best]);
+            let rest = &want[text.len().min(want.len())..];
+            if !rest.starts_with(&piece) {
+                let mut order: Vec<usize> = (0..logits.len()).collect();
+                order.sort_by(|&x, &y| logits[y].total_cmp(&logits[x]));
+                let second = order[1] as u32;
+                let gap = logits[best as usize] - logits[second as usize];
+                let theirs = s.tokenizer.decode_bytes(&[second]);
+                assert!(
+                    rest.starts_with(&theirs) && gap < NEAR_TIE,
+                    "{model} {:?}: step {step} we take {:?}, llama.cpp continues {:?}; our runner-up {:?} at a gap of {gap}",
+                    c.prompt,
+                    String::from_utf8_lossy(&piece),
+                    String::from_utf8_lossy(&rest[..rest.len().min(20)]),
+                    String::from_utf8_lossy(&theirs),
+                );
+                parted = Some((step, gap));
+                break;
+            }
+            text.extend_from_slice(&piece);
+            let mut b = harness::batch::Batch::default();
+            b.push(best, (ids.len() + step) as i32, 0, true);
+            logits = exec.forward(&s.model, &mut kv, &b).unwrap();
+        }
+        match parted {
+            None => {
+                assert_eq!(text, want, "{model}: {:?}", c.prompt);
+                full += 1;
+                eprintln!("{model} {:?}: the same {} tokens", c.prompt, c.n_predict);
+            }
+            Some((step, gap)) => eprintln!(
+                "{model} {:?}: equal for {step} tokens, then a near-tie (gap {gap:.3})",
+                c.prompt
+            ),
+        }
+    }
+    assert!(
+        full >= 2,
+        "{model}: only {full} prompts match llama-simple in full"
+    );
+}
