@@ -1,4 +1,5 @@
-//! Criterion benchmarks of the CPU backend at SmolLM2-135M shapes.
+//! Criterion benchmarks of the CPU backend at SmolLM2-135M shapes (K-quant mul_mat at
+//! Gemma 3 270M's).
 //!
 //! `cargo bench -p ggml-cpu -- --quick` runs them briefly. Throughput is reported in
 //! elements per second where one element is one floating-point operation (mul_mat:
@@ -33,7 +34,10 @@ fn fill(t: &Tensor, rng: &mut Rng) -> Vec<u8> {
             let ts = d.type_size();
             let mut v: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
             let scales: &[usize] = match d {
-                DType::Q4_1 => &[0, 2],
+                DType::Q4_1 | DType::Q4K | DType::Q5K => &[0, 2],
+                DType::Q2K => &[80, 82],
+                DType::Q3K => &[108],
+                DType::Q6K => &[208],
                 _ => &[0],
             };
             for b in v.chunks_exact_mut(ts) {
@@ -117,6 +121,24 @@ fn mul_mat(c: &mut Criterion) {
             (1, 14336, 4096),
             (512, 14336, 4096),
         ] {
+            let g = setup(&be, |ctx| {
+                let a = ctx.new_tensor(w, [k, m, 1, 1]).unwrap();
+                let b = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+                ctx.mul_mat(a, b).unwrap()
+            });
+            group.throughput(Throughput::Elements((2 * n * k * m) as u64));
+            group.bench_with_input(
+                BenchmarkId::new(w.name(), format!("{n}x{k}x{m}")),
+                &g,
+                |bch, g| bch.iter(|| run(&be, black_box(g))),
+            );
+        }
+    }
+    // K-quants at Gemma 3 270M's ffn_down shape (its Q4_K_M file has Q4_K and Q6_K
+    // there; 640-wide rows are not a multiple of 256, so only K = 1024 and 2048 are
+    // K-quants).
+    for w in [DType::Q4K, DType::Q6K, DType::Q5K, DType::Q3K, DType::Q2K] {
+        for (n, k, m) in [(1, 2048, 640), (512, 2048, 640)] {
             let g = setup(&be, |ctx| {
                 let a = ctx.new_tensor(w, [k, m, 1, 1]).unwrap();
                 let b = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();

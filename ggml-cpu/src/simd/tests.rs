@@ -241,9 +241,16 @@ const QUANT: [DType; 10] = [
 
 fn check_tile(k: &Kernels, w: DType, kk: usize, nr: usize, nc: usize, rng: &mut Rng) {
     let nb = kk / w.block_size();
-    let vdt = w.vec_dot_type();
     let a: Vec<Vec<u8>> = (0..nr).map(|_| random_blocks(w, nb, rng)).collect();
     let y: Vec<Vec<f32>> = (0..nc).map(|_| rng.vec(kk, 2.0)).collect();
+    check_tile_on(k, w, kk, &a, &y);
+}
+
+/// The tile of level `k` for weight rows `a` and activation rows `y` (`kk` values each)
+/// against the reference, bit for bit.
+fn check_tile_on(k: &Kernels, w: DType, kk: usize, a: &[Vec<u8>], y: &[Vec<f32>]) {
+    let (nr, nc) = (a.len(), y.len());
+    let vdt = w.vec_dot_type();
     let std: Vec<Vec<u8>> = y
         .iter()
         .map(|v| {
@@ -285,16 +292,74 @@ fn check_tile(k: &Kernels, w: DType, kk: usize, nr: usize, nc: usize, rng: &mut 
 fn quant_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize) {
     let w = QUANT[wi];
     let mut rng = Rng::new(wi as u64 + 7);
+    // K-quants: 1, 3, 8 + 1 and 2·8 + 3 super-blocks (the x86 tiles take 8 at a time).
     let sizes: &[usize] = if w.block_size() == 32 {
         &[32, 96, 256, 288, 576, 800]
     } else {
-        &[256, 768, 2304]
+        &[256, 768, 2304, 4864]
     };
     for k in all_tables() {
         for &kk in sizes {
-            for (nr, nc) in [(1, 1), (4, 1), (1, 4), (4, 4), (3, 2), (4, 2), (2, 4)] {
+            for (nr, nc) in [
+                (1, 1),
+                (4, 1),
+                (1, 4),
+                (4, 4),
+                (3, 2),
+                (4, 2),
+                (2, 4),
+                (3, 4),
+                (4, 3),
+            ] {
                 check_tile(k, w, kk, nr, nc, &mut rng);
             }
+        }
+    }
+}
+
+/// K-quant tiles at the integer extremes: every quant, scale and min byte at one
+/// pattern (all bits set: the largest quants and scales, Q6_K's and Q3_K's most negative
+/// scales), activations at ±127, so any saturating or overflowing integer step shows.
+#[rstest]
+fn kquant_tiles_match_reference_at_extremes(
+    #[values(DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K)] w: DType,
+) {
+    let mut rng = Rng::new(99);
+    let kk = 2304;
+    let ts = w.type_size();
+    for fill in [0x00u8, 0xFF, 0x80, 0x7F, 0xAA, 0x55] {
+        let mut a = Vec::new();
+        for _ in 0..4 {
+            // Random blocks give finite f16 scales at their offsets; every other byte
+            // takes the pattern.
+            let mut row = random_blocks(w, kk / 256, &mut rng);
+            let f16_bytes: &[usize] = match w {
+                DType::Q2K => &[80, 81, 82, 83],
+                DType::Q3K => &[108, 109],
+                DType::Q6K => &[208, 209],
+                _ => &[0, 1, 2, 3],
+            };
+            for b in row.chunks_exact_mut(ts) {
+                let keep: Vec<u8> = f16_bytes.iter().map(|&o| b[o]).collect();
+                b.fill(fill);
+                for (&o, &v) in f16_bytes.iter().zip(&keep) {
+                    b[o] = v;
+                }
+            }
+            a.push(row);
+        }
+        let y: Vec<Vec<f32>> = [1.0f32, -1.0]
+            .iter()
+            .flat_map(|&s| {
+                [
+                    vec![s; kk],
+                    (0..kk).map(|i| if i % 3 == 0 { -s } else { s }).collect(),
+                ]
+            })
+            .collect();
+        for k in all_tables() {
+            check_tile_on(k, w, kk, &a, &y);
+            check_tile_on(k, w, kk, &a[..1], &y[..1]);
         }
     }
 }

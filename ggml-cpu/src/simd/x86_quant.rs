@@ -6,7 +6,8 @@
 // pair the 8 exact integer block dots are reduced into one vector (block t in lane t),
 // converted to f32, and the format's float formula is applied lane-wise with the same
 // operations as `reference::block_value`; lane t accumulates blocks j ≡ t (mod 8), and
-// the 8 lanes are combined by `reference::tree8`.
+// the 8 lanes are combined by `reference::tree8`. The K-quant tiles are in
+// `x86_kquant.rs`.
 
 macro_rules! x86_quant {
     ($feat:literal, $dot_u:ident, $dot_s:ident) => {
@@ -158,18 +159,7 @@ macro_rules! x86_quant {
             false
         );
 
-        /// K-quants: the reference code compiled with this level's features (its
-        /// integer loops vectorise; its float operations are the reference's).
-        #[target_feature(enable = $feat)]
-        unsafe fn tile_kquant_imp(
-            w: DType,
-            k: usize,
-            a: &[&[u8]],
-            b: &[&[u8]],
-            out: &mut [f32; 16],
-        ) {
-            crate::simd::scalar::tile_quant(w, k, a, b, out)
-        }
+        x86_kquant!($feat);
 
         pub(crate) fn tile_quant(
             w: DType,
