@@ -1,8 +1,10 @@
-//! The `ggml-harness` library: SmolLM2 (and any llama GGUF) from file to perplexity.
+//! The `ggml-harness` library: SmolLM2, Gemma 3 (and any llama or gemma3 GGUF) from file
+//! to perplexity and generated text.
 //!
 //! - [`gguf_file`]: a memory-mapped, validated GGUF file;
-//! - [`model`]: hyperparameters, weights and the forward graph;
-//! - [`tokenizer`]: GPT-2 byte-level BPE with the smollm pre-tokenizer;
+//! - [`model`]: architectures, hyperparameters, weights and the forward graphs;
+//! - [`tokenizer`]: GPT-2 byte-level BPE with the smollm pre-tokenizer, and SentencePiece;
+//! - [`generate`]: greedy and sampled continuation of a prompt;
 //! - [`placement`], [`executor`]: weights and KV cache in backend memory, running passes;
 //! - [`perplexity`]: llama-perplexity's method, exactly;
 //! - [`regress`], [`matrix`], [`golden`]: regression matrices from TOML files, goldens;

@@ -1,4 +1,4 @@
-//! `ggml-harness`: perplexity and tokenization on GGUF llama models.
+//! `ggml-harness`: perplexity, generation and tokenization on GGUF models (llama, gemma3).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -15,7 +15,8 @@ use harness::matrix::{Matrix, Source};
 use harness::perplexity::{perplexity, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
 
-/// Perplexity and tokenization on GGUF llama models, on CPU and CUDA backends.
+/// Perplexity, generation and tokenization on GGUF models (llama, gemma3), on CPU and CUDA
+/// backends.
 #[derive(Parser, Debug)]
 #[command(name = "ggml-harness", version, about)]
 struct Cli {

@@ -332,6 +332,7 @@ fn bad_files_are_refused_with_their_line(
 #[case("cuda", 17)]
 #[case("cuda-2gpu", 23)]
 #[case("cuda-sim", 7)]
+#[case("gemma3", 6)]
 fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize) {
     let m = Matrix::builtin(name).unwrap();
     assert_eq!(m.cells.len(), n_cells);
@@ -339,6 +340,7 @@ fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize
         "cpu" => "cpu.toml",
         "cuda" => "cuda-1gpu.toml",
         "cuda-sim" => "cuda-sim.toml",
+        "gemma3" => "gemma3.toml",
         _ => "cuda-2gpu.toml",
     };
     assert_eq!(Matrix::load(&matrix_file(file)).unwrap().cells, m.cells);
