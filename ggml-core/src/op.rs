@@ -625,20 +625,12 @@ impl Context<'_> {
 
     /// `SILU`: `out = x / (1 + exp(−x))` elementwise, F32.
     pub fn silu(&mut self, a: TensorId) -> Result<TensorId> {
-        let ta = *self.get(a)?;
-        require("silu", &ta, DType::F32, "f32")?;
-        self.push_op(Op::Silu, DType::F32, ta.ne, &[a])
+        self.unary_f32(Op::Silu, "silu", a)
     }
 
     /// `SWIGLU` (ggml's `swiglu_split`): `out = silu(a) · b` elementwise, F32, equal shapes.
     pub fn swiglu(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        let (ta, tb) = (*self.get(a)?, *self.get(b)?);
-        require("swiglu", &ta, DType::F32, "f32")?;
-        require("swiglu", &tb, DType::F32, "f32")?;
-        if ta.ne != tb.ne {
-            return Err(shape_err("swiglu", "equal shapes", &ta, tb.ne));
-        }
-        self.push_op(Op::Swiglu, DType::F32, ta.ne, &[a, b])
+        self.gated_f32(Op::Swiglu, "swiglu", a, b)
     }
 
     /// `GELU`, tanh approximation, elementwise, F32, exactly as ggml's CPU backend
@@ -657,9 +649,7 @@ impl Context<'_> {
     /// Backends other than the CPU's may differ from this in the last f16 place of
     /// `g` for a few inputs (a `tanh` that is not the C library's).
     pub fn gelu(&mut self, a: TensorId) -> Result<TensorId> {
-        let ta = *self.get(a)?;
-        require("gelu", &ta, DType::F32, "f32")?;
-        self.push_op(Op::Gelu, DType::F32, ta.ne, &[a])
+        self.unary_f32(Op::Gelu, "gelu", a)
     }
 
     /// `GEGLU` (ggml's `geglu_split`): `out = gelu(gate) · up` elementwise, F32, equal
@@ -667,13 +657,31 @@ impl Context<'_> {
     /// `gate <= -10` gives exactly 0 (whatever `up` is), `gate >= 10` gives `gate · up`,
     /// otherwise `f32(f16(g(f32(f16(gate))))) · up`.
     pub fn geglu(&mut self, gate: TensorId, up: TensorId) -> Result<TensorId> {
+        self.gated_f32(Op::Geglu, "geglu", gate, up)
+    }
+
+    /// An elementwise F32 op of one operand.
+    fn unary_f32(&mut self, op: Op, name: &'static str, a: TensorId) -> Result<TensorId> {
+        let ta = *self.get(a)?;
+        require(name, &ta, DType::F32, "f32")?;
+        self.push_op(op, DType::F32, ta.ne, &[a])
+    }
+
+    /// A gated elementwise F32 op: `act(gate) · up`, operands of equal shapes.
+    fn gated_f32(
+        &mut self,
+        op: Op,
+        name: &'static str,
+        gate: TensorId,
+        up: TensorId,
+    ) -> Result<TensorId> {
         let (ta, tb) = (*self.get(gate)?, *self.get(up)?);
-        require("geglu", &ta, DType::F32, "f32")?;
-        require("geglu", &tb, DType::F32, "f32")?;
+        require(name, &ta, DType::F32, "f32")?;
+        require(name, &tb, DType::F32, "f32")?;
         if ta.ne != tb.ne {
-            return Err(shape_err("geglu", "equal shapes", &ta, tb.ne));
+            return Err(shape_err(name, "equal shapes", &ta, tb.ne));
         }
-        self.push_op(Op::Geglu, DType::F32, ta.ne, &[gate, up])
+        self.push_op(op, DType::F32, ta.ne, &[gate, up])
     }
 
     /// `CONCAT`: joins `a` and `b` along dimension `dim`; all other dimensions equal,

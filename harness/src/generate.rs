@@ -40,7 +40,7 @@ impl Default for SamplerConfig {
 #[derive(Clone, Debug)]
 pub struct Sampler {
     cfg: SamplerConfig,
-    state: u64,
+    rng: crate::synthetic::Rng,
 }
 
 impl Sampler {
@@ -61,18 +61,13 @@ impl Sampler {
         }
         Ok(Sampler {
             cfg,
-            state: cfg.seed,
+            rng: crate::synthetic::Rng(cfg.seed),
         })
     }
 
-    /// splitmix64, uniform in `[0, 1)`.
+    /// Uniform in `[0, 1)`.
     fn uniform(&mut self) -> f64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// The next token from one row of logits.

@@ -69,11 +69,6 @@ pub fn gemma3_model_path() -> error::Result<std::path::PathBuf> {
         .map_err(|e| error::HarnessError::Model(format!("gemma3-270m: {e}")))
 }
 
-/// The names of the models that [`model_path`] downloads by name.
-pub fn known_model_names() -> String {
-    fetch::known_model_names()
-}
-
 /// `path`, or the cached default model when it is `None`. A `path` that is not an
 /// existing file but the name of a known model (`smollm2-135m`, `gemma3-270m`) is that
 /// model, downloaded and verified into the cache if missing.

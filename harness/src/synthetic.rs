@@ -129,11 +129,12 @@ pub fn cached_model_of(arch: Arch, dtype: DType) -> crate::error::Result<std::pa
     Ok(path)
 }
 
-/// splitmix64: a tiny, well-distributed seeded generator.
-struct Rng(u64);
+/// splitmix64: a tiny, well-distributed seeded generator (also the sampler's).
+#[derive(Clone, Debug)]
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use ggml_core::gguf::Gguf;
+use harness::gguf_writer::{GgufWriter, MetaValue};
 use harness::tokenizer::{
     SpmOptions, Tokenizer, TokenizerError, TokenizerKind, SPACE_MARK, TOKEN_TYPE_BYTE,
     TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_UNUSED,
@@ -473,74 +474,8 @@ fn eos_and_bad_vocabularies() {
 // ---------------------------------------------------------------------------------------
 // GGUF metadata
 
-/// A minimal GGUF v3 file with the given metadata and no tensors.
-fn gguf_file(kvs: &[(&str, Meta)]) -> Vec<u8> {
-    fn string(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-    fn array_header(out: &mut Vec<u8>, elem: u32, len: usize) {
-        out.extend_from_slice(&9u32.to_le_bytes());
-        out.extend_from_slice(&elem.to_le_bytes());
-        out.extend_from_slice(&(len as u64).to_le_bytes());
-    }
-    let mut out = b"GGUF".to_vec();
-    out.extend_from_slice(&3u32.to_le_bytes());
-    out.extend_from_slice(&0u64.to_le_bytes());
-    out.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
-    for (key, value) in kvs {
-        string(&mut out, key);
-        match value {
-            Meta::U32(v) => {
-                out.extend_from_slice(&4u32.to_le_bytes());
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            Meta::Bool(v) => {
-                out.extend_from_slice(&7u32.to_le_bytes());
-                out.push(*v as u8);
-            }
-            Meta::Str(s) => {
-                out.extend_from_slice(&8u32.to_le_bytes());
-                string(&mut out, s);
-            }
-            Meta::Strs(v) => {
-                array_header(&mut out, 8, v.len());
-                for s in v {
-                    string(&mut out, s);
-                }
-            }
-            Meta::I32s(v) => {
-                array_header(&mut out, 5, v.len());
-                for x in v {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-            Meta::F32s(v) => {
-                array_header(&mut out, 6, v.len());
-                for x in v {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-        }
-    }
-    while out.len() % 32 != 0 {
-        out.push(0);
-    }
-    out
-}
-
-#[derive(Clone)]
-enum Meta {
-    U32(u32),
-    Bool(bool),
-    Str(String),
-    Strs(Vec<String>),
-    I32s(Vec<i32>),
-    F32s(Vec<f32>),
-}
-
 /// An SPM vocabulary: `<unk>`, `<s>`, `</s>`, the byte tokens, then normal tokens.
-fn spm_metadata() -> Vec<(&'static str, Meta)> {
+fn spm_metadata() -> Vec<(&'static str, MetaValue)> {
     let mut entries = vec![
         ("<unk>", 0.0, TOKEN_TYPE_UNKNOWN),
         ("<s>", 0.0, TOKEN_TYPE_CONTROL),
@@ -557,20 +492,24 @@ fn spm_metadata() -> Vec<(&'static str, Meta)> {
     ]));
     let (tokens, types, scores) = vocab(false, &entries);
     vec![
-        ("tokenizer.ggml.model", Meta::Str("llama".into())),
-        ("tokenizer.ggml.tokens", Meta::Strs(tokens)),
-        ("tokenizer.ggml.token_type", Meta::I32s(types)),
-        ("tokenizer.ggml.scores", Meta::F32s(scores)),
+        ("tokenizer.ggml.model", MetaValue::Str("llama".into())),
+        ("tokenizer.ggml.tokens", MetaValue::StrArray(tokens)),
+        ("tokenizer.ggml.token_type", MetaValue::I32Array(types)),
+        ("tokenizer.ggml.scores", MetaValue::F32Array(scores)),
     ]
 }
 
-fn from_metadata(kvs: &[(&str, Meta)]) -> Result<Tokenizer, TokenizerError> {
-    let bytes = gguf_file(kvs);
+fn from_metadata(kvs: &[(&str, MetaValue)]) -> Result<Tokenizer, TokenizerError> {
+    let mut w = GgufWriter::new();
+    for (k, v) in kvs {
+        w.meta(k, v.clone());
+    }
+    let bytes = w.to_bytes().expect("valid metadata");
     let gguf = Gguf::parse(&bytes).expect("valid GGUF");
     Tokenizer::from_gguf(&gguf)
 }
 
-fn without(kvs: Vec<(&'static str, Meta)>, key: &str) -> Vec<(&'static str, Meta)> {
+fn without(kvs: Vec<(&'static str, MetaValue)>, key: &str) -> Vec<(&'static str, MetaValue)> {
     kvs.into_iter().filter(|(k, _)| *k != key).collect()
 }
 
@@ -590,13 +529,13 @@ fn from_gguf_reads_spm_vocabularies_with_llama_cpp_defaults() {
 
     let mut kvs = spm_metadata();
     kvs.extend([
-        ("tokenizer.ggml.pre", Meta::Str("whatever".into())),
-        ("tokenizer.ggml.bos_token_id", Meta::U32(2)),
-        ("tokenizer.ggml.eos_token_id", Meta::U32(1)),
-        ("tokenizer.ggml.unknown_token_id", Meta::U32(3)),
-        ("tokenizer.ggml.add_bos_token", Meta::Bool(false)),
-        ("tokenizer.ggml.add_eos_token", Meta::Bool(true)),
-        ("tokenizer.ggml.add_space_prefix", Meta::Bool(false)),
+        ("tokenizer.ggml.pre", MetaValue::Str("whatever".into())),
+        ("tokenizer.ggml.bos_token_id", MetaValue::U32(2)),
+        ("tokenizer.ggml.eos_token_id", MetaValue::U32(1)),
+        ("tokenizer.ggml.unknown_token_id", MetaValue::U32(3)),
+        ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
+        ("tokenizer.ggml.add_eos_token", MetaValue::Bool(true)),
+        ("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false)),
     ]);
     let tok = from_metadata(&kvs).unwrap();
     assert_eq!(
@@ -608,7 +547,7 @@ fn from_gguf_reads_spm_vocabularies_with_llama_cpp_defaults() {
 
     // integer scores are taken too; no scores at all are all 0: ties, leftmost first
     let mut kvs = spm_metadata();
-    kvs[3].1 = Meta::I32s(vec![0; 3 + 256 + 5]);
+    kvs[3].1 = MetaValue::I32Array(vec![0; 3 + 256 + 5]);
     let tok = from_metadata(&kvs).unwrap();
     assert_eq!(texts(&tok, "ab a"), ["<s>", "▁a", "b", "▁a"]);
     let tok = from_metadata(&without(spm_metadata(), "tokenizer.ggml.scores")).unwrap();
@@ -619,9 +558,12 @@ fn from_gguf_reads_spm_vocabularies_with_llama_cpp_defaults() {
 
     // default ids beyond a tiny vocabulary are none
     let tiny = vec![
-        ("tokenizer.ggml.model", Meta::Str("llama".into())),
-        ("tokenizer.ggml.tokens", Meta::Strs(vec!["a".into()])),
-        ("tokenizer.ggml.add_bos_token", Meta::Bool(false)),
+        ("tokenizer.ggml.model", MetaValue::Str("llama".into())),
+        (
+            "tokenizer.ggml.tokens",
+            MetaValue::StrArray(vec!["a".into()]),
+        ),
+        ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
     ];
     let tok = from_metadata(&tiny).unwrap();
     assert_eq!((tok.bos(), tok.eos(), tok.unk()), (None, None, Some(0)));
@@ -630,7 +572,7 @@ fn from_gguf_reads_spm_vocabularies_with_llama_cpp_defaults() {
 #[test]
 fn from_gguf_spm_errors() {
     let mut kvs = spm_metadata();
-    kvs[3].1 = Meta::Strs(vec!["1".into()]);
+    kvs[3].1 = MetaValue::StrArray(vec!["1".into()]);
     assert!(matches!(
         from_metadata(&kvs).unwrap_err(),
         TokenizerError::WrongType {
@@ -639,19 +581,19 @@ fn from_gguf_spm_errors() {
         }
     ));
     let mut kvs = spm_metadata();
-    kvs[3].1 = Meta::F32s(vec![0.0; 3]);
+    kvs[3].1 = MetaValue::F32Array(vec![0.0; 3]);
     assert!(matches!(
         from_metadata(&kvs).unwrap_err(),
         TokenizerError::ScoreCount { scores: 3, .. }
     ));
     let mut kvs = spm_metadata();
-    kvs.push(("tokenizer.ggml.unknown_token_id", Meta::U32(100_000)));
+    kvs.push(("tokenizer.ggml.unknown_token_id", MetaValue::U32(100_000)));
     assert!(matches!(
         from_metadata(&kvs).unwrap_err(),
         TokenizerError::SpecialIdOutOfRange { which: "UNK", .. }
     ));
     let mut kvs = spm_metadata();
-    kvs.push(("tokenizer.ggml.add_space_prefix", Meta::U32(1)));
+    kvs.push(("tokenizer.ggml.add_space_prefix", MetaValue::U32(1)));
     assert!(matches!(
         from_metadata(&kvs).unwrap_err(),
         TokenizerError::WrongType {
@@ -660,7 +602,7 @@ fn from_gguf_spm_errors() {
         }
     ));
     let mut kvs = spm_metadata();
-    kvs[0].1 = Meta::Str("bert".into());
+    kvs[0].1 = MetaValue::Str("bert".into());
     let err = from_metadata(&kvs).unwrap_err();
     assert_eq!(err, TokenizerError::UnsupportedModel("bert".into()));
     assert_eq!(

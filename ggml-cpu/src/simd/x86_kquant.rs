@@ -465,14 +465,8 @@ macro_rules! x86_kquant {
                     }
                 }
             }
-            for r in 0..NR {
-                for c in 0..NC {
-                    let mut l = [0f32; 8];
-                    // SAFETY: 8 floats of room.
-                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
-                    out[(r0 + r) * 4 + c0 + c] = crate::reference::tree8(l);
-                }
-            }
+            // SAFETY: same features.
+            unsafe { store_tile(&acc, out, r0, c0) };
         }
 
         /// The K-quant tile of format `F`: dispatches to a tile of fixed shape (as the

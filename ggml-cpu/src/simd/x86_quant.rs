@@ -181,6 +181,26 @@ macro_rules! x86_quant {
             }
         }
 
+        /// Each accumulator's 8 lanes summed as the reference sums them (`tree8`) into the
+        /// tile's outputs at row `r0 + r`, column `c0 + c`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn store_tile<const NR: usize, const NC: usize>(
+            acc: &[[__m256; NC]; NR],
+            out: &mut [f32; 16],
+            r0: usize,
+            c0: usize,
+        ) {
+            for r in 0..NR {
+                for c in 0..NC {
+                    let mut l = [0f32; 8];
+                    // SAFETY: 8 floats of room.
+                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
+                    out[(r0 + r) * 4 + c0 + c] = crate::reference::tree8(l);
+                }
+            }
+        }
+
         /// Horizontal max of 8 lanes (order-free for non-NaN values).
         #[inline]
         #[target_feature(enable = $feat)]
@@ -514,14 +534,8 @@ macro_rules! quant_tile_body {
                     }
                 }
             }
-            for r in 0..NR {
-                for c in 0..NC {
-                    let mut l = [0f32; 8];
-                    // SAFETY: 8 floats of room.
-                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
-                    out[(r0 + r) * 4 + c0 + c] = crate::reference::tree8(l);
-                }
-            }
+            // SAFETY: same features.
+            unsafe { store_tile(&acc, out, r0, c0) };
         }
     };
 }
