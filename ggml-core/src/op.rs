@@ -92,6 +92,8 @@ pub enum Op {
     Add,
     /// See [`Context::mul`].
     Mul,
+    /// See [`Context::div`].
+    Div,
     /// See [`Context::scale`].
     Scale {
         /// Factor.
@@ -104,6 +106,22 @@ pub enum Op {
     },
     /// See [`Context::mul_mat`].
     MulMat,
+    /// See [`Context::mul_mat_id`].
+    MulMatId,
+    /// See [`Context::argsort_top_k`].
+    ArgsortTopK {
+        /// How many indices each row keeps.
+        k: u32,
+    },
+    /// See [`Context::sum_rows`].
+    SumRows,
+    /// See [`Context::clamp`].
+    Clamp {
+        /// Lower bound.
+        min: f32,
+        /// Upper bound.
+        max: f32,
+    },
     /// See [`Context::rope`].
     Rope(RopeParams),
     /// See [`Context::soft_max`].
@@ -162,9 +180,14 @@ impl Op {
             Op::GetRows => "GET_ROWS",
             Op::Add => "ADD",
             Op::Mul => "MUL",
+            Op::Div => "DIV",
             Op::Scale { .. } => "SCALE",
             Op::RmsNorm { .. } => "RMS_NORM",
             Op::MulMat => "MUL_MAT",
+            Op::MulMatId => "MUL_MAT_ID",
+            Op::ArgsortTopK { .. } => "ARGSORT_TOP_K",
+            Op::SumRows => "SUM_ROWS",
+            Op::Clamp { .. } => "CLAMP",
             Op::Rope(_) => "ROPE",
             Op::SoftMax { .. } => "SOFT_MAX",
             Op::Cpy => "CPY",
@@ -277,6 +300,12 @@ impl Context<'_> {
         self.binary(Op::Mul, "mul", a, b)
     }
 
+    /// `DIV`: `out[i] = a[i] / b[i mod b.ne]` (one f32 division), broadcasting as
+    /// [`Context::add`].
+    pub fn div(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Div, "div", a, b)
+    }
+
     /// `SCALE`: `out[i] = a[i] * scale` (f32 multiply), same shape and dtype as `a`.
     pub fn scale(&mut self, a: TensorId, scale: f32) -> Result<TensorId> {
         let ta = *self.get(a)?;
@@ -337,6 +366,117 @@ impl Context<'_> {
             [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]],
             &[a, b],
         )
+    }
+
+    /// `MUL_MAT_ID`: a matrix product whose weight matrix is chosen per row by an index,
+    /// as a mixture-of-experts FFN needs.
+    ///
+    /// `as_`: the stacked expert matrices, any dtype [`mul_mat`](Context::mul_mat) takes,
+    /// `[K, M, n_as, 1]`, not transposed; `b`: F32 `[K, B1, T, 1]`; `ids`: I32
+    /// `[n_used, T, 1, 1]` with contiguous rows and `n_used % B1 == 0`. Result: F32
+    /// `[M, n_used, T, 1]` with
+    /// `out[m, e, t] = Σ_k as_[k, m, ids[e, t]] · b[k, e mod B1, t]`, each dot product
+    /// computed exactly as [`mul_mat`](Context::mul_mat) computes it for that weight
+    /// dtype (`b`'s row quantised to the weight's `vec_dot_type` first). So a token's
+    /// result never depends on which other tokens chose the same expert. An id outside
+    /// `0..n_as` is an error of the backend at run time.
+    pub fn mul_mat_id(&mut self, as_: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
+        let (ta, tb, ti) = (*self.get(as_)?, *self.get(b)?, *self.get(ids)?);
+        if ta.dtype == DType::I32 || ta.dtype == DType::Q8K {
+            return Err(dtype_err(
+                "mul_mat_id",
+                &ta,
+                "a float or weight-quantised dtype",
+            ));
+        }
+        require("mul_mat_id", &tb, DType::F32, "f32")?;
+        require("mul_mat_id", &ti, DType::I32, "i32")?;
+        if ta.ne[0] != tb.ne[0] || ta.ne[3] != 1 || ta.ne[2] == 0 {
+            return Err(shape_err(
+                "mul_mat_id",
+                "as [K, M, n_as, 1], b [K, B1, T, 1]",
+                &ta,
+                tb.ne,
+            ));
+        }
+        if ta.is_transposed() {
+            return Err(shape_err(
+                "mul_mat_id",
+                "as must not be transposed",
+                &ta,
+                tb.ne,
+            ));
+        }
+        if ti.ne[2] != 1 || ti.ne[3] != 1 || ti.ne[0] == 0 || !ti.rows_contiguous() {
+            return Err(shape_err(
+                "mul_mat_id",
+                "ids [n_used, T, 1, 1] with contiguous rows",
+                &ti,
+                tb.ne,
+            ));
+        }
+        if tb.ne[3] != 1 || tb.ne[2] != ti.ne[1] || tb.ne[1] == 0 || ti.ne[0] % tb.ne[1] != 0 {
+            return Err(shape_err(
+                "mul_mat_id",
+                "b [K, B1, T, 1] with T == ids.ne[1] and n_used % B1 == 0",
+                &ta,
+                tb.ne,
+            ));
+        }
+        self.push_op(
+            Op::MulMatId,
+            DType::F32,
+            [ta.ne[1], ti.ne[0], ti.ne[1], 1],
+            &[as_, b, ids],
+        )
+    }
+
+    /// `ARGSORT_TOP_K`: for each row of `a` (F32 `[n, rows, ne2, ne3]`), the indices of
+    /// its `k` largest entries in descending order of value: I32 `[k, rows, ne2, ne3]`.
+    ///
+    /// This is ggml's `ggml_argsort_top_k` (a descending argsort, then a view of its
+    /// first `k` columns) as one op with a contiguous result. Equal values keep index
+    /// order (the lowest index first), so the result is deterministic where ggml's
+    /// unstable sort leaves ties open; NaN sorts after every number. `1 <= k <= n`.
+    pub fn argsort_top_k(&mut self, a: TensorId, k: usize) -> Result<TensorId> {
+        let ta = *self.get(a)?;
+        require("argsort_top_k", &ta, DType::F32, "f32")?;
+        if k == 0 || k > ta.ne[0] || k > u32::MAX as usize {
+            return Err(Error::Param {
+                op: "argsort_top_k",
+                what: "k must be in 1..=a.ne[0]",
+            });
+        }
+        let ne = [k, ta.ne[1], ta.ne[2], ta.ne[3]];
+        self.push_op(Op::ArgsortTopK { k: k as u32 }, DType::I32, ne, &[a])
+    }
+
+    /// `SUM_ROWS`: the sum of each row of `a` (F32 `[n, rows, ne2, ne3]`), F32
+    /// `[1, rows, ne2, ne3]`. As ggml's CPU backend: accumulated in f64 from the first
+    /// element to the last, rounded to f32 once.
+    pub fn sum_rows(&mut self, a: TensorId) -> Result<TensorId> {
+        let ta = *self.get(a)?;
+        require("sum_rows", &ta, DType::F32, "f32")?;
+        self.push_op(
+            Op::SumRows,
+            DType::F32,
+            [1, ta.ne[1], ta.ne[2], ta.ne[3]],
+            &[a],
+        )
+    }
+
+    /// `CLAMP`: `out[i] = max(min(a[i], max), min)` (F32; NaN stays NaN). `min <= max`,
+    /// either may be infinite.
+    pub fn clamp(&mut self, a: TensorId, min: f32, max: f32) -> Result<TensorId> {
+        let ta = *self.get(a)?;
+        require("clamp", &ta, DType::F32, "f32")?;
+        if min.is_nan() || max.is_nan() || min > max {
+            return Err(Error::Param {
+                op: "clamp",
+                what: "min and max must be numbers with min <= max",
+            });
+        }
+        self.push_op(Op::Clamp { min, max }, DType::F32, ta.ne, &[a])
     }
 
     /// `ROPE`: rotary position embedding of `a` (F32 or F16 `[head_dim, n_head, n_tokens, 1]`)
@@ -934,6 +1074,65 @@ mod tests {
             ctx.geglu(g, h),
             Err(Error::DType { op: "geglu", .. })
         ));
+    }
+
+    #[test]
+    fn moe_ops_shapes_and_errors() {
+        let mut s = storage::<16>();
+        let mut ctx = Context::new(&mut s);
+        let w = ctx.new_tensor(DType::Q4_0, [64, 96, 4, 1]).unwrap();
+        let x = ctx.new_tensor(DType::F32, [64, 1, 5, 1]).unwrap();
+        let logits = ctx.new_tensor(DType::F32, [4, 5, 1, 1]).unwrap();
+        let ids = ctx.argsort_top_k(logits, 2).unwrap();
+        let t = *ctx.get(ids).unwrap();
+        assert_eq!(
+            (t.op, t.dtype, t.ne),
+            (Op::ArgsortTopK { k: 2 }, DType::I32, [2, 5, 1, 1])
+        );
+        assert!(ctx.argsort_top_k(logits, 5).is_err());
+        assert!(ctx.argsort_top_k(logits, 0).is_err());
+        let y = ctx.mul_mat_id(w, x, ids).unwrap();
+        let t = *ctx.get(y).unwrap();
+        assert_eq!(
+            (t.op.name(), t.dtype, t.ne),
+            ("MUL_MAT_ID", DType::F32, [96, 2, 5, 1])
+        );
+        assert_eq!(&t.src[..3], &[Some(w), Some(x), Some(ids)][..]);
+        // b with one row per selected expert is allowed; a K mismatch, a token-count
+        // mismatch or float ids are not.
+        let x2 = ctx.new_tensor(DType::F32, [64, 2, 5, 1]).unwrap();
+        assert!(ctx.mul_mat_id(w, x2, ids).is_ok());
+        let bad_k = ctx.new_tensor(DType::F32, [32, 1, 5, 1]).unwrap();
+        assert!(matches!(
+            ctx.mul_mat_id(w, bad_k, ids),
+            Err(Error::Shape {
+                op: "mul_mat_id",
+                ..
+            })
+        ));
+        let bad_t = ctx.new_tensor(DType::F32, [64, 1, 4, 1]).unwrap();
+        assert!(ctx.mul_mat_id(w, bad_t, ids).is_err());
+        assert!(matches!(
+            ctx.mul_mat_id(w, x, logits),
+            Err(Error::DType {
+                op: "mul_mat_id",
+                ..
+            })
+        ));
+        let sums = ctx.sum_rows(logits).unwrap();
+        assert_eq!(ctx.get(sums).unwrap().ne, [1, 5, 1, 1]);
+        let c = ctx.clamp(sums, 6.103515625e-5, f32::INFINITY).unwrap();
+        assert_eq!(
+            ctx.get(c).unwrap().op,
+            Op::Clamp {
+                min: 6.103515625e-5,
+                max: f32::INFINITY
+            }
+        );
+        assert!(ctx.clamp(sums, 1.0, 0.0).is_err());
+        assert!(ctx.clamp(sums, f32::NAN, 0.0).is_err());
+        let d = ctx.div(logits, c).unwrap();
+        assert_eq!(ctx.get(d).unwrap().op.name(), "DIV");
     }
 
     #[test]

@@ -58,5 +58,9 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             softcap,
         } => attn::run(c, th, scale, max_bias, softcap),
         Op::None | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose => Ok(()),
+        Op::Div | Op::MulMatId | Op::ArgsortTopK { .. } | Op::SumRows | Op::Clamp { .. } => Err((
+            ggml_core::BackendErrorKind::UnsupportedOp,
+            "mixture-of-experts ops: in progress",
+        )),
     }
 }
