@@ -11,33 +11,56 @@
 //! sit between it and its consumer (a graph interleaves independent work), and chains of
 //! several MULs are followed to their end. llama.cpp's pass once stopped at the first
 //! node that was not the consumer and handled one MUL only (PR 22129); the tests below
-//! build both cases.
+//! build both cases. A value cut into views that are added back together (the selected
+//! experts of a mixture, each weighted, then summed) is followed too, so a mixture's FFN
+//! is reduced once, after the sum, not once per expert.
 
 use ggml_core::{Op, Tensor, TensorFlags, TensorId};
 
-/// How an op reads operand `j`, for the walk.
-fn linear_in(t: &Tensor, j: usize, partial_like: &dyn Fn(TensorId) -> bool) -> bool {
+/// Whether `t` is linear in the partial value, given which of its operands carry it
+/// (`in_walk`) and which carry some partial value at all (`partial_like`).
+fn linear(
+    t: &Tensor,
+    in_walk: &dyn Fn(TensorId) -> bool,
+    partial_like: &dyn Fn(TensorId) -> bool,
+) -> bool {
+    let carried = |j: usize| t.src[j].is_some_and(in_walk);
+    let others_clean = |j: usize| {
+        t.src
+            .iter()
+            .enumerate()
+            .all(|(i, s)| i == j || s.is_none_or(|s| !in_walk(s) && !partial_like(s)))
+    };
     match t.op {
         // Reinterpretations and copies of the value.
-        Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose | Op::Cont => j == 0,
+        Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose | Op::Cont => carried(0),
         // A copy that rounds (to F16, a quant type) is not linear.
-        Op::Cpy => j == 0 && t.dtype == ggml_core::DType::F32,
-        Op::Scale { .. } => j == 0,
-        // Row selection.
-        Op::GetRows => j == 0,
+        Op::Cpy => carried(0) && t.dtype == ggml_core::DType::F32,
+        Op::Scale { .. } => carried(0),
+        // Row selection (the indices are the same on every device).
+        Op::GetRows => carried(0) && others_clean(0),
         // Scaling by a factor that is the same on every device.
-        Op::Mul => {
-            let other = t.src[1 - j];
-            other.is_some_and(|o| !partial_like(o))
-        }
+        Op::Mul => (0..2).any(|j| carried(j) && others_clean(j)),
+        // The sum of two parts of the same partial value (the experts of a mixture, say)
+        // is a partial of their sum; adding anything else (a residual) is not linear.
+        Op::Add => carried(0) && carried(1),
         _ => false,
     }
 }
 
-/// The tensor at which to all-reduce the partial sum `partial`: the end of the chain of
-/// consumers that are linear in it, each the only reader of the one before. `nodes` is the
-/// graph in execution order; tensors flagged OUTPUT end the walk (the caller reads them
-/// whole). `depends_on_partial(x)` says whether `x` carries a partial value (so that
+/// The tensor at which to all-reduce the partial sum `partial`.
+///
+/// Walks the nodes after `partial` in execution order, collecting those that are linear
+/// in values already collected (the partial itself first), and stops at the first node
+/// that reads a collected value non-linearly, or at a collected tensor flagged OUTPUT
+/// (the caller reads it whole). The answer is the latest point of the walk at which the
+/// value lives in one tensor: one collected tensor that is still needed (read by a node
+/// not yet collected, or an output, or read by nothing) while every other collected
+/// tensor has been fully consumed by collected nodes. So a chain of views, row scalings
+/// and gathers is followed to its end, and so is a value split into views that are
+/// added back together (the weighted experts of a mixture-of-experts FFN summed into
+/// one output), while a value two different non-linear ops read stays where it is.
+/// `depends_on_partial(x)` says whether `x` carries some other partial value (so that
 /// `MUL(partial, partial)`, which is not linear, stops the walk).
 pub fn reduce_point(
     tensors: &[Tensor],
@@ -45,35 +68,36 @@ pub fn reduce_point(
     partial: TensorId,
     depends_on_partial: &dyn Fn(TensorId) -> bool,
 ) -> TensorId {
-    let mut cur = partial;
-    let mut from = nodes.iter().position(|&n| n == partial).unwrap_or(0);
-    loop {
-        if tensors[cur.index()].flags.contains(TensorFlags::OUTPUT) {
-            return cur;
-        }
-        // Every later node that reads `cur`, whatever sits in between.
-        let readers: Vec<(usize, TensorId)> = nodes
-            .iter()
-            .enumerate()
-            .skip(from + 1)
-            .filter(|(_, &n)| {
-                let t = &tensors[n.index()];
-                t.src.iter().flatten().any(|&s| s == cur)
-            })
-            .map(|(i, &n)| (i, n))
-            .collect();
-        let [(at, next)] = readers[..] else {
-            return cur;
-        };
-        let t = &tensors[next.index()];
-        let j = t.src.iter().position(|s| *s == Some(cur)).unwrap_or(0);
-        let is_partial = |x: TensorId| x == cur || depends_on_partial(x);
-        if !linear_in(t, j, &is_partial) {
-            return cur;
-        }
-        cur = next;
-        from = at;
+    let start = nodes.iter().position(|&n| n == partial).unwrap_or(0);
+    let reads = |n: TensorId, x: TensorId| tensors[n.index()].src.iter().flatten().any(|&s| s == x);
+    let is_output = |x: TensorId| tensors[x.index()].flags.contains(TensorFlags::OUTPUT);
+    let mut walk = vec![partial];
+    let mut best = partial;
+    if is_output(partial) {
+        return partial;
     }
+    for &n in &nodes[start + 1..] {
+        if !walk.iter().any(|&w| reads(n, w)) {
+            continue;
+        }
+        let in_walk = |x: TensorId| walk.contains(&x);
+        if !linear(&tensors[n.index()], &in_walk, depends_on_partial) {
+            break;
+        }
+        walk.push(n);
+        // The collected tensors still needed once the walk has taken `n`.
+        let mut live = walk.iter().copied().filter(|&w| {
+            let readers: Vec<TensorId> = nodes.iter().copied().filter(|&r| reads(r, w)).collect();
+            is_output(w) || readers.is_empty() || readers.iter().any(|r| !walk.contains(r))
+        });
+        if let (Some(one), None) = (live.next(), live.next()) {
+            best = one;
+        }
+        if is_output(n) {
+            break;
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -210,5 +234,67 @@ mod tests {
             vec![ctx.silu(rows).unwrap()]
         });
         assert_eq!(point(&g, p), "rows");
+    }
+
+    /// The expert sum of a mixture-of-experts FFN: the partial `[16, 2 experts, 4
+    /// tokens]` weighted per (expert, token), cut into one view per expert and added up.
+    fn experts(ctx: &mut Context<'_>, n_used: usize) -> (TensorId, Vec<TensorId>) {
+        let w = ctx.new_tensor_2d(DType::F32, 8, 16).unwrap();
+        let x = ctx.new_tensor(DType::F32, [8, n_used * 4, 1, 1]).unwrap();
+        let p = ctx.mul_mat(w, x).unwrap();
+        ctx.set_name(p, "partial").unwrap();
+        let p3 = ctx.reshape(p, [16, n_used, 4, 1]).unwrap();
+        let weights = ctx.new_tensor(DType::F32, [1, n_used, 4, 1]).unwrap();
+        let weighted = ctx.mul(p3, weights).unwrap();
+        let t = *ctx.get(weighted).unwrap();
+        let views = (0..n_used)
+            .map(|i| ctx.view_2d(weighted, 16, 4, t.nb[2], i * t.nb[1]).unwrap())
+            .collect();
+        (p, views)
+    }
+
+    #[test]
+    fn the_sum_over_experts_is_linear() {
+        for n_used in [2, 3] {
+            let mut p = TensorId(0);
+            let g = graph(|ctx| {
+                let (pp, views) = experts(ctx, n_used);
+                p = pp;
+                let mut acc = views[0];
+                for &v in &views[1..] {
+                    acc = ctx.add(acc, v).unwrap();
+                }
+                ctx.set_name(acc, "moe_out").unwrap();
+                let res = ctx.new_tensor_2d(DType::F32, 16, 4).unwrap();
+                vec![ctx.add(acc, res).unwrap()]
+            });
+            assert_eq!(point(&g, p), "moe_out", "{n_used} experts");
+        }
+    }
+
+    #[test]
+    fn experts_not_summed_back_stay_partial() {
+        // One expert's view also feeds a non-linear op: the value never lives in one
+        // tensor after the weighting, so the partial is reduced at the weighting.
+        let mut p = TensorId(0);
+        let g = graph(|ctx| {
+            let (pp, views) = experts(ctx, 2);
+            p = pp;
+            let sum = ctx.add(views[0], views[1]).unwrap();
+            let side = ctx.silu(views[1]).unwrap();
+            vec![sum, side]
+        });
+        let at = reduce_point(&g.tensors, &g.nodes, p, &|_| false);
+        assert_eq!(g.tensors[at.index()].op, Op::Mul);
+        // Adding a residual to one expert before the sum is not linear either.
+        let g = graph(|ctx| {
+            let (pp, views) = experts(ctx, 2);
+            p = pp;
+            let res = ctx.new_tensor_2d(DType::F32, 16, 4).unwrap();
+            let r = ctx.add(views[0], res).unwrap();
+            vec![ctx.add(r, views[1]).unwrap()]
+        });
+        let at = reduce_point(&g.tensors, &g.nodes, p, &|_| false);
+        assert_eq!(g.tensors[at.index()].op, Op::Mul);
     }
 }

@@ -34,6 +34,10 @@ pub struct SyntheticSpec {
     pub embd_dtype: DType,
     /// Seed of the weights.
     pub seed: u64,
+    /// Experts of each feed-forward block (0: dense); llama only, Mixtral's layout.
+    pub n_expert: usize,
+    /// Experts each token uses.
+    pub n_expert_used: usize,
 }
 
 impl SyntheticSpec {
@@ -51,6 +55,18 @@ impl SyntheticSpec {
             dtype,
             embd_dtype: DType::Q8_0,
             seed: 42,
+            n_expert: 0,
+            n_expert_used: 0,
+        }
+    }
+
+    /// [`tiny`](SyntheticSpec::tiny) with a mixture of 4 experts per FFN, 2 used per
+    /// token, and a router strong enough that the choice differs between tokens.
+    pub fn tiny_moe(dtype: DType) -> SyntheticSpec {
+        SyntheticSpec {
+            n_expert: 4,
+            n_expert_used: 2,
+            ..SyntheticSpec::tiny(dtype)
         }
     }
 }
@@ -101,14 +117,28 @@ pub fn cached_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
 /// The file of [`SyntheticSpec::tiny_of`]`(arch, dtype)` in the model cache, written
 /// there if it is missing or differs.
 pub fn cached_model_of(arch: Arch, dtype: DType) -> crate::error::Result<std::path::PathBuf> {
-    use crate::error::HarnessError;
-    let dir = crate::fetch::cache_dir().map_err(|e| HarnessError::Model(e.to_string()))?;
     let stem = match arch {
         Arch::Llama => format!("synthetic-{}", dtype.name()),
         other => format!("synthetic-{}-{}", other.name(), dtype.name()),
     };
+    cached_spec(&stem, &SyntheticSpec::tiny_of(arch, dtype))
+}
+
+/// The file of [`SyntheticSpec::tiny_moe`]`(dtype)` in the model cache, written there if
+/// it is missing or differs.
+pub fn cached_moe_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
+    cached_spec(
+        &format!("synthetic-moe-{}", dtype.name()),
+        &SyntheticSpec::tiny_moe(dtype),
+    )
+}
+
+/// The model of `spec` in the cache as `{stem}.gguf`.
+fn cached_spec(stem: &str, spec: &SyntheticSpec) -> crate::error::Result<std::path::PathBuf> {
+    use crate::error::HarnessError;
+    let dir = crate::fetch::cache_dir().map_err(|e| HarnessError::Model(e.to_string()))?;
     let path = dir.join(format!("{stem}.gguf"));
-    let bytes = synthetic_gguf(&SyntheticSpec::tiny_of(arch, dtype));
+    let bytes = synthetic_gguf(spec);
     if std::fs::read(&path).is_ok_and(|old| old == bytes) {
         return Ok(path);
     }
@@ -192,6 +222,10 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
             &key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(1e-5),
         );
+    if spec.n_expert > 0 {
+        w.meta(&key("expert_count"), u(spec.n_expert))
+            .meta(&key("expert_used_count"), u(spec.n_expert_used));
+    }
     let n_vocab = match spec.arch {
         Arch::Llama => byte_bpe_vocab(&mut w),
         Arch::Gemma3 => {
@@ -206,23 +240,30 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
     let q = spec.n_head * spec.head_dim;
     let kv = spec.head_dim * spec.n_head_kv;
     // Matrices are uniform in [-a, a); norms (a = 0) are 1 +- 0.1.
-    let mut matrix =
-        |w: &mut GgufWriter, name: &str, dtype: DType, ne0: usize, ne1: usize, a: f32| {
-            let vals: Vec<f32> = (0..ne0 * ne1)
-                .map(|_| {
-                    if a == 0.0 {
-                        1.0 + rng.uniform(0.1)
-                    } else {
-                        rng.uniform(a)
-                    }
-                })
-                .collect();
-            let mut data = Vec::new();
-            for r in vals.chunks(ne0) {
-                data.extend(encode(dtype, r));
-            }
-            w.tensor(name, dtype, &[ne0 as u64, ne1 as u64], data);
+    // A stack of `nx` matrices (experts) when `nx > 1`.
+    let mut matrix = |w: &mut GgufWriter,
+                      name: &str,
+                      dtype: DType,
+                      (ne0, ne1, nx): (usize, usize, usize),
+                      a: f32| {
+        let vals: Vec<f32> = (0..ne0 * ne1 * nx)
+            .map(|_| {
+                if a == 0.0 {
+                    1.0 + rng.uniform(0.1)
+                } else {
+                    rng.uniform(a)
+                }
+            })
+            .collect();
+        let mut data = Vec::new();
+        for r in vals.chunks(ne0) {
+            data.extend(encode(dtype, r));
+        }
+        match nx {
+            1 => w.tensor(name, dtype, &[ne0 as u64, ne1 as u64], data),
+            _ => w.tensor(name, dtype, &[ne0 as u64, ne1 as u64, nx as u64], data),
         };
+    };
     let scale = 1.0 / (e as f32).sqrt() * 1.7;
     // Gemma scales embeddings by sqrt(n_embd); its table is that much smaller, so the
     // tied output gives logits of the same spread.
@@ -234,8 +275,7 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
         &mut w,
         "token_embd.weight",
         spec.embd_dtype,
-        e,
-        n_vocab,
+        (e, n_vocab, 1),
         // Tied with the output: logits of a unit-RMS state then have a standard
         // deviation near 1, so the model is random but not absurdly confident.
         embd_scale,
@@ -243,31 +283,59 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
     let gemma = spec.arch == Arch::Gemma3;
     for il in 0..spec.n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
-        matrix(&mut w, &n("attn_norm"), DType::F32, e, 1, 0.0);
-        matrix(&mut w, &n("attn_q"), spec.dtype, e, q, scale);
-        matrix(&mut w, &n("attn_k"), spec.dtype, e, kv, scale);
-        matrix(&mut w, &n("attn_v"), spec.dtype, e, kv, scale);
+        matrix(&mut w, &n("attn_norm"), DType::F32, (e, 1, 1), 0.0);
+        matrix(&mut w, &n("attn_q"), spec.dtype, (e, q, 1), scale);
+        matrix(&mut w, &n("attn_k"), spec.dtype, (e, kv, 1), scale);
+        matrix(&mut w, &n("attn_v"), spec.dtype, (e, kv, 1), scale);
         let o_scale = 1.0 / (q as f32).sqrt() * 1.7;
-        matrix(&mut w, &n("attn_output"), spec.dtype, q, e, o_scale);
+        matrix(&mut w, &n("attn_output"), spec.dtype, (q, e, 1), o_scale);
         if gemma {
-            matrix(&mut w, &n("attn_q_norm"), DType::F32, spec.head_dim, 1, 0.0);
-            matrix(&mut w, &n("attn_k_norm"), DType::F32, spec.head_dim, 1, 0.0);
-            matrix(&mut w, &n("post_attention_norm"), DType::F32, e, 1, 0.0);
-            matrix(&mut w, &n("post_ffw_norm"), DType::F32, e, 1, 0.0);
+            matrix(
+                &mut w,
+                &n("attn_q_norm"),
+                DType::F32,
+                (spec.head_dim, 1, 1),
+                0.0,
+            );
+            matrix(
+                &mut w,
+                &n("attn_k_norm"),
+                DType::F32,
+                (spec.head_dim, 1, 1),
+                0.0,
+            );
+            matrix(
+                &mut w,
+                &n("post_attention_norm"),
+                DType::F32,
+                (e, 1, 1),
+                0.0,
+            );
+            matrix(&mut w, &n("post_ffw_norm"), DType::F32, (e, 1, 1), 0.0);
         }
-        matrix(&mut w, &n("ffn_norm"), DType::F32, e, 1, 0.0);
-        matrix(&mut w, &n("ffn_gate"), spec.dtype, e, spec.n_ff, scale);
-        matrix(&mut w, &n("ffn_up"), spec.dtype, e, spec.n_ff, scale);
-        matrix(
-            &mut w,
-            &n("ffn_down"),
-            spec.dtype,
-            spec.n_ff,
-            e,
-            1.0 / (spec.n_ff as f32).sqrt() * 1.7,
-        );
+        matrix(&mut w, &n("ffn_norm"), DType::F32, (e, 1, 1), 0.0);
+        let (ff, nx) = (spec.n_ff, spec.n_expert.max(1));
+        let down_scale = 1.0 / (ff as f32).sqrt() * 1.7;
+        if spec.n_expert > 0 {
+            // A router of the same spread as the matrices gives logits of standard
+            // deviation near 1.7: tokens disagree on their experts.
+            matrix(&mut w, &n("ffn_gate_inp"), DType::F32, (e, nx, 1), scale);
+            matrix(&mut w, &n("ffn_gate_exps"), spec.dtype, (e, ff, nx), scale);
+            matrix(&mut w, &n("ffn_up_exps"), spec.dtype, (e, ff, nx), scale);
+            matrix(
+                &mut w,
+                &n("ffn_down_exps"),
+                spec.dtype,
+                (ff, e, nx),
+                down_scale,
+            );
+        } else {
+            matrix(&mut w, &n("ffn_gate"), spec.dtype, (e, ff, 1), scale);
+            matrix(&mut w, &n("ffn_up"), spec.dtype, (e, ff, 1), scale);
+            matrix(&mut w, &n("ffn_down"), spec.dtype, (ff, e, 1), down_scale);
+        }
     }
-    matrix(&mut w, "output_norm.weight", DType::F32, e, 1, 0.0);
+    matrix(&mut w, "output_norm.weight", DType::F32, (e, 1, 1), 0.0);
     w.to_bytes()
         .expect("the synthetic model's metadata is valid GGUF metadata")
 }

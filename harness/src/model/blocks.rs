@@ -108,3 +108,105 @@ pub(super) fn embeddings<'a>(
     let s = b.ctx().scale(x, (hp.n_embd as f32).sqrt())?;
     b.node(s, "inp_scaled")
 }
+
+/// Which experts each token of a mixture-of-experts FFN uses, and their weights.
+pub(super) struct Routing {
+    /// I32 `[n_expert_used, n_tokens]`: the chosen experts, best first.
+    pub ids: TensorId,
+    /// F32 `[1, n_expert_used, n_tokens]`: their normalised (and scaled) weights.
+    pub weights: TensorId,
+}
+
+/// The router of a mixture of experts as llama.cpp builds it for llama (Mixtral):
+/// softmax of `gate_inp · cur` over the experts, the `n_expert_used` most probable
+/// chosen (ties to the lower index), their probabilities gathered and normalised to sum
+/// to one (the sum clamped below at f16's smallest normal, as llama.cpp), then scaled by
+/// `expert_weights_scale` when that is neither 0 nor 1.
+pub(super) fn moe_route<'a>(
+    b: &mut impl Nodes<'a>,
+    hp: &HParams,
+    cur: TensorId,
+    gate_inp: TensorId,
+) -> Result<Routing> {
+    let n = b.ctx().get(cur)?.ne[1];
+    let (ne, nu) = (hp.n_expert, hp.n_expert_used);
+    let logits = b.ctx().mul_mat(gate_inp, cur)?;
+    let logits = b.node(logits, "ffn_moe_logits")?;
+    let probs = b.ctx().soft_max(logits, None, 1.0, 0.0)?;
+    let probs = b.node(probs, "ffn_moe_probs")?;
+    let ids = b.ctx().argsort_top_k(probs, nu)?;
+    let ids = b.node(ids, "ffn_moe_topk")?;
+    let per_expert = b.ctx().reshape(probs, [1, ne, n, 1])?;
+    let w = b.ctx().get_rows(per_expert, ids)?;
+    let w = b.node(w, "ffn_moe_weights")?;
+    let w = b.ctx().reshape(w, [nu, n, 1, 1])?;
+    let sum = b.ctx().sum_rows(w)?;
+    let sum = b.node(sum, "ffn_moe_weights_sum")?;
+    let sum = b
+        .ctx()
+        .clamp(sum, half::f16::MIN_POSITIVE.to_f32(), f32::INFINITY)?;
+    let sum = b.node(sum, "ffn_moe_weights_sum_clamped")?;
+    let w = b.ctx().div(w, sum)?;
+    let w = b.node(w, "ffn_moe_weights_norm")?;
+    let mut weights = b.ctx().reshape(w, [1, nu, n, 1])?;
+    let s = hp.expert_weights_scale;
+    if s != 0.0 && s != 1.0 {
+        let scaled = b.ctx().scale(weights, s)?;
+        weights = b.node(scaled, "ffn_moe_weights_scaled")?;
+    }
+    Ok(Routing { ids, weights })
+}
+
+/// The gated activation of the chosen experts: `act(gate_exps · cur) * (up_exps · cur)`
+/// for each (expert, token) of `r`, `[n_ff, n_expert_used, n_tokens]` (or this device's
+/// rows of `n_ff`).
+pub(super) fn moe_gate_up<'a>(
+    b: &mut impl Nodes<'a>,
+    act: FfnAct,
+    cur: TensorId,
+    (gate_exps, up_exps): (TensorId, TensorId),
+    r: &Routing,
+) -> Result<TensorId> {
+    let t = *b.ctx().get(cur)?;
+    let cur = b.ctx().reshape(cur, [t.ne[0], 1, t.ne[1], 1])?;
+    let u = b.ctx().mul_mat_id(up_exps, cur, r.ids)?;
+    let u = b.node(u, "ffn_moe_up")?;
+    let g = b.ctx().mul_mat_id(gate_exps, cur, r.ids)?;
+    let g = b.node(g, "ffn_moe_gate")?;
+    ffn_act(b, act, g, u)
+}
+
+/// The experts' outputs `[n, n_expert_used, n_tokens]` weighted by the router and summed
+/// over the chosen experts, in llama.cpp's order (`((e0 + e1) + e2) + ...`): `[n,
+/// n_tokens]`. Linear in `experts`, so a partial sum stays one until the result.
+pub(super) fn moe_combine<'a>(
+    b: &mut impl Nodes<'a>,
+    experts: TensorId,
+    r: &Routing,
+) -> Result<TensorId> {
+    let e = b.ctx().mul(experts, r.weights)?;
+    let e = b.node(e, "ffn_moe_weighted")?;
+    let t = *b.ctx().get(e)?;
+    let (n, nu, nt) = (t.ne[0], t.ne[1], t.ne[2]);
+    let expert = |b: &mut _, i: usize| -> Result<TensorId> {
+        Ok(Nodes::ctx(b).view_2d(e, n, nt, t.nb[2], i * t.nb[1])?)
+    };
+    let mut acc = expert(b, 0)?;
+    if nu == 1 {
+        acc = b.ctx().cont(acc)?;
+        return b.node(acc, "ffn_moe_out");
+    }
+    for i in 1..nu {
+        let v = expert(b, i)?;
+        let s = b.ctx().add(acc, v)?;
+        acc = b.node(
+            s,
+            if i + 1 == nu {
+                "ffn_moe_out"
+            } else {
+                "ffn_moe_sum"
+            },
+        )?;
+    }
+    Ok(acc)
+}

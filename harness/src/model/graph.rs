@@ -178,13 +178,25 @@ pub fn build_forward(
             "ffn_rms",
             "ffn_norm",
         )?;
-        let g = b.ctx.mul_mat(lw.ffn_gate, cur)?;
-        let g = b.node(g, "ffn_gate")?;
-        let u = b.ctx.mul_mat(lw.ffn_up, cur)?;
-        let u = b.node(u, "ffn_up")?;
-        let h = blocks::ffn_act(&mut b, hp.features.ffn_act, g, u)?;
-        let d = b.ctx.mul_mat(lw.ffn_down, h)?;
-        let d = b.node(d, "ffn_out")?;
+        let d = match lw.ffn_gate_inp {
+            None => {
+                let g = b.ctx.mul_mat(lw.ffn_gate, cur)?;
+                let g = b.node(g, "ffn_gate")?;
+                let u = b.ctx.mul_mat(lw.ffn_up, cur)?;
+                let u = b.node(u, "ffn_up")?;
+                let h = blocks::ffn_act(&mut b, hp.features.ffn_act, g, u)?;
+                let d = b.ctx.mul_mat(lw.ffn_down, h)?;
+                b.node(d, "ffn_out")?
+            }
+            Some(router) => {
+                let r = blocks::moe_route(&mut b, hp, cur, router)?;
+                let exps = (lw.ffn_gate, lw.ffn_up);
+                let h = blocks::moe_gate_up(&mut b, hp.features.ffn_act, cur, exps, &r)?;
+                let d = b.ctx.mul_mat_id(lw.ffn_down, h, r.ids)?;
+                let d = b.node(d, "ffn_moe_down")?;
+                blocks::moe_combine(&mut b, d, &r)?
+            }
+        };
         let d = blocks::post_norm(&mut b, d, lw.ffn_post_norm, hp.rms_eps, "ffn_post_norm")?;
         x = b.ctx.add(d, ffn_inp)?;
         x = b.node(x, "l_out")?;

@@ -184,6 +184,48 @@ fn all_reduce(
     Ok(out)
 }
 
+/// The down projection of a mixture of experts cut over devices, from each device's
+/// activations `h[d]` (its rows of `n_ff` for every chosen expert) and its own copy of
+/// the routing: returns the FFN output per device.
+///
+/// Exact (`tensor`): the activations are all-gathered, each device computes its rows of
+/// `n_embd` for every chosen expert, weights and sums them, and the rows are gathered.
+/// `tensor-reduce`: each device multiplies its columns of the down matrices, which leaves
+/// a partial sum; the weighting and the sum over experts are linear, so the partial
+/// crosses devices once, after the sum (`n_embd × n_tokens`, not once per expert).
+fn moe_down(
+    b: &mut Pinned<'_, '_>,
+    tp: &TpShards,
+    il: usize,
+    h: &[TensorId],
+    routing: &[blocks::Routing],
+) -> Result<Vec<TensorId>> {
+    let nd = tp.n_dev;
+    let name = |what: &str| format!("{what}-{il}");
+    let mut outs = Vec::with_capacity(nd);
+    for (d, r) in routing.iter().enumerate() {
+        b.dev = d;
+        b.layer = Some(il);
+        let x = match tp.reduce {
+            true => h[d],
+            false => b.gather(h, &name("ffn_moe_gather"))?,
+        };
+        let e = b.ctx.mul_mat_id(tp.layers[il][d].ffn_down, x, r.ids)?;
+        let e = b.pin(e, &name("ffn_moe_down"))?;
+        outs.push((d, blocks::moe_combine(b, e, r)?));
+    }
+    if tp.reduce {
+        return all_reduce(b, &outs, nd, tp.bf16_min, &name("ffn_reduce"));
+    }
+    let rows: Vec<TensorId> = outs.iter().map(|&(_, o)| o).collect();
+    (0..nd)
+        .map(|d| {
+            b.dev = d;
+            b.gather(&rows, &name("out_gather"))
+        })
+        .collect()
+}
+
 /// Builds the forward graph of `model` cut over devices as `tp` says, for a batch of
 /// `shape`. `kv[l][d]` are layer `l`'s key and value cache tensors on device `d` (its KV
 /// heads only; empty tensors are never read for devices without heads). With
@@ -292,6 +334,7 @@ pub fn build_forward_tp(
             b.row_split_mul_mat(&heads, nd, wo, &names)?
         };
         let mut gate_up = Vec::with_capacity(nd);
+        let mut routing = Vec::new();
         let mut ffn_inp = Vec::with_capacity(nd);
         for (d, &xd) in x.iter().enumerate() {
             b.dev = d;
@@ -307,13 +350,28 @@ pub fn build_forward_tp(
             let fi = b.pin(fi, &name("ffn_inp"))?;
             ffn_inp.push(fi);
             let (_, cur) = blocks::norm(&mut b, fi, s.ffn_norm, hp.rms_eps, "ffn_rms", "ffn_norm")?;
+            if let Some(router) = s.ffn_gate_inp {
+                let r = blocks::moe_route(&mut b, hp, cur, router)?;
+                let exps = (s.ffn_gate, s.ffn_up);
+                gate_up.push(blocks::moe_gate_up(
+                    &mut b,
+                    hp.features.ffn_act,
+                    cur,
+                    exps,
+                    &r,
+                )?);
+                routing.push(r);
+                continue;
+            }
             let g = b.ctx.mul_mat(s.ffn_gate, cur)?;
             let g = b.pin(g, &name("ffn_gate"))?;
             let u = b.ctx.mul_mat(s.ffn_up, cur)?;
             let u = b.pin(u, &name("ffn_up"))?;
             gate_up.push(blocks::ffn_act(&mut b, hp.features.ffn_act, g, u)?);
         }
-        let out_full = if tp.reduce {
+        let out_full = if !routing.is_empty() {
+            moe_down(&mut b, tp, il, &gate_up, &routing)?
+        } else if tp.reduce {
             let mut partial = Vec::with_capacity(nd);
             for (d, &h) in gate_up.iter().enumerate() {
                 b.dev = d;

@@ -45,6 +45,13 @@ pub struct HParams {
     pub n_swa: usize,
     /// Per layer: whether it attends through the sliding window.
     pub swa_layers: Vec<bool>,
+    /// Experts of each feed-forward block (`{arch}.expert_count`); 0: a dense FFN.
+    pub n_expert: usize,
+    /// Experts each token uses (`{arch}.expert_used_count`); 0 without experts.
+    pub n_expert_used: usize,
+    /// Factor of the normalised expert weights (`{arch}.expert_weights_scale`; 0 or 1:
+    /// none, as llama.cpp).
+    pub expert_weights_scale: f32,
 }
 
 /// The former name of [`HParams`], from when llama was the only architecture.
@@ -109,6 +116,22 @@ impl HParams {
             .tensor_info("token_embd.weight")
             .map(|t| t.ne[1])
             .ok_or_else(|| HarnessError::MissingTensor("token_embd.weight".into()))?;
+        let n_expert = optional(f.get_usize(&key("expert_count")))?.unwrap_or(0);
+        let n_expert_used = optional(f.get_usize(&key("expert_used_count")))?.unwrap_or(0);
+        if n_expert > 0 && !(1..=n_expert).contains(&n_expert_used) {
+            return Err(bad(
+                "expert_used_count",
+                "must be in 1..=expert_count when the model has experts",
+            ));
+        }
+        if n_expert == 0 && n_expert_used != 0 {
+            return Err(bad("expert_used_count", "set without expert_count"));
+        }
+        let expert_weights_scale =
+            optional(f.get_f32(&key("expert_weights_scale")))?.unwrap_or(0.0);
+        if !expert_weights_scale.is_finite() {
+            return Err(bad("expert_weights_scale", "must be finite"));
+        }
         let mut hp = HParams {
             arch,
             features: arch.features(),
@@ -127,6 +150,9 @@ impl HParams {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             n_swa: 0,
             swa_layers: vec![false; n_layer],
+            n_expert,
+            n_expert_used,
+            expert_weights_scale,
         };
         arch.read_specific(f, &mut hp)?;
         Ok(hp)
@@ -140,6 +166,11 @@ impl HParams {
     /// Width of the queries of all heads: `n_head * head_dim` (not always `n_embd`).
     pub fn n_embd_q(&self) -> usize {
         self.n_head * self.head_dim
+    }
+
+    /// Whether the feed-forward blocks are mixtures of experts.
+    pub fn is_moe(&self) -> bool {
+        self.n_expert > 0
     }
 
     /// Whether layer `il` attends through the sliding window.

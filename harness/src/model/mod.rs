@@ -34,12 +34,18 @@ pub struct LayerWeights {
     pub wo: TensorId,
     /// `blk.N.ffn_norm.weight`, F32 `[n_embd]`.
     pub ffn_norm: TensorId,
-    /// `blk.N.ffn_gate.weight`, `[n_embd, n_ff]`.
+    /// `blk.N.ffn_gate.weight`, `[n_embd, n_ff]`; with experts
+    /// `blk.N.ffn_gate_exps.weight`, `[n_embd, n_ff, n_expert]`.
     pub ffn_gate: TensorId,
-    /// `blk.N.ffn_up.weight`, `[n_embd, n_ff]`.
+    /// `blk.N.ffn_up.weight`, `[n_embd, n_ff]`; with experts `blk.N.ffn_up_exps.weight`,
+    /// `[n_embd, n_ff, n_expert]`.
     pub ffn_up: TensorId,
-    /// `blk.N.ffn_down.weight`, `[n_ff, n_embd]`.
+    /// `blk.N.ffn_down.weight`, `[n_ff, n_embd]`; with experts
+    /// `blk.N.ffn_down_exps.weight`, `[n_ff, n_embd, n_expert]`.
     pub ffn_down: TensorId,
+    /// The router of a mixture of experts, `blk.N.ffn_gate_inp.weight`, `[n_embd,
+    /// n_expert]` (`None`: a dense FFN).
+    pub ffn_gate_inp: Option<TensorId>,
     /// `blk.N.attn_q_norm.weight`, F32 `[head_dim]` (with [`Features::qk_norm`]).
     pub attn_q_norm: Option<TensorId>,
     /// `blk.N.attn_k_norm.weight`, F32 `[head_dim]` (with [`Features::qk_norm`]).
@@ -109,6 +115,12 @@ impl Model {
         };
         let (e, kv, ff, v) = (hp.n_embd, hp.n_embd_kv(), hp.n_ff, hp.n_vocab);
         let (q, hd, feat) = (hp.n_embd_q(), hp.head_dim, hp.features);
+        let (moe, nx) = (hp.is_moe(), hp.n_expert.max(1));
+        // Dense FFN matrices, or the stacked experts' (`_exps`, one more dimension).
+        let ffn = |what: &str| match moe {
+            true => format!("{what}_exps"),
+            false => what.to_string(),
+        };
         m.tok_embd = m.add(file, "token_embd.weight", [e, v], true)?;
         for il in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -119,9 +131,12 @@ impl Model {
                 wv: m.add(file, &n("attn_v"), [e, kv], true)?,
                 wo: m.add(file, &n("attn_output"), [q, e], true)?,
                 ffn_norm: m.add(file, &n("ffn_norm"), [e, 1], false)?,
-                ffn_gate: m.add(file, &n("ffn_gate"), [e, ff], true)?,
-                ffn_up: m.add(file, &n("ffn_up"), [e, ff], true)?,
-                ffn_down: m.add(file, &n("ffn_down"), [ff, e], true)?,
+                ffn_gate: m.add3(file, &n(&ffn("ffn_gate")), [e, ff, nx], true)?,
+                ffn_up: m.add3(file, &n(&ffn("ffn_up")), [e, ff, nx], true)?,
+                ffn_down: m.add3(file, &n(&ffn("ffn_down")), [ff, e, nx], true)?,
+                ffn_gate_inp: moe
+                    .then(|| m.add(file, &n("ffn_gate_inp"), [e, nx], false))
+                    .transpose()?,
                 attn_q_norm: feat
                     .qk_norm
                     .then(|| m.add(file, &n("attn_q_norm"), [hd, 1], false))
@@ -159,10 +174,21 @@ impl Model {
         ne2: [usize; 2],
         matrix: bool,
     ) -> Result<TensorId> {
+        self.add3(file, name, [ne2[0], ne2[1], 1], matrix)
+    }
+
+    /// [`add`](Model::add) for a weight of up to three dimensions.
+    fn add3(
+        &mut self,
+        file: &GgufFile,
+        name: &str,
+        ne3: [usize; 3],
+        matrix: bool,
+    ) -> Result<TensorId> {
         let info = file
             .tensor_info(name)
             .ok_or_else(|| HarnessError::MissingTensor(name.to_string()))?;
-        let want = [ne2[0], ne2[1], 1, 1];
+        let want = [ne3[0], ne3[1], ne3[2], 1];
         if info.ne != want {
             return Err(HarnessError::Model(format!(
                 "tensor '{name}' has shape {:?}, expected {want:?}",

@@ -32,13 +32,16 @@ pub struct DeviceShard {
     pub wo: Option<TensorId>,
     /// This device's copy of the feed-forward norm.
     pub ffn_norm: TensorId,
-    /// Its rows of the gate matrix.
+    /// Its rows of the gate matrix (of every expert's, with experts).
     pub ffn_gate: TensorId,
-    /// Its rows of the up matrix.
+    /// Its rows of the up matrix (of every expert's, with experts).
     pub ffn_up: TensorId,
     /// Its output rows of the down matrix (`tensor`), or its input columns, the rows of
     /// `n_ff` it computes (`tensor-reduce`).
     pub ffn_down: TensorId,
+    /// This device's copy of the router (mixtures of experts: every device routes every
+    /// token itself, with the same bits).
+    pub ffn_gate_inp: Option<TensorId>,
     /// This device's copy of the query head norm (architectures with one, devices with
     /// heads).
     pub attn_q_norm: Option<TensorId>,
@@ -91,7 +94,8 @@ pub fn even_ranges(n: usize, parts: usize) -> Vec<Range<usize>> {
 }
 
 impl Model {
-    /// Rows `rows` of matrix `id` as a new weight descriptor (a view of the same bytes).
+    /// Rows `rows` of matrix `id` (of each matrix of a stack of experts) as a new weight
+    /// descriptor (a view of the same bytes).
     fn row_shard(&mut self, id: TensorId, rows: Range<usize>, tag: &str) -> TensorId {
         let w = self.weights[id.index()];
         let mut t = w;
@@ -99,7 +103,8 @@ impl Model {
         t.name = ggml_core::Name::new(&format!("{}{tag}", w.name.as_str()));
         let start = self.file_ranges[id.index()].start + rows.start * w.nb[1];
         self.weights.push(t);
-        self.file_ranges.push(start..start + rows.len() * w.nb[1]);
+        let len = (w.ne[2] - 1) * w.nb[2] + rows.len() * w.nb[1];
+        self.file_ranges.push(start..start + len);
         TensorId(self.weights.len() as u32 - 1)
     }
 
@@ -123,8 +128,8 @@ impl Model {
             .row_size(cols.len())
             .expect("a slice of a valid row");
         self.weights.push(t);
-        self.file_ranges
-            .push(start..start + (w.ne[1] - 1) * w.nb[1] + row);
+        let len = (w.ne[2] - 1) * w.nb[2] + (w.ne[1] - 1) * w.nb[1] + row;
+        self.file_ranges.push(start..start + len);
         Ok(TensorId(self.weights.len() as u32 - 1))
     }
 
@@ -189,6 +194,7 @@ impl Model {
                 let attn_q_norm = copy(lw.attn_q_norm, has_heads);
                 let attn_k_norm = copy(lw.attn_k_norm, has_heads);
                 let attn_post_norm = copy(lw.attn_post_norm, true);
+                let ffn_gate_inp = copy(lw.ffn_gate_inp, true);
                 let ffn_post_norm = copy(lw.ffn_post_norm, true);
                 devs.push(DeviceShard {
                     attn_norm: self.replica(lw.attn_norm, &tag),
@@ -200,6 +206,7 @@ impl Model {
                     ffn_gate: self.row_shard(lw.ffn_gate, ff_rows[d].clone(), &tag),
                     ffn_up: self.row_shard(lw.ffn_up, ff_rows[d].clone(), &tag),
                     ffn_down,
+                    ffn_gate_inp,
                     attn_q_norm,
                     attn_k_norm,
                     attn_post_norm,
@@ -225,6 +232,7 @@ impl Model {
                     Some(s.ffn_gate),
                     Some(s.ffn_up),
                     Some(s.ffn_down),
+                    s.ffn_gate_inp,
                     s.attn_q_norm,
                     s.attn_k_norm,
                     s.attn_post_norm,
@@ -249,11 +257,25 @@ impl Model {
     }
 }
 
-/// Checks with the all-reduce placement pass ([`ggml_sched::reduce::reduce_point`]) on
-/// the model's unsplit graph that each partial sum of `tensor-reduce` (the attention
-/// projection and the down product of every layer) is to be reduced right where the
-/// builder reduces it: at the product, since a residual add reads it next.
-pub fn check_reduce_points(model: &Model, tp: &TpShards) -> Result<()> {
+/// One all-reduce of `tensor-reduce` as the placement pass puts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReducePoint {
+    /// Layer.
+    pub layer: usize,
+    /// The node that leaves the partial sums (`attn_proj-3`, `ffn_moe_down-3`).
+    pub partial: String,
+    /// The node after which the partial sums are added up (`ffn_moe_out-3`).
+    pub at: String,
+    /// Bytes per token each device holds at the partial (F32).
+    pub bytes_at_partial: usize,
+    /// Bytes per token each device holds at the reduce point (F32): what crosses devices.
+    pub bytes_at_point: usize,
+}
+
+/// Where the all-reduce placement pass ([`ggml_sched::reduce::reduce_point`]) puts each
+/// partial sum of `tensor-reduce` (the attention projection and the down product of
+/// every layer) on the model's unsplit graph.
+pub fn reduce_points(model: &Model) -> Result<Vec<ReducePoint>> {
     let hp = &model.hp;
     let cache = ggml_core::Tensor::contiguous(ggml_core::DType::F16, [hp.n_embd_kv(), 256, 1, 1])
         .expect("small cache");
@@ -268,19 +290,49 @@ pub fn check_reduce_points(model: &Model, tp: &TpShards) -> Result<()> {
             .iter()
             .copied()
             .find(|n| g.tensors[n.index()].name.as_str() == name)
+            .ok_or_else(|| HarnessError::Model(format!("no node '{name}' in the graph")))
     };
-    for il in 0..tp.layers.len() {
-        for what in ["attn_proj", "ffn_out"] {
-            let name = format!("{what}-{il}");
-            let p = find(&name)
-                .ok_or_else(|| HarnessError::Model(format!("no node '{name}' in the graph")))?;
+    let ffn = if hp.is_moe() {
+        "ffn_moe_down"
+    } else {
+        "ffn_out"
+    };
+    let mut out = Vec::with_capacity(2 * hp.n_layer);
+    for layer in 0..hp.n_layer {
+        for what in ["attn_proj", ffn] {
+            let partial = format!("{what}-{layer}");
+            let p = find(&partial)?;
             let at = ggml_sched::reduce::reduce_point(&g.tensors, &g.nodes, p, &|_| false);
-            if at != p {
-                return Err(HarnessError::Model(format!(
-                    "the all-reduce of '{name}' belongs after '{}', which this graph builder does not do",
-                    g.tensors[at.index()].name.as_str()
-                )));
-            }
+            let (tp, ta) = (&g.tensors[p.index()], &g.tensors[at.index()]);
+            out.push(ReducePoint {
+                layer,
+                partial,
+                at: ta.name.as_str().to_string(),
+                bytes_at_partial: tp.nbytes(),
+                bytes_at_point: ta.nbytes(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Checks that each partial sum of `tensor-reduce` is to be reduced ([`reduce_points`])
+/// right where the graph builder reduces it: at the product, since a residual add reads
+/// it next; for a mixture of experts, once after the weighted sum of the chosen experts.
+pub fn check_reduce_points(model: &Model, tp: &TpShards) -> Result<()> {
+    for p in reduce_points(model)? {
+        if p.layer >= tp.layers.len() {
+            continue;
+        }
+        let want = match p.partial.starts_with("ffn_moe_down") {
+            true => format!("ffn_moe_out-{}", p.layer),
+            false => p.partial.clone(),
+        };
+        if p.at != want {
+            return Err(HarnessError::Model(format!(
+                "the all-reduce of '{}' belongs after '{}', which this graph builder does not do",
+                p.partial, p.at
+            )));
         }
     }
     Ok(())

@@ -1,0 +1,198 @@
+//! Mixtures of experts: the synthetic llama with 4 experts (2 used per token) through
+//! every split mode, tensor parallelism over experts with its single all-reduce per FFN,
+//! and cuda-sim.
+
+use ggml_core::{DType, Op};
+use harness::model::{build_forward, BatchShape, Model};
+use harness::perplexity::PplSettings;
+use harness::regress::{run_cell, Cell, RegressSettings};
+use harness::session::SplitMode;
+use rstest::rstest;
+
+fn synthetic() -> std::path::PathBuf {
+    harness::synthetic::cached_moe_model(DType::Q4_1).unwrap()
+}
+
+fn model() -> Model {
+    let f = harness::gguf_file::GgufFile::open(&synthetic()).unwrap();
+    Model::from_gguf(&f).unwrap()
+}
+
+fn cell(devices: &str, split: SplitMode, n_copies: usize, n_ubatch: usize) -> Cell {
+    Cell {
+        devices: devices.parse().unwrap(),
+        split,
+        n_copies,
+        threads: 2,
+        n_ubatch,
+        reduce_bf16_min: None,
+    }
+}
+
+fn settings() -> RegressSettings {
+    RegressSettings {
+        ppl: PplSettings {
+            n_ctx: 48,
+            n_batch: 96,
+            max_chunks: Some(2),
+        },
+        check_races: true,
+        chaos: Some(3),
+        weaken: Vec::new(),
+    }
+}
+
+#[test]
+fn synthetic_moe_loads_with_its_experts() {
+    let m = model();
+    assert_eq!((m.hp.n_expert, m.hp.n_expert_used), (4, 2));
+    for l in &m.layers {
+        let router = l.ffn_gate_inp.expect("a router per layer");
+        assert_eq!(m.weights[router.index()].ne, [256, 4, 1, 1]);
+        assert_eq!(m.weights[l.ffn_gate.index()].ne, [256, 512, 4, 1]);
+        assert_eq!(m.weights[l.ffn_down.index()].ne, [512, 256, 4, 1]);
+    }
+}
+
+/// The graph has llama.cpp's MoE shape: per layer a router (softmax, top-k), three
+/// expert products and the normalised weights.
+#[test]
+fn the_moe_graph_routes_every_layer() {
+    let m = model();
+    let cache = ggml_core::Tensor::contiguous(DType::F16, [m.hp.n_embd_kv(), 256, 1, 1]).unwrap();
+    let shape = BatchShape {
+        n_tokens: 7,
+        n_kv: 256,
+        n_outputs: 7,
+    };
+    let g = build_forward(&m, &vec![(cache, cache); m.hp.n_layer], shape).unwrap();
+    let count = |op: fn(&Op) -> bool| {
+        g.nodes
+            .iter()
+            .filter(|n| op(&g.tensors[n.index()].op))
+            .count()
+    };
+    let layers = m.hp.n_layer;
+    assert_eq!(count(|o| *o == Op::MulMatId), 3 * layers);
+    assert_eq!(count(|o| matches!(o, Op::ArgsortTopK { k: 2 })), layers);
+    assert_eq!(count(|o| *o == Op::SumRows), layers);
+    let out = g
+        .nodes
+        .iter()
+        .find(|n| g.tensors[n.index()].name.as_str() == "ffn_moe_out-0")
+        .expect("the expert sum of layer 0");
+    assert_eq!(g.tensors[out.index()].ne, [256, 7, 1, 1]);
+}
+
+/// Every exact split of the MoE model (layers, pipelined copies, micro-batches, tensor
+/// parallelism over experts on 2 and 3 devices) gives the logits of one CPU, bit for bit,
+/// under chaos and the race checker.
+#[rstest]
+#[case::layer_c2("cpu:2", SplitMode::Layer, 2, 0)]
+#[case::layer_ubatch("cpu:3", SplitMode::Layer, 2, 16)]
+#[case::tensor2("cpu:2", SplitMode::Tensor, 1, 0)]
+#[case::tensor3_c2("cpu:3", SplitMode::Tensor, 2, 32)]
+fn synthetic_moe_splits_give_the_bits_of_one_device(
+    #[case] devices: &str,
+    #[case] split: SplitMode,
+    #[case] n_copies: usize,
+    #[case] n_ubatch: usize,
+) {
+    let text = &harness::default_corpus()[..1500];
+    let s = settings();
+    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
+    let split = run_cell(
+        &synthetic(),
+        text,
+        &cell(devices, split, n_copies, n_ubatch),
+        &s,
+    )
+    .unwrap();
+    assert_eq!(
+        split.logits_sha256, one.logits_sha256,
+        "{devices} {split:?}"
+    );
+    assert_eq!(split.races, 0);
+    assert!(one.ppl.is_finite() && one.ppl > 1.0);
+}
+
+/// Tensor-reduce over experts sums partial products in another order: within 0.1 %.
+#[rstest]
+#[case("cpu:2")]
+#[case("cpu:3")]
+fn synthetic_moe_tensor_reduce_is_close(#[case] devices: &str) {
+    let text = &harness::default_corpus()[..1500];
+    let s = settings();
+    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
+    let red = run_cell(
+        &synthetic(),
+        text,
+        &cell(devices, SplitMode::TensorReduce, 1, 0),
+        &s,
+    )
+    .unwrap();
+    assert_eq!(red.races, 0);
+    let rel = (red.ppl - one.ppl).abs() / one.ppl;
+    assert!(
+        rel < 1e-3,
+        "tensor-reduce {} vs {} ({rel:.2e})",
+        red.ppl,
+        one.ppl
+    );
+}
+
+/// The router, top-k, expert products and weighting on the CUDA backend (cuda-sim):
+/// within 1e-3 of the CPU (Q4_1 weights, as the dense synthetic model).
+#[test]
+fn synthetic_moe_on_cuda_sim_matches_the_cpu() {
+    let text = &harness::default_corpus()[..1500];
+    let mut s = settings();
+    s.chaos = None;
+    let cpu = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
+    let gpu = run_cell(
+        &synthetic(),
+        text,
+        &cell("cuda-sim:0", SplitMode::None, 1, 0),
+        &s,
+    )
+    .unwrap();
+    let rel = (gpu.ppl - cpu.ppl).abs() / cpu.ppl;
+    assert!(
+        rel < 1e-3,
+        "cuda-sim {} vs cpu {} ({rel:.2e})",
+        gpu.ppl,
+        cpu.ppl
+    );
+}
+
+/// Tensor parallelism over experts needs one all-reduce per FFN, after the weighted sum
+/// of the chosen experts: `n_embd` floats per token, not `n_embd` per chosen expert.
+#[test]
+fn one_all_reduce_per_moe_ffn_after_the_expert_sum() {
+    let m = model();
+    let points = harness::model::tp::reduce_points(&m).unwrap();
+    assert_eq!(points.len(), 2 * m.hp.n_layer);
+    for p in points
+        .iter()
+        .filter(|p| p.partial.starts_with("ffn_moe_down"))
+    {
+        assert_eq!(p.at, format!("ffn_moe_out-{}", p.layer));
+        assert_eq!(
+            p.bytes_at_partial,
+            4 * 256 * 2,
+            "two experts' outputs per token"
+        );
+        assert_eq!(p.bytes_at_point, 4 * 256);
+    }
+    for p in points.iter().filter(|p| p.partial.starts_with("attn_proj")) {
+        assert_eq!(p.at, p.partial, "the residual add reads the projection");
+    }
+    // The dense model keeps its reduce at the down product.
+    let f =
+        harness::gguf_file::GgufFile::open(&harness::synthetic::cached_model(DType::Q4_1).unwrap())
+            .unwrap();
+    let dense = Model::from_gguf(&f).unwrap();
+    for p in harness::model::tp::reduce_points(&dense).unwrap() {
+        assert_eq!(p.at, p.partial);
+    }
+}
