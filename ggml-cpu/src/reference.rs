@@ -28,6 +28,11 @@
 //! - Flash attention: scores per KV position; masked (−∞) positions are skipped
 //!   entirely; max over the rest; weights `exp(s − max)` summed in 16 lanes by position
 //!   (`j % 16`); `Σ w_j·v_j` accumulated per output element in position order.
+//! - Row sums ([`sum_row`]): ggml's order, not the 16 lanes: one f64 accumulator from
+//!   the first element to the last, rounded to f32 once.
+//! - Mixture-of-experts products (`MUL_MAT_ID`): each `(expert slot, token)` output
+//!   column is one mul_mat dot product per weight row, so it is independent of how the
+//!   tokens are routed.
 //!
 //! Nothing depends on the thread count, the number of rows or tokens in a call, or the
 //! tiling of the output: every output element is its own independent reduction.
@@ -384,6 +389,54 @@ pub fn rope_row(x: &[f32], cache: &[f32], mode: RopeMode, n_dims: usize, out: &m
     out[n_dims..].copy_from_slice(&x[n_dims..]);
 }
 
+/// A row's sum as ggml's `ggml_vec_sum_f32` (without Accelerate): each value widened to
+/// f64 and added from the first to the last, the f64 total rounded to f32 once.
+pub fn sum_row(x: &[f32]) -> f32 {
+    let mut s = 0f64;
+    for &v in x {
+        s += f64::from(v);
+    }
+    s as f32
+}
+
+/// `max(min(x, hi), lo)` with ggml's `MIN`/`MAX` macros (`a < b ? a : b`,
+/// `a > b ? a : b`), except that NaN stays NaN (the macros would give `hi`).
+#[inline]
+pub fn clamp(x: f32, lo: f32, hi: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let m = if x < hi { x } else { hi };
+    if m > lo {
+        m
+    } else {
+        lo
+    }
+}
+
+/// The order of [`Op::ArgsortTopK`] between two values: descending, every NaN after
+/// every number, NaNs (and equal numbers, `-0 == +0` included) equal. A sort that is
+/// stable under it puts ties in index order.
+pub fn top_k_order(a: f32, b: f32) -> core::cmp::Ordering {
+    use core::cmp::Ordering;
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        (false, false) => b.partial_cmp(&a).unwrap_or(Ordering::Equal),
+    }
+}
+
+/// The indices of the `out.len()` largest values of `x` in [`top_k_order`], ties in
+/// index order: a stable sort of all indices, then its first entries.
+pub fn argsort_top_k_row(x: &[f32], out: &mut [i32]) {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&i, &j| top_k_order(x[i], x[j]));
+    for (o, &i) in out.iter_mut().zip(&idx) {
+        *o = i as i32;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Quantised dot products
 
@@ -736,14 +789,18 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
                 }
             }
         }
-        Op::Add | Op::Mul => {
+        Op::Add | Op::Mul | Op::Div => {
             let (a, b) = (src[0], src[1]);
             let bne = b.desc.ne;
             for (i1, i2, i3) in rows(ne) {
                 for i0 in 0..ne[0] {
                     let x = a.get([i0, i1, i2, i3]);
                     let y = b.get([i0 % bne[0], i1 % bne[1], i2 % bne[2], i3 % bne[3]]);
-                    let v = if node.op == Op::Add { x + y } else { x * y };
+                    let v = match node.op {
+                        Op::Add => x + y,
+                        Op::Mul => x * y,
+                        _ => x / y,
+                    };
                     put(out, dt, ne, [i0, i1, i2, i3], v);
                 }
             }
@@ -828,7 +885,37 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
                 }
             }
         }
+        Op::Clamp { min, max } => {
+            for (i1, i2, i3) in rows(ne) {
+                for i0 in 0..ne[0] {
+                    let i = [i0, i1, i2, i3];
+                    put(out, dt, ne, i, clamp(src[0].get(i), min, max));
+                }
+            }
+        }
+        Op::SumRows => {
+            for (i1, i2, i3) in rows(ne) {
+                put(
+                    out,
+                    dt,
+                    ne,
+                    [0, i1, i2, i3],
+                    sum_row(&src[0].row(i1, i2, i3)),
+                );
+            }
+        }
+        Op::ArgsortTopK { k } => {
+            let mut top = vec![0i32; k as usize];
+            for (r, (i1, i2, i3)) in rows(ne).enumerate() {
+                argsort_top_k_row(&src[0].row(i1, i2, i3), &mut top);
+                for (j, &v) in top.iter().enumerate() {
+                    let o = 4 * (r * ne[0] + j);
+                    out[o..o + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
         Op::MulMat => mul_mat(node, src[0], src[1], out)?,
+        Op::MulMatId => mul_mat_id(node, src[0], src[1], src[2], out)?,
         Op::SetRows => {
             let (a, idx) = (src[0], src[1]);
             // Source rows in order: for repeated indices the last one wins.
@@ -908,51 +995,84 @@ fn mul_mat(
     let ne = node.ne;
     let k = a.desc.ne[0];
     let (r2, r3) = (b.desc.ne[2] / a.desc.ne[2], b.desc.ne[3] / a.desc.ne[3]);
-    let w = a.desc.dtype;
-    let vdt = w.vec_dot_type();
     for i3 in 0..ne[3] {
         for i2 in 0..ne[2] {
             for n in 0..ne[1] {
                 let yrow: Vec<f32> = (0..k).map(|i| b.get([i, n, i2, i3])).collect();
-                let yq = quantize_activations(vdt, &yrow)?;
+                let yq = quantize_activations(a.desc.dtype.vec_dot_type(), &yrow)?;
                 for m in 0..ne[0] {
-                    let ai = [0, m, i2 / r2, i3 / r3];
-                    let v = match w {
-                        DType::F32 => {
-                            let x: Vec<f32> =
-                                (0..k).map(|i| a.get([i, ai[1], ai[2], ai[3]])).collect();
-                            dot_f32(&x, &yrow)
-                        }
-                        DType::F16 | DType::BF16 => {
-                            let conv = if w == DType::F16 {
-                                f32_to_f16
-                            } else {
-                                f32_to_bf16
-                            };
-                            let x: Vec<u16> = (0..k)
-                                .map(|i| conv(a.get([i, ai[1], ai[2], ai[3]])))
-                                .collect();
-                            let y: Vec<u16> = yq
-                                .chunks_exact(2)
-                                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                                .collect();
-                            if w == DType::F16 {
-                                dot_f16(&x, &y)
-                            } else {
-                                dot_bf16(&x, &y)
-                            }
-                        }
-                        _ => {
-                            let o = a.desc.offset_of(ai);
-                            vec_dot_quant(w, &a.bytes[o..o + a.desc.row_size()], &yq, k)
-                        }
-                    };
+                    let v = weight_row_dot(a, [0, m, i2 / r2, i3 / r3], &yrow, &yq);
                     put(out, DType::F32, ne, [m, n, i2, i3], v);
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Reference of [`Op::MulMatId`]: `out[m, e, t]` is the dot of row `m` of expert
+/// `ids[e, t]` with `b[:, e mod B1, t]`, exactly as [`mul_mat`] computes a dot.
+fn mul_mat_id(
+    node: &Tensor,
+    a: HostTensor<'_>,
+    b: HostTensor<'_>,
+    ids: HostTensor<'_>,
+    out: &mut [u8],
+) -> Result<(), &'static str> {
+    let ne = node.ne;
+    let k = a.desc.ne[0];
+    let b1 = b.desc.ne[1];
+    for t in 0..ne[2] {
+        for e in 0..ne[1] {
+            let id = ids.get_i32([e, t, 0, 0]);
+            if id < 0 || id as usize >= a.desc.ne[2] {
+                return Err("expert id out of range");
+            }
+            let yrow: Vec<f32> = (0..k).map(|i| b.get([i, e % b1, t, 0])).collect();
+            let yq = quantize_activations(a.desc.dtype.vec_dot_type(), &yrow)?;
+            for m in 0..ne[0] {
+                let v = weight_row_dot(a, [0, m, id as usize, 0], &yrow, &yq);
+                put(out, DType::F32, ne, [m, e, t, 0], v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The dot of weight row `ai` (`[0, i1, i2, i3]`) of `a` with an activation row: `y` in
+/// f32 and `yq` converted to the weights' dot type by [`quantize_activations`].
+fn weight_row_dot(a: HostTensor<'_>, ai: [usize; MAX_DIMS], y: &[f32], yq: &[u8]) -> f32 {
+    let k = a.desc.ne[0];
+    let w = a.desc.dtype;
+    match w {
+        DType::F32 => {
+            let x: Vec<f32> = (0..k).map(|i| a.get([i, ai[1], ai[2], ai[3]])).collect();
+            dot_f32(&x, y)
+        }
+        DType::F16 | DType::BF16 => {
+            let conv = if w == DType::F16 {
+                f32_to_f16
+            } else {
+                f32_to_bf16
+            };
+            let x: Vec<u16> = (0..k)
+                .map(|i| conv(a.get([i, ai[1], ai[2], ai[3]])))
+                .collect();
+            let y: Vec<u16> = yq
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            if w == DType::F16 {
+                dot_f16(&x, &y)
+            } else {
+                dot_bf16(&x, &y)
+            }
+        }
+        _ => {
+            let o = a.desc.offset_of(ai);
+            vec_dot_quant(w, &a.bytes[o..o + a.desc.row_size()], yq, k)
+        }
+    }
 }
 
 /// Converts an activation row to the dot type: F32 bytes as they are, F16/BF16 rounded,
@@ -1200,6 +1320,140 @@ mod tests {
                     assert!(e0.max(e1) < 3e-4, "base {base} pos {pos} pair {i}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn sum_row_is_an_f64_running_sum() {
+        // An f32 running sum gives 0 and 1e8 here.
+        assert_eq!(sum_row(&[1e8, 1.0, -1e8]), 1.0);
+        assert_eq!(sum_row(&[1.0, 2f32.powi(-30)]), 1.0);
+        assert_eq!(sum_row(&[]), 0.0);
+        assert!(sum_row(&[1.0, f32::NAN]).is_nan());
+        assert_eq!(sum_row(&[f32::MAX, f32::MAX]), f32::INFINITY);
+        let mut r = rng(7);
+        let x: Vec<f32> = (0..1000).map(|_| r() * 1e3).collect();
+        let mut s = 0f64;
+        for &v in &x {
+            s += v as f64;
+        }
+        assert_eq!(sum_row(&x), s as f32);
+    }
+
+    #[test]
+    fn clamp_as_ggml_but_nan_stays() {
+        assert_eq!(clamp(2.0, -1.0, 1.0), 1.0);
+        assert_eq!(clamp(-2.0, -1.0, 1.0), -1.0);
+        assert_eq!(clamp(0.5, -1.0, 1.0), 0.5);
+        assert_eq!(clamp(f32::NEG_INFINITY, 0.0, f32::INFINITY), 0.0);
+        assert_eq!(clamp(f32::INFINITY, 0.0, f32::INFINITY), f32::INFINITY);
+        let nan = f32::from_bits(0x7fc0_1234);
+        assert_eq!(clamp(nan, 0.0, 1.0).to_bits(), nan.to_bits());
+        // ggml's MIN/MAX macros pick the second operand on equal zeros.
+        assert_eq!(clamp(-0.0, -1.0, 0.0).to_bits(), 0f32.to_bits());
+        assert_eq!(clamp(-0.0, 0.0, 1.0).to_bits(), 0f32.to_bits());
+        assert_eq!(clamp(0.0, -0.0, 1.0).to_bits(), (-0f32).to_bits());
+    }
+
+    #[test]
+    fn argsort_top_k_ties_in_index_order_nan_last() {
+        let top = |x: &[f32], k: usize| {
+            let mut o = vec![0i32; k];
+            argsort_top_k_row(x, &mut o);
+            o
+        };
+        assert_eq!(top(&[1.0, 3.0, 3.0, 2.0, 3.0], 4), [1, 2, 4, 3]);
+        assert_eq!(top(&[f32::NAN, 1.0, -f32::NAN, -5.0], 4), [1, 3, 0, 2]);
+        assert_eq!(top(&[-0.0, 0.0, -0.0, -1.0], 4), [0, 1, 2, 3]);
+        assert_eq!(
+            top(&[f32::NEG_INFINITY, f32::NAN, f32::INFINITY, 2.0], 4),
+            [2, 3, 0, 1]
+        );
+        assert_eq!(top(&[7.0], 1), [0]);
+        // Against the definition: i comes before j iff x_i is larger, or they tie and
+        // i < j.
+        let mut r = rng(8);
+        let x: Vec<f32> = (0..200)
+            .map(|i| match i % 11 {
+                0 => f32::NAN,
+                _ => (r() * 4.0).round(),
+            })
+            .collect();
+        let o = top(&x, 200);
+        for w in o.windows(2) {
+            let (i, j) = (w[0] as usize, w[1] as usize);
+            let before = match (x[i].is_nan(), x[j].is_nan()) {
+                (false, true) => true,
+                (true, false) => false,
+                (true, true) => i < j,
+                _ => x[i] > x[j] || (x[i] == x[j] && i < j),
+            };
+            assert!(before, "{i} ({}) before {j} ({})", x[i], x[j]);
+        }
+    }
+
+    /// Each (slot, token) column of MUL_MAT_ID is the reference mul_mat of its expert's
+    /// matrix with that token's row of b, bit for bit.
+    #[test]
+    fn mul_mat_id_is_mul_mat_of_the_chosen_expert() {
+        let (k, m, n_as, n_used, b1, n_tok) = (64usize, 5usize, 3usize, 2usize, 2usize, 4usize);
+        let mut r = rng(9);
+        for w in [DType::F16, DType::Q4_1, DType::Q8_0] {
+            let ta = Tensor::contiguous(w, [k, m, n_as, 1]).unwrap();
+            let vals: Vec<f32> = (0..k * m * n_as).map(|_| r()).collect();
+            let mut a = vec![0u8; ta.nbytes()];
+            if w == DType::F16 {
+                for (o, &v) in a.chunks_exact_mut(2).zip(&vals) {
+                    o.copy_from_slice(&f32_to_f16(v).to_le_bytes());
+                }
+            } else {
+                let rs = ta.row_size();
+                for (o, row) in a.chunks_exact_mut(rs).zip(vals.chunks_exact(k)) {
+                    crate::quant::quantize_row(w, row, o);
+                }
+            }
+            let tb = Tensor::contiguous(DType::F32, [k, b1, n_tok, 1]).unwrap();
+            let b: Vec<u8> = (0..k * b1 * n_tok)
+                .flat_map(|_| r().to_le_bytes())
+                .collect();
+            let ti = Tensor::contiguous(DType::I32, [n_used, n_tok, 1, 1]).unwrap();
+            let ids = [2i32, 0, 1, 1, 0, 2, 2, 2];
+            let ib: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut node = Tensor::contiguous(DType::F32, [m, n_used, n_tok, 1]).unwrap();
+            node.op = Op::MulMatId;
+            let host = |desc, bytes| HostTensor { desc, bytes };
+            let mut out = vec![0u8; node.nbytes()];
+            compute(
+                &node,
+                &[host(&ta, &a[..]), host(&tb, &b[..]), host(&ti, &ib[..])],
+                &mut out,
+            )
+            .unwrap();
+            let te = Tensor::contiguous(w, [k, m, 1, 1]).unwrap();
+            let ty = Tensor::contiguous(DType::F32, [k, 1, 1, 1]).unwrap();
+            let mut mm = Tensor::contiguous(DType::F32, [m, 1, 1, 1]).unwrap();
+            mm.op = Op::MulMat;
+            for t in 0..n_tok {
+                for e in 0..n_used {
+                    let x = ids[t * n_used + e] as usize;
+                    let ab = &a[x * te.nbytes()..(x + 1) * te.nbytes()];
+                    let yb = &b[(t * b1 + e % b1) * 4 * k..][..4 * k];
+                    let mut want = vec![0u8; 4 * m];
+                    compute(&mm, &[host(&te, ab), host(&ty, yb)], &mut want).unwrap();
+                    let o = (t * n_used + e) * 4 * m;
+                    assert_eq!(&out[o..o + 4 * m], &want[..], "{w} slot {e} token {t}");
+                }
+            }
+            // An id out of range is an error.
+            let bad: Vec<u8> = [0i32, 1, 3, 0, 0, 0, 0, 0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let src = [host(&ta, &a[..]), host(&tb, &b[..]), host(&ti, &bad[..])];
+            assert_eq!(
+                compute(&node, &src, &mut out),
+                Err("expert id out of range")
+            );
         }
     }
 
