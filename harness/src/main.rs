@@ -683,6 +683,10 @@ fn run_plan(a: PlanArgs) -> Result<()> {
         .plan(a.slot)
         .ok_or_else(|| HarnessError::Usage("the scheduler made no plan".into()))?;
     print!("{plan}");
+    if session.config.split_mode == SplitMode::TensorReduce {
+        let points = harness::model::tp::reduce_points(&session.model)?;
+        print!("{}", harness::model::tp::reduce_table(&points, a.tokens));
+    }
     Ok(())
 }
 

@@ -316,6 +316,40 @@ pub fn reduce_points(model: &Model) -> Result<Vec<ReducePoint>> {
     Ok(out)
 }
 
+/// The all-reduces of one `tensor-reduce` pass over `n_tokens` tokens as a table: where
+/// each sits, the bytes each device contributes there (F32), and what they would be at the
+/// partial product itself; then the totals.
+pub fn reduce_table(points: &[ReducePoint], n_tokens: usize) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "all-reduces of tensor-reduce, {n_tokens} tokens (bytes per device, F32):"
+    );
+    let _ = writeln!(
+        s,
+        "  {:>5}  {:<18} {:<18} {:>12} {:>14}",
+        "layer", "partial", "reduced after", "bytes", "at the partial"
+    );
+    let (mut at, mut partial) = (0usize, 0usize);
+    for p in points {
+        let (a, b) = (p.bytes_at_point * n_tokens, p.bytes_at_partial * n_tokens);
+        let _ = writeln!(
+            s,
+            "  {:>5}  {:<18} {:<18} {a:>12} {b:>14}",
+            p.layer, p.partial, p.at
+        );
+        at += a;
+        partial += b;
+    }
+    let _ = writeln!(
+        s,
+        "  total: {} all-reduces, {at} bytes ({partial} if each were reduced at its partial)",
+        points.len()
+    );
+    s
+}
+
 /// Checks that each partial sum of `tensor-reduce` is to be reduced ([`reduce_points`])
 /// right where the graph builder reduces it: at the product, since a residual add reads
 /// it next; for a mixture of experts, once after the weighted sum of the chosen experts.
