@@ -18,11 +18,11 @@ use crate::pool::ThreadCtx;
 use crate::reference::f32_to_bf16;
 
 /// Weight rows per chunk.
-const MC: usize = 64;
+pub(crate) const MC: usize = 64;
 /// Activation rows per chunk.
-const NC: usize = 16;
+pub(crate) const NC: usize = 16;
 /// Chunks per thread when there is one activation column.
-const GEMV_CHUNKS: usize = 8;
+pub(crate) const GEMV_CHUNKS: usize = 8;
 
 /// Whether quantised weights of `d` are supported.
 pub(crate) fn quant_supported(d: DType) -> bool {
@@ -42,7 +42,7 @@ pub(crate) fn quant_supported(d: DType) -> bool {
 }
 
 /// Whether float weights must be gathered into dense, aligned rows first.
-fn needs_gather(dtype: DType, ne: [usize; 4], nb: [usize; 4], addr: u64) -> bool {
+pub(crate) fn needs_gather(dtype: DType, ne: [usize; 4], nb: [usize; 4], addr: u64) -> bool {
     if dtype.is_quantized() {
         return false;
     }
@@ -52,7 +52,19 @@ fn needs_gather(dtype: DType, ne: [usize; 4], nb: [usize; 4], addr: u64) -> bool
         || nb[1..].iter().any(|&s| !s.is_multiple_of(ts))
 }
 
-fn round64(n: usize) -> usize {
+/// The address of a tensor's first byte as far as the graph knows it (a view's root's
+/// address plus its offset), or 1 (misaligned for every float dtype, so that scratch for
+/// a gather is reserved) where no address is set yet.
+pub(crate) fn data_addr(t: &Tensor, tensors: &[Tensor]) -> u64 {
+    let own = t.data.map(|d| d.addr);
+    let view = || {
+        let root = tensors.get(t.view_src?.index())?.data?;
+        root.addr.checked_add(t.view_offs as u64)
+    };
+    own.or_else(view).unwrap_or(1)
+}
+
+pub(crate) fn round64(n: usize) -> usize {
     n.div_ceil(64) * 64
 }
 
@@ -71,8 +83,7 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
         .unwrap_or(0)
         .max(crate::simd::packed_row_bytes(k));
     let wb = round64(b.nrows() * vrs);
-    let addr = a.data.map_or(0, |d| d.addr);
-    let wa = if needs_gather(a.dtype, a.ne, a.nb, addr) {
+    let wa = if needs_gather(a.dtype, a.ne, a.nb, data_addr(a, tensors)) {
         round64(a.nrows() * a.dtype.row_size(k).unwrap_or(0))
     } else {
         0
@@ -102,7 +113,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
     let ars = a.dtype.row_size(k).unwrap_or(0);
     if phase == 0 {
-        convert_b(c, th, b, vdt, vrs, packer);
+        convert_b(c, th, b, 0, vdt, vrs, packer);
         if gather {
             gather_a(c, th, a, wb, ars);
         }
@@ -211,11 +222,11 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
 }
 
 /// Bytes of weights prefetched ahead of the tile being computed.
-const PF_DIST: usize = 4096;
+pub(crate) const PF_DIST: usize = 4096;
 
 /// Hints the CPU to bring the cache line at `p` into the caches.
 #[inline(always)]
-fn prefetch(p: *const u8) {
+pub(crate) fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
     unsafe {
@@ -225,10 +236,13 @@ fn prefetch(p: *const u8) {
     let _ = p;
 }
 
-fn convert_b(
+/// Converts the rows of `b` (split between threads) to the dot type's layout: row `r`
+/// at scratch byte `off + r * vrs`.
+pub(crate) fn convert_b(
     c: &NodeCtx<'_>,
     th: &ThreadCtx<'_>,
     b: TView,
+    off: usize,
     vdt: DType,
     vrs: usize,
     packer: Option<crate::simd::Packer>,
@@ -249,7 +263,7 @@ fn convert_b(
         };
         // SAFETY: row r of the activation area of the shared scratch, written by this
         // thread only (rows are split between threads).
-        let out = unsafe { std::slice::from_raw_parts_mut(c.wdata.add(r * vrs), vrs) };
+        let out = unsafe { std::slice::from_raw_parts_mut(c.wdata.add(off + r * vrs), vrs) };
         if let Some(p) = packer {
             (p.pack)(x, out);
             continue;
@@ -276,7 +290,9 @@ fn convert_b(
     }
 }
 
-fn gather_a(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, a: TView, wb: usize, ars: usize) {
+/// Copies the weight rows of `a` (split between threads) into dense rows of `ars` bytes:
+/// row `r` (in [`TView::row_index`] order) at scratch byte `wb + r * ars`.
+pub(crate) fn gather_a(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, a: TView, wb: usize, ars: usize) {
     let ts = a.dtype.type_size();
     let (r0, r1) = NodeCtx::split(a.nrows(), th.ith, th.nth);
     for r in r0..r1 {
