@@ -234,10 +234,28 @@ pub(crate) fn supports(tensors: &[Tensor], node: TensorId) -> Result<(), &'stati
                 "get_rows: unsupported dtype",
             )
         }
-        Op::Add | Op::Mul => ok(
+        Op::Add | Op::Mul | Op::Div => ok(
             float(src(0)?.dtype) && float(src(1)?.dtype) && float(t.dtype),
-            "add/mul: float dtypes only",
+            "add/mul/div: float dtypes only",
         ),
+        Op::Clamp { .. } => ok(
+            src(0)?.dtype == DType::F32 && t.dtype == DType::F32,
+            "clamp: f32 only",
+        ),
+        Op::SumRows => ok(
+            src(0)?.dtype == DType::F32 && t.dtype == DType::F32 && t.ne[0] == 1,
+            "sum_rows: f32 only",
+        ),
+        Op::ArgsortTopK { k } => {
+            let a = src(0)?;
+            ok(
+                a.dtype == DType::F32
+                    && t.dtype == DType::I32
+                    && (1..=a.ne[0]).contains(&(k as usize))
+                    && t.ne[0] == k as usize,
+                "argsort_top_k: f32 rows, 1 <= k <= n, i32 result",
+            )
+        }
         Op::Scale { .. } => ok(float(src(0)?.dtype) && float(t.dtype), "scale: float only"),
         Op::RmsNorm { .. } | Op::Silu | Op::Gelu => ok(src(0)?.dtype == DType::F32, "f32 only"),
         Op::Swiglu | Op::Geglu => ok(
@@ -290,8 +308,32 @@ pub(crate) fn supports(tensors: &[Tensor], node: TensorId) -> Result<(), &'stati
             )
         }
         Op::Concat { .. } => ok(!src(0)?.dtype.is_quantized(), "concat: scalar dtypes only"),
-        Op::Div | Op::MulMatId | Op::ArgsortTopK { .. } | Op::SumRows | Op::Clamp { .. } => {
-            Err("mixture-of-experts ops: in progress")
+        Op::MulMatId => {
+            let (a, b, ids) = (src(0)?, src(1)?, src(2)?);
+            let w_ok = match a.dtype {
+                DType::F32 | DType::F16 | DType::BF16 => true,
+                d => ops::mul_mat::quant_supported(d) && a.rows_contiguous(),
+            };
+            let shapes_ok = a.ne[0] == b.ne[0]
+                && a.ne[2] > 0
+                && a.ne[3] == 1
+                && b.ne[1] > 0
+                && b.ne[3] == 1
+                && ids.ne[2] == 1
+                && ids.ne[3] == 1
+                && ids.ne[0] % b.ne[1] == 0
+                && t.ne == [a.ne[1], ids.ne[0], ids.ne[1], 1]
+                && b.ne[2] == ids.ne[1]
+                && a.ne[2] <= i32::MAX as usize
+                && ids.ne[0] * ids.ne[1] <= u32::MAX as usize;
+            ok(
+                w_ok && b.dtype == DType::F32
+                    && ids.dtype == DType::I32
+                    && ids.rows_contiguous()
+                    && t.dtype == DType::F32
+                    && shapes_ok,
+                "mul_mat_id: weights as mul_mat, f32 b [K, B1, T], i32 ids [n_used, T] with contiguous rows",
+            )
         }
         Op::FlashAttnExt { .. } => {
             let m_ok = match t.src[3] {

@@ -1,4 +1,4 @@
-//! ADD, MUL (with broadcasting), SCALE, SILU, SWIGLU, GELU, GEGLU.
+//! ADD, MUL, DIV (with broadcasting), SCALE, CLAMP, SILU, SWIGLU, GELU, GEGLU.
 
 use std::sync::OnceLock;
 
@@ -19,7 +19,10 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
     let xo = &mut rest[..n];
     let a = c.src[0];
     let b = c.src[1];
-    let binary = matches!(c.node.op, Op::Add | Op::Mul | Op::Swiglu | Op::Geglu);
+    let binary = matches!(
+        c.node.op,
+        Op::Add | Op::Mul | Op::Div | Op::Swiglu | Op::Geglu
+    );
     for r in r0..r1 {
         let (i1, i2, i3) = dst.row_index(r);
         // SAFETY (all row accesses below): rows of resolved tensors; this thread alone
@@ -67,6 +70,12 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
                     *o = x * y;
                 }
             }
+            Op::Div => {
+                for ((o, &x), &y) in out.iter_mut().zip(av).zip(bv) {
+                    *o = x / y;
+                }
+            }
+            Op::Clamp { min, max } => clamp_row(av, min, max, out),
             Op::Scale { scale } => {
                 for (o, &x) in out.iter_mut().zip(av) {
                     *o = x * scale;
@@ -88,6 +97,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
         }
     }
     Ok(())
+}
+
+/// `out_i = reference::clamp(x_i, lo, hi)`, written as compares and selects the
+/// compiler turns into vector min/max and blends.
+fn clamp_row(x: &[f32], lo: f32, hi: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        let m = if v < hi { v } else { hi };
+        let m = if m > lo { m } else { lo };
+        *o = if v.is_nan() { v } else { m };
+    }
 }
 
 /// ggml's `ggml_table_gelu_f16`, widened to f32: entry `h` is

@@ -4,6 +4,7 @@ pub(crate) mod attn;
 pub(crate) mod copy;
 pub(crate) mod elementwise;
 pub(crate) mod get_rows;
+pub(crate) mod moe;
 pub(crate) mod mul_mat;
 pub(crate) mod norm;
 pub(crate) mod rope;
@@ -16,7 +17,7 @@ use crate::pool::ThreadCtx;
 /// Number of phases (separated by barriers) of the node's kernel.
 pub(crate) fn phases(t: &Tensor) -> usize {
     match t.op {
-        Op::MulMat => 2,
+        Op::MulMat | Op::MulMatId => 2,
         _ => 1,
     }
 }
@@ -33,6 +34,7 @@ pub(crate) fn scratch_size(t: &Tensor, tensors: &[Tensor], nth: usize) -> (usize
         .unwrap_or(0);
     match t.op {
         Op::MulMat => mul_mat::scratch(t, tensors, nth),
+        Op::MulMatId => moe::mul_mat_id_scratch(t, tensors),
         Op::FlashAttnExt { .. } => (0, attn::scratch(t, tensors)),
         _ => (0, 4 * 4 * (ne0 + 16)),
     }
@@ -42,13 +44,22 @@ pub(crate) fn scratch_size(t: &Tensor, tensors: &[Tensor], nth: usize) -> (usize
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
     match c.node.op {
         Op::GetRows => get_rows::run(c, th),
-        Op::Add | Op::Mul | Op::Scale { .. } | Op::Silu | Op::Swiglu | Op::Gelu | Op::Geglu => {
-            elementwise::run(c, th)
-        }
+        Op::Add
+        | Op::Mul
+        | Op::Div
+        | Op::Scale { .. }
+        | Op::Clamp { .. }
+        | Op::Silu
+        | Op::Swiglu
+        | Op::Gelu
+        | Op::Geglu => elementwise::run(c, th),
         Op::RmsNorm { eps } => norm::rms_norm(c, th, eps),
         Op::SoftMax { scale, max_bias } => norm::soft_max(c, th, scale, max_bias),
         Op::Rope(p) => rope::run(c, th, &p),
         Op::MulMat => mul_mat::run(c, th, phase),
+        Op::MulMatId => moe::mul_mat_id(c, th, phase),
+        Op::ArgsortTopK { k } => moe::argsort_top_k(c, th, k as usize),
+        Op::SumRows => moe::sum_rows(c, th),
         Op::Cpy | Op::Cont => copy::cpy(c, th),
         Op::SetRows => copy::set_rows(c, th),
         Op::Concat { dim } => copy::concat(c, th, dim as usize),
@@ -58,9 +69,5 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             softcap,
         } => attn::run(c, th, scale, max_bias, softcap),
         Op::None | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose => Ok(()),
-        Op::Div | Op::MulMatId | Op::ArgsortTopK { .. } | Op::SumRows | Op::Clamp { .. } => Err((
-            ggml_core::BackendErrorKind::UnsupportedOp,
-            "mixture-of-experts ops: in progress",
-        )),
     }
 }

@@ -1,0 +1,366 @@
+//! Mixture-of-experts ops: MUL_MAT_ID, ARGSORT_TOP_K, SUM_ROWS.
+//!
+//! MUL_MAT_ID works as ggml's. Phase 0 converts every row of `b` once to the weights'
+//! dot type, in the layout mul_mat's kernels read, and thread 0 groups the
+//! `(slot e, token t)` pairs by expert (a counting sort of `ids`, pairs of an expert in
+//! increasing `t·n_used + e`) into shared scratch, rejecting ids out of range. Phase 1
+//! hands out chunks of (expert, up to [`MC`] weight rows, up to [`NC`] of the expert's
+//! pairs) and runs mul_mat's tiles on them, each column reading its converted row of
+//! `b` in place, each result going to `out[:, e, t]`. A single token uses the level's
+//! matrix × vector kernel where it has one. Every dot product is the same sequence of
+//! operations whatever the kernel or its position in a tile (see [`crate::reference`]),
+//! so a pair's result depends neither on how the tokens are routed nor on the threads.
+
+use std::sync::atomic::Ordering;
+
+use ggml_core::{BackendErrorKind, Tensor};
+
+use super::mul_mat::{
+    convert_b, data_addr, gather_a, needs_gather, prefetch, round64, GEMV_CHUNKS, MC, NC, PF_DIST,
+};
+use crate::exec::{KResult, NodeCtx, TView};
+use crate::pool::ThreadCtx;
+use crate::reference as r;
+
+/// `u32`s of the expert map: `n_as + 1` offsets, `n_as` cursors, then the pairs.
+fn map_words(n_as: usize, n_pairs: usize) -> usize {
+    2 * n_as + 1 + n_pairs
+}
+
+/// Scratch `(shared, per thread)` bytes of MUL_MAT_ID: the expert map, `b`'s rows in
+/// the largest of the layouts a level may pick, and room for gathered float weights.
+pub(crate) fn mul_mat_id_scratch(t: &Tensor, tensors: &[Tensor]) -> (usize, usize) {
+    let (Some(a), Some(b)) = (t.src[0], t.src[1]) else {
+        return (0, 0);
+    };
+    let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
+    let k = a.ne[0];
+    let vrs = a
+        .dtype
+        .vec_dot_type()
+        .row_size(k)
+        .unwrap_or(0)
+        .max(crate::simd::packed_row_bytes(k));
+    let map = round64(4 * map_words(a.ne[2], t.ne[1] * t.ne[2]));
+    let wb = round64(b.nrows() * vrs);
+    let wa = if needs_gather(a.dtype, a.ne, a.nb, data_addr(a, tensors)) {
+        round64(a.nrows() * a.dtype.row_size(k).unwrap_or(0))
+    } else {
+        0
+    };
+    (map + wb + wa, 4 * (k + 16))
+}
+
+/// Counting sort of the pairs `p = t·n_used + e` by expert `ids[e, t]` into `map`.
+fn group_by_expert(ids: TView, n_as: usize, map: &mut [u32]) -> KResult {
+    let (n_used, n_tok) = (ids.ne[0], ids.ne[1]);
+    let (off, rest) = map.split_at_mut(n_as + 1);
+    let (cur, pairs) = rest.split_at_mut(n_as);
+    let id = |e: usize, t: usize| -> i32 {
+        let p = ids.ptr.wrapping_add(e * ids.nb[0] + t * ids.nb[1]);
+        // SAFETY: element (e, t) of the resolved I32 ids tensor; nobody writes it now.
+        unsafe { (p as *const i32).read_unaligned() }
+    };
+    off.fill(0);
+    for t in 0..n_tok {
+        for e in 0..n_used {
+            let x = id(e, t);
+            if x < 0 || x as usize >= n_as {
+                return Err((BackendErrorKind::BadData, "expert id out of range"));
+            }
+            off[x as usize + 1] += 1;
+        }
+    }
+    for x in 0..n_as {
+        off[x + 1] += off[x];
+    }
+    cur.copy_from_slice(&off[..n_as]);
+    for t in 0..n_tok {
+        for e in 0..n_used {
+            let x = id(e, t) as usize;
+            pairs[cur[x] as usize] = (t * n_used + e) as u32;
+            cur[x] += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Phase `phase` (0: convert and group, 1: products) of MUL_MAT_ID on this thread.
+pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
+    let (dst, a, b, ids) = (c.dst, c.src[0], c.src[1], c.src[2]);
+    let k = a.ne[0];
+    let (m_all, n_as) = (a.ne[1], a.ne[2]);
+    let (n_used, n_tok, b1) = (dst.ne[1], dst.ne[2], b.ne[1]);
+    let n_pairs = n_used * n_tok;
+    let vdt = a.dtype.vec_dot_type();
+    let gemv = if n_tok == 1 {
+        (c.k.gemv)(a.dtype)
+    } else {
+        None
+    };
+    let packer = match gemv {
+        Some(g) => Some(g.pack),
+        None => (c.k.pack)(a.dtype),
+    };
+    let vrs = match packer {
+        Some(p) => (p.row_bytes)(k),
+        None => vdt.row_size(k).unwrap_or(0),
+    };
+    let map_bytes = round64(4 * map_words(n_as, n_pairs));
+    let boff = map_bytes;
+    let aoff = boff + round64(b.nrows() * vrs);
+    let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
+    let ars = a.dtype.row_size(k).unwrap_or(0);
+    if phase == 0 {
+        if th.ith == 0 {
+            // SAFETY: the map area at the start of the shared scratch (u32-aligned: the
+            // scratch is 64-byte aligned); only thread 0 touches it in phase 0.
+            let map = unsafe {
+                std::slice::from_raw_parts_mut(c.wdata as *mut u32, map_words(n_as, n_pairs))
+            };
+            group_by_expert(ids, n_as, map)?;
+        }
+        convert_b(c, th, b, boff, vdt, vrs, packer);
+        if gather {
+            gather_a(c, th, a, aoff, ars);
+        }
+        return Ok(());
+    }
+    let Some(tile) = (c.k.mm)(a.dtype) else {
+        return Err((
+            BackendErrorKind::UnsupportedOp,
+            "no kernel for this weight dtype",
+        ));
+    };
+    // SAFETY: the map written by thread 0 in phase 0 (the barrier after it published
+    // it); read-only now.
+    let map =
+        unsafe { std::slice::from_raw_parts(c.wdata as *const u32, map_words(n_as, n_pairs)) };
+    let (off, pairs) = (&map[..n_as + 1], &map[2 * n_as + 1..]);
+    // One token: about GEMV_CHUNKS chunks per thread, as mul_mat.
+    let mc = if n_tok == 1 {
+        ((m_all * n_pairs).div_ceil(th.nth * GEMV_CHUNKS).div_ceil(4) * 4).max(32)
+    } else {
+        MC
+    };
+    let m_chunks = m_all.div_ceil(mc);
+    let wrow = |x: usize, m: usize| -> *const u8 {
+        if gather {
+            c.wdata.wrapping_add(aoff + (x * m_all + m) * ars) as *const u8
+        } else {
+            a.row_ptr(m, x, 0) as *const u8
+        }
+    };
+    let dense = gather || a.nb[1] == ars;
+    // The converted row of `b` that pair `p` multiplies.
+    let brow = |p: usize| -> &[u8] {
+        let (e, t) = (p % n_used, p / n_used);
+        let row = t * b1 + e % b1;
+        // SAFETY: row `row` of the converted activations written in phase 0 (published
+        // by the barrier); read-only now.
+        unsafe { std::slice::from_raw_parts(c.wdata.add(boff + row * vrs), vrs) }
+    };
+    let store = |m: usize, p: usize, v: f32| {
+        let (e, t) = (p % n_used, p / n_used);
+        let q = dst
+            .ptr
+            .wrapping_add(m * dst.nb[0] + e * dst.nb[1] + t * dst.nb[2]);
+        // SAFETY: output element (m, e, t): inside the resolved destination, written only
+        // by the thread owning the chunk of weight rows `m` of pair `p`.
+        unsafe { (q as *mut f32).write_unaligned(v) };
+    };
+    // A chunk's pairs: up to NC for the tiles, one for the matrix × vector kernel.
+    let nc = if gemv.is_some() { 1 } else { NC };
+    let mut out = [0f32; 16];
+    // Chunks go by expert, then block of its pairs, then block of weight rows; `x` and
+    // `base` (its first chunk) follow the expert of the chunks this thread takes, whose
+    // numbers only grow.
+    let (mut x, mut base) = (0usize, 0usize);
+    loop {
+        let ch = c.chunk.fetch_add(1, Ordering::Relaxed);
+        let mut n_x = m_chunks * ((off[x + 1] - off[x]) as usize).div_ceil(nc);
+        while ch >= base + n_x && x + 1 < n_as {
+            base += n_x;
+            x += 1;
+            n_x = m_chunks * ((off[x + 1] - off[x]) as usize).div_ceil(nc);
+        }
+        if ch >= base + n_x {
+            break;
+        }
+        let local = ch - base;
+        let (mi, ni) = (local % m_chunks, local / m_chunks);
+        let p0 = off[x] as usize + ni * nc;
+        let p1 = (p0 + nc).min(off[x + 1] as usize);
+        let (m0, m1) = (mi * mc, ((mi + 1) * mc).min(m_all));
+        // Keep the next PF_DIST bytes of the chunk's weight rows in flight while the
+        // first block of columns runs, as mul_mat does.
+        let (pf_end, mut pf) = (wrow(x, m1) as usize, wrow(x, m0) as usize);
+        let mut q = p0;
+        while q < p1 {
+            let ncols = (p1 - q).min(4);
+            let mut brows: [&[u8]; 4] = [&[]; 4];
+            for (cc, br) in brows.iter_mut().enumerate().take(ncols) {
+                *br = brow(pairs[q + cc] as usize);
+            }
+            let mut m = m0;
+            while m < m1 {
+                let nrows = (m1 - m).min(4);
+                if dense {
+                    let want = (wrow(x, m + nrows) as usize + PF_DIST).min(pf_end);
+                    while pf < want {
+                        prefetch(pf as *const u8);
+                        pf += 64;
+                    }
+                }
+                let mut arows: [&[u8]; 4] = [&[]; 4];
+                for (rr, ar) in arows.iter_mut().enumerate().take(nrows) {
+                    // SAFETY: a dense weight row of `ars` bytes: in the resolved weight
+                    // tensor, or gathered in phase 0; nobody writes it now.
+                    *ar = unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) };
+                }
+                match gemv {
+                    Some(g) => {
+                        let mut o = [0f32; 4];
+                        (g.rows)(k, &arows[..nrows], brows[0], &mut o);
+                        for (rr, v) in o.iter().enumerate() {
+                            out[rr * 4] = *v;
+                        }
+                    }
+                    None => tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out),
+                }
+                for rr in 0..nrows {
+                    for cc in 0..ncols {
+                        store(m + rr, pairs[q + cc] as usize, out[rr * 4 + cc]);
+                    }
+                }
+                m += nrows;
+            }
+            q += ncols;
+        }
+    }
+    Ok(())
+}
+
+/// A key whose ascending order is [`r::top_k_order`]: larger numbers first, `-0` and
+/// `+0` equal, NaN (any payload) last.
+#[inline]
+fn top_k_key(v: f32) -> u32 {
+    if v.is_nan() {
+        return u32::MAX;
+    }
+    // Adding +0 turns -0 into +0 and changes nothing else.
+    let b = (v + 0.0).to_bits();
+    let ascending = if b >> 31 == 1 { !b } else { b | 1 << 31 };
+    // At most !0x007f_ffff (for -inf), below the NaN key.
+    !ascending
+}
+
+/// ARGSORT_TOP_K: each row's `(key, index)` pairs as u64, partially selected and sorted.
+/// The pairs are distinct, so any (unstable) algorithm gives the reference's stable order.
+pub(crate) fn argsort_top_k(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, k: usize) -> KResult {
+    let (dst, a) = (c.dst, c.src[0]);
+    let n = a.ne[0];
+    let sc = c.scratch_f32();
+    let (kbuf, rest) = sc.split_at_mut(2 * n);
+    let xs = &mut rest[..n];
+    // SAFETY: every bit pattern is a valid u64; the thread scratch is 64-byte aligned, so
+    // the first 2n f32 are n aligned u64 (checked by align_to_mut's split).
+    let (pre, keys, _) = unsafe { kbuf.align_to_mut::<u64>() };
+    if !pre.is_empty() || keys.len() < n {
+        return Err((
+            BackendErrorKind::Device,
+            "misaligned scratch (bug in ggml-cpu)",
+        ));
+    }
+    let keys = &mut keys[..n];
+    let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
+    for row in r0..r1 {
+        let (i1, i2, i3) = dst.row_index(row);
+        // SAFETY: a row of the resolved source, which nobody writes during this node
+        // unless it shares bytes with the destination (then it is copied first).
+        let x: &[f32] = match unsafe { a.row_f32(i1, i2, i3) } {
+            Some(s) if !c.alias[0] => s,
+            _ => {
+                unsafe { a.read_row(i1, i2, i3, xs) };
+                xs
+            }
+        };
+        for (i, (kk, &v)) in keys.iter_mut().zip(x).enumerate() {
+            *kk = (u64::from(top_k_key(v)) << 32) | i as u64;
+        }
+        if k < n {
+            keys.select_nth_unstable(k - 1);
+        }
+        keys[..k].sort_unstable();
+        let out = dst.row_ptr(i1, i2, i3);
+        for (j, &kk) in keys[..k].iter().enumerate() {
+            let p = out.wrapping_add(j * dst.nb[0]);
+            // SAFETY: element j of this thread's destination row (I32, resolved).
+            unsafe { (p as *mut i32).write_unaligned(kk as u32 as i32) };
+        }
+    }
+    Ok(())
+}
+
+/// SUM_ROWS: [`r::sum_row`] of each row (an f64 running sum, so no vector lanes).
+pub(crate) fn sum_rows(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
+    let (dst, a) = (c.dst, c.src[0]);
+    let xs = c.scratch_f32();
+    let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
+    for row in r0..r1 {
+        let (i1, i2, i3) = dst.row_index(row);
+        // SAFETY: a row of the resolved source, which nobody writes during this node
+        // unless it shares bytes with the destination (then it is copied first).
+        let x: &[f32] = match unsafe { a.row_f32(i1, i2, i3) } {
+            Some(s) if !c.alias[0] => s,
+            _ => {
+                unsafe { a.read_row(i1, i2, i3, xs) };
+                &xs[..a.ne[0]]
+            }
+        };
+        let v = r::sum_row(x);
+        // SAFETY: element (0, i1, i2, i3) of the resolved F32 destination, this thread's.
+        unsafe { dst.set(dst.row_ptr(i1, i2, i3), 0, v) };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The u64 keys order every pair of values as the reference's comparator does.
+    #[test]
+    fn top_k_key_is_the_reference_order() {
+        let mut v = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffff_ffff),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            1.5,
+            0.25,
+        ];
+        v.extend((0..200).map(|i| (i as f32 - 100.0) * 0.37));
+        for &a in &v {
+            for &b in &v {
+                assert_eq!(
+                    top_k_key(a).cmp(&top_k_key(b)),
+                    r::top_k_order(a, b),
+                    "{a:e} vs {b:e}"
+                );
+            }
+        }
+    }
+}
