@@ -152,22 +152,15 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         }
     };
     let dense = gather || a.nb[1] == ars;
-    // The converted row of `b` that pair `p` multiplies.
-    let brow = |p: usize| -> &[u8] {
+    // The converted row of `b` that pair `p` multiplies, and the byte offset of its
+    // output column `out[:, e, t]`.
+    let column = |p: usize| -> (&[u8], usize) {
         let (e, t) = (p % n_used, p / n_used);
         let row = t * b1 + e % b1;
         // SAFETY: row `row` of the converted activations written in phase 0 (published
         // by the barrier); read-only now.
-        unsafe { std::slice::from_raw_parts(c.wdata.add(boff + row * vrs), vrs) }
-    };
-    let store = |m: usize, p: usize, v: f32| {
-        let (e, t) = (p % n_used, p / n_used);
-        let q = dst
-            .ptr
-            .wrapping_add(m * dst.nb[0] + e * dst.nb[1] + t * dst.nb[2]);
-        // SAFETY: output element (m, e, t): inside the resolved destination, written only
-        // by the thread owning the chunk of weight rows `m` of pair `p`.
-        unsafe { (q as *mut f32).write_unaligned(v) };
+        let y = unsafe { std::slice::from_raw_parts(c.wdata.add(boff + row * vrs), vrs) };
+        (y, e * dst.nb[1] + t * dst.nb[2])
     };
     // A chunk's pairs: up to NC for the tiles, one for the matrix × vector kernel.
     let nc = if gemv.is_some() { 1 } else { NC };
@@ -199,8 +192,9 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         while q < p1 {
             let ncols = (p1 - q).min(4);
             let mut brows: [&[u8]; 4] = [&[]; 4];
-            for (cc, br) in brows.iter_mut().enumerate().take(ncols) {
-                *br = brow(pairs[q + cc] as usize);
+            let mut cols = [0usize; 4];
+            for cc in 0..ncols {
+                (brows[cc], cols[cc]) = column(pairs[q + cc] as usize);
             }
             let mut m = m0;
             while m < m1 {
@@ -230,7 +224,11 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
                 }
                 for rr in 0..nrows {
                     for cc in 0..ncols {
-                        store(m + rr, pairs[q + cc] as usize, out[rr * 4 + cc]);
+                        let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + cols[cc]);
+                        // SAFETY: output element (m + rr, e, t) of column cc's pair: inside
+                        // the resolved destination, written only by the thread owning
+                        // this chunk.
+                        unsafe { (o as *mut f32).write_unaligned(out[rr * 4 + cc]) };
                     }
                 }
                 m += nrows;
