@@ -1,9 +1,10 @@
 //! Criterion benchmarks of the CPU backend at SmolLM2-135M shapes (K-quant mul_mat at
 //! Gemma 3 270M's).
 //!
-//! `cargo bench -p ggml-cpu -- --quick` runs them briefly. Throughput is reported in
-//! elements per second where one element is one floating-point operation (mul_mat:
-//! `2·N·K·M`) or one byte moved (rms_norm, rope, soft_max: bytes read + written).
+//! `cargo bench -p ggml-cpu -- --quick` runs them briefly, `-- mul_mat_id` only the
+//! mixture-of-experts products. Throughput is reported in elements per second where one
+//! element is one floating-point operation (mul_mat: `2·N·K·M`, mul_mat_id:
+//! `2·n_used·T·K·M`) or one byte moved (rms_norm, rope, soft_max: bytes read + written).
 
 use std::hint::black_box;
 
@@ -155,6 +156,75 @@ fn mul_mat(c: &mut Criterion) {
     group.finish();
 }
 
+/// MUL_MAT_ID at the MoE FFN shapes of SmolLM2 upcycled to 4 experts with 2 used per
+/// token: up/gate (`[576, 1536]` per expert, one row of `b` per token) and down
+/// (`[1536, 576]` per expert, one row of `b` per chosen expert), for a 512-token prompt
+/// and one token, next to a dense mul_mat of the same arithmetic (and, for one token, the
+/// same weight bytes). Routing: a fixed pseudo-random top-2 of 4 per token.
+fn mul_mat_id(c: &mut Criterion) {
+    let be = backend();
+    let mut group = c.benchmark_group(format!("mul_mat_id/{}x{}t", be.isa(), be.n_threads()));
+    group.sample_size(10);
+    group.warm_up_time(std::time::Duration::from_millis(300));
+    group.measurement_time(std::time::Duration::from_secs(2));
+    let (n_as, n_used) = (4usize, 2usize);
+    let cases = [
+        ("up", DType::Q4_1, 576, 1536, 1),
+        ("up", DType::Q8_0, 576, 1536, 1),
+        ("down", DType::Q4_1, 1536, 576, n_used),
+        ("down", DType::Q8_0, 1536, 576, n_used),
+        ("down", DType::Q6K, 1536, 576, n_used),
+    ];
+    for (name, w, k, m, b1) in cases {
+        for n_tok in [512usize, 1] {
+            let g = setup(&be, |ctx| {
+                let a = ctx.new_tensor(w, [k, m, n_as, 1]).unwrap();
+                let b = ctx.new_tensor(DType::F32, [k, b1, n_tok, 1]).unwrap();
+                let ids = ctx.new_tensor(DType::I32, [n_used, n_tok, 1, 1]).unwrap();
+                ctx.mul_mat_id(a, b, ids).unwrap()
+            });
+            let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+            let ids: Vec<u8> = (0..n_tok)
+                .flat_map(|_| {
+                    let first = (rng.next() % n_as as u64) as i32;
+                    let second =
+                        (first + 1 + (rng.next() % (n_as as u64 - 1)) as i32) % n_as as i32;
+                    [first, second]
+                })
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let id = g.tensors[g.out.index()].src[2].unwrap();
+            be.set_tensor_async(&g.tensors[id.index()], 0, &ids)
+                .unwrap();
+            be.synchronize().unwrap();
+            let flops = (2 * n_used * n_tok * k * m) as u64;
+            group.throughput(Throughput::Elements(flops));
+            group.bench_with_input(
+                BenchmarkId::new(format!("{}/{name}", w.name()), format!("t{n_tok}")),
+                &g,
+                |bch, g| bch.iter(|| run(&be, black_box(g))),
+            );
+            // The same work: for a prompt, one expert's matrix times every (slot, token)
+            // column; for one token, the chosen experts' rows stacked times its column.
+            let (dm, dn) = match n_tok {
+                1 => (n_used * m, 1),
+                _ => (m, n_used * n_tok),
+            };
+            let dense = setup(&be, |ctx| {
+                let a = ctx.new_tensor(w, [k, dm, 1, 1]).unwrap();
+                let b = ctx.new_tensor(DType::F32, [k, dn, 1, 1]).unwrap();
+                ctx.mul_mat(a, b).unwrap()
+            });
+            group.bench_with_input(
+                BenchmarkId::new(format!("{}/{name}-dense", w.name()), format!("t{n_tok}")),
+                &dense,
+                |bch, g| bch.iter(|| run(&be, black_box(g))),
+            );
+        }
+    }
+    group.finish();
+}
+
 fn row_ops(c: &mut Criterion) {
     let be = backend();
     let mut group = c.benchmark_group(format!("rows/{}x{}t", be.isa(), be.n_threads()));
@@ -228,5 +298,5 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, mul_mat, row_ops, attention);
+criterion_group!(benches, mul_mat, mul_mat_id, row_ops, attention);
 criterion_main!(benches);
