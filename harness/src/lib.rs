@@ -9,6 +9,7 @@
 //! - [`perplexity`]: llama-perplexity's method, exactly;
 //! - [`regress`], [`matrix`], [`golden`]: regression matrices from TOML files, goldens;
 //! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download;
+//! - [`make_moe`]: sparse upcycling of a dense llama (SmolLM2) into a mixture of experts;
 //! - [`trace`]: Chrome trace files of scheduler runs and their summary.
 #![warn(missing_docs)]
 
@@ -21,6 +22,7 @@ pub mod generate;
 pub mod gguf_file;
 pub mod gguf_writer;
 pub mod golden;
+pub mod make_moe;
 pub mod matrix;
 pub mod model;
 pub mod perplexity;
@@ -69,17 +71,45 @@ pub fn gemma3_model_path() -> error::Result<std::path::PathBuf> {
         .map_err(|e| error::HarnessError::Model(format!("gemma3-270m: {e}")))
 }
 
+/// The name of the upcycled SmolLM2 ([`moe_model_path`]) wherever a model name is
+/// accepted.
+pub const MOE_MODEL_NAME: &str = "smollm2-moe";
+
+/// SmolLM2 upcycled into a mixture of 4 experts, 2 used per token (seed 1, the default
+/// noise and router of [`make_moe::MoeOptions`]), in the model cache. Built from the
+/// cached SmolLM2 (downloaded if missing) on first use, written aside and renamed so that
+/// parallel callers never see half a file; the file name carries
+/// [`make_moe::MAKE_MOE_VERSION`], so a changed generator builds a new file.
+pub fn moe_model_path() -> error::Result<std::path::PathBuf> {
+    let dense = default_model_path()?;
+    let dir = fetch::cache_dir().map_err(error::HarnessError::Model)?;
+    let opts = make_moe::MoeOptions::default();
+    let path = dir.join(format!(
+        "SmolLM2-135M-Instruct.Q4_1.moe{}x{}-s{}-v{}.gguf",
+        opts.experts,
+        opts.used,
+        opts.seed,
+        make_moe::MAKE_MOE_VERSION
+    ));
+    if !path.exists() {
+        make_moe::make_moe(&dense, &opts, &path)?;
+    }
+    Ok(path)
+}
+
 /// `path`, or the cached default model when it is `None`. A `path` that is not an
 /// existing file but the name of a known model (`smollm2-135m`, `gemma3-270m`) is that
-/// model, downloaded and verified into the cache if missing.
+/// model, downloaded and verified into the cache if missing; `smollm2-moe` is
+/// [`moe_model_path`].
 pub fn model_path(path: Option<&std::path::Path>) -> error::Result<std::path::PathBuf> {
     match path {
+        Some(p) if !p.exists() && p.to_str() == Some(MOE_MODEL_NAME) => moe_model_path(),
         Some(p) if !p.exists() => match p.to_str().and_then(fetch::known_model) {
             Some(m) => {
                 fetch::fetch(m).map_err(|e| error::HarnessError::Model(format!("{}: {e}", m.name)))
             }
             None => Err(error::HarnessError::Usage(format!(
-                "model {}: no such file, and not the name of a known model ({})",
+                "model {}: no such file, and not the name of a known model ({}, {MOE_MODEL_NAME})",
                 p.display(),
                 fetch::known_model_names()
             ))),

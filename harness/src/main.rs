@@ -72,6 +72,9 @@ enum Command {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
+    /// Upcycles a dense llama model (e.g. SmolLM2) into a mixture of experts in Mixtral's
+    /// layout, which llama.cpp loads as is, and prints a one-line summary.
+    MakeMoe(MakeMoeArgs),
     /// Summarises a `--trace` file: busy and idle time per queue, overlap of the queues,
     /// the sync pattern of each split and the host syncs by rule.
     TraceSummary {
@@ -81,6 +84,32 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args, Debug)]
+struct MakeMoeArgs {
+    /// Dense llama GGUF model or a known model's name (default: the cached SmolLM2).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Experts per feed-forward block (2..=1024).
+    #[arg(long, default_value_t = 4)]
+    experts: usize,
+    /// Experts each token uses (1..=experts).
+    #[arg(long, default_value_t = 2)]
+    used: usize,
+    /// Seed of the experts' noise and of the routers.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Noise of each expert weight, relative to the RMS of its row (one standard
+    /// deviation; requantisation adds its own).
+    #[arg(long, default_value_t = harness::make_moe::DEFAULT_NOISE)]
+    noise: f32,
+    /// Standard deviation of the routers' logits for a typical hidden state.
+    #[arg(long, default_value_t = harness::make_moe::DEFAULT_ROUTER_SCALE)]
+    router_scale: f32,
+    /// Output GGUF file.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -796,6 +825,7 @@ fn main() -> ExitCode {
             dtype,
             seed,
         } => synth_model(&arch, &out, &dtype, seed),
+        Command::MakeMoe(a) => run_make_moe(a),
         Command::TraceSummary { file, json } => harness::trace::summarize(&file).map(|s| {
             if json {
                 println!("{}", serde_json::to_string(&s).expect("serialisable"));
@@ -811,6 +841,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_make_moe(a: MakeMoeArgs) -> Result<()> {
+    let src = harness::model_path(a.model.as_deref())?;
+    let opts = harness::make_moe::MoeOptions {
+        experts: a.experts,
+        used: a.used,
+        seed: a.seed,
+        noise: a.noise,
+        router_scale: a.router_scale,
+    };
+    let t0 = Instant::now();
+    let s = harness::make_moe::make_moe(&src, &opts, &a.out)?;
+    println!(
+        "wrote {} from {} in {:.1} s: {s}",
+        a.out.display(),
+        src.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn synth_model(arch: &str, out: &std::path::Path, dtype: &str, seed: u64) -> Result<()> {
