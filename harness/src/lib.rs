@@ -7,6 +7,7 @@
 //! - [`generate`]: greedy and sampled continuation of a prompt;
 //! - [`placement`], [`executor`]: weights and KV cache in backend memory, running passes;
 //! - [`perplexity`]: llama-perplexity's method, exactly;
+//! - [`kl`]: KL divergence against a llama-perplexity `--kl-divergence-base` file;
 //! - [`regress`], [`matrix`], [`golden`]: regression matrices from TOML files, goldens;
 //! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download;
 //! - [`make_moe`]: sparse upcycling of a dense llama (SmolLM2) into a mixture of experts;
@@ -22,6 +23,7 @@ pub mod generate;
 pub mod gguf_file;
 pub mod gguf_writer;
 pub mod golden;
+pub mod kl;
 pub mod make_moe;
 pub mod matrix;
 pub mod model;

@@ -270,6 +270,12 @@ struct PplArgs {
     /// `trace-summary`).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Also compare our logits with the base model's log-probabilities in FILE, written by
+    /// `llama-perplexity --kl-divergence-base FILE` over the same text and --ctx, and print
+    /// llama-perplexity --kl-divergence's table and statistics (KL divergence, Δp, same
+    /// top token).
+    #[arg(long, value_name = "FILE")]
+    kl_divergence_base: Option<PathBuf>,
 }
 
 /// Devices and how to use them (shared by perplexity and bench).
@@ -430,31 +436,61 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
             a.batch.min(a.ctx * n_seq)
         );
     }
-    let mut printed = String::new();
-    let r = perplexity(
-        &session.model,
-        exec.as_mut(),
-        &mut kv,
-        &tokens,
-        bos,
-        settings,
-        |i, n, p| {
-            if let Some(b) = &bar {
-                b.set_length(n as u64);
-                b.set_position(i as u64 + 1);
-            }
-            if !a.json {
-                let s = format!("[{}]{p:.4},", i + 1);
-                printed.push_str(&s);
-                if let Some(b) = &bar {
-                    b.println(&s);
-                } else {
-                    print!("{s}");
-                    let _ = std::io::stdout().flush();
+    let mut kl = match &a.kl_divergence_base {
+        Some(p) => Some(harness::kl::KlRun::new(harness::kl::KlBase::open(p)?)),
+        None => None,
+    };
+    // Progress after each chunk: llama-perplexity's `[i]ppl,` or, with a base file, a row
+    // of its --kl-divergence table.
+    let progress = |i: usize, n: usize, p: f64, st: Option<&harness::kl::KlStats>| {
+        if let Some(b) = &bar {
+            b.set_length(n as u64);
+            b.set_position(i as u64 + 1);
+        }
+        if !a.json {
+            let s = match st {
+                None => format!("[{}]{p:.4},", i + 1),
+                Some(st) if i == 0 => {
+                    format!(
+                        "{}\n{}",
+                        harness::kl::KlStats::TABLE_HEADER,
+                        st.chunk_line(i)
+                    )
                 }
+                Some(st) => st.chunk_line(i),
+            };
+            if let Some(b) = &bar {
+                b.println(&s);
+            } else if st.is_some() {
+                println!("{s}");
+            } else {
+                print!("{s}");
+                let _ = std::io::stdout().flush();
             }
-        },
-    )?;
+        }
+    };
+    let r = match kl.as_mut() {
+        None => perplexity(
+            &session.model,
+            exec.as_mut(),
+            &mut kv,
+            &tokens,
+            bos,
+            settings,
+            |i, n, p| progress(i, n, p, None),
+        )?,
+        Some(kl) => harness::perplexity::perplexity_kl(
+            &session.model,
+            exec.as_mut(),
+            &mut kv,
+            &tokens,
+            bos,
+            settings,
+            kl,
+            |i, n, p, st| progress(i, n, p, Some(st)),
+        )?,
+    };
+    let kl_report = kl.as_ref().and_then(|k| k.stats.report());
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -462,7 +498,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     write_trace(exec.as_mut(), a.trace.as_deref())?;
     let races = report_races(&session)?;
     if a.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "ppl": r.ppl,
             "ppl_f64_bits": format!("{:016x}", r.ppl.to_bits()),
             "ppl_stderr": r.ppl_stderr,
@@ -476,10 +512,25 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
             "seconds": seconds,
             "races": races,
         });
+        if let Some(k) = &kl_report {
+            v["kl_divergence"] = serde_json::to_value(k).expect("serialisable");
+        }
         println!("{v}");
     } else {
         println!();
         println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.ppl_stderr);
+        if let Some(k) = &kl_report {
+            if k.count < 100 {
+                // llama-perplexity prints no statistics over so few values.
+                eprintln!(
+                    "kl-divergence: only {} tokens scored; llama-perplexity prints no statistics under 100",
+                    k.count
+                );
+            } else {
+                println!();
+                print!("{k}");
+            }
+        }
         eprintln!("({} tokens scored in {seconds:.1} s)", r.n_scored);
     }
     if races > 0 {

@@ -5,6 +5,7 @@ use sha2::{Digest, Sha256};
 use crate::batch::Batch;
 use crate::error::{HarnessError, Result};
 use crate::executor::Executor;
+use crate::kl::{KlRun, KlStats};
 use crate::model::Model;
 use crate::placement::KvCache;
 
@@ -61,6 +62,10 @@ fn split_by_sequence(batch: &Batch, logits: &[f32], n_vocab: usize, seq_logits: 
     }
 }
 
+/// Called after each chunk with its index, the number of chunks, the running perplexity
+/// and, in a KL-divergence run, the KL sums so far.
+type OnChunk<'f> = dyn FnMut(usize, usize, f64, Option<&KlStats>) + 'f;
+
 /// The running sums of a perplexity run, in token order.
 struct Scorer<'a> {
     tokens: &'a [u32],
@@ -72,6 +77,8 @@ struct Scorer<'a> {
     nll2: f64,
     count: usize,
     chunks: Vec<f64>,
+    /// The KL-divergence run against a base file, if one was asked for.
+    kl: Option<&'a mut KlRun>,
 }
 
 impl Scorer<'_> {
@@ -82,11 +89,11 @@ impl Scorer<'_> {
         seqs: usize,
         batch: &Batch,
         logits: &[f32],
-        on_chunk: &mut impl FnMut(usize, usize, f64),
-    ) {
+        on_chunk: &mut OnChunk<'_>,
+    ) -> Result<()> {
         let mut seq_logits = vec![Vec::new(); seqs];
         split_by_sequence(batch, logits, self.n_vocab, &mut seq_logits);
-        self.group(i, &seq_logits, on_chunk);
+        self.group(i, &seq_logits, on_chunk)
     }
 
     /// Scores a group of chunks starting at chunk `i` (one logits vector per chunk, rows
@@ -95,28 +102,41 @@ impl Scorer<'_> {
         &mut self,
         i: usize,
         seq_logits: &[Vec<f32>],
-        on_chunk: &mut impl FnMut(usize, usize, f64),
-    ) {
+        on_chunk: &mut OnChunk<'_>,
+    ) -> Result<()> {
         let (tokens, n_ctx, n_vocab, n_chunk) =
             (self.tokens, self.n_ctx, self.n_vocab, self.n_chunk);
         let first = n_ctx / 2;
         for (seq, logits) in seq_logits.iter().enumerate() {
             let start = (i + seq) * n_ctx;
+            if let Some(kl) = self.kl.as_deref_mut() {
+                kl.begin_chunk(i + seq)?;
+            }
             // Rows are positions first..n_ctx-1; the last is computed but not scored.
             for (r, pos) in (first..n_ctx - 1).enumerate() {
                 let l = &logits[r * n_vocab..(r + 1) * n_vocab];
                 for x in l {
                     self.hasher.update(x.to_bits().to_le_bytes());
                 }
-                let v = token_nll(l, tokens[start + pos + 1] as usize);
+                let tok = tokens[start + pos + 1] as usize;
+                let v = token_nll(l, tok);
                 self.nll += v;
                 self.nll2 += v * v;
                 self.count += 1;
+                if let Some(kl) = self.kl.as_deref_mut() {
+                    kl.row(r, l, tok);
+                }
             }
             let running = (self.nll / self.count as f64).exp();
             self.chunks.push(running);
-            on_chunk(i + seq, n_chunk, running);
+            on_chunk(
+                i + seq,
+                n_chunk,
+                running,
+                self.kl.as_deref().map(|kl| &kl.stats),
+            );
         }
+        Ok(())
     }
 }
 
@@ -129,6 +149,62 @@ pub fn perplexity(
     bos: Option<u32>,
     s: PplSettings,
     mut on_chunk: impl FnMut(usize, usize, f64),
+) -> Result<PplResult> {
+    run(model, exec, kv, tokens, bos, s, None, &mut |i, n, p, _| {
+        on_chunk(i, n, p)
+    })
+}
+
+/// Perplexity and, as `llama-perplexity --kl-divergence` computes them, the KL divergence
+/// and token-probability statistics of our logits against the base file of `kl` (written
+/// by `llama-perplexity --kl-divergence-base`). The base file must have been made with
+/// the same `n_ctx`, vocabulary and tokens (checked first; the error names the first
+/// differing token); the run covers the file's chunks, or fewer if `tokens` or
+/// `s.max_chunks` hold fewer. `on_chunk(i, n, ppl, stats)` sees the KL sums after each
+/// chunk; the final statistics are `kl.stats.report()`.
+#[allow(clippy::too_many_arguments)] // perplexity's arguments and the base file
+pub fn perplexity_kl(
+    model: &Model,
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    bos: Option<u32>,
+    s: PplSettings,
+    kl: &mut KlRun,
+    mut on_chunk: impl FnMut(usize, usize, f64, &KlStats),
+) -> Result<PplResult> {
+    let n_chunk = kl.base.check_run(s.n_ctx, model.hp.n_vocab, tokens)?;
+    let s = PplSettings {
+        max_chunks: Some(s.max_chunks.unwrap_or(usize::MAX).min(n_chunk)),
+        ..s
+    };
+    run(
+        model,
+        exec,
+        kv,
+        tokens,
+        bos,
+        s,
+        Some(kl),
+        &mut |i, n, p, st| {
+            if let Some(st) = st {
+                on_chunk(i, n, p, st)
+            }
+        },
+    )
+}
+
+/// The perplexity loop of [`perplexity`] and [`perplexity_kl`].
+#[allow(clippy::too_many_arguments)]
+fn run(
+    model: &Model,
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    bos: Option<u32>,
+    s: PplSettings,
+    kl: Option<&mut KlRun>,
+    on_chunk: &mut OnChunk<'_>,
 ) -> Result<PplResult> {
     let n_ctx = s.n_ctx;
     if n_ctx < 4 || n_ctx % 2 != 0 {
@@ -168,6 +244,7 @@ pub fn perplexity(
         nll2: 0.0,
         count: 0,
         chunks: Vec::with_capacity(n_chunk),
+        kl,
     };
     let make_batch = |i: usize, seqs: usize, j: usize| {
         let mut batch = Batch::default();
@@ -208,7 +285,7 @@ pub fn perplexity(
             while pending.len() >= depth {
                 let (t, i0, seqs0, b) = pending.pop_front().expect("non-empty");
                 let logits = exec.collect(t)?;
-                score.pass(i0, seqs0, &b, &logits, &mut on_chunk);
+                score.pass(i0, seqs0, &b, &logits, on_chunk)?;
             }
         } else {
             // Logits of each sequence, concatenated in batch order as perplexity.cpp does.
@@ -224,13 +301,13 @@ pub fn perplexity(
                 let logits = exec.forward(model, kv, &batch)?;
                 split_by_sequence(&batch, &logits, n_vocab, &mut seq_logits);
             }
-            score.group(i, &seq_logits, &mut on_chunk);
+            score.group(i, &seq_logits, on_chunk)?;
         }
         i += seqs;
     }
     while let Some((t, i0, seqs0, b)) = pending.pop_front() {
         let logits = exec.collect(t)?;
-        score.pass(i0, seqs0, &b, &logits, &mut on_chunk);
+        score.pass(i0, seqs0, &b, &logits, on_chunk)?;
     }
     let Scorer {
         hasher,
