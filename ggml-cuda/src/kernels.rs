@@ -5,7 +5,7 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(usize)]
 pub enum KernelId {
-    /// `binary.ptx`: add / mul with broadcasting.
+    /// `binary.ptx`: add / mul / div with broadcasting.
     Binary,
     /// `unary.ptx`: scale.
     Scale,
@@ -17,6 +17,8 @@ pub enum KernelId {
     Gelu,
     /// `unary.ptx`: geglu.
     Geglu,
+    /// `unary.ptx`: clamp.
+    Clamp,
     /// `cpy.ptx`: cpy / cont.
     Cpy,
     /// `cpy.ptx`: concat.
@@ -57,6 +59,7 @@ impl KernelId {
         KernelId::Swiglu,
         KernelId::Gelu,
         KernelId::Geglu,
+        KernelId::Clamp,
         KernelId::Cpy,
         KernelId::Concat,
         KernelId::SetRows,
@@ -113,6 +116,7 @@ pub const MODULES: [Module; 10] = [
             (KernelId::Swiglu, "swiglu"),
             (KernelId::Gelu, "gelu"),
             (KernelId::Geglu, "geglu"),
+            (KernelId::Clamp, "clamp"),
         ],
     },
     Module {

@@ -68,16 +68,22 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 .map(|_| ())
                 .ok_or("get_rows: grid too large")
         }
-        Op::Add | Op::Mul => {
+        Op::Add | Op::Mul | Op::Div => {
             let a = src(tensors, t, 0)?;
             let b = src(tensors, t, 1)?;
             if float_code(a.dtype).is_none()
                 || float_code(b.dtype).is_none()
                 || float_code(t.dtype).is_none()
             {
-                return Err("add/mul: dtypes must be f32, f16 or bf16");
+                return Err("add/mul/div: dtypes must be f32, f16 or bf16");
             }
             Ok(())
+        }
+        Op::Clamp { .. } => {
+            let a = src(tensors, t, 0)?;
+            (a.dtype == DType::F32 && t.dtype == DType::F32)
+                .then_some(())
+                .ok_or("clamp: f32 only")
         }
         Op::Scale { .. } => {
             let a = src(tensors, t, 0)?;
@@ -370,12 +376,16 @@ pub(crate) fn run(
             };
             c.launch(k, d, &mut a)
         }
-        Op::Add | Op::Mul => {
+        Op::Add | Op::Mul | Op::Div => {
             let x = c.src(0)?;
             let y = c.src(1)?;
             let d = dims(launch::elementwise(t.nelements()), &c)?;
             a.u64(c.addr(&x)?).u64(c.addr(&y)?).u64(c.addr(&t)?);
-            a.u32(if t.op == Op::Add { 0 } else { 1 });
+            a.u32(match t.op {
+                Op::Add => 0,
+                Op::Mul => 1,
+                _ => 2,
+            });
             for dt in [x.dtype, y.dtype, t.dtype] {
                 a.u32(float_code(dt).unwrap_or(0));
             }
@@ -405,6 +415,18 @@ pub(crate) fn run(
             strides(&mut a, &x.nb);
             strides(&mut a, &t.nb);
             c.launch(KernelId::Scale, d, &mut a)
+        }
+        Op::Clamp { min, max } => {
+            let x = c.src(0)?;
+            let d = dims(launch::elementwise(t.nelements()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&t)?).f32(min).f32(max);
+            a.u32(t.nelements() as u32)
+                .u32(t.ne[0] as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            strides(&mut a, &t.nb);
+            c.launch(KernelId::Clamp, d, &mut a)
         }
         Op::Silu | Op::Swiglu | Op::Gelu | Op::Geglu => {
             let d = dims(launch::elementwise(t.nelements()), &c)?;

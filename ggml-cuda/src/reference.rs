@@ -363,6 +363,20 @@ pub fn rms_norm_row(x: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// `clamp` as the kernel computes it: `m = x < hi ? x : hi`, then `m > lo ? m : lo`, and
+/// NaN passed through unchanged (ggml's `MIN`/`MAX` macros, NaN kept).
+pub fn clamp(x: f32, lo: f32, hi: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let m = if x < hi { x } else { hi };
+    if m > lo {
+        m
+    } else {
+        lo
+    }
+}
+
 /// Normalised mean squared error `Σ(a−b)² / Σb²` (llama.cpp's test-backend-ops metric),
 /// with `b` the reference. 0 when both are all zeros.
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
@@ -695,6 +709,15 @@ mod tests {
         assert_eq!(mul_mat_f_dot(DType::BF16, &a, &b), 1.0);
         let c = [1.0f32 + 1.0 / 4096.0];
         assert_eq!(mul_mat_f_dot(DType::F16, &a, &c), 1.0);
+    }
+
+    #[test]
+    fn clamp_as_the_macros_and_keeps_nan() {
+        assert_eq!(clamp(2.0, -1.0, 1.0), 1.0);
+        assert_eq!(clamp(-0.0, 0.0, 1.0).to_bits(), 0f32.to_bits());
+        assert_eq!(clamp(0.0, -0.0, 1.0).to_bits(), (-0f32).to_bits());
+        let nan = f32::from_bits(0x7fc0_1234);
+        assert_eq!(clamp(nan, 0.0, 1.0).to_bits(), nan.to_bits());
     }
 
     #[test]

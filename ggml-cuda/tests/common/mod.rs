@@ -78,12 +78,24 @@ pub fn to_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
 /// Allocates every non-view tensor of `ctx` in one zeroed buffer of `be`, points views
 /// at their roots, uploads `inputs`, computes every node in id order and returns `out`'s
 /// bytes.
+// Not every test binary that includes this module reads a single output.
+#[allow(dead_code)]
 pub fn run(
     be: &dyn Backend,
     ctx: &mut Context<'_>,
     inputs: &[(TensorId, Vec<u8>)],
     out: TensorId,
 ) -> Vec<u8> {
+    run_all(be, ctx, inputs, &[out]).pop().expect("one output")
+}
+
+/// [`run`] returning the bytes of each of `outs`, in order.
+pub fn run_all(
+    be: &dyn Backend,
+    ctx: &mut Context<'_>,
+    inputs: &[(TensorId, Vec<u8>)],
+    outs: &[TensorId],
+) -> Vec<Vec<u8>> {
     let n = ctx.len();
     let mut offs = vec![0usize; n];
     let mut total = 0usize;
@@ -124,14 +136,18 @@ pub fn run(
     }
     be.graph_compute(ts, &nodes).unwrap();
     be.synchronize().unwrap();
-    let t = ts[out.index()];
-    let mut res = vec![0u8; t.nbytes()];
-    be.get_tensor(&t, 0, &mut res).unwrap();
-    be.free_buffer(buf.id).unwrap();
-    if be.as_any().downcast_ref::<CudaBackend>().is_some() {
-        record(&res);
+    let mut results = Vec::new();
+    for out in outs {
+        let t = ts[out.index()];
+        let mut res = vec![0u8; t.nbytes()];
+        be.get_tensor(&t, 0, &mut res).unwrap();
+        if be.as_any().downcast_ref::<CudaBackend>().is_some() {
+            record(&res);
+        }
+        results.push(res);
     }
-    res
+    be.free_buffer(buf.id).unwrap();
+    results
 }
 
 thread_local! {
