@@ -45,11 +45,15 @@ pub enum KernelId {
     Rope,
     /// `flash_attn.ptx`: flash_attn_ext.
     FlashAttnExt,
+    /// `rows.ptx`: sum_rows.
+    SumRows,
+    /// `rows.ptx`: argsort_top_k.
+    ArgsortTopK,
 }
 
 impl KernelId {
     /// Number of kernels.
-    pub const COUNT: usize = KernelId::FlashAttnExt as usize + 1;
+    pub const COUNT: usize = KernelId::ArgsortTopK as usize + 1;
 
     /// Every kernel, in declaration order (`ALL[k as usize] == k`).
     pub const ALL: [KernelId; KernelId::COUNT] = [
@@ -73,6 +77,8 @@ impl KernelId {
         KernelId::SoftMax,
         KernelId::Rope,
         KernelId::FlashAttnExt,
+        KernelId::SumRows,
+        KernelId::ArgsortTopK,
     ];
 
     /// The module file and `.entry` name of the kernel.
@@ -101,7 +107,7 @@ pub struct Module {
 }
 
 /// All modules, in load order.
-pub const MODULES: [Module; 10] = [
+pub const MODULES: [Module; 11] = [
     Module {
         file: "binary.ptx",
         source: include_str!("../kernels/binary.ptx"),
@@ -167,6 +173,14 @@ pub const MODULES: [Module; 10] = [
         file: "flash_attn.ptx",
         source: include_str!("../kernels/flash_attn.ptx"),
         kernels: &[(KernelId::FlashAttnExt, "flash_attn_ext")],
+    },
+    Module {
+        file: "rows.ptx",
+        source: include_str!("../kernels/rows.ptx"),
+        kernels: &[
+            (KernelId::SumRows, "sum_rows"),
+            (KernelId::ArgsortTopK, "argsort_top_k"),
+        ],
     },
 ];
 

@@ -14,6 +14,12 @@ pub const DEFAULT_MAX_SHARED: u32 = 48 * 1024;
 /// Largest head size flash_attn_ext supports (D and Dv).
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// Longest row argsort_top_k sorts: its 8-byte sort keys fill the default 48 KiB of
+/// shared memory.
+pub const ARGSORT_MAX_N: usize = DEFAULT_MAX_SHARED as usize / 8;
+/// Threads per block of sum_rows (one thread per row).
+pub const SUM_ROWS_BLOCK: u32 = 256;
+
 /// Grid, block and dynamic shared memory of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchDims {
@@ -102,6 +108,32 @@ pub fn mul_mat(class: Option<MulMatClass>, m: usize, n: usize, batch: usize) -> 
         ),
         block: (32, 4, 1),
         shared: 0,
+    })
+}
+
+/// sum_rows: one thread per row, [`SUM_ROWS_BLOCK`] per block.
+pub fn sum_rows(rows: usize) -> Option<LaunchDims> {
+    if rows == 0 || rows > u32::MAX as usize {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (div_ceil_u32(rows, SUM_ROWS_BLOCK as usize)?, 1, 1),
+        block: (SUM_ROWS_BLOCK, 1, 1),
+        shared: 0,
+    })
+}
+
+/// argsort_top_k: one block per row of `n` values, `min(256, n rounded up to 32)`
+/// threads, `8 n` bytes of shared memory for the sort keys. `None` past
+/// [`ARGSORT_MAX_N`].
+pub fn argsort_top_k(n: usize, rows: usize) -> Option<LaunchDims> {
+    if n == 0 || n > ARGSORT_MAX_N || rows == 0 {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (u32::try_from(rows).ok()?, 1, 1),
+        block: ((n.div_ceil(32) * 32).min(256) as u32, 1, 1),
+        shared: (8 * n) as u32,
     })
 }
 
@@ -345,6 +377,18 @@ mod tests {
         assert_eq!(rope([64, 9, 7, 1]).unwrap().block, (32, 1, 1));
         assert_eq!(rope([256, 2, 3, 1]).unwrap().block, (128, 1, 1));
         assert_eq!(warp_per_row(9).unwrap().grid, (3, 1, 1));
+    }
+
+    #[test]
+    fn row_kernels() {
+        assert_eq!(sum_rows(257).unwrap().grid, (2, 1, 1));
+        let a = argsort_top_k(4, 9).unwrap();
+        assert_eq!((a.grid, a.block, a.shared), ((9, 1, 1), (32, 1, 1), 32));
+        let a = argsort_top_k(ARGSORT_MAX_N, 1).unwrap();
+        assert_eq!(a.block, (256, 1, 1));
+        assert!(a.shared <= DEFAULT_MAX_SHARED);
+        assert!(argsort_top_k(ARGSORT_MAX_N + 1, 1).is_none());
+        assert_eq!(argsort_top_k(100, 1).unwrap().block, (128, 1, 1));
     }
 
     #[test]

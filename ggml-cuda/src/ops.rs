@@ -85,6 +85,31 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 .then_some(())
                 .ok_or("clamp: f32 only")
         }
+        Op::SumRows => {
+            let a = src(tensors, t, 0)?;
+            if a.dtype != DType::F32 || t.dtype != DType::F32 || t.ne[0] != 1 {
+                return Err("sum_rows: f32 rows to an f32 column");
+            }
+            if a.ne[1..] != t.ne[1..] || !fits_u32(&a) {
+                return Err("sum_rows: result shape must be [1, a.ne[1], a.ne[2], a.ne[3]]");
+            }
+            launch::sum_rows(t.nrows())
+                .map(|_| ())
+                .ok_or("sum_rows: too many rows")
+        }
+        Op::ArgsortTopK { k } => {
+            let a = src(tensors, t, 0)?;
+            let k = k as usize;
+            if a.dtype != DType::F32 || t.dtype != DType::I32 || !unit_stride(t) {
+                return Err("argsort_top_k: f32 rows to i32 indices with unit element stride");
+            }
+            if k == 0 || k > a.ne[0] || t.ne[0] != k || a.ne[1..] != t.ne[1..] || !fits_u32(&a) {
+                return Err("argsort_top_k: result must be [k, a.ne[1..]] with 1 <= k <= n");
+            }
+            launch::argsort_top_k(a.ne[0], t.nrows())
+                .map(|_| ())
+                .ok_or("argsort_top_k: rows longer than 6144 values (the keys fill shared memory)")
+        }
         Op::Scale { .. } => {
             let a = src(tensors, t, 0)?;
             if float_code(a.dtype).is_none() || a.dtype != t.dtype {
@@ -427,6 +452,30 @@ pub(crate) fn run(
             strides(&mut a, &x.nb);
             strides(&mut a, &t.nb);
             c.launch(KernelId::Clamp, d, &mut a)
+        }
+        Op::SumRows => {
+            let x = c.src(0)?;
+            let d = dims(launch::sum_rows(t.nrows()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&t)?);
+            a.u32(x.ne[0] as u32)
+                .u32(t.nrows() as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            strides(&mut a, &t.nb[1..]);
+            c.launch(KernelId::SumRows, d, &mut a)
+        }
+        Op::ArgsortTopK { k } => {
+            let x = c.src(0)?;
+            let d = dims(launch::argsort_top_k(x.ne[0], t.nrows()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&t)?);
+            a.u32(x.ne[0] as u32)
+                .u32(k)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            strides(&mut a, &t.nb[1..]);
+            c.launch(KernelId::ArgsortTopK, d, &mut a)
         }
         Op::Silu | Op::Swiglu | Op::Gelu | Op::Geglu => {
             let d = dims(launch::elementwise(t.nelements()), &c)?;

@@ -377,6 +377,45 @@ pub fn clamp(x: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
+/// `sum_rows` of one row as the kernel computes it: an f64 accumulator from +0, each
+/// value added in index order, one rounding to f32 at the end (ggml's CPU order).
+pub fn sum_row(x: &[f32]) -> f32 {
+    let mut acc = 0f64;
+    for &v in x {
+        acc += f64::from(v);
+    }
+    acc as f32
+}
+
+/// The u32 key of `x` in `argsort_top_k`: its unsigned order is the op's order (larger
+/// key first): NaN (any sign or payload) is 0, below every number; `-0` and `+0` share
+/// one key; otherwise the bits with the sign flipped (x >= 0) or all bits flipped (x < 0).
+pub fn top_k_key(x: f32) -> u32 {
+    if x.is_nan() {
+        return 0;
+    }
+    let b = if x == 0.0 { 0 } else { x.to_bits() };
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// `argsort_top_k` of one row as the kernel computes it: element `i` has the 64-bit sort
+/// key `(top_k_key(x_i) << 32) | (u32::MAX - i)`, its rank is the number of larger sort
+/// keys, and `out[rank] = i` for the ranks below `out.len()`.
+pub fn argsort_top_k_row(x: &[f32], out: &mut [i32]) {
+    let key = |i: usize| ((top_k_key(x[i]) as u64) << 32) | (u32::MAX - i as u32) as u64;
+    for i in 0..x.len() {
+        let ki = key(i);
+        let rank = (0..x.len()).filter(|&j| key(j) > ki).count();
+        if rank < out.len() {
+            out[rank] = i as i32;
+        }
+    }
+}
+
 /// Normalised mean squared error `Σ(a−b)² / Σb²` (llama.cpp's test-backend-ops metric),
 /// with `b` the reference. 0 when both are all zeros.
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
@@ -709,6 +748,46 @@ mod tests {
         assert_eq!(mul_mat_f_dot(DType::BF16, &a, &b), 1.0);
         let c = [1.0f32 + 1.0 / 4096.0];
         assert_eq!(mul_mat_f_dot(DType::F16, &a, &c), 1.0);
+    }
+
+    #[test]
+    fn top_k_keys_order_as_the_op() {
+        // Descending, -0 == +0, NaN (any sign or payload) last and equal.
+        let ordered = [
+            f32::INFINITY,
+            f32::MAX,
+            1.0,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            0.0,
+            -f32::from_bits(1),
+            -1.0,
+            f32::MIN,
+            f32::NEG_INFINITY,
+        ];
+        for w in ordered.windows(2) {
+            assert!(top_k_key(w[0]) > top_k_key(w[1]), "{} vs {}", w[0], w[1]);
+        }
+        assert_eq!(top_k_key(-0.0), top_k_key(0.0));
+        for nan in [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001)] {
+            assert_eq!(top_k_key(nan), 0);
+            assert!(top_k_key(f32::NEG_INFINITY) > 0);
+        }
+        let x = [1.0, f32::NAN, 3.0, -0.0, 3.0, 0.0, f32::NAN, -2.0];
+        let mut out = [0i32; 8];
+        argsort_top_k_row(&x, &mut out);
+        assert_eq!(out, [2, 4, 0, 3, 5, 7, 1, 6]);
+        let mut top2 = [0i32; 2];
+        argsort_top_k_row(&x, &mut top2);
+        assert_eq!(top2, [2, 4]);
+    }
+
+    #[test]
+    fn sum_row_is_f64_in_order() {
+        // In f32 the 1.0 would vanish; in f64 it survives until the final rounding.
+        assert_eq!(sum_row(&[1e8, 1.0, -1e8]), 1.0);
+        assert_eq!(sum_row(&[]), 0.0);
+        assert_eq!(sum_row(&[-0.0]).to_bits(), 0f32.to_bits());
     }
 
     #[test]

@@ -812,9 +812,11 @@ fn every_kernel_launches_with_its_parameter_list() {
         .flash_attn_ext(q, tk, tv, None, AttnParams::scaled(0.125))
         .unwrap();
     outs.push(o);
-    let sums = ctx.new_tensor(DType::F32, [1, 8, 1, 1]).unwrap();
+    let logits = ctx.new_tensor(DType::F32, [4, 8, 1, 1]).unwrap();
+    outs.push(ctx.argsort_top_k(logits, 2).unwrap());
+    let sums = ctx.sum_rows(logits).unwrap();
     let sums = ctx.clamp(sums, 1e-6, f32::INFINITY).unwrap();
-    outs.push(ctx.div(x, sums).unwrap());
+    outs.push(ctx.div(logits, sums).unwrap());
     run(&be, &mut ctx, &[], o);
     let st = be.kernel_stats();
     let missing: Vec<_> = ggml_cuda::KernelId::ALL
@@ -823,5 +825,5 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 22, "{st:?} for {outs:?}");
+    assert_eq!(st.launches.iter().sum::<u64>(), 24, "{st:?} for {outs:?}");
 }

@@ -1,7 +1,7 @@
 //! The mixture-of-experts ops on the GPU (cuda-sim, or the real GPU under
-//! `GGML_RS_REQUIRE_GPU`): DIV and CLAMP against the CPU backend bit for bit (each is
-//! the same IEEE operation, or compares and selects), and against the host mirrors in
-//! `ggml_cuda::reference`.
+//! `GGML_RS_REQUIRE_GPU`): DIV, CLAMP, SUM_ROWS and ARGSORT_TOP_K against the CPU
+//! backend bit for bit (each is the same IEEE operations in the same order, or integer
+//! compares), and against the host mirrors in `ggml_cuda::reference`.
 
 mod common;
 
@@ -45,6 +45,12 @@ fn bytes_of(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
         quantize_row(dtype, src, dst).expect("quantisable row");
     }
     out
+}
+
+fn to_i32(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect()
 }
 
 /// Asserts equal bits, except that any NaN equals any NaN (the GPU's arithmetic gives its
@@ -178,5 +184,135 @@ fn clamp_matches_the_cpu_bit_for_bit(
         let wb: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
         let gb: Vec<u32> = g.iter().map(|v| v.to_bits()).collect();
         assert_eq!(gb, wb, "[{lo}, {hi}] vs the host mirror");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// SUM_ROWS
+
+/// sum_rows accumulates each row in f64 in index order, as the CPU: the same bits even
+/// where magnitudes 1e-8..1e8 make the order matter. Rows of the router's weights (2, 8
+/// values), a single value, odd 4-d shapes, a long row, a transposed source, and rows of
+/// ±0 only and of +inf and -inf (NaN).
+#[rstest]
+#[case::moe_top2([2, 9, 1, 1], false)]
+#[case::moe_top8([8, 33, 1, 1], false)]
+#[case::single_value([1, 5, 2, 1], false)]
+#[case::odd_4d([37, 3, 2, 2], false)]
+#[case::long_row([1000, 3, 1, 1], false)]
+#[case::transposed([6, 40, 1, 1], true)]
+fn sum_rows_matches_the_cpu_bit_for_bit(#[case] ne: [usize; 4], #[case] transposed: bool) {
+    let n: usize = ne.iter().product();
+    let mut r = Rng(n as u64 + 5);
+    let mut x: Vec<f32> = (0..n)
+        .map(|_| {
+            let e = (r.next() % 17) as i32 - 8;
+            r.f() * 10f32.powi(e)
+        })
+        .collect();
+    // Row 0 of the storage: signed zeros; row 1 (when there is one): +inf and -inf.
+    let row = if transposed { ne[1] } else { ne[0] };
+    for v in x.iter_mut().take(row) {
+        *v = -0.0;
+    }
+    if n >= 2 * row && row >= 2 {
+        x[row] = f32::INFINITY;
+        x[row + 1] = f32::NEG_INFINITY;
+    }
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
+        let (x0, src) = if transposed {
+            let x0 = ctx.new_tensor(DType::F32, [ne[1], ne[0], 1, 1]).unwrap();
+            (x0, ctx.transpose(x0).unwrap())
+        } else {
+            let x0 = ctx.new_tensor(DType::F32, ne).unwrap();
+            (x0, x0)
+        };
+        let out = ctx.sum_rows(src).unwrap();
+        Case {
+            inputs: vec![(x0, f32_bytes(&x))],
+            outs: vec![out],
+        }
+    });
+    let g = to_f32(DType::F32, &gpu[0]);
+    assert_same_floats(&g, &to_f32(DType::F32, &cpu[0]), &format!("{ne:?}"));
+    if !transposed {
+        let want: Vec<f32> = x.chunks(ne[0]).map(reference::sum_row).collect();
+        assert_same_floats(&g, &want, &format!("{ne:?} vs the host mirror"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// ARGSORT_TOP_K
+
+/// Row contents of the argsort cases.
+#[derive(Clone, Copy, Debug)]
+enum Values {
+    /// Distinct random values.
+    Random,
+    /// Four levels only: most values tie.
+    Ties,
+    /// Random values with ±0, ±inf, NaNs, subnormals and ties mixed in.
+    Specials,
+}
+
+/// argsort_top_k gives exactly the CPU's indices: descending, ties (−0 == +0 included) in
+/// index order, NaN after every number. Rows of 4..257 values (257: more than one element
+/// per thread), k from 1 to n, contiguous and transposed sources, rows over two dims.
+#[rstest]
+#[case::n4_k2(4, 2, 9, Values::Random)]
+#[case::n4_k1_ties(4, 1, 9, Values::Ties)]
+#[case::n8_k2_ties(8, 2, 17, Values::Ties)]
+#[case::n60_k8_specials(60, 8, 5, Values::Specials)]
+#[case::n128_k8(128, 8, 3, Values::Random)]
+#[case::n33_all_specials(33, 33, 4, Values::Specials)]
+#[case::n257_all_ties(257, 257, 2, Values::Ties)]
+fn argsort_top_k_matches_the_cpu_exactly(
+    #[case] n: usize,
+    #[case] k: usize,
+    #[case] rows: usize,
+    #[case] values: Values,
+    #[values(false, true)] transposed: bool,
+) {
+    let total = n * rows * 2;
+    let mut r = Rng(n as u64 * 13 + k as u64);
+    let x: Vec<f32> = match values {
+        Values::Random => r.vec(total),
+        Values::Ties => (0..total)
+            .map(|_| (r.next() % 4) as f32 * 0.5 - 0.5)
+            .collect(),
+        Values::Specials => with_specials(&mut r, total, 1.0)
+            .chunks(n)
+            .flat_map(|c| {
+                let mut c = c.to_vec();
+                // The same specials in every row, at places that differ per row.
+                let shift = (c.len() / 3).max(1);
+                c.rotate_left(shift);
+                c
+            })
+            .collect(),
+    };
+    let ne = [n, rows, 2, 1];
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
+        let (x0, src) = if transposed {
+            let x0 = ctx.new_tensor(DType::F32, [rows, n, 2, 1]).unwrap();
+            (x0, ctx.transpose(x0).unwrap())
+        } else {
+            let x0 = ctx.new_tensor(DType::F32, ne).unwrap();
+            (x0, x0)
+        };
+        let out = ctx.argsort_top_k(src, k).unwrap();
+        Case {
+            inputs: vec![(x0, f32_bytes(&x))],
+            outs: vec![out],
+        }
+    });
+    let (g, c) = (to_i32(&gpu[0]), to_i32(&cpu[0]));
+    assert_eq!(g, c, "n {n} k {k} {values:?} transposed {transposed}");
+    if !transposed {
+        let mut want = vec![0i32; k * rows * 2];
+        for (row, o) in x.chunks(n).zip(want.chunks_mut(k)) {
+            reference::argsort_top_k_row(row, o);
+        }
+        assert_eq!(g, want, "vs the host mirror");
     }
 }
