@@ -463,7 +463,10 @@ impl CudaBackend {
             .map_err(|e| self.cu(e))?;
         let (op, node) = users[i];
         let detail = if i == ERR_SLOTS - 1 {
-            "a row index was outside the rows (this op or a later index-checking op)"
+            // Shared by every launch from the last slot on: any of them may have set it.
+            "a row index or expert id was outside its range (this op or a later index-checking op)"
+        } else if op == "MUL_MAT_ID" {
+            "an expert id was outside 0..n_as"
         } else {
             "a row index was outside the rows"
         };

@@ -35,8 +35,12 @@ pub enum KernelId {
     Mmvq,
     /// `quant.ptx`: quantised mul_mat, tiled class.
     Mmq,
+    /// `quant.ptx`: quantised mul_mat_id (the matrix-vector class through the ids).
+    MmvqId,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat.
     MulMatF,
+    /// `mul_mat.ptx`: f32/f16/bf16 mul_mat_id.
+    MulMatFId,
     /// `norm.ptx`: rms_norm.
     RmsNorm,
     /// `softmax.ptx`: soft_max.
@@ -72,7 +76,9 @@ impl KernelId {
         KernelId::QuantizeQ8_1,
         KernelId::Mmvq,
         KernelId::Mmq,
+        KernelId::MmvqId,
         KernelId::MulMatF,
+        KernelId::MulMatFId,
         KernelId::RmsNorm,
         KernelId::SoftMax,
         KernelId::Rope,
@@ -147,12 +153,16 @@ pub const MODULES: [Module; 11] = [
             (KernelId::QuantizeQ8_1, "quantize_q8_1"),
             (KernelId::Mmvq, "mmvq"),
             (KernelId::Mmq, "mmq"),
+            (KernelId::MmvqId, "mmvq_id"),
         ],
     },
     Module {
         file: "mul_mat.ptx",
         source: include_str!("../kernels/mul_mat.ptx"),
-        kernels: &[(KernelId::MulMatF, "mul_mat_f")],
+        kernels: &[
+            (KernelId::MulMatF, "mul_mat_f"),
+            (KernelId::MulMatFId, "mul_mat_f_id"),
+        ],
     },
     Module {
         file: "norm.ptx",

@@ -13,7 +13,6 @@ pub const ELEMENTWISE_BLOCK: u32 = 256;
 pub const DEFAULT_MAX_SHARED: u32 = 48 * 1024;
 /// Largest head size flash_attn_ext supports (D and Dv).
 pub const MAX_HEAD_DIM: usize = 256;
-
 /// Longest row argsort_top_k sorts: its 8-byte sort keys fill the default 48 KiB of
 /// shared memory.
 pub const ARGSORT_MAX_N: usize = DEFAULT_MAX_SHARED as usize / 8;
@@ -105,6 +104,23 @@ pub fn mul_mat(class: Option<MulMatClass>, m: usize, n: usize, batch: usize) -> 
             div_ceil_u32(m, 4)?,
             u32::try_from(ny).ok()?,
             u32::try_from(batch).ok()?,
+        ),
+        block: (32, 4, 1),
+        shared: 0,
+    })
+}
+
+/// mul_mat_id (`mmvq_id` and `mul_mat_f_id`): one warp per output element (row m, slot
+/// e, token t), 4 warps per block: grid (ceil(M/4), n_used, T).
+pub fn mul_mat_id(m: usize, n_used: usize, tokens: usize) -> Option<LaunchDims> {
+    if m == 0 || n_used == 0 || tokens == 0 {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (
+            div_ceil_u32(m, 4)?,
+            u32::try_from(n_used).ok()?,
+            u32::try_from(tokens).ok()?,
         ),
         block: (32, 4, 1),
         shared: 0,
@@ -380,7 +396,11 @@ mod tests {
     }
 
     #[test]
-    fn row_kernels() {
+    fn moe_kernels() {
+        let d = mul_mat_id(1536, 2, 7).unwrap();
+        assert_eq!((d.grid, d.block), ((384, 2, 7), (32, 4, 1)));
+        assert!(mul_mat_id(4, 2, 70_000).is_none());
+        assert!(mul_mat_id(0, 2, 1).is_none());
         assert_eq!(sum_rows(257).unwrap().grid, (2, 1, 1));
         let a = argsort_top_k(4, 9).unwrap();
         assert_eq!((a.grid, a.block, a.shared), ((9, 1, 1), (32, 1, 1), 32));

@@ -110,6 +110,56 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 .map(|_| ())
                 .ok_or("argsort_top_k: rows longer than 6144 values (the keys fill shared memory)")
         }
+        Op::MulMatId => {
+            let a = src(tensors, t, 0)?;
+            let b = src(tensors, t, 1)?;
+            let ids = src(tensors, t, 2)?;
+            if b.dtype != DType::F32
+                || ids.dtype != DType::I32
+                || t.dtype != DType::F32
+                || !unit_stride(t)
+                || !unit_stride(&a)
+            {
+                return Err(
+                    "mul_mat_id: f32 activations and output, i32 ids, weight rows contiguous",
+                );
+            }
+            let shapes_ok = a.ne[0] == b.ne[0]
+                && a.ne[2] > 0
+                && a.ne[3] == 1
+                && b.ne[1] > 0
+                && b.ne[3] == 1
+                && ids.ne[2] == 1
+                && ids.ne[3] == 1
+                && ids.ne[0] % b.ne[1] == 0
+                && b.ne[2] == ids.ne[1]
+                && t.ne == [a.ne[1], ids.ne[0], ids.ne[1], 1];
+            if !shapes_ok {
+                return Err(
+                    "mul_mat_id: as [K, M, n_as], b [K, B1, T], ids [n_used, T], n_used % B1 == 0",
+                );
+            }
+            if !fits_u32(&a) || !fits_u32(&b) || !fits_u32(&ids) {
+                return Err("mul_mat_id: operands beyond 2^32 elements");
+            }
+            let grid = launch::mul_mat_id(t.ne[0], t.ne[1], t.ne[2]);
+            if is_float_weight(a.dtype) {
+                return grid
+                    .map(|_| ())
+                    .ok_or("mul_mat_id: grid too large (n_used or T > 65535)");
+            }
+            if !is_kernel_quant(a.dtype) {
+                return Err("mul_mat_id: weight dtype without a CUDA kernel");
+            }
+            if !unit_stride(&b) {
+                return Err(
+                    "mul_mat_id: quantised weights need activations with unit element stride",
+                );
+            }
+            grid.and(launch::quantize_q8_1(b.ne[0], b.ne[1], b.ne[2]))
+                .map(|_| ())
+                .ok_or("mul_mat_id: grid too large (n_used or T > 65535)")
+        }
         Op::Scale { .. } => {
             let a = src(tensors, t, 0)?;
             if float_code(a.dtype).is_none() || a.dtype != t.dtype {
@@ -646,6 +696,7 @@ pub(crate) fn run(
             c.launch(KernelId::Concat, d, &mut a)
         }
         Op::MulMat => mul_mat(&mut c, &t),
+        Op::MulMatId => mul_mat_id(&mut c, &t),
         Op::FlashAttnExt {
             scale,
             max_bias,
@@ -757,6 +808,67 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     Ok(())
 }
 
+/// MUL_MAT_ID: for quantised experts the activation rows are quantised to Q8_1 as
+/// mul_mat does (one row per (e mod B1, t)), then `mmvq_id`; float experts go straight
+/// to `mul_mat_f_id`. Both compute every output with mul_mat's own per-row dot, so a
+/// token's result is the mul_mat of its expert bit for bit. Each warp reads its id and
+/// checks it against n_as on the GPU: a bad id sets this launch's error word (no
+/// read outside the experts, nothing written for it) and the next `synchronize` returns
+/// `BadData` naming the node. That costs one load and compare per warp, and no host
+/// round trip.
+fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
+    let w = c.src(0)?;
+    let x = c.src(1)?;
+    let ids = c.src(2)?;
+    let (m, n_used, tokens) = (t.ne[0], t.ne[1], t.ne[2]);
+    let (b1, n_as) = (x.ne[1], w.ne[2]);
+    let d = dims(launch::mul_mat_id(m, n_used, tokens), c)?;
+    let (wa, xa, ia, ta) = (c.addr(&w)?, c.addr(&x)?, c.addr(&ids)?, c.addr(t)?);
+    let err_word = c.be.err_slot(c.st, t.op.name(), t.name);
+    if is_float_weight(w.dtype) {
+        let mut a = Args::new();
+        a.u64(wa).u64(xa).u64(ia).u64(ta).u64(err_word);
+        a.u32(float_code(w.dtype).unwrap_or(0))
+            .u32(w.ne[0] as u32)
+            .u32(m as u32)
+            .u32(n_as as u32)
+            .u32(b1 as u32);
+        strides(&mut a, &w.nb[1..3]);
+        strides(&mut a, &x.nb[..3]);
+        strides(&mut a, &ids.nb[..2]);
+        strides(&mut a, &t.nb[1..3]);
+        return c.launch(KernelId::MulMatFId, d, &mut a);
+    }
+    // Activations to Q8_1 in scratch: [K/32 blocks, B1, T].
+    let k = w.ne[0];
+    let nchunks = k / 32;
+    let row = nchunks * Q8_1_BLOCK;
+    let qnb = [row, row * b1, row * b1 * tokens];
+    let scratch = c.be.scratch(c.st, qnb[2])?;
+    let dq = dims(launch::quantize_q8_1(k, b1, tokens), c)?;
+    let mut a = Args::new();
+    a.u64(xa)
+        .u64(scratch)
+        .u32(nchunks as u32)
+        .u32(tokens as u32);
+    strides(&mut a, &x.nb[1..]);
+    strides(&mut a, &qnb);
+    c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
+
+    let mut a = Args::new();
+    a.u64(wa).u64(scratch).u64(ia).u64(ta).u64(err_word);
+    a.u32(w.dtype.ggml_id())
+        .u32(nchunks as u32)
+        .u32(m as u32)
+        .u32(n_as as u32)
+        .u32(b1 as u32);
+    strides(&mut a, &w.nb[1..3]);
+    strides(&mut a, &qnb[..2]);
+    strides(&mut a, &ids.nb[..2]);
+    strides(&mut a, &t.nb[1..3]);
+    c.launch(KernelId::MmvqId, d, &mut a)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -824,6 +936,65 @@ mod tests {
         assert!(check(ts, y).is_err());
         assert!(check(ts, c).is_err());
         assert!(check(ts, y8).is_err());
+    }
+
+    #[test]
+    fn supports_the_moe_ops() {
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let cur = ctx.new_tensor(DType::F32, [576, 1, 5, 1]).unwrap();
+        let logits = ctx.new_tensor(DType::F32, [8, 5, 1, 1]).unwrap();
+        let ids = ctx.argsort_top_k(logits, 2).unwrap();
+        let w = ctx.new_tensor(DType::F32, [2, 5, 1, 1]).unwrap();
+        let sum = ctx.sum_rows(w).unwrap();
+        let sum = ctx.clamp(sum, 6.1e-5, f32::INFINITY).unwrap();
+        let wn = ctx.div(w, sum).unwrap();
+        let h = ctx.new_tensor(DType::F32, [1536, 2, 5, 1]).unwrap();
+        let mut nodes = vec![ids, sum, wn];
+        for dt in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q4_1,
+            DType::Q5_0,
+        ] {
+            let up = ctx.new_tensor(dt, [576, 1536, 8, 1]).unwrap();
+            let down = ctx.new_tensor(dt, [1536, 576, 8, 1]).unwrap();
+            nodes.push(ctx.mul_mat_id(up, cur, ids).unwrap());
+            nodes.push(ctx.mul_mat_id(down, h, ids).unwrap());
+        }
+        // Rows of up to ARGSORT_MAX_N values fit the kernel's shared keys; longer do not.
+        let long = ctx.new_tensor(DType::F32, [6144, 2, 1, 1]).unwrap();
+        nodes.push(ctx.argsort_top_k(long, 8).unwrap());
+        let too_long = ctx.new_tensor(DType::F32, [6145, 2, 1, 1]).unwrap();
+        let bad_sort = ctx.argsort_top_k(too_long, 8).unwrap();
+        // Q8_1 is an activation format: no weight kernel.
+        let w81 = ctx.new_tensor(DType::Q8_1, [576, 64, 8, 1]).unwrap();
+        let bad_w = ctx.mul_mat_id(w81, cur, ids).unwrap();
+        let ts = ctx.tensors();
+        for id in nodes {
+            assert_eq!(check(ts, id), Ok(()), "{:?}", ts[id.index()].op);
+        }
+        assert!(check(ts, bad_sort).is_err());
+        assert!(check(ts, bad_w).is_err());
+    }
+
+    #[test]
+    fn mul_mat_id_quantised_needs_unit_stride_activations() {
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let ids = ctx.new_tensor(DType::I32, [2, 5, 1, 1]).unwrap();
+        let x0 = ctx.new_tensor(DType::F32, [5, 64, 1, 1]).unwrap();
+        // [64, 1, 5] with element stride 20 bytes: a permuted view of [5, 64].
+        let x = ctx.permute(x0, [2, 0, 1, 3]).unwrap();
+        let wq = ctx.new_tensor(DType::Q4_0, [64, 16, 8, 1]).unwrap();
+        let wf = ctx.new_tensor(DType::F16, [64, 16, 8, 1]).unwrap();
+        let yq = ctx.mul_mat_id(wq, x, ids).unwrap();
+        let yf = ctx.mul_mat_id(wf, x, ids).unwrap();
+        let ts = ctx.tensors();
+        assert_eq!(ts[x.index()].ne, [64, 1, 5, 1]);
+        assert!(check(ts, yq).is_err());
+        assert_eq!(check(ts, yf), Ok(()));
     }
 
     #[test]

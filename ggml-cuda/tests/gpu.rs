@@ -812,8 +812,14 @@ fn every_kernel_launches_with_its_parameter_list() {
         .flash_attn_ext(q, tk, tv, None, AttnParams::scaled(0.125))
         .unwrap();
     outs.push(o);
+    // The MoE ops: quantised and float experts, div, clamp, sum_rows, argsort_top_k.
     let logits = ctx.new_tensor(DType::F32, [4, 8, 1, 1]).unwrap();
-    outs.push(ctx.argsort_top_k(logits, 2).unwrap());
+    let top = ctx.argsort_top_k(logits, 2).unwrap();
+    let xe = ctx.reshape(x, [k, 1, 8, 1]).unwrap();
+    let eq = ctx.new_tensor(DType::Q4_0, [k, 16, 4, 1]).unwrap();
+    let ef = ctx.new_tensor(DType::F16, [k, 16, 4, 1]).unwrap();
+    outs.push(ctx.mul_mat_id(eq, xe, top).unwrap());
+    outs.push(ctx.mul_mat_id(ef, xe, top).unwrap());
     let sums = ctx.sum_rows(logits).unwrap();
     let sums = ctx.clamp(sums, 1e-6, f32::INFINITY).unwrap();
     outs.push(ctx.div(logits, sums).unwrap());
@@ -825,5 +831,5 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 24, "{st:?} for {outs:?}");
+    assert_eq!(st.launches.iter().sum::<u64>(), 27, "{st:?} for {outs:?}");
 }

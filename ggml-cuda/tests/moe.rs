@@ -1,15 +1,22 @@
 //! The mixture-of-experts ops on the GPU (cuda-sim, or the real GPU under
-//! `GGML_RS_REQUIRE_GPU`): DIV, CLAMP, SUM_ROWS and ARGSORT_TOP_K against the CPU
-//! backend bit for bit (each is the same IEEE operations in the same order, or integer
-//! compares), and against the host mirrors in `ggml_cuda::reference`.
+//! `GGML_RS_REQUIRE_GPU`):
+//! - DIV, CLAMP, SUM_ROWS and ARGSORT_TOP_K against the CPU backend bit for bit (each is
+//!   the same IEEE operations in the same order, or integer compares), and against the
+//!   host mirrors in `ggml_cuda::reference`;
+//! - MUL_MAT_ID against the CUDA MUL_MAT of each token's expert bit for bit (the kernels
+//!   share mul_mat's per-row dot), and against the CPU backend by NMSE at mul_mat's limit
+//!   (5e-4: the GPU quantises activations to Q8_1 where the CPU uses each format's own
+//!   dot type);
+//! - a bad expert id is a `BadData` error naming the node, not a read out of bounds;
+//! - a whole MoE FFN (router, top-k, weights, experts, combine) against the CPU.
 
 mod common;
 
 use common::{f32_bytes, gpu, run_all, to_f32, Rng};
 use ggml_core::quant::quantize_row;
-use ggml_core::{Backend, Context, DType, Tensor, TensorId};
+use ggml_core::{Backend, BackendErrorKind, Context, DType, DataRef, Tensor, TensorId};
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
-use ggml_cuda::reference;
+use ggml_cuda::reference::{self, nmse};
 use rstest::rstest;
 
 /// A graph's inputs and the outputs to read back.
@@ -45,6 +52,10 @@ fn bytes_of(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
         quantize_row(dtype, src, dst).expect("quantisable row");
     }
     out
+}
+
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn to_i32(b: &[u8]) -> Vec<i32> {
@@ -315,4 +326,284 @@ fn argsort_top_k_matches_the_cpu_exactly(
         }
         assert_eq!(g, want, "vs the host mirror");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// MUL_MAT_ID
+
+const N_AS: usize = 4;
+const N_USED: usize = 2;
+const TOKENS: usize = 5;
+
+/// ids[e, t]: both slots distinct for even tokens, the same expert twice for odd ones;
+/// every expert used, some by several tokens.
+fn expert_ids() -> Vec<i32> {
+    let mut ids = Vec::new();
+    for t in 0..TOKENS {
+        let first = ((3 * t + 1) % N_AS) as i32;
+        let second = if t % 2 == 0 {
+            ((t + 2) % N_AS) as i32
+        } else {
+            first
+        };
+        ids.extend([first, second]);
+    }
+    ids
+}
+
+/// K per weight dtype: a tail after the 32-wide lane loop for floats, several chunks of
+/// 32 or super-blocks of 256 for the quantised formats.
+fn k_of(dtype: DType) -> usize {
+    match dtype.block_size() {
+        1 => 100,
+        32 => 160,
+        _ => 256,
+    }
+}
+
+/// MUL_MAT_ID for every weight dtype of the CUDA mul_mat, with B1 = 1 (the gate and up
+/// projections: one activation row per token) and B1 = n_used (the down projection: one
+/// per slot), ids with repeats. Each output column (e, t) must be, bit for bit, the CUDA
+/// MUL_MAT of expert ids[e, t] with activation row (e mod B1, t), computed in the same
+/// graph over all B1 * T rows (5 rows: the mmvq class, 10: mmq, identical by invariant
+/// 2). And the whole result is within mul_mat's NMSE limit of the CPU backend.
+#[rstest]
+fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
+    #[values(
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K
+    )]
+    dtype: DType,
+    #[values(1, N_USED)] b1: usize,
+) {
+    let (k, m) = (k_of(dtype), 7);
+    let mut r = Rng(k as u64 * 7 + b1 as u64);
+    let wv = r.vec(k * m * N_AS);
+    let xv = r.vec(k * b1 * TOKENS);
+    let ids = expert_ids();
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
+        let w = ctx.new_tensor(dtype, [k, m, N_AS, 1]).unwrap();
+        let x = ctx.new_tensor(DType::F32, [k, b1, TOKENS, 1]).unwrap();
+        let ti = ctx.new_tensor(DType::I32, [N_USED, TOKENS, 1, 1]).unwrap();
+        let out = ctx.mul_mat_id(w, x, ti).unwrap();
+        let mut outs = vec![out];
+        let tw = ctx.tensors()[w.index()];
+        let x2 = ctx.reshape(x, [k, b1 * TOKENS, 1, 1]).unwrap();
+        for e in 0..N_AS {
+            let nb = [tw.nb[0], tw.nb[1], tw.nb[2], tw.nb[2]];
+            let we = ctx.view(w, [k, m, 1, 1], nb, e * tw.nb[2]).unwrap();
+            outs.push(ctx.mul_mat(we, x2).unwrap());
+        }
+        Case {
+            inputs: vec![
+                (w, bytes_of(dtype, &wv, k)),
+                (x, f32_bytes(&xv)),
+                (ti, i32_bytes(&ids)),
+            ],
+            outs,
+        }
+    });
+    let got = to_f32(DType::F32, &gpu[0]);
+    for t in 0..TOKENS {
+        for e in 0..N_USED {
+            let id = ids[t * N_USED + e] as usize;
+            let col = t * b1 + e % b1;
+            let dense = to_f32(DType::F32, &gpu[1 + id]);
+            let want = &dense[col * m..(col + 1) * m];
+            let have = &got[(t * N_USED + e) * m..][..m];
+            let (hb, wb): (Vec<u32>, Vec<u32>) = (
+                have.iter().map(|v| v.to_bits()).collect(),
+                want.iter().map(|v| v.to_bits()).collect(),
+            );
+            assert_eq!(hb, wb, "{dtype} B1 {b1}: token {t} slot {e} (expert {id})");
+        }
+    }
+    let cpu_out = to_f32(DType::F32, &cpu[0]);
+    assert!(
+        cpu_out.iter().all(|v| v.is_finite()),
+        "CPU result not finite"
+    );
+    let e = nmse(&got, &cpu_out);
+    assert!(e < 5e-4, "{dtype} B1 {b1}: NMSE {e:e} against the CPU");
+}
+
+/// Float experts read the activations with any strides: MUL_MAT_ID of a permuted view
+/// gives the bits of MUL_MAT_ID of its contiguous copy.
+#[rstest]
+fn mul_mat_id_float_experts_take_strided_activations(
+    #[values(DType::F32, DType::F16, DType::BF16)] dtype: DType,
+) {
+    let (k, m) = (100, 5);
+    let mut r = Rng(41);
+    let wv = r.vec(k * m * N_AS);
+    let xv = r.vec(k * N_USED * TOKENS);
+    let ids = expert_ids();
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
+        let w = ctx.new_tensor(dtype, [k, m, N_AS, 1]).unwrap();
+        // Storage [TOKENS, k, N_USED]: the view [k, N_USED, TOKENS] has element stride
+        // 4 * TOKENS bytes.
+        let x0 = ctx.new_tensor(DType::F32, [TOKENS, k, N_USED, 1]).unwrap();
+        let x = ctx.permute(x0, [2, 0, 1, 3]).unwrap();
+        let xc = ctx.cont(x).unwrap();
+        let ti = ctx.new_tensor(DType::I32, [N_USED, TOKENS, 1, 1]).unwrap();
+        let strided = ctx.mul_mat_id(w, x, ti).unwrap();
+        let dense = ctx.mul_mat_id(w, xc, ti).unwrap();
+        Case {
+            inputs: vec![
+                (w, bytes_of(dtype, &wv, k)),
+                (x0, f32_bytes(&xv)),
+                (ti, i32_bytes(&ids)),
+            ],
+            outs: vec![strided, dense],
+        }
+    });
+    assert_eq!(
+        gpu[0], gpu[1],
+        "{dtype}: strided and contiguous activations differ"
+    );
+    let e = nmse(&to_f32(DType::F32, &gpu[0]), &to_f32(DType::F32, &cpu[0]));
+    assert!(e < 5e-4, "{dtype}: NMSE {e:e} against the CPU");
+}
+
+/// An expert id outside 0..n_as (n_as itself, or negative) is reported by the next
+/// synchronize as BadData naming MUL_MAT_ID and the node, for float and quantised
+/// experts; the backend works normally afterwards.
+#[rstest]
+fn mul_mat_id_bad_expert_id_is_bad_data(
+    #[values(DType::F16, DType::Q4_0)] dtype: DType,
+    #[values(N_AS as i32, -1)] bad: i32,
+) {
+    let be = gpu();
+    let k = 64;
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let w = ctx.new_tensor(dtype, [k, 8, N_AS, 1]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [k, 1, 3, 1]).unwrap();
+    let ti = ctx.new_tensor(DType::I32, [N_USED, 3, 1, 1]).unwrap();
+    let out = ctx.mul_mat_id(w, x, ti).unwrap();
+    ctx.set_name(out, "ffn_moe_up").unwrap();
+    let n = ctx.len();
+    let buf = be.alloc_buffer(64 * 1024).unwrap();
+    for j in 0..n {
+        ctx.tensors_mut()[j].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + 8192 * j as u64,
+        });
+    }
+    be.buffer_clear(buf.id, 0).unwrap();
+    let ts = ctx.tensors();
+    let ids = [0, 1, 2, bad, 3, 0];
+    be.set_tensor_async(&ts[ti.index()], 0, &i32_bytes(&ids))
+        .unwrap();
+    be.graph_compute(ts, &[out]).unwrap();
+    let e = be.synchronize().unwrap_err();
+    assert_eq!(e.kind, BackendErrorKind::BadData);
+    let text = e.to_string();
+    assert!(
+        text.contains("MUL_MAT_ID") && text.contains("ffn_moe_up") && text.contains("expert id"),
+        "{text}"
+    );
+    be.synchronize().unwrap();
+    // The same graph with good ids runs clean.
+    be.set_tensor_async(&ts[ti.index()], 0, &i32_bytes(&[0, 1, 2, 3, 3, 0]))
+        .unwrap();
+    be.graph_compute(ts, &[out]).unwrap();
+    be.synchronize().unwrap();
+    be.free_buffer(buf.id).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// The MoE FFN
+
+/// llama.cpp's MoE FFN for llama (Mixtral) as the harness builds it: router logits,
+/// soft_max, top-2 of 8 experts, their probabilities gathered, summed, clamped and
+/// divided, Q4_0 gate/up and Q8_0 down experts through mul_mat_id, swiglu, weighted and
+/// summed over the two slots. The chosen experts are the CPU's exactly (the logits are
+/// spaced well apart, so the GPU's soft_max rounding cannot swap two of them), the
+/// normalised weights within f32 rounding, the FFN output within mul_mat's limit.
+#[test]
+fn moe_ffn_matches_the_cpu() {
+    let (n_embd, n_ff, n_expert, n_used, n_tok) = (64, 96, 8, 2, 6);
+    let mut r = Rng(99);
+    // Per token a permutation of 8 levels 0.4 apart, plus small noise.
+    let mut logits = Vec::new();
+    for t in 0..n_tok {
+        for e in 0..n_expert {
+            let level = ((e * 5 + t * 3) % n_expert) as f32;
+            logits.push(0.4 * level + 0.01 * r.f());
+        }
+    }
+    let x = r.vec(n_embd * n_tok);
+    let up = r.vec(n_embd * n_ff * n_expert);
+    let gate = r.vec(n_embd * n_ff * n_expert);
+    let down = r.vec(n_ff * n_embd * n_expert);
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
+        let tl = ctx.new_tensor(DType::F32, [n_expert, n_tok, 1, 1]).unwrap();
+        let tx = ctx.new_tensor(DType::F32, [n_embd, n_tok, 1, 1]).unwrap();
+        let tu = ctx
+            .new_tensor(DType::Q4_0, [n_embd, n_ff, n_expert, 1])
+            .unwrap();
+        let tg = ctx
+            .new_tensor(DType::Q4_0, [n_embd, n_ff, n_expert, 1])
+            .unwrap();
+        let td = ctx
+            .new_tensor(DType::Q8_0, [n_ff, n_embd, n_expert, 1])
+            .unwrap();
+        // Router.
+        let probs = ctx.soft_max(tl, None, 1.0, 0.0).unwrap();
+        let ids = ctx.argsort_top_k(probs, n_used).unwrap();
+        let per_expert = ctx.reshape(probs, [1, n_expert, n_tok, 1]).unwrap();
+        let w = ctx.get_rows(per_expert, ids).unwrap();
+        let w = ctx.reshape(w, [n_used, n_tok, 1, 1]).unwrap();
+        let sum = ctx.sum_rows(w).unwrap();
+        let sum = ctx
+            .clamp(sum, half::f16::MIN_POSITIVE.to_f32(), f32::INFINITY)
+            .unwrap();
+        let wn = ctx.div(w, sum).unwrap();
+        let weights = ctx.reshape(wn, [1, n_used, n_tok, 1]).unwrap();
+        // Experts.
+        let cur = ctx.reshape(tx, [n_embd, 1, n_tok, 1]).unwrap();
+        let u = ctx.mul_mat_id(tu, cur, ids).unwrap();
+        let g = ctx.mul_mat_id(tg, cur, ids).unwrap();
+        let h = ctx.swiglu(g, u).unwrap();
+        let d = ctx.mul_mat_id(td, h, ids).unwrap();
+        // Combine: weighted, then slot 0 + slot 1.
+        let e = ctx.mul(d, weights).unwrap();
+        let te = ctx.tensors()[e.index()];
+        let e0 = ctx.view_2d(e, n_embd, n_tok, te.nb[2], 0).unwrap();
+        let e1 = ctx.view_2d(e, n_embd, n_tok, te.nb[2], te.nb[1]).unwrap();
+        let out = ctx.add(e0, e1).unwrap();
+        Case {
+            inputs: vec![
+                (tl, f32_bytes(&logits)),
+                (tx, f32_bytes(&x)),
+                (tu, bytes_of(DType::Q4_0, &up, n_embd)),
+                (tg, bytes_of(DType::Q4_0, &gate, n_embd)),
+                (td, bytes_of(DType::Q8_0, &down, n_ff)),
+            ],
+            outs: vec![ids, wn, out],
+        }
+    });
+    assert_eq!(to_i32(&gpu[0]), to_i32(&cpu[0]), "chosen experts");
+    let (gw, cw) = (to_f32(DType::F32, &gpu[1]), to_f32(DType::F32, &cpu[1]));
+    let ew = nmse(&gw, &cw);
+    assert!(ew < 1e-10, "router weights: NMSE {ew:e}");
+    for pair in gw.chunks(n_used) {
+        let s: f32 = pair.iter().sum();
+        assert!((s - 1.0).abs() < 1e-6, "weights of a token sum to {s}");
+    }
+    let (go, co) = (to_f32(DType::F32, &gpu[2]), to_f32(DType::F32, &cpu[2]));
+    let eo = nmse(&go, &co);
+    assert!(eo < 5e-4, "FFN output: NMSE {eo:e}");
 }
