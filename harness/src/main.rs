@@ -118,8 +118,8 @@ struct RegressArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
     /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 76 cells), `cuda` (cuda-1gpu.toml),
-    /// `cuda-2gpu`, `cuda-sim` (emulated GPUs, synthetic model; no GPU needed) or
-    /// `gemma3` (Gemma 3 270M on the CPU).
+    /// `cuda-2gpu`, `cuda-sim` (emulated GPUs, synthetic model; no GPU needed),
+    /// `gemma3` (Gemma 3 270M on the CPU) or `moe` (SmolLM2 as 4 experts on the CPU).
     #[arg(long)]
     devices_matrix: Option<String>,
     /// GGUF model (default: the matrix's).

@@ -32,6 +32,8 @@ pub const CUDA_2GPU_MATRIX: &str = include_str!("../matrices/cuda-2gpu.toml");
 pub const CUDA_SIM_MATRIX: &str = include_str!("../matrices/cuda-sim.toml");
 /// The Gemma 3 CPU matrix (`harness/matrices/gemma3.toml`).
 pub const GEMMA3_MATRIX: &str = include_str!("../matrices/gemma3.toml");
+/// The mixture-of-experts CPU matrix (`harness/matrices/moe.toml`).
+pub const MOE_MATRIX: &str = include_str!("../matrices/moe.toml");
 
 /// Where a model or corpus comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,8 +177,8 @@ impl Matrix {
             .expect("the embedded CPU matrix is valid")
     }
 
-    /// A built-in matrix by name: `cpu`, `cuda` (one GPU), `cuda-2gpu`, `cuda-sim` or
-    /// `gemma3` (Gemma 3 270M on the CPU).
+    /// A built-in matrix by name: `cpu`, `cuda` (one GPU), `cuda-2gpu`, `cuda-sim`,
+    /// `gemma3` (Gemma 3 270M on the CPU) or `moe` (SmolLM2 as 4 experts on the CPU).
     pub fn builtin(name: &str) -> Option<Matrix> {
         let (path, text) = match name {
             "cpu" => ("harness/matrices/cpu.toml", CPU_MATRIX),
@@ -184,6 +186,7 @@ impl Matrix {
             "cuda-2gpu" => ("harness/matrices/cuda-2gpu.toml", CUDA_2GPU_MATRIX),
             "cuda-sim" => ("harness/matrices/cuda-sim.toml", CUDA_SIM_MATRIX),
             "gemma3" => ("harness/matrices/gemma3.toml", GEMMA3_MATRIX),
+            "moe" => ("harness/matrices/moe.toml", MOE_MATRIX),
             _ => return None,
         };
         Some(file::parse(path, None, text).expect("the built-in matrices are valid"))

@@ -333,6 +333,7 @@ fn bad_files_are_refused_with_their_line(
 #[case("cuda-2gpu", 23)]
 #[case("cuda-sim", 7)]
 #[case("gemma3", 6)]
+#[case("moe", 6)]
 fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize) {
     let m = Matrix::builtin(name).unwrap();
     assert_eq!(m.cells.len(), n_cells);
@@ -341,6 +342,7 @@ fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize
         "cuda" => "cuda-1gpu.toml",
         "cuda-sim" => "cuda-sim.toml",
         "gemma3" => "gemma3.toml",
+        "moe" => "moe.toml",
         _ => "cuda-2gpu.toml",
     };
     assert_eq!(Matrix::load(&matrix_file(file)).unwrap().cells, m.cells);

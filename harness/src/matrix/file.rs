@@ -275,13 +275,15 @@ fn source(value: &str, base: Option<&Path>) -> Source {
 }
 
 /// `model = "synthetic:DTYPE"` names the seeded synthetic model, a known model's name
-/// (`gemma3-270m`) that model; anything else is [`source`].
+/// (`gemma3-270m`, `smollm2-moe`) that model; anything else is [`source`].
 fn model_source(loc: &Located<'_>, value: &Spanned<String>, base: Option<&Path>) -> Result<Source> {
     match value.get_ref().strip_prefix("synthetic:") {
         Some(name) => crate::synthetic::weight_dtype(name)
             .map(Source::Synthetic)
             .map_err(|e| loc.at(value, format!("model: {e}"))),
-        None if crate::fetch::known_model(value.get_ref()).is_some() => {
+        None if crate::fetch::known_model(value.get_ref()).is_some()
+            || value.get_ref() == crate::MOE_MODEL_NAME =>
+        {
             Ok(Source::Path(value.get_ref().into()))
         }
         None => Ok(source(value.get_ref(), base)),
