@@ -1121,7 +1121,9 @@ mod tests {
         ));
         let sums = ctx.sum_rows(logits).unwrap();
         assert_eq!(ctx.get(sums).unwrap().ne, [1, 5, 1, 1]);
-        let c = ctx.clamp(sums, half::f16::MIN_POSITIVE.to_f32(), f32::INFINITY).unwrap();
+        let c = ctx
+            .clamp(sums, half::f16::MIN_POSITIVE.to_f32(), f32::INFINITY)
+            .unwrap();
         assert_eq!(
             ctx.get(c).unwrap().op,
             Op::Clamp {
