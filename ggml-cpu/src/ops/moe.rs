@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 use ggml_core::{BackendErrorKind, Tensor};
 
 use super::mul_mat::{
-    convert_b, data_addr, gather_a, needs_gather, prefetch, round64, GEMV_CHUNKS, MC, NC, PF_DIST,
+    block, convert_b, data_addr, gather_a, needs_gather, prefetch, round64, GEMV_CHUNKS, MC, NC,
+    PF_DIST,
 };
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
@@ -212,16 +213,15 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
                     // tensor, or gathered in phase 0; nobody writes it now.
                     *ar = unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) };
                 }
-                match gemv {
-                    Some(g) => {
-                        let mut o = [0f32; 4];
-                        (g.rows)(k, &arows[..nrows], brows[0], &mut o);
-                        for (rr, v) in o.iter().enumerate() {
-                            out[rr * 4] = *v;
-                        }
-                    }
-                    None => tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out),
-                }
+                block(
+                    gemv,
+                    tile,
+                    a.dtype,
+                    k,
+                    &arows[..nrows],
+                    &brows[..ncols],
+                    &mut out,
+                );
                 for rr in 0..nrows {
                     for cc in 0..ncols {
                         let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + cols[cc]);

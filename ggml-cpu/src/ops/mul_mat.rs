@@ -16,6 +16,7 @@ use ggml_core::{DType, Tensor};
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference::f32_to_bf16;
+use crate::simd::{Gemv, MmTile};
 
 /// Weight rows per chunk.
 pub(crate) const MC: usize = 64;
@@ -190,16 +191,15 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                     // tensor, or gathered in phase 0; nobody writes it now.
                     *ar = unsafe { std::slice::from_raw_parts(p, ars) };
                 }
-                match gemv {
-                    Some(g) => {
-                        let mut o = [0f32; 4];
-                        (g.rows)(k, &arows[..nrows], brows[0], &mut o);
-                        for (r, v) in o.iter().enumerate() {
-                            out[r * 4] = *v;
-                        }
-                    }
-                    None => tile(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out),
-                }
+                block(
+                    gemv,
+                    tile,
+                    a.dtype,
+                    k,
+                    &arows[..nrows],
+                    &brows[..ncols],
+                    &mut out,
+                );
                 for r in 0..nrows {
                     for cc in 0..ncols {
                         let p = dst.ptr.wrapping_add(
@@ -219,6 +219,29 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         }
     }
     Ok(())
+}
+
+/// `out[r * 4 + c] = dot(arows[r], brows[c])`: by the matrix × vector kernel when there is
+/// one (a single activation column), else by the tile kernel.
+pub(super) fn block(
+    gemv: Option<Gemv>,
+    tile: MmTile,
+    w: DType,
+    k: usize,
+    arows: &[&[u8]],
+    brows: &[&[u8]],
+    out: &mut [f32; 16],
+) {
+    match gemv {
+        Some(g) => {
+            let mut o = [0f32; 4];
+            (g.rows)(k, arows, brows[0], &mut o);
+            for (r, v) in o.iter().enumerate() {
+                out[r * 4] = *v;
+            }
+        }
+        None => tile(w, k, arows, brows, out),
+    }
 }
 
 /// Bytes of weights prefetched ahead of the tile being computed.
