@@ -57,6 +57,10 @@ pub struct BackendCaps {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EventId(pub u32);
 
+/// Handle of a tensor table kept by a backend ([`Backend::table_register`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TableId(pub u32);
+
 /// An event together with the backend that owns it, for waits across backends.
 #[derive(Clone, Copy)]
 pub struct EventRef<'a> {
@@ -254,10 +258,50 @@ pub trait Backend: Send + Sync {
         dst: &Tensor,
     ) -> BackendResult<bool>;
 
+    /// Copies `src` (a tensor of `src_backend`) into `dst` (a tensor of `dst_backend`) on
+    /// *this* backend's queue, which then acts as a copy engine beside the two devices'
+    /// own queues (a second CUDA stream, a copy thread): the copy runs after everything
+    /// already enqueued here and before everything enqueued here afterwards, and is not
+    /// ordered against either device's queue (the caller orders it with events).
+    /// Returns `Ok(false)` (the default) when this backend cannot reach both memories.
+    fn engine_cpy_tensor_async(
+        &self,
+        _src_backend: &dyn Backend,
+        _src: &Tensor,
+        _dst_backend: &dyn Backend,
+        _dst: &Tensor,
+    ) -> BackendResult<bool> {
+        Ok(false)
+    }
+
     /// Enqueues the computation of `nodes` (ids into `tensors`, in order). Descriptors are
     /// copied before this returns; the tensors' bytes are read and written when the queue
     /// runs it. Errors found later are reported by the next `synchronize`.
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()>;
+
+    /// Keeps a copy of the tensor table `tensors` for [`Backend::graph_compute_table`],
+    /// so that a caller running many graph parts over one table (a scheduler's splits)
+    /// does not have `graph_compute` copy it for every part. `None` (the default): the
+    /// backend has no use for it (it reads the descriptors before `graph_compute`
+    /// returns), call `graph_compute`.
+    fn table_register(&self, _tensors: &[Tensor]) -> BackendResult<Option<TableId>> {
+        Ok(None)
+    }
+
+    /// Forgets a table from [`Backend::table_register`]; work already enqueued with it
+    /// still runs.
+    fn table_free(&self, _table: TableId) -> BackendResult<()> {
+        Ok(())
+    }
+
+    /// [`Backend::graph_compute`] over the registered table `table`.
+    fn graph_compute_table(&self, _table: TableId, _nodes: &[TensorId]) -> BackendResult<()> {
+        Err(BackendError::new(
+            BackendErrorKind::InvalidArgument,
+            self.name(),
+            "this backend keeps no tensor tables",
+        ))
+    }
 
     /// Blocks until every enqueued item finished; returns the first error any of them
     /// hit since the last `synchronize` (the queue then continues to accept work).

@@ -21,7 +21,7 @@ pub mod tensor;
 
 pub use backend::{
     Backend, BackendCaps, BackendError, BackendErrorKind, BackendKind, BackendResult, BufferInfo,
-    CopyQueue, EventId, EventRef,
+    CopyQueue, EventId, EventRef, TableId,
 };
 pub use context::Context;
 pub use dtype::{DType, ALL_DTYPES, QK_K};

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use ggml_core::backend::BackendKind;
 use ggml_core::{
     Backend, BackendCaps, BackendError, BackendErrorKind, BackendResult, BufferId, BufferInfo,
-    CopyQueue, EventId, EventRef, MemoryDomain, Name, Tensor, TensorId,
+    CopyQueue, EventId, EventRef, MemoryDomain, Name, TableId, Tensor, TensorId,
 };
 
 use crate::exec::Executor;
@@ -96,6 +96,8 @@ static INSTANCES: AtomicU32 = AtomicU32::new(0);
 pub struct CpuBackend {
     queue: Arc<Queue>,
     events: Mutex<Vec<Option<Arc<EventState>>>>,
+    /// Registered tensor tables (shared with queued computes that use them).
+    tables: Mutex<Vec<Option<Arc<[Tensor]>>>>,
     worker: Option<JoinHandle<()>>,
     options: CpuBackendOptions,
     isa: Isa,
@@ -131,6 +133,7 @@ impl CpuBackend {
         Ok(CpuBackend {
             queue,
             events: Mutex::new(Vec::new()),
+            tables: Mutex::new(Vec::new()),
             worker: Some(worker),
             options,
             isa,
@@ -442,9 +445,88 @@ impl Backend for CpuBackend {
         Ok(true)
     }
 
+    fn engine_cpy_tensor_async(
+        &self,
+        src_backend: &dyn Backend,
+        src: &Tensor,
+        dst_backend: &dyn Backend,
+        dst: &Tensor,
+    ) -> BackendResult<bool> {
+        let (Some(sd), Some(dd)) = (src.data, dst.data) else {
+            return Err(self
+                .err(BackendErrorKind::InvalidArgument, "tensor has no data")
+                .at("CPY", dst.name));
+        };
+        // The registry that resolves a buffer of `b` (a CPU backend, or host memory).
+        let reg = |b: &dyn Backend, domain: MemoryDomain| -> Option<Arc<Registry>> {
+            match b.as_any().downcast_ref::<CpuBackend>() {
+                Some(c) if c.supports_domain(domain) => Some(c.registry().clone()),
+                _ if domain == MemoryDomain::HOST => Some(self.registry().clone()),
+                _ => None,
+            }
+        };
+        let (Some(src_reg), Some(dst_reg)) = (
+            reg(src_backend, sd.buffer.domain),
+            reg(dst_backend, dd.buffer.domain),
+        ) else {
+            return Ok(false);
+        };
+        if src.dtype != dst.dtype || src.ne != dst.ne {
+            return Err(self
+                .err(
+                    BackendErrorKind::InvalidArgument,
+                    "copy needs equal dtypes and shapes",
+                )
+                .at("CPY", dst.name));
+        }
+        self.queue.push(Item::Copy {
+            src_reg,
+            src: *src,
+            dst_reg,
+            dst: *dst,
+        })?;
+        Ok(true)
+    }
+
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         self.queue.push(Item::Compute {
-            tensors: tensors.to_vec(),
+            tensors: Arc::from(tensors),
+            nodes: nodes.to_vec(),
+        })
+    }
+
+    fn table_register(&self, tensors: &[Tensor]) -> BackendResult<Option<TableId>> {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = t.iter().position(Option::is_none).unwrap_or(t.len());
+        let id = u32::try_from(slot)
+            .map_err(|_| self.err(BackendErrorKind::OutOfMemory, "too many tables"))?;
+        if slot == t.len() {
+            t.push(None);
+        }
+        t[slot] = Some(Arc::from(tensors));
+        Ok(Some(TableId(id)))
+    }
+
+    fn table_free(&self, table: TableId) -> BackendResult<()> {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        match t.get_mut(table.0 as usize) {
+            Some(s @ Some(_)) => {
+                *s = None;
+                Ok(())
+            }
+            _ => Err(self.err(BackendErrorKind::InvalidArgument, "unknown table")),
+        }
+    }
+
+    fn graph_compute_table(&self, table: TableId, nodes: &[TensorId]) -> BackendResult<()> {
+        let tensors = {
+            let t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+            t.get(table.0 as usize)
+                .and_then(Clone::clone)
+                .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown table"))?
+        };
+        self.queue.push(Item::Compute {
+            tensors,
             nodes: nodes.to_vec(),
         })
     }

@@ -101,7 +101,7 @@ pub(crate) fn now_ns() -> u64 {
 pub(crate) enum Item {
     /// Compute `nodes` of `tensors` in order.
     Compute {
-        tensors: Vec<Tensor>,
+        tensors: Arc<[Tensor]>,
         nodes: Vec<TensorId>,
     },
     /// Write `data` into `tensor`'s bytes from byte `offset` on.

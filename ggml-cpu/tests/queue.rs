@@ -320,3 +320,61 @@ fn events_are_timed_on_the_host_clock() {
     a.synchronize().unwrap();
     assert!(a.event_time_ns(e).unwrap().unwrap() > t);
 }
+
+/// A registered table runs graph parts like `graph_compute` and outlives its free for
+/// work already queued; unknown tables are refused.
+#[test]
+fn registered_tables_compute_and_free() {
+    let be = cpu(2, CopyQueue::Destination);
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+    let mut ctx = Context::new(&mut s);
+    let x = ctx.new_tensor_1d(DType::F32, 64).unwrap();
+    let y = ctx.scale(x, 2.0).unwrap();
+    let z = ctx.scale(y, 3.0).unwrap();
+    let (tensors, _buf) = place(&ctx, &be);
+    be.set_tensor_async(&tensors[x.index()], 0, &bytes(&[1.5; 64]))
+        .unwrap();
+    let t = be
+        .table_register(&tensors)
+        .unwrap()
+        .expect("the CPU keeps tables");
+    let open = gate(&be);
+    be.graph_compute_table(t, &[y]).unwrap();
+    be.graph_compute_table(t, &[z]).unwrap();
+    be.table_free(t).unwrap();
+    drop(open);
+    be.synchronize().unwrap();
+    let mut raw = vec![0u8; 256];
+    be.get_tensor(&tensors[z.index()], 0, &mut raw).unwrap();
+    assert!(f32s(&raw).iter().all(|&v| v == 9.0));
+    let e = be.graph_compute_table(t, &[y]).unwrap_err();
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+    assert!(be.table_free(t).is_err());
+}
+
+/// A third backend copies between two others on its own queue: the copy waits for
+/// nothing on either device's queue.
+#[test]
+fn engine_copies_run_on_their_own_queue() {
+    let a = cpu(1, CopyQueue::Destination);
+    let b = cpu(1, CopyQueue::Destination);
+    let engine = cpu(1, CopyQueue::Destination);
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 2];
+    let mut ctx = Context::new(&mut s);
+    let x = ctx.new_tensor_1d(DType::F32, 16).unwrap();
+    let (ta, _ba) = place(&ctx, &a);
+    let (tb, _bb) = place(&ctx, &b);
+    a.set_tensor_async(&ta[x.index()], 0, &bytes(&[4.0; 16]))
+        .unwrap();
+    a.synchronize().unwrap();
+    // Both devices' queues are held; the engine still copies.
+    let (ga, gb) = (gate(&a), gate(&b));
+    assert!(engine
+        .engine_cpy_tensor_async(&a, &ta[x.index()], &b, &tb[x.index()])
+        .unwrap());
+    engine.synchronize().unwrap();
+    drop((ga, gb));
+    let mut raw = vec![0u8; 64];
+    b.get_tensor(&tb[x.index()], 0, &mut raw).unwrap();
+    assert!(f32s(&raw).iter().all(|&v| v == 4.0));
+}

@@ -107,6 +107,13 @@ pub(crate) fn cu_err(name: Name, kind: BackendErrorKind, e: CuError) -> BackendE
     BackendError::new(kind, name, e.what).with_code(e.code)
 }
 
+/// `b` as a CUDA backend on driver `kind`.
+fn same_driver(b: &dyn Backend, kind: DriverKind) -> Option<&CudaBackend> {
+    b.as_any()
+        .downcast_ref::<CudaBackend>()
+        .filter(|c| c.dev.kind == kind)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -203,6 +210,14 @@ impl CudaBackend {
         (0..n)
             .map(|i| CudaBackend::with_driver(kind, ordinal, i))
             .collect()
+    }
+
+    /// A copy engine beside this backend: another stream on the same GPU (named
+    /// `…#{instance + 100}`), with no buffers of its own, that runs
+    /// [`Backend::engine_cpy_tensor_async`] between CUDA backends of the same driver, so
+    /// that copies overlap the kernels on this backend's stream.
+    pub fn copy_engine(&self) -> BackendResult<CudaBackend> {
+        CudaBackend::with_driver(self.dev.kind, self.dev.ordinal, self.instance + 100)
     }
 
     /// Number of CUDA devices, or the reason CUDA cannot be used (libcuda missing, no
@@ -736,6 +751,50 @@ impl Backend for CudaBackend {
         // The wait captures the event state recorded just now.
         api.stream_wait_event(self.stream, sb.copy_event)
             .map_err(fail)?;
+        Ok(true)
+    }
+
+    fn engine_cpy_tensor_async(
+        &self,
+        src_backend: &dyn Backend,
+        src: &Tensor,
+        dst_backend: &dyn Backend,
+        dst: &Tensor,
+    ) -> BackendResult<bool> {
+        let kind = self.dev.kind;
+        let (Some(sb), Some(db)) = (
+            same_driver(src_backend, kind),
+            same_driver(dst_backend, kind),
+        ) else {
+            return Ok(false);
+        };
+        let n = src.nbytes();
+        if n != dst.nbytes()
+            || !src.is_contiguous()
+            || !dst.is_contiguous()
+            || src.dtype != dst.dtype
+        {
+            return Ok(false);
+        }
+        let s_addr = sb
+            .tensor_range(&lock(&sb.state), src, 0, n)
+            .map_err(|e| e.at("engine_cpy_tensor_async", src.name))?;
+        let d_addr = db
+            .tensor_range(&lock(&db.state), dst, 0, n)
+            .map_err(|e| e.at("engine_cpy_tensor_async", dst.name))?;
+        if n == 0 {
+            return Ok(true);
+        }
+        let fail = |e: CuError| self.cu(e).at("engine_cpy_tensor_async", dst.name);
+        let api = self.dev.api;
+        self.bind()?;
+        let r = if Arc::ptr_eq(&sb.dev, &db.dev) {
+            api.memcpy_dtod_async(d_addr, s_addr, n, self.stream)
+        } else {
+            sb.dev.enable_peer(&db.dev);
+            api.memcpy_peer_async(d_addr, db.dev.ctx, s_addr, sb.dev.ctx, n, self.stream)
+        };
+        r.map_err(fail)?;
         Ok(true)
     }
 
