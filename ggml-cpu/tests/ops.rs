@@ -442,6 +442,17 @@ fn concat(
     });
 }
 
+/// Operands that are strided views (a transpose: elements not adjacent in a row).
+#[rstest]
+fn concat_of_strided_views(#[values(0, 1)] dim: usize) {
+    check(bes(), 20, |ctx| {
+        let x = f(DType::F32, [3, 4, 1, 1])(ctx);
+        let a = ctx.transpose(x).unwrap();
+        let b = f(DType::F32, [4, 3, 1, 1])(ctx);
+        Spec::new(ctx.concat(a, b, dim).unwrap())
+    });
+}
+
 /// Masks for [`flash_attn`]: none, causal (the last `n_q` positions unveiled one per
 /// query), or causal with holes (every 5th position, one whole query row and the first
 /// `2·iq` positions of query `iq` masked too).

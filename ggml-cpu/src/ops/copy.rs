@@ -128,20 +128,44 @@ pub(crate) fn concat(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, dim: usize) -> KResult
     for r in r0..r1 {
         let (i1, i2, i3) = dst.row_index(r);
         let drow = dst.row_ptr(i1, i2, i3);
-        for i0 in 0..dst.ne[0] {
-            let mut i = [i0, i1, i2, i3];
+        // A destination row is one or two runs of elements, each from one operand row.
+        let mut runs: [(Option<&TView>, [usize; 4], usize, usize); 2] =
+            [(None, [0; 4], 0, 0), (None, [0; 4], 0, 0)];
+        if dim == 0 {
+            runs[0] = (Some(&a), [0, i1, i2, i3], 0, a.ne[0]);
+            runs[1] = (Some(&b), [0, i1, i2, i3], a.ne[0], b.ne[0]);
+        } else {
+            let mut i = [0, i1, i2, i3];
             let t: &TView = if i[dim] < a.ne[dim] {
                 &a
             } else {
                 i[dim] -= a.ne[dim];
                 &b
             };
+            runs[0] = (Some(t), i, 0, dst.ne[0]);
+        }
+        for (t, i, at, len) in runs {
+            let Some(t) = t else { continue };
             let s = t
                 .ptr
-                .wrapping_add(i[0] * t.nb[0] + i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]);
-            // SAFETY: one element of a resolved operand and of the destination row, which
-            // do not overlap (checked above).
-            unsafe { std::ptr::copy_nonoverlapping(s, drow.add(i0 * dst.nb[0]), ts) };
+                .wrapping_add(i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]);
+            if t.nb[0] == ts && dst.nb[0] == ts {
+                // SAFETY: `len` dense elements of a resolved operand row and of the
+                // destination row, which do not overlap (checked above).
+                unsafe { std::ptr::copy_nonoverlapping(s, drow.add(at * ts), len * ts) };
+                continue;
+            }
+            for k in 0..len {
+                // SAFETY: one element of a resolved operand row and of the destination
+                // row, which do not overlap (checked above).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        s.wrapping_add(k * t.nb[0]),
+                        drow.add((at + k) * dst.nb[0]),
+                        ts,
+                    )
+                };
+            }
         }
     }
     Ok(())
