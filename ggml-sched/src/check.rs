@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ggml_core::{
     Backend, BackendCaps, BackendKind, BackendResult, BufferId, BufferInfo, CopyQueue, EventId,
-    EventRef, MemoryDomain, Name, Op, Tensor, TensorId,
+    EventRef, MemoryDomain, Name, Op, TableId, Tensor, TensorId,
 };
 
 use crate::plan::HbRule;
@@ -446,6 +446,8 @@ pub struct CheckedBackend {
     log: Arc<RaceLog>,
     agent: usize,
     bufs: Mutex<HashMap<BufferId, (u64, usize)>>,
+    /// The tables registered with the inner backend, to record graph accesses.
+    tables: Mutex<HashMap<TableId, Arc<[Tensor]>>>,
 }
 
 impl fmt::Debug for CheckedBackend {
@@ -490,6 +492,7 @@ impl CheckedBackend {
             log: log.clone(),
             agent,
             bufs: Mutex::new(HashMap::new()),
+            tables: Mutex::new(HashMap::new()),
         })
     }
 
@@ -509,6 +512,35 @@ impl CheckedBackend {
     /// The log it records into.
     pub fn log(&self) -> &Arc<RaceLog> {
         &self.log
+    }
+
+    /// Records the accesses of a graph part enqueued on the inner backend.
+    fn record_graph(&self, tensors: &[Tensor], nodes: &[TensorId]) {
+        let mut s = self.log.lock();
+        s.enqueue(self.agent);
+        for &n in nodes {
+            let Some(t) = tensors.get(n.index()) else {
+                continue;
+            };
+            if t.op == Op::None || t.op.is_view() {
+                continue;
+            }
+            for (j, src) in t.src.iter().enumerate() {
+                let Some(src) = *src else { continue };
+                // CPY's second operand is its destination, written, not read.
+                if t.op == Op::Cpy && j == 1 {
+                    continue;
+                }
+                if let Some((b, lo, hi)) =
+                    tensors.get(src.index()).and_then(|st| range(st, 0, None))
+                {
+                    s.access(self.agent, b, lo, hi, Role::Consumer, tname(tensors, src));
+                }
+            }
+            if let Some((b, lo, hi)) = range(t, 0, None) {
+                s.access(self.agent, b, lo, hi, Role::Producer, tname(tensors, n));
+            }
+        }
     }
 
     fn buf(&self, id: BufferId) -> Option<(u64, usize)> {
@@ -693,32 +725,70 @@ impl Backend for CheckedBackend {
         Ok(true)
     }
 
+    fn engine_cpy_tensor_async(
+        &self,
+        src_backend: &dyn Backend,
+        src: &Tensor,
+        dst_backend: &dyn Backend,
+        dst: &Tensor,
+    ) -> BackendResult<bool> {
+        let (inner_src, _) = unwrap_backend(src_backend);
+        let (inner_dst, _) = unwrap_backend(dst_backend);
+        if !self
+            .inner
+            .engine_cpy_tensor_async(inner_src, src, inner_dst, dst)?
+        {
+            return Ok(false);
+        }
+        // The copy runs on this (the engine's) queue only.
+        let q = self.agent;
+        let mut s = self.log.lock();
+        s.enqueue(q);
+        if let Some((b, lo, hi)) = range(src, 0, None) {
+            s.access(q, b, lo, hi, Role::CopyRead, src.name.as_str().to_string());
+        }
+        if let Some((b, lo, hi)) = range(dst, 0, None) {
+            s.access(q, b, lo, hi, Role::CopyWrite, dst.name.as_str().to_string());
+        }
+        Ok(true)
+    }
+
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         self.inner.graph_compute(tensors, nodes)?;
-        let mut s = self.log.lock();
-        s.enqueue(self.agent);
-        for &n in nodes {
-            let Some(t) = tensors.get(n.index()) else {
-                continue;
-            };
-            if t.op == Op::None || t.op.is_view() {
-                continue;
-            }
-            for (j, src) in t.src.iter().enumerate() {
-                let Some(src) = *src else { continue };
-                // CPY's second operand is its destination, written, not read.
-                if t.op == Op::Cpy && j == 1 {
-                    continue;
-                }
-                if let Some((b, lo, hi)) =
-                    tensors.get(src.index()).and_then(|st| range(st, 0, None))
-                {
-                    s.access(self.agent, b, lo, hi, Role::Consumer, tname(tensors, src));
-                }
-            }
-            if let Some((b, lo, hi)) = range(t, 0, None) {
-                s.access(self.agent, b, lo, hi, Role::Producer, tname(tensors, n));
-            }
+        self.record_graph(tensors, nodes);
+        Ok(())
+    }
+
+    fn table_register(&self, tensors: &[Tensor]) -> BackendResult<Option<TableId>> {
+        let id = self.inner.table_register(tensors)?;
+        if let Some(id) = id {
+            self.tables
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, Arc::from(tensors));
+        }
+        Ok(id)
+    }
+
+    fn table_free(&self, table: TableId) -> BackendResult<()> {
+        self.inner.table_free(table)?;
+        self.tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&table);
+        Ok(())
+    }
+
+    fn graph_compute_table(&self, table: TableId, nodes: &[TensorId]) -> BackendResult<()> {
+        self.inner.graph_compute_table(table, nodes)?;
+        let t = self
+            .tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&table)
+            .cloned();
+        if let Some(t) = t {
+            self.record_graph(&t, nodes);
         }
         Ok(())
     }

@@ -60,6 +60,10 @@ pub struct CopyInput {
     pub slots: Vec<TensorId>,
     /// Bytes copied.
     pub nbytes: usize,
+    /// For [`SourceKind::Computed`]: the split that last wrote the source's bytes before
+    /// the copy (on `from`), if any in this graph. The copy must wait for it, and for
+    /// nothing later on `from`.
+    pub producer: Option<usize>,
 }
 
 /// A run of consecutive graph nodes on one backend.
@@ -412,6 +416,8 @@ pub fn partition(
     let mut slot_tensors: Vec<Tensor> = Vec::new();
     let mut remap = Vec::new();
     let mut copy_of: HashMap<(TensorId, usize), usize> = HashMap::new();
+    // The latest split writing each root tensor's bytes.
+    let mut last_writer: HashMap<TensorId, usize> = HashMap::new();
     for (i, &id) in nodes.iter().enumerate() {
         if !is_compute(id) {
             continue;
@@ -486,6 +492,10 @@ pub fn partition(
                         split: k,
                         slots,
                         nbytes: st.nbytes(),
+                        producer: match kind {
+                            SourceKind::Computed => last_writer.get(&rs).copied(),
+                            _ => None,
+                        },
                     });
                     let ci = copies.len() - 1;
                     copy_of.insert((s, b), ci);
@@ -495,6 +505,7 @@ pub fn partition(
             };
             remap.push((id, j, ci));
         }
+        last_writer.insert(root(id), k);
     }
     if n + slot_tensors.len() > u32::MAX as usize {
         return Err(SchedError::Invalid("too many tensors".into()));

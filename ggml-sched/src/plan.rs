@@ -21,6 +21,33 @@
 //! | any, user input | `record copydone[Q]@c` after the copies; one `host-wait` per copy queue at the end of the run | HB5 |
 //! | - | `compute`, `record split[B]@c` | HB2/HB3 for later copies, HB7 through `get_tensor`, which waits for the producer's queue |
 //!
+//! The producer wait of HB1 names the split that last wrote x: when A ran later splits
+//! before the copy is issued, that split records its own `produced(k)[A]@c` event and the
+//! copy waits on it, not on `split[A]@c` (which would also wait for A's later work and
+//! serialise devices that should run side by side).
+//!
+//! # Copy engines
+//!
+//! With [`PlanSettings::engines`], computed tensors cross devices on the destination's
+//! copy engine `E = E(B)`, a queue of its own (a second CUDA stream, a copy thread), so a
+//! copy overlaps the compute of both A and B. The rules, in DESIGN.md's style, and the
+//! test-only knob that drops each:
+//!
+//! | rule | action | knob (breaks) |
+//! |---|---|---|
+//! | E1 (HB1) the engine reads x only after x's producer ended | `wait Q(E) <- produced(k)[A]@c` or `split[A]@c` | `engine-early`: a chunk is forwarded before it is ready |
+//! | E2 (HB3) the engine overwrites the receive buffer S only after S's readers of run r - N ended | `wait Q(E) <- split[B]@c` once per run, before E's first copy into B | `engine-reuse`: a receive buffer is reused before its reader is done |
+//! | E3 (HB2) B reads S only after the engine's copy ended | `copy on E`, `record copydone[E]@c`, `wait Q(B) <- copydone[E]@c` | `engine-no-arrival`: the product reads a chunk that has not arrived |
+//! | E4 (HB4/HB6) A overwrites x only after the engine read it | `wait Q(A) <- copydone[E]@c` before A's next compute | `no-alloc-wait` |
+//!
+//! Receive buffers are the copies' slot tensors: allocated once per graph and pipeline
+//! slot, reused every run, their reuse ordered by E2, never by a barrier. E2 is what
+//! a barrier around buffer exchange guards (NVIDIA Fuser's ring all-gather removed one and
+//! hung): in a graph where every device gathers from every other in each layer, E1's
+//! waits already order the engine after the readers of run r - N, so dropping E2 is
+//! invisible there; on a pipeline (ggml-sched's `engines` tests) it is a race the checker
+//! reports and the numbers show.
+//!
 //! Waits are deduplicated with a knowledge vector per queue (what each queue is already
 //! ordered after, through earlier waits and events), so a backend with events gets one
 //! queue wait per split at most in a layer split and no host sync besides HB5.
@@ -89,15 +116,34 @@ pub enum WeakenKnob {
     /// Skip the copy-done wait before the source backend reuses the copied bytes
     /// (breaks HB6, and HB4 across runs).
     NoAllocWait,
+    /// Copy engines start a copy without waiting for its source's producer: a chunk is
+    /// forwarded before it is ready (breaks HB1).
+    EngineEarly,
+    /// Copy engines overwrite a receive buffer without waiting for its readers of run
+    /// r - N (breaks HB3).
+    EngineReuse,
+    /// The destination computes without waiting for the engine's copy-done event: it
+    /// reads a chunk before it arrived (breaks HB2).
+    EngineNoArrival,
 }
 
 impl WeakenKnob {
     /// All knobs.
-    pub const ALL: [WeakenKnob; 4] = [
+    pub const ALL: [WeakenKnob; 7] = [
         WeakenKnob::OwnEvent,
         WeakenKnob::NoSlotWait,
         WeakenKnob::AsyncUserInput,
         WeakenKnob::NoAllocWait,
+        WeakenKnob::EngineEarly,
+        WeakenKnob::EngineReuse,
+        WeakenKnob::EngineNoArrival,
+    ];
+
+    /// The knobs that only change plans with copy engines.
+    pub const ENGINE: [WeakenKnob; 3] = [
+        WeakenKnob::EngineEarly,
+        WeakenKnob::EngineReuse,
+        WeakenKnob::EngineNoArrival,
     ];
 
     /// The knob's command-line name (`own-event`, `no-slot-wait`, ...).
@@ -107,6 +153,9 @@ impl WeakenKnob {
             WeakenKnob::NoSlotWait => "no-slot-wait",
             WeakenKnob::AsyncUserInput => "async-user-input",
             WeakenKnob::NoAllocWait => "no-alloc-wait",
+            WeakenKnob::EngineEarly => "engine-early",
+            WeakenKnob::EngineReuse => "engine-reuse",
+            WeakenKnob::EngineNoArrival => "engine-no-arrival",
         }
     }
 
@@ -122,6 +171,9 @@ impl WeakenKnob {
             WeakenKnob::NoSlotWait => HbRule::Hb3,
             WeakenKnob::AsyncUserInput => HbRule::Hb5,
             WeakenKnob::NoAllocWait => HbRule::Hb6,
+            WeakenKnob::EngineEarly => HbRule::Hb1,
+            WeakenKnob::EngineReuse => HbRule::Hb3,
+            WeakenKnob::EngineNoArrival => HbRule::Hb2,
         }
     }
 }
@@ -165,6 +217,9 @@ pub enum EventKind {
     /// Recorded on a queue right after a split's user-input copies when copies of
     /// computed tensors follow them there: the HB5 host wait waits for the inputs only.
     InputsCopied,
+    /// Recorded after split `n` only, when a copy of its output is issued after the
+    /// backend's next split: the copy waits for its producer and not for later work.
+    Produced(u32),
 }
 
 /// An event of the plan: owned and recorded by `backend`.
@@ -188,6 +243,9 @@ pub enum CopyOn {
     /// Blocking through the host (reads the source after its queue drained, writes the
     /// destination's buffer directly).
     Host,
+    /// Asynchronous on a copy engine (the destination's, [`PlanSettings::engines`]): a
+    /// queue of its own, so the copy overlaps both devices' compute.
+    Engine(usize),
 }
 
 /// One step of a plan.
@@ -316,6 +374,10 @@ pub struct PlanSettings {
     /// Weakened rules (tests only).
     #[doc(hidden)]
     pub weaken: BTreeSet<WeakenKnob>,
+    /// `engines[b]`: the copy engine (a backend index with a queue of its own) that runs
+    /// the copies of computed tensors into backend `b`; empty or `None` where copies run
+    /// on the devices' queues.
+    pub engines: Vec<Option<usize>>,
 }
 
 /// The actions of one split.
@@ -409,6 +471,9 @@ impl Plan {
             EventKind::CopyDone => "copydone",
             EventKind::Inputs => "inputs",
             EventKind::InputsCopied => "inputs-copied",
+            EventKind::Produced(k) => {
+                return format!("split{k}[{}]@{}", self.bname(e.backend), e.slot)
+            }
         };
         format!("{kind}[{}]@{}", self.bname(e.backend), e.slot)
     }
@@ -447,6 +512,7 @@ impl Plan {
                     CopyOn::Src => "on src",
                     CopyOn::Dst => "on dst",
                     CopyOn::Host => "blocking",
+                    CopyOn::Engine(e) => &format!("on {}", self.bname(*e)),
                 };
                 let s = format!("{src} -> {dst}");
                 writeln!(
@@ -572,27 +638,26 @@ pub fn build_plan(part: &Partition, props: &[BackendProps], settings: &PlanSetti
             // The previous run has the same structure: its leftover copy-done waits are
             // this run's carry-in.
             let mut dry = plan.clone();
-            let carry = minimal(
-                part,
-                props,
-                &settings.weaken,
-                n_copies,
-                prev,
-                Vec::new(),
-                &mut dry,
-            );
-            minimal(
-                part,
-                props,
-                &settings.weaken,
-                n_copies,
-                slot,
-                carry,
-                &mut plan,
-            );
+            let carry = minimal(part, props, settings, n_copies, prev, Vec::new(), &mut dry);
+            minimal(part, props, settings, n_copies, slot, carry, &mut plan);
         }
     }
     plan
+}
+
+/// The queue a copy of `cp` into backend `to` runs on in the minimal plan: the
+/// destination's copy engine for computed tensors, if it has one; else as the backend
+/// declares.
+fn copy_on_with(
+    props: &[BackendProps],
+    engines: &[Option<usize>],
+    cp: &crate::partition::CopyInput,
+    to: usize,
+) -> CopyOn {
+    match engines.get(to).copied().flatten() {
+        Some(e) if cp.kind == SourceKind::Computed => CopyOn::Engine(e),
+        _ => copy_on(props, to),
+    }
 }
 
 fn copy_on(props: &[BackendProps], to: usize) -> CopyOn {
@@ -815,9 +880,26 @@ impl Minimal<'_> {
     }
 }
 
-/// HB1 for a destination-queue copy into split `k` (on `b`) of a tensor computed on `a`:
-/// Q(b) waits for `a`'s latest split before `k`, or for `a`'s last split of the previous
-/// run (slot `prev`) when `a` has none yet in this run, unless Q(b) already knows it.
+/// The producer splits whose copies are issued after a later split of the same backend:
+/// they record their own [`EventKind::Produced`] event.
+fn produced_events(part: &Partition) -> BTreeSet<usize> {
+    part.copies
+        .iter()
+        .filter_map(|cp| {
+            let p = cp.producer?;
+            let latest = part.splits[..cp.split]
+                .iter()
+                .rposition(|s| s.backend == cp.from);
+            (latest != Some(p)).then_some(p)
+        })
+        .collect()
+}
+
+/// HB1 for a copy into split `k` (run by queue `b`: the destination's, or an engine) of a
+/// tensor computed on `a` by split `producer`: Q(b) waits for that split's own event when
+/// `a` ran later splits since, else for `a`'s latest split before `k`, or for `a`'s last
+/// split of the previous run (slot `prev`) when `a` has none yet in this run, unless Q(b)
+/// already knows it.
 #[allow(clippy::too_many_arguments)]
 fn wait_for_producer(
     m: &mut Minimal<'_>,
@@ -828,8 +910,17 @@ fn wait_for_producer(
     prev: usize,
     a: usize,
     b: usize,
+    producer: Option<usize>,
 ) {
-    match part.splits[..k].iter().rposition(|s| s.backend == a) {
+    let latest = part.splits[..k].iter().rposition(|s| s.backend == a);
+    match latest {
+        Some(l) if producer.is_some_and(|p| p < l) => {
+            let p = producer.expect("checked");
+            if m.q[b][a] < compute_pos[p] {
+                let e = m.key(a, EventKind::Produced(p as u32));
+                m.wait(acts, b, e, HbRule::Hb1);
+            }
+        }
         Some(p) if m.q[b][a] < compute_pos[p] => {
             let e = m.key(a, EventKind::Split);
             m.wait(acts, b, e, HbRule::Hb1);
@@ -847,10 +938,16 @@ fn wait_for_producer(
 }
 
 /// The queue a copy into a split on backend `b` runs on.
-fn copy_queue_of(props: &[BackendProps], cp: &crate::partition::CopyInput, b: usize) -> usize {
-    match copy_on(props, b) {
+fn copy_queue_of(
+    props: &[BackendProps],
+    engines: &[Option<usize>],
+    cp: &crate::partition::CopyInput,
+    b: usize,
+) -> usize {
+    match copy_on_with(props, engines, cp, b) {
         CopyOn::Src => cp.from,
         CopyOn::Dst | CopyOn::Host => b,
+        CopyOn::Engine(e) => e,
     }
 }
 
@@ -859,7 +956,7 @@ fn copy_queue_of(props: &[BackendProps], cp: &crate::partition::CopyInput, b: us
 fn minimal(
     part: &Partition,
     props: &[BackendProps],
-    weaken: &BTreeSet<WeakenKnob>,
+    settings: &PlanSettings,
     n_copies: usize,
     c: usize,
     carry: Vec<Vec<EventKey>>,
@@ -890,10 +987,15 @@ fn minimal(
     plan.splits.clear();
     plan.epilogue.clear();
 
+    let (weaken, engines) = (&settings.weaken, &settings.engines[..]);
     let own_event = weaken.contains(&WeakenKnob::OwnEvent);
     let no_slot_wait = weaken.contains(&WeakenKnob::NoSlotWait);
     let async_user = weaken.contains(&WeakenKnob::AsyncUserInput);
     let no_alloc_wait = weaken.contains(&WeakenKnob::NoAllocWait);
+    let engine_early = weaken.contains(&WeakenKnob::EngineEarly);
+    let engine_reuse = weaken.contains(&WeakenKnob::EngineReuse);
+    let engine_no_arrival = weaken.contains(&WeakenKnob::EngineNoArrival);
+    let produced = produced_events(part);
 
     // Prologue: mark the caller's input writes on the input backend's queue, if a
     // destination-queue copy will read them.
@@ -926,6 +1028,7 @@ fn minimal(
         // the copies of computed tensors behind them.
         let mut dst_copy_sources: BTreeSet<usize> = BTreeSet::new();
         let mut need_copydone: BTreeSet<usize> = BTreeSet::new();
+        let mut engine_copies: BTreeSet<usize> = BTreeSet::new();
         let mut inputs = sp.inputs.clone();
         inputs.sort_by_key(|&ci| part.copies[ci].kind != SourceKind::UserInput);
         let n_user = inputs
@@ -936,11 +1039,15 @@ fn minimal(
         // inputs' waits too), so the split keeps its one wait.
         if !own_event && n_user > 0 && copy_on(props, b) != CopyOn::Src {
             for &ci in &inputs[n_user..] {
-                if part.copies[ci].kind != SourceKind::Computed {
+                let cp = &part.copies[ci];
+                if cp.kind != SourceKind::Computed
+                    || matches!(copy_on_with(props, engines, cp, b), CopyOn::Engine(_))
+                {
                     continue;
                 }
                 let a = part.copies[ci].from;
-                wait_for_producer(&mut m, &mut acts, part, &compute_pos, k, prev, a, b);
+                let p = part.copies[ci].producer;
+                wait_for_producer(&mut m, &mut acts, part, &compute_pos, k, prev, a, b, p);
             }
         }
         for (i, &ci) in inputs.iter().enumerate() {
@@ -949,11 +1056,11 @@ fn minimal(
                 // runs computed copies next.
                 let queues: BTreeSet<usize> = inputs[..n_user]
                     .iter()
-                    .map(|&cj| copy_queue_of(props, &part.copies[cj], b))
+                    .map(|&cj| copy_queue_of(props, engines, &part.copies[cj], b))
                     .collect();
                 let later: BTreeSet<usize> = inputs[n_user..]
                     .iter()
-                    .map(|&cj| copy_queue_of(props, &part.copies[cj], b))
+                    .map(|&cj| copy_queue_of(props, engines, &part.copies[cj], b))
                     .collect();
                 for &q in queues.intersection(&later) {
                     let e = m.key(q, EventKind::InputsCopied);
@@ -963,8 +1070,31 @@ fn minimal(
             }
             let cp = &part.copies[ci];
             let a = cp.from;
-            let on = copy_on(props, b);
+            let on = copy_on_with(props, engines, cp, b);
             match on {
+                CopyOn::Engine(e) => {
+                    // HB1: the engine after the producer of x.
+                    if engine_early {
+                    } else if own_event {
+                        let ev = m.key(b, EventKind::Split);
+                        m.wait_always(&mut acts, e, ev, HbRule::Hb1);
+                    } else {
+                        let p = cp.producer;
+                        wait_for_producer(&mut m, &mut acts, part, &compute_pos, k, prev, a, e, p);
+                    }
+                    // HB3: the engine after the readers of the slot from run r - N.
+                    if !engine_reuse && !m.slot_rel[e][b] {
+                        let ev = m.key(b, EventKind::Split);
+                        m.wait(&mut acts, e, ev, HbRule::Hb3);
+                    }
+                    m.enqueue(e);
+                    m.bump(e);
+                    engine_copies.insert(e);
+                    let done = m.key(e, EventKind::CopyDone);
+                    if !pending[a].contains(&done) {
+                        pending[a].push(done);
+                    }
+                }
                 CopyOn::Src => {
                     // HB3: Q(A) waits for the readers of the slot from run r - N.
                     if !no_slot_wait && !m.slot_rel[a][b] {
@@ -1011,6 +1141,7 @@ fn minimal(
                                     prev,
                                     a,
                                     b,
+                                    cp.producer,
                                 );
                             }
                             dst_copy_sources.insert(a);
@@ -1052,6 +1183,14 @@ fn minimal(
             let e = m.key(q, EventKind::CopyDone);
             m.record(&mut acts, e);
         }
+        // HB2: the split reads what the engines copied only after they finished.
+        for &q in &engine_copies {
+            let e = m.key(q, EventKind::CopyDone);
+            m.record(&mut acts, e);
+            if !engine_no_arrival {
+                m.wait(&mut acts, b, e, HbRule::Hb2);
+            }
+        }
         for &a in &dst_copy_sources {
             let e = m.key(b, EventKind::CopyDone);
             if !pending[a].contains(&e) {
@@ -1070,6 +1209,10 @@ fn minimal(
         acts.push(Action::Compute { split: k });
         m.bump(b);
         compute_pos[k] = m.q[b][b];
+        if produced.contains(&k) {
+            let e = m.key(b, EventKind::Produced(k as u32));
+            m.record(&mut acts, e);
+        }
         let e = m.key(b, EventKind::Split);
         m.record(&mut acts, e);
         plan.splits.push(SplitPlan {

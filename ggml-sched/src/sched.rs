@@ -122,6 +122,9 @@ struct GraphState {
     /// One tensor table per slot: the caller's descriptors with data, plus slot copies,
     /// with sources remapped to the slot's copies.
     tables: Vec<Vec<Tensor>>,
+    /// `registered[c][b]`: slot `c`'s table as registered with device `b`
+    /// ([`Backend::table_register`]), where `b` keeps tables.
+    registered: Vec<Vec<Option<ggml_core::TableId>>>,
     plans: Vec<Plan>,
     /// Tensors whose bytes differ per slot (outputs and their views).
     per_slot: Vec<bool>,
@@ -141,7 +144,12 @@ struct GraphState {
 ///
 /// The caller's tensors and graph are never modified: the scheduler keeps its own table.
 pub struct Scheduler {
+    /// The devices, then their copy engines (if any).
     backends: Vec<Arc<dyn Backend>>,
+    /// Number of devices (the backends that run graph nodes).
+    n_devices: usize,
+    /// Copy engine of each device (an index into `backends`).
+    engines: Vec<Option<usize>>,
     opts: SchedOptions,
     props: Vec<BackendProps>,
     pins: Vec<(TensorId, usize)>,
@@ -210,6 +218,8 @@ impl Scheduler {
         let n = backends.len();
         Ok(Scheduler {
             backends,
+            n_devices: n,
+            engines: Vec::new(),
             opts,
             props,
             pins: Vec::new(),
@@ -226,9 +236,44 @@ impl Scheduler {
         })
     }
 
-    /// The backends, in priority order.
+    /// The backends, in priority order (copy engines not included).
     pub fn backends(&self) -> &[Arc<dyn Backend>] {
-        &self.backends
+        &self.backends[..self.n_devices]
+    }
+
+    /// A scheduler whose cross-device copies of computed tensors run on copy engines:
+    /// `engines[d]` (a backend with its own queue that can copy between the devices'
+    /// memories, see [`Backend::engine_cpy_tensor_async`]) runs the copies into device
+    /// `d`, so that they overlap the compute of both devices. Engines run no graph nodes.
+    /// Copies that an engine declines fall back to the device queues' copy path.
+    pub fn with_copy_engines(
+        backends: Vec<Arc<dyn Backend>>,
+        engines: Vec<Arc<dyn Backend>>,
+        opts: SchedOptions,
+    ) -> Result<Scheduler> {
+        let n = backends.len();
+        if engines.len() != n {
+            return Err(SchedError::Invalid(format!(
+                "{} copy engines for {n} devices: give one per device",
+                engines.len()
+            )));
+        }
+        let mut all = backends;
+        all.extend(engines);
+        let mut s = Scheduler::new(all, opts)?;
+        if let Some(i) = s.opts.input_backend.filter(|&i| i >= n) {
+            return Err(SchedError::Invalid(format!(
+                "input backend {i} out of range (have {n} devices)"
+            )));
+        }
+        s.n_devices = n;
+        s.engines = (0..n).map(|d| Some(n + d)).collect();
+        Ok(s)
+    }
+
+    /// The copy engines, one per device (empty without).
+    pub fn copy_engines(&self) -> &[Arc<dyn Backend>] {
+        &self.backends[self.n_devices..]
     }
 
     /// The options.
@@ -245,7 +290,7 @@ impl Scheduler {
     /// Pins `id` to `backend` for the next [`alloc`](Scheduler::alloc) (ggml's
     /// `ggml_backend_sched_set_tensor_backend`).
     pub fn set_tensor_backend(&mut self, id: TensorId, backend: usize) -> Result<()> {
-        if backend >= self.backends.len() {
+        if backend >= self.n_devices {
             return Err(SchedError::Invalid(format!(
                 "backend {backend} out of range"
             )));
@@ -277,15 +322,19 @@ impl Scheduler {
         leafs: &[TensorId],
     ) -> Result<()> {
         self.drain();
+        self.free_tables();
         self.graph = None;
         let n_copies = self.opts.n_copies;
         let cfg = PartitionConfig {
             n_copies,
-            input_backend: self.opts.input_backend.unwrap_or(self.backends.len() - 1),
+            input_backend: self.opts.input_backend.unwrap_or(self.n_devices - 1),
             op_offload: self.opts.op_offload,
             pins: self.pins.clone(),
         };
-        let refs: Vec<&dyn Backend> = self.backends.iter().map(|b| &**b).collect();
+        let refs: Vec<&dyn Backend> = self.backends[..self.n_devices]
+            .iter()
+            .map(|b| &**b)
+            .collect();
         let part = partition(tensors, nodes, leafs, &refs, &cfg)?;
         let alignments: Vec<usize> = self
             .backends
@@ -359,6 +408,7 @@ impl Scheduler {
                             slot: c,
                             style: self.opts.style,
                             weaken: self.opts.weaken.clone(),
+                            engines: self.engines.clone(),
                         },
                     )
                 })
@@ -384,9 +434,19 @@ impl Scheduler {
                 break plans;
             }
         };
+        // Devices that run splits keep each slot's table once, instead of a copy per split.
+        let mut registered = vec![vec![None; self.n_devices]; n_copies];
+        for (t, reg) in tables.iter().zip(&mut registered) {
+            for (b, r) in reg.iter_mut().enumerate() {
+                if part.splits.iter().any(|s| s.backend == b) {
+                    *r = self.backends[b].table_register(t)?;
+                }
+            }
+        }
         self.graph = Some(GraphState {
             part,
             tables,
+            registered,
             plans,
             per_slot,
             last_run: None,
@@ -651,6 +711,7 @@ impl Scheduler {
                 ..
             } => {
                 let (track, kind) = match on {
+                    CopyOn::Engine(e) => (TraceTrack::Queue(e), SliceKind::Copy),
                     CopyOn::Src => (TraceTrack::Queue(from), SliceKind::Copy),
                     CopyOn::Dst => (TraceTrack::Queue(to), SliceKind::Copy),
                     CopyOn::Host => (TraceTrack::Host, SliceKind::HostCopy),
@@ -660,6 +721,9 @@ impl Scheduler {
         };
         let mut sl = tr.slice(track, kind, label);
         (sl.run, sl.slot, sl.split, sl.rule) = (Some(run), Some(c), split, rule);
+        if let Action::Copy { to, .. } = *a {
+            sl.dst = Some(to);
+        }
         match track {
             TraceTrack::Host => {
                 sl.start_ns = now_ns();
@@ -735,7 +799,11 @@ impl Scheduler {
             }
             Action::Compute { split } => {
                 let sp = &gs.part.splits[split];
-                self.backends[sp.backend].graph_compute(&gs.tables[c], &sp.nodes)?;
+                let b = &self.backends[sp.backend];
+                match gs.registered[c][sp.backend] {
+                    Some(t) => b.graph_compute_table(t, &sp.nodes)?,
+                    None => b.graph_compute(&gs.tables[c], &sp.nodes)?,
+                }
             }
             Action::Copy {
                 copy,
@@ -750,6 +818,19 @@ impl Scheduler {
                 let src = &table[cp.tensor.index()];
                 let dst = &table[cp.slots[slot].index()];
                 match on {
+                    CopyOn::Engine(e) => {
+                        let (f, t) = (&*self.backends[from], &*self.backends[to]);
+                        if self.backends[e].engine_cpy_tensor_async(f, src, t, dst)? {
+                            st.async_copies += 1;
+                        } else {
+                            // Declined: drain the three queues, then copy through the host.
+                            self.backends[e].synchronize()?;
+                            self.backends[from].synchronize()?;
+                            self.backends[to].synchronize()?;
+                            st.host_syncs += 3;
+                            self.blocking_copy(from, to, src, dst, st)?;
+                        }
+                    }
                     CopyOn::Src | CopyOn::Dst => {
                         if self.backends[to].cpy_tensor_async(&*self.backends[from], src, dst)? {
                             st.async_copies += 1;
@@ -921,6 +1002,19 @@ impl Scheduler {
     }
 
     /// Waits for every queue, dropping errors (they belong to a run already failed).
+    /// Frees the tables the devices keep for the current graph.
+    fn free_tables(&mut self) {
+        if let Some(gs) = &mut self.graph {
+            for per_slot in &mut gs.registered {
+                for (b, t) in per_slot.iter_mut().enumerate() {
+                    if let Some(t) = t.take() {
+                        let _ = self.backends[b].table_free(t);
+                    }
+                }
+            }
+        }
+    }
+
     fn drain(&self) {
         for b in &self.backends {
             let _ = b.synchronize();
@@ -931,6 +1025,7 @@ impl Scheduler {
 impl Drop for Scheduler {
     fn drop(&mut self) {
         self.drain();
+        self.free_tables();
         for (k, id) in self.events.drain() {
             let _ = self.backends[k.backend].event_free(id);
         }

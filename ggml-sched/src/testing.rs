@@ -600,6 +600,42 @@ impl Backend for TestBackend {
         Ok(true)
     }
 
+    fn engine_cpy_tensor_async(
+        &self,
+        src_backend: &dyn Backend,
+        src: &Tensor,
+        dst_backend: &dyn Backend,
+        dst: &Tensor,
+    ) -> BackendResult<bool> {
+        let (Some(sb), Some(db)) = (
+            src_backend.as_any().downcast_ref::<TestBackend>(),
+            dst_backend.as_any().downcast_ref::<TestBackend>(),
+        ) else {
+            return Ok(false);
+        };
+        let n = src.nbytes();
+        if dst.nbytes() != n {
+            return Err(self.shared.err(
+                BackendErrorKind::InvalidArgument,
+                "copy between tensors of different sizes",
+            ));
+        }
+        let missing = || {
+            self.shared.err(
+                BackendErrorKind::InvalidArgument,
+                "copy of a tensor without data",
+            )
+        };
+        let (smem, soff) = sb.own_mem(src.data.ok_or_else(missing)?, src.name, n)?;
+        let (dmem, doff) = db.own_mem(dst.data.ok_or_else(missing)?, dst.name, n)?;
+        self.enqueue(Box::new(move || {
+            let bytes = lock(&smem.bytes)[soff..soff + n].to_vec();
+            lock(&dmem.bytes)[doff..doff + n].copy_from_slice(&bytes);
+            Ok(())
+        }))?;
+        Ok(true)
+    }
+
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         let count = self.shared.computes.fetch_add(1, Ordering::Relaxed);
         if self.shared.opts.fail == Some(FailMode::EnqueueCompute { nth: count }) {
@@ -881,6 +917,16 @@ impl Backend for SimBackend {
         _dst: &Tensor,
     ) -> BackendResult<bool> {
         Ok(src_backend.as_any().is::<SimBackend>())
+    }
+
+    fn engine_cpy_tensor_async(
+        &self,
+        src_backend: &dyn Backend,
+        _src: &Tensor,
+        dst_backend: &dyn Backend,
+        _dst: &Tensor,
+    ) -> BackendResult<bool> {
+        Ok(src_backend.as_any().is::<SimBackend>() && dst_backend.as_any().is::<SimBackend>())
     }
 
     fn graph_compute(&self, _tensors: &[Tensor], _nodes: &[TensorId]) -> BackendResult<()> {

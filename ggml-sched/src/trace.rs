@@ -110,6 +110,8 @@ pub struct TraceSlice {
     pub batch: Option<(u64, usize)>,
     /// The happens-before rule a wait or host sync discharges.
     pub rule: Option<HbRule>,
+    /// For copies: the backend whose memory the copy writes (the one waiting for it).
+    pub dst: Option<usize>,
     /// Order in which the host issued it (counts every traced action).
     pub seq: u64,
     /// Start, ns since the Unix epoch.
@@ -185,6 +187,7 @@ impl Tracer {
             split: None,
             batch: st.tag,
             rule: None,
+            dst: None,
             seq: st.seq,
             start_ns: 0,
             end_ns: 0,

@@ -148,8 +148,22 @@ impl Chain {
     }
 
     pub fn scheduler(&mut self, backends: Vec<Arc<dyn Backend>>, opts: SchedOptions) -> Scheduler {
+        self.scheduler_with(backends, Vec::new(), opts)
+    }
+
+    /// [`Chain::scheduler`] with copy engines (none: a plain scheduler).
+    pub fn scheduler_with(
+        &mut self,
+        backends: Vec<Arc<dyn Backend>>,
+        engines: Vec<Arc<dyn Backend>>,
+        opts: SchedOptions,
+    ) -> Scheduler {
         self.place_weights(&backends);
-        let mut s = Scheduler::new(backends, opts).unwrap();
+        let mut s = if engines.is_empty() {
+            Scheduler::new(backends, opts).unwrap()
+        } else {
+            Scheduler::with_copy_engines(backends, engines, opts).unwrap()
+        };
         for &(id, b) in &self.pins {
             s.set_tensor_backend(id, b).unwrap();
         }
@@ -398,19 +412,32 @@ impl Pipe {
         input_backend: usize,
         runs: u64,
     ) -> bool {
+        self.run_with(backends, Vec::new(), opts, input_backend, runs)
+    }
+
+    /// [`Pipe::run`] with copy engines (none: a plain scheduler).
+    pub fn run_with(
+        &mut self,
+        backends: Vec<Arc<dyn Backend>>,
+        engines: Vec<Arc<dyn Backend>>,
+        opts: SchedOptions,
+        input_backend: usize,
+        runs: u64,
+    ) -> bool {
         place(
             &*backends[1],
             &mut self.g.tensors[self.acc.index()],
             &vec![0.0; self.n],
         );
-        let mut s = Scheduler::new(
-            backends,
-            SchedOptions {
-                input_backend: Some(input_backend),
-                ..opts
-            },
-        )
-        .unwrap();
+        let opts = SchedOptions {
+            input_backend: Some(input_backend),
+            ..opts
+        };
+        let mut s = if engines.is_empty() {
+            Scheduler::new(backends, opts).unwrap()
+        } else {
+            Scheduler::with_copy_engines(backends, engines, opts).unwrap()
+        };
         for &(id, b) in &self.pins {
             s.set_tensor_backend(id, b).unwrap();
         }
