@@ -86,16 +86,24 @@ impl std::fmt::Debug for SchedExecutor {
 }
 
 impl SchedExecutor {
-    /// An executor scheduling over `backends`, layers placed as `layers` says, cutting
+    /// An executor scheduling over `backends` (with `engines`, one per backend, running
+    /// the copies between them; none: copies on the backends' queues), layers placed as
+    /// `layers` says, cutting
     /// batches into micro-batches of `n_ubatch` tokens (0: never).
     pub fn new(
         backends: Vec<Arc<dyn Backend>>,
+        engines: Vec<Arc<dyn Backend>>,
         layers: crate::placement::LayerMap,
         opts: ggml_sched::SchedOptions,
         n_ubatch: usize,
     ) -> Result<SchedExecutor> {
+        let sched = if engines.is_empty() {
+            ggml_sched::Scheduler::new(backends, opts)?
+        } else {
+            ggml_sched::Scheduler::with_copy_engines(backends, engines, opts)?
+        };
         Ok(SchedExecutor {
-            sched: ggml_sched::Scheduler::new(backends, opts)?,
+            sched,
             layers,
             n_ubatch,
             current: None,

@@ -148,6 +148,7 @@ mod tests {
             n_copies: 2,
             threads: 1,
             n_ubatch: 0,
+            all_gather: Default::default(),
             ppl: 18.0,
             ppl_f64_bits: bits.into(),
             logits_sha256: "cc".into(),

@@ -16,6 +16,7 @@
 
 pub mod batch;
 pub mod bench;
+pub mod cost;
 pub mod devices;
 pub mod error;
 pub mod executor;

@@ -13,7 +13,7 @@ use harness::matrix::report::GoldenStatus;
 use harness::matrix::run::RunOptions;
 use harness::matrix::{Matrix, Source};
 use harness::perplexity::{perplexity, PplSettings};
-use harness::session::{RunConfig, Session, SplitMode};
+use harness::session::{AllGather, RunConfig, Session, SplitMode};
 
 /// Perplexity, generation and tokenization on GGUF models (llama, gemma3), on CPU and CUDA
 /// backends.
@@ -45,6 +45,10 @@ enum Command {
     /// Prints the scheduler's plan of one forward pass: per split, its waits, copies,
     /// compute and records, and the host syncs they cost.
     Plan(PlanArgs),
+    /// Predicts the copy time that the all-gathers of the exact tensor split expose,
+    /// whole (concat) or pipelined with their products (ring), for layer shapes, device
+    /// counts and links (PCIe 4, PCIe 5, NVLink 4).
+    CostModel(CostModelArgs),
     /// Continues a prompt: greedy by default (as llama-simple), or sampled with
     /// --temp/--top-k/--top-p/--seed; streams the text, then prints tokens per second.
     Generate(GenerateArgs),
@@ -185,8 +189,34 @@ struct PlanArgs {
     /// Print ggml's plan (a host sync before every split) instead of ours.
     #[arg(long)]
     naive: bool,
+    /// With --split-mode tensor: product speed per device for the all-gather cost model
+    /// printed after the plan.
+    #[arg(long, default_value_t = 400.0, value_name = "TFLOPS")]
+    tflops: f64,
     #[command(flatten)]
     run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+struct CostModelArgs {
+    /// Width of the residual stream (SmolLM2: 576, Llama 3 8B: 4096).
+    #[arg(long)]
+    n_embd: usize,
+    /// Width of the attention heads together (default: n_embd).
+    #[arg(long)]
+    n_q: Option<usize>,
+    /// Width of the FFN (SmolLM2: 1536, Llama 3 8B: 14336).
+    #[arg(long)]
+    n_ff: usize,
+    /// Tokens of the pass.
+    #[arg(long, default_value_t = 512)]
+    tokens: usize,
+    /// Device counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    devices: Vec<usize>,
+    /// Product speed per device.
+    #[arg(long, default_value_t = 400.0, value_name = "TFLOPS")]
+    tflops: f64,
 }
 
 #[derive(Args, Debug)]
@@ -298,6 +328,10 @@ struct RunArgs {
     /// BF16 (the sums stay F32); default: always F32.
     #[arg(long, value_name = "BYTES")]
     reduce_bf16_min: Option<usize>,
+    /// With --split-mode tensor: `ring` pipelines each all-gather with the product it
+    /// feeds (token chunks, copies on a copy engine per device); bit-identical.
+    #[arg(long, value_enum, default_value_t = AllGather::Concat)]
+    all_gather: AllGather,
     /// Tokens per micro-batch: a batch is cut into passes of this many tokens that flow
     /// through the layer split back to back (default: the whole batch in one pass).
     #[arg(long, value_name = "N")]
@@ -316,7 +350,8 @@ struct RunArgs {
     #[arg(long, value_enum, default_value_t = CopyQueueArg::Destination)]
     cpu_copy_queue: CopyQueueArg,
     /// Weaken the scheduler on purpose: own-event, no-slot-wait, async-user-input,
-    /// no-alloc-wait (to watch the checker catch each bug).
+    /// no-alloc-wait, engine-early, engine-reuse, engine-no-arrival (to watch the
+    /// checker catch each bug).
     #[arg(long, hide = true, value_delimiter = ',')]
     weaken: Vec<String>,
 }
@@ -336,7 +371,8 @@ fn parse_weaken(names: &[String]) -> Result<Vec<ggml_sched::WeakenKnob>> {
         .map(|w| {
             ggml_sched::WeakenKnob::from_name(w).ok_or_else(|| {
                 HarnessError::Usage(format!(
-                    "--weaken {w}: expected own-event, no-slot-wait, async-user-input or no-alloc-wait"
+                    "--weaken {w}: expected one of {}",
+                    ggml_sched::WeakenKnob::ALL.map(|k| k.name()).join(", ")
                 ))
             })
         })
@@ -374,6 +410,7 @@ impl RunArgs {
                 None => 0,
             },
             reduce_bf16_min: self.reduce_bf16_min,
+            all_gather: self.all_gather,
         })
     }
 }
@@ -767,6 +804,51 @@ fn run_plan(a: PlanArgs) -> Result<()> {
         let points = harness::model::tp::reduce_points(&session.model)?;
         print!("{}", harness::model::tp::reduce_table(&points, a.tokens));
     }
+    if session.config.split_mode == SplitMode::Tensor {
+        let hp = &session.model.hp;
+        let gathers =
+            harness::cost::layer_gathers(hp.n_embd, hp.n_head * hp.head_dim, hp.n_ff, a.tokens);
+        let mut devices = vec![session.backends.len(), 2, 4, 8];
+        devices.sort_unstable();
+        devices.dedup();
+        check_tflops(a.tflops)?;
+        println!();
+        print!(
+            "{}",
+            harness::cost::table(&gathers, &devices, &harness::cost::LINKS, a.tflops * 1e12)
+        );
+    }
+    Ok(())
+}
+
+fn check_tflops(t: f64) -> Result<()> {
+    if t.is_finite() && t > 0.0 {
+        Ok(())
+    } else {
+        Err(HarnessError::Usage(format!(
+            "--tflops {t}: must be positive"
+        )))
+    }
+}
+
+fn run_cost_model(a: CostModelArgs) -> Result<()> {
+    check_tflops(a.tflops)?;
+    if a.n_embd == 0 || a.n_ff == 0 || a.tokens == 0 || a.n_q == Some(0) {
+        return Err(HarnessError::Usage(
+            "--n-embd, --n-q, --n-ff and --tokens must be at least 1".into(),
+        ));
+    }
+    if a.devices.contains(&0) {
+        return Err(HarnessError::Usage(
+            "--devices: counts must be at least 1".into(),
+        ));
+    }
+    let gathers =
+        harness::cost::layer_gathers(a.n_embd, a.n_q.unwrap_or(a.n_embd), a.n_ff, a.tokens);
+    print!(
+        "{}",
+        harness::cost::table(&gathers, &a.devices, &harness::cost::LINKS, a.tflops * 1e12)
+    );
     Ok(())
 }
 
@@ -867,6 +949,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => run_bench(a),
         Command::Regress(a) => run_regress(a),
         Command::Plan(a) => run_plan(a),
+        Command::CostModel(a) => run_cost_model(a),
         Command::Generate(a) => run_generate(a),
         Command::FetchModel { model } => harness::model_path(Some(std::path::Path::new(&model)))
             .map(|p| println!("{}", p.display())),

@@ -7,7 +7,7 @@ use std::time::Instant;
 use crate::devices::DeviceList;
 use crate::error::Result;
 use crate::perplexity::{perplexity, PplSettings};
-use crate::session::{RunConfig, Session, SplitMode};
+use crate::session::{AllGather, RunConfig, Session, SplitMode};
 
 /// One cell of the matrix.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,6 +24,8 @@ pub struct Cell {
     pub n_ubatch: usize,
     /// Tensor-reduce only: partial sums of at least this many bytes cross as BF16.
     pub reduce_bf16_min: Option<usize>,
+    /// Tensor only: how activations are all-gathered.
+    pub all_gather: AllGather,
 }
 
 /// What one cell measured.
@@ -39,6 +41,8 @@ pub struct CellResult {
     pub threads: usize,
     /// Tokens per micro-batch (0: the whole batch).
     pub n_ubatch: usize,
+    /// How activations are all-gathered (tensor split).
+    pub all_gather: AllGather,
     /// Perplexity.
     pub ppl: f64,
     /// Its f64 bits in hex.
@@ -80,6 +84,7 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
     config.weaken = s.weaken.clone();
     config.n_ubatch = cell.n_ubatch;
     config.reduce_bf16_min = cell.reduce_bf16_min;
+    config.all_gather = cell.all_gather;
     let session = Session::open(model, config)?;
     let tokens = session.tokenizer.encode(text);
     let bos = session
@@ -111,6 +116,7 @@ pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> R
         n_copies: cell.n_copies,
         threads: cell.threads,
         n_ubatch: cell.n_ubatch,
+        all_gather: cell.all_gather,
         ppl: r.ppl,
         ppl_f64_bits: format!("{:016x}", r.ppl.to_bits()),
         logits_sha256: r.logits_sha256,

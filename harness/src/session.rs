@@ -29,6 +29,19 @@ pub enum SplitMode {
     TensorReduce,
 }
 
+/// How the exact tensor split gathers the activations that feed a matrix product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AllGather {
+    /// Gather the whole tensor on every device, then multiply.
+    #[default]
+    Concat,
+    /// Cut the tokens into one chunk per device and pipeline: each device multiplies
+    /// chunk c while chunk c + 1 crosses on a copy engine (a queue of its own per
+    /// device), so copies hide behind compute. Bit-identical to `concat`.
+    Ring,
+}
+
 /// Settings that choose devices and how to use them.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -55,6 +68,9 @@ pub struct RunConfig {
     pub n_ubatch: usize,
     /// `tensor-reduce`: partial sums of at least this many bytes cross devices as BF16.
     pub reduce_bf16_min: Option<usize>,
+    /// How the exact tensor split gathers activations ([`AllGather::Ring`] adds a copy
+    /// engine per device).
+    pub all_gather: AllGather,
 }
 
 impl RunConfig {
@@ -77,6 +93,7 @@ impl RunConfig {
             tensor_split: None,
             n_ubatch: 0,
             reduce_bf16_min: None,
+            all_gather: AllGather::Concat,
         }
     }
 }
@@ -137,6 +154,35 @@ pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
     Ok(out)
 }
 
+/// One copy engine per backend of `backends` (created by [`create_backends`] from the
+/// same `config`): a one-thread CPU queue for CPU devices (with its own chaos seed), a
+/// second stream on the same GPU for CUDA devices.
+pub fn create_copy_engines(
+    config: &RunConfig,
+    backends: &[Arc<dyn Backend>],
+) -> Result<Vec<Arc<dyn Backend>>> {
+    let n = backends.len() as u64;
+    backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| -> Result<Arc<dyn Backend>> {
+            let inner = match b.as_any().downcast_ref::<ggml_sched::CheckedBackend>() {
+                Some(c) => &**c.inner(),
+                None => &**b,
+            };
+            if let Some(cuda) = inner.as_any().downcast_ref::<ggml_cuda::CudaBackend>() {
+                return Ok(Arc::new(cuda.copy_engine()?));
+            }
+            let opts = ggml_cpu::CpuBackendOptions {
+                n_threads: 1,
+                chaos: config.chaos.map(|s| s.wrapping_add(n + i as u64)),
+                ..Default::default()
+            };
+            Ok(Arc::new(ggml_cpu::CpuBackend::new(opts)?))
+        })
+        .collect()
+}
+
 /// A model loaded for running.
 pub struct Session {
     /// The mapped file (weights may point into it).
@@ -153,6 +199,8 @@ pub struct Session {
     pub layers: LayerMap,
     /// The race log when `config.check_races` is set.
     pub race_log: Option<Arc<ggml_sched::RaceLog>>,
+    /// One copy engine per device with [`AllGather::Ring`] (empty otherwise).
+    pub engines: Vec<Arc<dyn Backend>>,
     _weights: Vec<OwnedBuffer>,
 }
 
@@ -189,6 +237,11 @@ impl Session {
                 )));
             }
         }
+        if config.all_gather == AllGather::Ring && config.split_mode != SplitMode::Tensor {
+            return Err(HarnessError::Usage(
+                "--all-gather ring applies to --split-mode tensor only".into(),
+            ));
+        }
         if config.reduce_bf16_min.is_some() && config.split_mode != SplitMode::TensorReduce {
             return Err(HarnessError::Usage(
                 "--reduce-bf16-min applies to --split-mode tensor-reduce only".into(),
@@ -199,16 +252,22 @@ impl Session {
         let tokenizer = Tokenizer::from_gguf(&file.gguf()?)
             .map_err(|e| HarnessError::Tokenizer(e.to_string()))?;
         let mut backends = create_backends(&config)?;
+        let mut engines = match config.all_gather {
+            AllGather::Ring => create_copy_engines(&config, &backends)?,
+            AllGather::Concat => Vec::new(),
+        };
         let race_log = config.check_races.then(ggml_sched::RaceLog::new);
         if let Some(log) = &race_log {
             backends = ggml_sched::CheckedBackend::wrap_all(&backends, log);
+            engines = ggml_sched::CheckedBackend::wrap_all(&engines, log);
         }
         // Split none: everything on the first device (llama.cpp's main device).
         let layers = match (config.split_mode, &config.tensor_split) {
             (SplitMode::Layer, Some(ts)) => LayerMap::proportional(model.hp.n_layer, ts)?,
             (SplitMode::Layer, None) => LayerMap::even(model.hp.n_layer, backends.len())?,
             (SplitMode::Tensor, _) => {
-                let tp = model.shard(backends.len(), false)?;
+                let mut tp = model.shard(backends.len(), false)?;
+                tp.ring = config.all_gather == AllGather::Ring;
                 LayerMap::tensor_parallel(model.hp.n_layer, tp)
             }
             (SplitMode::TensorReduce, _) => {
@@ -228,6 +287,7 @@ impl Session {
             config,
             layers,
             race_log,
+            engines,
             _weights: weights,
         })
     }
@@ -258,6 +318,7 @@ impl Session {
         };
         SchedExecutor::new(
             self.backends.clone(),
+            self.engines.clone(),
             self.layers.clone(),
             opts,
             self.config.n_ubatch,

@@ -56,6 +56,9 @@ pub fn chrome_json(trace: &Trace) -> Value {
         if let Some(rule) = s.rule {
             args.insert("rule".into(), json!(rule.to_string()));
         }
+        if let Some(d) = s.dst {
+            args.insert("to".into(), json!(tid(TraceTrack::Queue(d))));
+        }
         let mut e = json!({
             "name": s.label,
             "cat": s.kind.name(),
@@ -131,6 +134,104 @@ pub struct TraceSummary {
     pub batches: usize,
     /// Runs in the trace.
     pub runs: usize,
+    /// Copies between devices, per pass (run), by how much of them the destination
+    /// device spent computing anyway.
+    pub copies: Vec<PassCopies>,
+    /// The sums of [`TraceSummary::copies`].
+    pub copy_total: PassCopies,
+}
+
+/// Copy time of one pass (or of all, in [`TraceSummary::copy_total`]), summed over the
+/// destination devices: each copy's interval is cut into the part during which its
+/// destination's queue computed (hidden) and the rest, during which the destination
+/// waited or was idle (exposed). A copy on the destination's own queue is all exposed.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PassCopies {
+    /// Run index (`None` in the total).
+    pub run: Option<u64>,
+    /// Copy time (overlapping copies into one device count once), ms.
+    pub copy_ms: f64,
+    /// Part of it during which the destination computed, ms.
+    pub hidden_ms: f64,
+    /// The rest, ms.
+    pub exposed_ms: f64,
+}
+
+impl PassCopies {
+    /// Hidden share of the copy time (0 without copies).
+    pub fn hidden_fraction(&self) -> f64 {
+        if self.copy_ms > 0.0 {
+            self.hidden_ms / self.copy_ms
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Merges `[start, end)` intervals into sorted disjoint ones.
+fn merge(mut iv: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    iv.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for (a, b) in iv {
+        match out.last_mut() {
+            Some(m) if a <= m.1 => m.1 = m.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// Length of the intersection of two sets of disjoint sorted intervals.
+fn intersection_len(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
+    let (mut i, mut j, mut total) = (0, 0, 0.0);
+    while i < a.len() && j < b.len() {
+        let lo = a[i].0.max(b[j].0);
+        let hi = a[i].1.min(b[j].1);
+        if hi > lo {
+            total += hi - lo;
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    total
+}
+
+/// Hidden and exposed copy time per pass (see [`PassCopies`]).
+fn copy_overlap(slices: &[Slice]) -> Vec<PassCopies> {
+    // Compute intervals per device track, all runs together: a device computing another
+    // pass's work while a copy lands still hides it.
+    let mut compute: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+    for s in slices.iter().filter(|s| s.cat == "compute" && s.dur > 0.0) {
+        compute.entry(s.tid).or_default().push((s.ts, s.ts + s.dur));
+    }
+    let compute: BTreeMap<u64, Vec<(f64, f64)>> =
+        compute.into_iter().map(|(t, iv)| (t, merge(iv))).collect();
+    let mut copies: BTreeMap<(u64, u64), Vec<(f64, f64)>> = BTreeMap::new();
+    for s in slices.iter().filter(|s| s.cat == "copy" && s.dur > 0.0) {
+        if let (Some(run), Some(to)) = (s.run, s.to) {
+            copies
+                .entry((run, to))
+                .or_default()
+                .push((s.ts, s.ts + s.dur));
+        }
+    }
+    let mut passes: BTreeMap<u64, PassCopies> = BTreeMap::new();
+    for ((run, to), iv) in copies {
+        let iv = merge(iv);
+        let total: f64 = iv.iter().map(|(a, b)| b - a).sum();
+        let hidden = compute.get(&to).map_or(0.0, |c| intersection_len(&iv, c));
+        let p = passes.entry(run).or_insert_with(|| PassCopies {
+            run: Some(run),
+            ..Default::default()
+        });
+        p.copy_ms += total / 1000.0;
+        p.hidden_ms += hidden / 1000.0;
+        p.exposed_ms += (total - hidden) / 1000.0;
+    }
+    passes.into_values().collect()
 }
 
 /// A slice read back from a trace file.
@@ -144,6 +245,8 @@ struct Slice {
     split: Option<u64>,
     batch: Option<u64>,
     rule: Option<String>,
+    /// For copies: the track of the device written.
+    to: Option<u64>,
 }
 
 fn bad(path: &str, why: &str) -> HarnessError {
@@ -184,6 +287,7 @@ fn parse(path: &str, doc: &Value) -> Result<(BTreeMap<u64, String>, Vec<Slice>)>
                     split: args["split"].as_u64(),
                     batch: args["batch"].as_u64(),
                     rule: args["rule"].as_str().map(str::to_string),
+                    to: args["to"].as_u64(),
                 });
             }
             _ => {}
@@ -360,7 +464,16 @@ pub fn summarize_value(name: &str, doc: &Value) -> Result<TraceSummary> {
         .filter_map(|s| s.run)
         .collect::<std::collections::BTreeSet<_>>()
         .len();
+    let copies = copy_overlap(&slices);
+    let mut copy_total = PassCopies::default();
+    for p in &copies {
+        copy_total.copy_ms += p.copy_ms;
+        copy_total.hidden_ms += p.hidden_ms;
+        copy_total.exposed_ms += p.exposed_ms;
+    }
     Ok(TraceSummary {
+        copies,
+        copy_total,
         span_ms: span / 1000.0,
         tracks,
         overlap: if span > 0.0 { both / span } else { 0.0 },
@@ -405,6 +518,16 @@ impl TraceSummary {
             .iter()
             .map(|(r, n)| format!("{r} {n}"))
             .collect();
+        let c = &self.copy_total;
+        s.push_str(&format!(
+            "\ncopies between devices: {:.2} ms, hidden behind the destination's compute {:.2} ms ({:.1} %), exposed {:.2} ms; per pass {:.3} ms exposed over {} passes\n",
+            c.copy_ms,
+            c.hidden_ms,
+            100.0 * c.hidden_fraction(),
+            c.exposed_ms,
+            if self.copies.is_empty() { 0.0 } else { c.exposed_ms / self.copies.len() as f64 },
+            self.copies.len()
+        ));
         s.push_str(&format!(
             "\nhost syncs: {} ({} inside a batch for a rule other than HB5/HB7)\n",
             if syncs.is_empty() {
@@ -433,6 +556,7 @@ mod tests {
             split: Some(if track == TraceTrack::Queue(1) { 1 } else { 0 }),
             batch: Some((0, 0)),
             rule: None,
+            dst: None,
             seq,
             start_ns: t.0 * 1000,
             end_ns: t.1 * 1000,
@@ -449,6 +573,12 @@ mod tests {
         (hb5.split, hb5.rule) = (None, Some(HbRule::Hb5));
         let mut stray = slice(TraceTrack::Host, SliceKind::HostSync, (9, 10), 8);
         (stray.split, stray.rule) = (None, Some(HbRule::Hb3));
+        // Copies into CPU#1: two on its own queue during its compute (hidden), one on
+        // CPU#0's queue from 20 to 50 µs, half before CPU#1 computes (exposed).
+        let mut c1 = slice(q1, SliceKind::Copy, (60, 62), 4);
+        let mut c2 = slice(q1, SliceKind::Copy, (62, 64), 5);
+        let mut c0 = slice(q0, SliceKind::Copy, (20, 50), 9);
+        (c1.dst, c2.dst, c0.dst, c0.split) = (Some(1), Some(1), Some(1), None);
         let trace = Trace {
             queues: vec!["CPU#0".into(), "CPU#1".into()],
             slices: vec![
@@ -456,8 +586,9 @@ mod tests {
                 slice(q0, SliceKind::Compute, (0, 60), 1),
                 slice(q0, SliceKind::Record, (60, 60), 2),
                 slice(q1, SliceKind::Wait, (1, 60), 3),
-                slice(q1, SliceKind::Copy, (60, 62), 4),
-                slice(q1, SliceKind::Copy, (62, 64), 5),
+                c1,
+                c2,
+                c0,
                 slice(q1, SliceKind::Compute, (40, 100), 6),
                 hb5,
                 stray,
@@ -475,6 +606,12 @@ mod tests {
         assert_eq!(s.splits[1].pattern, "waag");
         assert_eq!(s.host_syncs.get("HB5"), Some(&1));
         assert_eq!(s.stray_host_syncs, 1);
+        assert_eq!(s.copies.len(), 1);
+        let c = &s.copy_total;
+        assert!((c.copy_ms - 0.034).abs() < 1e-9, "{c:?}");
+        assert!((c.hidden_ms - 0.014).abs() < 1e-9, "{c:?}");
+        assert!((c.exposed_ms - 0.020).abs() < 1e-9, "{c:?}");
+        assert!(s.text().contains("exposed 0.02 ms"), "{}", s.text());
         assert!(s.text().contains("| 1 | waag | 1/1 |"));
         let events = doc["traceEvents"].as_array().unwrap();
         assert!(events

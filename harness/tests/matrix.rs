@@ -65,14 +65,16 @@ fn matrix_file(name: &str) -> PathBuf {
 }
 
 #[test]
-fn cpu_matrix_has_72_identical_cells_and_4_within_tolerance() {
+fn cpu_matrix_has_74_identical_cells_and_4_within_tolerance() {
     let m = Matrix::load(&matrix_file("cpu.toml")).unwrap();
     let embedded = Matrix::cpu();
     assert_eq!(
         (&m.cells, &m.rules, &m.settings),
         (&embedded.cells, &embedded.rules, &embedded.settings)
     );
-    assert_eq!(m.cells.len(), 76);
+    assert_eq!(m.cells.len(), 78);
+    let ring = m.cell("cpu3-tensor-ring-c2").expect("ring cells");
+    assert_eq!(ring.cell.all_gather, harness::session::AllGather::Ring);
     let c = m.cell("cpu2-layer-c2-t1").expect("grid names its cells");
     assert_eq!(c.cell.devices.to_string(), "cpu:2");
     assert_eq!((c.cell.n_copies, c.cell.n_ubatch), (2, 0));
@@ -86,7 +88,7 @@ fn cpu_matrix_has_72_identical_cells_and_4_within_tolerance() {
     );
     match &m.rules[..] {
         [Rule::Identical { cells, .. }, within @ ..] => {
-            assert_eq!(cells.len(), 72);
+            assert_eq!(cells.len(), 74);
             assert!(!cells.iter().any(|c| c.contains("reduce")));
             assert_eq!(within.len(), 4);
         }
@@ -166,7 +168,7 @@ fn cpu_matrix_holds_on_a_synthetic_model() {
     let m = on_synthetic(Matrix::cpu());
     let goldens = GoldenSet::parse(harness::golden::EMBEDDED).unwrap();
     let report = run(&m, &options(goldens, false), |_| {}).unwrap();
-    assert_eq!(report.rows.len(), 76);
+    assert_eq!(report.rows.len(), 78);
     assert!(report.passed(), "{:?}", report.violations);
     assert!(report.rows.iter().all(|r| r.hardware == "cpu"
         && r.result.races == 0
@@ -180,7 +182,7 @@ fn cpu_matrix_holds_on_a_synthetic_model() {
         .hardware_note
         .starts_with("CPU golden shared by all ISA paths (this run: "));
     let table = report.markdown();
-    assert_eq!(table.lines().count(), 2 + 76);
+    assert_eq!(table.lines().count(), 2 + 78);
     assert!(
         table.contains("| cpu2-layer-c2-t1 | cpu:2 | Layer | 2 | 1 | batch |"),
         "{table}"
@@ -328,10 +330,10 @@ fn bad_files_are_refused_with_their_line(
 }
 
 #[rstest]
-#[case("cpu", 76)]
+#[case("cpu", 78)]
 #[case("cuda", 17)]
 #[case("cuda-2gpu", 23)]
-#[case("cuda-sim", 7)]
+#[case("cuda-sim", 8)]
 #[case("gemma3", 6)]
 #[case("moe", 6)]
 fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize) {
@@ -361,7 +363,7 @@ fn cuda_sim_matrix_holds_under_chaos_with_the_race_checker() {
     opts.chaos_seeds = vec![Some(1), Some(2)];
     let report = run(&m, &opts, |_| {}).unwrap();
     assert!(report.passed(), "{:?}", report.violations);
-    assert_eq!(report.rows.len(), 2 * 7);
+    assert_eq!(report.rows.len(), 2 * 8);
     for r in &report.rows {
         assert_eq!(r.result.races, 0, "{}", r.name);
         let exact = r.name.starts_with("sim0") && !r.name.contains("reduce");

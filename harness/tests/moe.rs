@@ -26,6 +26,7 @@ fn cell(devices: &str, split: SplitMode, n_copies: usize, n_ubatch: usize) -> Ce
         threads: 2,
         n_ubatch,
         reduce_bf16_min: None,
+        all_gather: Default::default(),
     }
 }
 

@@ -53,7 +53,7 @@ commands:
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
                  (ARGS go to `ggml-harness perplexity`, see its --help)
   regress [-- ARGS]
-                 a regression matrix (default: the 76-cell CPU one; --matrix FILE
+                 a regression matrix (default: the 78-cell CPU one; --matrix FILE
                  for another, e.g. harness/matrices/cuda-1gpu.toml) on the real
                  model and corpus, with the race checker, compared with
                  harness/goldens.json (--bless records into it); ARGS go to

@@ -22,6 +22,7 @@
 //! threads = 1
 //! chunks = 2
 //! # ubatch = 64; reduce_bf16_min = 0 (tensor-reduce: partial sums as BF16 on the wire)
+//! # all_gather = "ring" (tensor: all-gathers pipelined with their products)
 //!
 //! [rules]
 //! identical = [["cpu*"]]      # groups of names or globs (`*`, `?`)
@@ -42,7 +43,7 @@ use crate::devices::{DeviceList, DeviceSpec};
 use crate::error::{HarnessError, Result};
 use crate::perplexity::PplSettings;
 use crate::regress::Cell;
-use crate::session::SplitMode;
+use crate::session::{AllGather, SplitMode};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -78,7 +79,7 @@ struct SettingsTable {
     chunks: Option<Spanned<usize>>,
 }
 
-#[derive(Clone, Copy, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum SplitName {
     None,
@@ -122,6 +123,7 @@ struct CellTable {
     threads: Spanned<usize>,
     ubatch: Option<Spanned<usize>>,
     reduce_bf16_min: Option<Spanned<usize>>,
+    all_gather: Option<Spanned<String>>,
     ctx: Option<Spanned<usize>>,
     batch: Option<Spanned<usize>>,
     chunks: Option<Spanned<usize>>,
@@ -339,6 +341,7 @@ pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
                                 threads: loc.count(threads, "threads", 1..=usize::MAX)?,
                                 n_ubatch,
                                 reduce_bf16_min: None,
+                                all_gather: AllGather::Concat,
                             };
                             let name = grid_cell_name(&cell);
                             let at = Spanned::new(d.span(), name.clone());
@@ -370,6 +373,17 @@ pub fn parse(path: &str, base: Option<&Path>, text: &str) -> Result<Matrix> {
                 None => 0,
             },
             reduce_bf16_min: c.reduce_bf16_min.as_ref().map(|b| *b.get_ref()),
+            all_gather: match &c.all_gather {
+                None => AllGather::Concat,
+                Some(a) => match a.get_ref().as_str() {
+                    "concat" => AllGather::Concat,
+                    "ring" if c.split == SplitName::Tensor => AllGather::Ring,
+                    "ring" => {
+                        return Err(loc.at(a, "all_gather = \"ring\" needs split = \"tensor\""))
+                    }
+                    _ => return Err(loc.at(a, "all_gather must be \"concat\" or \"ring\"")),
+                },
+            },
         };
         let overrides = CellOverrides {
             n_ctx: loc.positive(&c.ctx, "ctx")?,
@@ -488,6 +502,7 @@ mod tests {
             threads: 1,
             n_ubatch: 0,
             reduce_bf16_min: None,
+            all_gather: AllGather::Concat,
         };
         assert_eq!(grid_cell_name(&cell), want);
         cell.n_ubatch = 64;

@@ -83,9 +83,12 @@ impl Report {
                 None => row.name.clone(),
             };
             s.push_str(&format!(
-                "| {name} | {} | {:?} | {} | {} | {} | {:.4} | {} | {}… | {:.1} | {:.2} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {:.4} | {} | {}… | {:.1} | {:.2} | {} | {} |\n",
                 r.devices,
-                r.split_mode,
+                match r.all_gather {
+                    crate::session::AllGather::Ring => format!("{:?} (ring)", r.split_mode),
+                    crate::session::AllGather::Concat => format!("{:?}", r.split_mode),
+                },
                 r.n_copies,
                 r.threads,
                 match r.n_ubatch {

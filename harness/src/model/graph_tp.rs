@@ -21,6 +21,12 @@ struct Pinned<'c, 'a> {
     dev: usize,
     /// The layer being built (names of block nodes get `-{layer}`).
     layer: Option<usize>,
+    /// Gathers that feed a product run chunk by chunk ([`TpShards::ring`]).
+    ring: bool,
+    /// Nodes to expand, in this order, before the logits: the cache writes and, with
+    /// `ring`, every chunk's product (so that the graph runs chunk-major across devices
+    /// and chunk c + 1's copies overlap chunk c's products).
+    anchors: Vec<TensorId>,
 }
 
 impl<'a> Nodes<'a> for Pinned<'_, 'a> {
@@ -63,12 +69,76 @@ impl Pinned<'_, '_> {
         rows: impl Fn(usize) -> TensorId,
         names: &[String; 3],
     ) -> Result<Vec<TensorId>> {
+        let n_tokens = self.ctx.get(parts[0])?.ne[1];
+        if self.ring && n_tokens > 1 && nd > 1 {
+            return self.ring_mul_mat(parts, nd, rows, names);
+        }
         let mut products = Vec::with_capacity(nd);
         for d in 0..nd {
             self.dev = d;
             let x = self.gather(parts, &names[0])?;
             let p = self.ctx.mul_mat(rows(d), x)?;
             products.push(self.pin(p, &names[1])?);
+        }
+        let mut full = Vec::with_capacity(nd);
+        for d in 0..nd {
+            self.dev = d;
+            full.push(self.gather(&products, &names[2])?);
+        }
+        Ok(full)
+    }
+}
+
+impl Pinned<'_, '_> {
+    /// [`Pinned::row_split_mul_mat`] pipelined by tokens: the tokens are cut into (at
+    /// most) `nd` chunks; for each chunk every device gathers the chunk's slices and
+    /// multiplies them, so the copies of chunk c + 1 run while chunk c is multiplied.
+    /// Each device then joins its chunk products along the tokens. Bit-identical to the
+    /// whole gather: a product's column depends only on its own input column.
+    fn ring_mul_mat(
+        &mut self,
+        parts: &[TensorId],
+        nd: usize,
+        rows: impl Fn(usize) -> TensorId,
+        names: &[String; 3],
+    ) -> Result<Vec<TensorId>> {
+        let t0 = *self.ctx.get(parts[0])?;
+        let chunks = super::tp::even_ranges(t0.ne[1], nd.min(t0.ne[1]));
+        let mut per_dev: Vec<Vec<TensorId>> = vec![Vec::with_capacity(chunks.len()); nd];
+        let mut products = vec![TensorId(0); nd];
+        for (ci, r) in chunks.iter().enumerate() {
+            let mut pieces = Vec::with_capacity(parts.len());
+            for &p in parts {
+                let t = *self.ctx.get(p)?;
+                if t.ne[2] != 1 || t.ne[3] != 1 {
+                    return Err(crate::error::HarnessError::Usage(format!(
+                        "ring all-gather of '{}': expected a matrix, got {:?}",
+                        t.name, t.ne
+                    )));
+                }
+                pieces.push(
+                    self.ctx
+                        .view_2d(p, t.ne[0], r.len(), t.nb[1], r.start * t.nb[1])?,
+                );
+            }
+            for (d, out) in per_dev.iter_mut().enumerate() {
+                self.dev = d;
+                let x = self.gather(&pieces, &names[0])?;
+                let y = self.ctx.mul_mat(rows(d), x)?;
+                let y = self.pin(y, &names[1])?;
+                self.anchors.push(y);
+                out.push(y);
+                if ci + 1 == chunks.len() {
+                    // Joined right after the last chunk, in the same split.
+                    let mut acc = out[0];
+                    for &y in &out[1..] {
+                        let j = self.ctx.concat(acc, y, 1)?;
+                        acc = self.pin(j, &format!("{}.join", names[1]))?;
+                    }
+                    self.anchors.push(acc);
+                    products[d] = acc;
+                }
+            }
         }
         let mut full = Vec::with_capacity(nd);
         for d in 0..nd {
@@ -263,6 +333,8 @@ pub fn build_forward_tp(
         pins: Vec::new(),
         dev: 0,
         layer: None,
+        ring: tp.ring && !tp.reduce,
+        anchors: Vec::new(),
     };
     let embd = blocks::embeddings(&mut b, hp, model.tok_embd, inp.tokens)?;
     // The residual stream, replicated: x[d] lives on device d.
@@ -299,9 +371,13 @@ pub fn build_forward_tp(
             let (ck, cv) = layer_caches[d];
             let k_flat = b.ctx.reshape(k, [hp.head_dim * nkv, n, 1, 1])?;
             let kw = b.ctx.set_rows(ck, k_flat, inp.kv_idxs)?;
-            kv_writes.push(b.pin(kw, &name("k_cache_write"))?);
+            let kw = b.pin(kw, &name("k_cache_write"))?;
+            kv_writes.push(kw);
+            b.anchors.push(kw);
             let vw = b.ctx.set_rows(cv, v, inp.kv_idxs)?;
-            kv_writes.push(b.pin(vw, &name("v_cache_write"))?);
+            let vw = b.pin(vw, &name("v_cache_write"))?;
+            kv_writes.push(vw);
+            b.anchors.push(vw);
             let kv_row = head_bytes * nkv;
             let ne = [hp.head_dim, shape.n_kv, nkv, 1];
             let nb = [2, kv_row, head_bytes, kv_row * shape.n_kv];
@@ -404,8 +480,11 @@ pub fn build_forward_tp(
     let logits = b.pin(logits, "result_output")?;
     b.ctx.set_flags(logits, TensorFlags::OUTPUT)?;
     let pins = b.pins;
+    // Without chunks the anchors are the cache writes (the order of the concat graph).
+    let anchors = b.anchors;
+    debug_assert!(tp.ring || anchors == kv_writes);
 
-    let ordered = order(ctx, &kv_writes, logits, cap)?;
+    let ordered = order(ctx, &anchors, logits, cap)?;
     Ok(ForwardGraph::assemble(
         storage,
         ordered,

@@ -64,6 +64,10 @@ pub struct TpShards {
     /// With `reduce`: partial sums of at least this many bytes cross devices as BF16
     /// (summation stays F32); `None`: always F32.
     pub bf16_min: Option<usize>,
+    /// Exact split (`--all-gather ring`): every all-gather that feeds a matrix product
+    /// is cut into token chunks, and each device multiplies chunk c while chunk c + 1
+    /// is still crossing (on copy engines); `false` gathers whole tensors first.
+    pub ring: bool,
     /// Per device: its KV heads (query heads are `n_head / n_head_kv` times these).
     pub kv_heads: Vec<Range<usize>>,
     /// Per device: its rows of `n_embd` (outputs of the attention projection and of the
@@ -248,6 +252,7 @@ impl Model {
             n_dev,
             reduce,
             bf16_min: None,
+            ring: false,
             kv_heads,
             embd_rows,
             ff_rows,
