@@ -25,6 +25,11 @@ pub struct PartitionConfig {
     pub op_offload: bool,
     /// User pins `(tensor, backend)`, applied before every other pass.
     pub pins: Vec<(TensorId, usize)>,
+    /// Route copies of computed tensors round the ring of backends `0 → 1 → … → n-1 →
+    /// 0`: backend `b` receives a tensor of backend `a` from `b - 1`'s copy of it (see
+    /// [`CopyInput::via`]) unless `a` is `b - 1`, so every copy crosses one link
+    /// between neighbours.
+    pub ring: bool,
 }
 
 /// Where the bytes a copy reads come from, which decides the waits it needs.
@@ -54,7 +59,8 @@ pub struct CopyInput {
     pub to: usize,
     /// Where the source bytes come from.
     pub kind: SourceKind,
-    /// The split whose input phase performs the copy (the first split on `to` reading it).
+    /// The split whose input phase performs the copy: the first split on `to` reading it,
+    /// or the first split needing a forward round the ring that reads it.
     pub split: usize,
     /// Destination tensors, one per pipeline slot (ids of the scheduler's table).
     pub slots: Vec<TensorId>,
@@ -64,6 +70,10 @@ pub struct CopyInput {
     /// the copy (on `from`), if any in this graph. The copy must wait for it, and for
     /// nothing later on `from`.
     pub producer: Option<usize>,
+    /// A forward round the ring ([`PartitionConfig::ring`]): the copy reads the slot of
+    /// copy `via` (the same tensor received by `from`, the previous backend of the ring)
+    /// instead of the tensor itself, and must wait for that copy.
+    pub via: Option<usize>,
 }
 
 /// A run of consecutive graph nodes on one backend.
@@ -123,6 +133,82 @@ fn tname(tensors: &[Tensor], id: TensorId) -> String {
         format!("#{}", id.0)
     } else {
         n.as_str().to_string()
+    }
+}
+
+/// Creates the cross-backend copies of one split's sources.
+struct NewCopies<'a, 'b> {
+    tensors: &'a [Tensor],
+    backends: &'a [&'b dyn Backend],
+    n: usize,
+    n_copies: usize,
+    ring: bool,
+    copies: &'a mut Vec<CopyInput>,
+    slot_tensors: &'a mut Vec<Tensor>,
+    copy_of: &'a mut HashMap<(TensorId, usize), usize>,
+    inputs: &'a mut Vec<usize>,
+}
+
+impl NewCopies<'_, '_> {
+    /// The copy of `s` (owned by `owner`) into backend `to`, made in split `k`'s input
+    /// phase if it does not exist yet; round the ring, through the copy into `to - 1`
+    /// (made first, recursively).
+    fn route(
+        &mut self,
+        s: TensorId,
+        to: usize,
+        owner: usize,
+        kind: SourceKind,
+        producer: Option<usize>,
+        k: usize,
+    ) -> usize {
+        if let Some(&ci) = self.copy_of.get(&(s, to)) {
+            return ci;
+        }
+        let nb = self.backends.len();
+        let prev = (to + nb - 1) % nb;
+        let via =
+            (self.ring && prev != owner).then(|| self.route(s, prev, owner, kind, producer, k));
+        let st = &self.tensors[s.index()];
+        let mut slots = Vec::with_capacity(self.n_copies);
+        for c in 0..self.n_copies {
+            let id = TensorId((self.n + self.slot_tensors.len()) as u32);
+            let name = Name::new(&format!(
+                "{}#{}#{}",
+                self.backends[to].name(),
+                tname(self.tensors, s),
+                c
+            ));
+            self.slot_tensors.push(Tensor {
+                dtype: st.dtype,
+                ne: st.ne,
+                nb: st.nb,
+                op: Op::None,
+                src: [None; ggml_core::MAX_SRC],
+                view_src: None,
+                view_offs: 0,
+                flags: TensorFlags::default(),
+                name,
+                data: None,
+            });
+            slots.push(id);
+        }
+        self.copies.push(CopyInput {
+            tensor: s,
+            name: tname(self.tensors, s),
+            from: if via.is_some() { prev } else { owner },
+            to,
+            kind,
+            split: k,
+            slots,
+            nbytes: st.nbytes(),
+            producer: if via.is_some() { None } else { producer },
+            via,
+        });
+        let ci = self.copies.len() - 1;
+        self.copy_of.insert((s, to), ci);
+        self.inputs.push(ci);
+        ci
     }
 }
 
@@ -456,53 +542,22 @@ pub fn partition(
             {
                 continue;
             }
-            let ci = match copy_of.get(&(s, b)) {
-                Some(&ci) => ci,
-                None => {
-                    let st = &tensors[s.index()];
-                    let mut slots = Vec::with_capacity(cfg.n_copies);
-                    for c in 0..cfg.n_copies {
-                        let id = TensorId((n + slot_tensors.len()) as u32);
-                        let name = Name::new(&format!(
-                            "{}#{}#{}",
-                            backends[b].name(),
-                            tname(tensors, s),
-                            c
-                        ));
-                        slot_tensors.push(Tensor {
-                            dtype: st.dtype,
-                            ne: st.ne,
-                            nb: st.nb,
-                            op: Op::None,
-                            src: [None; ggml_core::MAX_SRC],
-                            view_src: None,
-                            view_offs: 0,
-                            flags: TensorFlags::default(),
-                            name,
-                            data: None,
-                        });
-                        slots.push(id);
-                    }
-                    copies.push(CopyInput {
-                        tensor: s,
-                        name: tname(tensors, s),
-                        from: owner,
-                        to: b,
-                        kind,
-                        split: k,
-                        slots,
-                        nbytes: st.nbytes(),
-                        producer: match kind {
-                            SourceKind::Computed => last_writer.get(&rs).copied(),
-                            _ => None,
-                        },
-                    });
-                    let ci = copies.len() - 1;
-                    copy_of.insert((s, b), ci);
-                    splits[k].inputs.push(ci);
-                    ci
-                }
+            let producer = match kind {
+                SourceKind::Computed => last_writer.get(&rs).copied(),
+                _ => None,
             };
+            let mut made = NewCopies {
+                tensors,
+                backends,
+                n,
+                n_copies: cfg.n_copies,
+                ring: cfg.ring && kind == SourceKind::Computed,
+                copies: &mut copies,
+                slot_tensors: &mut slot_tensors,
+                copy_of: &mut copy_of,
+                inputs: &mut splits[k].inputs,
+            };
+            let ci = made.route(s, b, owner, kind, producer, k);
             remap.push((id, j, ci));
         }
         last_writer.insert(root(id), k);

@@ -30,13 +30,16 @@
 //!
 //! With [`PlanSettings::engines`], computed tensors cross devices on the destination's
 //! copy engine `E = E(B)`, a queue of its own (a second CUDA stream, a copy thread), so a
-//! copy overlaps the compute of both A and B. The rules, in DESIGN.md's style, and the
-//! test-only knob that drops each:
+//! copy overlaps the compute of both A and B. With ring routing
+//! ([`crate::PartitionConfig::ring`]) a tensor of A reaches B hop by hop: each device's
+//! engine forwards it from the previous device's receive buffer, so every copy crosses one
+//! link between neighbours. The rules, in DESIGN.md's style, and the test-only knob that
+//! drops each:
 //!
 //! | rule | action | knob (breaks) |
 //! |---|---|---|
-//! | E1 (HB1) the engine reads x only after x's producer ended | `wait Q(E) <- produced(k)[A]@c` or `split[A]@c` | `engine-early`: a chunk is forwarded before it is ready |
-//! | E2 (HB3) the engine overwrites the receive buffer S only after S's readers of run r - N ended | `wait Q(E) <- split[B]@c` once per run, before E's first copy into B | `engine-reuse`: a receive buffer is reused before its reader is done |
+//! | E1 (HB1) the engine reads x only after x's producer ended; a forward reads the previous device's receive buffer only after the copy into it ended | `wait Q(E) <- produced(k)[A]@c` or `split[A]@c`; a forward: `wait Q(E) <- copydone[E(A)]@c` | `engine-early`: a chunk is forwarded before it is ready |
+//! | E2 (HB3) the engine overwrites the receive buffer S only after S's readers of run r - N ended: B's splits and the forwards out of S | `wait Q(E) <- split[B]@c` and `wait Q(E) <- copydone[E(B+1)]@c`, once per run, before E's first copy into B | `engine-reuse`: a receive buffer is reused before its reader is done |
 //! | E3 (HB2) B reads S only after the engine's copy ended | `copy on E`, `record copydone[E]@c`, `wait Q(B) <- copydone[E]@c` | `engine-no-arrival`: the product reads a chunk that has not arrived |
 //! | E4 (HB4/HB6) A overwrites x only after the engine read it | `wait Q(A) <- copydone[E]@c` before A's next compute | `no-alloc-wait` |
 //!
@@ -996,6 +999,18 @@ fn minimal(
     let engine_reuse = weaken.contains(&WeakenKnob::EngineReuse);
     let engine_no_arrival = weaken.contains(&WeakenKnob::EngineNoArrival);
     let produced = produced_events(part);
+    // Engines with copies since their last copy-done record, copies not yet waited for
+    // per destination, the engines forwarding out of each device's receive buffers, and
+    // the (engine, forwarding engine) pairs already ordered in this run.
+    let mut engine_dirty: BTreeSet<usize> = BTreeSet::new();
+    let mut arrivals: Vec<BTreeSet<EventKey>> = vec![BTreeSet::new(); nb];
+    let mut relay_readers: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); nb];
+    for cp in part.copies.iter().filter(|cp| cp.via.is_some()) {
+        if let Some(e) = engines.get(cp.to).copied().flatten() {
+            relay_readers[cp.from].insert(e);
+        }
+    }
+    let mut relay_rel: BTreeSet<(usize, usize)> = BTreeSet::new();
 
     // Prologue: mark the caller's input writes on the input backend's queue, if a
     // destination-queue copy will read them.
@@ -1070,11 +1085,22 @@ fn minimal(
             }
             let cp = &part.copies[ci];
             let a = cp.from;
-            let on = copy_on_with(props, engines, cp, b);
+            // The destination: this split's backend, or (a copy that a forward round the
+            // ring reads) another device.
+            let to = cp.to;
+            let on = copy_on_with(props, engines, cp, to);
             match on {
                 CopyOn::Engine(e) => {
-                    // HB1: the engine after the producer of x.
+                    // E1 (HB1): the engine after the producer of x; a forward after the
+                    // copy into the previous device's receive buffer.
                     if engine_early {
+                    } else if cp.via.is_some() {
+                        let q = engines[a].expect("forwards run on copy engines");
+                        if engine_dirty.remove(&q) {
+                            m.record(&mut acts, m.key(q, EventKind::CopyDone));
+                        }
+                        let ev = m.key(q, EventKind::CopyDone);
+                        m.wait(&mut acts, e, ev, HbRule::Hb1);
                     } else if own_event {
                         let ev = m.key(b, EventKind::Split);
                         m.wait_always(&mut acts, e, ev, HbRule::Hb1);
@@ -1082,16 +1108,32 @@ fn minimal(
                         let p = cp.producer;
                         wait_for_producer(&mut m, &mut acts, part, &compute_pos, k, prev, a, e, p);
                     }
-                    // HB3: the engine after the readers of the slot from run r - N.
-                    if !engine_reuse && !m.slot_rel[e][b] {
-                        let ev = m.key(b, EventKind::Split);
-                        m.wait(&mut acts, e, ev, HbRule::Hb3);
+                    // E2 (HB3): the engine after the readers of the receive buffer from
+                    // run r - N: the destination's splits, and the forwards out of it.
+                    if !engine_reuse {
+                        if !m.slot_rel[e][to] {
+                            let ev = m.key(to, EventKind::Split);
+                            m.wait(&mut acts, e, ev, HbRule::Hb3);
+                        }
+                        for &r in &relay_readers[to] {
+                            if relay_rel.insert((e, r)) {
+                                if engine_dirty.remove(&r) {
+                                    m.record(&mut acts, m.key(r, EventKind::CopyDone));
+                                }
+                                let ev = m.key(r, EventKind::CopyDone);
+                                m.wait(&mut acts, e, ev, HbRule::Hb3);
+                            }
+                        }
                     }
                     m.enqueue(e);
                     m.bump(e);
+                    engine_dirty.insert(e);
                     engine_copies.insert(e);
+                    arrivals[to].insert(m.key(e, EventKind::CopyDone));
+                    // E4: the source's owner overwrites x only after the engine read it
+                    // (receive buffers, the sources of forwards, are never reused so).
                     let done = m.key(e, EventKind::CopyDone);
-                    if !pending[a].contains(&done) {
+                    if cp.via.is_none() && !pending[a].contains(&done) {
                         pending[a].push(done);
                     }
                 }
@@ -1163,7 +1205,7 @@ fn minimal(
                 tensor: cp.tensor,
                 slot: c,
                 from: a,
-                to: b,
+                to,
                 on,
             });
         }
@@ -1183,11 +1225,17 @@ fn minimal(
             let e = m.key(q, EventKind::CopyDone);
             m.record(&mut acts, e);
         }
-        // HB2: the split reads what the engines copied only after they finished.
+        // E3 (HB2): a device reads what the engines copied into it only after they
+        // finished (its own copies and those made earlier for forwards).
         for &q in &engine_copies {
-            let e = m.key(q, EventKind::CopyDone);
-            m.record(&mut acts, e);
-            if !engine_no_arrival {
+            if engine_dirty.remove(&q) {
+                let e = m.key(q, EventKind::CopyDone);
+                m.record(&mut acts, e);
+            }
+        }
+        let arrived = std::mem::take(&mut arrivals[b]);
+        if !engine_no_arrival {
+            for e in arrived {
                 m.wait(&mut acts, b, e, HbRule::Hb2);
             }
         }

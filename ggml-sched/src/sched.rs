@@ -34,6 +34,11 @@ pub struct SchedOptions {
     pub input_backend: Option<usize>,
     /// ggml's `op_offload` (see [`PartitionConfig::op_offload`]).
     pub op_offload: bool,
+    /// Route copies of computed tensors round the ring of devices, each forwarded by the
+    /// next device's copy engine from the previous device's receive buffer (see
+    /// [`PartitionConfig::ring`]); needs [`Scheduler::with_copy_engines`] and the
+    /// minimal plan.
+    pub ring: bool,
     /// Weakened rules, for tests and the harness's `--weaken` only.
     #[doc(hidden)]
     pub weaken: BTreeSet<WeakenKnob>,
@@ -46,6 +51,7 @@ impl Default for SchedOptions {
             style: PlanStyle::Minimal,
             input_backend: None,
             op_offload: false,
+            ring: false,
             weaken: BTreeSet::new(),
         }
     }
@@ -206,6 +212,11 @@ impl Scheduler {
                 )));
             }
         }
+        if opts.ring {
+            return Err(SchedError::Invalid(
+                "ring copies need copy engines (Scheduler::with_copy_engines)".into(),
+            ));
+        }
         let props = props_of(&backends);
         let mut logs: Vec<Arc<RaceLog>> = Vec::new();
         for b in &backends {
@@ -260,7 +271,20 @@ impl Scheduler {
         }
         let mut all = backends;
         all.extend(engines);
-        let mut s = Scheduler::new(all, opts)?;
+        let ring = opts.ring;
+        if ring && opts.style != PlanStyle::Minimal {
+            return Err(SchedError::Invalid(
+                "ring copies need the minimal plan (the naive one has no forward waits)".into(),
+            ));
+        }
+        let mut s = Scheduler::new(
+            all,
+            SchedOptions {
+                ring: false,
+                ..opts
+            },
+        )?;
+        s.opts.ring = ring;
         if let Some(i) = s.opts.input_backend.filter(|&i| i >= n) {
             return Err(SchedError::Invalid(format!(
                 "input backend {i} out of range (have {n} devices)"
@@ -330,6 +354,7 @@ impl Scheduler {
             input_backend: self.opts.input_backend.unwrap_or(self.n_devices - 1),
             op_offload: self.opts.op_offload,
             pins: self.pins.clone(),
+            ring: self.opts.ring,
         };
         let refs: Vec<&dyn Backend> = self.backends[..self.n_devices]
             .iter()
@@ -815,7 +840,10 @@ impl Scheduler {
             } => {
                 let cp = &gs.part.copies[copy];
                 let table = &gs.tables[slot];
-                let src = &table[cp.tensor.index()];
+                let src = match cp.via {
+                    Some(v) => &table[gs.part.copies[v].slots[slot].index()],
+                    None => &table[cp.tensor.index()],
+                };
                 let dst = &table[cp.slots[slot].index()];
                 match on {
                     CopyOn::Engine(e) => {

@@ -190,3 +190,95 @@ fn engines_must_match_devices() {
         .to_string();
     assert!(e.contains("1 copy engines for 2 devices"), "{e}");
 }
+
+/// Copies round the ring of devices: a tensor of device a reaches device b through every
+/// device between them, each hop on the receiving device's engine from the previous
+/// device's receive buffer. Exact and race-free under delays, for every slot count.
+#[test]
+fn ring_forwards_are_exact_and_race_free() {
+    for n_copies in 1..=3 {
+        for seed in 0..4u64 {
+            // Layers jump backwards and across: 0 -> 2 crosses device 1, 2 -> 1 crosses 0.
+            let layers = [0, 2, 1, 0, 2, 2, 1];
+            let mut all = dyns(TestBackend::many(3, |i, o| {
+                o.delay_seed = Some(seed * 13 + i as u64);
+                o.max_delay_us = 200;
+            }));
+            all.extend(dyns(engines(3, seed, 200)));
+            let (all, log) = checked(all);
+            let opts = SchedOptions {
+                n_copies,
+                ring: true,
+                ..SchedOptions::default()
+            };
+            let mut c = chain(8, &layers);
+            let mut s = c.scheduler_with(all[..3].to_vec(), all[3..].to_vec(), opts);
+            let bad = c.run_pipelined(&mut s, 6);
+            let plan = s.plan(0).unwrap();
+            assert!(
+                bad.is_empty(),
+                "n_copies {n_copies} seed {seed}: {bad:?}\n{plan}"
+            );
+            assert!(log.is_clean(), "{}\n{plan}", log.summary(8));
+            let part = s.partition().unwrap();
+            let forwards = part.copies.iter().filter(|cp| cp.via.is_some()).count();
+            assert!(forwards > 0, "{plan}");
+            for cp in &part.copies {
+                if cp.kind == ggml_sched::SourceKind::Computed {
+                    assert_eq!(cp.to, (cp.from + 1) % 3, "{} hops one link", cp.name);
+                }
+            }
+        }
+    }
+}
+
+/// Forwarding a chunk before it arrived in the previous device's receive buffer is the
+/// race `engine-early` shows: the checker reports HB1 on the forward.
+#[test]
+fn early_forward_is_caught() {
+    let layers = [0, 2, 1, 0, 2];
+    let mut all = dyns(TestBackend::many(3, |_, _| {}));
+    all.extend(dyns(engines(3, 1, 300)));
+    let (all, log) = checked(all);
+    let opts = SchedOptions {
+        n_copies: 2,
+        ring: true,
+        weaken: [WeakenKnob::EngineEarly].into(),
+        ..SchedOptions::default()
+    };
+    let mut c = chain(8, &layers);
+    let mut s = c.scheduler_with(all[..3].to_vec(), all[3..].to_vec(), opts);
+    c.run_pipelined(&mut s, 4);
+    assert!(log.rules().contains(&HbRule::Hb1), "{}", log.summary(8));
+    assert!(
+        log.races()
+            .iter()
+            .any(|r| r.rule == HbRule::Hb1 && r.earlier.tensor.contains('#')),
+        "a forward out of a receive buffer:\n{}",
+        log.summary(8)
+    );
+}
+
+#[test]
+fn ring_needs_engines_and_the_minimal_plan() {
+    let opts = SchedOptions {
+        ring: true,
+        ..SchedOptions::default()
+    };
+    let e = ggml_sched::Scheduler::new(dyns(TestBackend::many(2, |_, _| {})), opts.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("need copy engines"), "{e}");
+    let naive = SchedOptions {
+        style: PlanStyle::Naive,
+        ..opts
+    };
+    let e = ggml_sched::Scheduler::with_copy_engines(
+        dyns(TestBackend::many(2, |_, _| {})),
+        dyns(TestBackend::many(2, |_, _| {})),
+        naive,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("minimal plan"), "{e}");
+}

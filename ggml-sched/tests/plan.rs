@@ -29,6 +29,7 @@ fn cfg(n_copies: usize, input_backend: usize, pins: Vec<(TensorId, usize)>) -> P
         input_backend,
         op_offload: false,
         pins,
+        ring: false,
     }
 }
 
