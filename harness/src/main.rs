@@ -329,7 +329,8 @@ struct RunArgs {
     #[arg(long, value_name = "BYTES")]
     reduce_bf16_min: Option<usize>,
     /// With --split-mode tensor: `ring` pipelines each all-gather with the product it
-    /// feeds (token chunks, copies on a copy engine per device); bit-identical.
+    /// feeds (token chunks, copies on a copy engine per device, forwarded round the ring of
+    /// devices); bit-identical.
     #[arg(long, value_enum, default_value_t = AllGather::Concat)]
     all_gather: AllGather,
     /// Tokens per micro-batch: a batch is cut into passes of this many tokens that flow

@@ -38,7 +38,8 @@ pub enum AllGather {
     Concat,
     /// Cut the tokens into one chunk per device and pipeline: each device multiplies
     /// chunk c while chunk c + 1 crosses on a copy engine (a queue of its own per
-    /// device), so copies hide behind compute. Bit-identical to `concat`.
+    /// device), forwarded round the ring of devices (device d receives from d - 1 only),
+    /// so copies hide behind compute. Bit-identical to `concat`.
     Ring,
 }
 
@@ -314,6 +315,9 @@ impl Session {
             // Inputs live where the embedding lookup runs: on the last device they would
             // queue behind the previous pass's last layers and stall the pipeline.
             input_backend: Some(self.layers.input_device),
+            // Ring all-gathers: every copy crosses one link, forwarded round the ring.
+            ring: self.config.all_gather == AllGather::Ring
+                && style == ggml_sched::PlanStyle::Minimal,
             ..Default::default()
         };
         SchedExecutor::new(

@@ -102,13 +102,16 @@ fn ring_needs_the_exact_tensor_split() {
 
 /// The plan of a ring pass: every gather that feeds a product is cut into one chunk per
 /// device, each device multiplies every chunk, and computed tensors cross devices only
-/// on the copy engines.
-#[test]
-fn ring_plans_chunk_products_and_copy_on_engines() {
-    let mut config = RunConfig::simple("cpu:2".parse().unwrap(), SplitMode::Tensor, 1, 2);
+/// on the copy engines, each copy from a device to the next one round the ring.
+#[rstest]
+#[case::two(2)]
+#[case::three(3)]
+fn ring_plans_chunk_products_and_copy_on_engines(#[case] n: usize) {
+    let devices = format!("cpu:{n}");
+    let mut config = RunConfig::simple(devices.parse().unwrap(), SplitMode::Tensor, 1, 2);
     config.all_gather = AllGather::Ring;
     let session = Session::open(&synthetic(Arch::Llama), config).unwrap();
-    assert_eq!(session.engines.len(), 2);
+    assert_eq!(session.engines.len(), n);
     let mut kv = session.kv_cache(48).unwrap();
     let mut exec = session
         .sched_executor(ggml_sched::PlanStyle::Minimal)
@@ -135,10 +138,18 @@ fn ring_plans_chunk_products_and_copy_on_engines() {
             })
             .count()
     };
-    // 2 chunks x 2 devices, then each device joins its two chunks.
-    assert_eq!(products("attn_proj-0#"), 4);
-    assert_eq!(products("ffn_out-0#"), 4);
-    assert_eq!(products("attn_proj-0.join#"), 2);
+    // n chunks x n devices, then each device joins its chunks.
+    assert_eq!(products("attn_proj-0#"), n * n);
+    assert_eq!(products("ffn_out-0#"), n * n);
+    assert_eq!(products("attn_proj-0.join#"), n * (n - 1));
+    let mut forwards = 0;
+    for cp in &part.copies {
+        if cp.kind == ggml_sched::SourceKind::Computed {
+            assert_eq!(cp.to, (cp.from + 1) % n, "{}: one link", cp.name);
+            forwards += usize::from(cp.via.is_some());
+        }
+    }
+    assert_eq!(forwards > 0, n > 2);
     let mut engine = 0;
     for a in plan.actions() {
         if let ggml_sched::Action::Copy { on, copy, .. } = a {

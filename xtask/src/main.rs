@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: the project's automation, in Rust so it runs wherever cargo does.
 //!
 //! Commands:
+//! - `all-gather`: the exact tensor split with whole and ring all-gathers side by side;
 //! - `bench-vs-llama`: ggml-harness bench against llama.cpp's llama-bench, alternately;
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
 //! - `fetch-model [--model NAME]`: download a known GGUF (SmolLM2 by default, or
@@ -9,6 +10,7 @@
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
 
+mod all_gather;
 mod bench_vs_llama;
 mod fetch;
 mod fuzz;
@@ -26,6 +28,9 @@ use fetch::Result;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
+  all-gather [--devices cpu:2,cpu:3] [--threads N] [--chunks C] [--rounds K]
+                 the exact tensor split with --all-gather concat and ring side by
+                 side: wall time, copy time per pass exposed and hidden, same bits
   bench-vs-llama [--threads N] [-r R] [--rounds K]
                  `ggml-harness bench` and llama.cpp's llama-bench run alternately
                  (pp512, tg128): tokens/s, ratios, tg weight bandwidth vs memcpy
@@ -62,6 +67,7 @@ commands:
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("all-gather") => all_gather::all_gather(&workspace_root(), &args[1..]),
         Some("bench-vs-llama") => bench_vs_llama::bench_vs_llama(&workspace_root(), &args[1..]),
         Some("ci") => ci(),
         Some("ppl") => ppl(&args[1..]),

@@ -66,7 +66,8 @@ pub struct TpShards {
     pub bf16_min: Option<usize>,
     /// Exact split (`--all-gather ring`): every all-gather that feeds a matrix product
     /// is cut into token chunks, and each device multiplies chunk c while chunk c + 1
-    /// is still crossing (on copy engines); `false` gathers whole tensors first.
+    /// is still crossing (on copy engines, round the ring); `false` gathers whole
+    /// tensors first.
     pub ring: bool,
     /// Per device: its KV heads (query heads are `n_head / n_head_kv` times these).
     pub kv_heads: Vec<Range<usize>>,
