@@ -9,6 +9,10 @@
 //! `k + 1` chunk copies (the link is busy back to back), its product starts when both it
 //! and the previous chunk's product are done, and only the device's idle time before
 //! each product is exposed.
+//!
+//! The ring pays the link's latency once per chunk and hop, so where the products are
+//! much shorter than the copies (fast GPUs, narrow layers) it exposes more than one whole
+//! gather; the tables' last column (exposed ring / exposed concat) says which wins.
 
 use std::fmt::Write as _;
 
@@ -153,7 +157,7 @@ pub fn table(
 ) -> String {
     let mut s = format!(
         "cost model at {:.0} TFLOP/s per device, F32 activations on the wire (µs per layer)\n\n\
-         | gather | devices | link | received KiB | copy | chunk copy | chunk product | exposed concat | exposed ring | hidden |\n\
+         | gather | devices | link | received KiB | copy | chunk copy | chunk product | exposed concat | exposed ring | ring / concat |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
         flops_per_s / 1e12
     );
@@ -161,14 +165,13 @@ pub fn table(
         for &n in devices {
             for l in links {
                 let p = predict(g, n, l, flops_per_s);
-                let hidden = if p.exposed_concat_s > 0.0 {
-                    100.0 * (1.0 - p.exposed_ring_s / p.exposed_concat_s)
-                } else {
-                    0.0
+                let ratio = match p.exposed_concat_s > 0.0 {
+                    true => format!("{:.2}", p.exposed_ring_s / p.exposed_concat_s),
+                    false => "-".to_string(),
                 };
                 let _ = writeln!(
                     s,
-                    "| {} [{}x{}] | {n} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {hidden:.0} % |",
+                    "| {} [{}x{}] | {n} | {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {ratio} |",
                     g.name,
                     g.features,
                     g.tokens,
