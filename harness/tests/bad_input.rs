@@ -270,3 +270,28 @@ fn device_errors_stay_on_one_line() {
     assert!(one_line(&e), "{e}");
     assert!(e.contains("\":\\n\\n\\nu05bpa\""), "{e}");
 }
+
+/// The KL base fuzz target's committed seeds: the valid one opens, checks against its own
+/// tokens and reads both chunks; the truncated one is a one-line error naming the file.
+#[test]
+fn kl_base_fuzz_seeds() {
+    use harness::kl::{ChunkLogProbs, KlBase};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/kl_base");
+    let valid = std::fs::read(dir.join("valid-16x10x2")).unwrap();
+    let mut base = KlBase::from_source("v", Box::new(std::io::Cursor::new(valid.clone()))).unwrap();
+    let tokens: Vec<u32> = valid[20..20 + 4 * 32]
+        .chunks(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(base.check_run(16, 10, &tokens).unwrap(), 2);
+    let mut out = ChunkLogProbs::default();
+    for c in 0..2 {
+        base.read_chunk(c, &mut out).unwrap();
+    }
+    let cut = std::fs::read(dir.join("truncated")).unwrap();
+    let e = match KlBase::from_source("t.kld", Box::new(std::io::Cursor::new(cut))) {
+        Ok(_) => panic!("a truncated file is refused"),
+        Err(e) => e.to_string(),
+    };
+    assert!(one_line(&e) && e.starts_with("t.kld: "), "{e}");
+}

@@ -10,12 +10,13 @@ use xshell::{cmd, Shell};
 use crate::fetch::Result;
 
 /// (package folder, target, extra libFuzzer arguments).
-const TARGETS: [(&str, &str, &[&str]); 5] = [
+const TARGETS: [(&str, &str, &[&str]); 6] = [
     ("ggml-core/fuzz", "gguf_parse", &["-dict=gguf.dict"]),
     ("harness/fuzz", "matrix_parse", &[]),
     ("harness/fuzz", "devices_parse", &[]),
     ("harness/fuzz", "tokenizer_text", &[]),
     ("harness/fuzz", "gguf_roundtrip", &[]),
+    ("harness/fuzz", "kl_base", &[]),
 ];
 
 /// Entry point.
