@@ -307,6 +307,13 @@ pub trait Backend: Send + Sync {
     /// hit since the last `synchronize` (the queue then continues to accept work).
     fn synchronize(&self) -> BackendResult<()>;
 
+    /// [`Backend::synchronize`] that gives up after `timeout`: `Ok(false)` when work is
+    /// still running then (a hung queue), the queue untouched. The default waits without
+    /// a limit.
+    fn synchronize_timeout(&self, _timeout: core::time::Duration) -> BackendResult<bool> {
+        self.synchronize().map(|()| true)
+    }
+
     // ---- events -------------------------------------------------------------------
 
     /// A new event, or `None` if this backend has no events.
@@ -331,6 +338,16 @@ pub trait Backend: Send + Sync {
     /// Blocks the host until the point last recorded for `event` has completed (at once
     /// if it was never recorded).
     fn event_synchronize(&self, event: EventId) -> BackendResult<()>;
+
+    /// [`Backend::event_synchronize`] that gives up after `timeout`: `Ok(false)` when the
+    /// point has not completed by then. The default waits without a limit.
+    fn event_synchronize_timeout(
+        &self,
+        event: EventId,
+        _timeout: core::time::Duration,
+    ) -> BackendResult<bool> {
+        self.event_synchronize(event).map(|()| true)
+    }
 
     /// When the point last recorded for `event` completed, in nanoseconds since the Unix
     /// epoch on the host's clock: `None` while it has not completed (or if it was never

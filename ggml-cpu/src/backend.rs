@@ -580,7 +580,24 @@ impl Backend for CpuBackend {
         let ev = self.event(event)?;
         let generation = ev.recorded.load(Ordering::Acquire);
         ev.wait(generation, None);
-        Ok(())
+        // As a GPU's event synchronize: work that failed is reported here, not lost.
+        self.queue.pending_error().map_or(Ok(()), Err)
+    }
+
+    fn event_synchronize_timeout(
+        &self,
+        event: EventId,
+        timeout: std::time::Duration,
+    ) -> BackendResult<bool> {
+        let ev = self.event(event)?;
+        let generation = ev.recorded.load(Ordering::Acquire);
+        let done = ev.wait_until(generation, std::time::Instant::now() + timeout);
+        self.queue.pending_error().map_or(Ok(done), Err)
+    }
+
+    fn synchronize_timeout(&self, timeout: std::time::Duration) -> BackendResult<bool> {
+        self.queue
+            .wait_idle_until(std::time::Instant::now() + timeout)
     }
 
     fn event_time_ns(&self, event: EventId) -> BackendResult<Option<u64>> {

@@ -64,6 +64,26 @@ impl EventState {
         self.cv.notify_all();
     }
 
+    /// Blocks until `generation` completed or the owner is gone, at most until
+    /// `deadline`; returns whether it completed (or the owner is gone) in time.
+    pub(crate) fn wait_until(&self, generation: u64, deadline: std::time::Instant) -> bool {
+        let mut d = self.lock();
+        loop {
+            if d.0 >= generation || d.1 {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            d = self
+                .cv
+                .wait_timeout(d, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// Blocks until `generation` completed, the owner is gone, or `stop` is set.
     /// Returns whether the point really completed.
     pub(crate) fn wait(&self, generation: u64, stop: Option<&AtomicBool>) -> bool {
@@ -195,6 +215,32 @@ impl Queue {
             }
             (true, None) => Ok(()),
         }
+    }
+
+    /// [`Queue::wait_idle`] that gives up at `deadline` (returns `Ok(false)`).
+    pub(crate) fn wait_idle_until(
+        &self,
+        deadline: std::time::Instant,
+    ) -> Result<bool, BackendError> {
+        let mut s = self.lock();
+        let target = s.enqueued;
+        while s.completed < target {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            s = self
+                .done
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        s.error.take().map_or(Ok(true), Err)
+    }
+
+    /// The first error of queued work not yet reported by `synchronize` (kept for it).
+    pub(crate) fn pending_error(&self) -> Option<BackendError> {
+        self.lock().error
     }
 
     /// Asks the worker to stop after the item it is running; queued items are dropped.

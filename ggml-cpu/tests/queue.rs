@@ -378,3 +378,35 @@ fn engine_copies_run_on_their_own_queue() {
     b.get_tensor(&tb[x.index()], 0, &mut raw).unwrap();
     assert!(f32s(&raw).iter().all(|&v| v == 4.0));
 }
+
+/// A failed op is reported by the next event wait (not only by `synchronize`), and timed
+/// waits give up on a queue that does not move.
+#[test]
+fn event_waits_report_errors_and_time_out() {
+    let be = cpu(1, CopyQueue::Destination);
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
+    let mut ctx = Context::new(&mut s);
+    let dst = ctx.new_tensor(DType::F32, [4, 2, 1, 1]).unwrap();
+    let src = ctx.new_tensor(DType::F32, [4, 1, 1, 1]).unwrap();
+    let idx = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
+    let w = ctx.set_rows(dst, src, idx).unwrap();
+    let (tensors, _buf) = place(&ctx, &be);
+    be.set_tensor_async(&tensors[idx.index()], 0, &7i32.to_le_bytes())
+        .unwrap();
+    let e = be.event_new().unwrap().unwrap();
+    // Held: the timed waits give up.
+    let open = gate(&be);
+    be.graph_compute(&tensors, &[w]).unwrap();
+    be.event_record(e).unwrap();
+    let t = Duration::from_millis(30);
+    assert!(!be.event_synchronize_timeout(e, t).unwrap());
+    assert!(!be.synchronize_timeout(t).unwrap());
+    drop(open);
+    let err = be.event_synchronize(e).unwrap_err();
+    assert_eq!(err.kind, BackendErrorKind::BadData, "{err}");
+    assert!(be.event_synchronize_timeout(e, t).is_err());
+    // synchronize reports it once more and clears it.
+    assert!(be.synchronize().is_err());
+    be.synchronize().unwrap();
+    assert!(be.synchronize_timeout(t).unwrap());
+}

@@ -894,4 +894,47 @@ impl Backend for CudaBackend {
         // An unrecorded event completes at once.
         self.dev.api.event_synchronize(ev).map_err(|e| self.cu(e))
     }
+
+    fn event_synchronize_timeout(
+        &self,
+        event: EventId,
+        timeout: std::time::Duration,
+    ) -> BackendResult<bool> {
+        self.bind()?;
+        let ev = self.event_handle(event)?;
+        self.poll(ev, timeout)
+    }
+
+    fn synchronize_timeout(&self, timeout: std::time::Duration) -> BackendResult<bool> {
+        self.bind()?;
+        let api = self.dev.api;
+        let ev = api.event_create(self.dev.ctx).map_err(|e| self.cu(e))?;
+        let done = api
+            .event_record(ev, self.stream)
+            .map_err(|e| self.cu(e))
+            .and_then(|()| self.poll(ev, timeout));
+        api.event_destroy(ev);
+        match done? {
+            true => self.synchronize().map(|()| true),
+            false => Ok(false),
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Polls `ev` until it completed or `timeout` passed (a driver has no timed wait).
+    fn poll(&self, ev: Event, timeout: std::time::Duration) -> BackendResult<bool> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pause = std::time::Duration::from_micros(20);
+        loop {
+            if self.dev.api.event_query(ev).map_err(|e| self.cu(e))? {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(1));
+        }
+    }
 }

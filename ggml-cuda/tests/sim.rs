@@ -120,3 +120,24 @@ fn pinned_staging_stays_bounded_over_large_copies() {
     );
     be.free_buffer(buf.id).unwrap();
 }
+
+/// Timed waits: a recorded event after a kernel completes within the limit, and so does
+/// the stream; the result is the one an untimed wait gives.
+#[test]
+fn timed_waits_complete_within_the_limit() {
+    let be = sim(0);
+    let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+    let (tensors, x, y, _buf) = doubling_graph(&be, &mut storage, 1000);
+    be.set_tensor_async(&tensors[x.index()], 0, &f32_bytes(&[1.5; 1000]))
+        .unwrap();
+    be.graph_compute(&tensors, &[y]).unwrap();
+    let e = be.event_new().unwrap().unwrap();
+    be.event_record(e).unwrap();
+    let t = std::time::Duration::from_secs(30);
+    assert!(be.event_synchronize_timeout(e, t).unwrap());
+    assert!(be.synchronize_timeout(t).unwrap());
+    let mut out = vec![0u8; 4000];
+    be.get_tensor(&tensors[y.index()], 0, &mut out).unwrap();
+    assert!(to_f32(&out).iter().all(|&v| v == 3.0));
+    be.event_free(e).unwrap();
+}

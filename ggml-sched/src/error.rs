@@ -33,6 +33,19 @@ pub enum SchedError {
     /// Options or arguments are out of range.
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A device's queue did not get past a point within [`crate::SchedOptions::timeout`]
+    /// (a hung device): which device, and what the host was waiting for.
+    #[error("timed out after {seconds} s: {backend} did not finish {wait}; its last work: {last}")]
+    Timeout {
+        /// The device waited for.
+        backend: String,
+        /// The wait (event or queue, and the rule it discharges).
+        wait: String,
+        /// The timeout.
+        seconds: f64,
+        /// The last split enqueued on the device (its first and last ops), or `none`.
+        last: String,
+    },
     /// `compute`, `set_input` or `get_tensor` was called before `alloc`.
     #[error("no graph is allocated; call Scheduler::alloc first")]
     NoGraph,

@@ -21,6 +21,7 @@
 mod alloc;
 pub mod check;
 mod error;
+pub mod fault;
 mod layers;
 pub mod partition;
 pub mod plan;
@@ -32,6 +33,7 @@ pub mod trace;
 
 pub use check::{AccessContext, CheckedBackend, RaceLog, RaceReport};
 pub use error::{Result, SchedError};
+pub use fault::{FaultKind, FaultPlan, FaultyBackend};
 pub use layers::split_layers;
 pub use partition::{partition, CopyInput, Partition, PartitionConfig, SourceKind, Split};
 #[doc(hidden)]

@@ -42,6 +42,9 @@ pub struct SchedOptions {
     /// Weakened rules, for tests and the harness's `--weaken` only.
     #[doc(hidden)]
     pub weaken: BTreeSet<WeakenKnob>,
+    /// How long the host waits for a device before it gives up with
+    /// [`SchedError::Timeout`] (a hung queue); `None` waits for ever.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for SchedOptions {
@@ -53,6 +56,7 @@ impl Default for SchedOptions {
             op_offload: false,
             ring: false,
             weaken: BTreeSet::new(),
+            timeout: None,
         }
     }
 }
@@ -156,6 +160,8 @@ pub struct Scheduler {
     n_devices: usize,
     /// Copy engine of each device (an index into `backends`).
     engines: Vec<Option<usize>>,
+    /// The last split enqueued on each backend (for timeout errors).
+    last_split: std::sync::Mutex<Vec<Option<usize>>>,
     opts: SchedOptions,
     props: Vec<BackendProps>,
     pins: Vec<(TensorId, usize)>,
@@ -231,6 +237,7 @@ impl Scheduler {
             backends,
             n_devices: n,
             engines: Vec::new(),
+            last_split: std::sync::Mutex::new(vec![None; n]),
             opts,
             props,
             pins: Vec::new(),
@@ -802,19 +809,21 @@ impl Scheduler {
                 match self.backends[queue].event_wait(EventRef { owner, id }) {
                     Ok(()) => st.queue_waits += 1,
                     Err(e) if e.kind == BackendErrorKind::ForeignEvent => {
-                        owner.event_synchronize(id)?;
+                        self.host_event_wait(event.backend, id, || self.event_label(&event))?;
                         st.host_syncs += 1;
                     }
                     Err(e) => return Err(e.into()),
                 }
             }
-            Action::HostWait { event, .. } => {
+            Action::HostWait { event, why } => {
                 let id = self.event(&event)?;
-                self.backends[event.backend].event_synchronize(id)?;
+                self.host_event_wait(event.backend, id, || {
+                    format!("{} ({why})", self.event_label(&event))
+                })?;
                 st.host_syncs += 1;
             }
-            Action::HostSync { backend, .. } => {
-                self.backends[backend].synchronize()?;
+            Action::HostSync { backend, why } => {
+                self.host_sync(backend, &format!("its queue ({why})"))?;
                 st.host_syncs += 1;
             }
             Action::Record { event } => {
@@ -824,6 +833,14 @@ impl Scheduler {
             }
             Action::Compute { split } => {
                 let sp = &gs.part.splits[split];
+                if let Some(l) = self
+                    .last_split
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(sp.backend)
+                {
+                    *l = Some(split);
+                }
                 let b = &self.backends[sp.backend];
                 match gs.registered[c][sp.backend] {
                     Some(t) => b.graph_compute_table(t, &sp.nodes)?,
@@ -852,9 +869,9 @@ impl Scheduler {
                             st.async_copies += 1;
                         } else {
                             // Declined: drain the three queues, then copy through the host.
-                            self.backends[e].synchronize()?;
-                            self.backends[from].synchronize()?;
-                            self.backends[to].synchronize()?;
+                            self.host_sync(e, "its copies")?;
+                            self.host_sync(from, "its queue before a blocking copy")?;
+                            self.host_sync(to, "its queue before a blocking copy")?;
                             st.host_syncs += 3;
                             self.blocking_copy(from, to, src, dst, st)?;
                         }
@@ -865,8 +882,8 @@ impl Scheduler {
                         } else {
                             // Declined: order it by draining both queues (HB1, HB3, HB4),
                             // then copy through the host.
-                            self.backends[from].synchronize()?;
-                            self.backends[to].synchronize()?;
+                            self.host_sync(from, "its queue before a blocking copy")?;
+                            self.host_sync(to, "its queue before a blocking copy")?;
                             st.host_syncs += 2;
                             self.blocking_copy(from, to, src, dst, st)?;
                         }
@@ -977,7 +994,9 @@ impl Scheduler {
                 let off = usize::try_from(d.addr - buf.base)
                     .map_err(|_| self.tensor_err(id, "address outside its buffer"))?;
                 let t0 = now_ns();
-                self.backends[owner].event_synchronize(ev)?;
+                self.host_event_wait(owner, ev, || {
+                    format!("the split producing '{}' (HB7)", t.name.as_str())
+                })?;
                 self.trace_read(run, slot, t, t0);
                 self.backends[owner].buffer_get(buf.id, off, out)?;
                 return Ok(());
@@ -1018,18 +1037,84 @@ impl Scheduler {
     /// Waits for every backend's queue; returns the first error any reported.
     pub fn synchronize(&mut self) -> Result<()> {
         let mut first = None;
-        for b in &self.backends {
-            if let Err(e) = b.synchronize() {
+        for b in 0..self.backends.len() {
+            if let Err(e) = self.host_sync(b, "its queue (synchronize)") {
                 first.get_or_insert(e);
             }
         }
         match first {
-            Some(e) => Err(e.into()),
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
-    /// Waits for every queue, dropping errors (they belong to a run already failed).
+    /// The host waits for `event` of backend `b`, within the timeout; `what` names the
+    /// wait in a timeout error.
+    pub(crate) fn host_event_wait(
+        &self,
+        b: usize,
+        event: EventId,
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let backend = &self.backends[b];
+        match self.opts.timeout {
+            None => Ok(backend.event_synchronize(event)?),
+            Some(t) if backend.event_synchronize_timeout(event, t)? => Ok(()),
+            Some(t) => Err(self.timeout_err(b, what(), t)),
+        }
+    }
+
+    fn timeout_err(&self, b: usize, wait: String, t: std::time::Duration) -> SchedError {
+        let last = self
+            .last_split
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(b)
+            .copied()
+            .flatten();
+        let last = match (last, self.graph.as_ref()) {
+            (Some(k), Some(gs)) => {
+                let sp = &gs.part.splits[k];
+                let name = |id: &TensorId| {
+                    let t = &gs.tables[0][id.index()];
+                    format!("{} '{}'", t.op.name(), t.name.as_str())
+                };
+                let first = sp.nodes.first().map(name).unwrap_or_default();
+                let end = sp.nodes.last().map(name).unwrap_or_default();
+                format!("split {k} ({first} .. {end})")
+            }
+            _ => "none".to_string(),
+        };
+        SchedError::Timeout {
+            backend: self.props[b].name.clone(),
+            wait,
+            seconds: t.as_secs_f64(),
+            last,
+        }
+    }
+
+    /// The host waits for everything queued on backend `b`, within the timeout.
+    fn host_sync(&self, b: usize, what: &str) -> Result<()> {
+        let backend = &self.backends[b];
+        match self.opts.timeout {
+            None => Ok(backend.synchronize()?),
+            Some(t) if backend.synchronize_timeout(t)? => Ok(()),
+            Some(t) => Err(self.timeout_err(b, what.to_string(), t)),
+        }
+    }
+
+    /// An event for people: `split[cpu#1]@0`.
+    fn event_label(&self, e: &EventKey) -> String {
+        let kind = match e.kind {
+            crate::plan::EventKind::Split => "split".to_string(),
+            crate::plan::EventKind::CopyDone => "copydone".to_string(),
+            crate::plan::EventKind::Inputs => "inputs".to_string(),
+            crate::plan::EventKind::InputsCopied => "inputs-copied".to_string(),
+            crate::plan::EventKind::Produced(k) => format!("split{k}"),
+        };
+        format!("{kind}[{}]@{}", self.props[e.backend].name, e.slot)
+    }
+
     /// Frees the tables the devices keep for the current graph.
     fn free_tables(&mut self) {
         if let Some(gs) = &mut self.graph {
@@ -1043,9 +1128,14 @@ impl Scheduler {
         }
     }
 
+    /// Waits for every queue, dropping errors (they belong to a run already failed); a
+    /// queue that does not finish within the timeout is left behind.
     fn drain(&self) {
         for b in &self.backends {
-            let _ = b.synchronize();
+            let _ = match self.opts.timeout {
+                Some(t) => b.synchronize_timeout(t).map(|_| ()),
+                None => b.synchronize(),
+            };
         }
     }
 }

@@ -203,9 +203,11 @@ impl Scheduler {
         });
         let t0 = now_ns();
         self.stats.host_reads += 1;
-        let res = b
-            .event_synchronize(spare.event)
-            .and_then(|()| b.buffer_get(spare.buffer.id, 0, out));
+        let res = self
+            .host_event_wait(spare.backend, spare.event, || {
+                format!("the staged output of run {} (HB7)", staged.run)
+            })
+            .and_then(|()| Ok(b.buffer_get(spare.buffer.id, 0, out)?));
         self.annotate(AccessContext::default());
         if let Some(tr) = &self.tracer {
             let mut sl = tr.slice(TraceTrack::Host, SliceKind::HostSync, "read staged".into());
@@ -214,6 +216,6 @@ impl Scheduler {
             tr.host(sl);
         }
         self.staging.push(spare);
-        res.map_err(Into::into)
+        res
     }
 }
