@@ -307,6 +307,13 @@ pub trait Backend: Send + Sync {
     /// hit since the last `synchronize` (the queue then continues to accept work).
     fn synchronize(&self) -> BackendResult<()>;
 
+    /// Reports, without waiting, an error that work already run on the queue hit (it
+    /// stays for `synchronize` to report too). The default reports none: backends whose
+    /// errors only `synchronize` finds.
+    fn pending_error(&self) -> BackendResult<()> {
+        Ok(())
+    }
+
     /// [`Backend::synchronize`] that gives up after `timeout`: `Ok(false)` when work is
     /// still running then (a hung queue), the queue untouched. The default waits without
     /// a limit.

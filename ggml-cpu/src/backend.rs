@@ -595,6 +595,10 @@ impl Backend for CpuBackend {
         self.queue.pending_error().map_or(Ok(done), Err)
     }
 
+    fn pending_error(&self) -> BackendResult<()> {
+        self.queue.pending_error().map_or(Ok(()), Err)
+    }
+
     fn synchronize_timeout(&self, timeout: std::time::Duration) -> BackendResult<bool> {
         self.queue
             .wait_idle_until(std::time::Instant::now() + timeout)

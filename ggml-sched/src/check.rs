@@ -793,6 +793,35 @@ impl Backend for CheckedBackend {
         Ok(())
     }
 
+    fn pending_error(&self) -> BackendResult<()> {
+        self.inner.pending_error()
+    }
+
+    fn synchronize_timeout(&self, timeout: std::time::Duration) -> BackendResult<bool> {
+        let done = self.inner.synchronize_timeout(timeout);
+        if matches!(done, Ok(true)) {
+            let mut s = self.log.lock();
+            let q = s.clock(self.agent).clone();
+            s.host_join(&q);
+        }
+        done
+    }
+
+    fn event_synchronize_timeout(
+        &self,
+        event: EventId,
+        timeout: std::time::Duration,
+    ) -> BackendResult<bool> {
+        let done = self.inner.event_synchronize_timeout(event, timeout);
+        if matches!(done, Ok(true)) {
+            let mut s = self.log.lock();
+            if let Some(v) = s.events.get(&(self.agent, event.0)).cloned() {
+                s.host_join(&v);
+            }
+        }
+        done
+    }
+
     fn synchronize(&self) -> BackendResult<()> {
         let r = self.inner.synchronize();
         let mut s = self.log.lock();

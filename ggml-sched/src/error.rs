@@ -35,7 +35,7 @@ pub enum SchedError {
     Invalid(String),
     /// A device's queue did not get past a point within [`crate::SchedOptions::timeout`]
     /// (a hung device): which device, and what the host was waiting for.
-    #[error("timed out after {seconds} s: {backend} did not finish {wait}; its last work: {last}")]
+    #[error("timed out after {seconds} s: {backend} did not finish {wait}; its last work: {last}; devices not done: {unfinished}")]
     Timeout {
         /// The device waited for.
         backend: String,
@@ -45,6 +45,9 @@ pub enum SchedError {
         seconds: f64,
         /// The last split enqueued on the device (its first and last ops), or `none`.
         last: String,
+        /// Every backend whose queue had not finished when the wait gave up (the hung
+        /// device among them when another one waits behind it), with its last split.
+        unfinished: String,
     },
     /// `compute`, `set_input` or `get_tensor` was called before `alloc`.
     #[error("no graph is allocated; call Scheduler::alloc first")]

@@ -310,6 +310,13 @@ impl Backend for FaultyBackend {
         }
         Ok(())
     }
+    fn pending_error(&self) -> BackendResult<()> {
+        // A hung queue reports nothing: it just never completes.
+        if self.plan.kind != FaultKind::Hang {
+            self.sticky()?;
+        }
+        self.inner.pending_error()
+    }
     fn synchronize(&self) -> BackendResult<()> {
         self.wait_hang(None)?;
         self.inner.synchronize()?;
@@ -339,6 +346,13 @@ impl Backend for FaultyBackend {
     fn event_wait(&self, event: EventRef<'_>) -> BackendResult<()> {
         if self.hung() {
             return Ok(());
+        }
+        // Waiting on a hung queue's event: this queue stops behind it, for ever.
+        if let Some(f) = event.owner.as_any().downcast_ref::<FaultyBackend>() {
+            if f.hung() {
+                lock(&self.hang).hung = true;
+                return Ok(());
+            }
         }
         let owner = unwrap(event.owner);
         self.inner.event_wait(EventRef {

@@ -622,7 +622,9 @@ impl Scheduler {
             ..RunStats::default()
         };
         let t0 = now_ns();
-        let res = self.execute(c, run, &mut st);
+        let res = self
+            .check_devices()
+            .and_then(|()| self.execute(c, run, &mut st));
         self.annotate(AccessContext::default());
         if let Some(tr) = &self.tracer {
             let mut sl = tr.slice(TraceTrack::Host, SliceKind::Submit, format!("run {run}"));
@@ -999,12 +1001,22 @@ impl Scheduler {
                 })?;
                 self.trace_read(run, slot, t, t0);
                 self.backends[owner].buffer_get(buf.id, off, out)?;
-                return Ok(());
+                return self.check_devices();
             }
         }
         let t0 = now_ns();
         self.backends[owner].get_tensor(t, 0, out)?;
         self.trace_read(run, slot, t, t0);
+        self.check_devices()
+    }
+
+    /// Fails with the first error any device's finished work hit. An output can be ready
+    /// while a device whose work fed it failed (its queue went on, with wrong bytes); its
+    /// error is reported here, not lost.
+    pub(crate) fn check_devices(&self) -> Result<()> {
+        for b in &self.backends {
+            b.pending_error()?;
+        }
         Ok(())
     }
 
@@ -1065,6 +1077,29 @@ impl Scheduler {
     }
 
     fn timeout_err(&self, b: usize, wait: String, t: std::time::Duration) -> SchedError {
+        let unfinished: Vec<String> = (0..self.backends.len())
+            .filter(|&x| {
+                !matches!(
+                    self.backends[x].synchronize_timeout(std::time::Duration::ZERO),
+                    Ok(true)
+                )
+            })
+            .map(|x| format!("{} (last work: {})", self.props[x].name, self.last_work(x)))
+            .collect();
+        SchedError::Timeout {
+            backend: self.props[b].name.clone(),
+            wait,
+            seconds: t.as_secs_f64(),
+            last: self.last_work(b),
+            unfinished: match unfinished.is_empty() {
+                true => "none".to_string(),
+                false => unfinished.join(", "),
+            },
+        }
+    }
+
+    /// The last split enqueued on backend `b`, for people.
+    fn last_work(&self, b: usize) -> String {
         let last = self
             .last_split
             .lock()
@@ -1072,7 +1107,7 @@ impl Scheduler {
             .get(b)
             .copied()
             .flatten();
-        let last = match (last, self.graph.as_ref()) {
+        match (last, self.graph.as_ref()) {
             (Some(k), Some(gs)) => {
                 let sp = &gs.part.splits[k];
                 let name = |id: &TensorId| {
@@ -1084,12 +1119,6 @@ impl Scheduler {
                 format!("split {k} ({first} .. {end})")
             }
             _ => "none".to_string(),
-        };
-        SchedError::Timeout {
-            backend: self.props[b].name.clone(),
-            wait,
-            seconds: t.as_secs_f64(),
-            last,
         }
     }
 
@@ -1129,20 +1158,30 @@ impl Scheduler {
     }
 
     /// Waits for every queue, dropping errors (they belong to a run already failed); a
-    /// queue that does not finish within the timeout is left behind.
-    fn drain(&self) {
+    /// queue that does not finish within the timeout is left behind. Returns whether
+    /// every queue finished.
+    fn drain(&self) -> bool {
+        let mut all = true;
         for b in &self.backends {
-            let _ = match self.opts.timeout {
-                Some(t) => b.synchronize_timeout(t).map(|_| ()),
-                None => b.synchronize(),
+            all &= match self.opts.timeout {
+                Some(t) => !matches!(b.synchronize_timeout(t), Ok(false)),
+                None => {
+                    let _ = b.synchronize();
+                    true
+                }
             };
         }
+        all
     }
 }
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        self.drain();
+        if !self.drain() {
+            // A queue that never finished (a hung device) may still touch every buffer
+            // and event of the graph: leaving them is safe, freeing them is not.
+            return;
+        }
         self.free_tables();
         for (k, id) in self.events.drain() {
             let _ = self.backends[k.backend].event_free(id);

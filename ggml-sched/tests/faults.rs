@@ -18,8 +18,15 @@ const NEVER: FaultPlan = FaultPlan {
     kind: FaultKind::Kernel,
 };
 
-/// Runs `runs` pipelined runs of `c` on `backends`; the first error, if any.
-fn try_runs(c: &mut Chain, backends: Vec<Arc<dyn Backend>>, runs: u64) -> Result<(), String> {
+/// Runs `runs` pipelined runs of `c` on `backends`; the first error, if any. A device
+/// given up on is reset (`release`) before its scheduler is dropped, as a hung GPU's
+/// context would be.
+fn try_runs(
+    c: &mut Chain,
+    backends: Vec<Arc<dyn Backend>>,
+    faulty: &[Arc<FaultyBackend>],
+    runs: u64,
+) -> Result<(), String> {
     let opts = SchedOptions {
         n_copies: 2,
         timeout: Some(Duration::from_millis(300)),
@@ -27,26 +34,34 @@ fn try_runs(c: &mut Chain, backends: Vec<Arc<dyn Backend>>, runs: u64) -> Result
     };
     c.place_weights(&backends);
     let mut s = Scheduler::new(backends, opts).map_err(|e| e.to_string())?;
-    for &(id, b) in &c.pins {
-        s.set_tensor_backend(id, b).map_err(|e| e.to_string())?;
-    }
-    s.alloc_nodes(&c.g.tensors, &c.g.nodes, &c.g.leafs)
-        .map_err(|e| e.to_string())?;
-    let mut out = vec![0u8; c.n * 4];
-    for r in 0..runs {
-        let (x, p) = c.inputs(r);
-        s.set_input(c.x, &to_bytes(&x)).map_err(|e| e.to_string())?;
-        s.set_input(c.p, &to_bytes(&p)).map_err(|e| e.to_string())?;
-        s.compute().map_err(|e| e.to_string())?;
-        if r >= 1 {
-            s.get_tensor_run(r - 1, c.out, &mut out)
-                .map_err(|e| e.to_string())?;
-            if to_f32(&out) != c.expected(r - 1) {
-                return Err(format!("run {} wrong", r - 1));
+    let mut go = || -> Result<(), String> {
+        for &(id, b) in &c.pins {
+            s.set_tensor_backend(id, b).map_err(|e| e.to_string())?;
+        }
+        s.alloc_nodes(&c.g.tensors, &c.g.nodes, &c.g.leafs)
+            .map_err(|e| e.to_string())?;
+        let mut out = vec![0u8; c.n * 4];
+        for r in 0..runs {
+            let (x, p) = c.inputs(r);
+            s.set_input(c.x, &to_bytes(&x)).map_err(|e| e.to_string())?;
+            s.set_input(c.p, &to_bytes(&p)).map_err(|e| e.to_string())?;
+            s.compute().map_err(|e| e.to_string())?;
+            if r >= 1 {
+                s.get_tensor_run(r - 1, c.out, &mut out)
+                    .map_err(|e| e.to_string())?;
+                if to_f32(&out) != c.expected(r - 1) {
+                    return Err(format!("run {} wrong", r - 1));
+                }
             }
         }
+        s.synchronize().map_err(|e| e.to_string())
+    };
+    let r = go();
+    for f in faulty {
+        f.release();
     }
-    s.synchronize().map_err(|e| e.to_string())
+    drop(s);
+    r
 }
 
 fn wrapped(target: usize, plan: FaultPlan) -> (Vec<Arc<dyn Backend>>, Vec<Arc<FaultyBackend>>) {
@@ -80,7 +95,7 @@ fn every_fault_is_reported_nothing_hangs_and_memory_returns() {
                 let mut c = chain(8, &layers);
                 let (b, faulty) = wrapped(target, plan);
                 let t0 = Instant::now();
-                let r = try_runs(&mut c, b, 4);
+                let r = try_runs(&mut c, b, &faulty, 4);
                 assert!(
                     t0.elapsed() < Duration::from_secs(10),
                     "{plan:?} took {:?}",
@@ -124,8 +139,8 @@ fn every_fault_is_reported_nothing_hangs_and_memory_returns() {
                 }
                 // Fresh backends compute the exact numbers again.
                 let mut c = chain(8, &layers);
-                let (b, _) = wrapped(target, NEVER);
-                try_runs(&mut c, b, 4).unwrap();
+                let (b, f) = wrapped(target, NEVER);
+                try_runs(&mut c, b, &f, 4).unwrap();
             }
         }
     }

@@ -20,6 +20,7 @@ pub mod cost;
 pub mod devices;
 pub mod error;
 pub mod executor;
+pub mod faults;
 pub mod generate;
 pub mod gguf_file;
 pub mod gguf_writer;

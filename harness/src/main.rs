@@ -45,6 +45,10 @@ enum Command {
     /// Prints the scheduler's plan of one forward pass: per split, its waits, copies,
     /// compute and records, and the host syncs they cost.
     Plan(PlanArgs),
+    /// Injects a fault at every op of a forward pass (every kind, every device) and
+    /// checks each run fails with an error naming device, op and cause, in time, without
+    /// leaks, and that a clean run afterwards gives the same bits; prints the summary.
+    FaultSweep(FaultSweepArgs),
     /// Predicts the copy time that the all-gathers of the exact tensor split expose,
     /// whole (concat) or pipelined with their products (ring), for layer shapes, device
     /// counts and links (PCIe 4, PCIe 5, NVLink 4).
@@ -198,6 +202,37 @@ struct PlanArgs {
 }
 
 #[derive(Args, Debug)]
+struct FaultSweepArgs {
+    /// GGUF model (default: the synthetic llama the tests use, Q4_1).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Devices, as --devices.
+    #[arg(long, default_value = "cpu:2")]
+    devices: String,
+    /// Split mode.
+    #[arg(long, value_enum, default_value_t = SplitMode::Layer)]
+    split_mode: SplitMode,
+    /// Pipeline slots (2: another pass is in flight when the fault hits).
+    #[arg(long, default_value_t = 2)]
+    n_copies: usize,
+    /// Tokens per micro-batch.
+    #[arg(long, default_value_t = 16)]
+    ubatch: usize,
+    /// Threads in total.
+    #[arg(short = 't', long, default_value_t = 2)]
+    threads: usize,
+    /// Inject at every N-th op only.
+    #[arg(long, default_value_t = 1)]
+    every: usize,
+    /// Seconds the host waits for a hung device.
+    #[arg(long, default_value_t = 0.5)]
+    wait_timeout: f64,
+    /// Print every faulty run.
+    #[arg(long)]
+    verbose: bool,
+}
+
+#[derive(Args, Debug)]
 struct CostModelArgs {
     /// Width of the residual stream (SmolLM2: 576, Llama 3 8B: 4096).
     #[arg(long)]
@@ -333,6 +368,15 @@ struct RunArgs {
     /// devices); bit-identical.
     #[arg(long, value_enum, default_value_t = AllGather::Concat)]
     all_gather: AllGather,
+    /// Make device D (index in --devices) fail at the OP-th node of its part of the graph:
+    /// KIND alloc (its OP-th buffer allocation), kernel (the op reports an error) or hang
+    /// (its queue never completes; the run times out).
+    #[arg(long, value_name = "D:OP:KIND")]
+    inject_fault: Option<harness::faults::FaultSpec>,
+    /// Seconds the host waits for a device before the run fails with an error naming the
+    /// device and the wait (0: for ever).
+    #[arg(long, value_name = "SECS", default_value_t = 300.0)]
+    wait_timeout: f64,
     /// Tokens per micro-batch: a batch is cut into passes of this many tokens that flow
     /// through the layer split back to back (default: the whole batch in one pass).
     #[arg(long, value_name = "N")]
@@ -412,6 +456,16 @@ impl RunArgs {
             },
             reduce_bf16_min: self.reduce_bf16_min,
             all_gather: self.all_gather,
+            inject_fault: self.inject_fault,
+            wait_timeout: match self.wait_timeout {
+                0.0 => None,
+                t if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+                t => {
+                    return Err(HarnessError::Usage(format!(
+                        "--wait-timeout {t}: expected seconds >= 0"
+                    )))
+                }
+            },
         })
     }
 }
@@ -832,6 +886,76 @@ fn check_tflops(t: f64) -> Result<()> {
     }
 }
 
+fn run_fault_sweep(a: FaultSweepArgs) -> Result<()> {
+    if !(a.wait_timeout.is_finite() && a.wait_timeout > 0.0) {
+        return Err(HarnessError::Usage(format!(
+            "--wait-timeout {}: must be positive",
+            a.wait_timeout
+        )));
+    }
+    let model = match &a.model {
+        Some(p) => harness::model_path(Some(p))?,
+        None => harness::synthetic::cached_model(ggml_core::DType::Q4_1)?,
+    };
+    let cell = harness::regress::Cell {
+        devices: a.devices.parse()?,
+        split: a.split_mode,
+        n_copies: a.n_copies,
+        threads: a.threads,
+        n_ubatch: a.ubatch,
+        reduce_bf16_min: None,
+        all_gather: AllGather::Concat,
+    };
+    let settings = harness::regress::RegressSettings {
+        ppl: harness::perplexity::PplSettings {
+            n_ctx: 48,
+            n_batch: 96,
+            max_chunks: Some(2),
+        },
+        check_races: false,
+        chaos: None,
+        weaken: Vec::new(),
+    };
+    let text = &harness::default_corpus()[..1500];
+    let timeout = std::time::Duration::from_secs_f64(a.wait_timeout);
+    let limit = 20.0 * a.wait_timeout + 30.0;
+    let summary = harness::faults::sweep(
+        &model,
+        text,
+        &cell,
+        &settings,
+        harness::faults::SweepOptions {
+            every: a.every,
+            timeout,
+            limit,
+        },
+        |r, later| {
+            if a.verbose || (r.fired && !(r.named && later == Some(true))) {
+                eprintln!(
+                    "{} fired={} {:.2}s leaked={} later={later:?}: {}",
+                    r.spec,
+                    r.fired,
+                    r.seconds,
+                    r.leaked_bytes,
+                    r.error.as_deref().unwrap_or("no error")
+                );
+            }
+        },
+    )?;
+    println!(
+        "| devices | faults injected | errors reported | hangs | leaks | later runs correct |"
+    );
+    println!("|---|---|---|---|---|---|");
+    println!("{}", summary.row(&a.devices));
+    if summary.clean() {
+        Ok(())
+    } else {
+        Err(HarnessError::Usage(
+            "the fault sweep found problems (see above)".into(),
+        ))
+    }
+}
+
 fn run_cost_model(a: CostModelArgs) -> Result<()> {
     check_tflops(a.tflops)?;
     if a.n_embd == 0 || a.n_ff == 0 || a.tokens == 0 || a.n_q == Some(0) {
@@ -951,6 +1075,7 @@ fn main() -> ExitCode {
         Command::Regress(a) => run_regress(a),
         Command::Plan(a) => run_plan(a),
         Command::CostModel(a) => run_cost_model(a),
+        Command::FaultSweep(a) => run_fault_sweep(a),
         Command::Generate(a) => run_generate(a),
         Command::FetchModel { model } => harness::model_path(Some(std::path::Path::new(&model)))
             .map(|p| println!("{}", p.display())),

@@ -72,6 +72,12 @@ pub struct RunConfig {
     /// How the exact tensor split gathers activations ([`AllGather::Ring`] adds a copy
     /// engine per device).
     pub all_gather: AllGather,
+    /// A fault to inject (`--inject-fault D:OP:KIND`): every device is wrapped in a
+    /// [`ggml_sched::FaultyBackend`], device `D` with this plan.
+    pub inject_fault: Option<crate::faults::FaultSpec>,
+    /// How long the host waits for a device before the run fails with a timeout naming
+    /// it (`--wait-timeout`); `None` waits for ever.
+    pub wait_timeout: Option<std::time::Duration>,
 }
 
 impl RunConfig {
@@ -95,6 +101,8 @@ impl RunConfig {
             n_ubatch: 0,
             reduce_bf16_min: None,
             all_gather: AllGather::Concat,
+            inject_fault: None,
+            wait_timeout: Some(crate::faults::DEFAULT_WAIT_TIMEOUT),
         }
     }
 }
@@ -202,6 +210,8 @@ pub struct Session {
     pub race_log: Option<Arc<ggml_sched::RaceLog>>,
     /// One copy engine per device with [`AllGather::Ring`] (empty otherwise).
     pub engines: Vec<Arc<dyn Backend>>,
+    /// With [`RunConfig::inject_fault`]: the fault wrappers of the devices, in order.
+    pub faulty: Vec<Arc<ggml_sched::FaultyBackend>>,
     _weights: Vec<OwnedBuffer>,
 }
 
@@ -257,6 +267,21 @@ impl Session {
             AllGather::Ring => create_copy_engines(&config, &backends)?,
             AllGather::Concat => Vec::new(),
         };
+        let mut faulty = Vec::new();
+        if let Some(f) = config.inject_fault {
+            if f.device >= backends.len() {
+                return Err(HarnessError::Usage(format!(
+                    "--inject-fault {f}: device {} of {} (--devices counts from 0)",
+                    f.device,
+                    backends.len()
+                )));
+            }
+            faulty = crate::faults::wrap(&backends, f);
+            backends = faulty
+                .iter()
+                .map(|b| b.clone() as Arc<dyn Backend>)
+                .collect();
+        }
         let race_log = config.check_races.then(ggml_sched::RaceLog::new);
         if let Some(log) = &race_log {
             backends = ggml_sched::CheckedBackend::wrap_all(&backends, log);
@@ -289,6 +314,7 @@ impl Session {
             layers,
             race_log,
             engines,
+            faulty,
             _weights: weights,
         })
     }
@@ -318,6 +344,7 @@ impl Session {
             // Ring all-gathers: every copy crosses one link, forwarded round the ring.
             ring: self.config.all_gather == AllGather::Ring
                 && style == ggml_sched::PlanStyle::Minimal,
+            timeout: self.config.wait_timeout,
             ..Default::default()
         };
         SchedExecutor::new(

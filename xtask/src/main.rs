@@ -3,6 +3,7 @@
 //! Commands:
 //! - `all-gather`: the exact tensor split with whole and ring all-gathers side by side;
 //! - `bench-vs-llama`: ggml-harness bench against llama.cpp's llama-bench, alternately;
+//! - `faults`: the fault sweep on CPU and emulated GPUs;
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
 //! - `fetch-model [--model NAME]`: download a known GGUF (SmolLM2 by default, or
 //!   gemma3-270m) into the cache and print its path;
@@ -12,6 +13,7 @@
 
 mod all_gather;
 mod bench_vs_llama;
+mod faults;
 mod fetch;
 mod fuzz;
 mod gen_ci;
@@ -37,6 +39,8 @@ commands:
   ci             format check, clippy, tests (nextest), no_std build of ggml-core,
                  fuzz targets compile, aarch64 check of ggml-cpu, workflows, ptx-check,
                  docs and packaging checks: what CI runs
+  faults         inject every fault kind at every op of a forward pass (cpu:2 and
+                 two cuda-sim GPUs, layer split, two slots): errors, hangs, leaks
   fetch-model [--model NAME]
                  download a known model (smollm2-135m, the default: SmolLM2-135M-
                  Instruct Q4_1; gemma3-270m: Gemma 3 270M Q4_K_M) into
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string())
             .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
         Some("fuzz") => fuzz::fuzz(&workspace_root(), &args[1..]),
+        Some("faults") => faults::faults(&workspace_root(), &args[1..]),
         Some("gen-ci") => gen_ci::gen_ci(&workspace_root(), &args[1..]),
         Some("fetch-model") => fetch_model_cmd(&args[1..]),
         Some("-h" | "--help" | "help") | None => {

@@ -216,6 +216,6 @@ impl Scheduler {
             tr.host(sl);
         }
         self.staging.push(spare);
-        res
+        res.and_then(|()| self.check_devices())
     }
 }

@@ -1,0 +1,386 @@
+//! Faults injected mid-graph (`--inject-fault D:OP:KIND`) and the sweep that injects one
+//! at every op of a forward pass (`ggml-harness fault-sweep`, `cargo xtask faults`).
+//!
+//! Each faulty run must come back as an error naming the device, the op and the cause,
+//! within a time limit (no thread left blocked), with the devices' memory back at its
+//! level before the run; and a new session afterwards must give the bits of a run
+//! without faults.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ggml_core::Backend;
+use ggml_sched::{FaultKind, FaultPlan, FaultyBackend};
+
+use crate::error::{HarnessError, Result};
+use crate::perplexity::perplexity;
+use crate::regress::{Cell, RegressSettings};
+use crate::session::{RunConfig, Session};
+
+/// The default `--wait-timeout`: longer than any pass of the models we run.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `--inject-fault D:OP:KIND`: device `D` (its index in `--devices`) fails at the `OP`-th
+/// node of its part of the graph (for `alloc`: its `OP`-th buffer allocation, counting
+/// the weights' and the KV cache's before the scheduler's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FaultSpec {
+    /// Device index.
+    pub device: usize,
+    /// Node (or allocation) index.
+    pub op: usize,
+    /// What goes wrong.
+    pub kind: FaultKind,
+}
+
+impl fmt::Display for FaultSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.device, self.op, self.kind.name())
+    }
+}
+
+impl FromStr for FaultSpec {
+    type Err = HarnessError;
+
+    fn from_str(s: &str) -> Result<FaultSpec> {
+        let bad = |why: &str| {
+            HarnessError::Usage(format!(
+                "--inject-fault {s:?}: {why} (expected D:OP:KIND, KIND alloc, kernel or hang)"
+            ))
+        };
+        let parts: Vec<&str> = s.split(':').collect();
+        let [d, op, kind] = parts[..] else {
+            return Err(bad("three fields"));
+        };
+        let device = d.parse().map_err(|_| bad("D is not a device index"))?;
+        let op = op.parse().map_err(|_| bad("OP is not a node index"))?;
+        let kind = FaultKind::from_name(kind).ok_or_else(|| bad("unknown KIND"))?;
+        Ok(FaultSpec { device, op, kind })
+    }
+}
+
+/// Every backend of `backends` wrapped, device `spec.device` with the fault.
+pub fn wrap(backends: &[Arc<dyn Backend>], spec: FaultSpec) -> Vec<Arc<FaultyBackend>> {
+    backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let plan = match i == spec.device {
+                true => FaultPlan {
+                    op: spec.op,
+                    kind: spec.kind,
+                },
+                false => FaultPlan {
+                    op: usize::MAX,
+                    kind: FaultKind::Kernel,
+                },
+            };
+            FaultyBackend::new(b.clone(), plan)
+        })
+        .collect()
+}
+
+/// What one faulty run did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultRun {
+    /// The fault.
+    pub spec: FaultSpec,
+    /// Whether it happened (an op index past the device's work never fires).
+    pub fired: bool,
+    /// The error the run returned (one line), if any.
+    pub error: Option<String>,
+    /// Whether the error names the device, the op (or the wait, for a hang) and the cause.
+    pub named: bool,
+    /// Seconds the run took.
+    pub seconds: f64,
+    /// Bytes the devices held after the run beyond their level before it.
+    pub leaked_bytes: usize,
+}
+
+/// One perplexity run of `cell` with `spec` injected; memory is measured with the KV
+/// cache and weights in place, before the run and after its executor is gone.
+pub fn run_with_fault(
+    model: &Path,
+    text: &str,
+    cell: &Cell,
+    s: &RegressSettings,
+    spec: FaultSpec,
+    timeout: Duration,
+) -> Result<FaultRun> {
+    let mut config = RunConfig::simple(
+        cell.devices.clone(),
+        cell.split,
+        cell.n_copies,
+        cell.threads,
+    );
+    config.n_ubatch = cell.n_ubatch;
+    config.chaos = s.chaos;
+    config.wait_timeout = Some(timeout);
+    config.inject_fault = Some(spec);
+    let t0 = Instant::now();
+    let session = Session::open(model, config);
+    let session = match session {
+        Ok(s) => s,
+        // The weights' allocations: the fault fired before any run.
+        Err(e) => {
+            return Ok(FaultRun {
+                spec,
+                fired: true,
+                named: names_fault(&e.to_string(), spec, None),
+                error: Some(e.to_string()),
+                seconds: t0.elapsed().as_secs_f64(),
+                leaked_bytes: 0,
+            })
+        }
+    };
+    let tokens = session.tokenizer.encode(text);
+    let bos = session
+        .tokenizer
+        .add_bos()
+        .then(|| session.tokenizer.bos())
+        .flatten();
+    let n_seq = (s.ppl.n_batch / s.ppl.n_ctx).max(1);
+    let device_name = session.backends[spec.device].name().as_str().to_string();
+    let result = (|| -> Result<()> {
+        let mut kv = session.kv_cache(s.ppl.n_ctx * n_seq)?;
+        let level: Vec<usize> = session.faulty.iter().map(|f| f.live_bytes()).collect();
+        let r = {
+            let mut exec = session.executor()?;
+            let r = perplexity(
+                &session.model,
+                exec.as_mut(),
+                &mut kv,
+                &tokens,
+                bos,
+                s.ppl,
+                |_, _, _| {},
+            );
+            // Having given up on a hung device, reset it (as a GPU context is reset)
+            // before its scheduler frees the memory it may still touch; then no thread
+            // stays blocked.
+            for f in &session.faulty {
+                f.release();
+            }
+            r
+        };
+        let after: Vec<usize> = session.faulty.iter().map(|f| f.live_bytes()).collect();
+        let leaked: usize = after
+            .iter()
+            .zip(&level)
+            .map(|(a, l)| a.saturating_sub(*l))
+            .sum();
+        if leaked > 0 {
+            return Err(HarnessError::Usage(format!("leaked {leaked} bytes")));
+        }
+        r.map(|_| ())
+    })();
+    let fired = session.faulty[spec.device].fired();
+    let seconds = t0.elapsed().as_secs_f64();
+    let (error, leaked_bytes) = match &result {
+        Ok(()) => (None, 0),
+        Err(e) => {
+            let e = e.to_string();
+            let leaked = e
+                .strip_prefix("leaked ")
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            (Some(e), leaked)
+        }
+    };
+    let named = error
+        .as_deref()
+        .is_some_and(|e| names_fault(e, spec, Some(&device_name)));
+    Ok(FaultRun {
+        spec,
+        fired,
+        error,
+        named,
+        seconds,
+        leaked_bytes,
+    })
+}
+
+/// Whether the error `e` names the device, the op (for a hang: the wait and the device's
+/// last work) and the cause of `spec`.
+fn names_fault(e: &str, spec: FaultSpec, device: Option<&str>) -> bool {
+    let device_ok = device.is_none_or(|d| e.contains(d));
+    let cause_ok = match spec.kind {
+        FaultKind::Alloc => e.contains("injected allocation failure"),
+        FaultKind::Kernel => e.contains("injected kernel fault") && e.contains(" on '"),
+        FaultKind::Hang => e.contains("timed out") && e.contains("its last work: split "),
+    };
+    device_ok && cause_ok && !e.contains('\n')
+}
+
+/// Nodes each device computes in one pass of `cell` (the sweep's op range).
+pub fn ops_per_device(model: &Path, cell: &Cell, s: &RegressSettings) -> Result<Vec<usize>> {
+    let mut config = RunConfig::simple(
+        cell.devices.clone(),
+        cell.split,
+        cell.n_copies,
+        cell.threads,
+    );
+    config.n_ubatch = cell.n_ubatch;
+    let session = Session::open(model, config)?;
+    let n_seq = (s.ppl.n_batch / s.ppl.n_ctx).max(1);
+    let mut kv = session.kv_cache(s.ppl.n_ctx * n_seq)?;
+    let mut exec = session.sched_executor(ggml_sched::PlanStyle::Minimal)?;
+    let mut batch = crate::batch::Batch::default();
+    let n = match cell.n_ubatch {
+        0 => s.ppl.n_ctx,
+        u => u.min(s.ppl.n_ctx),
+    };
+    for i in 0..n {
+        batch.push(0, i as i32, 0, true);
+    }
+    exec.prepare(&session.model, &mut kv, &batch)?;
+    let part = exec
+        .scheduler()
+        .partition()
+        .ok_or_else(|| HarnessError::Usage("the scheduler made no partition".into()))?;
+    let mut counts = vec![0; session.backends.len()];
+    for sp in &part.splits {
+        counts[sp.backend] += sp.nodes.len();
+    }
+    Ok(counts)
+}
+
+/// Allocations the sweep tries per device (weights, KV cache, compute and staging
+/// buffers).
+pub const SWEEP_ALLOCS: usize = 6;
+
+/// How a [`sweep`] samples and waits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SweepOptions {
+    /// Inject at every `every`-th op.
+    pub every: usize,
+    /// How long the host waits for a hung device.
+    pub timeout: Duration,
+    /// Seconds a faulty run may take before it counts as a hang.
+    pub limit: f64,
+}
+
+/// Injects every fault kind at every `o.every`-th op of every device of `cell` (and at
+/// each of the first [`SWEEP_ALLOCS`] allocations), each run followed by a clean run on
+/// fresh backends that must give the bits of a run without faults. `on_run` sees each
+/// faulty run and whether its later run was correct.
+pub fn sweep(
+    model: &Path,
+    text: &str,
+    cell: &Cell,
+    s: &RegressSettings,
+    o: SweepOptions,
+    mut on_run: impl FnMut(&FaultRun, Option<bool>),
+) -> Result<SweepSummary> {
+    let (every, timeout, limit) = (o.every, o.timeout, o.limit);
+    let reference = crate::regress::run_cell(model, text, cell, s)?.logits_sha256;
+    let ops = ops_per_device(model, cell, s)?;
+    let mut summary = SweepSummary::default();
+    for kind in FaultKind::ALL {
+        for (device, &n_ops) in ops.iter().enumerate() {
+            let n = match kind {
+                FaultKind::Alloc => SWEEP_ALLOCS,
+                _ => n_ops,
+            };
+            for op in (0..n).step_by(every.max(1)) {
+                let spec = FaultSpec { device, op, kind };
+                let r = run_with_fault(model, text, cell, s, spec, timeout)?;
+                summary.add(&r, limit);
+                let mut later = None;
+                if r.fired {
+                    let again = crate::regress::run_cell(model, text, cell, s)?;
+                    let ok = again.logits_sha256 == reference;
+                    summary.later_runs += 1;
+                    summary.later_correct += usize::from(ok);
+                    later = Some(ok);
+                }
+                on_run(&r, later);
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// The sweep's counts, the closing note's table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepSummary {
+    /// Runs with a fault that happened.
+    pub injected: usize,
+    /// Of those, runs that returned an error naming device, op and cause.
+    pub reported: usize,
+    /// Runs that took longer than the limit (a hang not turned into an error).
+    pub hangs: usize,
+    /// Runs that left memory behind.
+    pub leaks: usize,
+    /// Clean runs after a faulty one that gave the expected bits.
+    pub later_correct: usize,
+    /// Clean runs after a faulty one.
+    pub later_runs: usize,
+}
+
+impl SweepSummary {
+    /// Adds a faulty run (`limit`: seconds a run may take).
+    pub fn add(&mut self, r: &FaultRun, limit: f64) {
+        if !r.fired {
+            return;
+        }
+        self.injected += 1;
+        self.reported += usize::from(r.error.is_some() && r.named);
+        self.hangs += usize::from(r.seconds > limit);
+        self.leaks += usize::from(r.leaked_bytes > 0);
+    }
+
+    /// Whether every fault was reported, nothing hung or leaked, and every later run
+    /// was correct.
+    pub fn clean(&self) -> bool {
+        self.reported == self.injected
+            && self.hangs == 0
+            && self.leaks == 0
+            && self.later_correct == self.later_runs
+    }
+
+    /// A Markdown table row: `| devices | injected | reported | hangs | leaks | later correct |`.
+    pub fn row(&self, devices: &str) -> String {
+        format!(
+            "| {devices} | {} | {} | {} | {} | {}/{} |",
+            self.injected,
+            self.reported,
+            self.hangs,
+            self.leaks,
+            self.later_correct,
+            self.later_runs
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_or_say_why() {
+        let s: FaultSpec = "1:17:hang".parse().unwrap();
+        assert_eq!(
+            s,
+            FaultSpec {
+                device: 1,
+                op: 17,
+                kind: FaultKind::Hang
+            }
+        );
+        assert_eq!(s.to_string(), "1:17:hang");
+        for (bad, why) in [
+            ("1:2", "three fields"),
+            ("x:2:alloc", "D is not"),
+            ("0:-1:alloc", "OP is not"),
+            ("0:1:boom", "unknown KIND"),
+        ] {
+            let e = bad.parse::<FaultSpec>().unwrap_err().to_string();
+            assert!(e.contains(why) && !e.contains('\n'), "{e}");
+        }
+    }
+}
