@@ -174,8 +174,11 @@ impl FaultyBackend {
         node: TensorId,
     ) -> BackendError {
         let t = &tensors[node.index()];
-        BackendError::new(BackendErrorKind::Device, self.inner.name(), detail)
-            .at(t.op.name(), t.name)
+        let name = match t.name.is_empty() {
+            true => Name::new(&format!("#{}", node.0)),
+            false => t.name,
+        };
+        BackendError::new(BackendErrorKind::Device, self.inner.name(), detail).at(t.op.name(), name)
     }
 }
 

@@ -203,6 +203,7 @@ pub fn build_forward(
     }
     b.layer = None;
     let cur = b.ctx.get_rows(x, inp.out_ids)?;
+    let cur = b.node(cur, "result_rows")?;
     let (_, cur) = blocks::norm(
         &mut b,
         cur,
