@@ -8,6 +8,7 @@ use ggml_core::Backend;
 use crate::devices::{DeviceList, DeviceSpec};
 use crate::error::{HarnessError, Result};
 use crate::executor::{Executor, SchedExecutor};
+use crate::faults;
 use crate::gguf_file::GgufFile;
 use crate::model::Model;
 use crate::placement::{place_weights, KvCache, LayerMap, OwnedBuffer};
@@ -224,6 +225,33 @@ impl std::fmt::Debug for Session {
             self.config.devices,
             self.backends.len()
         )
+    }
+}
+
+impl Drop for Session {
+    /// Waits for every queue before the fields go: the mapped file and the weights and
+    /// KV buffers must outlive any kernel still reading them (a scheduler that gave up on
+    /// a device leaves its queues running). A queue that does not finish within the wait
+    /// timeout is waited for without one: blocking is safe, unmapping under it is not.
+    fn drop(&mut self) {
+        // Injected hangs end with the session (as a device is reset).
+        for f in &self.faulty {
+            f.release();
+        }
+        let t = self
+            .config
+            .wait_timeout
+            .unwrap_or(faults::DEFAULT_WAIT_TIMEOUT);
+        for b in self.backends.iter().chain(&self.engines) {
+            if matches!(b.synchronize_timeout(t), Ok(false)) {
+                eprintln!(
+                    "ggml-harness: {} did not finish in {:.0} s; waiting for it before unmapping the model",
+                    b.name(),
+                    t.as_secs_f64()
+                );
+                let _ = b.synchronize();
+            }
+        }
     }
 }
 
