@@ -64,6 +64,15 @@ impl OwnedBuffer {
 
 impl Drop for OwnedBuffer {
     fn drop(&mut self) {
+        // Never free bytes a kernel may still read: a scheduler that gave up on a device
+        // leaves its queue running. If the queue does not drain within a second the
+        // buffer is left allocated (a leak is safe, a free under a kernel is not).
+        if matches!(
+            self.backend.synchronize_timeout(std::time::Duration::from_secs(1)),
+            Ok(false)
+        ) {
+            return;
+        }
         // Nothing useful can be done about a failure while dropping; the backend logs it.
         let _ = self.backend.free_buffer(self.info.id);
     }
