@@ -144,8 +144,10 @@ impl FaultyBackend {
         lock(&self.error).map_or(Ok(()), Err)
     }
 
-    /// Blocks while hung (until released or `timeout`); `Ok(false)` on timeout.
-    fn wait_hang(&self, timeout: Option<Duration>) -> BackendResult<bool> {
+    /// Blocks while hung (until released or `timeout`); `false` on timeout. It reports no
+    /// error: the caller waits for the inner queue first (a queue that failed may still
+    /// be running, and nobody may free what it uses before it stopped).
+    fn wait_hang(&self, timeout: Option<Duration>) -> bool {
         let mut h = lock(&self.hang);
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         while h.hung && !h.released {
@@ -154,7 +156,7 @@ impl FaultyBackend {
                 Some(d) => {
                     let now = std::time::Instant::now();
                     if now >= d {
-                        return Ok(false);
+                        return false;
                     }
                     self.wake
                         .wait_timeout(h, d - now)
@@ -163,8 +165,7 @@ impl FaultyBackend {
                 }
             };
         }
-        drop(h);
-        self.sticky().map(|()| true)
+        true
     }
 
     fn fault_error(
@@ -254,8 +255,9 @@ impl Backend for FaultyBackend {
         self.inner.set_tensor_async(tensor, offset, data)
     }
     fn get_tensor(&self, tensor: &Tensor, offset: usize, out: &mut [u8]) -> BackendResult<()> {
-        self.wait_hang(None)?;
-        self.inner.get_tensor(tensor, offset, out)
+        self.wait_hang(None);
+        self.inner.get_tensor(tensor, offset, out)?;
+        self.sticky()
     }
     fn cpy_tensor_async(
         &self,
@@ -321,15 +323,12 @@ impl Backend for FaultyBackend {
         self.inner.pending_error()
     }
     fn synchronize(&self) -> BackendResult<()> {
-        self.wait_hang(None)?;
+        self.wait_hang(None);
         self.inner.synchronize()?;
         self.sticky()
     }
     fn synchronize_timeout(&self, timeout: Duration) -> BackendResult<bool> {
-        if !self.wait_hang(Some(timeout))? {
-            return Ok(false);
-        }
-        if !self.inner.synchronize_timeout(timeout)? {
+        if !self.wait_hang(Some(timeout)) || !self.inner.synchronize_timeout(timeout)? {
             return Ok(false);
         }
         self.sticky().map(|()| true)
@@ -367,15 +366,14 @@ impl Backend for FaultyBackend {
         self.inner.can_wait_on(unwrap(owner))
     }
     fn event_synchronize(&self, event: EventId) -> BackendResult<()> {
-        self.wait_hang(None)?;
+        self.wait_hang(None);
         self.inner.event_synchronize(event)?;
         self.sticky()
     }
     fn event_synchronize_timeout(&self, event: EventId, timeout: Duration) -> BackendResult<bool> {
-        if !self.wait_hang(Some(timeout))? {
-            return Ok(false);
-        }
-        if !self.inner.event_synchronize_timeout(event, timeout)? {
+        if !self.wait_hang(Some(timeout))
+            || !self.inner.event_synchronize_timeout(event, timeout)?
+        {
             return Ok(false);
         }
         self.sticky().map(|()| true)
