@@ -68,7 +68,8 @@ impl Drop for OwnedBuffer {
         // leaves its queue running. If the queue does not drain within a second the
         // buffer is left allocated (a leak is safe, a free under a kernel is not).
         if matches!(
-            self.backend.synchronize_timeout(std::time::Duration::from_secs(1)),
+            self.backend
+                .synchronize_timeout(std::time::Duration::from_secs(1)),
             Ok(false)
         ) {
             return;
