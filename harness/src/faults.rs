@@ -18,7 +18,7 @@ use ggml_sched::{FaultKind, FaultPlan, FaultyBackend};
 use crate::error::{HarnessError, Result};
 use crate::perplexity::perplexity;
 use crate::regress::{Cell, RegressSettings};
-use crate::session::{RunConfig, Session};
+use crate::session::Session;
 
 /// The default `--wait-timeout`: longer than any pass of the models we run.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -110,13 +110,7 @@ pub fn run_with_fault(
     spec: FaultSpec,
     timeout: Duration,
 ) -> Result<FaultRun> {
-    let mut config = RunConfig::simple(
-        cell.devices.clone(),
-        cell.split,
-        cell.n_copies,
-        cell.threads,
-    );
-    config.n_ubatch = cell.n_ubatch;
+    let mut config = cell.config();
     config.chaos = s.chaos;
     config.wait_timeout = Some(timeout);
     config.inject_fault = Some(spec);
@@ -218,14 +212,7 @@ fn names_fault(e: &str, spec: FaultSpec, device: Option<&str>) -> bool {
 
 /// Nodes each device computes in one pass of `cell` (the sweep's op range).
 pub fn ops_per_device(model: &Path, cell: &Cell, s: &RegressSettings) -> Result<Vec<usize>> {
-    let mut config = RunConfig::simple(
-        cell.devices.clone(),
-        cell.split,
-        cell.n_copies,
-        cell.threads,
-    );
-    config.n_ubatch = cell.n_ubatch;
-    let session = Session::open(model, config)?;
+    let session = Session::open(model, cell.config())?;
     let n_seq = (s.ppl.n_batch / s.ppl.n_ctx).max(1);
     let mut kv = session.kv_cache(s.ppl.n_ctx * n_seq)?;
     let mut exec = session.sched_executor(ggml_sched::PlanStyle::Minimal)?;

@@ -28,6 +28,22 @@ pub struct Cell {
     pub all_gather: AllGather,
 }
 
+impl Cell {
+    /// The run configuration of the cell (no checker, chaos or weakened rules).
+    pub fn config(&self) -> RunConfig {
+        let mut config = RunConfig::simple(
+            self.devices.clone(),
+            self.split,
+            self.n_copies,
+            self.threads,
+        );
+        config.n_ubatch = self.n_ubatch;
+        config.reduce_bf16_min = self.reduce_bf16_min;
+        config.all_gather = self.all_gather;
+        config
+    }
+}
+
 /// What one cell measured.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct CellResult {
@@ -73,18 +89,10 @@ pub struct RegressSettings {
 /// Runs one cell.
 pub fn run_cell(model: &Path, text: &str, cell: &Cell, s: &RegressSettings) -> Result<CellResult> {
     let t0 = Instant::now();
-    let mut config = RunConfig::simple(
-        cell.devices.clone(),
-        cell.split,
-        cell.n_copies,
-        cell.threads,
-    );
+    let mut config = cell.config();
     config.check_races = s.check_races;
     config.chaos = s.chaos;
     config.weaken = s.weaken.clone();
-    config.n_ubatch = cell.n_ubatch;
-    config.reduce_bf16_min = cell.reduce_bf16_min;
-    config.all_gather = cell.all_gather;
     let session = Session::open(model, config)?;
     let tokens = session.tokenizer.encode(text);
     let bos = session
