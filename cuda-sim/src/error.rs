@@ -21,11 +21,17 @@ pub enum ErrorCode {
     InvalidContext = 201,
     /// `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`.
     PeerAccessUnsupported = 217,
+    /// `CUDA_ERROR_NVLINK_UNCORRECTABLE`: a copy between devices hit an uncorrectable
+    /// link error. Sticky in cuda-sim (the context that ran the copy is unusable).
+    NvlinkUncorrectable = 220,
     /// `CUDA_ERROR_INVALID_PTX`: the PTX did not parse (the log names file and line).
     InvalidPtx = 218,
     /// `CUDA_ERROR_INVALID_HANDLE`: a stream, event, module or function that does not
     /// exist (or was destroyed).
     InvalidHandle = 400,
+    /// `CUDA_ERROR_ILLEGAL_STATE`: a resource the call needs is not in a state that
+    /// allows it.
+    IllegalState = 401,
     /// `CUDA_ERROR_NOT_FOUND`: e.g. a kernel name missing from its module.
     NotFound = 500,
     /// `CUDA_ERROR_NOT_READY`: an event or stream query found work still pending.
@@ -61,8 +67,10 @@ impl ErrorCode {
             ErrorCode::InvalidDevice => "CUDA_ERROR_INVALID_DEVICE",
             ErrorCode::InvalidContext => "CUDA_ERROR_INVALID_CONTEXT",
             ErrorCode::PeerAccessUnsupported => "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+            ErrorCode::NvlinkUncorrectable => "CUDA_ERROR_NVLINK_UNCORRECTABLE",
             ErrorCode::InvalidPtx => "CUDA_ERROR_INVALID_PTX",
             ErrorCode::InvalidHandle => "CUDA_ERROR_INVALID_HANDLE",
+            ErrorCode::IllegalState => "CUDA_ERROR_ILLEGAL_STATE",
             ErrorCode::NotFound => "CUDA_ERROR_NOT_FOUND",
             ErrorCode::NotReady => "CUDA_ERROR_NOT_READY",
             ErrorCode::IllegalAddress => "CUDA_ERROR_ILLEGAL_ADDRESS",
@@ -85,6 +93,7 @@ impl ErrorCode {
                 | ErrorCode::IllegalInstruction
                 | ErrorCode::MisalignedAddress
                 | ErrorCode::LaunchFailed
+                | ErrorCode::NvlinkUncorrectable
         )
     }
 }

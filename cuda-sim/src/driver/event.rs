@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::ops::Op;
 use super::stream::Dep;
-use super::{lock, read, write, Driver, EventHandle, StreamHandle};
+use super::{lock, read, write, Driver, EventHandle, InjectedError, StreamHandle};
 use crate::error::{CuError, ErrorCode};
 
 /// One event.
@@ -58,6 +58,13 @@ impl Driver {
             ));
         }
         self.check_sticky(st.dev)?;
+        if let Some(e) = self.take_injected(
+            InjectedError::Event,
+            |d| d == st.dev,
+            &format!("cuEventRecord of event {} on stream {}", e.0, s.0),
+        ) {
+            return Err(e);
+        }
         // A marker operation, so that the legacy stream's implicit ordering applies to
         // the record like to any other operation.
         let seq = self.enqueue(&st, Vec::new(), Op::Marker)?;
@@ -99,6 +106,13 @@ impl Driver {
         let ev = self.event_of(e)?;
         self.check_sticky(st.dev)?;
         self.check_sticky(ev.dev)?;
+        if let Some(e) = self.take_injected(
+            InjectedError::Event,
+            |d| d == st.dev,
+            &format!("cuStreamWaitEvent of stream {} on event {}", s.0, e.0),
+        ) {
+            return Err(e);
+        }
         let dep = lock(&ev.last).clone();
         match dep {
             Some(d) if !d.is_done() => self.enqueue(&st, vec![d], Op::Marker).map(|_| ()),

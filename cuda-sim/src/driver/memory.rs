@@ -213,6 +213,25 @@ impl DeviceMemory {
         }
     }
 
+    /// Frees every live allocation (a context destroyed with memory still allocated),
+    /// leaving tombstones; the bytes freed.
+    pub(crate) fn reclaim_all(&self) -> u64 {
+        let mut bump = lock(&self.bump);
+        let mut live = write(&self.live);
+        let map = std::mem::take(Arc::make_mut(&mut *live));
+        let mut freed = write(&self.freed);
+        let mut bytes = 0;
+        for (base, a) in map {
+            let len = a.bytes.len() as u64;
+            freed.insert(base, base + len);
+            bytes += len;
+        }
+        drop(freed);
+        drop(live);
+        bump.used -= bytes;
+        bytes
+    }
+
     /// A snapshot of the live allocations.
     pub(crate) fn snapshot(&self) -> Arc<LiveMap> {
         read(&self.live).clone()

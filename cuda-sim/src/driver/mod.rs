@@ -8,7 +8,10 @@
 //!   run concurrently. The legacy NULL stream of each context orders against the
 //!   context's blocking streams, not against non-blocking ones.
 //! - Events capture a stream's position; waits on them order streams, of any devices.
-//! - A kernel fault poisons its device's context: the error is sticky, as on a GPU.
+//! - A kernel fault poisons its device's context: the error is sticky, as on a GPU,
+//!   until the context is reset (by its last user's release, or on request).
+//! - Injected errors ([`Driver::inject_error`]): the errors a GPU returns on its own, on
+//!   request, at a chosen point.
 //! - Chaos ([`Driver::set_chaos`]): seeded random delays before stream operations make
 //!   missing synchronisation visible as wrong results.
 //!
@@ -18,11 +21,13 @@
 mod chaos;
 mod config;
 mod event;
+mod inject;
 mod memory;
 mod module;
 mod ops;
 mod order;
 mod pinned;
+mod primary;
 mod shared;
 mod stream;
 mod transfer;
@@ -36,6 +41,7 @@ pub use config::{
     default_threads, parse_checks, parse_size, SimConfig, DEFAULT_DEVICES, DEFAULT_MEMORY,
     MAX_DEVICES,
 };
+pub use inject::InjectedError;
 pub use memory::{device_of, ADDRESS_BASE, ALLOC_ALIGN, RED_ZONE, WINDOW_SHIFT};
 pub use module::{
     DEFAULT_MAX_DYNAMIC_SHARED, MAX_BLOCK_DIM, MAX_GRID_DIM, MAX_SHARED_PER_BLOCK,
@@ -135,6 +141,7 @@ impl Driver {
                 .collect(),
             pinned: PinnedHeap::new(),
             faults: Mutex::new(Vec::new()),
+            injected: Mutex::new(Vec::new()),
             warp_instructions: AtomicU64::new(0),
             chaos: ChaosControl::new(cfg.chaos_seed),
             cfg,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::ops::{LaunchOp, Op};
 use super::stream::panic_text;
-use super::{lock, read, write, Driver, FunctionHandle, ModuleHandle, StreamHandle};
+use super::{lock, read, write, Driver, FunctionHandle, InjectedError, ModuleHandle, StreamHandle};
 use crate::error::{CuError, ErrorCode};
 use crate::exec::LaunchConfig;
 use crate::ptx::{self, Param};
@@ -224,17 +224,33 @@ impl Driver {
                 )));
             }
         }
-        let op = LaunchOp {
-            module: Arc::clone(&func.module),
-            kernel: name.clone(),
-            cfg: LaunchConfig {
-                grid,
-                block,
-                dynamic_shared: shared,
-            },
-            args: args.iter().map(|a| a.to_vec()).collect(),
+        let on_dev = |d: usize| d == st.dev;
+        let what = format!("kernel {name} of {}", func.module.file);
+        if let Some(e) = self.take_injected(
+            InjectedError::Launch,
+            on_dev,
+            &format!("cuLaunchKernel of {what}"),
+        ) {
+            return Err(e);
+        }
+        let op = match self.take_injected(
+            InjectedError::IllegalAddress,
+            on_dev,
+            &format!("{what} accessed an illegal address"),
+        ) {
+            Some(e) => Op::Fail(e),
+            None => Op::Launch(Box::new(LaunchOp {
+                module: Arc::clone(&func.module),
+                kernel: name.clone(),
+                cfg: LaunchConfig {
+                    grid,
+                    block,
+                    dynamic_shared: shared,
+                },
+                args: args.iter().map(|a| a.to_vec()).collect(),
+            })),
         };
-        self.enqueue(&st, Vec::new(), Op::Launch(Box::new(op)))?;
+        self.enqueue(&st, Vec::new(), op)?;
         Ok(())
     }
 }

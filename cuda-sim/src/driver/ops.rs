@@ -75,6 +75,9 @@ pub(crate) enum Op {
     },
     /// A kernel.
     Launch(Box<LaunchOp>),
+    /// An operation that fails with this sticky error when it runs (an injected error
+    /// in place of a launch or a copy).
+    Fail(CuError),
 }
 
 impl Op {
@@ -87,6 +90,7 @@ impl Op {
             | Op::DtoD { api, .. }
             | Op::Memset { api, .. } => api.to_string(),
             Op::Launch(l) => format!("kernel {} of {}", l.kernel, l.module.file),
+            Op::Fail(e) => e.detail.clone(),
         }
     }
 }
@@ -97,6 +101,8 @@ pub(crate) enum Failure {
     Fault(Box<KernelFault>),
     /// A launch the interpreter refused: returned by the next synchronize, not sticky.
     Deferred(CuError),
+    /// An error of the operation itself ([`Op::Fail`]): poisons the context.
+    Sticky(CuError),
 }
 
 /// A fault of the copy engine, reported like a kernel's.
@@ -148,6 +154,7 @@ fn pinned_gone(api: &str, p: HostPtr, len: usize) -> Failure {
 pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure> {
     match op {
         Op::Marker => Ok(()),
+        Op::Fail(e) => Err(Failure::Sticky(e)),
         Op::HtoD { dst, src, api } => match src {
             HostSrc::Staged(bytes) => {
                 let a = device_range(shared, api, dst, bytes.len())?;

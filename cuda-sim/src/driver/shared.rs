@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::chaos::ChaosControl;
 use super::config::SimConfig;
+use super::inject::Armed;
 use super::lock;
 use super::memory::{device_of, Allocation, DeviceMemory};
 use super::pinned::PinnedHeap;
@@ -27,6 +28,10 @@ pub(crate) struct Context {
     /// The blocking streams (created without `CU_STREAM_NON_BLOCKING`): the legacy
     /// stream orders against them.
     pub(crate) blocking: Mutex<Vec<Arc<StreamShared>>>,
+    /// Users that retained the primary context.
+    pub(crate) retained: Mutex<usize>,
+    /// Bytes that resets freed because they were still allocated.
+    pub(crate) reclaimed: AtomicU64,
 }
 
 impl Context {
@@ -37,7 +42,18 @@ impl Context {
             peers: Mutex::new(vec![false; devices]),
             legacy,
             blocking: Mutex::new(Vec::new()),
+            retained: Mutex::new(0),
+            reclaimed: AtomicU64::new(0),
         }
+    }
+
+    /// Back to a fresh context's state: no sticky error, no peer access.
+    pub(crate) fn clear(&self) {
+        let mut s = lock(&self.sticky);
+        *s = None;
+        self.poisoned.store(false, Ordering::Release);
+        drop(s);
+        lock(&self.peers).iter_mut().for_each(|p| *p = false);
     }
 
     /// Enables access to `peer`'s memory; false if it already was.
@@ -58,6 +74,8 @@ pub(crate) struct Shared {
     pub(crate) contexts: Vec<Context>,
     pub(crate) pinned: PinnedHeap,
     pub(crate) faults: Mutex<Vec<KernelFault>>,
+    /// Armed injections, in the order they were armed.
+    pub(crate) injected: Mutex<Vec<Armed>>,
     pub(crate) warp_instructions: AtomicU64,
     pub(crate) chaos: ChaosControl,
 }

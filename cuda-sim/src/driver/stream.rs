@@ -223,6 +223,10 @@ fn run_worker(stream: Arc<StreamShared>, shared: Arc<Shared>) {
             match catch_unwind(AssertUnwindSafe(|| ops::execute(&shared, stream.dev, op))) {
                 Ok(Ok(())) => {}
                 Ok(Err(Failure::Fault(f))) => shared.report_fault(stream.dev, *f),
+                Ok(Err(Failure::Sticky(e))) => {
+                    eprintln!("cuda-sim: device {}: {e}", stream.dev);
+                    shared.poison(stream.dev, e);
+                }
                 Ok(Err(Failure::Deferred(e))) => {
                     eprintln!("cuda-sim: device {}: {what} failed: {e}", stream.dev);
                     deferred = Some(e);

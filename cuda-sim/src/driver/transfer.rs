@@ -18,7 +18,7 @@ use super::memory::device_of;
 use super::ops::{HostDst, HostSrc, Op};
 use super::pinned::HostPtr;
 use super::stream::StreamShared;
-use super::{Driver, StreamHandle};
+use super::{Driver, InjectedError, StreamHandle};
 use crate::error::{CuError, ErrorCode};
 use crate::mem::MemError;
 
@@ -263,19 +263,37 @@ impl Driver {
         if len == 0 {
             return Ok(());
         }
-        self.device_range(src, len, API)?;
-        self.device_range(dst, len, API)?;
-        self.enqueue(
-            &st,
-            Vec::new(),
-            Op::DtoD {
-                dst,
-                src,
-                len,
-                api: API,
-            },
-        )
-        .map(|_| ())
+        let src_dev = self.device_range(src, len, API)?;
+        let dst_dev = self.device_range(dst, len, API)?;
+        let op = self.dtod_op(API, dst, dst_dev, src, src_dev, len);
+        self.enqueue(&st, Vec::new(), op).map(|_| ())
+    }
+
+    /// The copy, or the injected failure of a copy between two devices.
+    fn dtod_op(
+        &self,
+        api: &'static str,
+        dst: u64,
+        dst_dev: usize,
+        src: u64,
+        src_dev: usize,
+        len: usize,
+    ) -> Op {
+        let injected = (src_dev != dst_dev)
+            .then(|| {
+                self.take_injected(
+                    InjectedError::PeerCopy,
+                    |d| d == src_dev || d == dst_dev,
+                    &format!(
+                        "{api} of {len} bytes from device {src_dev} to device {dst_dev} hit an uncorrectable link error"
+                    ),
+                )
+            })
+            .flatten();
+        match injected {
+            Some(e) => Op::Fail(e),
+            None => Op::DtoD { dst, src, len, api },
+        }
     }
 
     /// Enqueues a copy from device `src_dev`'s memory to device `dst_dev`'s on `s`.
@@ -305,17 +323,8 @@ impl Driver {
                 ));
             }
         }
-        self.enqueue(
-            &st,
-            Vec::new(),
-            Op::DtoD {
-                dst,
-                src,
-                len,
-                api: API,
-            },
-        )
-        .map(|_| ())
+        let op = self.dtod_op(API, dst, dst_dev, src, src_dev, len);
+        self.enqueue(&st, Vec::new(), op).map(|_| ())
     }
 
     /// Enqueues a byte fill of `len` bytes at `dst` on `s`.

@@ -90,14 +90,19 @@ impl Api for Sim {
     }
 
     fn open(&self, ordinal: usize) -> Result<Opened, CuError> {
-        Ok(Opened {
+        let opened = Opened {
             ctx: Ctx(ordinal as u64),
             name: self.drv.device_name(ordinal).map_err(conv)?,
             cc: self.drv.compute_capability(ordinal).map_err(conv)?,
-        })
+        };
+        self.drv.primary_ctx_retain(ordinal).map_err(conv)?;
+        Ok(opened)
     }
 
-    fn release(&self, _ordinal: usize, _ctx: Ctx) {}
+    fn release(&self, ordinal: usize, _ctx: Ctx) {
+        // The last release resets the context (a poisoned one becomes usable again).
+        let _ = self.drv.primary_ctx_release(ordinal);
+    }
 
     fn bind(&self, ctx: Ctx) -> Result<(), CuError> {
         // Every call names its device explicitly; binding only reports a poisoned context,
