@@ -577,15 +577,20 @@ impl Backend for CudaBackend {
     }
 
     fn free_buffer(&self, buffer: BufferId) -> BackendResult<()> {
-        self.bind()?;
+        // A poisoned context (a sticky error) still frees: the buffer leaves this backend,
+        // and whatever the driver keeps of it goes with the context's reset when its last
+        // user releases it. Reporting the sticky error here again would only make callers
+        // keep the buffer's accounting for memory that is gone.
+        let healthy = self.bind().is_ok();
         let mut st = lock(&self.state);
         self.buffer_range(&st, buffer, 0, 0)?;
         let (p, _) = st.buffers.remove(&buffer.index).unwrap_or((0, 0));
         // The caller guarantees no queued use.
-        self.dev
-            .api
-            .mem_free(self.dev.ctx, p)
-            .map_err(|e| self.cu(e))
+        let freed = self.dev.api.mem_free(self.dev.ctx, p);
+        match healthy {
+            true => freed.map_err(|e| self.cu(e)),
+            false => Ok(()),
+        }
     }
 
     fn buffer_set(&self, buffer: BufferId, offset: usize, data: &[u8]) -> BackendResult<()> {

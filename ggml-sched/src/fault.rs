@@ -28,7 +28,16 @@ pub enum FaultKind {
     Kernel,
     /// The backend's queue stops at the `op`-th node and never completes.
     Hang,
+    /// The [`Trigger`] given to [`FaultyBackend::with_trigger`] runs just before the
+    /// `op`-th node is submitted: it arms a fault in the layer below (an emulated
+    /// driver's), whose error comes back through the wrapped backend as that layer
+    /// reports it. Not in [`FaultKind::ALL`]: it needs a trigger.
+    Trigger,
 }
+
+/// What a [`FaultKind::Trigger`] plan runs: given the node about to be submitted and its
+/// index among the backend's nodes.
+pub type Trigger = Box<dyn Fn(&Tensor, usize) + Send + Sync>;
 
 impl FaultKind {
     /// Every kind.
@@ -40,6 +49,7 @@ impl FaultKind {
             FaultKind::Alloc => "alloc",
             FaultKind::Kernel => "kernel",
             FaultKind::Hang => "hang",
+            FaultKind::Trigger => "trigger",
         }
     }
 
@@ -77,6 +87,7 @@ pub struct FaultyBackend {
     wake: Condvar,
     fired: AtomicBool,
     bytes: Mutex<Vec<(BufferId, usize)>>,
+    trigger: Option<Trigger>,
 }
 
 impl fmt::Debug for FaultyBackend {
@@ -103,7 +114,25 @@ fn unwrap(b: &dyn Backend) -> &dyn Backend {
 impl FaultyBackend {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Backend>, plan: FaultPlan) -> Arc<FaultyBackend> {
-        Arc::new(FaultyBackend {
+        Arc::new(FaultyBackend::build(inner, plan, None))
+    }
+
+    /// Wraps `inner` with a [`FaultKind::Trigger`] plan: `trigger` runs before its
+    /// `op`-th node.
+    pub fn with_trigger(
+        inner: Arc<dyn Backend>,
+        op: usize,
+        trigger: Trigger,
+    ) -> Arc<FaultyBackend> {
+        let plan = FaultPlan {
+            op,
+            kind: FaultKind::Trigger,
+        };
+        Arc::new(FaultyBackend::build(inner, plan, Some(trigger)))
+    }
+
+    fn build(inner: Arc<dyn Backend>, plan: FaultPlan, trigger: Option<Trigger>) -> FaultyBackend {
+        FaultyBackend {
             inner,
             plan,
             nodes: AtomicUsize::new(0),
@@ -116,10 +145,11 @@ impl FaultyBackend {
             wake: Condvar::new(),
             fired: AtomicBool::new(false),
             bytes: Mutex::new(Vec::new()),
-        })
+            trigger,
+        }
     }
 
-    /// Whether the fault happened.
+    /// Whether the fault happened (for [`FaultKind::Trigger`]: whether the trigger ran).
     pub fn fired(&self) -> bool {
         self.fired.load(Ordering::Acquire)
     }
@@ -310,6 +340,12 @@ impl Backend for FaultyBackend {
                 );
                 lock(&self.error).get_or_insert(e);
                 lock(&self.hang).hung = true;
+            }
+            FaultKind::Trigger => {
+                if let Some(t) = &self.trigger {
+                    t(&tensors[nodes[i].index()], self.plan.op);
+                }
+                return self.inner.graph_compute(tensors, &nodes[i..]);
             }
             FaultKind::Alloc => unreachable!("filtered above"),
         }

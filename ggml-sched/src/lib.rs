@@ -33,7 +33,7 @@ pub mod trace;
 
 pub use check::{AccessContext, CheckedBackend, RaceLog, RaceReport};
 pub use error::{Result, SchedError};
-pub use fault::{FaultKind, FaultPlan, FaultyBackend};
+pub use fault::{FaultKind, FaultPlan, FaultyBackend, Trigger};
 pub use layers::split_layers;
 pub use partition::{partition, CopyInput, Partition, PartitionConfig, SourceKind, Split};
 #[doc(hidden)]

@@ -125,6 +125,7 @@ fn every_fault_is_reported_nothing_hangs_and_memory_returns() {
                         f.release();
                     }
                     FaultKind::Alloc => {}
+                    FaultKind::Trigger => unreachable!("not in FaultKind::ALL"),
                 }
                 reported += 1;
                 // Everything the run allocated is freed once its scheduler is gone, but the
@@ -146,4 +147,37 @@ fn every_fault_is_reported_nothing_hangs_and_memory_returns() {
     }
     assert!(fired >= 30, "{fired} faults fired");
     assert_eq!(reported, fired);
+}
+
+#[test]
+fn a_trigger_runs_once_before_its_node_and_the_run_is_otherwise_untouched() {
+    use std::sync::Mutex;
+    let layers = [0, 0, 1, 1];
+    let seen: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+    let log = seen.clone();
+    let inner = TestBackend::many(2, |i, o| {
+        o.delay_seed = Some(i as u64 + 5);
+        o.max_delay_us = 100;
+    });
+    let mut faulty = vec![FaultyBackend::new(inner[0].clone(), NEVER)];
+    faulty.push(FaultyBackend::with_trigger(
+        inner[1].clone(),
+        3,
+        Box::new(move |node, op| {
+            log.lock()
+                .unwrap()
+                .push((node.name.as_str().to_string(), op))
+        }),
+    ));
+    let b = faulty
+        .iter()
+        .map(|f| f.clone() as Arc<dyn Backend>)
+        .collect();
+    let mut c = chain(8, &layers);
+    try_runs(&mut c, b, &faulty, 4).expect("a trigger alone changes nothing");
+    assert!(faulty[1].fired());
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].1, 3);
+    assert!(!seen[0].0.is_empty());
 }

@@ -13,7 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ggml_core::Backend;
+use ggml_cuda::cuda_sim::driver::{Driver, InjectedError};
+use ggml_cuda::{CudaBackend, DriverKind};
 use ggml_sched::{FaultKind, FaultPlan, FaultyBackend};
+
+use crate::devices::DeviceSpec;
 
 use crate::error::{HarnessError, Result};
 use crate::perplexity::perplexity;
@@ -22,6 +26,44 @@ use crate::session::Session;
 
 /// The default `--wait-timeout`: longer than any pass of the models we run.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What goes wrong: a fault of the backend wrapper, on any device, or an error of
+/// cuda-sim's emulated driver under the CUDA backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InjectKind {
+    /// `alloc`, `kernel`, `hang` ([`FaultyBackend`]).
+    Backend(FaultKind),
+    /// `illegal-address`, `launch`, `peer-copy`, `event`: armed in the emulated driver
+    /// just before the node is submitted, raised by the first matching driver call after
+    /// it (see [`InjectedError`]). cuda-sim devices only.
+    Driver(InjectedError),
+}
+
+impl InjectKind {
+    /// Every kind, the backend wrapper's first.
+    pub const ALL: [InjectKind; 7] = [
+        InjectKind::Backend(FaultKind::Alloc),
+        InjectKind::Backend(FaultKind::Kernel),
+        InjectKind::Backend(FaultKind::Hang),
+        InjectKind::Driver(InjectedError::IllegalAddress),
+        InjectKind::Driver(InjectedError::Launch),
+        InjectKind::Driver(InjectedError::PeerCopy),
+        InjectKind::Driver(InjectedError::Event),
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            InjectKind::Backend(k) => k.name(),
+            InjectKind::Driver(e) => e.name(),
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn from_name(name: &str) -> Option<InjectKind> {
+        InjectKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
 
 /// `--inject-fault D:OP:KIND`: device `D` (its index in `--devices`) fails at the `OP`-th
 /// node of its part of the graph (for `alloc`: its `OP`-th buffer allocation, counting
@@ -33,7 +75,7 @@ pub struct FaultSpec {
     /// Node (or allocation) index.
     pub op: usize,
     /// What goes wrong.
-    pub kind: FaultKind,
+    pub kind: InjectKind,
 }
 
 impl fmt::Display for FaultSpec {
@@ -48,7 +90,7 @@ impl FromStr for FaultSpec {
     fn from_str(s: &str) -> Result<FaultSpec> {
         let bad = |why: &str| {
             HarnessError::Usage(format!(
-                "--inject-fault {s:?}: {why} (expected D:OP:KIND, KIND alloc, kernel or hang)"
+                "--inject-fault {s:?}: {why} (expected D:OP:KIND, KIND alloc, kernel or hang, or on cuda-sim illegal-address, launch, peer-copy or event)"
             ))
         };
         let parts: Vec<&str> = s.split(':').collect();
@@ -57,30 +99,97 @@ impl FromStr for FaultSpec {
         };
         let device = d.parse().map_err(|_| bad("D is not a device index"))?;
         let op = op.parse().map_err(|_| bad("OP is not a node index"))?;
-        let kind = FaultKind::from_name(kind).ok_or_else(|| bad("unknown KIND"))?;
+        let kind = InjectKind::from_name(kind).ok_or_else(|| bad("unknown KIND"))?;
         Ok(FaultSpec { device, op, kind })
     }
 }
 
-/// Every backend of `backends` wrapped, device `spec.device` with the fault.
-pub fn wrap(backends: &[Arc<dyn Backend>], spec: FaultSpec) -> Vec<Arc<FaultyBackend>> {
-    backends
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let plan = match i == spec.device {
-                true => FaultPlan {
-                    op: spec.op,
-                    kind: spec.kind,
-                },
-                false => FaultPlan {
-                    op: usize::MAX,
-                    kind: FaultKind::Kernel,
-                },
-            };
-            FaultyBackend::new(b.clone(), plan)
+/// Every backend of `backends` wrapped, device `spec.device` with the fault. A driver
+/// error on a device that is not a cuda-sim one is refused.
+pub fn wrap(backends: &[Arc<dyn Backend>], spec: FaultSpec) -> Result<Vec<Arc<FaultyBackend>>> {
+    const NEVER: FaultPlan = FaultPlan {
+        op: usize::MAX,
+        kind: FaultKind::Kernel,
+    };
+    let mut out = Vec::with_capacity(backends.len());
+    for (i, b) in backends.iter().enumerate() {
+        let w = match (i == spec.device, spec.kind) {
+            (false, _) => FaultyBackend::new(b.clone(), NEVER),
+            (true, InjectKind::Backend(kind)) => {
+                FaultyBackend::new(b.clone(), FaultPlan { op: spec.op, kind })
+            }
+            (true, InjectKind::Driver(error)) => {
+                let (drv, ordinal) = sim_device(&**b).ok_or_else(|| {
+                    HarnessError::Usage(format!(
+                        "--inject-fault {spec}: {} is raised by cuda-sim's driver; device {i} is {}",
+                        error.name(),
+                        b.name()
+                    ))
+                })?;
+                let device = b.name().as_str().to_string();
+                let trigger = move |node: &ggml_core::Tensor, op: usize| {
+                    let note = format!("{device} node {op} '{}'", node.name);
+                    // A valid ordinal: the arming cannot fail.
+                    let _ = drv.inject_error(ordinal, error, note);
+                };
+                FaultyBackend::with_trigger(b.clone(), spec.op, Box::new(trigger))
+            }
+        };
+        out.push(w);
+    }
+    Ok(out)
+}
+
+/// The emulated driver and GPU ordinal of a cuda-sim backend.
+fn sim_device(b: &dyn Backend) -> Option<(Arc<Driver>, usize)> {
+    let cuda = b.as_any().downcast_ref::<CudaBackend>()?;
+    if cuda.driver_kind() != DriverKind::Sim {
+        return None;
+    }
+    Some((ggml_cuda::sim_driver().ok()?, cuda.ordinal()))
+}
+
+/// cuda-sim's memory as a leak check sees it: per GPU the bytes in use and the bytes
+/// context resets had to free, and the pinned bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SimMemory {
+    used: Vec<u64>,
+    reclaimed: Vec<u64>,
+    pinned: u64,
+}
+
+impl SimMemory {
+    /// The level now, if `cell` runs on cuda-sim devices.
+    fn of(cell: &Cell) -> Option<SimMemory> {
+        let sim = cell.devices.0.iter().any(|d| {
+            matches!(
+                d,
+                DeviceSpec::Cuda {
+                    driver: DriverKind::Sim,
+                    ..
+                }
+            )
+        });
+        let drv = ggml_cuda::sim_driver().ok().filter(|_| sim)?;
+        let n = drv.device_count();
+        Some(SimMemory {
+            used: (0..n).map(|d| drv.used_memory(d).unwrap_or(0)).collect(),
+            reclaimed: (0..n)
+                .map(|d| drv.reclaimed_bytes(d).unwrap_or(0))
+                .collect(),
+            pinned: drv.pinned_bytes(),
         })
-        .collect()
+    }
+
+    /// Bytes held now beyond `self`, counting what resets had to free as held.
+    fn leaked_since(&self, now: &SimMemory) -> u64 {
+        let grown = |a: &[u64], b: &[u64]| -> u64 {
+            a.iter().zip(b).map(|(n, l)| n.saturating_sub(*l)).sum()
+        };
+        grown(&now.used, &self.used)
+            + grown(&now.reclaimed, &self.reclaimed)
+            + now.pinned.saturating_sub(self.pinned)
+    }
 }
 
 /// What one faulty run did.
@@ -114,6 +223,7 @@ pub fn run_with_fault(
     config.chaos = s.chaos;
     config.wait_timeout = Some(timeout);
     config.inject_fault = Some(spec);
+    let sim_level = SimMemory::of(cell);
     let t0 = Instant::now();
     let session = Session::open(model, config);
     let session = match session {
@@ -171,9 +281,21 @@ pub fn run_with_fault(
         }
         r.map(|_| ())
     })();
-    let fired = session.faulty[spec.device].fired();
+    let mut fired = session.faulty[spec.device].fired();
+    if let InjectKind::Driver(_) = spec.kind {
+        // Armed but never raised (no matching driver call came after the node): cancel
+        // it before the teardown's calls could raise it.
+        if let Ok(drv) = ggml_cuda::sim_driver() {
+            let pending: usize = (0..drv.device_count())
+                .map(|d| drv.cancel_injected(d).len())
+                .sum();
+            fired &= pending == 0;
+        }
+    }
+    // The session's end releases the devices: a poisoned context is reset there.
+    drop(session);
     let seconds = t0.elapsed().as_secs_f64();
-    let (error, leaked_bytes) = match &result {
+    let (error, mut leaked_bytes) = match &result {
         Ok(()) => (None, 0),
         Err(e) => {
             let e = e.to_string();
@@ -185,6 +307,9 @@ pub fn run_with_fault(
             (Some(e), leaked)
         }
     };
+    if let (Some(before), Some(after)) = (sim_level, SimMemory::of(cell)) {
+        leaked_bytes += before.leaked_since(&after) as usize;
+    }
     let named = error
         .as_deref()
         .is_some_and(|e| names_fault(e, spec, Some(&device_name)));
@@ -203,9 +328,18 @@ pub fn run_with_fault(
 fn names_fault(e: &str, spec: FaultSpec, device: Option<&str>) -> bool {
     let device_ok = device.is_none_or(|d| e.contains(d));
     let cause_ok = match spec.kind {
-        FaultKind::Alloc => e.contains("injected allocation failure"),
-        FaultKind::Kernel => e.contains("injected kernel fault") && e.contains(" on '"),
-        FaultKind::Hang => e.contains("timed out") && e.contains("its last work: split "),
+        InjectKind::Backend(FaultKind::Alloc) => e.contains("injected allocation failure"),
+        InjectKind::Backend(FaultKind::Kernel) => {
+            e.contains("injected kernel fault") && e.contains(" on '")
+        }
+        InjectKind::Backend(FaultKind::Hang) => {
+            e.contains("timed out") && e.contains("its last work: split ")
+        }
+        InjectKind::Backend(FaultKind::Trigger) => false,
+        // The driver's code and its text: what failed, and the node it was armed at.
+        InjectKind::Driver(d) => {
+            e.contains(d.code().name()) && e.contains(&format!(" node {} '", spec.op))
+        }
     };
     device_ok && cause_ok && !e.contains('\n')
 }
@@ -241,8 +375,10 @@ pub fn ops_per_device(model: &Path, cell: &Cell, s: &RegressSettings) -> Result<
 pub const SWEEP_ALLOCS: usize = 6;
 
 /// How a [`sweep`] samples and waits.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SweepOptions {
+    /// Only these kinds (empty: every kind the devices support).
+    pub kinds: Vec<InjectKind>,
     /// Inject at every `every`-th op.
     pub every: usize,
     /// How long the host waits for a hung device.
@@ -251,8 +387,9 @@ pub struct SweepOptions {
     pub limit: f64,
 }
 
-/// Injects every fault kind at every `o.every`-th op of every device of `cell` (and at
-/// each of the first [`SWEEP_ALLOCS`] allocations), each run followed by a clean run on
+/// Injects every fault kind (with cuda-sim devices, the driver's errors too) at every
+/// `o.every`-th op of every device of `cell` (and at each of the first
+/// [`SWEEP_ALLOCS`] allocations), each run followed by a clean run on
 /// fresh backends that must give the bits of a run without faults. `on_run` sees each
 /// faulty run and whether its later run was correct.
 pub fn sweep(
@@ -267,24 +404,34 @@ pub fn sweep(
     let reference = crate::regress::run_cell(model, text, cell, s)?.logits_sha256;
     let ops = ops_per_device(model, cell, s)?;
     let mut summary = SweepSummary::default();
-    for kind in FaultKind::ALL {
+    let all_sim = cell.devices.0.iter().all(|d| {
+        matches!(
+            d,
+            DeviceSpec::Cuda {
+                driver: DriverKind::Sim,
+                ..
+            }
+        )
+    });
+    let kinds = InjectKind::ALL
+        .into_iter()
+        .filter(|k| all_sim || matches!(k, InjectKind::Backend(_)))
+        .filter(|k| o.kinds.is_empty() || o.kinds.contains(k));
+    for kind in kinds {
         for (device, &n_ops) in ops.iter().enumerate() {
             let n = match kind {
-                FaultKind::Alloc => SWEEP_ALLOCS,
+                InjectKind::Backend(FaultKind::Alloc) => SWEEP_ALLOCS,
                 _ => n_ops,
             };
             for op in (0..n).step_by(every.max(1)) {
                 let spec = FaultSpec { device, op, kind };
                 let r = run_with_fault(model, text, cell, s, spec, timeout)?;
-                summary.add(&r, limit);
                 let mut later = None;
                 if r.fired {
                     let again = crate::regress::run_cell(model, text, cell, s)?;
-                    let ok = again.logits_sha256 == reference;
-                    summary.later_runs += 1;
-                    summary.later_correct += usize::from(ok);
-                    later = Some(ok);
+                    later = Some(again.logits_sha256 == reference);
                 }
+                summary.add(&r, later, limit);
                 on_run(&r, later);
             }
         }
@@ -310,8 +457,9 @@ pub struct SweepSummary {
 }
 
 impl SweepSummary {
-    /// Adds a faulty run (`limit`: seconds a run may take).
-    pub fn add(&mut self, r: &FaultRun, limit: f64) {
+    /// Adds a faulty run and whether the clean run after it was correct (`limit`:
+    /// seconds a run may take).
+    pub fn add(&mut self, r: &FaultRun, later_correct: Option<bool>, limit: f64) {
         if !r.fired {
             return;
         }
@@ -319,6 +467,10 @@ impl SweepSummary {
         self.reported += usize::from(r.error.is_some() && r.named);
         self.hangs += usize::from(r.seconds > limit);
         self.leaks += usize::from(r.leaked_bytes > 0);
+        if let Some(ok) = later_correct {
+            self.later_runs += 1;
+            self.later_correct += usize::from(ok);
+        }
     }
 
     /// Whether every fault was reported, nothing hung or leaked, and every later run
@@ -330,10 +482,13 @@ impl SweepSummary {
             && self.later_correct == self.later_runs
     }
 
-    /// A Markdown table row: `| devices | injected | reported | hangs | leaks | later correct |`.
-    pub fn row(&self, devices: &str) -> String {
+    /// The header of [`row`](SweepSummary::row)'s table.
+    pub const HEADER: &'static str = "| devices | kind | faults injected | errors reported | hangs | leaks | later runs correct |\n|---|---|---|---|---|---|---|";
+
+    /// A Markdown table row: `| devices | kind | injected | reported | hangs | leaks | later correct |`.
+    pub fn row(&self, devices: &str, kind: &str) -> String {
         format!(
-            "| {devices} | {} | {} | {} | {} | {}/{} |",
+            "| {devices} | {kind} | {} | {} | {} | {} | {}/{} |",
             self.injected,
             self.reported,
             self.hangs,
@@ -356,9 +511,14 @@ mod tests {
             FaultSpec {
                 device: 1,
                 op: 17,
-                kind: FaultKind::Hang
+                kind: InjectKind::Backend(FaultKind::Hang)
             }
         );
+        let s: FaultSpec = "0:3:peer-copy".parse().unwrap();
+        assert_eq!(s.kind, InjectKind::Driver(InjectedError::PeerCopy));
+        for k in InjectKind::ALL {
+            assert_eq!(InjectKind::from_name(k.name()), Some(k));
+        }
         assert_eq!(s.to_string(), "1:17:hang");
         for (bad, why) in [
             ("1:2", "three fields"),

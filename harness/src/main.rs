@@ -227,6 +227,10 @@ struct FaultSweepArgs {
     /// Seconds the host waits for a hung device.
     #[arg(long, default_value_t = 0.5)]
     wait_timeout: f64,
+    /// Only these kinds, comma-separated (default: alloc, kernel and hang, and on
+    /// cuda-sim devices illegal-address, launch, peer-copy and event too).
+    #[arg(long, value_delimiter = ',', value_name = "KIND,...", value_parser = parse_inject_kind)]
+    kinds: Vec<harness::faults::InjectKind>,
     /// Print every faulty run.
     #[arg(long)]
     verbose: bool,
@@ -886,6 +890,16 @@ fn check_tflops(t: f64) -> Result<()> {
     }
 }
 
+fn parse_inject_kind(s: &str) -> std::result::Result<harness::faults::InjectKind, String> {
+    harness::faults::InjectKind::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = harness::faults::InjectKind::ALL
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        format!("unknown fault kind (one of {})", names.join(", "))
+    })
+}
+
 fn run_fault_sweep(a: FaultSweepArgs) -> Result<()> {
     if !(a.wait_timeout.is_finite() && a.wait_timeout > 0.0) {
         return Err(HarnessError::Usage(format!(
@@ -919,6 +933,7 @@ fn run_fault_sweep(a: FaultSweepArgs) -> Result<()> {
     let text = &harness::default_corpus()[..1500];
     let timeout = std::time::Duration::from_secs_f64(a.wait_timeout);
     let limit = 20.0 * a.wait_timeout + 30.0;
+    let mut by_kind: Vec<(harness::faults::InjectKind, harness::faults::SweepSummary)> = Vec::new();
     let summary = harness::faults::sweep(
         &model,
         text,
@@ -928,8 +943,17 @@ fn run_fault_sweep(a: FaultSweepArgs) -> Result<()> {
             every: a.every,
             timeout,
             limit,
+            kinds: a.kinds.clone(),
         },
         |r, later| {
+            match by_kind.iter_mut().find(|(k, _)| *k == r.spec.kind) {
+                Some((_, s)) => s.add(r, later, limit),
+                None => {
+                    let mut s = harness::faults::SweepSummary::default();
+                    s.add(r, later, limit);
+                    by_kind.push((r.spec.kind, s));
+                }
+            }
             if a.verbose || (r.fired && !(r.named && later == Some(true))) {
                 eprintln!(
                     "{} fired={} {:.2}s leaked={} later={later:?}: {}",
@@ -942,11 +966,11 @@ fn run_fault_sweep(a: FaultSweepArgs) -> Result<()> {
             }
         },
     )?;
-    println!(
-        "| devices | faults injected | errors reported | hangs | leaks | later runs correct |"
-    );
-    println!("|---|---|---|---|---|---|");
-    println!("{}", summary.row(&a.devices));
+    println!("{}", harness::faults::SweepSummary::HEADER);
+    for (kind, s) in &by_kind {
+        println!("{}", s.row(&a.devices, kind.name()));
+    }
+    println!("{}", summary.row(&a.devices, "all"));
     if summary.clean() {
         Ok(())
     } else {

@@ -304,7 +304,7 @@ impl Session {
                     backends.len()
                 )));
             }
-            faulty = crate::faults::wrap(&backends, f);
+            faulty = crate::faults::wrap(&backends, f)?;
             backends = faulty
                 .iter()
                 .map(|b| b.clone() as Arc<dyn Backend>)

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ggml_core::DType;
 use ggml_sched::FaultKind;
-use harness::faults::{run_with_fault, sweep, FaultSpec, SweepOptions};
+use harness::faults::{run_with_fault, sweep, FaultSpec, InjectKind, SweepOptions};
 use harness::perplexity::PplSettings;
 use harness::regress::{Cell, RegressSettings};
 use harness::session::{RunConfig, Session, SplitMode};
@@ -52,6 +52,7 @@ fn every_ninth_op_of_a_cpu2_pipeline_fails_cleanly() {
             every: 9,
             timeout: Duration::from_millis(500),
             limit: 20.0,
+            kinds: Vec::new(),
         },
         |r, later| {
             if r.fired && !(r.named && later == Some(true)) {
@@ -71,7 +72,7 @@ fn a_fault_past_the_pass_never_fires() {
     let spec = FaultSpec {
         device: 1,
         op: 1_000_000,
-        kind: FaultKind::Kernel,
+        kind: InjectKind::Backend(FaultKind::Kernel),
     };
     let r = run_with_fault(
         &model,
@@ -92,4 +93,57 @@ fn a_fault_on_a_missing_device_is_refused() {
     config.inject_fault = Some("2:0:kernel".parse().unwrap());
     let e = Session::open(&model, config).unwrap_err().to_string();
     assert!(e.contains("device 2 of 2"), "{e}");
+}
+
+/// Each of the emulated driver's errors once, on a cuda-sim layer split with two pipeline
+/// slots: reported with its code, the kernel or copy that failed and the node it was
+/// armed at; memory (the driver's own count, resets included) back at its level; and a
+/// clean run afterwards on fresh backends (a poisoned context reset by its last release)
+/// gives the bits of a run without faults. (Every op: `cargo xtask faults`.)
+#[test]
+fn each_driver_error_on_cuda_sim_is_reported_and_the_device_recovers() {
+    use ggml_cuda::cuda_sim::driver::InjectedError;
+    let model = harness::synthetic::cached_model(DType::Q4_1).unwrap();
+    let text = &harness::default_corpus()[..1500];
+    let cell = Cell {
+        devices: "cuda-sim:0,cuda-sim:1".parse().unwrap(),
+        ..cell()
+    };
+    let s = settings();
+    let reference = harness::regress::run_cell(&model, text, &cell, &s)
+        .unwrap()
+        .logits_sha256;
+    let cases = [
+        (1, 7, InjectedError::IllegalAddress),
+        (0, 14, InjectedError::Launch),
+        (1, 3, InjectedError::PeerCopy),
+        (0, 21, InjectedError::Event),
+    ];
+    for (device, op, error) in cases {
+        let spec = FaultSpec {
+            device,
+            op,
+            kind: InjectKind::Driver(error),
+        };
+        let r = run_with_fault(&model, text, &cell, &s, spec, Duration::from_secs(30)).unwrap();
+        let e = r.error.clone().unwrap_or_default();
+        assert!(r.fired && r.named, "{spec}: {r:?}");
+        assert!(e.contains(error.code().name()), "{spec}: {e}");
+        assert_eq!(r.leaked_bytes, 0, "{spec}: {r:?}");
+        assert!(r.seconds < 30.0, "{spec}: {r:?}");
+        let again = harness::regress::run_cell(&model, text, &cell, &s).unwrap();
+        assert_eq!(again.logits_sha256, reference, "{spec}: the run after it");
+    }
+}
+
+#[test]
+fn a_driver_error_on_a_cpu_device_is_refused() {
+    let model = harness::synthetic::cached_model(DType::Q4_1).unwrap();
+    let mut config = RunConfig::simple("cpu:2".parse().unwrap(), SplitMode::Layer, 1, 2);
+    config.inject_fault = Some("1:0:illegal-address".parse().unwrap());
+    let e = Session::open(&model, config).unwrap_err().to_string();
+    assert!(
+        e.contains("raised by cuda-sim's driver") && e.contains("device 1 is cpu"),
+        "{e}"
+    );
 }

@@ -1,7 +1,8 @@
 //! `cargo xtask faults`: the whole fault sweep (`ggml-harness fault-sweep`): every op of
 //! a forward pass of the synthetic model, every fault kind, every device, on `cpu:2` and
-//! on two emulated GPUs (`cuda-sim:0,cuda-sim:1`), layer splits with two pipeline slots
-//! and micro-batches; then the summary table of both.
+//! on two emulated GPUs (`cuda-sim:0,cuda-sim:1`, where the emulated driver's errors are
+//! injected too), layer splits with two pipeline slots and micro-batches; then the
+//! summary table of both, per fault kind.
 
 use std::path::Path;
 
@@ -41,20 +42,19 @@ pub fn faults(root: &Path, args: &[String]) -> Result<()> {
         .map_err(|e| e.to_string())?;
         eprint!("{}", String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8_lossy(&out.stdout);
-        if let Some(row) = text
-            .lines()
-            .find(|l| l.starts_with(&format!("| {devices} |")))
-        {
-            rows.push(row.to_string());
-        }
+        rows.extend(
+            text.lines()
+                .filter(|l| l.starts_with(&format!("| {devices} |")))
+                .map(str::to_string),
+        );
         if !out.status.success() {
             failed.push(devices);
         }
     }
     println!(
-        "| devices | faults injected | errors reported | hangs | leaks | later runs correct |"
+        "| devices | kind | faults injected | errors reported | hangs | leaks | later runs correct |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
     }
