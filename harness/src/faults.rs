@@ -514,8 +514,8 @@ mod tests {
                 kind: InjectKind::Backend(FaultKind::Hang)
             }
         );
-        let s: FaultSpec = "0:3:peer-copy".parse().unwrap();
-        assert_eq!(s.kind, InjectKind::Driver(InjectedError::PeerCopy));
+        let d: FaultSpec = "0:3:peer-copy".parse().unwrap();
+        assert_eq!(d.kind, InjectKind::Driver(InjectedError::PeerCopy));
         for k in InjectKind::ALL {
             assert_eq!(InjectKind::from_name(k.name()), Some(k));
         }
