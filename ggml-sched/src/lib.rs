@@ -42,5 +42,5 @@ pub use plan::{
     build_plan, Action, BackendProps, CopyOn, EventKey, EventKind, HbRule, Plan, PlanSettings,
     PlanStyle, SplitPlan, MAX_COPIES,
 };
-pub use sched::{RunStats, SchedOptions, Scheduler, StagedOutput, Stats};
+pub use sched::{RunStats, SchedOptions, Scheduler, StagedOutput, Stats, STUCK_GRACE};
 pub use trace::{SliceKind, Trace, TraceSlice, TraceTrack};

@@ -152,6 +152,12 @@ struct GraphState {
 /// stay readable, and [`stage_output`](Scheduler::stage_output) keeps an output readable
 /// for as long as the caller likes without holding its slot.
 ///
+/// How long the scheduler's drop (or a new graph) waits for a backend that already failed
+/// a wait by timing out: waiting the whole timeout again for each such backend would
+/// only delay the caller; a queue that was reset meanwhile (as a GPU context is)
+/// finishes within it, and one that does not is left behind with its memory.
+pub const STUCK_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The caller's tensors and graph are never modified: the scheduler keeps its own table.
 pub struct Scheduler {
     /// The devices, then their copy engines (if any).
@@ -162,6 +168,9 @@ pub struct Scheduler {
     engines: Vec<Option<usize>>,
     /// The last split enqueued on each backend (for timeout errors).
     last_split: std::sync::Mutex<Vec<Option<usize>>>,
+    /// Backends that had not finished when a wait timed out: later waits give them only
+    /// [`STUCK_GRACE`], not the whole timeout again.
+    stuck: std::sync::Mutex<Vec<bool>>,
     opts: SchedOptions,
     props: Vec<BackendProps>,
     pins: Vec<(TensorId, usize)>,
@@ -238,6 +247,7 @@ impl Scheduler {
             n_devices: n,
             engines: Vec::new(),
             last_split: std::sync::Mutex::new(vec![None; n]),
+            stuck: std::sync::Mutex::new(vec![false; n]),
             opts,
             props,
             pins: Vec::new(),
@@ -352,7 +362,7 @@ impl Scheduler {
         nodes: &[TensorId],
         leafs: &[TensorId],
     ) -> Result<()> {
-        self.drain();
+        self.drain(STUCK_GRACE);
         self.free_tables();
         self.graph = None;
         let n_copies = self.opts.n_copies;
@@ -643,7 +653,9 @@ impl Scheduler {
                 Ok(st)
             }
             Err(e) => {
-                self.drain();
+                // The other queues finish the failed run's work; a queue that just timed
+                // out is not waited for again (the error says it is stuck).
+                self.drain(std::time::Duration::ZERO);
                 if let Some(g) = self.graph.as_mut() {
                     g.last_run = None;
                 }
@@ -1077,13 +1089,23 @@ impl Scheduler {
     }
 
     fn timeout_err(&self, b: usize, wait: String, t: std::time::Duration) -> SchedError {
-        let unfinished: Vec<String> = (0..self.backends.len())
+        let unfinished: Vec<usize> = (0..self.backends.len())
             .filter(|&x| {
                 !matches!(
                     self.backends[x].synchronize_timeout(std::time::Duration::ZERO),
                     Ok(true)
                 )
             })
+            .collect();
+        {
+            let mut stuck = self.stuck.lock().unwrap_or_else(|e| e.into_inner());
+            stuck[b] = true;
+            for &x in &unfinished {
+                stuck[x] = true;
+            }
+        }
+        let unfinished: Vec<String> = unfinished
+            .into_iter()
             .map(|x| format!("{} (last work: {})", self.props[x].name, self.last_work(x)))
             .collect();
         SchedError::Timeout {
@@ -1158,18 +1180,27 @@ impl Scheduler {
     }
 
     /// Waits for every queue, dropping errors (they belong to a run already failed); a
-    /// queue that does not finish within the timeout is left behind. Returns whether
-    /// every queue finished.
-    fn drain(&self) -> bool {
+    /// queue that does not finish within the timeout (for one that already timed out:
+    /// within `grace`) is left behind. Returns whether every queue finished.
+    fn drain(&self, grace: std::time::Duration) -> bool {
         let mut all = true;
-        for b in &self.backends {
-            all &= match self.opts.timeout {
-                Some(t) => !matches!(b.synchronize_timeout(t), Ok(false)),
+        let mut stuck = self.stuck.lock().unwrap_or_else(|e| e.into_inner());
+        for (b, backend) in self.backends.iter().enumerate() {
+            let done = match self.opts.timeout {
+                Some(t) => {
+                    let t = match stuck[b] {
+                        true => t.min(grace),
+                        false => t,
+                    };
+                    !matches!(backend.synchronize_timeout(t), Ok(false))
+                }
                 None => {
-                    let _ = b.synchronize();
+                    let _ = backend.synchronize();
                     true
                 }
             };
+            stuck[b] &= !done;
+            all &= done;
         }
         all
     }
@@ -1177,7 +1208,7 @@ impl Scheduler {
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        if !self.drain() {
+        if !self.drain(STUCK_GRACE) {
             // A queue that never finished (a hung device) may still touch every buffer
             // and event of the graph: leaving them is safe, freeing them is not.
             return;

@@ -27,13 +27,29 @@ fn try_runs(
     faulty: &[Arc<FaultyBackend>],
     runs: u64,
 ) -> Result<(), String> {
+    try_runs_within(c, backends, faulty, runs, Duration::from_millis(300)).0
+}
+
+/// [`try_runs`] with the host's wait limit `timeout`; also the time until the runs
+/// returned (the error, for a faulty run), before the scheduler is dropped.
+fn try_runs_within(
+    c: &mut Chain,
+    backends: Vec<Arc<dyn Backend>>,
+    faulty: &[Arc<FaultyBackend>],
+    runs: u64,
+    timeout: Duration,
+) -> (Result<(), String>, Duration) {
     let opts = SchedOptions {
         n_copies: 2,
-        timeout: Some(Duration::from_millis(300)),
+        timeout: Some(timeout),
         ..SchedOptions::default()
     };
     c.place_weights(&backends);
-    let mut s = Scheduler::new(backends, opts).map_err(|e| e.to_string())?;
+    let mut s = match Scheduler::new(backends, opts) {
+        Ok(s) => s,
+        Err(e) => return (Err(e.to_string()), Duration::ZERO),
+    };
+    let t0 = Instant::now();
     let mut go = || -> Result<(), String> {
         for &(id, b) in &c.pins {
             s.set_tensor_backend(id, b).map_err(|e| e.to_string())?;
@@ -57,11 +73,12 @@ fn try_runs(
         s.synchronize().map_err(|e| e.to_string())
     };
     let r = go();
+    let took = t0.elapsed();
     for f in faulty {
         f.release();
     }
     drop(s);
-    r
+    (r, took)
 }
 
 fn wrapped(target: usize, plan: FaultPlan) -> (Vec<Arc<dyn Backend>>, Vec<Arc<FaultyBackend>>) {
@@ -180,4 +197,35 @@ fn a_trigger_runs_once_before_its_node_and_the_run_is_otherwise_untouched() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].1, 3);
     assert!(!seen[0].0.is_empty());
+}
+
+/// A hang costs one timeout: once a wait timed out, the scheduler does not wait the
+/// whole timeout again for the stuck devices before returning the error (it used to,
+/// once per stuck device), nor when it is dropped (at most `STUCK_GRACE` each).
+#[test]
+fn a_hang_is_reported_after_one_timeout() {
+    let layers = [0, 0, 1, 1];
+    let timeout = Duration::from_secs(1);
+    for target in 0..2 {
+        let plan = FaultPlan {
+            op: 1,
+            kind: FaultKind::Hang,
+        };
+        let mut c = chain(8, &layers);
+        let (b, faulty) = wrapped(target, plan);
+        let t0 = Instant::now();
+        let (r, took) = try_runs_within(&mut c, b, &faulty, 4, timeout);
+        let e = r.expect_err("a hang is an error");
+        assert!(e.contains("timed out"), "{e}");
+        assert!(took >= timeout, "{took:?}");
+        assert!(
+            took < timeout + timeout / 2,
+            "device {target}: the error took {took:?}"
+        );
+        assert!(
+            t0.elapsed() < took + 2 * ggml_sched::STUCK_GRACE + timeout / 2,
+            "device {target}: the drop took {:?}",
+            t0.elapsed() - took
+        );
+    }
 }

@@ -281,17 +281,7 @@ pub fn run_with_fault(
         }
         r.map(|_| ())
     })();
-    let mut fired = session.faulty[spec.device].fired();
-    if let InjectKind::Driver(_) = spec.kind {
-        // Armed but never raised (no matching driver call came after the node): cancel
-        // it before the teardown's calls could raise it.
-        if let Ok(drv) = ggml_cuda::sim_driver() {
-            let pending: usize = (0..drv.device_count())
-                .map(|d| drv.cancel_injected(d).len())
-                .sum();
-            fired &= pending == 0;
-        }
-    }
+    let fired = fault_fired(&session).unwrap_or(false);
     // The session's end releases the devices: a poisoned context is reset there.
     drop(session);
     let seconds = t0.elapsed().as_secs_f64();
@@ -321,6 +311,23 @@ pub fn run_with_fault(
         seconds,
         leaked_bytes,
     })
+}
+
+/// Whether the session's `--inject-fault` happened (`None` without one). A driver error
+/// armed but never raised (no matching driver call came after its node) is cancelled
+/// here, before a teardown's calls could raise it.
+pub fn fault_fired(session: &Session) -> Option<bool> {
+    let spec = session.config.inject_fault?;
+    let mut fired = session.faulty.get(spec.device)?.fired();
+    if let InjectKind::Driver(_) = spec.kind {
+        if let Ok(drv) = ggml_cuda::sim_driver() {
+            let pending: usize = (0..drv.device_count())
+                .map(|d| drv.cancel_injected(d).len())
+                .sum();
+            fired &= pending == 0;
+        }
+    }
+    Some(fired)
 }
 
 /// Whether the error `e` names the device, the op (for a hang: the wait and the device's

@@ -590,6 +590,22 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    if let (Some(false), Some(f)) = (harness::faults::fault_fired(&session), config.inject_fault) {
+        use harness::faults::InjectKind;
+        let what = match f.kind {
+            InjectKind::Backend(ggml_sched::FaultKind::Alloc) => "allocations",
+            InjectKind::Backend(_) => "nodes",
+            InjectKind::Driver(_) => "nodes, or no matching driver call came after that node,",
+        };
+        if !a.json {
+            println!();
+        }
+        eprintln!(
+            "ggml-harness: warning: --inject-fault {f} never happened: device {} had fewer than {} {what} in this run",
+            f.device,
+            f.op + 1
+        );
+    }
     let seconds = t0.elapsed().as_secs_f64();
     write_trace(exec.as_mut(), a.trace.as_deref())?;
     let races = report_races(&session)?;
