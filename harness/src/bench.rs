@@ -25,6 +25,72 @@ pub struct BenchResult {
     pub bytes_moved_per_token: f64,
     /// Host syncs per token: the plan's (HB5) plus the reads of the logits (HB7).
     pub host_syncs_per_token: f64,
+    /// For generation: bytes of weights each token reads
+    /// ([`Model::weight_bytes_per_token`]); 0 for prompt processing.
+    pub weight_bytes_per_token: f64,
+}
+
+impl BenchResult {
+    /// Bytes of weights read per second (generation only: weights per token × tokens/s).
+    pub fn weight_read_bandwidth(&self) -> f64 {
+        self.weight_bytes_per_token * self.tps_mean
+    }
+}
+
+/// Bytes per second `threads` threads read streaming a 256 MiB buffer (far beyond the
+/// caches), the best of 5 passes: what the machine's memory gives a kernel that only
+/// reads, the ceiling of generation, which reads every weight once per token.
+pub fn read_bandwidth(threads: usize) -> f64 {
+    const WORDS: usize = 32 << 20;
+    let threads = threads.max(1);
+    let part = WORDS.div_ceil(threads);
+    // Written first (by the threads that read it, so their pages are local): untouched
+    // pages would all map the zero page and read from cache.
+    let mut buf = vec![0u64; WORDS];
+    std::thread::scope(|s| {
+        for (i, c) in buf.chunks_mut(part).enumerate() {
+            s.spawn(move || {
+                for (j, w) in c.iter_mut().enumerate() {
+                    *w = (i * part + j) as u64;
+                }
+            });
+        }
+    });
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = buf
+                .chunks(part)
+                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &w| a.wrapping_add(w))))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(sum);
+    }
+    (WORDS * 8) as f64 / best
+}
+
+/// One line per generation result: the weight-read bandwidth reached, and its fraction
+/// of `probe` (bytes per second from [`read_bandwidth`] with the same threads).
+pub fn bandwidth_lines(results: &[BenchResult], probe: f64, threads: usize) -> String {
+    let mut s = String::new();
+    for r in results.iter().filter(|r| r.weight_bytes_per_token > 0.0) {
+        let bw = r.weight_read_bandwidth();
+        s.push_str(&format!(
+            "{}: {:.1} MB of weights per token at {:.2} t/s = {:.2} GB/s, {:.0} % of the {:.2} GB/s {threads} thread(s) read streaming (probe)\n",
+            r.test,
+            r.weight_bytes_per_token / 1e6,
+            r.tps_mean,
+            bw / 1e9,
+            100.0 * bw / probe,
+            probe / 1e9,
+        ));
+    }
+    s
 }
 
 /// Per-token traffic and host syncs between two snapshots of the scheduler's statistics.
@@ -62,6 +128,7 @@ fn summarize(test: String, n_tokens: usize, samples: Vec<f64>) -> BenchResult {
         samples,
         bytes_moved_per_token: 0.0,
         host_syncs_per_token: 0.0,
+        weight_bytes_per_token: 0.0,
     }
 }
 
@@ -137,6 +204,7 @@ pub fn bench_tg(
         }
     }
     let mut r = summarize(format!("tg{n_gen}"), n_gen, samples);
+    r.weight_bytes_per_token = model.weight_bytes_per_token() as f64;
     (r.bytes_moved_per_token, r.host_syncs_per_token) =
         per_token(before, exec.sched_stats(), n_gen * reps);
     Ok(r)

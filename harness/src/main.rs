@@ -701,10 +701,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         )?);
     }
     write_trace(exec.as_mut(), a.trace.as_deref())?;
+    drop(exec);
+    drop(kv);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
+    // After the runs, so that it does not evict the weights from the caches first.
+    let probe = (a.n_gen > 0).then(|| harness::bench::read_bandwidth(config.threads));
     if a.json {
         let v = serde_json::json!({
             "model": name,
@@ -713,6 +717,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             "split_mode": config.split_mode,
             "n_copies": config.n_copies,
             "results": results,
+            "read_probe_bytes_per_s": probe,
         });
         println!("{v}");
     } else {
@@ -720,6 +725,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             "{}",
             harness::bench::table(&name, config.threads, &config.devices.to_string(), &results)
         );
+        if let Some(p) = probe {
+            print!(
+                "{}",
+                harness::bench::bandwidth_lines(&results, p, config.threads)
+            );
+        }
     }
     Ok(())
 }

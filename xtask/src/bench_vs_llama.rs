@@ -16,8 +16,9 @@ const HELP: &str = "usage: cargo xtask bench-vs-llama [--threads N] [-r R] [--ro
 Runs `ggml-harness bench` and llama.cpp's `llama-bench` (built by
 ../shared/tools/llama-cpp.sh) alternately, K rounds of R repetitions each (defaults:
 2 threads, R = 5, K = 2, pp512 and tg128, the cached SmolLM2 Q4_1), then prints tokens/s
-of both and the ratios ours/llama.cpp, the weight bytes read per generated token times
-tokens/s (GB/s) and the memcpy bandwidth of a 256 MiB buffer.";
+of both and the ratios ours/llama.cpp, and for generation the weight bytes each token
+reads times tokens/s (GB/s) of both beside the machine's streaming-read bandwidth with
+the same threads (ggml-harness bench's probe), as fractions of it.";
 
 /// Options of the command.
 struct Opts {
@@ -123,7 +124,8 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
     );
     let mut pp = Samples::default();
     let mut tg = Samples::default();
-    let mut model_bytes = None;
+    let mut weight_bytes = None;
+    let mut probe: Vec<f64> = Vec::new();
     for round in 1..=o.rounds {
         eprintln!("bench-vs-llama: round {round}/{}: ggml-harness", o.rounds);
         let out = cmd!(
@@ -133,6 +135,7 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
         .read()
         .map_err(|e| format!("ggml-harness bench: {e}"))?;
         let v = first_json(&out).map_err(|e| format!("ggml-harness bench output: {e}"))?;
+        probe.extend(v["read_probe_bytes_per_s"].as_f64());
         for res in v["results"].as_array().map_or(&[][..], Vec::as_slice) {
             let test = res["test"].as_str().unwrap_or("");
             let s = numbers(res, "samples");
@@ -140,6 +143,7 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
                 pp.ours.extend(s);
             } else if test.starts_with("tg") {
                 tg.ours.extend(s);
+                weight_bytes = weight_bytes.or(res["weight_bytes_per_token"].as_f64());
             }
         }
 
@@ -154,7 +158,6 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
         let v = first_json(&out).map_err(|e| format!("llama-bench output: {e}"))?;
         for res in v.as_array().map_or(&[][..], Vec::as_slice) {
             let num = |k: &str| res[k].as_f64().unwrap_or(0.0);
-            model_bytes = model_bytes.or(res["model_size"].as_f64());
             let s = numbers(res, "samples_ts");
             if num("n_prompt") > 0.0 && num("n_gen") == 0.0 {
                 pp.theirs.extend(s);
@@ -163,10 +166,6 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
             }
         }
     }
-
-    eprintln!("bench-vs-llama: measuring memcpy bandwidth (256 MiB)");
-    let copy1 = memcpy_bandwidth(1);
-    let copy_n = memcpy_bandwidth(o.threads);
 
     println!(
         "\n{} threads, {} rounds x {} repetitions, model {}\n",
@@ -193,29 +192,30 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
     }
     println!();
     if o.n_gen > 0 {
-        match model_bytes {
-            Some(b) => {
+        let best_probe = probe.iter().copied().fold(0.0, f64::max);
+        match weight_bytes {
+            Some(b) if best_probe > 0.0 => {
                 let (om, _) = mean_sd(&tg.ours);
                 let (tm, _) = mean_sd(&tg.theirs);
                 println!(
-                    "weights read per generated token: {:.1} MB (llama-bench model_size)",
+                    "weights read per generated token: {:.1} MB (routed experts only, for a mixture of experts)",
                     b / 1e6
                 );
                 println!(
-                    "tg{} weight bandwidth: ours {:.2} GB/s, llama.cpp {:.2} GB/s",
+                    "tg{} weight bandwidth: ours {:.2} GB/s ({:.0} %), llama.cpp {:.2} GB/s ({:.0} %) of the {:.2} GB/s {} thread(s) read streaming (best probe of {})",
                     o.n_gen,
                     b * om / 1e9,
-                    b * tm / 1e9
+                    100.0 * b * om / best_probe,
+                    b * tm / 1e9,
+                    100.0 * b * tm / best_probe,
+                    best_probe / 1e9,
+                    o.threads,
+                    probe.len()
                 );
             }
-            None => println!("weight bandwidth: llama-bench reported no model_size"),
+            _ => println!("weight bandwidth: ggml-harness bench reported no weight bytes or probe"),
         }
     }
-    println!(
-        "memcpy bandwidth (bytes copied per second, best of 5): {copy1:.2} GB/s with 1 thread, \
-         {copy_n:.2} GB/s with {} threads",
-        o.threads
-    );
     Ok(())
 }
 
@@ -266,26 +266,6 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
         0.0
     };
     (m, var.sqrt())
-}
-
-/// Best-of-5 bytes copied per second of a 256 MiB buffer, split over `threads` threads.
-fn memcpy_bandwidth(threads: usize) -> f64 {
-    const SIZE: usize = 256 << 20;
-    let src = vec![1u8; SIZE];
-    let mut dst = vec![2u8; SIZE];
-    let part = SIZE.div_ceil(threads);
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let t = std::time::Instant::now();
-        std::thread::scope(|s| {
-            for (d, from) in dst.chunks_mut(part).zip(src.chunks(part)) {
-                s.spawn(move || d.copy_from_slice(from));
-            }
-        });
-        best = best.min(t.elapsed().as_secs_f64());
-        std::hint::black_box(&dst);
-    }
-    SIZE as f64 / best / 1e9
 }
 
 /// The first JSON value in `s`; text before it (log lines) is skipped.

@@ -231,6 +231,41 @@ impl Model {
         Ok(TensorId(self.weights.len() as u32 - 1))
     }
 
+    /// Bytes of weights one generated token reads: every layer's weights, the output
+    /// norm and the output matrix whole (a tied output reads the embedding matrix), one
+    /// row of the embedding matrix for the lookup, and of each mixture of experts only
+    /// the `n_expert_used` experts a token is routed to.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let bytes = |id: TensorId| self.weights[id.index()].nbytes() as u64;
+        let embd = &self.weights[self.tok_embd.index()];
+        let mut total = bytes(self.output_norm) + bytes(self.output);
+        total += embd.nbytes() as u64 / embd.ne[1].max(1) as u64;
+        for l in &self.layers {
+            let dense = [l.attn_norm, l.wq, l.wk, l.wv, l.wo, l.ffn_norm];
+            let optional = [
+                l.ffn_gate_inp,
+                l.attn_q_norm,
+                l.attn_k_norm,
+                l.attn_post_norm,
+                l.ffn_post_norm,
+            ];
+            total += dense
+                .into_iter()
+                .chain(optional.into_iter().flatten())
+                .map(bytes)
+                .sum::<u64>();
+            let ffn: u64 = [l.ffn_gate, l.ffn_up, l.ffn_down]
+                .into_iter()
+                .map(bytes)
+                .sum();
+            total += match l.ffn_gate_inp {
+                Some(_) => ffn * self.hp.n_expert_used as u64 / self.hp.n_expert.max(1) as u64,
+                None => ffn,
+            };
+        }
+        total
+    }
+
     /// The layer a weight belongs to (`None` for embeddings, output norm and output).
     pub fn layer_of(&self, id: TensorId) -> Option<usize> {
         self.weights[id.index()]

@@ -1,0 +1,76 @@
+//! `bench`'s measurements that are not timings: the weight bytes one generated token
+//! reads (dense and mixture of experts), the read-bandwidth probe, and its report line.
+
+use ggml_core::DType;
+use harness::bench::{bandwidth_lines, read_bandwidth, BenchResult};
+use harness::gguf_file::GgufFile;
+use harness::model::Model;
+
+fn model(path: &std::path::Path) -> Model {
+    Model::from_gguf(&GgufFile::open(path).unwrap()).unwrap()
+}
+
+/// Every weight descriptor's bytes, the embedding matrix counted as one row.
+fn all_but_embedding_rows(m: &Model) -> u64 {
+    let total: u64 = m.weights.iter().map(|t| t.nbytes() as u64).sum();
+    let embd = &m.weights[m.tok_embd.index()];
+    total - embd.nbytes() as u64 + (embd.nbytes() / embd.ne[1]) as u64
+}
+
+#[test]
+fn a_dense_token_reads_every_weight_once_and_one_embedding_row() {
+    let m = model(&harness::synthetic::cached_model(DType::Q4_1).unwrap());
+    assert!(m.layers.iter().all(|l| l.ffn_gate_inp.is_none()));
+    assert_eq!(m.weight_bytes_per_token(), all_but_embedding_rows(&m));
+}
+
+#[test]
+fn a_moe_token_reads_only_its_routed_experts() {
+    let m = model(&harness::synthetic::cached_moe_model(DType::Q4_1).unwrap());
+    let (used, all) = (m.hp.n_expert_used as u64, m.hp.n_expert as u64);
+    assert!(used < all, "{used} of {all}");
+    let experts: u64 = m
+        .layers
+        .iter()
+        .filter(|l| l.ffn_gate_inp.is_some())
+        .flat_map(|l| [l.ffn_gate, l.ffn_up, l.ffn_down])
+        .map(|id| m.weights[id.index()].nbytes() as u64)
+        .sum();
+    assert!(experts > 0);
+    let unread = experts - experts * used / all;
+    assert_eq!(
+        m.weight_bytes_per_token(),
+        all_but_embedding_rows(&m) - unread
+    );
+}
+
+#[test]
+fn the_probe_measures_a_plausible_read_bandwidth() {
+    let bw = read_bandwidth(1);
+    // Between a slow DRAM channel and more than any cache-free read could give.
+    assert!((1e8..1e12).contains(&bw), "{bw}");
+}
+
+#[test]
+fn the_bandwidth_line_gives_the_fraction_of_the_probe() {
+    let r = BenchResult {
+        test: "tg128".into(),
+        n_tokens: 128,
+        tps_mean: 100.0,
+        tps_stddev: 1.0,
+        samples: vec![100.0],
+        bytes_moved_per_token: 0.0,
+        host_syncs_per_token: 1.0,
+        weight_bytes_per_token: 97e6,
+    };
+    let pp = BenchResult {
+        test: "pp512".into(),
+        weight_bytes_per_token: 0.0,
+        ..r.clone()
+    };
+    let s = bandwidth_lines(&[pp, r], 38.8e9, 2);
+    assert_eq!(
+        s,
+        "tg128: 97.0 MB of weights per token at 100.00 t/s = 9.70 GB/s, 25 % of the 38.80 GB/s 2 thread(s) read streaming (probe)\n"
+    );
+}
