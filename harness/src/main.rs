@@ -374,7 +374,8 @@ struct RunArgs {
     all_gather: AllGather,
     /// Make device D (index in --devices) fail at the OP-th node of its part of the graph:
     /// KIND alloc (its OP-th buffer allocation), kernel (the op reports an error) or hang
-    /// (its queue never completes; the run times out).
+    /// (its queue never completes; the run times out); on cuda-sim devices also the
+    /// emulated driver's errors illegal-address, launch, peer-copy and event.
     #[arg(long, value_name = "D:OP:KIND")]
     inject_fault: Option<harness::faults::FaultSpec>,
     /// Seconds the host waits for a device before the run fails with an error naming the
