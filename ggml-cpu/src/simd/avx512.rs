@@ -269,6 +269,92 @@ mod vnni {
         }
     }
 
+    /// Word indices (into two 32-word registers) that gather the 16 quant bytes of
+    /// blocks 4h .. 4h + 3 of a whole group into one register, block after block; the
+    /// group's bytes `[base, base + 128)` are in the two registers, with `base` 0 for
+    /// h = 0 and the group's last 128 bytes for h = 1 (so no load leaves the group).
+    const fn quant_words(fmt: u8, h: usize) -> [i16; 32] {
+        let xb = block_bytes(fmt);
+        let off = if fmt == FMT_Q4_1 { 4 } else { 2 };
+        let base = if h == 0 { 0 } else { 8 * xb - 128 };
+        let mut idx = [0i16; 32];
+        let mut w = 0;
+        while w < 32 {
+            let byte = (4 * h + w / 8) * xb + off + 2 * (w % 8) - base;
+            idx[w] = (byte / 2) as i16;
+            w += 1;
+        }
+        idx
+    }
+
+    /// The exact integer dots of the 8 blocks of a whole group at `x` (lane t: block t,
+    /// quants as unsigned nibbles) against the activation quants `ylo`/`yhi` (elements
+    /// 0..16 and 16..32 of blocks 4h .. 4h + 3 in register h, block after block).
+    ///
+    /// Two word permutes gather each half's 64 quant bytes from 128-byte windows, so a
+    /// `vpdpbusd` covers 4 blocks' low (or high) nibbles, where [`pair`] spends two
+    /// broadcast loads, a masked shift and an AND on every 2 blocks. Integer sums are
+    /// exact, so the result is [`group`]'s bit for bit.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn dots_full<const FMT: u8>(
+        x: *const u8,
+        ylo: &[__m512i; 2],
+        yhi: &[__m512i; 2],
+    ) -> __m256i {
+        let g = 8 * block_bytes(FMT);
+        let nib = _mm512_set1_epi8(15);
+        let mut acc = [_mm512_setzero_si512(); 2];
+        for (h, a) in acc.iter_mut().enumerate() {
+            let base = if h == 0 { 0 } else { g - 128 };
+            let idx = const { [quant_words(FMT, 0), quant_words(FMT, 1)] }[h];
+            // SAFETY: bytes [base, base + 128) lie in the group's `g` bytes at x (caller:
+            // a whole group; g >= 144); the index array has 32 words.
+            let q = unsafe {
+                let w0 = _mm512_loadu_si512(x.add(base) as *const __m512i);
+                let w1 = _mm512_loadu_si512(x.add(base + 64) as *const __m512i);
+                let iv = _mm512_loadu_si512(idx.as_ptr() as *const __m512i);
+                _mm512_permutex2var_epi16(w0, iv, w1)
+            };
+            let lo = _mm512_and_si512(q, nib);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
+            *a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*a, lo, ylo[h]), hi, yhi[h]);
+        }
+        // Block t's 4 partial sums are lanes 4t .. 4t + 3 of (acc[0], acc[1]).
+        let ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let r = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(acc[0], ie, acc[1]),
+            _mm512_permutex2var_epi32(acc[0], io, acc[1]),
+        );
+        _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)))
+    }
+
+    /// [`group`] for a whole group through [`dots_full`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn group_full<const FMT: u8>(
+        x: *const u8,
+        ylo: &[__m512i; 2],
+        yhi: &[__m512i; 2],
+        dy: __m256,
+        sy: __m256,
+        syi: __m256i,
+    ) -> __m256 {
+        // SAFETY: a whole group at x (caller).
+        let ((dx, mx), mut s) =
+            unsafe { (scales::<FMT, true>(x, 0), dots_full::<FMT>(x, ylo, yhi)) };
+        if FMT == FMT_Q4_0 {
+            s = _mm256_sub_epi32(s, _mm256_slli_epi32(syi, 3));
+        }
+        let v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
+        if FMT == FMT_Q4_1 {
+            _mm256_add_ps(v, _mm256_mul_ps(mx, sy))
+        } else {
+            v
+        }
+    }
+
     /// `NR` weight rows against one activation row packed by `pack_natural`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
@@ -301,13 +387,25 @@ mod vnni {
                     _mm256_loadu_si256(yp.add(320) as *const __m256i),
                 )
             };
+            // Elements 0..16 and 16..32 of blocks 0..4 and 4..8, for `dots_full`: the
+            // 128-bit lanes of the natural layout (block t in bytes 32t .. 32t + 32).
+            const LO: i32 = 0b10_00_10_00;
+            const HI: i32 = 0b11_01_11_01;
+            let ylo = [
+                _mm512_shuffle_i64x2(yv[0], yv[1], LO),
+                _mm512_shuffle_i64x2(yv[2], yv[3], LO),
+            ];
+            let yhi = [
+                _mm512_shuffle_i64x2(yv[0], yv[1], HI),
+                _mm512_shuffle_i64x2(yv[2], yv[3], HI),
+            ];
             for r in 0..NR {
                 // SAFETY: group g of the row: 8 whole blocks, or the last `cnt` blocks
                 // (lengths asserted above); same features.
                 unsafe {
                     let x = a[r].as_ptr().add(8 * g * xb);
                     acc[r] = if cnt == 8 {
-                        let v = group::<FMT, true>(x, 0, &yv, dy, sy, syi);
+                        let v = group_full::<FMT>(x, &ylo, &yhi, dy, sy, syi);
                         _mm256_add_ps(acc[r], v)
                     } else {
                         let v = group::<FMT, false>(x, cnt * xb, &yv, dy, sy, syi);
