@@ -254,7 +254,7 @@ pub(crate) const PF_DIST: usize = 4096;
 /// DRAM latency; the kernels stalled on the prefetch itself. On Zen 4, SmolLM2 Q4_1 tg128
 /// with 2 threads went from about 130 to 146 tokens/s (same run, alternated), while a
 /// matrix × vector product alone (the criterion benches) stays within ±6 %; 1, 2, 6, 8
-/// and 16 KiB distances and the T2 and NTA hints were no better (issue 22's note).
+/// and 16 KiB distances, the T2 hint and no prefetch at all were no better (issue 22).
 #[inline(always)]
 pub(crate) fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
