@@ -112,7 +112,7 @@ fn mul_mat(c: &mut Criterion) {
     group.sample_size(10);
     group.warm_up_time(std::time::Duration::from_millis(300));
     group.measurement_time(std::time::Duration::from_secs(2));
-    for w in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+    for w in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
         for (n, k, m) in [
             (1, 576, 1536),
             (512, 576, 1536),

@@ -441,6 +441,164 @@ mod vnni {
             }
         };
     }
+    /// Q5_0 block bytes: an f16 `d`, 32 high bits `qh`, 16 bytes of nibbles.
+    const Q5_XB: usize = 22;
+    /// Where the 128-byte window of half h (blocks 4h .. 4h + 3) of a group starts.
+    const Q5_BASE: [usize; 2] = [0, 8 * Q5_XB - 128];
+
+    /// Word indices, into half h's window, of: the 4 blocks' nibbles (words 0..32), or,
+    /// with `bits`, their `qh` low words then high words (words 0..8) and their `d`
+    /// (words 8..12).
+    const fn q5_words(h: usize, bits: bool) -> [i16; 32] {
+        let mut idx = [0i16; 32];
+        let mut w = 0;
+        while w < 32 {
+            let byte = if !bits {
+                (4 * h + w / 8) * Q5_XB + 6 + 2 * (w % 8)
+            } else if w < 8 {
+                (4 * h + w % 4) * Q5_XB + 2 + 2 * (w / 4)
+            } else if w < 12 {
+                (4 * h + w - 8) * Q5_XB
+            } else {
+                Q5_BASE[h]
+            };
+            idx[w] = ((byte - Q5_BASE[h]) / 2) as i16;
+            w += 1;
+        }
+        idx
+    }
+
+    /// The 8 block values (lane t: block t) of one Q5_0 weight row's group at `x` against
+    /// the packed activation group (`ylo`/`yhi` as for [`dots_full`]); with `FULL` false
+    /// only the `lim` bytes at `x` are read and the missing blocks are zero.
+    ///
+    /// As [`dots_full`], with each block's fifth bits turned into a byte mask (`qh` is
+    /// that mask already: bit j for element j) that adds 16 to the nibbles; `16·Σy`
+    /// comes off the exact integer dot afterwards.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn q5_group<const FULL: bool>(
+        x: *const u8,
+        lim: usize,
+        ylo: &[__m512i; 2],
+        yhi: &[__m512i; 2],
+        dy: __m256,
+        syi: __m256i,
+    ) -> __m256 {
+        let nib = _mm512_set1_epi8(15);
+        let five = _mm512_set1_epi8(16);
+        let mut acc = [_mm512_setzero_si512(); 2];
+        let mut d = [_mm_setzero_si128(); 2];
+        for (h, a) in acc.iter_mut().enumerate() {
+            let quants = const { [q5_words(0, false), q5_words(1, false)] }[h];
+            let bits = const { [q5_words(0, true), q5_words(1, true)] }[h];
+            // SAFETY: the group's bytes at x: whole (FULL: both windows lie in its 176
+            // bytes), or the `lim` bytes below which `ld512` reads; 32 words per index.
+            let (q, hb) = unsafe {
+                let w0 = ld512::<FULL>(x, Q5_BASE[h], lim);
+                let w1 = ld512::<FULL>(x, Q5_BASE[h] + 64, lim);
+                let iq = _mm512_loadu_si512(quants.as_ptr() as *const __m512i);
+                let ib = _mm512_loadu_si512(bits.as_ptr() as *const __m512i);
+                (
+                    _mm512_permutex2var_epi16(w0, iq, w1),
+                    _mm512_permutex2var_epi16(w0, ib, w1),
+                )
+            };
+            let hb128 = _mm512_castsi512_si128(hb);
+            let (klo, khi) = (
+                _cvtu64_mask64(_mm_cvtsi128_si64(hb128) as u64),
+                _cvtu64_mask64(_mm_extract_epi64::<1>(hb128) as u64),
+            );
+            d[h] = _mm512_extracti32x4_epi32::<1>(hb);
+            let lo = _mm512_and_si512(q, nib);
+            let lo = _mm512_mask_add_epi8(lo, klo, lo, five);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
+            let hi = _mm512_mask_add_epi8(hi, khi, hi, five);
+            *a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*a, lo, ylo[h]), hi, yhi[h]);
+        }
+        let ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let r = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(acc[0], ie, acc[1]),
+            _mm512_permutex2var_epi32(acc[0], io, acc[1]),
+        );
+        let s = _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)));
+        let s = _mm256_sub_epi32(s, _mm256_slli_epi32(syi, 4));
+        let dx = _mm256_cvtph_ps(_mm_unpacklo_epi64(d[0], d[1]));
+        _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s))
+    }
+
+    /// `NR` Q5_0 weight rows against one activation row packed by `pack_natural`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn gemv_q5_gen<const NR: usize>(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]) {
+        let nb = k / 32;
+        let ng = nb.div_ceil(8);
+        assert!(a.len() >= NR && a[..NR].iter().all(|r| r.len() >= nb * Q5_XB));
+        assert!(y.len() >= ng * crate::simd::PACK_GROUP);
+        let mut acc = [_mm256_setzero_ps(); NR];
+        const LO: i32 = 0b10_00_10_00;
+        const HI: i32 = 0b11_01_11_01;
+        for g in 0..ng {
+            let cnt = (nb - 8 * g).min(8);
+            // SAFETY: group g of the packed row (length asserted above).
+            let (yv, dy, syi) = unsafe {
+                let yp = y.as_ptr().add(g * crate::simd::PACK_GROUP);
+                (
+                    [
+                        _mm512_loadu_si512(yp as *const __m512i),
+                        _mm512_loadu_si512(yp.add(64) as *const __m512i),
+                        _mm512_loadu_si512(yp.add(128) as *const __m512i),
+                        _mm512_loadu_si512(yp.add(192) as *const __m512i),
+                    ],
+                    _mm256_loadu_ps(yp.add(256) as *const f32),
+                    _mm256_loadu_si256(yp.add(320) as *const __m256i),
+                )
+            };
+            let ylo = [
+                _mm512_shuffle_i64x2(yv[0], yv[1], LO),
+                _mm512_shuffle_i64x2(yv[2], yv[3], LO),
+            ];
+            let yhi = [
+                _mm512_shuffle_i64x2(yv[0], yv[1], HI),
+                _mm512_shuffle_i64x2(yv[2], yv[3], HI),
+            ];
+            for r in 0..NR {
+                // SAFETY: group g of the row: 8 whole blocks, or the last `cnt` blocks
+                // (lengths asserted above); same features.
+                unsafe {
+                    let x = a[r].as_ptr().add(8 * g * Q5_XB);
+                    acc[r] = if cnt == 8 {
+                        let v = q5_group::<true>(x, 0, &ylo, &yhi, dy, syi);
+                        _mm256_add_ps(acc[r], v)
+                    } else {
+                        let v = q5_group::<false>(x, cnt * Q5_XB, &ylo, &yhi, dy, syi);
+                        _mm256_mask_add_ps(acc[r], (1u8 << cnt) - 1, acc[r], v)
+                    };
+                }
+            }
+        }
+        for r in 0..NR {
+            let mut l = [0f32; 8];
+            // SAFETY: 8 floats of room.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r]) };
+            out[r] = crate::reference::tree8(l);
+        }
+    }
+
+    fn gemv_q5_0(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]) {
+        // SAFETY: this table is installed only when its features were detected.
+        unsafe {
+            match a.len() {
+                4 => gemv_q5_gen::<4>(k, a, y, out),
+                3 => gemv_q5_gen::<3>(k, a, y, out),
+                2 => gemv_q5_gen::<2>(k, a, y, out),
+                1 => gemv_q5_gen::<1>(k, a, y, out),
+                _ => {}
+            }
+        }
+    }
+
     gemv_rows!(gemv_q4_0, FMT_Q4_0);
     gemv_rows!(gemv_q4_1, FMT_Q4_1);
 
@@ -448,6 +606,7 @@ mod vnni {
         let rows: crate::simd::GemvRows = match w {
             DType::Q4_0 => gemv_q4_0,
             DType::Q4_1 => gemv_q4_1,
+            DType::Q5_0 => gemv_q5_0,
             _ => return None,
         };
         Some(crate::simd::Gemv {
