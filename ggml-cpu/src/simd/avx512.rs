@@ -90,11 +90,13 @@ mod vnni {
     /// reading them, so it was not kept.)
     const FMT_Q4_0: u8 = 0;
     const FMT_Q4_1: u8 = 1;
+    const FMT_Q5_0: u8 = 2;
 
     /// Bytes per block of a format.
     const fn block_bytes(fmt: u8) -> usize {
         match fmt {
             FMT_Q4_0 => 18,
+            FMT_Q5_0 => 22,
             _ => 20,
         }
     }
@@ -113,6 +115,20 @@ mod vnni {
             )
         };
         let r = half(half(p[0], p[1]), half(p[2], p[3]));
+        _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)))
+    }
+
+    /// The block dots of 8 blocks, lane t for block t, from 2 registers holding 4 partial
+    /// sums per block (blocks 4h .. 4h + 3 in register h, 4 lanes each).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    fn join_halves(acc: [__m512i; 2]) -> __m256i {
+        let ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let r = _mm512_add_epi32(
+            _mm512_permutex2var_epi32(acc[0], ie, acc[1]),
+            _mm512_permutex2var_epi32(acc[0], io, acc[1]),
+        );
         _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)))
     }
 
@@ -323,14 +339,7 @@ mod vnni {
             let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
             *a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*a, lo, ylo[h]), hi, yhi[h]);
         }
-        // Block t's 4 partial sums are lanes 4t .. 4t + 3 of (acc[0], acc[1]).
-        let ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        let r = _mm512_add_epi32(
-            _mm512_permutex2var_epi32(acc[0], ie, acc[1]),
-            _mm512_permutex2var_epi32(acc[0], io, acc[1]),
-        );
-        _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)))
+        join_halves(acc)
     }
 
     /// [`group`] for a whole group through [`dots_full`].
@@ -358,7 +367,8 @@ mod vnni {
         }
     }
 
-    /// `NR` weight rows against one activation row packed by `pack_natural`.
+    /// `NR` weight rows (Q4_0, Q4_1 or Q5_0) against one activation row packed by
+    /// `pack_natural`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
     unsafe fn gemv_gen<const FMT: u8, const NR: usize>(
@@ -390,8 +400,9 @@ mod vnni {
                     _mm256_loadu_si256(yp.add(320) as *const __m256i),
                 )
             };
-            // Elements 0..16 and 16..32 of blocks 0..4 and 4..8, for `dots_full`: the
-            // 128-bit lanes of the natural layout (block t in bytes 32t .. 32t + 32).
+            // Elements 0..16 and 16..32 of blocks 0..4 and 4..8, for `dots_full` and
+            // `q5_group`: the 128-bit lanes of the natural layout (block t in bytes
+            // 32t .. 32t + 32).
             const LO: i32 = 0b10_00_10_00;
             const HI: i32 = 0b11_01_11_01;
             let ylo = [
@@ -408,10 +419,18 @@ mod vnni {
                 unsafe {
                     let x = a[r].as_ptr().add(8 * g * xb);
                     acc[r] = if cnt == 8 {
-                        let v = group_full::<FMT>(x, &ylo, &yhi, dy, sy, syi);
+                        let v = if FMT == FMT_Q5_0 {
+                            q5_group::<true>(x, 0, &ylo, &yhi, dy, syi)
+                        } else {
+                            group_full::<FMT>(x, &ylo, &yhi, dy, sy, syi)
+                        };
                         _mm256_add_ps(acc[r], v)
                     } else {
-                        let v = group::<FMT, false>(x, cnt * xb, &yv, dy, sy, syi);
+                        let v = if FMT == FMT_Q5_0 {
+                            q5_group::<false>(x, cnt * xb, &ylo, &yhi, dy, syi)
+                        } else {
+                            group::<FMT, false>(x, cnt * xb, &yv, dy, sy, syi)
+                        };
                         _mm256_mask_add_ps(acc[r], (1u8 << cnt) - 1, acc[r], v)
                     };
                 }
@@ -516,91 +535,14 @@ mod vnni {
             let hi = _mm512_mask_add_epi8(hi, khi, hi, five);
             *a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*a, lo, ylo[h]), hi, yhi[h]);
         }
-        let ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        let r = _mm512_add_epi32(
-            _mm512_permutex2var_epi32(acc[0], ie, acc[1]),
-            _mm512_permutex2var_epi32(acc[0], io, acc[1]),
-        );
-        let s = _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)));
-        let s = _mm256_sub_epi32(s, _mm256_slli_epi32(syi, 4));
+        let s = _mm256_sub_epi32(join_halves(acc), _mm256_slli_epi32(syi, 4));
         let dx = _mm256_cvtph_ps(_mm_unpacklo_epi64(d[0], d[1]));
         _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s))
     }
 
-    /// `NR` Q5_0 weight rows against one activation row packed by `pack_natural`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn gemv_q5_gen<const NR: usize>(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]) {
-        let nb = k / 32;
-        let ng = nb.div_ceil(8);
-        assert!(a.len() >= NR && a[..NR].iter().all(|r| r.len() >= nb * Q5_XB));
-        assert!(y.len() >= ng * crate::simd::PACK_GROUP);
-        let mut acc = [_mm256_setzero_ps(); NR];
-        const LO: i32 = 0b10_00_10_00;
-        const HI: i32 = 0b11_01_11_01;
-        for g in 0..ng {
-            let cnt = (nb - 8 * g).min(8);
-            // SAFETY: group g of the packed row (length asserted above).
-            let (yv, dy, syi) = unsafe {
-                let yp = y.as_ptr().add(g * crate::simd::PACK_GROUP);
-                (
-                    [
-                        _mm512_loadu_si512(yp as *const __m512i),
-                        _mm512_loadu_si512(yp.add(64) as *const __m512i),
-                        _mm512_loadu_si512(yp.add(128) as *const __m512i),
-                        _mm512_loadu_si512(yp.add(192) as *const __m512i),
-                    ],
-                    _mm256_loadu_ps(yp.add(256) as *const f32),
-                    _mm256_loadu_si256(yp.add(320) as *const __m256i),
-                )
-            };
-            let ylo = [
-                _mm512_shuffle_i64x2(yv[0], yv[1], LO),
-                _mm512_shuffle_i64x2(yv[2], yv[3], LO),
-            ];
-            let yhi = [
-                _mm512_shuffle_i64x2(yv[0], yv[1], HI),
-                _mm512_shuffle_i64x2(yv[2], yv[3], HI),
-            ];
-            for r in 0..NR {
-                // SAFETY: group g of the row: 8 whole blocks, or the last `cnt` blocks
-                // (lengths asserted above); same features.
-                unsafe {
-                    let x = a[r].as_ptr().add(8 * g * Q5_XB);
-                    acc[r] = if cnt == 8 {
-                        let v = q5_group::<true>(x, 0, &ylo, &yhi, dy, syi);
-                        _mm256_add_ps(acc[r], v)
-                    } else {
-                        let v = q5_group::<false>(x, cnt * Q5_XB, &ylo, &yhi, dy, syi);
-                        _mm256_mask_add_ps(acc[r], (1u8 << cnt) - 1, acc[r], v)
-                    };
-                }
-            }
-        }
-        for r in 0..NR {
-            let mut l = [0f32; 8];
-            // SAFETY: 8 floats of room.
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r]) };
-            out[r] = crate::reference::tree8(l);
-        }
-    }
-
-    fn gemv_q5_0(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]) {
-        // SAFETY: this table is installed only when its features were detected.
-        unsafe {
-            match a.len() {
-                4 => gemv_q5_gen::<4>(k, a, y, out),
-                3 => gemv_q5_gen::<3>(k, a, y, out),
-                2 => gemv_q5_gen::<2>(k, a, y, out),
-                1 => gemv_q5_gen::<1>(k, a, y, out),
-                _ => {}
-            }
-        }
-    }
-
     gemv_rows!(gemv_q4_0, FMT_Q4_0);
     gemv_rows!(gemv_q4_1, FMT_Q4_1);
+    gemv_rows!(gemv_q5_0, FMT_Q5_0);
 
     pub(crate) fn gemv(w: DType) -> Option<crate::simd::Gemv> {
         let rows: crate::simd::GemvRows = match w {
