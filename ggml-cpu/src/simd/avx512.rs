@@ -101,6 +101,25 @@ mod vnni {
         }
     }
 
+    /// Where a block's 16 nibble bytes start (after `d`, and `m` or `qh`).
+    const fn quant_off(fmt: u8) -> usize {
+        match fmt {
+            FMT_Q4_0 => 2,
+            FMT_Q5_0 => 6,
+            _ => 4,
+        }
+    }
+
+    /// Where the 128-byte window of half h (blocks 4h .. 4h + 3) of a whole group
+    /// starts: the group's start, or its last 128 bytes (so no load leaves the group).
+    const fn half_base(fmt: u8, h: usize) -> usize {
+        if h == 0 {
+            0
+        } else {
+            8 * block_bytes(fmt) - 128
+        }
+    }
+
     /// The block dots of 8 blocks, lane t for block t, from 4 registers holding 16 partial
     /// sums each (blocks 2i and 2i + 1 in register i, 8 lanes each).
     #[inline]
@@ -234,7 +253,7 @@ mod vnni {
         let (b0, b1) = (2 * i * xb, (2 * i + 1) * xb);
         // SAFETY: blocks 2i and 2i + 1 at x, or the bytes of them below lim (caller).
         unsafe {
-            let off = if FMT == FMT_Q4_1 { 4 } else { 2 };
+            let off = quant_off(FMT);
             // Lanes: the 16 quant bytes of block 2i twice, then of block 2i + 1 twice;
             // low nibbles in lanes 0 and 2, high nibbles in lanes 1 and 3.
             let z = _mm512_mask_broadcast_i32x4(
@@ -290,16 +309,13 @@ mod vnni {
 
     /// Word indices (into two 32-word registers) that gather the 16 quant bytes of
     /// blocks 4h .. 4h + 3 of a whole group into one register, block after block; the
-    /// group's bytes `[base, base + 128)` are in the two registers, with `base` 0 for
-    /// h = 0 and the group's last 128 bytes for h = 1 (so no load leaves the group).
+    /// registers hold the group's 128 bytes from [`half_base`].
     const fn quant_words(fmt: u8, h: usize) -> [i16; 32] {
         let xb = block_bytes(fmt);
-        let off = if fmt == FMT_Q4_1 { 4 } else { 2 };
-        let base = if h == 0 { 0 } else { 8 * xb - 128 };
         let mut idx = [0i16; 32];
         let mut w = 0;
         while w < 32 {
-            let byte = (4 * h + w / 8) * xb + off + 2 * (w % 8) - base;
+            let byte = (4 * h + w / 8) * xb + quant_off(fmt) + 2 * (w % 8) - half_base(fmt, h);
             idx[w] = (byte / 2) as i16;
             w += 1;
         }
@@ -321,14 +337,13 @@ mod vnni {
         ylo: &[__m512i; 2],
         yhi: &[__m512i; 2],
     ) -> __m256i {
-        let g = 8 * block_bytes(FMT);
         let nib = _mm512_set1_epi8(15);
         let mut acc = [_mm512_setzero_si512(); 2];
         for (h, a) in acc.iter_mut().enumerate() {
-            let base = if h == 0 { 0 } else { g - 128 };
+            let base = half_base(FMT, h);
             let idx = const { [quant_words(FMT, 0), quant_words(FMT, 1)] }[h];
-            // SAFETY: bytes [base, base + 128) lie in the group's `g` bytes at x (caller:
-            // a whole group; g >= 144); the index array has 32 words.
+            // SAFETY: bytes [base, base + 128) lie in the group at x (caller: a whole
+            // group, at least 144 bytes); the index array has 32 words.
             let q = unsafe {
                 let w0 = _mm512_loadu_si512(x.add(base) as *const __m512i);
                 let w1 = _mm512_loadu_si512(x.add(base + 64) as *const __m512i);
@@ -460,28 +475,21 @@ mod vnni {
             }
         };
     }
-    /// Q5_0 block bytes: an f16 `d`, 32 high bits `qh`, 16 bytes of nibbles.
-    const Q5_XB: usize = 22;
-    /// Where the 128-byte window of half h (blocks 4h .. 4h + 3) of a group starts.
-    const Q5_BASE: [usize; 2] = [0, 8 * Q5_XB - 128];
-
-    /// Word indices, into half h's window, of: the 4 blocks' nibbles (words 0..32), or,
-    /// with `bits`, their `qh` low words then high words (words 0..8) and their `d`
-    /// (words 8..12).
-    const fn q5_words(h: usize, bits: bool) -> [i16; 32] {
+    /// Word indices, into half h's window of a Q5_0 group (from [`half_base`]), of the 4
+    /// blocks' `qh` low words then high words (words 0..8) and their `d` (words 8..12).
+    const fn q5_bit_words(h: usize) -> [i16; 32] {
+        let (xb, base) = (block_bytes(FMT_Q5_0), half_base(FMT_Q5_0, h));
         let mut idx = [0i16; 32];
         let mut w = 0;
         while w < 32 {
-            let byte = if !bits {
-                (4 * h + w / 8) * Q5_XB + 6 + 2 * (w % 8)
-            } else if w < 8 {
-                (4 * h + w % 4) * Q5_XB + 2 + 2 * (w / 4)
+            let byte = if w < 8 {
+                (4 * h + w % 4) * xb + 2 + 2 * (w / 4)
             } else if w < 12 {
-                (4 * h + w - 8) * Q5_XB
+                (4 * h + w - 8) * xb
             } else {
-                Q5_BASE[h]
+                base
             };
-            idx[w] = ((byte - Q5_BASE[h]) / 2) as i16;
+            idx[w] = ((byte - base) / 2) as i16;
             w += 1;
         }
         idx
@@ -509,13 +517,14 @@ mod vnni {
         let mut acc = [_mm512_setzero_si512(); 2];
         let mut d = [_mm_setzero_si128(); 2];
         for (h, a) in acc.iter_mut().enumerate() {
-            let quants = const { [q5_words(0, false), q5_words(1, false)] }[h];
-            let bits = const { [q5_words(0, true), q5_words(1, true)] }[h];
+            let quants = const { [quant_words(FMT_Q5_0, 0), quant_words(FMT_Q5_0, 1)] }[h];
+            let bits = const { [q5_bit_words(0), q5_bit_words(1)] }[h];
+            let base = half_base(FMT_Q5_0, h);
             // SAFETY: the group's bytes at x: whole (FULL: both windows lie in its 176
             // bytes), or the `lim` bytes below which `ld512` reads; 32 words per index.
             let (q, hb) = unsafe {
-                let w0 = ld512::<FULL>(x, Q5_BASE[h], lim);
-                let w1 = ld512::<FULL>(x, Q5_BASE[h] + 64, lim);
+                let w0 = ld512::<FULL>(x, base, lim);
+                let w1 = ld512::<FULL>(x, base + 64, lim);
                 let iq = _mm512_loadu_si512(quants.as_ptr() as *const __m512i);
                 let ib = _mm512_loadu_si512(bits.as_ptr() as *const __m512i);
                 (
