@@ -33,6 +33,12 @@ pub struct CpuBackendOptions {
     /// Seed of random sleeps of 0-200 µs before and after each queued item, to shake out
     /// missing synchronisation (the scheduler's chaos mode). `None` disables them.
     pub chaos: Option<u64>,
+    /// Pins each compute thread to a CPU of its own, where the process's affinity mask
+    /// has enough CPUs that no other live backend of the process has pinned (otherwise
+    /// the threads are left free). Two compute threads that the kernel stacks on one CPU
+    /// make every barrier wait for a time slice; pinning rules that out. Leave it off
+    /// where other processes run compute threads on the same CPUs.
+    pub pin_threads: bool,
 }
 
 impl Default for CpuBackendOptions {
@@ -42,6 +48,7 @@ impl Default for CpuBackendOptions {
             copy_queue: CopyQueue::Destination,
             isa: None,
             chaos: None,
+            pin_threads: false,
         }
     }
 }
@@ -101,6 +108,7 @@ pub struct CpuBackend {
     worker: Option<JoinHandle<()>>,
     options: CpuBackendOptions,
     isa: Isa,
+    pinned_cpus: Option<Vec<usize>>,
 }
 
 impl CpuBackend {
@@ -121,8 +129,9 @@ impl CpuBackend {
         options.isa = Some(isa);
         let registry = Arc::new(Registry::new(MemoryDomain::fresh()));
         let queue = Arc::new(Queue::new(name, registry));
-        let pool = Pool::new(options.n_threads, name.as_str())
+        let pool = Pool::new(options.n_threads, name.as_str(), options.pin_threads)
             .map_err(|_| err(BackendErrorKind::Device, "cannot spawn pool threads"))?;
+        let pinned_cpus = pool.cpus();
         let exec = Executor::new(Kernels::get(isa), name);
         let q = queue.clone();
         let chaos = options.chaos;
@@ -137,6 +146,7 @@ impl CpuBackend {
             worker: Some(worker),
             options,
             isa,
+            pinned_cpus,
         })
     }
 
@@ -148,6 +158,12 @@ impl CpuBackend {
     /// Threads per graph computation.
     pub fn n_threads(&self) -> usize {
         self.options.n_threads
+    }
+
+    /// The CPU each compute thread is pinned to (thread 0, the queue's, first), or `None`
+    /// where [`CpuBackendOptions::pin_threads`] is off or too few CPUs were free.
+    pub fn pinned_cpus(&self) -> Option<&[usize]> {
+        self.pinned_cpus.as_deref()
     }
 
     /// The options in effect (`isa` filled in).

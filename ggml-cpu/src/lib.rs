@@ -45,6 +45,7 @@
 // Errors of ggml-core carry names inline (no allocator there).
 #![allow(clippy::result_large_err)]
 
+mod affinity;
 mod backend;
 mod exec;
 mod isa;

@@ -5,12 +5,15 @@
 //! [`ThreadCtx::barrier`] (an atomic counter with a phase word, spinning briefly and then
 //! yielding, as ggml's barrier). Nothing is allocated per job: the closure lives on the
 //! caller's stack and `run` returns only after every thread has left it. Idle threads
-//! sleep on a condition variable after a short spin.
+//! sleep on a condition variable after a short spin. A pool may pin its threads to CPUs
+//! of their own ([`crate::affinity`]).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+
+use crate::affinity::{self, CpuClaim};
 
 /// Spins before a waiting thread starts yielding its time slice.
 const SPIN: u32 = 2_000;
@@ -83,12 +86,17 @@ fn backoff(spins: &mut u32) {
 pub(crate) struct Pool {
     shared: Arc<Shared>,
     handles: Vec<JoinHandle<()>>,
+    /// CPUs the threads are pinned to (thread `i` to the `i`-th), if pinned.
+    claim: Option<CpuClaim>,
 }
 
 impl Pool {
-    /// A pool for jobs of `n` threads (the caller plus `n - 1` spawned ones).
-    pub(crate) fn new(n: usize, name: &str) -> std::io::Result<Pool> {
+    /// A pool for jobs of `n` threads (the caller plus `n - 1` spawned ones). With `pin`,
+    /// each thread is pinned to a CPU of its own where enough are unclaimed (see
+    /// [`crate::affinity`]); the caller pins itself with [`Pool::pin_caller`].
+    pub(crate) fn new(n: usize, name: &str, pin: bool) -> std::io::Result<Pool> {
         let n = n.max(1);
+        let claim = if pin { CpuClaim::new(n) } else { None };
         let shared = Arc::new(Shared {
             n,
             generation: AtomicUsize::new(0),
@@ -103,19 +111,46 @@ impl Pool {
         let mut handles = Vec::with_capacity(n - 1);
         for ith in 1..n {
             let s = shared.clone();
+            let cpu = claim.as_ref().map(|c| c.cpu(ith));
             let h = std::thread::Builder::new()
                 .name(format!("{name}-t{ith}"))
-                .spawn(move || worker(s, ith));
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        affinity::pin_current_thread(cpu);
+                    }
+                    worker(s, ith)
+                });
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
-                    let pool = Pool { shared, handles };
+                    let pool = Pool {
+                        shared,
+                        handles,
+                        claim,
+                    };
                     drop(pool);
                     return Err(e);
                 }
             }
         }
-        Ok(Pool { shared, handles })
+        Ok(Pool {
+            shared,
+            handles,
+            claim,
+        })
+    }
+
+    /// Pins the calling thread (thread 0 of every job) to its CPU if the pool is pinned.
+    pub(crate) fn pin_caller(&self) {
+        if let Some(c) = &self.claim {
+            affinity::pin_current_thread(c.cpu(0));
+        }
+    }
+
+    /// The CPU of each thread, if the pool is pinned.
+    pub(crate) fn cpus(&self) -> Option<Vec<usize>> {
+        let c = self.claim.as_ref()?;
+        Some((0..self.shared.n).map(|i| c.cpu(i)).collect())
     }
 
     /// Number of threads of a job.
@@ -215,7 +250,7 @@ mod tests {
     #[test]
     fn every_thread_runs_and_barriers_order() {
         for n in [1, 2, 3] {
-            let pool = Pool::new(n, "test").unwrap();
+            let pool = Pool::new(n, "test", false).unwrap();
             for _ in 0..50 {
                 let counter = AtomicUsize::new(0);
                 let seen = Mutex::new(Vec::new());

@@ -311,6 +311,7 @@ impl Chaos {
 /// The worker thread's loop.
 pub(crate) fn worker_main(q: Arc<Queue>, pool: Pool, mut exec: Executor, chaos: Option<u64>) {
     let mut chaos = chaos.map(Chaos);
+    pool.pin_caller();
     while let Some(item) = q.pop() {
         if let Some(c) = chaos.as_mut() {
             c.sleep();

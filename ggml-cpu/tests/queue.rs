@@ -410,3 +410,82 @@ fn event_waits_report_errors_and_time_out() {
     be.synchronize().unwrap();
     assert!(be.synchronize_timeout(t).unwrap());
 }
+
+/// The CPUs the threads of backend `name` may run on, from `/proc/self/task/*/status`.
+#[cfg(target_os = "linux")]
+fn allowed_cpus_of_threads(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(&format!("{name}-")) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let line = status.lines().find(|l| l.starts_with("Cpus_allowed_list:"));
+        out.push(line.unwrap().split_whitespace().nth(1).unwrap().to_string());
+    }
+    out.sort();
+    out
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn pinned_threads_run_on_cpus_of_their_own_and_compute_the_same() {
+    let run = |be: &CpuBackend| {
+        let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor_1d(DType::F32, 4096).unwrap();
+        let y = ctx.scale(x, 3.0).unwrap();
+        let (tensors, _buf) = place(&ctx, be);
+        let input: Vec<f32> = (0..4096).map(|i| i as f32 * 0.25).collect();
+        be.set_tensor_async(&tensors[x.index()], 0, &bytes(&input))
+            .unwrap();
+        be.graph_compute(&tensors, &[y]).unwrap();
+        be.synchronize().unwrap();
+        let mut raw = vec![0u8; 4 * 4096];
+        be.get_tensor(&tensors[y.index()], 0, &mut raw).unwrap();
+        raw
+    };
+    let pin = |n: usize| {
+        CpuBackend::new(CpuBackendOptions {
+            n_threads: n,
+            pin_threads: true,
+            ..CpuBackendOptions::default()
+        })
+        .unwrap()
+    };
+    let free = CpuBackend::new(CpuBackendOptions::with_threads(2)).unwrap();
+    assert!(free.pinned_cpus().is_none());
+    let mut mask = 0usize;
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        mask += libc::CPU_COUNT(&set) as usize;
+    }
+    if mask < 2 {
+        // One CPU: a 2-thread backend cannot have two of its own.
+        assert!(pin(2).pinned_cpus().is_none());
+        return;
+    }
+    let a = pin(2);
+    let cpus = a.pinned_cpus().expect("two CPUs are free").to_vec();
+    assert_eq!(cpus.len(), 2);
+    assert_ne!(cpus[0], cpus[1]);
+    let expect: Vec<String> = {
+        let mut v: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(run(&a), run(&free), "pinning changes no bits");
+    assert_eq!(allowed_cpus_of_threads(a.name().as_str()), expect);
+    // Every CPU of the mask for a second backend: two are held by `a`, so it stays free.
+    assert!(pin(mask).pinned_cpus().is_none());
+    drop(a);
+    let all = pin(mask);
+    let got = all.pinned_cpus().expect("every CPU is free again");
+    assert!(cpus.iter().all(|c| got.contains(c)));
+}

@@ -399,6 +399,12 @@ struct RunArgs {
     /// Queue on which copies between CPU devices run.
     #[arg(long, value_enum, default_value_t = CopyQueueArg::Destination)]
     cpu_copy_queue: CopyQueueArg,
+    /// Leave the CPU devices' compute threads free to move between CPUs. By default each
+    /// thread is pinned to a CPU of its own where the process's affinity mask has enough
+    /// (two threads stacked on one CPU make every barrier wait for a time slice); pass
+    /// this where other programs compute on the same CPUs.
+    #[arg(long)]
+    no_pin: bool,
     /// Weaken the scheduler on purpose: own-event, no-slot-wait, async-user-input,
     /// no-alloc-wait, engine-early, engine-reuse, engine-no-arrival (to watch the
     /// checker catch each bug).
@@ -462,6 +468,7 @@ impl RunArgs {
             reduce_bf16_min: self.reduce_bf16_min,
             all_gather: self.all_gather,
             inject_fault: self.inject_fault,
+            pin_threads: !self.no_pin,
             wait_timeout: match self.wait_timeout {
                 0.0 => None,
                 t if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),

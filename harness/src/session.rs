@@ -79,6 +79,10 @@ pub struct RunConfig {
     /// How long the host waits for a device before the run fails with a timeout naming
     /// it (`--wait-timeout`); `None` waits for ever.
     pub wait_timeout: Option<std::time::Duration>,
+    /// Pin each CPU device's compute threads to CPUs of their own
+    /// ([`ggml_cpu::CpuBackendOptions::pin_threads`]); off in [`RunConfig::simple`], on
+    /// on the command line unless `--no-pin`.
+    pub pin_threads: bool,
 }
 
 impl RunConfig {
@@ -104,6 +108,7 @@ impl RunConfig {
             all_gather: AllGather::Concat,
             inject_fault: None,
             wait_timeout: Some(crate::faults::DEFAULT_WAIT_TIMEOUT),
+            pin_threads: false,
         }
     }
 }
@@ -149,6 +154,7 @@ pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
                         n_threads: per_cpu,
                         copy_queue: config.cpu_copy_queue,
                         chaos: config.chaos.map(|s| s.wrapping_add(out.len() as u64)),
+                        pin_threads: config.pin_threads,
                         ..Default::default()
                     };
                     out.push(Arc::new(ggml_cpu::CpuBackend::new(opts)?));
