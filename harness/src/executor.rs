@@ -77,6 +77,8 @@ pub struct SchedExecutor {
     /// outputs of each submitted batch, by ticket.
     tickets: std::collections::BTreeMap<u64, Vec<(ggml_sched::StagedOutput, usize)>>,
     next_ticket: u64,
+    /// Room for a staged output whose trailing rows nobody asked for.
+    spare: Vec<u8>,
 }
 
 impl std::fmt::Debug for SchedExecutor {
@@ -109,6 +111,7 @@ impl SchedExecutor {
             current: None,
             tickets: Default::default(),
             next_ticket: 0,
+            spare: Vec::new(),
         })
     }
 
@@ -213,17 +216,23 @@ impl Executor for SchedExecutor {
             .remove(&ticket)
             .ok_or_else(|| unknown_ticket(ticket))?;
         let total: usize = staged.iter().map(|(_, keep)| keep).sum();
-        let mut bytes = Vec::with_capacity(total);
-        let mut run = Vec::new();
+        // Read straight into the result (rows are whole f32s); only a run with unwanted
+        // trailing rows goes through the spare buffer. Generation reads a megabyte of
+        // logits per token: no extra copies, and no buffer allocated per pass.
+        let mut logits = vec![0f32; total / 4];
+        let out: &mut [u8] = bytemuck::cast_slice_mut(&mut logits);
+        let mut off = 0;
         for (s, keep) in staged {
-            run.resize(s.nbytes(), 0);
-            self.sched.read_staged(s, &mut run)?;
-            bytes.extend_from_slice(&run[..keep]);
+            if keep == s.nbytes() {
+                self.sched.read_staged(s, &mut out[off..off + keep])?;
+            } else {
+                self.spare.resize(s.nbytes(), 0);
+                self.sched.read_staged(s, &mut self.spare)?;
+                out[off..off + keep].copy_from_slice(&self.spare[..keep]);
+            }
+            off += keep;
         }
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(logits)
     }
 
     fn max_in_flight(&self) -> usize {
