@@ -206,6 +206,14 @@ impl NodeCtx<'_> {
         unsafe { std::slice::from_raw_parts_mut(self.tdata as *mut f32, self.tsize / 4) }
     }
 
+    /// This thread's scratch as bytes. Call at most once per phase, instead of
+    /// [`NodeCtx::scratch_f32`].
+    #[allow(clippy::mut_from_ref)]
+    pub fn scratch_bytes(&self) -> &mut [u8] {
+        // SAFETY: as `scratch_f32`.
+        unsafe { std::slice::from_raw_parts_mut(self.tdata, self.tsize) }
+    }
+
     /// The rows `[start, end)` of `n` that thread `ith` of `nth` handles.
     pub fn split(n: usize, ith: usize, nth: usize) -> (usize, usize) {
         (n * ith / nth, n * (ith + 1) / nth)

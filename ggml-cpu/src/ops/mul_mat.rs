@@ -89,7 +89,13 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
     } else {
         0
     };
-    (wb + wa, 4 * (k + 16))
+    // Per thread: a row of f32 for conversions, or 4 unpacked weight rows.
+    let unpacked = if a.dtype.is_quantized() {
+        4 * crate::simd::unpacked_row_bytes(k)
+    } else {
+        0
+    };
+    (wb + wa, (4 * (k + 16)).max(unpacked))
 }
 
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
@@ -139,6 +145,17 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(NC));
     let total = m_chunks * n_chunks * batches;
     let mut out = [0f32; 16];
+    // Several columns: weight rows unpacked once per chunk where the level can.
+    let unpacked = if gemv.is_none() {
+        (c.k.unpacked)(a.dtype)
+    } else {
+        None
+    };
+    let urb = crate::simd::unpacked_row_bytes(k);
+    let uscratch: &mut [u8] = match unpacked {
+        Some(_) => c.scratch_bytes(),
+        None => &mut [],
+    };
     loop {
         let ch = c.chunk.fetch_add(1, Ordering::Relaxed);
         if ch >= total {
@@ -164,15 +181,71 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         };
         let dense = gather || a.nb[1] == ars;
         let (pf_end, mut pf) = (wrow(m1) as usize, wrow(m0) as usize);
+        let store = |out: &[f32; 16], m: usize, nrows: usize, n: usize, ncols: usize| {
+            for r in 0..nrows {
+                for cc in 0..ncols {
+                    let p = dst.ptr.wrapping_add(
+                        (m + r) * dst.nb[0]
+                            + (n + cc) * dst.nb[1]
+                            + i2 * dst.nb[2]
+                            + i3 * dst.nb[3],
+                    );
+                    // SAFETY: output element (m+r, n+cc, i2, i3): inside the resolved
+                    // destination, written only by the thread owning this chunk.
+                    unsafe { (p as *mut f32).write_unaligned(out[r * 4 + cc]) };
+                }
+            }
+        };
+        let brow = |n: usize| -> &[u8] {
+            let row = (i3 * b.ne[2] + i2) * b.ne[1] + n;
+            // SAFETY: row `row` of the converted activations written in phase 0 (the
+            // barrier after it published them); read-only now.
+            unsafe { std::slice::from_raw_parts(c.wdata.add(row * vrs), vrs) }
+        };
+        if let Some(u) = unpacked {
+            // Each group of 4 weight rows is unpacked once, then runs against every
+            // column of the chunk.
+            let mut m = m0;
+            while m < m1 {
+                let nrows = (m1 - m).min(4);
+                if dense {
+                    let want = (wrow(m + nrows) as usize + PF_DIST).min(pf_end);
+                    while pf < want {
+                        prefetch(pf as *const u8);
+                        pf += 64;
+                    }
+                }
+                for (r, dstrow) in uscratch.chunks_exact_mut(urb).take(nrows).enumerate() {
+                    // SAFETY: as `arows` below: a dense weight row of `ars` bytes that
+                    // nobody writes now.
+                    let src = unsafe { std::slice::from_raw_parts(wrow(m + r), ars) };
+                    (u.unpack)(a.dtype, k, src, dstrow);
+                }
+                let mut arows: [&[u8]; 4] = [&[]; 4];
+                for (ar, row) in arows.iter_mut().zip(uscratch.chunks_exact(urb)).take(nrows) {
+                    *ar = row;
+                }
+                let mut n = n0;
+                while n < n1 {
+                    let ncols = (n1 - n).min(4);
+                    let mut brows: [&[u8]; 4] = [&[]; 4];
+                    for (cc, br) in brows.iter_mut().enumerate().take(ncols) {
+                        *br = brow(n + cc);
+                    }
+                    (u.tile)(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out);
+                    store(&out, m, nrows, n, ncols);
+                    n += ncols;
+                }
+                m += nrows;
+            }
+            continue;
+        }
         let mut n = n0;
         while n < n1 {
             let ncols = (n1 - n).min(4);
             let mut brows: [&[u8]; 4] = [&[]; 4];
             for (cc, br) in brows.iter_mut().enumerate().take(ncols) {
-                let row = (i3 * b.ne[2] + i2) * b.ne[1] + n + cc;
-                // SAFETY: row `row` of the converted activations written in phase 0 (the
-                // barrier after it published them); read-only now.
-                *br = unsafe { std::slice::from_raw_parts(c.wdata.add(row * vrs), vrs) };
+                *br = brow(n + cc);
             }
             let mut m = m0;
             while m < m1 {
@@ -200,19 +273,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                     &brows[..ncols],
                     &mut out,
                 );
-                for r in 0..nrows {
-                    for cc in 0..ncols {
-                        let p = dst.ptr.wrapping_add(
-                            (m + r) * dst.nb[0]
-                                + (n + cc) * dst.nb[1]
-                                + i2 * dst.nb[2]
-                                + i3 * dst.nb[3],
-                        );
-                        // SAFETY: output element (m+r, n+cc, i2, i3): inside the resolved
-                        // destination, written only by the thread owning this chunk.
-                        unsafe { (p as *mut f32).write_unaligned(out[r * 4 + cc]) };
-                    }
-                }
+                store(&out, m, nrows, n, ncols);
                 m += nrows;
             }
             n += ncols;

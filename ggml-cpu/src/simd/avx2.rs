@@ -25,6 +25,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     mm,
     pack,
     gemv: super::no_gemv,
+    unpacked,
 };
 
 x86_quant!("avx2,fma,f16c", dot_u, dot_s);

@@ -25,6 +25,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     mm,
     pack: super::avx2::KERNELS.pack,
     gemv: super::no_gemv,
+    unpacked: super::avx2::KERNELS.unpacked,
 };
 
 pub(crate) static KERNELS_VNNI: Kernels = Kernels {
@@ -33,6 +34,7 @@ pub(crate) static KERNELS_VNNI: Kernels = Kernels {
     mm: mm_vnni,
     pack: vnni::pack,
     gemv: vnni::gemv,
+    unpacked: vnni::unpacked,
     ..KERNELS
 };
 

@@ -65,6 +65,35 @@ pub(crate) struct Kernels {
     /// A kernel for a single activation row (matrix × vector) for weights of a dtype,
     /// if the level has one; used instead of `mm` when the activations have one column.
     pub gemv: fn(DType) -> Option<Gemv>,
+    /// Weight rows unpacked once per chunk for a dtype, if the level does that; used
+    /// instead of `mm` for several activation columns.
+    pub unpacked: fn(DType) -> Option<Unpacked>,
+}
+
+/// A level's tile on weight rows unpacked once and reused for every activation column
+/// of a chunk (the nibbles split and the blocks transposed once per row instead of once
+/// per 4 columns). The results are those of `mm`'s tile, bit for bit.
+#[derive(Clone, Copy)]
+pub(crate) struct Unpacked {
+    /// Unpacks a weight row of `k` values (`unpacked_row_bytes(k)` bytes of output).
+    pub unpack: fn(w: DType, k: usize, row: &[u8], out: &mut [u8]),
+    /// The tile, on unpacked weight rows and packed activation rows.
+    pub tile: MmTile,
+}
+
+/// No unpacked tiles: mul_mat uses `mm` on the raw weight rows.
+pub(crate) fn no_unpacked(_w: DType) -> Option<Unpacked> {
+    None
+}
+
+/// Bytes per group of 8 blocks of an unpacked weight row: 256 transposed quants, 8 f32
+/// `d`, 8 f32 `m`.
+#[allow(dead_code)] // unused on targets without x86 tiles
+pub(crate) const UNPACK_GROUP: usize = 320;
+
+/// Bytes of an unpacked weight row of `k` values.
+pub(crate) fn unpacked_row_bytes(k: usize) -> usize {
+    (k / 32).div_ceil(8) * UNPACK_GROUP
 }
 
 /// `out[r] = dot(a[r], y)` for `a.len() <= 4` weight rows of dtype `w` and one activation

@@ -22,6 +22,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     mm,
     pack,
     gemv: super::no_gemv,
+    unpacked: super::no_unpacked,
 };
 
 fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {

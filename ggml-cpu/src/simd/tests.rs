@@ -274,16 +274,34 @@ fn check_tile_on(k: &Kernels, w: DType, kk: usize, a: &[Vec<u8>], y: &[Vec<f32>]
     let br: Vec<&[u8]> = b.iter().map(|v| v.as_slice()).collect();
     let mut out = [f32::NAN; 16];
     ((k.mm)(w).expect("tile"))(w, kk, &ar, &br, &mut out);
-    for ri in 0..nr {
-        for ci in 0..nc {
-            let want = r::vec_dot_quant(w, &a[ri], &std[ci], kk);
-            assert_eq!(
-                out[ri * 4 + ci].to_bits(),
-                want.to_bits(),
-                "{:?} {w} k={kk} tile {nr}x{nc} at ({ri},{ci}): {} vs {want}",
-                k.isa,
-                out[ri * 4 + ci]
-            );
+    let mut outs = vec![("tile", out)];
+    // The same rows unpacked first (where the level does that) must give the same bits.
+    if let Some(u) = (k.unpacked)(w) {
+        let un: Vec<Vec<u8>> = a
+            .iter()
+            .map(|row| {
+                let mut o = vec![0xAAu8; crate::simd::unpacked_row_bytes(kk)];
+                (u.unpack)(w, kk, row, &mut o);
+                o
+            })
+            .collect();
+        let ur: Vec<&[u8]> = un.iter().map(|v| v.as_slice()).collect();
+        let mut out = [f32::NAN; 16];
+        (u.tile)(w, kk, &ur, &br, &mut out);
+        outs.push(("unpacked tile", out));
+    }
+    for (what, out) in outs {
+        for ri in 0..nr {
+            for ci in 0..nc {
+                let want = r::vec_dot_quant(w, &a[ri], &std[ci], kk);
+                assert_eq!(
+                    out[ri * 4 + ci].to_bits(),
+                    want.to_bits(),
+                    "{:?} {w} k={kk} {what} {nr}x{nc} at ({ri},{ci}): {} vs {want}",
+                    k.isa,
+                    out[ri * 4 + ci]
+                );
+            }
         }
     }
 }

@@ -108,56 +108,11 @@ macro_rules! x86_quant {
             v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
         }
 
-        quant_tile!(
-            tile_q4_0_imp,
-            tile_q4_0_gen,
-            $feat,
-            18,
-            unpack_q4_0,
-            8,
-            $dot_u,
-            false
-        );
-        quant_tile!(
-            tile_q4_1_imp,
-            tile_q4_1_gen,
-            $feat,
-            20,
-            unpack_q4_1,
-            0,
-            $dot_u,
-            true
-        );
-        quant_tile!(
-            tile_q5_0_imp,
-            tile_q5_0_gen,
-            $feat,
-            22,
-            unpack_q5_0,
-            16,
-            $dot_u,
-            false
-        );
-        quant_tile!(
-            tile_q5_1_imp,
-            tile_q5_1_gen,
-            $feat,
-            24,
-            unpack_q5_1,
-            0,
-            $dot_u,
-            true
-        );
-        quant_tile!(
-            tile_q8_0_imp,
-            tile_q8_0_gen,
-            $feat,
-            34,
-            unpack_q8_0,
-            0,
-            $dot_s,
-            false
-        );
+        quant_tile!(q4_0, $feat, 18, unpack_q4_0, 8, $dot_u, false);
+        quant_tile!(q4_1, $feat, 20, unpack_q4_1, 0, $dot_u, true);
+        quant_tile!(q5_0, $feat, 22, unpack_q5_0, 16, $dot_u, false);
+        quant_tile!(q5_1, $feat, 24, unpack_q5_1, 0, $dot_u, true);
+        quant_tile!(q8_0, $feat, 34, unpack_q8_0, 0, $dot_s, false);
 
         x86_kquant!($feat);
 
@@ -171,14 +126,50 @@ macro_rules! x86_quant {
             // SAFETY: this table is installed only when its features were detected.
             unsafe {
                 match w {
-                    DType::Q4_0 => tile_q4_0_imp(k, a, b, out),
-                    DType::Q4_1 => tile_q4_1_imp(k, a, b, out),
-                    DType::Q5_0 => tile_q5_0_imp(k, a, b, out),
-                    DType::Q5_1 => tile_q5_1_imp(k, a, b, out),
-                    DType::Q8_0 => tile_q8_0_imp(k, a, b, out),
+                    DType::Q4_0 => q4_0::tile(k, a, b, out),
+                    DType::Q4_1 => q4_1::tile(k, a, b, out),
+                    DType::Q5_0 => q5_0::tile(k, a, b, out),
+                    DType::Q5_1 => q5_1::tile(k, a, b, out),
+                    DType::Q8_0 => q8_0::tile(k, a, b, out),
                     _ => tile_kquant_imp(w, k, a, b, out),
                 }
             }
+        }
+
+        /// Weight rows unpacked once for all the activation columns of a chunk (the
+        /// legacy formats), with the tile that reads them.
+        pub(crate) fn unpacked(w: DType) -> Option<crate::simd::Unpacked> {
+            fn unpack(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
+                // SAFETY: this table is installed only when its features were detected.
+                unsafe {
+                    match w {
+                        DType::Q4_0 => q4_0::unpack_row(k, row, out),
+                        DType::Q4_1 => q4_1::unpack_row(k, row, out),
+                        DType::Q5_0 => q5_0::unpack_row(k, row, out),
+                        DType::Q5_1 => q5_1::unpack_row(k, row, out),
+                        DType::Q8_0 => q8_0::unpack_row(k, row, out),
+                        _ => unreachable!("only offered for the legacy formats"),
+                    }
+                }
+            }
+            fn tile(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+                // SAFETY: this table is installed only when its features were detected.
+                unsafe {
+                    match w {
+                        DType::Q4_0 => q4_0::utile(k, a, b, out),
+                        DType::Q4_1 => q4_1::utile(k, a, b, out),
+                        DType::Q5_0 => q5_0::utile(k, a, b, out),
+                        DType::Q5_1 => q5_1::utile(k, a, b, out),
+                        DType::Q8_0 => q8_0::utile(k, a, b, out),
+                        _ => unreachable!("only offered for the legacy formats"),
+                    }
+                }
+            }
+            matches!(
+                w,
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+            )
+            .then_some(crate::simd::Unpacked { unpack, tile })
         }
 
         /// Each accumulator's 8 lanes summed as the reference sums them (`tree8`) into the
@@ -426,116 +417,198 @@ macro_rules! x86_quant {
 }
 
 macro_rules! quant_tile {
-    ($name:ident, $gen:ident, $feat:literal, $xb:expr, $unpack:ident, $bias:expr, $dot:ident, $min:expr) => {
-        quant_tile_body!($gen, $feat, $xb, $unpack, $bias, $dot, $min);
+    ($m:ident, $feat:literal, $xb:expr, $unpack:ident, $bias:expr, $dot:ident, $min:expr) => {
+        /// The tiles of one legacy format (blocks of `$xb` bytes).
+        mod $m {
+            use super::*;
 
-        /// Dispatches to a tile of fixed shape (full tiles keep their accumulators in
-        /// registers); every shape performs the same operations per output element.
-        #[target_feature(enable = $feat)]
-        unsafe fn $name(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
-            // SAFETY: same features; shapes match the slices.
-            unsafe {
-                match (a.len(), b.len()) {
-                    (4, 4) => $gen::<4, 4>(k, a, b, out, 0, 0),
-                    (4, 2) => $gen::<4, 2>(k, a, b, out, 0, 0),
-                    (4, 1) => $gen::<4, 1>(k, a, b, out, 0, 0),
-                    (2, 4) => $gen::<2, 4>(k, a, b, out, 0, 0),
-                    (1, 4) => $gen::<1, 4>(k, a, b, out, 0, 0),
-                    (nr, nc) => {
-                        for r in 0..nr.min(4) {
-                            for c in 0..nc.min(4) {
-                                $gen::<1, 1>(k, &a[r..r + 1], &b[c..c + 1], out, r, c);
-                            }
+            /// Group `g` of a weight row as the tile multiplies it: the 8 blocks'
+            /// unpacked quants transposed like the activations (missing blocks of the
+            /// last group are zero), and the blocks' `d` and `m` (0 without a minimum)
+            /// as f32.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn group(row: &[u8], g: usize, nb: usize) -> ([__m256i; 8], __m256, __m256) {
+                let mut x = [_mm256_setzero_si256(); 8];
+                let mut d16 = [0u16; 8];
+                let mut m16 = [0u16; 8];
+                for t in 0..(nb - 8 * g).min(8) {
+                    // SAFETY: block 8g + t < nb of the row (the callers assert the
+                    // row's length).
+                    unsafe {
+                        let p = row.as_ptr().add((8 * g + t) * $xb);
+                        d16[t] = (p as *const u16).read_unaligned();
+                        if $min {
+                            m16[t] = (p.add(2) as *const u16).read_unaligned();
                         }
+                        x[t] = $unpack(p);
+                    }
+                }
+                // SAFETY: same features; 8 u16 each.
+                unsafe {
+                    transpose8(&mut x);
+                    (
+                        x,
+                        _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
+                        _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
+                    )
+                }
+            }
+
+            /// Unpacks a weight row of `k` values into `out` (`unpacked_row_bytes(k)`
+            /// bytes): per group, the 256 bytes of [`group`]'s quants, then its 8 `d` and
+            /// 8 `m` as f32. [`utile`] reads it.
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn unpack_row(k: usize, row: &[u8], out: &mut [u8]) {
+                let nb = k / 32;
+                let ng = nb.div_ceil(8);
+                assert!(row.len() >= nb * $xb);
+                assert!(out.len() >= ng * crate::simd::UNPACK_GROUP);
+                for g in 0..ng {
+                    // SAFETY: same features; the group has UNPACK_GROUP bytes of room
+                    // (asserted).
+                    unsafe {
+                        let (x, dx, mx) = group(row, g, nb);
+                        let o = out.as_mut_ptr().add(g * crate::simd::UNPACK_GROUP);
+                        for (i, v) in x.iter().enumerate() {
+                            _mm256_storeu_si256(o.add(32 * i) as *mut __m256i, *v);
+                        }
+                        _mm256_storeu_ps(o.add(256) as *mut f32, dx);
+                        _mm256_storeu_ps(o.add(288) as *mut f32, mx);
                     }
                 }
             }
-        }
-    };
-}
 
-macro_rules! quant_tile_body {
-    ($gen:ident, $feat:literal, $xb:expr, $unpack:ident, $bias:expr, $dot:ident, $min:expr) => {
-        /// `NR` weight rows (blocks of `$xb` bytes) against `NC` packed activation rows.
-        /// Per group of 8 blocks: the weight blocks are unpacked and transposed like the
-        /// activations, so 8 integer dot steps leave block t's exact dot in lane t with no
-        /// horizontal reduction; then `bias·Σy` is subtracted and the format's float
-        /// formula runs lane-wise exactly as `reference::block_value`.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn $gen<const NR: usize, const NC: usize>(
-            k: usize,
-            a: &[&[u8]],
-            b: &[&[u8]],
-            out: &mut [f32; 16],
-            r0: usize,
-            c0: usize,
-        ) {
-            let nb = k / 32;
-            let ng = nb.div_ceil(8);
-            let zero = _mm256_setzero_ps();
-            let mut acc = [[zero; NC]; NR];
-            for r in 0..NR {
-                assert!(a[r].len() >= nb * $xb);
-            }
-            for c in 0..NC {
-                assert!(b[c].len() >= ng * crate::simd::PACK_GROUP);
-            }
-            for g in 0..ng {
-                let cnt = (nb - 8 * g).min(8);
+            /// `NR` weight rows against `NC` packed activation rows: raw rows (`PRE`
+            /// false; each call unpacks them) or rows from [`unpack_row`] (`PRE`). Per
+            /// group of 8 blocks, 8 integer dot steps leave block t's exact dot in lane
+            /// t with no horizontal reduction; then `bias·Σy` is subtracted and the
+            /// format's float formula runs lane-wise exactly as
+            /// `reference::block_value`. Both sources give the same operands, so the
+            /// same bits.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn gen<const NR: usize, const NC: usize, const PRE: bool>(
+                k: usize,
+                a: &[&[u8]],
+                b: &[&[u8]],
+                out: &mut [f32; 16],
+                r0: usize,
+                c0: usize,
+            ) {
+                let nb = k / 32;
+                let ng = nb.div_ceil(8);
+                let zero = _mm256_setzero_ps();
+                let mut acc = [[zero; NC]; NR];
                 for r in 0..NR {
-                    let mut x = [_mm256_setzero_si256(); 8];
-                    let mut d16 = [0u16; 8];
-                    let mut m16 = [0u16; 8];
-                    for t in 0..cnt {
-                        // SAFETY: block 8g + t < nb of the row (length asserted above).
-                        unsafe {
-                            let p = a[r].as_ptr().add((8 * g + t) * $xb);
-                            d16[t] = (p as *const u16).read_unaligned();
-                            if $min {
-                                m16[t] = (p.add(2) as *const u16).read_unaligned();
+                    if PRE {
+                        assert!(a[r].len() >= ng * crate::simd::UNPACK_GROUP);
+                    } else {
+                        assert!(a[r].len() >= nb * $xb);
+                    }
+                }
+                for c in 0..NC {
+                    assert!(b[c].len() >= ng * crate::simd::PACK_GROUP);
+                }
+                for g in 0..ng {
+                    for r in 0..NR {
+                        // SAFETY: same features; group g of the row (lengths asserted).
+                        let (x, dx, mx) = unsafe {
+                            if PRE {
+                                let p = a[r].as_ptr().add(g * crate::simd::UNPACK_GROUP);
+                                let mut x = [_mm256_setzero_si256(); 8];
+                                for (i, v) in x.iter_mut().enumerate() {
+                                    *v = _mm256_loadu_si256(p.add(32 * i) as *const __m256i);
+                                }
+                                (
+                                    x,
+                                    _mm256_loadu_ps(p.add(256) as *const f32),
+                                    _mm256_loadu_ps(p.add(288) as *const f32),
+                                )
+                            } else {
+                                group(a[r], g, nb)
                             }
-                            x[t] = $unpack(p);
+                        };
+                        for c in 0..NC {
+                            // SAFETY: group g of the packed row (length asserted above);
+                            // same features.
+                            unsafe {
+                                let yp = b[c].as_ptr().add(g * crate::simd::PACK_GROUP);
+                                let mut s = _mm256_setzero_si256();
+                                for i in 0..8 {
+                                    let y = _mm256_loadu_si256(yp.add(32 * i) as *const __m256i);
+                                    s = $dot(s, x[i], y);
+                                }
+                                if $bias != 0 {
+                                    // bias · Σy as a shift: the biases are powers of two.
+                                    let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
+                                    s = _mm256_sub_epi32(
+                                        s,
+                                        _mm256_slli_epi32(
+                                            sy,
+                                            ($bias as u32).trailing_zeros() as i32,
+                                        ),
+                                    );
+                                }
+                                let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
+                                let mut v =
+                                    _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
+                                if $min {
+                                    let sy = _mm256_loadu_ps(yp.add(288) as *const f32);
+                                    v = _mm256_add_ps(v, _mm256_mul_ps(mx, sy));
+                                }
+                                acc[r][c] = _mm256_add_ps(acc[r][c], v);
+                            }
                         }
                     }
-                    // SAFETY: same features; 8 u16 each.
-                    let (dx, mx) = unsafe {
-                        transpose8(&mut x);
-                        (
-                            _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
-                            _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
-                        )
-                    };
-                    for c in 0..NC {
-                        // SAFETY: group g of the packed row (length asserted above); same
-                        // features.
-                        unsafe {
-                            let yp = b[c].as_ptr().add(g * crate::simd::PACK_GROUP);
-                            let mut s = _mm256_setzero_si256();
-                            for i in 0..8 {
-                                let y = _mm256_loadu_si256(yp.add(32 * i) as *const __m256i);
-                                s = $dot(s, x[i], y);
+                }
+                // SAFETY: same features.
+                unsafe { store_tile(&acc, out, r0, c0) };
+            }
+
+            /// Dispatches to a tile of fixed shape (full tiles keep their accumulators
+            /// in registers); every shape performs the same operations per output
+            /// element.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn shapes<const PRE: bool>(
+                k: usize,
+                a: &[&[u8]],
+                b: &[&[u8]],
+                out: &mut [f32; 16],
+            ) {
+                // SAFETY: same features; shapes match the slices.
+                unsafe {
+                    match (a.len(), b.len()) {
+                        (4, 4) => gen::<4, 4, PRE>(k, a, b, out, 0, 0),
+                        (4, 2) => gen::<4, 2, PRE>(k, a, b, out, 0, 0),
+                        (4, 1) => gen::<4, 1, PRE>(k, a, b, out, 0, 0),
+                        (2, 4) => gen::<2, 4, PRE>(k, a, b, out, 0, 0),
+                        (1, 4) => gen::<1, 4, PRE>(k, a, b, out, 0, 0),
+                        (nr, nc) => {
+                            for r in 0..nr.min(4) {
+                                for c in 0..nc.min(4) {
+                                    gen::<1, 1, PRE>(k, &a[r..r + 1], &b[c..c + 1], out, r, c);
+                                }
                             }
-                            if $bias != 0 {
-                                let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
-                                s = _mm256_sub_epi32(
-                                    s,
-                                    _mm256_mullo_epi32(sy, _mm256_set1_epi32($bias)),
-                                );
-                            }
-                            let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
-                            let mut v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
-                            if $min {
-                                let sy = _mm256_loadu_ps(yp.add(288) as *const f32);
-                                v = _mm256_add_ps(v, _mm256_mul_ps(mx, sy));
-                            }
-                            acc[r][c] = _mm256_add_ps(acc[r][c], v);
                         }
                     }
                 }
             }
-            // SAFETY: same features.
-            unsafe { store_tile(&acc, out, r0, c0) };
+
+            /// The tile on raw weight rows.
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn tile(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+                // SAFETY: same features.
+                unsafe { shapes::<false>(k, a, b, out) }
+            }
+
+            /// The tile on rows from [`unpack_row`].
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn utile(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+                // SAFETY: same features.
+                unsafe { shapes::<true>(k, a, b, out) }
+            }
         }
     };
 }
