@@ -147,7 +147,6 @@ macro_rules! x86_quant {
                         DType::Q4_1 => q4_1::unpack_row(k, row, out),
                         DType::Q5_0 => q5_0::unpack_row(k, row, out),
                         DType::Q5_1 => q5_1::unpack_row(k, row, out),
-                        DType::Q8_0 => q8_0::unpack_row(k, row, out),
                         _ => unreachable!("only offered for the legacy formats"),
                     }
                 }
@@ -160,16 +159,14 @@ macro_rules! x86_quant {
                         DType::Q4_1 => q4_1::utile(k, a, b, out),
                         DType::Q5_0 => q5_0::utile(k, a, b, out),
                         DType::Q5_1 => q5_1::utile(k, a, b, out),
-                        DType::Q8_0 => q8_0::utile(k, a, b, out),
                         _ => unreachable!("only offered for the legacy formats"),
                     }
                 }
             }
-            matches!(
-                w,
-                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
-            )
-            .then_some(crate::simd::Unpacked { unpack, tile })
+            // Not Q8_0: its blocks need no unpacking, and the copy made its tiles 8–11 %
+            // slower (criterion, 512 × 576 × 1536 and 512 × 14336 × 4096).
+            matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
+                .then_some(crate::simd::Unpacked { unpack, tile })
         }
 
         /// Each accumulator's 8 lanes summed as the reference sums them (`tree8`) into the
@@ -458,6 +455,7 @@ macro_rules! quant_tile {
             /// Unpacks a weight row of `k` values into `out` (`unpacked_row_bytes(k)`
             /// bytes): per group, the 256 bytes of [`group`]'s quants, then its 8 `d` and
             /// 8 `m` as f32. [`utile`] reads it.
+            #[allow(dead_code)] // Q8_0's is not offered (see `unpacked`)
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn unpack_row(k: usize, row: &[u8], out: &mut [u8]) {
                 let nb = k / 32;
@@ -604,6 +602,7 @@ macro_rules! quant_tile {
             }
 
             /// The tile on rows from [`unpack_row`].
+            #[allow(dead_code)] // Q8_0's is not offered (see `unpacked`)
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn utile(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
                 // SAFETY: same features.
