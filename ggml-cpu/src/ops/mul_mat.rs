@@ -22,6 +22,9 @@ use crate::simd::{Gemv, MmTile};
 pub(crate) const MC: usize = 64;
 /// Activation rows per chunk.
 pub(crate) const NC: usize = 16;
+/// Activation rows per chunk when the weight rows are unpacked first: more columns share
+/// each unpacking.
+pub(crate) const NC_UNPACKED: usize = 64;
 /// Chunks per thread when there is one activation column.
 pub(crate) const GEMV_CHUNKS: usize = 8;
 
@@ -142,15 +145,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     } else {
         MC
     };
-    let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(NC));
-    let total = m_chunks * n_chunks * batches;
-    let mut out = [0f32; 16];
     // Several columns: weight rows unpacked once per chunk where the level can.
     let unpacked = if gemv.is_none() {
         (c.k.unpacked)(a.dtype)
     } else {
         None
     };
+    let nc = if unpacked.is_some() { NC_UNPACKED } else { NC };
+    let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(nc));
+    let total = m_chunks * n_chunks * batches;
+    let mut out = [0f32; 16];
     let urb = crate::simd::unpacked_row_bytes(k);
     let uscratch: &mut [u8] = match unpacked {
         Some(_) => c.scratch_bytes(),
@@ -167,7 +171,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         let (i2, i3) = (bi % dst.ne[2], bi / dst.ne[2]);
         let (a2, a3) = (i2 / r2, i3 / r3);
         let (m0, m1) = (mi * mc, ((mi + 1) * mc).min(m_all));
-        let (n0, n1) = (ni * NC, ((ni + 1) * NC).min(n_all));
+        let (n0, n1) = (ni * nc, ((ni + 1) * nc).min(n_all));
         // When the chunk's weight rows are contiguous, keep the next PF_DIST bytes of
         // them in flight while the first block of columns runs (the later blocks find
         // them in the caches).
