@@ -179,13 +179,32 @@ macro_rules! x86_quant {
             r0: usize,
             c0: usize,
         ) {
-            for r in 0..NR {
-                for c in 0..NC {
-                    let mut l = [0f32; 8];
-                    // SAFETY: 8 floats of room.
-                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
-                    out[(r0 + r) * 4 + c0 + c] = crate::reference::tree8(l);
+            // Eight accumulators at a time, transposed so that vector i holds their lane
+            // i: the adds of `tree8` then run lane-wise, accumulator t in lane t.
+            let n = NR * NC;
+            let mut i = 0;
+            while i < n {
+                let m = (n - i).min(8);
+                let mut v = [_mm256_setzero_si256(); 8];
+                for (t, vt) in v.iter_mut().enumerate().take(m) {
+                    *vt = _mm256_castps_si256(acc[(i + t) / NC][(i + t) % NC]);
                 }
+                // SAFETY: same features.
+                unsafe { transpose8(&mut v) };
+                let l = |j: usize| _mm256_castsi256_ps(v[j]);
+                let s0 = _mm256_add_ps(l(0), l(4));
+                let s1 = _mm256_add_ps(l(1), l(5));
+                let s2 = _mm256_add_ps(l(2), l(6));
+                let s3 = _mm256_add_ps(l(3), l(7));
+                let sum = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+                let mut lanes = [0f32; 8];
+                // SAFETY: 8 floats of room.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+                for (t, &x) in lanes.iter().enumerate().take(m) {
+                    let (r, c) = ((i + t) / NC, (i + t) % NC);
+                    out[(r0 + r) * 4 + c0 + c] = x;
+                }
+                i += 8;
             }
         }
 
