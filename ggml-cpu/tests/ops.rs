@@ -472,6 +472,9 @@ enum AttnMask {
 #[case(40, 9, 53, 2, 1, AttnMask::Holes)]
 // Gemma 3 (1B): head size 256, 4 query heads on 1 KV head (GQA 4).
 #[case(256, 5, 40, 4, 1, AttnMask::Causal)]
+// 8 query heads per KV head (the most whose sums run together), and 10 (one at a time).
+#[case(80, 3, 21, 16, 2, AttnMask::Holes)]
+#[case(32, 3, 20, 10, 1, AttnMask::Holes)]
 fn flash_attn(
     bes: &[CpuBackend],
     #[case] d: usize,

@@ -27,8 +27,12 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor]) -> usize {
         get(2).unwrap_or_default(),
     );
     let (d, n_kv, dv) = (q[0], k[1], v[0]);
-    4 * (3 * n_kv + 3 * d + 2 * dv + 64)
+    let group = (q[2] / k[2].max(1)).clamp(1, MAX_JOINT);
+    4 * ((group + 2) * n_kv + 3 * d + (group + 1) * dv + 64)
 }
+
+/// Most query heads per KV head whose value sums run together.
+const MAX_JOINT: usize = 8;
 
 /// Maximal runs `[a, b)` of unmasked positions in `lo..hi`.
 fn unmasked_runs(
@@ -82,6 +86,22 @@ unsafe fn f16_rows<'a>(
     Some(unsafe { std::slice::from_raw_parts(p as *const u16, len) })
 }
 
+/// What one query row of one head needs to know.
+#[derive(Clone, Copy)]
+struct Row {
+    h: usize,
+    hk: usize,
+    iq: usize,
+    i3: usize,
+}
+
+/// The attention parameters of the node.
+#[derive(Clone, Copy)]
+struct Params {
+    scale: f32,
+    softcap: f32,
+}
+
 pub(crate) fn run(
     c: &NodeCtx<'_>,
     th: &ThreadCtx<'_>,
@@ -95,21 +115,31 @@ pub(crate) fn run(
     let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
     let dv = v.ne[0];
     let group = n_head / h_kv;
+    let par = Params { scale, softcap };
+    // Without ALiBi every head adds the same mask, so the heads of a KV head share one
+    // window and weigh the same value rows: their weighted sums run together (each
+    // still in its own order), converting each value row once for all of them.
+    let joint = max_bias <= 0.0
+        && (2..=MAX_JOINT).contains(&group)
+        && v.dtype == DType::F16
+        && v.rows_dense()
+        && (v.ptr as usize).is_multiple_of(2)
+        && v.nb[1].is_multiple_of(2);
+    let slots = if joint { group } else { 1 };
     let sc = c.scratch_f32();
-    let (scores, rest) = sc.split_at_mut(n_kv);
+    let (scores_all, rest) = sc.split_at_mut(slots * n_kv);
     let (mrow, rest) = rest.split_at_mut(n_kv);
     let (slope_mrow, rest) = rest.split_at_mut(n_kv);
     let (qf, rest) = rest.split_at_mut(d);
     let (krow, rest) = rest.split_at_mut(d);
     let (qh_f, rest) = rest.split_at_mut(d.div_ceil(2));
     let (vrow, rest) = rest.split_at_mut(dv);
-    let acc = &mut rest[..dv];
+    let accs_all = &mut rest[..slots * dv];
     // SAFETY: `qh_f` is a 4-byte aligned f32 area of ceil(d/2) values, reinterpreted as d
     // u16 values; it is not used as f32 anywhere.
     let qh: &mut [u16] =
         unsafe { std::slice::from_raw_parts_mut(qh_f.as_mut_ptr() as *mut u16, d) };
-    let k_f16 = k.dtype == DType::F16;
-    let (k_stride, v_stride) = (k.nb[1] / 2, v.nb[1] / 2);
+    let v_stride = v.nb[1] / 2;
     // Destination rows are (h, iq, i3). Under a causal mask later queries see more
     // positions, so each thread takes every nth query (all heads) for an even share of
     // the work; no result depends on the split.
@@ -121,87 +151,162 @@ pub(crate) fn run(
             // destination; checked through `alias`), as every read below.
             unsafe { m.read_row(iq, 0, 0, mrow) };
         }
-        // Without ALiBi every head adds the same mask, so they share one window.
         let shared = (max_bias <= 0.0).then(|| unmasked_window(mask.map(|_| &*mrow), n_kv));
-        for h in 0..n_head {
-            let hk = h / group;
-            let slope = alibi_slope(max_bias, h, n_head);
-            // The mask as added to scores: `slope · m` (exactly `m` for slope 1).
-            let bias: Option<&[f32]> = match mask {
-                None => None,
-                Some(_) if slope == 1.0 => Some(mrow),
-                Some(_) => {
-                    for (b, &m) in slope_mrow.iter_mut().zip(mrow.iter()) {
-                        *b = slope * m;
+        for hk in 0..h_kv {
+            if joint {
+                let mut sums = [0f32; MAX_JOINT];
+                let mut window = None;
+                for hg in 0..group {
+                    let row = Row {
+                        h: hk * group + hg,
+                        hk,
+                        iq,
+                        i3,
+                    };
+                    let bias = mask.map(|_| &*mrow);
+                    let scores = &mut scores_all[hg * n_kv..(hg + 1) * n_kv];
+                    window = head_scores(c, row, par, bias, shared, scores, qf, qh, krow);
+                    if let Some((_, _, sum)) = window {
+                        sums[hg] = sum;
                     }
-                    Some(slope_mrow)
                 }
-            };
-            let window = shared.unwrap_or_else(|| unmasked_window(bias, n_kv));
-            let Some((lo, hi)) = window else {
-                acc.fill(0.0);
-                // SAFETY: destination row (h, iq, i3), this thread's alone.
-                unsafe { dst.write_row(h, iq, i3, acc) };
-                continue;
-            };
-            let lo16 = lo - lo % LANES;
-            unsafe { q.read_row(iq, h, i3, qf) };
-            if k_f16 {
-                (c.k.f32_to_f16)(qf, qh);
-            }
-            scores[lo16..hi].fill(f32::NEG_INFINITY);
-            for (a, b) in unmasked_runs(bias, lo, hi) {
-                let run = &mut scores[a..b];
-                match unsafe { f16_rows(&k, a, hk, i3, rows_span(b - a, k_stride, d)) } {
-                    Some(rows) => (c.k.dots_f16)(qh, rows, k_stride, run),
-                    None => {
-                        for (j, s) in (a..b).zip(run.iter_mut()) {
-                            *s = key_dot(c, &k, j, hk, i3, qf, qh, krow);
+                accs_all.fill(0.0);
+                // Every head has the shared window (or none).
+                if let Some((lo, hi, _)) = window {
+                    for (a, b) in unmasked_runs(mask.map(|_| &*mrow), lo, hi) {
+                        let mut accs: [&mut [f32]; MAX_JOINT] = Default::default();
+                        for (slot, acc) in accs.iter_mut().zip(accs_all.chunks_exact_mut(dv)) {
+                            *slot = acc;
                         }
+                        let mut ws: [&[f32]; MAX_JOINT] = [&[]; MAX_JOINT];
+                        for (hg, w) in ws.iter_mut().enumerate().take(group) {
+                            *w = &scores_all[hg * n_kv + a..hg * n_kv + b];
+                        }
+                        // SAFETY: value rows of a resolved operand; dense, aligned F16
+                        // (`joint`).
+                        let rows =
+                            unsafe { f16_rows(&v, a, hk, i3, rows_span(b - a, v_stride, dv)) }
+                                .expect("dense aligned F16 values");
+                        (c.k.axpy_f16_rows)(&mut accs[..group], &ws[..group], rows, v_stride);
                     }
                 }
-                for (j, s) in (a..b).zip(run.iter_mut()) {
-                    let mut x = *s * scale;
-                    if softcap > 0.0 {
-                        x = softcap * (x / softcap).tanh();
-                    }
-                    if let Some(bias) = bias {
-                        x += bias[j];
-                    }
-                    *s = x;
+                for (hg, acc) in accs_all.chunks_exact_mut(dv).enumerate() {
+                    finish_row(&dst, acc, sums[hg], hk * group + hg, iq, i3);
                 }
+                continue;
             }
-            // 16-aligned, so lane i of the kernels is lane j % 16 of the definition.
-            let window = &mut scores[lo16..hi];
-            let mx = (c.k.max)(window);
-            let sum = (c.k.exp_shift_sum)(window, mx);
-            acc.fill(0.0);
-            for (a, b) in unmasked_runs(bias, lo, hi) {
-                let w = &scores[a..b];
-                match unsafe { f16_rows(&v, a, hk, i3, rows_span(b - a, v_stride, dv)) } {
-                    Some(rows) => (c.k.axpy_f16_rows)(acc, w, rows, v_stride),
-                    None => {
-                        for (j, &wj) in (a..b).zip(w.iter()) {
-                            match unsafe { v.row_f32(j, hk, i3) } {
-                                Some(vs) => (c.k.axpy_f32)(acc, wj, vs),
-                                None => {
-                                    unsafe { v.read_row(j, hk, i3, vrow) };
-                                    (c.k.axpy_f32)(acc, wj, vrow);
+            for h in hk * group..(hk + 1) * group {
+                let row = Row { h, hk, iq, i3 };
+                let slope = alibi_slope(max_bias, h, n_head);
+                // The mask as added to scores: `slope · m` (exactly `m` for slope 1).
+                let bias: Option<&[f32]> = match mask {
+                    None => None,
+                    Some(_) if slope == 1.0 => Some(mrow),
+                    Some(_) => {
+                        for (b, &m) in slope_mrow.iter_mut().zip(mrow.iter()) {
+                            *b = slope * m;
+                        }
+                        Some(slope_mrow)
+                    }
+                };
+                let scores = &mut scores_all[..n_kv];
+                let window = head_scores(c, row, par, bias, shared, scores, qf, qh, krow);
+                let acc = &mut accs_all[..dv];
+                acc.fill(0.0);
+                let Some((lo, hi, sum)) = window else {
+                    // SAFETY: destination row (h, iq, i3), this thread's alone.
+                    unsafe { dst.write_row(h, iq, i3, acc) };
+                    continue;
+                };
+                for (a, b) in unmasked_runs(bias, lo, hi) {
+                    let w = &scores_all[a..b];
+                    match unsafe { f16_rows(&v, a, hk, i3, rows_span(b - a, v_stride, dv)) } {
+                        Some(rows) => (c.k.axpy_f16_rows)(&mut [&mut *acc], &[w], rows, v_stride),
+                        None => {
+                            for (j, &wj) in (a..b).zip(w.iter()) {
+                                match unsafe { v.row_f32(j, hk, i3) } {
+                                    Some(vs) => (c.k.axpy_f32)(acc, wj, vs),
+                                    None => {
+                                        unsafe { v.read_row(j, hk, i3, vrow) };
+                                        (c.k.axpy_f32)(acc, wj, vrow);
+                                    }
                                 }
                             }
                         }
                     }
                 }
+                finish_row(&dst, acc, sum, h, iq, i3);
             }
-            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-            for a in acc.iter_mut() {
-                *a *= inv;
-            }
-            // SAFETY: destination row (h, iq, i3), this thread's alone.
-            unsafe { dst.write_row(h, iq, i3, acc) };
         }
     }
     Ok(())
+}
+
+/// The softmax weights of one head's query row into `scores` (`exp(s − max)` over the
+/// 16-aligned window, masked positions `+0`): returns the unmasked window `[lo, hi)` and
+/// the weights' sum, or `None` where every position is masked.
+#[allow(clippy::too_many_arguments)]
+fn head_scores(
+    c: &NodeCtx<'_>,
+    row: Row,
+    par: Params,
+    bias: Option<&[f32]>,
+    shared: Option<Option<(usize, usize)>>,
+    scores: &mut [f32],
+    qf: &mut [f32],
+    qh: &mut [u16],
+    krow: &mut [f32],
+) -> Option<(usize, usize, f32)> {
+    let (q, k) = (c.src[0], c.src[1]);
+    let Row { h, hk, iq, i3 } = row;
+    let d = q.ne[0];
+    let (lo, hi) = shared.unwrap_or_else(|| unmasked_window(bias, scores.len()))?;
+    let lo16 = lo - lo % LANES;
+    // SAFETY: a row of a resolved operand.
+    unsafe { q.read_row(iq, h, i3, qf) };
+    if k.dtype == DType::F16 {
+        (c.k.f32_to_f16)(qf, qh);
+    }
+    let k_stride = k.nb[1] / 2;
+    scores[lo16..hi].fill(f32::NEG_INFINITY);
+    for (a, b) in unmasked_runs(bias, lo, hi) {
+        let run = &mut scores[a..b];
+        // SAFETY: key rows of a resolved operand.
+        match unsafe { f16_rows(&k, a, hk, i3, rows_span(b - a, k_stride, d)) } {
+            Some(rows) => (c.k.dots_f16)(qh, rows, k_stride, run),
+            None => {
+                for (j, s) in (a..b).zip(run.iter_mut()) {
+                    *s = key_dot(c, &k, j, hk, i3, qf, qh, krow);
+                }
+            }
+        }
+        for (j, s) in (a..b).zip(run.iter_mut()) {
+            let mut x = *s * par.scale;
+            if par.softcap > 0.0 {
+                x = par.softcap * (x / par.softcap).tanh();
+            }
+            if let Some(bias) = bias {
+                x += bias[j];
+            }
+            *s = x;
+        }
+    }
+    // 16-aligned, so lane i of the kernels is lane j % 16 of the definition.
+    let window = &mut scores[lo16..hi];
+    let mx = (c.k.max)(window);
+    let sum = (c.k.exp_shift_sum)(window, mx);
+    Some((lo, hi, sum))
+}
+
+/// Scales a head's weighted sum by `1/Σw` (0 for an empty sum) and writes it as row
+/// `(h, iq, i3)` of the destination.
+fn finish_row(dst: &TView, acc: &mut [f32], sum: f32, h: usize, iq: usize, i3: usize) {
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for a in acc.iter_mut() {
+        *a *= inv;
+    }
+    // SAFETY: destination row (h, iq, i3), this thread's alone.
+    unsafe { dst.write_row(h, iq, i3, acc) };
 }
 
 /// The unscaled score of key row `(j, hk, i3)` for a query given as f32 (`qf`) and as f16

@@ -78,7 +78,7 @@ safe! {
     fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
     fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
     fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
-    fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) = axpy_f16_rows_imp;
+    fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
     fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
     fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
 }
@@ -403,7 +403,16 @@ unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_f16_rows_imp(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
+unsafe fn axpy_f16_rows_imp(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) {
+    for (acc, w) in accs.iter_mut().zip(ws) {
+        // SAFETY: same features.
+        unsafe { axpy_f16_row_imp(acc, w, v, stride) };
+    }
+}
+
+/// One head of [`axpy_f16_rows_imp`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_f16_row_imp(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
     let (d, n) = (acc.len(), w.len());
     assert!(
         v.len() >= super::rows_span(n, stride, d),

@@ -592,7 +592,7 @@ safe! {
     fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
     fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
     fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
-    fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) = axpy_f16_rows_imp;
+    fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
     fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
     fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
 }
@@ -932,46 +932,111 @@ unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn axpy_f16_rows_imp(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
-    let (d, n) = (acc.len(), w.len());
+unsafe fn axpy_f16_rows_imp(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) {
+    let (Some(a0), Some(w0)) = (accs.first(), ws.first()) else {
+        return;
+    };
+    let (d, n) = (a0.len(), w0.len());
+    assert!(accs.len() == ws.len(), "one weight row per head");
+    assert!(
+        accs.iter().all(|a| a.len() == d) && ws.iter().all(|w| w.len() == n),
+        "heads of equal lengths"
+    );
     assert!(
         v.len() >= super::rows_span(n, stride, d),
         "value rows out of bounds"
     );
-    // Four registers of the accumulator at a time stay in registers across all rows.
-    let mut c0 = 0;
-    while c0 < d {
-        let width = (d - c0).min(64);
-        let parts = width.div_ceil(16);
-        let masks: [__mmask16; 4] = core::array::from_fn(|p| {
-            let left = width.saturating_sub(16 * p);
-            if left >= 16 {
-                0xffff
-            } else {
-                (1u16 << left) - 1
+    // Up to 4 heads and 64 values a time: each row is converted once for the heads,
+    // and their accumulator registers are independent chains of adds (one head alone
+    // waits on the add latency: a lane's sum runs through the rows in order).
+    for (accs, ws) in accs.chunks_mut(4).zip(ws.chunks(4)) {
+        let mut c0 = 0;
+        while c0 < d {
+            let width = (d - c0).min(64);
+            let masks: [__mmask16; 4] = core::array::from_fn(|p| {
+                let left = width.saturating_sub(16 * p);
+                if left >= 16 {
+                    0xffff
+                } else {
+                    (1u16 << left) - 1
+                }
+            });
+            let mut a = [std::ptr::null_mut::<f32>(); 4];
+            let mut w = [std::ptr::null::<f32>(); 4];
+            for (h, (acc, wh)) in accs.iter_mut().zip(ws).enumerate() {
+                a[h] = acc.as_mut_ptr().wrapping_add(c0);
+                w[h] = wh.as_ptr();
             }
-        });
-        // SAFETY (loads and stores below): `width` values at c0 in the accumulator and in
-        // every value row (bounds asserted); masked lanes are not touched.
-        let mut regs = [_mm512_setzero_ps(); 4];
-        let (a, masks) = (&mut regs[..parts], &masks[..parts]);
-        for (p, (ap, &m)) in a.iter_mut().zip(masks).enumerate() {
-            *ap = unsafe { _mm512_maskz_loadu_ps(m, acc.as_ptr().add(c0 + 16 * p)) };
-        }
-        for (j, &wj) in w.iter().enumerate() {
-            let wv = _mm512_set1_ps(wj);
-            let row = v.as_ptr().wrapping_add(j * stride + c0);
-            for (p, (ap, &m)) in a.iter_mut().zip(masks).enumerate() {
-                let x = unsafe {
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row.add(16 * p) as *const i16))
+            let r = v.as_ptr().wrapping_add(c0);
+            macro_rules! go {
+                ($($h:literal, $p:literal);*) => {
+                    match (accs.len(), width.div_ceil(16)) {
+                        $(($h, $p) => axpy_f16_block::<$h, $p>(a, masks, w, n, r, stride),)*
+                        _ => unreachable!("1 to 4 heads, 1 to 4 registers"),
+                    }
                 };
-                *ap = _mm512_add_ps(*ap, _mm512_mul_ps(wv, x));
+            }
+            // SAFETY: `width` values at c0 of every accumulator and value row, `n` weights
+            // per head (all asserted); same features.
+            unsafe {
+                go!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4;
+                    3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4)
+            };
+            c0 += width;
+        }
+    }
+}
+
+/// For heads `h < H`: `acc[h][..16 P] += w[h][j] · v[j·stride ..][..16 P]` for rows
+/// `j < n` in order (lanes beyond `masks` untouched), every accumulator in a register
+/// throughout (counts known at compile time; a slice of them went through the stack, a
+/// store and a reload per row), each row converted once for all heads.
+///
+/// # Safety
+/// For `h < H`: the masked lanes of `16 P` values at `acc[h]` and at every row
+/// `v + j·stride` (`j < n`) are valid, and `w[h]` has `n` readable values.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn axpy_f16_block<const H: usize, const P: usize>(
+    acc: [*mut f32; 4],
+    masks: [__mmask16; 4],
+    w: [*const f32; 4],
+    n: usize,
+    v: *const u16,
+    stride: usize,
+) {
+    let mut a = [[_mm512_setzero_ps(); P]; H];
+    for (h, ah) in a.iter_mut().enumerate() {
+        for (p, ap) in ah.iter_mut().enumerate() {
+            // SAFETY: caller's contract; masked lanes are not touched.
+            *ap = unsafe { _mm512_maskz_loadu_ps(masks[p], acc[h].add(16 * p)) };
+        }
+    }
+    for j in 0..n {
+        let row = v.wrapping_add(j * stride);
+        let mut x = [_mm512_setzero_ps(); P];
+        for (p, xp) in x.iter_mut().enumerate() {
+            // SAFETY: caller's contract.
+            *xp = unsafe {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                    masks[p],
+                    row.add(16 * p) as *const i16,
+                ))
+            };
+        }
+        for (h, ah) in a.iter_mut().enumerate() {
+            // SAFETY: caller's contract.
+            let wv = _mm512_set1_ps(unsafe { *w[h].add(j) });
+            for (ap, xp) in ah.iter_mut().zip(&x) {
+                *ap = _mm512_add_ps(*ap, _mm512_mul_ps(wv, *xp));
             }
         }
-        for (p, (ap, &m)) in a.iter_mut().zip(masks).enumerate() {
-            unsafe { _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * p), m, *ap) };
+    }
+    for (h, ah) in a.iter().enumerate() {
+        for (p, ap) in ah.iter().enumerate() {
+            // SAFETY: caller's contract.
+            unsafe { _mm512_mask_storeu_ps(acc[h].add(16 * p), masks[p], *ap) };
         }
-        c0 += width;
     }
 }
 

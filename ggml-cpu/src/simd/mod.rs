@@ -52,9 +52,11 @@ pub(crate) struct Kernels {
     /// `out[j] = dot_f16(q, k[j*stride..][..q.len()])` for every `j < out.len()`: one
     /// query against a run of equally spaced key rows (attention scores).
     pub dots_f16: fn(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]),
-    /// `axpy_f16(acc, w[j], v[j*stride..][..acc.len()])` for `j = 0, 1, ...` in order: a
-    /// weighted sum of equally spaced value rows (attention output).
-    pub axpy_f16_rows: fn(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize),
+    /// For every head `h`: `axpy_f16(accs[h], ws[h][j], v[j*stride..][..d])` for `j = 0,
+    /// 1, ...` in order: weighted sums of the same equally spaced value rows (attention
+    /// output of the query heads that share a KV head). Every `accs[h]` has the same
+    /// length `d`, every `ws[h]` the same length.
+    pub axpy_f16_rows: fn(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize),
     /// Quantises activations to Q8_0, Q8_1 or Q8_K exactly as ggml-core's reference.
     pub quantize: fn(DType, &[f32], &mut [u8]),
     /// The mul_mat tile for weights of a dtype.

@@ -32,10 +32,12 @@ fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
     }
 }
 
-fn axpy_f16_rows(acc: &mut [f32], w: &[f32], v: &[u16], stride: usize) {
-    let d = acc.len();
-    for (j, &wj) in w.iter().enumerate() {
-        axpy_f16(acc, wj, &v[j * stride..j * stride + d]);
+fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) {
+    for (acc, w) in accs.iter_mut().zip(ws) {
+        let d = acc.len();
+        for (j, &wj) in w.iter().enumerate() {
+            axpy_f16(acc, wj, &v[j * stride..j * stride + d]);
+        }
     }
 }
 

@@ -118,7 +118,7 @@ fn exp_family_matches_reference(#[values(1, 2, 3)] seed: u64) {
         super::scalar::axpy_f32(&mut acc2, 0.37, &x);
         assert_eq!(bits(&acc1), bits(&acc2), "{:?} axpy", k.isa);
         let xh: Vec<u16> = y.iter().map(|&v| r::f32_to_f16(v)).collect();
-        (k.axpy_f16_rows)(&mut acc1, &[-1.5], &xh, 0);
+        (k.axpy_f16_rows)(&mut [&mut acc1[..]], &[&[-1.5]], &xh, 0);
         super::scalar::axpy_f16(&mut acc2, -1.5, &xh);
         assert_eq!(bits(&acc1), bits(&acc2), "{:?} axpy_f16", k.isa);
     }
@@ -136,27 +136,41 @@ fn attention_row_kernels_match_reference(
     let half = |x: Vec<f32>| -> Vec<u16> { x.iter().map(|&v| r::f32_to_f16(v)).collect() };
     let q = half(rng.vec(d, 2.0));
     let rows = half(rng.vec(n.max(1) * stride, 2.0));
-    let w = rng.vec(n, 1.0);
-    let acc0 = rng.vec(d, 1.0);
+    // Up to 6 query heads sharing the value rows (the kernels take them 4 at a time).
+    let ws: Vec<Vec<f32>> = (0..6).map(|_| rng.vec(n, 1.0)).collect();
+    let acc0s: Vec<Vec<f32>> = (0..6).map(|_| rng.vec(d, 1.0)).collect();
     let want: Vec<f32> = (0..n)
         .map(|j| r::dot_f16(&q, &rows[j * stride..j * stride + d]))
         .collect();
-    let mut want_acc = acc0.clone();
-    for (j, &wj) in w.iter().enumerate() {
-        super::scalar::axpy_f16(&mut want_acc, wj, &rows[j * stride..j * stride + d]);
-    }
+    let want_accs: Vec<Vec<f32>> = acc0s
+        .iter()
+        .zip(&ws)
+        .map(|(acc0, w)| {
+            let mut a = acc0.clone();
+            for (j, &wj) in w.iter().enumerate() {
+                super::scalar::axpy_f16(&mut a, wj, &rows[j * stride..j * stride + d]);
+            }
+            a
+        })
+        .collect();
     for k in all_tables() {
         let mut out = vec![f32::NAN; n];
         (k.dots_f16)(&q, &rows, stride, &mut out);
         assert_eq!(bits(&out), bits(&want), "{:?} dots_f16 d={d} n={n}", k.isa);
-        let mut acc = acc0.clone();
-        (k.axpy_f16_rows)(&mut acc, &w, &rows, stride);
-        assert_eq!(
-            bits(&acc),
-            bits(&want_acc),
-            "{:?} axpy_f16_rows d={d} n={n}",
-            k.isa
-        );
+        for heads in [1, 2, 3, 4, 5, 6] {
+            let mut accs = acc0s[..heads].to_vec();
+            let mut am: Vec<&mut [f32]> = accs.iter_mut().map(|a| a.as_mut_slice()).collect();
+            let wr: Vec<&[f32]> = ws[..heads].iter().map(|w| w.as_slice()).collect();
+            (k.axpy_f16_rows)(&mut am, &wr, &rows, stride);
+            for (h, (a, want)) in accs.iter().zip(&want_accs).enumerate() {
+                assert_eq!(
+                    bits(a),
+                    bits(want),
+                    "{:?} axpy_f16_rows d={d} n={n} head {h} of {heads}",
+                    k.isa
+                );
+            }
+        }
     }
 }
 
