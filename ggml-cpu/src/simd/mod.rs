@@ -28,6 +28,9 @@ use crate::isa::Isa;
 /// of `k` values.
 pub(crate) type MmTile = fn(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]);
 
+/// [`Kernels::axpy_f16_rows`]: `(accs, ws, v, stride)`.
+pub(crate) type AxpyRows = fn(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize);
+
 /// The kernels of one instruction-set level.
 pub(crate) struct Kernels {
     /// The level.
@@ -56,7 +59,7 @@ pub(crate) struct Kernels {
     /// 1, ...` in order: weighted sums of the same equally spaced value rows (attention
     /// output of the query heads that share a KV head). Every `accs[h]` has the same
     /// length `d`, every `ws[h]` the same length.
-    pub axpy_f16_rows: fn(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize),
+    pub axpy_f16_rows: AxpyRows,
     /// Quantises activations to Q8_0, Q8_1 or Q8_K exactly as ggml-core's reference.
     pub quantize: fn(DType, &[f32], &mut [u8]),
     /// The mul_mat tile for weights of a dtype.
