@@ -94,7 +94,7 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
     };
     // Per thread: a row of f32 for conversions, or 4 unpacked weight rows.
     let unpacked = if a.dtype.is_quantized() {
-        4 * crate::simd::unpacked_row_bytes(k)
+        4 * crate::simd::unpacked_row_bytes(a.dtype, k)
     } else {
         0
     };
@@ -155,7 +155,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(nc));
     let total = m_chunks * n_chunks * batches;
     let mut out = [0f32; 16];
-    let urb = crate::simd::unpacked_row_bytes(k);
+    let urb = crate::simd::unpacked_row_bytes(a.dtype, k);
     let uscratch: &mut [u8] = match unpacked {
         Some(_) => c.scratch_bytes(),
         None => &mut [],

@@ -80,7 +80,7 @@ pub(crate) struct Kernels {
 /// per 4 columns). The results are those of `mm`'s tile, bit for bit.
 #[derive(Clone, Copy)]
 pub(crate) struct Unpacked {
-    /// Unpacks a weight row of `k` values (`unpacked_row_bytes(k)` bytes of output).
+    /// Unpacks a weight row of `k` values (`unpacked_row_bytes(w, k)` bytes of output).
     pub unpack: fn(w: DType, k: usize, row: &[u8], out: &mut [u8]),
     /// The tile, on unpacked weight rows and packed activation rows.
     pub tile: MmTile,
@@ -96,9 +96,22 @@ pub(crate) fn no_unpacked(_w: DType) -> Option<Unpacked> {
 #[allow(dead_code)] // unused on targets without x86 tiles
 pub(crate) const UNPACK_GROUP: usize = 320;
 
-/// Bytes of an unpacked weight row of `k` values.
-pub(crate) fn unpacked_row_bytes(k: usize) -> usize {
-    (k / 32).div_ceil(8) * UNPACK_GROUP
+/// Bytes per unpacked K-quant super-block: 256 quants, 8 chunk scale vectors, the aux
+/// vector (see `x86_kquant`).
+#[allow(dead_code)] // unused on targets without x86 tiles
+pub(crate) const UNPACK_KQ_BLOCK: usize = 256 + 256 + 32;
+
+/// Bytes of an unpacked weight row of `k` values of dtype `w`: legacy formats in groups
+/// of 8 blocks ([`UNPACK_GROUP`]); K-quants as super-blocks ([`UNPACK_KQ_BLOCK`])
+/// followed by their `d` and then their `dmin` as f32, each list padded with zeros to a
+/// multiple of 8.
+pub(crate) fn unpacked_row_bytes(w: DType, k: usize) -> usize {
+    if w.block_size() == 256 {
+        let nb = k / 256;
+        nb * UNPACK_KQ_BLOCK + 2 * 4 * 8 * nb.div_ceil(8)
+    } else {
+        (k / 32).div_ceil(8) * UNPACK_GROUP
+    }
 }
 
 /// `out[r] = dot(a[r], y)` for `a.len() <= 4` weight rows of dtype `w` and one activation

@@ -294,7 +294,7 @@ fn check_tile_on(k: &Kernels, w: DType, kk: usize, a: &[Vec<u8>], y: &[Vec<f32>]
         let un: Vec<Vec<u8>> = a
             .iter()
             .map(|row| {
-                let mut o = vec![0xAAu8; crate::simd::unpacked_row_bytes(kk)];
+                let mut o = vec![0xAAu8; crate::simd::unpacked_row_bytes(w, kk)];
                 (u.unpack)(w, kk, row, &mut o);
                 o
             })

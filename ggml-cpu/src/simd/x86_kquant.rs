@@ -386,13 +386,55 @@ macro_rules! x86_kquant {
             )
         }
 
+        /// Unpacks a weight row of `k` values of format `F` into `out`
+        /// (`unpacked_row_bytes(w, k)` bytes): every super-block's [`KqBlock`] (256
+        /// quant bytes, the 8 chunk scale vectors, the aux vector), then the blocks' `d`
+        /// and then their `dmin` (0 without mins) as f32, each list zero-padded to a
+        /// multiple of 8. [`kq_utile`] reads it.
+        #[target_feature(enable = $feat)]
+        unsafe fn kq_unpack_row<const F: u8>(k: usize, row: &[u8], out: &mut [u8]) {
+            let (xb, nb) = (kq_bytes(F), k / 256);
+            let npad = 8 * nb.div_ceil(8);
+            let ub = crate::simd::UNPACK_KQ_BLOCK;
+            assert!(row.len() >= nb * xb);
+            assert!(out.len() >= nb * ub + 8 * npad);
+            let (blocks, scales) = out.split_at_mut(nb * ub);
+            let (d, dmin) = scales[..8 * npad].split_at_mut(4 * npad);
+            d.fill(0);
+            dmin.fill(0);
+            for j in 0..nb {
+                // SAFETY: block j < nb of the row and UNPACK_KQ_BLOCK bytes of room for
+                // it (lengths asserted); same features.
+                unsafe {
+                    let p = row.as_ptr().add(j * xb);
+                    let x = kq_unpack::<F>(p);
+                    let o = blocks.as_mut_ptr().add(j * ub);
+                    for (c, v) in x.q.iter().enumerate() {
+                        _mm256_storeu_si256(o.add(32 * c) as *mut __m256i, *v);
+                    }
+                    for (c, v) in x.sc.iter().enumerate() {
+                        _mm256_storeu_si256(o.add(256 + 32 * c) as *mut __m256i, *v);
+                    }
+                    _mm256_storeu_si256(o.add(512) as *mut __m256i, x.aux);
+                    let h = |at: usize| {
+                        crate::reference::f16_to_f32((p.add(at) as *const u16).read_unaligned())
+                    };
+                    d[4 * j..4 * j + 4].copy_from_slice(&h(kq_d_at(F)).to_le_bytes());
+                    if kq_has_min(F) {
+                        dmin[4 * j..4 * j + 4].copy_from_slice(&h(kq_dmin_at(F)).to_le_bytes());
+                    }
+                }
+            }
+        }
+
         /// `NR` weight rows of format `F` against `NC` Q8_K activation rows, into
-        /// `out[(r0 + r)·4 + c0 + c]`. In a last group of fewer than 8 super-blocks the
-        /// missing lanes add `(0·0)·0 = +0`, which leaves them as the reference does
-        /// (a lane that starts at +0 never holds −0).
+        /// `out[(r0 + r)·4 + c0 + c]`: raw rows (`PRE` false; each call unpacks them) or
+        /// rows from [`kq_unpack_row`] (`PRE`), the same operands either way. In a last
+        /// group of fewer than 8 super-blocks the missing lanes add `(0·0)·0 = +0`, which
+        /// leaves them as the reference does (a lane that starts at +0 never holds −0).
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn kq_tile_gen<const F: u8, const NR: usize, const NC: usize>(
+        unsafe fn kq_tile_gen<const F: u8, const NR: usize, const NC: usize, const PRE: bool>(
             k: usize,
             a: &[&[u8]],
             b: &[&[u8]],
@@ -402,8 +444,14 @@ macro_rules! x86_kquant {
         ) {
             let xb = kq_bytes(F);
             let nb = k / 256;
+            let npad = 8 * nb.div_ceil(8);
+            let ub = crate::simd::UNPACK_KQ_BLOCK;
             for r in 0..NR {
-                assert!(a[r].len() >= nb * xb);
+                if PRE {
+                    assert!(a[r].len() >= nb * ub + 8 * npad);
+                } else {
+                    assert!(a[r].len() >= nb * xb);
+                }
             }
             for c in 0..NC {
                 assert!(b[c].len() >= nb * Q8K_BYTES);
@@ -433,24 +481,44 @@ macro_rules! x86_kquant {
                         // SAFETY: block 8g + t < nb of every row (lengths asserted above);
                         // same features.
                         unsafe {
-                            let p = a[r].as_ptr().add((8 * g + t) * xb);
-                            d16[t] = (p.add(kq_d_at(F)) as *const u16).read_unaligned();
-                            if kq_has_min(F) {
-                                m16[t] = (p.add(kq_dmin_at(F)) as *const u16).read_unaligned();
-                            }
-                            let x = kq_unpack::<F>(p);
+                            let x = if PRE {
+                                let o = a[r].as_ptr().add((8 * g + t) * ub);
+                                let ld =
+                                    |at: usize| _mm256_loadu_si256(o.add(at) as *const __m256i);
+                                KqBlock {
+                                    q: core::array::from_fn(|c| ld(32 * c)),
+                                    sc: core::array::from_fn(|c| ld(256 + 32 * c)),
+                                    aux: ld(512),
+                                }
+                            } else {
+                                let p = a[r].as_ptr().add((8 * g + t) * xb);
+                                d16[t] = (p.add(kq_d_at(F)) as *const u16).read_unaligned();
+                                if kq_has_min(F) {
+                                    m16[t] = (p.add(kq_dmin_at(F)) as *const u16).read_unaligned();
+                                }
+                                kq_unpack::<F>(p)
+                            };
                             for c in 0..NC {
                                 let y = b[c].as_ptr().add((8 * g + t) * Q8K_BYTES);
                                 (si[c][t], mi[c][t]) = kq_dot::<F>(&x, y);
                             }
                         }
                     }
-                    // SAFETY: same features; 8 u16 each.
+                    // SAFETY: same features; 8 u16 each, or 8 f32 of the padded lists
+                    // (missing blocks are 0 in both).
                     let (dx, dm) = unsafe {
-                        (
-                            _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
-                            _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
-                        )
+                        if PRE {
+                            let s = a[r].as_ptr().add(nb * ub) as *const f32;
+                            (
+                                _mm256_loadu_ps(s.add(8 * g)),
+                                _mm256_loadu_ps(s.add(npad + 8 * g)),
+                            )
+                        } else {
+                            (
+                                _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
+                                _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
+                            )
+                        }
                     };
                     for c in 0..NC {
                         // SAFETY: same features.
@@ -469,27 +537,49 @@ macro_rules! x86_kquant {
             unsafe { store_tile(&acc, out, r0, c0) };
         }
 
-        /// The K-quant tile of format `F`: dispatches to a tile of fixed shape (as the
-        /// legacy-quant tiles); every shape performs the same operations per output.
+        /// The K-quant tile of format `F` on raw (`PRE` false) or unpacked rows:
+        /// dispatches to a tile of fixed shape (as the legacy-quant tiles); every shape
+        /// performs the same operations per output.
+        #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn kq_tile<const F: u8>(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+        unsafe fn kq_shapes<const F: u8, const PRE: bool>(
+            k: usize,
+            a: &[&[u8]],
+            b: &[&[u8]],
+            out: &mut [f32; 16],
+        ) {
             // SAFETY: same features; shapes match the slices.
             unsafe {
                 match (a.len(), b.len()) {
-                    (4, 4) => kq_tile_gen::<F, 4, 4>(k, a, b, out, 0, 0),
-                    (4, 2) => kq_tile_gen::<F, 4, 2>(k, a, b, out, 0, 0),
-                    (4, 1) => kq_tile_gen::<F, 4, 1>(k, a, b, out, 0, 0),
-                    (2, 4) => kq_tile_gen::<F, 2, 4>(k, a, b, out, 0, 0),
-                    (1, 4) => kq_tile_gen::<F, 1, 4>(k, a, b, out, 0, 0),
+                    (4, 4) => kq_tile_gen::<F, 4, 4, PRE>(k, a, b, out, 0, 0),
+                    (4, 2) => kq_tile_gen::<F, 4, 2, PRE>(k, a, b, out, 0, 0),
+                    (4, 1) => kq_tile_gen::<F, 4, 1, PRE>(k, a, b, out, 0, 0),
+                    (2, 4) => kq_tile_gen::<F, 2, 4, PRE>(k, a, b, out, 0, 0),
+                    (1, 4) => kq_tile_gen::<F, 1, 4, PRE>(k, a, b, out, 0, 0),
                     (nr, nc) => {
                         for r in 0..nr.min(4) {
                             for c in 0..nc.min(4) {
-                                kq_tile_gen::<F, 1, 1>(k, &a[r..r + 1], &b[c..c + 1], out, r, c);
+                                let (ar, br) = (&a[r..r + 1], &b[c..c + 1]);
+                                kq_tile_gen::<F, 1, 1, PRE>(k, ar, br, out, r, c);
                             }
                         }
                     }
                 }
             }
+        }
+
+        /// The K-quant tile of format `F` on raw weight rows.
+        #[target_feature(enable = $feat)]
+        unsafe fn kq_tile<const F: u8>(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+            // SAFETY: same features.
+            unsafe { kq_shapes::<F, false>(k, a, b, out) }
+        }
+
+        /// The K-quant tile of format `F` on rows from [`kq_unpack_row`].
+        #[target_feature(enable = $feat)]
+        unsafe fn kq_utile<const F: u8>(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+            // SAFETY: same features.
+            unsafe { kq_shapes::<F, true>(k, a, b, out) }
         }
 
         /// The K-quant tiles; other dtypes go to the reference.

@@ -137,7 +137,7 @@ macro_rules! x86_quant {
         }
 
         /// Weight rows unpacked once for all the activation columns of a chunk (the
-        /// legacy formats), with the tile that reads them.
+        /// legacy formats but Q8_0, and the K-quants), with the tile that reads them.
         pub(crate) fn unpacked(w: DType) -> Option<crate::simd::Unpacked> {
             fn unpack(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
                 // SAFETY: this table is installed only when its features were detected.
@@ -147,7 +147,12 @@ macro_rules! x86_quant {
                         DType::Q4_1 => q4_1::unpack_row(k, row, out),
                         DType::Q5_0 => q5_0::unpack_row(k, row, out),
                         DType::Q5_1 => q5_1::unpack_row(k, row, out),
-                        _ => unreachable!("only offered for the legacy formats"),
+                        DType::Q2K => kq_unpack_row::<KQ2>(k, row, out),
+                        DType::Q3K => kq_unpack_row::<KQ3>(k, row, out),
+                        DType::Q4K => kq_unpack_row::<KQ4>(k, row, out),
+                        DType::Q5K => kq_unpack_row::<KQ5>(k, row, out),
+                        DType::Q6K => kq_unpack_row::<KQ6>(k, row, out),
+                        _ => unreachable!("only offered for the formats above"),
                     }
                 }
             }
@@ -159,14 +164,30 @@ macro_rules! x86_quant {
                         DType::Q4_1 => q4_1::utile(k, a, b, out),
                         DType::Q5_0 => q5_0::utile(k, a, b, out),
                         DType::Q5_1 => q5_1::utile(k, a, b, out),
-                        _ => unreachable!("only offered for the legacy formats"),
+                        DType::Q2K => kq_utile::<KQ2>(k, a, b, out),
+                        DType::Q3K => kq_utile::<KQ3>(k, a, b, out),
+                        DType::Q4K => kq_utile::<KQ4>(k, a, b, out),
+                        DType::Q5K => kq_utile::<KQ5>(k, a, b, out),
+                        DType::Q6K => kq_utile::<KQ6>(k, a, b, out),
+                        _ => unreachable!("only offered for the formats above"),
                     }
                 }
             }
             // Not Q8_0: its blocks need no unpacking, and the copy made its tiles 8–11 %
             // slower (criterion, 512 × 576 × 1536 and 512 × 14336 × 4096).
-            matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
-                .then_some(crate::simd::Unpacked { unpack, tile })
+            matches!(
+                w,
+                DType::Q4_0
+                    | DType::Q4_1
+                    | DType::Q5_0
+                    | DType::Q5_1
+                    | DType::Q2K
+                    | DType::Q3K
+                    | DType::Q4K
+                    | DType::Q5K
+                    | DType::Q6K
+            )
+            .then_some(crate::simd::Unpacked { unpack, tile })
         }
 
         /// Each accumulator's 8 lanes summed as the reference sums them (`tree8`) into the
@@ -471,7 +492,7 @@ macro_rules! quant_tile {
                 }
             }
 
-            /// Unpacks a weight row of `k` values into `out` (`unpacked_row_bytes(k)`
+            /// Unpacks a weight row of `k` values into `out` (`unpacked_row_bytes(w, k)`
             /// bytes): per group, the 256 bytes of [`group`]'s quants, then its 8 `d` and
             /// 8 `m` as f32. [`utile`] reads it.
             #[allow(dead_code)] // Q8_0's is not offered (see `unpacked`)
