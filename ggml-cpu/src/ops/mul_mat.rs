@@ -185,17 +185,21 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         };
         let dense = gather || a.nb[1] == ars;
         let (pf_end, mut pf) = (wrow(m1) as usize, wrow(m0) as usize);
+        let base = dst.ptr.wrapping_add(i2 * dst.nb[2] + i3 * dst.nb[3]);
         let store = |out: &[f32; 16], m: usize, nrows: usize, n: usize, ncols: usize| {
-            for r in 0..nrows {
-                for cc in 0..ncols {
-                    let p = dst.ptr.wrapping_add(
-                        (m + r) * dst.nb[0]
-                            + (n + cc) * dst.nb[1]
-                            + i2 * dst.nb[2]
-                            + i3 * dst.nb[3],
-                    );
-                    // SAFETY: output element (m+r, n+cc, i2, i3): inside the resolved
+            for cc in 0..ncols {
+                let col = base.wrapping_add(m * dst.nb[0] + (n + cc) * dst.nb[1]);
+                if nrows == 4 && dst.nb[0] == 4 {
+                    // The column's 4 results are adjacent: one 16-byte store.
+                    let v = [out[cc], out[4 + cc], out[8 + cc], out[12 + cc]];
+                    // SAFETY: output elements (m..m+4, n+cc, i2, i3): inside the resolved
                     // destination, written only by the thread owning this chunk.
+                    unsafe { (col as *mut [f32; 4]).write_unaligned(v) };
+                    continue;
+                }
+                for r in 0..nrows {
+                    let p = col.wrapping_add(r * dst.nb[0]);
+                    // SAFETY: output element (m+r, n+cc, i2, i3): as above.
                     unsafe { (p as *mut f32).write_unaligned(out[r * 4 + cc]) };
                 }
             }
