@@ -24,7 +24,7 @@ pub(crate) const MC: usize = 64;
 pub(crate) const NC: usize = 16;
 /// Activation rows per chunk when the weight rows are unpacked first: more columns share
 /// each unpacking.
-pub(crate) const NC_UNPACKED: usize = 64;
+pub(crate) const NC_UNPACKED: usize = 128;
 /// Chunks per thread when there is one activation column.
 pub(crate) const GEMV_CHUNKS: usize = 8;
 
