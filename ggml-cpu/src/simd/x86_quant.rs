@@ -466,28 +466,40 @@ macro_rules! quant_tile {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn group(row: &[u8], g: usize, nb: usize) -> ([__m256i; 8], __m256, __m256) {
+                let cnt = (nb - 8 * g).min(8);
                 let mut x = [_mm256_setzero_si256(); 8];
-                let mut d16 = [0u16; 8];
-                let mut m16 = [0u16; 8];
-                for t in 0..(nb - 8 * g).min(8) {
+                for (t, xt) in x.iter_mut().enumerate().take(cnt) {
                     // SAFETY: block 8g + t < nb of the row (the callers assert the
                     // row's length).
-                    unsafe {
-                        let p = row.as_ptr().add((8 * g + t) * $xb);
-                        d16[t] = (p as *const u16).read_unaligned();
-                        if $min {
-                            m16[t] = (p.add(2) as *const u16).read_unaligned();
-                        }
-                        x[t] = $unpack(p);
-                    }
+                    *xt = unsafe { $unpack(row.as_ptr().add((8 * g + t) * $xb)) };
                 }
-                // SAFETY: same features; 8 u16 each.
+                // The blocks' f16 words at byte `at`, straight into a register (8 short
+                // stores and a wide reload stalled on store forwarding).
+                let words = |at: usize| -> __m128i {
+                    let w = |t: usize| -> i16 {
+                        if t < cnt {
+                            // SAFETY: as above.
+                            unsafe {
+                                (row.as_ptr().add((8 * g + t) * $xb + at) as *const i16)
+                                    .read_unaligned()
+                            }
+                        } else {
+                            0
+                        }
+                    };
+                    _mm_setr_epi16(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+                };
+                // SAFETY: same features.
                 unsafe {
                     transpose8(&mut x);
                     (
                         x,
-                        _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
-                        _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
+                        _mm256_cvtph_ps(words(0)),
+                        if $min {
+                            _mm256_cvtph_ps(words(2))
+                        } else {
+                            _mm256_setzero_ps()
+                        },
                     )
                 }
             }
@@ -513,6 +525,72 @@ macro_rules! quant_tile {
                         }
                         _mm256_storeu_ps(o.add(256) as *mut f32, dx);
                         _mm256_storeu_ps(o.add(288) as *mut f32, mx);
+                    }
+                }
+            }
+
+            /// Group `g` of a weight row as [`group`] gives it: from the raw row, or
+            /// (`PRE`) from a row of [`unpack_row`].
+            ///
+            /// # Safety
+            /// The row holds group `g` (of `nb` blocks) in its layout.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn row_group<const PRE: bool>(
+                row: &[u8],
+                g: usize,
+                nb: usize,
+            ) -> ([__m256i; 8], __m256, __m256) {
+                // SAFETY: caller's contract; same features.
+                unsafe {
+                    if PRE {
+                        let p = row.as_ptr().add(g * crate::simd::UNPACK_GROUP);
+                        let mut x = [_mm256_setzero_si256(); 8];
+                        for (i, v) in x.iter_mut().enumerate() {
+                            *v = _mm256_loadu_si256(p.add(32 * i) as *const __m256i);
+                        }
+                        (
+                            x,
+                            _mm256_loadu_ps(p.add(256) as *const f32),
+                            _mm256_loadu_ps(p.add(288) as *const f32),
+                        )
+                    } else {
+                        group(row, g, nb)
+                    }
+                }
+            }
+
+            /// One group's value against one packed activation group at `yp`: 8 integer
+            /// dot steps leave block t's exact dot in lane t, `bias·Σy` is subtracted,
+            /// then the format's float formula runs lane-wise as `reference::block_value`.
+            ///
+            /// # Safety
+            /// A packed activation group (`PACK_GROUP` bytes) at `yp`.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn col(x: &[__m256i; 8], dx: __m256, mx: __m256, yp: *const u8) -> __m256 {
+                // SAFETY: caller's contract; same features.
+                unsafe {
+                    let mut s = _mm256_setzero_si256();
+                    for (i, xi) in x.iter().enumerate() {
+                        let y = _mm256_loadu_si256(yp.add(32 * i) as *const __m256i);
+                        s = $dot(s, *xi, y);
+                    }
+                    if $bias != 0 {
+                        // bias · Σy as a shift: the biases are powers of two.
+                        let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
+                        s = _mm256_sub_epi32(
+                            s,
+                            _mm256_slli_epi32(sy, ($bias as u32).trailing_zeros() as i32),
+                        );
+                    }
+                    let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
+                    let v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
+                    if $min {
+                        let sy = _mm256_loadu_ps(yp.add(288) as *const f32);
+                        _mm256_add_ps(v, _mm256_mul_ps(mx, sy))
+                    } else {
+                        v
                     }
                 }
             }
@@ -548,54 +626,35 @@ macro_rules! quant_tile {
                 for c in 0..NC {
                     assert!(b[c].len() >= ng * crate::simd::PACK_GROUP);
                 }
-                for g in 0..ng {
-                    for r in 0..NR {
-                        // SAFETY: same features; group g of the row (lengths asserted).
-                        let (x, dx, mx) = unsafe {
-                            if PRE {
-                                let p = a[r].as_ptr().add(g * crate::simd::UNPACK_GROUP);
-                                let mut x = [_mm256_setzero_si256(); 8];
-                                for (i, v) in x.iter_mut().enumerate() {
-                                    *v = _mm256_loadu_si256(p.add(32 * i) as *const __m256i);
-                                }
-                                (
-                                    x,
-                                    _mm256_loadu_ps(p.add(256) as *const f32),
-                                    _mm256_loadu_ps(p.add(288) as *const f32),
-                                )
-                            } else {
-                                group(a[r], g, nb)
-                            }
-                        };
-                        for c in 0..NC {
-                            // SAFETY: group g of the packed row (length asserted above);
-                            // same features.
+                let yp = |c: usize, g: usize| -> *const u8 {
+                    b[c].as_ptr().wrapping_add(g * crate::simd::PACK_GROUP)
+                };
+                if NC == 1 {
+                    // One column: row by row, so that a row's accumulator is a register.
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let mut ar = [zero; NC];
+                        for g in 0..ng {
+                            // SAFETY: group g of the row and of the packed column (lengths
+                            // asserted above); same features.
                             unsafe {
-                                let yp = b[c].as_ptr().add(g * crate::simd::PACK_GROUP);
-                                let mut s = _mm256_setzero_si256();
-                                for i in 0..8 {
-                                    let y = _mm256_loadu_si256(yp.add(32 * i) as *const __m256i);
-                                    s = $dot(s, x[i], y);
+                                let (x, dx, mx) = row_group::<PRE>(a[r], g, nb);
+                                ar[0] = _mm256_add_ps(ar[0], col(&x, dx, mx, yp(0, g)));
+                            }
+                        }
+                        *acc_r = ar;
+                    }
+                } else {
+                    // Several columns: group by group, each row's group unpacked once for
+                    // all of them. Either order adds each output's groups in order.
+                    for g in 0..ng {
+                        for r in 0..NR {
+                            // SAFETY: as above.
+                            unsafe {
+                                let (x, dx, mx) = row_group::<PRE>(a[r], g, nb);
+                                for c in 0..NC {
+                                    let v = col(&x, dx, mx, yp(c, g));
+                                    acc[r][c] = _mm256_add_ps(acc[r][c], v);
                                 }
-                                if $bias != 0 {
-                                    // bias · Σy as a shift: the biases are powers of two.
-                                    let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
-                                    s = _mm256_sub_epi32(
-                                        s,
-                                        _mm256_slli_epi32(
-                                            sy,
-                                            ($bias as u32).trailing_zeros() as i32,
-                                        ),
-                                    );
-                                }
-                                let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
-                                let mut v =
-                                    _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
-                                if $min {
-                                    let sy = _mm256_loadu_ps(yp.add(288) as *const f32);
-                                    v = _mm256_add_ps(v, _mm256_mul_ps(mx, sy));
-                                }
-                                acc[r][c] = _mm256_add_ps(acc[r][c], v);
                             }
                         }
                     }
