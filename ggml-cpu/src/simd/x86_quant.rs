@@ -568,14 +568,28 @@ macro_rules! quant_tile {
             /// A packed activation group (`PACK_GROUP` bytes) at `yp`.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn col(x: &[__m256i; 8], dx: __m256, mx: __m256, yp: *const u8) -> __m256 {
+            unsafe fn col<const SPLIT: bool>(
+                x: &[__m256i; 8],
+                dx: __m256,
+                mx: __m256,
+                yp: *const u8,
+            ) -> __m256 {
                 // SAFETY: caller's contract; same features.
                 unsafe {
-                    let mut s = _mm256_setzero_si256();
+                    // With `SPLIT`, two chains of dot steps (exact integer sums, any
+                    // order): in a one-column tile one row's groups follow each other and
+                    // the chain's latency shows; in wider tiles the extra registers spill.
+                    let mut s2 = [_mm256_setzero_si256(); 2];
                     for (i, xi) in x.iter().enumerate() {
                         let y = _mm256_loadu_si256(yp.add(32 * i) as *const __m256i);
-                        s = $dot(s, *xi, y);
+                        let h = if SPLIT { i % 2 } else { 0 };
+                        s2[h] = $dot(s2[h], *xi, y);
                     }
+                    let mut s = if SPLIT {
+                        _mm256_add_epi32(s2[0], s2[1])
+                    } else {
+                        s2[0]
+                    };
                     if $bias != 0 {
                         // bias · Σy as a shift: the biases are powers of two.
                         let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
@@ -638,7 +652,7 @@ macro_rules! quant_tile {
                             // asserted above); same features.
                             unsafe {
                                 let (x, dx, mx) = row_group::<PRE>(a[r], g, nb);
-                                ar[0] = _mm256_add_ps(ar[0], col(&x, dx, mx, yp(0, g)));
+                                ar[0] = _mm256_add_ps(ar[0], col::<true>(&x, dx, mx, yp(0, g)));
                             }
                         }
                         *acc_r = ar;
@@ -652,7 +666,7 @@ macro_rules! quant_tile {
                             unsafe {
                                 let (x, dx, mx) = row_group::<PRE>(a[r], g, nb);
                                 for c in 0..NC {
-                                    let v = col(&x, dx, mx, yp(c, g));
+                                    let v = col::<false>(&x, dx, mx, yp(c, g));
                                     acc[r][c] = _mm256_add_ps(acc[r][c], v);
                                 }
                             }
