@@ -124,7 +124,7 @@ pub(crate) fn run(
         && v.dtype == DType::F16
         && v.rows_dense()
         && (v.ptr as usize).is_multiple_of(2)
-        && v.nb[1].is_multiple_of(2);
+        && v.nb[1..].iter().all(|s| s.is_multiple_of(2));
     let slots = if joint { group } else { 1 };
     let sc = c.scratch_f32();
     let (scores_all, rest) = sc.split_at_mut(slots * n_kv);

@@ -189,6 +189,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         };
         let dense = gather || a.nb[1] == ars;
         let (pf_end, mut pf) = (wrow(m1) as usize, wrow(m0) as usize);
+        // Before rows `.. m_end` run: keep the next PF_DIST bytes after them in flight.
+        let mut prefetch_past = |m_end: usize| {
+            if dense {
+                let want = (wrow(m_end) as usize + PF_DIST).min(pf_end);
+                while pf < want {
+                    prefetch(pf as *const u8);
+                    pf += 64;
+                }
+            }
+        };
         let base = dst.ptr.wrapping_add(i2 * dst.nb[2] + i3 * dst.nb[3]);
         let store = |out: &[f32; 16], m: usize, nrows: usize, n: usize, ncols: usize| {
             for cc in 0..ncols {
@@ -220,13 +230,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             let mut m = m0;
             while m < m1 {
                 let nrows = (m1 - m).min(4);
-                if dense {
-                    let want = (wrow(m + nrows) as usize + PF_DIST).min(pf_end);
-                    while pf < want {
-                        prefetch(pf as *const u8);
-                        pf += 64;
-                    }
-                }
+                prefetch_past(m + nrows);
                 for (r, dstrow) in uscratch.chunks_exact_mut(urb).take(nrows).enumerate() {
                     // SAFETY: as `arows` below: a dense weight row of `ars` bytes that
                     // nobody writes now.
@@ -262,13 +266,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             let mut m = m0;
             while m < m1 {
                 let nrows = (m1 - m).min(4);
-                if dense {
-                    let want = (wrow(m + nrows) as usize + PF_DIST).min(pf_end);
-                    while pf < want {
-                        prefetch(pf as *const u8);
-                        pf += 64;
-                    }
-                }
+                prefetch_past(m + nrows);
                 let mut arows: [&[u8]; 4] = [&[]; 4];
                 for (r, ar) in arows.iter_mut().enumerate().take(nrows) {
                     let p = wrow(m + r);

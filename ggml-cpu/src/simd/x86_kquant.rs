@@ -476,7 +476,6 @@ macro_rules! x86_kquant {
                 for r in 0..NR {
                     let mut si = [[zi; 8]; NC];
                     let mut mi = [[zi; 8]; NC];
-                    let (mut d16, mut m16) = ([0u16; 8], [0u16; 8]);
                     for t in 0..cnt {
                         // SAFETY: block 8g + t < nb of every row (lengths asserted above);
                         // same features.
@@ -491,12 +490,7 @@ macro_rules! x86_kquant {
                                     aux: ld(512),
                                 }
                             } else {
-                                let p = a[r].as_ptr().add((8 * g + t) * xb);
-                                d16[t] = (p.add(kq_d_at(F)) as *const u16).read_unaligned();
-                                if kq_has_min(F) {
-                                    m16[t] = (p.add(kq_dmin_at(F)) as *const u16).read_unaligned();
-                                }
-                                kq_unpack::<F>(p)
+                                kq_unpack::<F>(a[r].as_ptr().add((8 * g + t) * xb))
                             };
                             for c in 0..NC {
                                 let y = b[c].as_ptr().add((8 * g + t) * Q8K_BYTES);
@@ -504,8 +498,8 @@ macro_rules! x86_kquant {
                             }
                         }
                     }
-                    // SAFETY: same features; 8 u16 each, or 8 f32 of the padded lists
-                    // (missing blocks are 0 in both).
+                    // SAFETY: same features; the `cnt` blocks' f16 words, or 8 f32 of the
+                    // padded lists (missing blocks are 0 in both).
                     let (dx, dm) = unsafe {
                         if PRE {
                             let s = a[r].as_ptr().add(nb * ub) as *const f32;
@@ -514,9 +508,14 @@ macro_rules! x86_kquant {
                                 _mm256_loadu_ps(s.add(npad + 8 * g)),
                             )
                         } else {
+                            let p = a[r].as_ptr().add(8 * g * xb);
                             (
-                                _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr() as *const __m128i)),
-                                _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr() as *const __m128i)),
+                                _mm256_cvtph_ps(block_words(p, xb, kq_d_at(F), cnt)),
+                                if kq_has_min(F) {
+                                    _mm256_cvtph_ps(block_words(p, xb, kq_dmin_at(F), cnt))
+                                } else {
+                                    _mm256_setzero_ps()
+                                },
                             )
                         }
                     };

@@ -22,6 +22,26 @@ macro_rules! x86_quant {
             _mm256_set_m128i(hi, lo)
         }
 
+        /// The f16 words at byte `at` of `cnt` (at most 8) blocks of `xb` bytes from `p`,
+        /// zero past them, straight into a register: 8 short stores and a wide reload
+        /// stalled on store forwarding.
+        ///
+        /// # Safety
+        /// The `cnt` words are readable.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn block_words(p: *const u8, xb: usize, at: usize, cnt: usize) -> __m128i {
+            let w = |t: usize| -> i16 {
+                if t < cnt {
+                    // SAFETY: caller's contract.
+                    unsafe { (p.add(t * xb + at) as *const i16).read_unaligned() }
+                } else {
+                    0
+                }
+            };
+            _mm_setr_epi16(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+        }
+
         /// Byte e is 16 where bit e of the 32-bit word at p is set, else 0.
         #[inline]
         #[target_feature(enable = $feat)]
@@ -473,30 +493,16 @@ macro_rules! quant_tile {
                     // row's length).
                     *xt = unsafe { $unpack(row.as_ptr().add((8 * g + t) * $xb)) };
                 }
-                // The blocks' f16 words at byte `at`, straight into a register (8 short
-                // stores and a wide reload stalled on store forwarding).
-                let words = |at: usize| -> __m128i {
-                    let w = |t: usize| -> i16 {
-                        if t < cnt {
-                            // SAFETY: as above.
-                            unsafe {
-                                (row.as_ptr().add((8 * g + t) * $xb + at) as *const i16)
-                                    .read_unaligned()
-                            }
-                        } else {
-                            0
-                        }
-                    };
-                    _mm_setr_epi16(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
-                };
+                let p = row.as_ptr().wrapping_add(8 * g * $xb);
+                // SAFETY (the words): blocks 8g .. 8g + cnt of the row (as above).
                 // SAFETY: same features.
                 unsafe {
                     transpose8(&mut x);
                     (
                         x,
-                        _mm256_cvtph_ps(words(0)),
+                        _mm256_cvtph_ps(block_words(p, $xb, 0, cnt)),
                         if $min {
-                            _mm256_cvtph_ps(words(2))
+                            _mm256_cvtph_ps(block_words(p, $xb, 2, cnt))
                         } else {
                             _mm256_setzero_ps()
                         },
