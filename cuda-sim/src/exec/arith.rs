@@ -7,6 +7,15 @@ use crate::ptx::ir::{BinOp, Cmp, Rnd, Ty, UnOp};
 /// The canonical NaN NVIDIA GPUs produce for f32 arithmetic.
 pub const CANONICAL_NAN_F32: u32 = 0x7fff_ffff;
 
+/// The NaN NVIDIA GPUs produce for f64 arithmetic without a NaN operand: negative, quiet,
+/// no payload. Seen on an H200 (driver 580.159.04): `add.f64` of +inf and -inf, then
+/// `cvt.rn.f32.f64`, gives 0xffc00000. Written out rather than left to the host, whose
+/// default NaN differs between x86 (this one) and Arm (positive).
+pub const DEFAULT_NAN_F64: u64 = 0xfff8_0000_0000_0000;
+
+/// The quiet bit of an f64 NaN.
+const QUIET_F64: u64 = 0x0008_0000_0000_0000;
+
 /// `v` cut to `ty`'s width.
 #[inline]
 pub fn mask(v: u64, ty: Ty) -> u64 {
@@ -53,6 +62,27 @@ fn out32(x: f32, ftz: bool) -> u64 {
     }
 }
 
+/// An f64 result's bits: a NaN result is the first NaN operand, quieted (IEEE's
+/// recommended propagation), or [`DEFAULT_NAN_F64`] where no operand is NaN.
+#[inline]
+fn out64(r: f64, operands: &[f64]) -> u64 {
+    if !r.is_nan() {
+        return r.to_bits();
+    }
+    operands
+        .iter()
+        .find(|x| x.is_nan())
+        .map_or(DEFAULT_NAN_F64, |x| x.to_bits() | QUIET_F64)
+}
+
+/// `cvt.f32.f64` of a NaN: its sign and the top of its payload, quieted (the H200 turns
+/// [`DEFAULT_NAN_F64`] into 0xffc00000).
+#[inline]
+fn narrow_nan(bits: u64) -> u64 {
+    let sign = (bits >> 63) << 31;
+    sign | 0x7fc0_0000 | ((bits >> 29) & 0x003f_ffff)
+}
+
 /// IEEE minNum/maxNum as PTX defines `min.f32`/`max.f32`: a NaN operand yields the
 /// other, -0 < +0.
 fn minmax32(a: f32, b: f32, max: bool) -> f32 {
@@ -80,7 +110,7 @@ fn minmax32(a: f32, b: f32, max: bool) -> f32 {
 
 fn minmax64(a: f64, b: f64, max: bool) -> f64 {
     match (a.is_nan(), b.is_nan()) {
-        (true, true) => f64::NAN,
+        (true, true) => f64::from_bits(DEFAULT_NAN_F64),
         (true, false) => b,
         (false, true) => a,
         _ => {
@@ -122,11 +152,11 @@ pub fn bin(op: BinOp, ty: Ty, ftz: bool, a: u64, b: u64) -> u64 {
                 BinOp::Sub => x - y,
                 BinOp::MulLo => x * y,
                 BinOp::Div => x / y,
-                BinOp::Min => minmax64(x, y, false),
-                BinOp::Max => minmax64(x, y, true),
+                BinOp::Min => return minmax64(x, y, false).to_bits(),
+                BinOp::Max => return minmax64(x, y, true).to_bits(),
                 _ => f64::NAN,
             };
-            r.to_bits()
+            out64(r, &[x, y])
         }
         _ => int_bin(op, ty, a, b),
     }
@@ -236,9 +266,10 @@ pub fn mad(mode: BinOp, ty: Ty, ftz: bool, a: u64, b: u64, c: u64) -> u64 {
             );
             out32(x.mul_add(y, z), ftz)
         }
-        Ty::F(64) => f64::from_bits(a)
-            .mul_add(f64::from_bits(b), f64::from_bits(c))
-            .to_bits(),
+        Ty::F(64) => {
+            let (x, y, z) = (f64::from_bits(a), f64::from_bits(b), f64::from_bits(c));
+            out64(x.mul_add(y, z), &[x, y, z])
+        }
         _ => {
             let p = int_bin(mode, ty, a, b);
             let rt = if mode == BinOp::MulWide { wide(ty) } else { ty };
@@ -458,6 +489,7 @@ pub fn cvt(dty: Ty, sty: Ty, rnd: Option<Rnd>, ftz: bool, sat: bool, a: u64) -> 
                     };
                     h.to_bits() as u64
                 }
+                Ty::F(32) if x.is_nan() && sty == Ty::F(64) => narrow_nan(x.to_bits()),
                 Ty::F(32) => out32(x as f32, ftz),
                 _ => x.to_bits(),
             }
@@ -580,6 +612,7 @@ mod tests {
     use rstest::rstest;
 
     const F32: Ty = Ty::F(32);
+    const F64: Ty = Ty::F(64);
 
     fn f(x: f32) -> u64 {
         x.to_bits() as u64
@@ -642,6 +675,36 @@ mod tests {
                 f(f32::NEG_INFINITY)
             ),
             CANONICAL_NAN_F32 as u64
+        );
+    }
+
+    /// What an H200 returned for sum_rows over a row holding +inf and -inf (an f64
+    /// accumulator, then `cvt.rn.f32.f64`): 0xffc00000.
+    #[test]
+    fn f64_nan_results_and_their_narrowing_match_the_gpu() {
+        let d = |x: f64| x.to_bits();
+        let nan = bin(
+            BinOp::Add,
+            F64,
+            false,
+            d(f64::INFINITY),
+            d(f64::NEG_INFINITY),
+        );
+        assert_eq!(nan, DEFAULT_NAN_F64);
+        let zero_times_inf = mad(BinOp::MulLo, F64, false, d(0.0), d(f64::INFINITY), d(1.0));
+        assert_eq!(zero_times_inf, DEFAULT_NAN_F64);
+        assert_eq!(
+            cvt(F32, F64, Some(Rnd::Nearest), false, false, nan),
+            0xffc0_0000
+        );
+        // A NaN operand is kept (quieted), its payload's top bits survive narrowing.
+        let signalling = 0x7ff0_0000_2000_0000u64;
+        let kept = bin(BinOp::MulLo, F64, false, signalling, d(2.0));
+        assert_eq!(kept, signalling | QUIET_F64);
+        assert_eq!(cvt(F32, F64, None, false, false, kept), 0x7fc0_0001);
+        assert_eq!(
+            bin(BinOp::Max, F64, false, d(f64::NAN), d(f64::NAN)),
+            DEFAULT_NAN_F64
         );
     }
 

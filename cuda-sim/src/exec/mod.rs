@@ -11,7 +11,8 @@
 //! Arithmetic is bit-exact to the PTX ISA for the exact instructions; see `arith` for
 //! the `.approx` results and the choices where the ISA leaves a value unspecified
 //! (division by zero: all ones; remainder by zero: the dividend; f32 NaN results: the
-//! canonical `0x7fffffff`).
+//! canonical `0x7fffffff`; f64 NaN results without a NaN operand: `0xfff8000000000000`,
+//! narrowed to f32 as `0xffc00000`, as an H200 gives them).
 
 mod arith;
 mod engine;
@@ -24,7 +25,7 @@ use crate::fault::{Checks, KernelFault};
 use crate::mem::GlobalMemory;
 use crate::ptx::Module;
 
-pub use arith::CANONICAL_NAN_F32;
+pub use arith::{CANONICAL_NAN_F32, DEFAULT_NAN_F64};
 
 /// Grid, block and dynamic shared memory of a launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
