@@ -451,3 +451,49 @@ fn many_host_threads_share_streams() {
     drv.stream_destroy(s).unwrap();
     drv.stream_destroy(t).unwrap();
 }
+
+/// Timed events: the time between two records is that of the work between them on the
+/// stream; untimed, unrecorded and pending events are errors, as the driver API says.
+#[test]
+fn timed_events_measure_the_work_between_them() {
+    let drv = driver();
+    let s = drv.stream_create(0, true).unwrap();
+    let scratch = drv.mem_alloc(0, BUSY_LEN).unwrap();
+    let (a, b) = (
+        drv.event_create_timed(0).unwrap(),
+        drv.event_create_timed(0).unwrap(),
+    );
+    let untimed = drv.event_create(0).unwrap();
+    assert_eq!(
+        drv.event_elapsed_ms(a, b).unwrap_err().code,
+        ErrorCode::InvalidHandle,
+        "never recorded"
+    );
+    drv.event_record(a, s).unwrap();
+    drv.event_record(untimed, s).unwrap();
+    let gate = busy(&drv, s, scratch);
+    drv.memset_d8_async(scratch, 1, BUSY_LEN, s).unwrap();
+    drv.event_record(b, s).unwrap();
+    if drv.event_query(gate).is_err() {
+        // Still busy: the end has not completed.
+        assert_eq!(
+            drv.event_elapsed_ms(a, b).unwrap_err().code,
+            ErrorCode::NotReady
+        );
+    }
+    drv.event_synchronize(b).unwrap();
+    let ms = drv.event_elapsed_ms(a, b).unwrap();
+    assert!(ms > 0.0, "two 64 MiB memsets took {ms} ms");
+    assert!(
+        drv.event_elapsed_ms(b, a).unwrap() < 0.0,
+        "reversed: negative"
+    );
+    assert_eq!(
+        drv.event_elapsed_ms(a, untimed).unwrap_err().code,
+        ErrorCode::InvalidHandle
+    );
+    // A new record moves the start.
+    drv.event_record(a, s).unwrap();
+    drv.stream_synchronize(s).unwrap();
+    assert!(drv.event_elapsed_ms(a, b).unwrap() <= 0.0);
+}

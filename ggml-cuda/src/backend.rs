@@ -14,6 +14,7 @@ use ggml_core::{
 use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
+use crate::op_timing::{self, OpTime, OpTimer};
 
 /// Alignment of buffer bases and tensor offsets (bytes).
 pub const ALIGNMENT: usize = 256;
@@ -68,6 +69,8 @@ pub(crate) struct State {
     retired: Vec<u64>,
     /// Op and node of each error word handed out since the last check.
     err_users: Vec<(&'static str, Name)>,
+    /// Timed events around each node, while op timing is on.
+    timer: Option<OpTimer>,
 }
 
 /// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
@@ -188,6 +191,7 @@ impl CudaBackend {
                 scratch_size: 0,
                 retired: Vec::new(),
                 err_users: Vec::new(),
+                timer: None,
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
@@ -512,6 +516,9 @@ impl Drop for CudaBackend {
         for p in st.retired.drain(..) {
             let _ = api.mem_free(ctx, p);
         }
+        if let Some(mut t) = st.timer.take() {
+            t.destroy(api);
+        }
         if st.scratch != 0 {
             let _ = api.mem_free(ctx, st.scratch);
         }
@@ -807,7 +814,10 @@ impl Backend for CudaBackend {
         self.bind()?;
         let mut st = lock(&self.state);
         for &id in nodes {
-            crate::ops::run(self, &mut st, tensors, id)?;
+            match st.timer.is_some().then(|| op_timing::label(tensors, id)) {
+                Some(Some(label)) => self.run_timed(&mut st, tensors, id, label)?,
+                _ => crate::ops::run(self, &mut st, tensors, id)?,
+            }
         }
         Ok(())
     }
@@ -819,6 +829,9 @@ impl Backend for CudaBackend {
             .map_err(|e| self.cu(e))?;
         {
             let mut st = lock(&self.state);
+            if let Some(t) = st.timer.as_mut() {
+                t.settle(api);
+            }
             for p in std::mem::take(&mut st.retired) {
                 // The stream is idle, nothing uses the retired scratch.
                 let _ = api.mem_free(self.dev.ctx, p);
@@ -927,6 +940,67 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Times every node computed from now on (`true`), with a pair of timed events
+    /// around its kernels, or stops and drops what was measured (`false`). Recording the
+    /// events costs host time per node: time other runs than those whose speed you
+    /// report. Read the times with [`CudaBackend::take_op_times`].
+    pub fn set_op_timing(&self, on: bool) -> BackendResult<()> {
+        self.bind()?;
+        let api = self.dev.api;
+        if on {
+            lock(&self.state).timer.get_or_insert_with(OpTimer::default);
+            return Ok(());
+        }
+        api.stream_synchronize(self.stream)
+            .map_err(|e| self.cu(e))?;
+        if let Some(mut t) = lock(&self.state).timer.take() {
+            t.destroy(api);
+        }
+        Ok(())
+    }
+
+    /// The GPU time per kind of op since timing started or the last call, longest
+    /// first (empty while timing is off), and starts new sums. Waits for the stream.
+    pub fn take_op_times(&self) -> BackendResult<Vec<OpTime>> {
+        self.bind()?;
+        let api = self.dev.api;
+        api.stream_synchronize(self.stream)
+            .map_err(|e| self.cu(e))?;
+        let mut st = lock(&self.state);
+        Ok(st
+            .timer
+            .as_mut()
+            .map(|t| {
+                t.settle(api);
+                t.take()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Runs node `id` between two timed events.
+    fn run_timed(
+        &self,
+        st: &mut State,
+        tensors: &[Tensor],
+        id: TensorId,
+        label: (&'static str, Option<&'static str>),
+    ) -> BackendResult<()> {
+        let api = self.dev.api;
+        let timer = st.timer.as_mut().expect("called with timing on");
+        let (a, b) = timer.pair(api, self.dev.ctx).map_err(|e| self.cu(e))?;
+        let r = api
+            .event_record(a, self.stream)
+            .map_err(|e| self.cu(e))
+            .and_then(|()| crate::ops::run(self, st, tensors, id))
+            .and_then(|()| api.event_record(b, self.stream).map_err(|e| self.cu(e)));
+        let timer = st.timer.as_mut().expect("called with timing on");
+        match r {
+            Ok(()) => timer.push(label, a, b),
+            Err(_) => timer.give_back([a, b]),
+        }
+        r
+    }
+
     /// Polls `ev` until it completed or `timeout` passed (a driver has no timed wait).
     fn poll(&self, ev: Event, timeout: std::time::Duration) -> BackendResult<bool> {
         let deadline = std::time::Instant::now() + timeout;

@@ -833,3 +833,52 @@ fn every_kernel_launches_with_its_parameter_list() {
     assert!(missing.is_empty(), "never launched: {missing:?}");
     assert_eq!(st.launches.iter().sum::<u64>(), 27, "{st:?} for {outs:?}");
 }
+
+/// Op timing sums each kind of op (products by weight type), starts new sums on each
+/// read, stops when turned off, and never changes the bits.
+#[test]
+fn op_timing_sums_each_kind_and_keeps_the_bits() {
+    let be = gpu();
+    let mut rng = Rng(11);
+    let (k, m, n) = (256, 24, 3);
+    let w = quant_rows(DType::Q4_0, k, m, &mut rng);
+    let x = rng.vec(k * n);
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tw = ctx.new_tensor(DType::Q4_0, [k, m, 1, 1]).unwrap();
+    let tx = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+    let p = ctx.mul_mat(tw, tx).unwrap();
+    let q = ctx.mul_mat(tw, tx).unwrap();
+    let sum = ctx.add(p, q).unwrap();
+    let out = ctx.rms_norm(sum, 1e-5).unwrap();
+    let inputs = [(tw, w), (tx, f32_bytes(&x))];
+    let untimed = run(&be, &mut ctx, &inputs, out);
+    assert!(be.take_op_times().unwrap().is_empty(), "timing is off");
+
+    be.set_op_timing(true).unwrap();
+    let timed = run(&be, &mut ctx, &inputs, out);
+    assert_eq!(timed, untimed, "timing changed the bits");
+    let times = be.take_op_times().unwrap();
+    let calls: Vec<(&str, u64)> = {
+        let mut v: Vec<_> = times.iter().map(|t| (t.op.as_str(), t.calls)).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(calls, [("ADD", 1), ("MUL_MAT q4_0", 2), ("RMS_NORM", 1)]);
+    assert!(times.iter().all(|t| t.ms >= 0.0), "{times:?}");
+    assert!(
+        times.windows(2).all(|w| w[0].ms >= w[1].ms),
+        "longest first: {times:?}"
+    );
+    assert!(
+        be.take_op_times().unwrap().is_empty(),
+        "a read starts new sums"
+    );
+
+    be.set_op_timing(false).unwrap();
+    assert_eq!(run(&be, &mut ctx, &inputs, out), untimed);
+    assert!(
+        be.take_op_times().unwrap().is_empty(),
+        "timing is off again"
+    );
+}

@@ -74,21 +74,28 @@ pub fn read_bandwidth(threads: usize) -> f64 {
     (WORDS * 8) as f64 / best
 }
 
-/// One line per generation result: the weight-read bandwidth reached, and its fraction
-/// of `probe` (bytes per second from [`read_bandwidth`] with the same threads).
-pub fn bandwidth_lines(results: &[BenchResult], probe: f64, threads: usize) -> String {
+/// One line per generation result: the weight-read bandwidth reached and, with a
+/// `probe` (bytes per second from [`read_bandwidth`] with the same threads: weights in
+/// host memory), its fraction of it.
+pub fn bandwidth_lines(results: &[BenchResult], probe: Option<f64>, threads: usize) -> String {
     let mut s = String::new();
     for r in results.iter().filter(|r| r.weight_bytes_per_token > 0.0) {
         let bw = r.weight_read_bandwidth();
         s.push_str(&format!(
-            "{}: {:.1} MB of weights per token at {:.2} t/s = {:.2} GB/s, {:.0} % of the {:.2} GB/s {threads} thread(s) read streaming (probe)\n",
+            "{}: {:.1} MB of weights per token at {:.2} t/s = {:.2} GB/s",
             r.test,
             r.weight_bytes_per_token / 1e6,
             r.tps_mean,
             bw / 1e9,
-            100.0 * bw / probe,
-            probe / 1e9,
         ));
+        s.push_str(&match probe {
+            Some(p) => format!(
+                ", {:.0} % of the {:.2} GB/s {threads} thread(s) read streaming (probe)\n",
+                100.0 * bw / p,
+                p / 1e9
+            ),
+            None => " (weights in GPU memory: the host read probe does not apply)\n".into(),
+        });
     }
     s
 }
@@ -132,6 +139,110 @@ fn summarize(test: String, n_tokens: usize, samples: Vec<f64>) -> BenchResult {
     }
 }
 
+/// The batch of a pp test: `n_prompt` tokens of one sequence, logits of the last.
+fn prompt_batch(model: &Model, n_prompt: usize) -> Batch {
+    let mut batch = Batch::default();
+    for (i, t) in tokens(n_prompt, model.hp.n_vocab).enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == n_prompt);
+    }
+    batch
+}
+
+/// GPU time per kind of op of one test on one CUDA device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpProfile {
+    /// `pp512`, `tg128`.
+    pub test: String,
+    /// The device's name (`cuda:0#0`).
+    pub device: String,
+    /// Wall time of the test's run, ms.
+    pub wall_ms: f64,
+    /// Per op, longest first.
+    pub ops: Vec<ggml_cuda::OpTime>,
+}
+
+/// One pp run (`n_prompt` > 0) and one tg run (`n_gen` > 0) with op timing on in
+/// `gpus`: where each device's stream spent the run. Run it after the benchmark: the
+/// event records cost host time, so these runs are not the ones whose speed is reported.
+pub fn op_profile(
+    model: &Model,
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    gpus: &[&ggml_cuda::CudaBackend],
+    n_prompt: usize,
+    n_gen: usize,
+) -> Result<Vec<OpProfile>> {
+    let timing = |on: bool| -> Result<()> {
+        for g in gpus {
+            g.set_op_timing(on)?;
+        }
+        Ok(())
+    };
+    let mut out = Vec::new();
+    let mut collect = |test: String, wall: f64| -> Result<()> {
+        for g in gpus {
+            out.push(OpProfile {
+                test: test.clone(),
+                device: ggml_core::Backend::name(*g).to_string(),
+                wall_ms: wall * 1e3,
+                ops: g.take_op_times()?,
+            });
+        }
+        Ok(())
+    };
+    timing(true)?;
+    let run = (|| -> Result<()> {
+        if n_prompt > 0 {
+            let batch = prompt_batch(model, n_prompt);
+            kv.clear();
+            let t = Instant::now();
+            exec.forward(model, kv, &batch)?;
+            collect(format!("pp{n_prompt}"), t.elapsed().as_secs_f64())?;
+        }
+        if n_gen > 0 {
+            kv.clear();
+            let t = Instant::now();
+            for (i, tok) in tokens(n_gen, model.hp.n_vocab).enumerate() {
+                let mut b = Batch::default();
+                b.push(tok, i as i32, 0, true);
+                exec.forward(model, kv, &b)?;
+            }
+            collect(format!("tg{n_gen}"), t.elapsed().as_secs_f64())?;
+        }
+        Ok(())
+    })();
+    timing(false)?;
+    run.map(|()| out)
+}
+
+/// The op profiles as Markdown: per test and device, each op's calls, summed time,
+/// share of the timed total and time per call, then the timed total against the wall.
+pub fn op_profile_table(profiles: &[OpProfile]) -> String {
+    let mut s = String::new();
+    for p in profiles {
+        let total: f64 = p.ops.iter().map(|o| o.ms).sum();
+        s.push_str(&format!(
+            "\n{} on {}: {:.2} ms of stream time in timed ops, {:.2} ms wall\n\n| op | calls | ms | share | µs/call |\n|---|---|---|---|---|\n",
+            p.test, p.device, total, p.wall_ms
+        ));
+        for o in &p.ops {
+            s.push_str(&format!(
+                "| {} | {} | {:.3} | {:.1} % | {:.2} |\n",
+                o.op,
+                o.calls,
+                o.ms,
+                if total > 0.0 {
+                    100.0 * o.ms / total
+                } else {
+                    0.0
+                },
+                1e3 * o.ms / o.calls.max(1) as f64
+            ));
+        }
+    }
+    s
+}
+
 /// Token ids that exist in any vocabulary of `n_vocab` tokens (llama-bench uses random
 /// tokens; content does not change the work done).
 fn tokens(n: usize, n_vocab: usize) -> impl Iterator<Item = u32> {
@@ -150,10 +261,7 @@ pub fn bench_pp(
     if n_prompt == 0 || reps == 0 {
         return Err(HarnessError::Usage("-p and -r must be at least 1".into()));
     }
-    let mut batch = Batch::default();
-    for (i, t) in tokens(n_prompt, model.hp.n_vocab).enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == n_prompt);
-    }
+    let batch = prompt_batch(model, n_prompt);
     let mut samples = Vec::with_capacity(reps);
     let mut before = None;
     for rep in 0..=reps {

@@ -281,6 +281,10 @@ struct BenchArgs {
     /// `trace-summary`).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// After the benchmark, one more pp and tg run with timed events around every node
+    /// of the CUDA devices: prints the GPU time per kind of op (MUL_MAT by weight type).
+    #[arg(long)]
+    op_times: bool,
 }
 
 #[derive(Args, Debug)]
@@ -685,6 +689,13 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let path = harness::model_path(a.model.as_deref())?;
     let session = Session::open(&path, config.clone())?;
     let mut kv = session.kv_cache(a.n_prompt.max(a.n_gen).max(1))?;
+    let on_gpu = !session.cuda_backends().is_empty();
+    if a.op_times && !on_gpu {
+        return Err(HarnessError::Usage(format!(
+            "--op-times times GPU kernels, and --devices {} has no cuda or cuda-sim device",
+            config.devices
+        )));
+    }
     let mut exec = session.executor()?;
     if a.trace.is_some() {
         exec.enable_trace();
@@ -709,14 +720,27 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         )?);
     }
     write_trace(exec.as_mut(), a.trace.as_deref())?;
+    let profiles = if a.op_times {
+        harness::bench::op_profile(
+            &session.model,
+            exec.as_mut(),
+            &mut kv,
+            &session.cuda_backends(),
+            a.n_prompt,
+            a.n_gen,
+        )?
+    } else {
+        Vec::new()
+    };
     drop(exec);
     drop(kv);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
-    // After the runs, so that it does not evict the weights from the caches first.
-    let probe = (a.n_gen > 0).then(|| harness::bench::read_bandwidth(config.threads));
+    // After the runs, so that it does not evict the weights from the caches first; only
+    // where the weights are in host memory (the CPU devices).
+    let probe = (a.n_gen > 0 && !on_gpu).then(|| harness::bench::read_bandwidth(config.threads));
     if a.json {
         let v = serde_json::json!({
             "model": name,
@@ -726,6 +750,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             "n_copies": config.n_copies,
             "results": results,
             "read_probe_bytes_per_s": probe,
+            "op_times": profiles.iter().map(|p| serde_json::json!({
+                "test": p.test,
+                "device": p.device,
+                "wall_ms": p.wall_ms,
+                "ops": p.ops.iter().map(|o| serde_json::json!({
+                    "op": o.op, "calls": o.calls, "ms": o.ms,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
         });
         println!("{v}");
     } else {
@@ -733,12 +765,11 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             "{}",
             harness::bench::table(&name, config.threads, &config.devices.to_string(), &results)
         );
-        if let Some(p) = probe {
-            print!(
-                "{}",
-                harness::bench::bandwidth_lines(&results, p, config.threads)
-            );
-        }
+        print!(
+            "{}",
+            harness::bench::bandwidth_lines(&results, probe, config.threads)
+        );
+        print!("{}", harness::bench::op_profile_table(&profiles));
     }
     Ok(())
 }

@@ -170,6 +170,15 @@ pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
     Ok(out)
 }
 
+/// `b` as a CUDA backend, also behind the race checker's wrapper.
+fn as_cuda(b: &Arc<dyn Backend>) -> Option<&ggml_cuda::CudaBackend> {
+    let inner = match b.as_any().downcast_ref::<ggml_sched::CheckedBackend>() {
+        Some(c) => &**c.inner(),
+        None => &**b,
+    };
+    inner.as_any().downcast_ref::<ggml_cuda::CudaBackend>()
+}
+
 /// One copy engine per backend of `backends` (created by [`create_backends`] from the
 /// same `config`): a one-thread CPU queue for CPU devices (with its own chaos seed), a
 /// second stream on the same GPU for CUDA devices.
@@ -182,11 +191,7 @@ pub fn create_copy_engines(
         .iter()
         .enumerate()
         .map(|(i, b)| -> Result<Arc<dyn Backend>> {
-            let inner = match b.as_any().downcast_ref::<ggml_sched::CheckedBackend>() {
-                Some(c) => &**c.inner(),
-                None => &**b,
-            };
-            if let Some(cuda) = inner.as_any().downcast_ref::<ggml_cuda::CudaBackend>() {
+            if let Some(cuda) = as_cuda(b) {
                 return Ok(Arc::new(cuda.copy_engine()?));
             }
             let opts = ggml_cpu::CpuBackendOptions {
@@ -356,6 +361,11 @@ impl Session {
     /// A KV cache for `cells` cells on the session's devices.
     pub fn kv_cache(&self, cells: usize) -> Result<KvCache> {
         KvCache::new(&self.model, &self.backends, &self.layers, cells)
+    }
+
+    /// The CUDA backends among the devices (cuda and cuda-sim), in order.
+    pub fn cuda_backends(&self) -> Vec<&ggml_cuda::CudaBackend> {
+        self.backends.iter().filter_map(as_cuda).collect()
     }
 
     /// An executor for the session's configuration: every pass goes through the

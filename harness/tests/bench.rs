@@ -68,9 +68,13 @@ fn the_bandwidth_line_gives_the_fraction_of_the_probe() {
         weight_bytes_per_token: 0.0,
         ..r.clone()
     };
-    let s = bandwidth_lines(&[pp, r], 38.8e9, 2);
+    let s = bandwidth_lines(&[pp.clone(), r.clone()], Some(38.8e9), 2);
     assert_eq!(
         s,
         "tg128: 97.0 MB of weights per token at 100.00 t/s = 9.70 GB/s, 25 % of the 38.80 GB/s 2 thread(s) read streaming (probe)\n"
+    );
+    assert_eq!(
+        bandwidth_lines(&[pp, r], None, 2),
+        "tg128: 97.0 MB of weights per token at 100.00 t/s = 9.70 GB/s (weights in GPU memory: the host read probe does not apply)\n"
     );
 }

@@ -144,3 +144,64 @@ fn dropped_slot_wait_is_caught_on_emulated_gpus() {
     }
     assert!(changed, "{knob:?} never changed the logits under chaos");
 }
+
+/// `bench --op-times` on two emulated GPUs (layer split, behind the race checker): every
+/// device reports its products by weight type and the other ops of its layers, and timing
+/// is off again afterwards. (That timing keeps the bits: ggml-cuda's tests/gpu.rs.)
+#[test]
+fn op_profile_reports_every_gpu_and_turns_timing_off() {
+    let mut config = RunConfig::simple("cuda-sim:0x2".parse().unwrap(), SplitMode::Layer, 1, 2);
+    config.check_races = true;
+    let session = Session::open(&model(DType::Q4_1), config).unwrap();
+    assert_eq!(session.cuda_backends().len(), 2);
+    let mut kv = session.kv_cache(16).unwrap();
+    let mut exec = session.executor().unwrap();
+    let profiles = harness::bench::op_profile(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &session.cuda_backends(),
+        8,
+        2,
+    )
+    .unwrap();
+    let names: Vec<(&str, &str)> = profiles
+        .iter()
+        .map(|p| (p.test.as_str(), p.device.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("pp8", "cuda-sim:0#0"),
+            ("pp8", "cuda-sim:0#1"),
+            ("tg2", "cuda-sim:0#0"),
+            ("tg2", "cuda-sim:0#1")
+        ]
+    );
+    for p in &profiles {
+        let ops: Vec<&str> = p.ops.iter().map(|o| o.op.as_str()).collect();
+        for want in ["MUL_MAT q4_1", "FLASH_ATTN_EXT", "RMS_NORM", "ROPE"] {
+            assert!(ops.contains(&want), "{} {}: {ops:?}", p.test, p.device);
+        }
+        let timed: f64 = p.ops.iter().map(|o| o.ms).sum();
+        assert!(timed > 0.0 && timed <= p.wall_ms * 1.01, "{p:?}");
+    }
+    // Per token, each device's products: the same count in pp and tg.
+    let calls = |test: &str, dev: &str| {
+        profiles
+            .iter()
+            .find(|p| p.test == test && p.device == dev)
+            .and_then(|p| p.ops.iter().find(|o| o.op == "MUL_MAT q4_1"))
+            .map(|o| o.calls)
+            .unwrap()
+    };
+    for dev in ["cuda-sim:0#0", "cuda-sim:0#1"] {
+        assert_eq!(calls("tg2", dev), 2 * calls("pp8", dev), "{dev}");
+    }
+    let table = harness::bench::op_profile_table(&profiles);
+    assert!(table.contains("| MUL_MAT q4_1 |"), "{table}");
+    assert!(table.contains("tg2 on cuda-sim:0#1:"), "{table}");
+    for g in session.cuda_backends() {
+        assert!(g.take_op_times().unwrap().is_empty(), "timing left on");
+    }
+}

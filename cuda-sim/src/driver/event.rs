@@ -1,8 +1,10 @@
 //! Events: a record captures its stream's position (everything enqueued on it up to the
 //! record); a wait, query or synchronize uses the most recent record at the time of the
-//! call. An event never recorded is complete.
+//! call. An event never recorded is complete. A timed event's record also notes the host
+//! time at which the stream reached it, for [`Driver::event_elapsed_ms`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use super::ops::Op;
 use super::stream::Dep;
@@ -14,6 +16,9 @@ pub(crate) struct EventShared {
     pub(crate) dev: usize,
     /// The position captured by the latest record.
     last: Mutex<Option<Dep>>,
+    /// Created with timing: each record enqueues a stamp, the latest one is here.
+    timed: bool,
+    stamp: Mutex<Option<Arc<OnceLock<Instant>>>>,
 }
 
 impl Driver {
@@ -26,14 +31,62 @@ impl Driver {
 
     /// A new event of device `dev` (`CU_EVENT_DISABLE_TIMING`), complete until recorded.
     pub fn event_create(&self, dev: usize) -> Result<EventHandle, CuError> {
+        self.new_event(dev, false)
+    }
+
+    /// A new event of device `dev` with timing (`CU_EVENT_DEFAULT`): two of them give
+    /// the time between their records with [`Driver::event_elapsed_ms`].
+    pub fn event_create_timed(&self, dev: usize) -> Result<EventHandle, CuError> {
+        self.new_event(dev, true)
+    }
+
+    fn new_event(&self, dev: usize, timed: bool) -> Result<EventHandle, CuError> {
         self.live_device(dev)?;
         let id = self.next_id();
         let e = EventShared {
             dev,
             last: Mutex::new(None),
+            timed,
+            stamp: Mutex::new(None),
         };
         write(&self.events).insert(id, Arc::new(e));
         Ok(EventHandle(id))
+    }
+
+    /// Milliseconds between the latest records of two timed events
+    /// (`cuEventElapsedTime`): the host times at which their streams reached them, so
+    /// they measure the emulator, not a GPU. `CUDA_ERROR_INVALID_HANDLE` if either was
+    /// created without timing or never recorded, `CUDA_ERROR_NOT_READY` if either has not
+    /// completed; the sticky error if a record was skipped after one.
+    pub fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32, CuError> {
+        let mut at = [Instant::now(); 2];
+        for (i, e) in [start, end].into_iter().enumerate() {
+            let ev = self.event_of(e)?;
+            self.check_sticky(ev.dev)?;
+            let invalid =
+                |why: &str| CuError::new(ErrorCode::InvalidHandle, format!("event {} {why}", e.0));
+            if !ev.timed {
+                return Err(invalid("was created without timing"));
+            }
+            let stamp = lock(&ev.stamp)
+                .clone()
+                .ok_or_else(|| invalid("was never recorded"))?;
+            at[i] = match stamp.get() {
+                Some(t) => *t,
+                None => {
+                    return Err(CuError::new(
+                        ErrorCode::NotReady,
+                        format!("event {} has not completed", e.0),
+                    ))
+                }
+            };
+        }
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        Ok(if at[1] >= at[0] {
+            ms(at[1] - at[0])
+        } else {
+            -ms(at[0] - at[1])
+        } as f32)
     }
 
     /// Destroys an event. Waits that already captured it are unaffected.
@@ -67,7 +120,14 @@ impl Driver {
         }
         // A marker operation, so that the legacy stream's implicit ordering applies to
         // the record like to any other operation.
-        let seq = self.enqueue(&st, Vec::new(), Op::Marker)?;
+        let op = if ev.timed {
+            let at = Arc::new(OnceLock::new());
+            *lock(&ev.stamp) = Some(at.clone());
+            Op::Stamp(at)
+        } else {
+            Op::Marker
+        };
+        let seq = self.enqueue(&st, Vec::new(), op)?;
         *lock(&ev.last) = Some(Dep { stream: st, seq });
         Ok(())
     }

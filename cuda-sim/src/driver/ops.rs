@@ -2,7 +2,8 @@
 //! (checked again when they run: memory freed since the enqueue is a fault, as a DMA
 //! to a freed page is on a GPU), and kernel launches through the interpreter.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use super::lock;
 use super::memory::{Allocation, DeviceView};
@@ -46,6 +47,8 @@ pub(crate) enum Op {
     /// Nothing: an event record, an event wait or a synchronisation point (what it
     /// waits for is in its dependencies).
     Marker,
+    /// A marker that notes the time it ran at (the record of a timed event).
+    Stamp(Arc<OnceLock<Instant>>),
     /// Host to device.
     HtoD {
         dst: u64,
@@ -85,6 +88,7 @@ impl Op {
     pub(crate) fn describe(&self) -> String {
         match self {
             Op::Marker => "a marker".to_string(),
+            Op::Stamp(_) => "a timed event record".to_string(),
             Op::HtoD { api, .. }
             | Op::DtoH { api, .. }
             | Op::DtoD { api, .. }
@@ -154,6 +158,10 @@ fn pinned_gone(api: &str, p: HostPtr, len: usize) -> Failure {
 pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure> {
     match op {
         Op::Marker => Ok(()),
+        Op::Stamp(at) => {
+            let _ = at.set(Instant::now());
+            Ok(())
+        }
         Op::Fail(e) => Err(Failure::Sticky(e)),
         Op::HtoD { dst, src, api } => match src {
             HostSrc::Staged(bytes) => {

@@ -34,6 +34,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventRecord",
     "cuEventSynchronize",
     "cuEventQuery",
+    "cuEventElapsedTime_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemAllocHost_v2",
@@ -505,6 +506,28 @@ impl Api for LibCuda {
             "cuEventCreate failed",
         )?;
         Ok(Event(ev as usize as u64))
+    }
+
+    fn event_create_timed(&self, ctx: Ctx) -> Result<Event, CuError> {
+        self.bind(ctx)?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT as u32;
+        // SAFETY: context current.
+        ck(
+            unsafe { sys::cuEventCreate(&mut ev, flags) },
+            "cuEventCreate failed",
+        )?;
+        Ok(Event(ev as usize as u64))
+    }
+
+    fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32, CuError> {
+        let mut ms = 0f32;
+        // SAFETY: two live events; the driver checks that they are timed and complete.
+        ck(
+            unsafe { sys::cuEventElapsedTime_v2(&mut ms, event_of(start), event_of(end)) },
+            "cuEventElapsedTime failed",
+        )?;
+        Ok(ms)
     }
 
     fn event_destroy(&self, e: Event) {

@@ -189,6 +189,10 @@ pub(crate) trait Api: Send + Sync {
 
     /// An event without timing (`CU_EVENT_DISABLE_TIMING`).
     fn event_create(&self, ctx: Ctx) -> Result<Event, CuError>;
+    /// An event with timing (`CU_EVENT_DEFAULT`), for [`Api::event_elapsed_ms`].
+    fn event_create_timed(&self, ctx: Ctx) -> Result<Event, CuError>;
+    /// Milliseconds between two completed records of timed events.
+    fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32, CuError>;
     fn event_destroy(&self, e: Event);
     fn event_record(&self, e: Event, s: Stream) -> Result<(), CuError>;
     /// `Ok(true)` when complete, `Ok(false)` while pending.

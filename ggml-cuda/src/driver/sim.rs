@@ -267,6 +267,17 @@ impl Api for Sim {
         Ok(Event(e.0))
     }
 
+    fn event_create_timed(&self, ctx: Ctx) -> Result<Event, CuError> {
+        let e = self.drv.event_create_timed(dev(ctx)).map_err(conv)?;
+        Ok(Event(e.0))
+    }
+
+    fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32, CuError> {
+        self.drv
+            .event_elapsed_ms(EventHandle(start.0), EventHandle(end.0))
+            .map_err(conv)
+    }
+
     fn event_destroy(&self, e: Event) {
         let _ = self.drv.event_destroy(EventHandle(e.0));
     }
