@@ -221,6 +221,16 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
 
 /// `llama-bench` from `../shared/tools/llama-cpp.sh` (which builds it once, cached).
 fn llama_bench(sh: &Shell, root: &Path) -> Result<PathBuf> {
+    let bin = llama_cpu_tools(sh, root)?.join("llama-bench");
+    if !bin.is_file() {
+        return Err(format!("llama-cpp.sh did not produce {}", bin.display()));
+    }
+    Ok(bin)
+}
+
+/// The folder of llama.cpp's CPU tools that `../shared/tools/llama-cpp.sh` builds once
+/// (cached); the source it built them from is `../../src` beside it.
+pub fn llama_cpu_tools(sh: &Shell, root: &Path) -> Result<PathBuf> {
     let script = root.join("../shared/tools/llama-cpp.sh");
     if !script.is_file() {
         return Err(format!(
@@ -229,21 +239,13 @@ fn llama_bench(sh: &Shell, root: &Path) -> Result<PathBuf> {
         ));
     }
     eprintln!(
-        "bench-vs-llama: {} (builds llama.cpp once, ~8 min)",
+        "xtask: {} (builds llama.cpp once, ~8 min)",
         script.display()
     );
     let dir = cmd!(sh, "bash {script}")
         .read()
         .map_err(|e| format!("{}: {e}", script.display()))?;
-    let bin = PathBuf::from(dir.trim()).join("llama-bench");
-    if !bin.is_file() {
-        return Err(format!(
-            "{} did not produce {}",
-            script.display(),
-            bin.display()
-        ));
-    }
-    Ok(bin)
+    Ok(PathBuf::from(dir.trim()))
 }
 
 /// Cargo's target directory (`CARGO_TARGET_DIR` or `target` in the workspace).
