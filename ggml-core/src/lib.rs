@@ -16,6 +16,7 @@ pub mod gguf;
 pub mod graph;
 pub mod name;
 pub mod op;
+pub mod op_time;
 pub mod quant;
 pub mod tensor;
 
@@ -30,6 +31,7 @@ pub use gguf::{Gguf, GgufError};
 pub use graph::Graph;
 pub use name::{Name, MAX_NAME};
 pub use op::{AttnParams, Op, RopeMode, RopeParams};
+pub use op_time::OpTime;
 pub use quant::{dequantize_row, quantize_row, QuantBlock, QuantError};
 pub use tensor::{
     BufferId, DataRef, MemoryDomain, Tensor, TensorFlags, TensorId, MAX_DIMS, MAX_SRC,

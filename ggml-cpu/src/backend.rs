@@ -14,6 +14,7 @@ use ggml_core::{
 use crate::exec::Executor;
 use crate::isa::Isa;
 use crate::memory::{Region, Registry, ALIGNMENT, HOST};
+use crate::op_timing::OpClock;
 use crate::pool::Pool;
 use crate::queue::{worker_main, EventState, Item, Queue};
 use crate::simd::Kernels;
@@ -109,6 +110,7 @@ pub struct CpuBackend {
     options: CpuBackendOptions,
     isa: Isa,
     pinned_cpus: Option<Vec<usize>>,
+    clock: Arc<OpClock>,
 }
 
 impl CpuBackend {
@@ -132,7 +134,8 @@ impl CpuBackend {
         let pool = Pool::new(options.n_threads, name.as_str(), options.pin_threads)
             .map_err(|_| err(BackendErrorKind::Device, "cannot spawn pool threads"))?;
         let pinned_cpus = pool.cpus();
-        let exec = Executor::new(Kernels::get(isa), name);
+        let clock = Arc::new(OpClock::default());
+        let exec = Executor::new(Kernels::get(isa), name, clock.clone());
         let q = queue.clone();
         let chaos = options.chaos;
         let worker = std::thread::Builder::new()
@@ -147,7 +150,24 @@ impl CpuBackend {
             options,
             isa,
             pinned_cpus,
+            clock,
         })
+    }
+
+    /// Times every node computed from now on (`true`), or stops and drops what was
+    /// measured (`false`). Thread 0 reads the clock at the barrier that ends each node, so
+    /// a node's time is the wall time of all threads on it, barrier waits included. Read
+    /// the times with [`CpuBackend::take_op_times`].
+    pub fn set_op_timing(&self, on: bool) {
+        self.clock.set(on);
+    }
+
+    /// The time per kind of op (products by weight type) since timing started or the
+    /// last call, longest first (empty while timing is off), and starts new sums. Waits
+    /// for the queue first, so it returns the error of any earlier work.
+    pub fn take_op_times(&self) -> BackendResult<Vec<ggml_core::OpTime>> {
+        self.synchronize()?;
+        Ok(self.clock.take())
     }
 
     /// The instruction-set level the kernels use.

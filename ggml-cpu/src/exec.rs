@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use ggml_core::{BackendError, BackendErrorKind, DType, Name, Op, Tensor, TensorId, MAX_DIMS};
 
 use crate::memory::{resolve, Region, Registry};
+use crate::op_timing::OpClock;
 use crate::ops;
 use crate::pool::{Pool, ThreadCtx};
 use crate::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
@@ -371,6 +372,7 @@ pub(crate) struct Executor {
     scratch: Option<Region>,
     views: Vec<TView>,
     regions: Vec<Arc<Region>>,
+    clock: Arc<OpClock>,
 }
 
 // SAFETY: the raw pointers in `views` are only used on the thread that owns the executor
@@ -389,6 +391,8 @@ struct Shared<'a> {
     /// First phase in which an error occurred (usize::MAX: none).
     fail_phase: AtomicUsize,
     error: Mutex<Option<(usize, BackendErrorKind, &'static str)>>,
+    /// With op timing on: thread 0's time of each node that ran, `(index in nodes, ms)`.
+    node_ms: Option<Mutex<Vec<(usize, f64)>>>,
 }
 
 // SAFETY: `scratch` is partitioned between threads (see NodeCtx); the views point into
@@ -396,13 +400,14 @@ struct Shared<'a> {
 unsafe impl Sync for Shared<'_> {}
 
 impl Executor {
-    pub(crate) fn new(kernels: &'static Kernels, name: Name) -> Executor {
+    pub(crate) fn new(kernels: &'static Kernels, name: Name, clock: Arc<OpClock>) -> Executor {
         Executor {
             kernels,
             name,
             scratch: None,
             views: Vec::new(),
             regions: Vec::new(),
+            clock,
         }
     }
 
@@ -509,10 +514,22 @@ impl Executor {
             counters: [AtomicUsize::new(0), AtomicUsize::new(0)],
             fail_phase: AtomicUsize::new(usize::MAX),
             error: Mutex::new(None),
+            node_ms: self.clock.is_on().then(|| Mutex::new(Vec::new())),
         };
         // 3. Run: every thread walks the nodes; a barrier ends each phase of each node.
         pool.run(&|th| run_nodes(&shared, th));
         self.regions.clear();
+        if let Some(times) = shared.node_ms {
+            let times = times.into_inner().unwrap_or_else(|e| e.into_inner());
+            let mut sums = self.clock.lock();
+            for (ni, ms) in times {
+                if let Some(key) = ggml_core::OpTime::key_of(tensors, nodes[ni]) {
+                    let t = sums.entry(key).or_default();
+                    t.0 += 1;
+                    t.1 += ms;
+                }
+            }
+        }
         let e = shared
             .error
             .lock()
@@ -526,6 +543,20 @@ impl Executor {
 }
 
 fn run_nodes(s: &Shared<'_>, th: &ThreadCtx<'_>) {
+    // Op timing: thread 0 reads the clock after each node's last barrier.
+    let mut clock =
+        (th.ith == 0 && s.node_ms.is_some()).then(|| (std::time::Instant::now(), Vec::new()));
+    run_nodes_timed(s, th, &mut clock);
+    if let (Some((_, times)), Some(all)) = (clock, &s.node_ms) {
+        all.lock().unwrap_or_else(|e| e.into_inner()).extend(times);
+    }
+}
+
+fn run_nodes_timed(
+    s: &Shared<'_>,
+    th: &ThreadCtx<'_>,
+    clock: &mut Option<(std::time::Instant, Vec<(usize, f64)>)>,
+) {
     let mut phase = 0usize;
     for (ni, &id) in s.nodes.iter().enumerate() {
         let t = &s.tensors[id.index()];
@@ -583,6 +614,11 @@ fn run_nodes(s: &Shared<'_>, th: &ThreadCtx<'_>) {
                 return;
             }
             phase += 1;
+        }
+        if let Some((since, times)) = clock {
+            let now = std::time::Instant::now();
+            times.push((ni, (now - *since).as_secs_f64() * 1e3));
+            *since = now;
         }
     }
 }

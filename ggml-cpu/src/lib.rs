@@ -50,6 +50,7 @@ mod backend;
 mod exec;
 mod isa;
 mod memory;
+mod op_timing;
 mod ops;
 mod pool;
 mod quant;

@@ -489,3 +489,70 @@ fn pinned_threads_run_on_cpus_of_their_own_and_compute_the_same() {
     let got = all.pinned_cpus().expect("every CPU is free again");
     assert!(cpus.iter().all(|c| got.contains(c)));
 }
+
+/// Op timing: every node that computes is counted once per run under its op (products
+/// by weight type), a read starts new sums, turning it off empties them, and the bits do
+/// not change.
+#[rstest]
+#[case::one_thread(1)]
+#[case::three_threads(3)]
+fn op_timing_counts_each_node_and_keeps_the_bits(#[case] threads: usize) {
+    let be = cpu(threads, CopyQueue::Source);
+    let mut rng = common::Rng::new(5);
+    let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 16];
+    let mut ctx = Context::new(&mut storage);
+    let w = ctx.new_tensor(DType::Q4_0, [64, 8, 1, 1]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [64, 2, 1, 1]).unwrap();
+    let p = ctx.mul_mat(w, x).unwrap();
+    let q = ctx.mul_mat(w, x).unwrap();
+    let view = ctx.view_2d(q, 8, 2, 32, 0).unwrap();
+    let sum = ctx.add(p, view).unwrap();
+    let out = ctx.rms_norm(sum, 1e-6).unwrap();
+    let (tensors, _) = place(&ctx, &be);
+    be.set_tensor_async(
+        &tensors[w.index()],
+        0,
+        &common::random_quant(DType::Q4_0, 16, &mut rng),
+    )
+    .unwrap();
+    let xs: Vec<f32> = (0..128).map(|_| rng.f()).collect();
+    be.set_tensor_async(&tensors[x.index()], 0, &bytes(&xs))
+        .unwrap();
+    let nodes = [p, q, view, sum, out];
+    let run = || {
+        be.graph_compute(&tensors, &nodes).unwrap();
+        be.synchronize().unwrap();
+        let mut got = vec![0u8; 64];
+        be.get_tensor(&tensors[out.index()], 0, &mut got).unwrap();
+        got
+    };
+    let untimed = run();
+    assert!(be.take_op_times().unwrap().is_empty(), "timing is off");
+
+    be.set_op_timing(true);
+    assert_eq!(run(), untimed);
+    assert_eq!(run(), untimed);
+    let times = be.take_op_times().unwrap();
+    let mut calls: Vec<(String, u64)> = times.iter().map(|t| (t.to_string(), t.calls)).collect();
+    calls.sort();
+    let want = [("ADD", 2), ("MUL_MAT q4_0", 4), ("RMS_NORM", 2)].map(|(o, c)| (o.to_string(), c));
+    assert_eq!(calls, want, "two runs; the view is not timed");
+    assert!(times.iter().all(|t| t.ms >= 0.0));
+    assert!(
+        times.windows(2).all(|w| w[0].ms >= w[1].ms),
+        "longest first: {times:?}"
+    );
+    assert!(
+        be.take_op_times().unwrap().is_empty(),
+        "a read starts new sums"
+    );
+
+    run();
+    be.set_op_timing(false);
+    assert!(
+        be.take_op_times().unwrap().is_empty(),
+        "turning it off drops the sums"
+    );
+    assert_eq!(run(), untimed);
+    assert!(be.take_op_times().unwrap().is_empty());
+}

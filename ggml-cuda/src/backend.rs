@@ -14,7 +14,7 @@ use ggml_core::{
 use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
-use crate::op_timing::{self, OpTime, OpTimer};
+use crate::op_timing::{Label, OpTimer};
 
 /// Alignment of buffer bases and tensor offsets (bytes).
 pub const ALIGNMENT: usize = 256;
@@ -814,7 +814,11 @@ impl Backend for CudaBackend {
         self.bind()?;
         let mut st = lock(&self.state);
         for &id in nodes {
-            match st.timer.is_some().then(|| op_timing::label(tensors, id)) {
+            match st
+                .timer
+                .is_some()
+                .then(|| ggml_core::OpTime::key_of(tensors, id))
+            {
                 Some(Some(label)) => self.run_timed(&mut st, tensors, id, label)?,
                 _ => crate::ops::run(self, &mut st, tensors, id)?,
             }
@@ -961,7 +965,7 @@ impl CudaBackend {
 
     /// The GPU time per kind of op since timing started or the last call, longest
     /// first (empty while timing is off), and starts new sums. Waits for the stream.
-    pub fn take_op_times(&self) -> BackendResult<Vec<OpTime>> {
+    pub fn take_op_times(&self) -> BackendResult<Vec<ggml_core::OpTime>> {
         self.bind()?;
         let api = self.dev.api;
         api.stream_synchronize(self.stream)
@@ -983,7 +987,7 @@ impl CudaBackend {
         st: &mut State,
         tensors: &[Tensor],
         id: TensorId,
-        label: (&'static str, Option<&'static str>),
+        label: Label,
     ) -> BackendResult<()> {
         let api = self.dev.api;
         let timer = st.timer.as_mut().expect("called with timing on");

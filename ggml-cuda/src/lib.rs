@@ -55,7 +55,6 @@ pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
 pub use kernels::KernelId;
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};
-pub use op_timing::OpTime;
 
 /// The emulator behind `cuda-sim:N` devices, re-exported for users who configure it
 /// (device count, memory, chaos, checks) or inspect it (memory in use, fault reports).

@@ -4,52 +4,24 @@
 
 use std::collections::BTreeMap;
 
-use ggml_core::{Op, Tensor, TensorId};
+use ggml_core::OpTime;
 
 use crate::driver::{Api, Ctx, CuError, Event};
 
-/// The GPU time of one kind of op.
+/// What a timed node is counted as ([`OpTime::key_of`]).
+pub(crate) type Label = (&'static str, Option<&'static str>);
+
+/// Timed events in flight and the sums so far, for one backend.
 ///
 /// A node's time runs from the moment the stream reaches the event recorded before its
 /// kernels to the one recorded after them. Where the GPU waits for the host (short
 /// kernels launched one by one, as in generation), that wait counts too: the times then
 /// show where the stream spent its time, not only the kernels' own durations.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OpTime {
-    /// The op's name; for MUL_MAT and MUL_MAT_ID followed by the weights' type
-    /// (`MUL_MAT q4_1`).
-    pub op: String,
-    /// Nodes timed.
-    pub calls: u64,
-    /// Their summed time in milliseconds.
-    pub ms: f64,
-}
-
-/// What a timed node is counted as: its op and, for products, the weights' type.
-type Label = (&'static str, Option<&'static str>);
-
-/// Timed events in flight and the sums so far, for one backend.
 #[derive(Default)]
 pub(crate) struct OpTimer {
     free: Vec<Event>,
     pending: Vec<(Label, Event, Event)>,
     totals: BTreeMap<Label, (u64, f64)>,
-}
-
-/// The label of node `id`, or `None` for nodes that launch nothing (views, no-ops, empty
-/// tensors), which are not timed.
-pub(crate) fn label(tensors: &[Tensor], id: TensorId) -> Option<Label> {
-    let node = tensors.get(id.index())?;
-    if node.op.is_view() || node.op == Op::None || node.nelements() == 0 {
-        return None;
-    }
-    let weights = match node.op {
-        Op::MulMat | Op::MulMatId => node.src[0]
-            .and_then(|s| tensors.get(s.index()))
-            .map(|w| w.dtype.name()),
-        _ => None,
-    };
-    Some((node.op.name(), weights))
 }
 
 impl OpTimer {
@@ -103,15 +75,16 @@ impl OpTimer {
         let mut v: Vec<OpTime> = std::mem::take(&mut self.totals)
             .into_iter()
             .map(|((op, weights), (calls, ms))| OpTime {
-                op: match weights {
-                    Some(w) => format!("{op} {w}"),
-                    None => op.to_string(),
-                },
+                op,
+                weights,
                 calls,
                 ms,
             })
             .collect();
-        v.sort_by(|x, y| y.ms.total_cmp(&x.ms).then_with(|| x.op.cmp(&y.op)));
+        v.sort_by(|x, y| {
+            y.ms.total_cmp(&x.ms)
+                .then_with(|| (x.op, x.weights).cmp(&(y.op, y.weights)))
+        });
         v
     }
 

@@ -7,6 +7,7 @@ use crate::error::{HarnessError, Result};
 use crate::executor::Executor;
 use crate::model::Model;
 use crate::placement::KvCache;
+use crate::session::TimedBackend;
 
 /// One measured test (`pp512`, `tg128`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -148,44 +149,44 @@ fn prompt_batch(model: &Model, n_prompt: usize) -> Batch {
     batch
 }
 
-/// GPU time per kind of op of one test on one CUDA device.
+/// Time per kind of op of one test on one device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpProfile {
     /// `pp512`, `tg128`.
     pub test: String,
-    /// The device's name (`cuda:0#0`).
+    /// The device's name (`cpu#0`, `cuda:0#0`).
     pub device: String,
     /// Wall time of the test's run, ms.
     pub wall_ms: f64,
     /// Per op, longest first.
-    pub ops: Vec<ggml_cuda::OpTime>,
+    pub ops: Vec<ggml_core::OpTime>,
 }
 
 /// One pp run (`n_prompt` > 0) and one tg run (`n_gen` > 0) with op timing on in
-/// `gpus`: where each device's stream spent the run. Run it after the benchmark: the
-/// event records cost host time, so these runs are not the ones whose speed is reported.
+/// `devices`: where each device spent the run. Run it after the benchmark: timing costs
+/// a little per node, so these runs are not the ones whose speed is reported.
 pub fn op_profile(
     model: &Model,
     exec: &mut dyn Executor,
     kv: &mut KvCache,
-    gpus: &[&ggml_cuda::CudaBackend],
+    devices: &[TimedBackend<'_>],
     n_prompt: usize,
     n_gen: usize,
 ) -> Result<Vec<OpProfile>> {
     let timing = |on: bool| -> Result<()> {
-        for g in gpus {
-            g.set_op_timing(on)?;
+        for d in devices {
+            d.set_op_timing(on)?;
         }
         Ok(())
     };
     let mut out = Vec::new();
     let mut collect = |test: String, wall: f64| -> Result<()> {
-        for g in gpus {
+        for d in devices {
             out.push(OpProfile {
                 test: test.clone(),
-                device: ggml_core::Backend::name(*g).to_string(),
+                device: d.name(),
                 wall_ms: wall * 1e3,
-                ops: g.take_op_times()?,
+                ops: d.take_op_times()?,
             });
         }
         Ok(())
@@ -222,13 +223,12 @@ pub fn op_profile_table(profiles: &[OpProfile]) -> String {
     for p in profiles {
         let total: f64 = p.ops.iter().map(|o| o.ms).sum();
         s.push_str(&format!(
-            "\n{} on {}: {:.2} ms of stream time in timed ops, {:.2} ms wall\n\n| op | calls | ms | share | µs/call |\n|---|---|---|---|---|\n",
+            "\n{} on {}: {:.2} ms in timed ops, {:.2} ms wall\n\n| op | calls | ms | share | µs/call |\n|---|---|---|---|---|\n",
             p.test, p.device, total, p.wall_ms
         ));
         for o in &p.ops {
             s.push_str(&format!(
-                "| {} | {} | {:.3} | {:.1} % | {:.2} |\n",
-                o.op,
+                "| {o} | {} | {:.3} | {:.1} % | {:.2} |\n",
                 o.calls,
                 o.ms,
                 if total > 0.0 {

@@ -281,8 +281,8 @@ struct BenchArgs {
     /// `trace-summary`).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
-    /// After the benchmark, one more pp and tg run with timed events around every node
-    /// of the CUDA devices: prints the GPU time per kind of op (MUL_MAT by weight type).
+    /// After the benchmark, one more pp and tg run with every node timed: prints the time
+    /// per kind of op and device (MUL_MAT by weight type; on GPUs from timed events).
     #[arg(long)]
     op_times: bool,
 }
@@ -690,12 +690,6 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let session = Session::open(&path, config.clone())?;
     let mut kv = session.kv_cache(a.n_prompt.max(a.n_gen).max(1))?;
     let on_gpu = !session.cuda_backends().is_empty();
-    if a.op_times && !on_gpu {
-        return Err(HarnessError::Usage(format!(
-            "--op-times times GPU kernels, and --devices {} has no cuda or cuda-sim device",
-            config.devices
-        )));
-    }
     let mut exec = session.executor()?;
     if a.trace.is_some() {
         exec.enable_trace();
@@ -725,7 +719,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             &session.model,
             exec.as_mut(),
             &mut kv,
-            &session.cuda_backends(),
+            &session.timed_backends(),
             a.n_prompt,
             a.n_gen,
         )?
@@ -755,7 +749,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 "device": p.device,
                 "wall_ms": p.wall_ms,
                 "ops": p.ops.iter().map(|o| serde_json::json!({
-                    "op": o.op, "calls": o.calls, "ms": o.ms,
+                    "op": o.to_string(), "calls": o.calls, "ms": o.ms,
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         });

@@ -170,13 +170,55 @@ pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
     Ok(out)
 }
 
-/// `b` as a CUDA backend, also behind the race checker's wrapper.
-fn as_cuda(b: &Arc<dyn Backend>) -> Option<&ggml_cuda::CudaBackend> {
-    let inner = match b.as_any().downcast_ref::<ggml_sched::CheckedBackend>() {
+/// `b`, unwrapped from the race checker's wrapper.
+fn unchecked(b: &Arc<dyn Backend>) -> &dyn Backend {
+    match b.as_any().downcast_ref::<ggml_sched::CheckedBackend>() {
         Some(c) => &**c.inner(),
         None => &**b,
-    };
-    inner.as_any().downcast_ref::<ggml_cuda::CudaBackend>()
+    }
+}
+
+/// `b` as a CUDA backend, also behind the race checker's wrapper.
+fn as_cuda(b: &Arc<dyn Backend>) -> Option<&ggml_cuda::CudaBackend> {
+    unchecked(b)
+        .as_any()
+        .downcast_ref::<ggml_cuda::CudaBackend>()
+}
+
+/// A device that can time its nodes (`bench --op-times`).
+#[derive(Clone, Copy)]
+pub enum TimedBackend<'a> {
+    /// A CPU device: wall time per node, barrier waits included.
+    Cpu(&'a ggml_cpu::CpuBackend),
+    /// A CUDA or cuda-sim device: stream time per node, from timed events.
+    Cuda(&'a ggml_cuda::CudaBackend),
+}
+
+impl TimedBackend<'_> {
+    /// The device's name (`cpu#0`, `cuda:0#0`).
+    pub fn name(&self) -> String {
+        match self {
+            TimedBackend::Cpu(b) => b.name().to_string(),
+            TimedBackend::Cuda(b) => b.name().to_string(),
+        }
+    }
+
+    /// Starts (`true`) or stops timing; stopping drops what was measured.
+    pub fn set_op_timing(&self, on: bool) -> Result<()> {
+        match self {
+            TimedBackend::Cpu(b) => b.set_op_timing(on),
+            TimedBackend::Cuda(b) => b.set_op_timing(on)?,
+        }
+        Ok(())
+    }
+
+    /// The time per kind of op since timing started or the last call, longest first.
+    pub fn take_op_times(&self) -> Result<Vec<ggml_core::OpTime>> {
+        Ok(match self {
+            TimedBackend::Cpu(b) => b.take_op_times()?,
+            TimedBackend::Cuda(b) => b.take_op_times()?,
+        })
+    }
 }
 
 /// One copy engine per backend of `backends` (created by [`create_backends`] from the
@@ -366,6 +408,23 @@ impl Session {
     /// The CUDA backends among the devices (cuda and cuda-sim), in order.
     pub fn cuda_backends(&self) -> Vec<&ggml_cuda::CudaBackend> {
         self.backends.iter().filter_map(as_cuda).collect()
+    }
+
+    /// The devices, in order, as backends that can time their nodes (all of the CPU and
+    /// CUDA backends this harness creates; none behind a fault injector).
+    pub fn timed_backends(&self) -> Vec<TimedBackend<'_>> {
+        self.backends
+            .iter()
+            .filter_map(|b| {
+                let b = unchecked(b).as_any();
+                b.downcast_ref::<ggml_cpu::CpuBackend>()
+                    .map(TimedBackend::Cpu)
+                    .or_else(|| {
+                        b.downcast_ref::<ggml_cuda::CudaBackend>()
+                            .map(TimedBackend::Cuda)
+                    })
+            })
+            .collect()
     }
 
     /// An executor for the session's configuration: every pass goes through the

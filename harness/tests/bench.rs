@@ -78,3 +78,34 @@ fn the_bandwidth_line_gives_the_fraction_of_the_probe() {
         "tg128: 97.0 MB of weights per token at 100.00 t/s = 9.70 GB/s (weights in GPU memory: the host read probe does not apply)\n"
     );
 }
+
+/// `bench --op-times` on two CPU devices (layer split): each device reports the ops of
+/// its layers, within the run's wall time, and timing is off again afterwards.
+#[test]
+fn op_profile_on_cpu_devices() {
+    use harness::session::{RunConfig, Session, SplitMode};
+    let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
+    let config = RunConfig::simple("cpu:2".parse().unwrap(), SplitMode::Layer, 1, 2);
+    let session = Session::open(&path, config).unwrap();
+    let devices = session.timed_backends();
+    assert_eq!(devices.len(), 2);
+    let mut kv = session.kv_cache(16).unwrap();
+    let mut exec = session.executor().unwrap();
+    let profiles =
+        harness::bench::op_profile(&session.model, exec.as_mut(), &mut kv, &devices, 8, 2).unwrap();
+    assert_eq!(profiles.len(), 4, "pp and tg on each device");
+    for p in &profiles {
+        let ops: Vec<String> = p.ops.iter().map(|o| o.to_string()).collect();
+        assert!(
+            ops.iter().any(|o| o == "MUL_MAT q4_1"),
+            "{} {}: {ops:?}",
+            p.test,
+            p.device
+        );
+        let timed: f64 = p.ops.iter().map(|o| o.ms).sum();
+        assert!(timed > 0.0 && timed <= p.wall_ms * 1.01, "{p:?}");
+    }
+    for d in &devices {
+        assert!(d.take_op_times().unwrap().is_empty(), "timing left on");
+    }
+}
