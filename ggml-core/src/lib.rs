@@ -31,7 +31,7 @@ pub use gguf::{Gguf, GgufError};
 pub use graph::Graph;
 pub use name::{Name, MAX_NAME};
 pub use op::{AttnParams, Op, RopeMode, RopeParams};
-pub use op_time::OpTime;
+pub use op_time::{OpKey, OpTime};
 pub use quant::{dequantize_row, quantize_row, QuantBlock, QuantError};
 pub use tensor::{
     BufferId, DataRef, MemoryDomain, Tensor, TensorFlags, TensorId, MAX_DIMS, MAX_SRC,

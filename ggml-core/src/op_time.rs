@@ -6,6 +6,9 @@ use core::fmt;
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorId};
 
+/// What a timed node is counted as: its op's name and, for products, the weights' type.
+pub type OpKey = (&'static str, Option<&'static str>);
+
 /// The time spent in one kind of op: every node with the same op and, for products,
 /// the same weight type.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,10 +26,7 @@ pub struct OpTime {
 impl OpTime {
     /// What node `id` of `tensors` is counted as, `(op, weights)`; `None` for nodes that
     /// compute nothing (views, no-ops, empty tensors), which are not timed.
-    pub fn key_of(
-        tensors: &[Tensor],
-        id: TensorId,
-    ) -> Option<(&'static str, Option<&'static str>)> {
+    pub fn key_of(tensors: &[Tensor], id: TensorId) -> Option<OpKey> {
         let node = tensors.get(id.index())?;
         if node.op.is_view() || node.op == Op::None || node.nelements() == 0 {
             return None;
@@ -38,6 +38,24 @@ impl OpTime {
             _ => None,
         };
         Some((node.op.name(), weights))
+    }
+
+    /// The sums of key `key`.
+    pub fn new(key: OpKey, calls: u64, ms: f64) -> OpTime {
+        OpTime {
+            op: key.0,
+            weights: key.1,
+            calls,
+            ms,
+        }
+    }
+
+    /// Sorts `times` longest first (equal times by op and weights), as backends report them.
+    pub fn sort_longest_first(times: &mut [OpTime]) {
+        times.sort_unstable_by(|x, y| {
+            y.ms.total_cmp(&x.ms)
+                .then_with(|| (x.op, x.weights).cmp(&(y.op, y.weights)))
+        });
     }
 }
 

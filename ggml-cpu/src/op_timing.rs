@@ -6,16 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use ggml_core::OpTime;
-
-/// What a timed node is counted as ([`OpTime::key_of`]).
-pub(crate) type Key = (&'static str, Option<&'static str>);
+use ggml_core::{OpKey, OpTime};
 
 /// Whether timing is on, and the sums so far; shared by a backend and its executor.
 #[derive(Default)]
 pub(crate) struct OpClock {
     on: AtomicBool,
-    totals: Mutex<BTreeMap<Key, (u64, f64)>>,
+    totals: Mutex<BTreeMap<OpKey, (u64, f64)>>,
 }
 
 impl OpClock {
@@ -35,21 +32,13 @@ impl OpClock {
     pub(crate) fn take(&self) -> Vec<OpTime> {
         let mut v: Vec<OpTime> = std::mem::take(&mut *self.lock())
             .into_iter()
-            .map(|((op, weights), (calls, ms))| OpTime {
-                op,
-                weights,
-                calls,
-                ms,
-            })
+            .map(|(key, (calls, ms))| OpTime::new(key, calls, ms))
             .collect();
-        v.sort_by(|x, y| {
-            y.ms.total_cmp(&x.ms)
-                .then_with(|| (x.op, x.weights).cmp(&(y.op, y.weights)))
-        });
+        OpTime::sort_longest_first(&mut v);
         v
     }
 
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, (u64, f64)>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<OpKey, (u64, f64)>> {
         self.totals.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -14,7 +14,7 @@ use ggml_core::{
 use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
-use crate::op_timing::{Label, OpTimer};
+use crate::op_timing::OpTimer;
 
 /// Alignment of buffer bases and tensor offsets (bytes).
 pub const ALIGNMENT: usize = 256;
@@ -819,7 +819,7 @@ impl Backend for CudaBackend {
                 .is_some()
                 .then(|| ggml_core::OpTime::key_of(tensors, id))
             {
-                Some(Some(label)) => self.run_timed(&mut st, tensors, id, label)?,
+                Some(Some(key)) => self.run_timed(&mut st, tensors, id, key)?,
                 _ => crate::ops::run(self, &mut st, tensors, id)?,
             }
         }
@@ -987,7 +987,7 @@ impl CudaBackend {
         st: &mut State,
         tensors: &[Tensor],
         id: TensorId,
-        label: Label,
+        key: ggml_core::OpKey,
     ) -> BackendResult<()> {
         let api = self.dev.api;
         let timer = st.timer.as_mut().expect("called with timing on");
@@ -999,7 +999,7 @@ impl CudaBackend {
             .and_then(|()| api.event_record(b, self.stream).map_err(|e| self.cu(e)));
         let timer = st.timer.as_mut().expect("called with timing on");
         match r {
-            Ok(()) => timer.push(label, a, b),
+            Ok(()) => timer.push(key, a, b),
             Err(_) => timer.give_back([a, b]),
         }
         r

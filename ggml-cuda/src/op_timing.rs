@@ -4,12 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use ggml_core::OpTime;
+use ggml_core::{OpKey, OpTime};
 
 use crate::driver::{Api, Ctx, CuError, Event};
-
-/// What a timed node is counted as ([`OpTime::key_of`]).
-pub(crate) type Label = (&'static str, Option<&'static str>);
 
 /// Timed events in flight and the sums so far, for one backend.
 ///
@@ -20,8 +17,8 @@ pub(crate) type Label = (&'static str, Option<&'static str>);
 #[derive(Default)]
 pub(crate) struct OpTimer {
     free: Vec<Event>,
-    pending: Vec<(Label, Event, Event)>,
-    totals: BTreeMap<Label, (u64, f64)>,
+    pending: Vec<(OpKey, Event, Event)>,
+    totals: BTreeMap<OpKey, (u64, f64)>,
 }
 
 impl OpTimer {
@@ -42,8 +39,8 @@ impl OpTimer {
     }
 
     /// Notes a node whose events were both recorded.
-    pub(crate) fn push(&mut self, label: Label, start: Event, end: Event) {
-        self.pending.push((label, start, end));
+    pub(crate) fn push(&mut self, key: OpKey, start: Event, end: Event) {
+        self.pending.push((key, start, end));
     }
 
     /// Gives back events that were not (both) recorded.
@@ -60,9 +57,9 @@ impl OpTimer {
             .iter()
             .take_while(|(_, _, end)| api.event_query(*end).unwrap_or(true))
             .count();
-        for (label, a, b) in self.pending.drain(..done) {
+        for (key, a, b) in self.pending.drain(..done) {
             if let Ok(ms) = api.event_elapsed_ms(a, b) {
-                let t = self.totals.entry(label).or_default();
+                let t = self.totals.entry(key).or_default();
                 t.0 += 1;
                 t.1 += ms as f64;
             }
@@ -74,17 +71,9 @@ impl OpTimer {
     pub(crate) fn take(&mut self) -> Vec<OpTime> {
         let mut v: Vec<OpTime> = std::mem::take(&mut self.totals)
             .into_iter()
-            .map(|((op, weights), (calls, ms))| OpTime {
-                op,
-                weights,
-                calls,
-                ms,
-            })
+            .map(|(key, (calls, ms))| OpTime::new(key, calls, ms))
             .collect();
-        v.sort_by(|x, y| {
-            y.ms.total_cmp(&x.ms)
-                .then_with(|| (x.op, x.weights).cmp(&(y.op, y.weights)))
-        });
+        OpTime::sort_longest_first(&mut v);
         v
     }
 

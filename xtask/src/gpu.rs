@@ -39,6 +39,7 @@ pub fn gpu_test(sh: &Shell, root: &Path, args: &[String]) -> Result<()> {
 }
 
 fn run_here(sh: &Shell, root: &Path) -> Result<()> {
+    let targets = gpu_test_targets();
     sh.change_dir(root);
     let model = fetch::fetch_model()?;
     let err = |e: xshell::Error| e.to_string();
@@ -53,9 +54,10 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
         let _results = sh.push_env(KERNEL_RESULTS_VAR, file);
         let _checks = (!on_gpu).then(|| sh.push_env("CUDA_SIM_CHECKS", SIM_CHECKS));
         let _gpu = on_gpu.then(|| sh.push_env("GGML_RS_REQUIRE_GPU", "1"));
+        let targets = &targets;
         cmd!(
             sh,
-            "cargo test --release --locked -p ggml-cuda --test gpu --test backend --test coverage --test moe -- --test-threads 1"
+            "cargo test --release --locked -p ggml-cuda {targets...} -- --test-threads 1"
         )
         .run()
         .map_err(err)?;
@@ -132,6 +134,17 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
     .map(|out| print!("{out}"))?;
     eprintln!("gpu-test: all checks passed");
     Ok(())
+}
+
+/// The ggml-cuda test targets that run on a GPU (tests/sim.rs is cuda-sim's alone).
+const GPU_TESTS: &[&str] = &["gpu", "backend", "coverage", "moe"];
+
+/// `--test NAME` for each of [`GPU_TESTS`].
+fn gpu_test_targets() -> Vec<String> {
+    GPU_TESTS
+        .iter()
+        .flat_map(|t| ["--test".to_string(), t.to_string()])
+        .collect()
 }
 
 /// Where the kernel tests append their output digests (see ggml-cuda/tests/common).
@@ -262,9 +275,10 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
     let model = fetch::fetch_model()?;
 
     // Test binaries: the executables cargo reports for the ggml-cuda GPU tests.
+    let targets = gpu_test_targets();
     let json = cmd!(
         sh,
-        "cargo test --release --locked -p ggml-cuda --test gpu --test backend --test coverage --test moe --no-run --message-format=json-render-diagnostics"
+        "cargo test --release --locked -p ggml-cuda {targets...} --no-run --message-format=json-render-diagnostics"
     )
     .read()
     .map_err(err)?;

@@ -107,6 +107,30 @@ pub(crate) fn k3_scales(sc: &[u8]) -> [u8; 16] {
     out
 }
 
+/// Dispatches a tile call by its shape `(a.len(), b.len())` to the fixed-shape tile
+/// `$gen::<$pre.. NR, NC, $post..>` (full tiles keep their accumulators in registers),
+/// and edge tiles to 1 × 1 tiles; every shape performs the same operations per output.
+/// Shared by the legacy-quant (`gen`) and K-quant (`kq_tile_gen`) tiles.
+macro_rules! by_tile_shape {
+    ($gen:ident [$($pre:tt)*] [$($post:tt)*], $k:expr, $a:expr, $b:expr, $out:expr) => {
+        match ($a.len(), $b.len()) {
+            (4, 4) => $gen::<$($pre)* 4, 4, $($post)*>($k, $a, $b, $out, 0, 0),
+            (4, 2) => $gen::<$($pre)* 4, 2, $($post)*>($k, $a, $b, $out, 0, 0),
+            (4, 1) => $gen::<$($pre)* 4, 1, $($post)*>($k, $a, $b, $out, 0, 0),
+            (2, 4) => $gen::<$($pre)* 2, 4, $($post)*>($k, $a, $b, $out, 0, 0),
+            (1, 4) => $gen::<$($pre)* 1, 4, $($post)*>($k, $a, $b, $out, 0, 0),
+            (nr, nc) => {
+                for r in 0..nr.min(4) {
+                    for c in 0..nc.min(4) {
+                        let (ar, br) = (&$a[r..r + 1], &$b[c..c + 1]);
+                        $gen::<$($pre)* 1, 1, $($post)*>($k, ar, br, $out, r, c);
+                    }
+                }
+            }
+        }
+    };
+}
+
 macro_rules! x86_kquant {
     ($feat:literal) => {
         use crate::simd::x86_kquant::{
@@ -548,23 +572,7 @@ macro_rules! x86_kquant {
             out: &mut [f32; 16],
         ) {
             // SAFETY: same features; shapes match the slices.
-            unsafe {
-                match (a.len(), b.len()) {
-                    (4, 4) => kq_tile_gen::<F, 4, 4, PRE>(k, a, b, out, 0, 0),
-                    (4, 2) => kq_tile_gen::<F, 4, 2, PRE>(k, a, b, out, 0, 0),
-                    (4, 1) => kq_tile_gen::<F, 4, 1, PRE>(k, a, b, out, 0, 0),
-                    (2, 4) => kq_tile_gen::<F, 2, 4, PRE>(k, a, b, out, 0, 0),
-                    (1, 4) => kq_tile_gen::<F, 1, 4, PRE>(k, a, b, out, 0, 0),
-                    (nr, nc) => {
-                        for r in 0..nr.min(4) {
-                            for c in 0..nc.min(4) {
-                                let (ar, br) = (&a[r..r + 1], &b[c..c + 1]);
-                                kq_tile_gen::<F, 1, 1, PRE>(k, ar, br, out, r, c);
-                            }
-                        }
-                    }
-                }
-            }
+            unsafe { by_tile_shape!(kq_tile_gen [F,] [PRE], k, a, b, out) }
         }
 
         /// The K-quant tile of format `F` on raw weight rows.

@@ -695,22 +695,7 @@ macro_rules! quant_tile {
                 out: &mut [f32; 16],
             ) {
                 // SAFETY: same features; shapes match the slices.
-                unsafe {
-                    match (a.len(), b.len()) {
-                        (4, 4) => gen::<4, 4, PRE>(k, a, b, out, 0, 0),
-                        (4, 2) => gen::<4, 2, PRE>(k, a, b, out, 0, 0),
-                        (4, 1) => gen::<4, 1, PRE>(k, a, b, out, 0, 0),
-                        (2, 4) => gen::<2, 4, PRE>(k, a, b, out, 0, 0),
-                        (1, 4) => gen::<1, 4, PRE>(k, a, b, out, 0, 0),
-                        (nr, nc) => {
-                            for r in 0..nr.min(4) {
-                                for c in 0..nc.min(4) {
-                                    gen::<1, 1, PRE>(k, &a[r..r + 1], &b[c..c + 1], out, r, c);
-                                }
-                            }
-                        }
-                    }
-                }
+                unsafe { by_tile_shape!(gen [] [PRE], k, a, b, out) }
             }
 
             /// The tile on raw weight rows.
