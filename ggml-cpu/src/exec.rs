@@ -12,6 +12,7 @@ use crate::op_timing::OpClock;
 use crate::ops;
 use crate::pool::{Pool, ThreadCtx};
 use crate::reference::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::runs::{RunSlot, Runs};
 use crate::simd::Kernels;
 
 /// Result of a kernel: an error kind and a fixed explanation.
@@ -195,6 +196,8 @@ pub(crate) struct NodeCtx<'a> {
     tsize: usize,
     /// A work counter reset to 0 before each phase.
     pub chunk: &'a AtomicUsize,
+    /// The phase's chunk runs, one per thread: another way to share work than `chunk`.
+    pub runs: Runs<'a>,
 }
 
 impl NodeCtx<'_> {
@@ -373,6 +376,8 @@ pub(crate) struct Executor {
     views: Vec<TView>,
     regions: Vec<Arc<Region>>,
     clock: Arc<OpClock>,
+    /// One chunk run per thread (see [`crate::runs`]).
+    runs: Vec<RunSlot>,
 }
 
 // SAFETY: the raw pointers in `views` are only used on the thread that owns the executor
@@ -388,6 +393,7 @@ struct Shared<'a> {
     wsize: usize,
     tsize: usize,
     counters: [AtomicUsize; 2],
+    runs: &'a [RunSlot],
     /// First phase in which an error occurred (usize::MAX: none).
     fail_phase: AtomicUsize,
     error: Mutex<Option<(usize, BackendErrorKind, &'static str)>>,
@@ -408,6 +414,7 @@ impl Executor {
             views: Vec::new(),
             regions: Vec::new(),
             clock,
+            runs: Vec::new(),
         }
     }
 
@@ -503,6 +510,8 @@ impl Executor {
             })?);
         }
         let scratch = self.scratch.as_ref().expect("allocated above");
+        self.runs.resize_with(nth, RunSlot::default);
+        self.runs.iter_mut().for_each(RunSlot::reset);
         let shared = Shared {
             tensors,
             nodes,
@@ -512,6 +521,7 @@ impl Executor {
             wsize,
             tsize,
             counters: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            runs: &self.runs[..nth],
             fail_phase: AtomicUsize::new(usize::MAX),
             error: Mutex::new(None),
             node_ms: self.clock.is_on().then(|| Mutex::new(Vec::new())),
@@ -585,15 +595,18 @@ fn run_nodes_timed(
             tdata: unsafe { s.scratch.add(s.wsize + th.ith * s.tsize) },
             tsize: s.tsize,
             chunk: &s.counters[0],
+            runs: Runs::new(s.runs, 0),
         };
         for p in 0..ops::phases(t) {
             let ctx = NodeCtx {
                 chunk: &s.counters[phase % 2],
+                runs: Runs::new(s.runs, phase),
                 ..ctx
             };
             if th.ith == 0 {
                 s.counters[(phase + 1) % 2].store(0, Ordering::Relaxed);
             }
+            ctx.runs.reset_next(th.ith);
             if s.fail_phase.load(Ordering::Relaxed) == usize::MAX {
                 let r = catch_unwind(AssertUnwindSafe(|| ops::run(&ctx, th, p))).unwrap_or(Err((
                     BackendErrorKind::Device,

@@ -56,6 +56,7 @@ mod pool;
 mod quant;
 mod queue;
 pub mod reference;
+mod runs;
 mod simd;
 
 pub use backend::{CpuBackend, CpuBackendOptions};

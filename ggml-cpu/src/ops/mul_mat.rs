@@ -4,8 +4,10 @@
 //! Q8_0, Q8_1, Q8_K, F16, BF16 or F32) into shared scratch, and gathers weights whose
 //! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
 //! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of up
-//! to 4 × 4 dot products, or, for a single activation column, the level's matrix ×
-//! vector kernel (`gemv`, with its own activation layout) on up to 4 rows. Every dot
+//! to 4 × 4 dot products. A single activation column runs the level's matrix × vector
+//! kernel (`gemv`, with its own activation layout) on up to 4 rows at a time, and each
+//! thread takes a contiguous run of the chunks ([`crate::runs`]) so that its prefetch
+//! streams the weights without a restart at every chunk. Every dot
 //! product has the same operations whatever the kernel, tile, chunk or thread (see
 //! [`crate::reference`]), so the split never shows in the result.
 
@@ -164,11 +166,21 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         Some(_) => c.scratch_bytes(),
         None => &mut [],
     };
+    // One column: each thread streams its own run of chunks (see `crate::runs`).
+    let mut runs = gemv.map(|_| c.runs.take(total, th.ith));
+    // The prefetch's next address; it runs on across chunks of this thread's own run.
+    let mut pf = 0usize;
     loop {
-        let ch = c.chunk.fetch_add(1, Ordering::Relaxed);
-        if ch >= total {
-            break;
-        }
+        let (ch, own_end) = match runs.as_mut() {
+            Some(r) => match r.next() {
+                Some(t) => (t.chunk, t.own_end),
+                None => break,
+            },
+            None => match c.chunk.fetch_add(1, Ordering::Relaxed) {
+                ch if ch < total => (ch, None),
+                _ => break,
+            },
+        };
         let mi = ch % m_chunks;
         let ni = (ch / m_chunks) % n_chunks;
         let bi = ch / (m_chunks * n_chunks);
@@ -188,7 +200,17 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             }
         };
         let dense = gather || a.nb[1] == ars;
-        let (pf_end, mut pf) = (wrow(m1) as usize, wrow(m0) as usize);
+        // The prefetch stops at the chunk's end, or for a chunk of this thread's own run
+        // at that run's end in this batch.
+        let run_end = match own_end {
+            Some(e) if (e - 1) / (m_chunks * n_chunks) == bi => ((e - 1) % m_chunks + 1) * mc,
+            Some(_) => m_all,
+            None => m1,
+        };
+        let (start, pf_end) = (wrow(m0) as usize, wrow(run_end.min(m_all)) as usize);
+        if !(start..=pf_end).contains(&pf) {
+            pf = start;
+        }
         // Before rows `.. m_end` run: keep the next PF_DIST bytes after them in flight.
         let mut prefetch_past = |m_end: usize| {
             if dense {

@@ -84,21 +84,21 @@ mod vnni {
     // formula and the lane accumulation are those of the tiles (`reference::block_value`,
     // lane t accumulating blocks j ≡ t mod 8, `reference::tree8`).
 
-    /// Weight formats with a gemv kernel. (A Q8_0 one, with the same structure, was
-    /// slower than the Q8_0 tile: its blocks need no nibble unpacking, so the transposing
-    /// tile loses less there. A second one, gathering 2 blocks per register with a word
-    /// permute and offsetting the quants to unsigned, was 4 % faster at 1 × 576 × 49152
-    /// and 2–10 % at 1 × 14336 × 4096, about 1 % of generation: Q8_0 rows are bound by
-    /// reading them, so it was not kept.)
+    /// Weight formats with a gemv kernel. Q8_0's needs no permute for its quants (two
+    /// blocks' 64 quants are two loads), so it is 1.6× the transposing tile at K = 576 on
+    /// data in L2 (1.32 against 2.09 ns per block and row on Zen 4); earlier tries that
+    /// gathered the quants with permutes gained 4 % and were dropped.
     const FMT_Q4_0: u8 = 0;
     const FMT_Q4_1: u8 = 1;
     const FMT_Q5_0: u8 = 2;
+    const FMT_Q8_0: u8 = 3;
 
     /// Bytes per block of a format.
     const fn block_bytes(fmt: u8) -> usize {
         match fmt {
             FMT_Q4_0 => 18,
             FMT_Q5_0 => 22,
+            FMT_Q8_0 => 34,
             _ => 20,
         }
     }
@@ -179,21 +179,6 @@ mod vnni {
         }
     }
 
-    /// [`ld512`] for 16 bytes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn ld128<const FULL: bool>(x: *const u8, off: usize, lim: usize) -> __m128i {
-        // SAFETY: as ld512.
-        unsafe {
-            if FULL {
-                _mm_loadu_si128(x.add(off) as *const __m128i)
-            } else {
-                let m = first_bytes(lim.saturating_sub(off)) as u16;
-                _mm_maskz_loadu_epi8(m, x.wrapping_add(off) as *const i8)
-            }
-        }
-    }
-
     /// The f16 scales `d` (and for Q4_1 the mins `m`) of the 8 blocks at `x` as f32.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
@@ -246,69 +231,6 @@ mod vnni {
         }
     }
 
-    /// Blocks 2i and 2i + 1 at `x` as 64 unsigned bytes in element order (Q4_0's offset 8
-    /// included, corrected through `Σy` afterwards). Bytes from `lim` on read as 0.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn pair<const FMT: u8, const FULL: bool>(x: *const u8, i: usize, lim: usize) -> __m512i {
-        let xb = block_bytes(FMT);
-        let (b0, b1) = (2 * i * xb, (2 * i + 1) * xb);
-        // SAFETY: blocks 2i and 2i + 1 at x, or the bytes of them below lim (caller).
-        unsafe {
-            let off = quant_off(FMT);
-            // Lanes: the 16 quant bytes of block 2i twice, then of block 2i + 1 twice;
-            // low nibbles in lanes 0 and 2, high nibbles in lanes 1 and 3.
-            let z = _mm512_mask_broadcast_i32x4(
-                _mm512_broadcast_i32x4(ld128::<FULL>(x, b0 + off, lim)),
-                0xFF00,
-                ld128::<FULL>(x, b1 + off, lim),
-            );
-            let z = _mm512_mask_srli_epi16(z, 0xFF00_FF00, z, 4);
-            _mm512_and_si512(z, _mm512_set1_epi8(15))
-        }
-    }
-
-    /// The 8 block values (lane t: block t) of one weight row's group at `x` against the
-    /// activation group `(yv, dy, sy, Σy)`; with `FULL` false only the `lim` bytes at `x`
-    /// are read and the missing blocks are zero.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn group<const FMT: u8, const FULL: bool>(
-        x: *const u8,
-        lim: usize,
-        yv: &[__m512i; 4],
-        dy: __m256,
-        sy: __m256,
-        syi: __m256i,
-    ) -> __m256 {
-        // SAFETY: 8 blocks at x, or lim bytes (caller).
-        let (dx, mx, p) = unsafe {
-            let (dx, mx) = scales::<FMT, FULL>(x, lim);
-            let z = _mm512_setzero_si512();
-            // A partial group skips the pairs past its last block (they would be zero).
-            let np = if FULL {
-                4
-            } else {
-                lim.div_ceil(2 * block_bytes(FMT))
-            };
-            let mut p = [z; 4];
-            for (i, pi) in p.iter_mut().enumerate().take(np) {
-                *pi = _mm512_dpbusd_epi32(z, pair::<FMT, FULL>(x, i, lim), yv[i]);
-            }
-            (dx, mx, p)
-        };
-        let mut s = reduce8(p);
-        if FMT == FMT_Q4_0 {
-            s = _mm256_sub_epi32(s, _mm256_slli_epi32(syi, 3));
-        }
-        let v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
-        if FMT == FMT_Q4_1 {
-            _mm256_add_ps(v, _mm256_mul_ps(mx, sy))
-        } else {
-            v
-        }
-    }
-
     /// Word indices (into two 32-word registers) that gather the 16 quant bytes of
     /// blocks 4h .. 4h + 3 of a whole group into one register, block after block; the
     /// registers hold the group's 128 bytes from [`half_base`].
@@ -317,38 +239,54 @@ mod vnni {
         let mut idx = [0i16; 32];
         let mut w = 0;
         while w < 32 {
-            let byte = (4 * h + w / 8) * xb + quant_off(fmt) + 2 * (w % 8) - half_base(fmt, h);
+            // Saturating: Q8_0 instantiates this (its kernel has no nibbles) but never
+            // uses the indices.
+            let byte = ((4 * h + w / 8) * xb + quant_off(fmt) + 2 * (w % 8))
+                .saturating_sub(half_base(fmt, h));
             idx[w] = (byte / 2) as i16;
             w += 1;
         }
         idx
     }
 
-    /// The exact integer dots of the 8 blocks of a whole group at `x` (lane t: block t,
-    /// quants as unsigned nibbles) against the activation quants `ylo`/`yhi` (elements
-    /// 0..16 and 16..32 of blocks 4h .. 4h + 3 in register h, block after block).
+    /// Halves of a group that hold blocks: both for a whole group, else those below
+    /// `lim` bytes.
+    #[inline]
+    const fn halves<const FULL: bool>(fmt: u8, lim: usize) -> usize {
+        if FULL || lim > 4 * block_bytes(fmt) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The exact integer dots of the 8 blocks of a group at `x` (lane t: block t, quants
+    /// as unsigned nibbles) against the activation quants `ylo`/`yhi` (elements 0..16 and
+    /// 16..32 of blocks 4h .. 4h + 3 in register h, block after block). With `FULL` false
+    /// only the `lim` bytes at `x` are read: the lanes of the missing blocks are garbage.
     ///
     /// Two word permutes gather each half's 64 quant bytes from 128-byte windows, so a
-    /// `vpdpbusd` covers 4 blocks' low (or high) nibbles, where [`pair`] spends two
-    /// broadcast loads, a masked shift and an AND on every 2 blocks. Integer sums are
-    /// exact, so the result is [`group`]'s bit for bit.
+    /// `vpdpbusd` covers 4 blocks' low (or high) nibbles. A partial group (the row's
+    /// last) reads its windows with masked loads and skips a half without blocks.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn dots_full<const FMT: u8>(
+    unsafe fn dots<const FMT: u8, const FULL: bool>(
         x: *const u8,
+        lim: usize,
         ylo: &[__m512i; 2],
         yhi: &[__m512i; 2],
     ) -> __m256i {
         let nib = _mm512_set1_epi8(15);
         let mut acc = [_mm512_setzero_si512(); 2];
-        for (h, a) in acc.iter_mut().enumerate() {
+        for (h, a) in acc.iter_mut().enumerate().take(halves::<FULL>(FMT, lim)) {
             let base = half_base(FMT, h);
             let idx = const { [quant_words(FMT, 0), quant_words(FMT, 1)] }[h];
             // SAFETY: bytes [base, base + 128) lie in the group at x (caller: a whole
-            // group, at least 144 bytes); the index array has 32 words.
+            // group, at least 144 bytes), or only those below lim are read; the index
+            // array has 32 words.
             let q = unsafe {
-                let w0 = _mm512_loadu_si512(x.add(base) as *const __m512i);
-                let w1 = _mm512_loadu_si512(x.add(base + 64) as *const __m512i);
+                let w0 = ld512::<FULL>(x, base, lim);
+                let w1 = ld512::<FULL>(x, base + 64, lim);
                 let iv = _mm512_loadu_si512(idx.as_ptr() as *const __m512i);
                 _mm512_permutex2var_epi16(w0, iv, w1)
             };
@@ -359,20 +297,28 @@ mod vnni {
         join_halves(acc)
     }
 
-    /// [`group`] for a whole group through [`dots_full`].
+    /// The 8 block values (lane t: block t) of one weight row's group at `x` against the
+    /// activation group (`ylo`/`yhi` as for [`dots`], `dy`, `sy`, `Σy`); with `FULL`
+    /// false only the `lim` bytes at `x` are read and the lanes of missing blocks are
+    /// garbage.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn group_full<const FMT: u8>(
+    unsafe fn group<const FMT: u8, const FULL: bool>(
         x: *const u8,
+        lim: usize,
         ylo: &[__m512i; 2],
         yhi: &[__m512i; 2],
         dy: __m256,
         sy: __m256,
         syi: __m256i,
     ) -> __m256 {
-        // SAFETY: a whole group at x (caller).
-        let ((dx, mx), mut s) =
-            unsafe { (scales::<FMT, true>(x, 0), dots_full::<FMT>(x, ylo, yhi)) };
+        // SAFETY: a whole group at x, or lim bytes of it (caller).
+        let ((dx, mx), mut s) = unsafe {
+            (
+                scales::<FMT, FULL>(x, lim),
+                dots::<FMT, FULL>(x, lim, ylo, yhi),
+            )
+        };
         if FMT == FMT_Q4_0 {
             s = _mm256_sub_epi32(s, _mm256_slli_epi32(syi, 3));
         }
@@ -417,7 +363,7 @@ mod vnni {
                     _mm256_loadu_si256(yp.add(320) as *const __m256i),
                 )
             };
-            // Elements 0..16 and 16..32 of blocks 0..4 and 4..8, for `dots_full` and
+            // Elements 0..16 and 16..32 of blocks 0..4 and 4..8, for `dots` and
             // `q5_group`: the 128-bit lanes of the natural layout (block t in bytes
             // 32t .. 32t + 32).
             const LO: i32 = 0b10_00_10_00;
@@ -436,18 +382,10 @@ mod vnni {
                 unsafe {
                     let x = a[r].as_ptr().add(8 * g * xb);
                     acc[r] = if cnt == 8 {
-                        let v = if FMT == FMT_Q5_0 {
-                            q5_group::<true>(x, 0, &ylo, &yhi, dy, syi)
-                        } else {
-                            group_full::<FMT>(x, &ylo, &yhi, dy, sy, syi)
-                        };
+                        let v = row_group::<FMT, true>(x, 0, &yv, &ylo, &yhi, dy, sy, syi);
                         _mm256_add_ps(acc[r], v)
                     } else {
-                        let v = if FMT == FMT_Q5_0 {
-                            q5_group::<false>(x, cnt * xb, &ylo, &yhi, dy, syi)
-                        } else {
-                            group::<FMT, false>(x, cnt * xb, &yv, dy, sy, syi)
-                        };
+                        let v = row_group::<FMT, false>(x, cnt * xb, &yv, &ylo, &yhi, dy, sy, syi);
                         _mm256_mask_add_ps(acc[r], (1u8 << cnt) - 1, acc[r], v)
                     };
                 }
@@ -498,10 +436,10 @@ mod vnni {
     }
 
     /// The 8 block values (lane t: block t) of one Q5_0 weight row's group at `x` against
-    /// the packed activation group (`ylo`/`yhi` as for [`dots_full`]); with `FULL` false
+    /// the packed activation group (`ylo`/`yhi` as for [`dots`]); with `FULL` false
     /// only the `lim` bytes at `x` are read and the missing blocks are zero.
     ///
-    /// As [`dots_full`], with each block's fifth bits turned into a byte mask (`qh` is
+    /// As [`dots`], with each block's fifth bits turned into a byte mask (`qh` is
     /// that mask already: bit j for element j) that adds 16 to the nibbles; `16·Σy`
     /// comes off the exact integer dot afterwards.
     #[inline]
@@ -518,7 +456,11 @@ mod vnni {
         let five = _mm512_set1_epi8(16);
         let mut acc = [_mm512_setzero_si512(); 2];
         let mut d = [_mm_setzero_si128(); 2];
-        for (h, a) in acc.iter_mut().enumerate() {
+        for (h, a) in acc
+            .iter_mut()
+            .enumerate()
+            .take(halves::<FULL>(FMT_Q5_0, lim))
+        {
             let quants = const { [quant_words(FMT_Q5_0, 0), quant_words(FMT_Q5_0, 1)] }[h];
             let bits = const { [q5_bit_words(0), q5_bit_words(1)] }[h];
             let base = half_base(FMT_Q5_0, h);
@@ -551,15 +493,117 @@ mod vnni {
         _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s))
     }
 
+    /// The 8 block values (lane t: block t) of one weight row's group at `x` against the
+    /// packed activation group: `yv` in the natural layout, `ylo`/`yhi` as for [`dots`],
+    /// `dy`, `sy`, `Σy`. With `FULL` false only the `lim` bytes at `x` are read and the
+    /// lanes of missing blocks are garbage.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn row_group<const FMT: u8, const FULL: bool>(
+        x: *const u8,
+        lim: usize,
+        yv: &[__m512i; 4],
+        ylo: &[__m512i; 2],
+        yhi: &[__m512i; 2],
+        dy: __m256,
+        sy: __m256,
+        syi: __m256i,
+    ) -> __m256 {
+        // SAFETY: a whole group at x, or lim bytes of it (caller); the caller enabled
+        // these functions' features.
+        unsafe {
+            match FMT {
+                FMT_Q5_0 => q5_group::<FULL>(x, lim, ylo, yhi, dy, syi),
+                FMT_Q8_0 => q8_group::<FULL>(x, lim, yv, dy, syi),
+                _ => group::<FMT, FULL>(x, lim, ylo, yhi, dy, sy, syi),
+            }
+        }
+    }
+
+    /// Word indices gathering the `d` of blocks 0..4 of a Q8_0 group from its first 128
+    /// bytes into words 0..4, and of blocks 4..8 from the next 128 into words 4..8.
+    const Q8_D_WORDS: [i16; 32] = {
+        let mut idx = [0i16; 32];
+        let mut t = 0;
+        while t < 8 {
+            idx[t] = ((34 * t - 128 * (t / 4)) / 2) as i16;
+            t += 1;
+        }
+        idx
+    };
+
+    /// The 8 block values (lane t: block t) of one Q8_0 weight row's group at `x` against
+    /// the packed activation group (`yv`: blocks 2i and 2i + 1 in register i); with
+    /// `FULL` false only the `lim` bytes at `x` are read and the lanes of missing blocks
+    /// are garbage.
+    ///
+    /// Two blocks' 64 quants fill a register straight from memory (no permute); they are
+    /// made unsigned by flipping their top bit (`q + 128`) for `vpdpbusd`, and `128·Σy`
+    /// comes off the exact integer dot afterwards.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn q8_group<const FULL: bool>(
+        x: *const u8,
+        lim: usize,
+        yv: &[__m512i; 4],
+        dy: __m256,
+        syi: __m256i,
+    ) -> __m256 {
+        let top = _mm512_set1_epi8(-128);
+        let z = _mm512_setzero_si512();
+        let np = if FULL { 4 } else { lim.div_ceil(68) };
+        let mut p = [z; 4];
+        for (i, pi) in p.iter_mut().enumerate().take(np) {
+            let (b0, b1) = (68 * i + 2, 68 * i + 36);
+            // SAFETY: blocks 2i and 2i + 1 of the group at x, or the bytes of them below
+            // lim (caller).
+            let q = unsafe {
+                if FULL {
+                    let lo = _mm256_loadu_si256(x.add(b0) as *const __m256i);
+                    let hi = _mm256_loadu_si256(x.add(b1) as *const __m256i);
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                } else {
+                    let m = |off: usize| first_bytes(lim.saturating_sub(off)) as u32;
+                    let lo = _mm256_maskz_loadu_epi8(m(b0), x.wrapping_add(b0) as *const i8);
+                    let hi = _mm256_maskz_loadu_epi8(m(b1), x.wrapping_add(b1) as *const i8);
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                }
+            };
+            *pi = _mm512_dpbusd_epi32(z, _mm512_xor_si512(q, top), yv[i]);
+        }
+        // SAFETY: the `d` words lie in bytes [0, 256) of the group; the loads read what
+        // the caller allows.
+        let d = unsafe {
+            let iv = _mm512_loadu_si512(Q8_D_WORDS.as_ptr() as *const __m512i);
+            let a =
+                _mm512_permutex2var_epi16(ld512::<FULL>(x, 0, lim), iv, ld512::<FULL>(x, 64, lim));
+            let b = if FULL || lim > 136 {
+                _mm512_permutex2var_epi16(
+                    ld512::<FULL>(x, 128, lim),
+                    iv,
+                    ld512::<FULL>(x, 192, lim),
+                )
+            } else {
+                z
+            };
+            _mm512_castsi512_si128(_mm512_mask_blend_epi16(0xF0, a, b))
+        };
+        let s = _mm256_sub_epi32(reduce8(p), _mm256_slli_epi32(syi, 7));
+        let dx = _mm256_cvtph_ps(d);
+        _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s))
+    }
+
     gemv_rows!(gemv_q4_0, FMT_Q4_0);
     gemv_rows!(gemv_q4_1, FMT_Q4_1);
     gemv_rows!(gemv_q5_0, FMT_Q5_0);
+    gemv_rows!(gemv_q8_0, FMT_Q8_0);
 
     pub(crate) fn gemv(w: DType) -> Option<crate::simd::Gemv> {
         let rows: crate::simd::GemvRows = match w {
             DType::Q4_0 => gemv_q4_0,
             DType::Q4_1 => gemv_q4_1,
             DType::Q5_0 => gemv_q5_0,
+            DType::Q8_0 => gemv_q8_0,
             _ => return None,
         };
         Some(crate::simd::Gemv {
