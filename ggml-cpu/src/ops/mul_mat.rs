@@ -5,9 +5,9 @@
 //! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
 //! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of up
 //! to 4 × 4 dot products. A single activation column runs the level's matrix × vector
-//! kernel (`gemv`, with its own activation layout) on up to 4 rows at a time, and each
-//! thread takes a contiguous run of the chunks ([`crate::runs`]) so that its prefetch
-//! streams the weights without a restart at every chunk. Every dot
+//! kernel (`gemv`, with its own activation layout) where it has one, on up to 4 rows at
+//! a time, and each thread takes a contiguous run of the chunks ([`crate::runs`]) so
+//! that its prefetch streams the weights without a restart at every chunk. Every dot
 //! product has the same operations whatever the kernel, tile, chunk or thread (see
 //! [`crate::reference`]), so the split never shows in the result.
 
@@ -167,7 +167,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         None => &mut [],
     };
     // One column: each thread streams its own run of chunks (see `crate::runs`).
-    let mut runs = gemv.map(|_| c.runs.take(total, th.ith));
+    let mut runs = (n_all == 1).then(|| c.runs.take(total, th.ith));
     // The prefetch's next address; it runs on across chunks of this thread's own run.
     let mut pf = 0usize;
     loop {

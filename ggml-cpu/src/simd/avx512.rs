@@ -62,13 +62,22 @@ mod vnni {
     x86_quant!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
         dot_u,
-        dot_s
+        dot_s,
+        madd_add
     );
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
     unsafe fn dot_u(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, x, y)
+    }
+
+    /// `acc` plus the sums of each lane's 2 products of i16 `x` and `y`: one `vpdpwssd`
+    /// for AVX2's `madd` and add.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn madd_add(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, x, y)
     }
 
     #[inline]
@@ -330,7 +339,7 @@ mod vnni {
         }
     }
 
-    /// `NR` weight rows (Q4_0, Q4_1 or Q5_0) against one activation row packed by
+    /// `NR` weight rows (Q4_0, Q4_1, Q5_0 or Q8_0) against one activation row packed by
     /// `pack_natural`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
