@@ -32,6 +32,9 @@ fn f(dt: DType, ne: [usize; 4]) -> impl Fn(&mut Context<'_>) -> ggml_core::Tenso
 #[case([40, 3, 1, 2], [20, 1, 1, 2])]
 // Gemma 3's q/k norm weight: one row of 256 on [256, heads, tokens].
 #[case([256, 4, 7, 1], [256, 1, 1, 1])]
+// Fewer rows than threads (generation): rows cut into pieces of columns.
+#[case([577, 1, 1, 1], [577, 1, 1, 1])]
+#[case([300, 2, 1, 1], [1, 1, 1, 1])]
 fn add_mul_broadcast(
     bes: &[CpuBackend],
     #[case] a: [usize; 4],
@@ -66,7 +69,8 @@ fn elementwise_on_permuted_views(bes: &[CpuBackend], #[values(0, 1, 2, 3, 4, 5)]
 #[rstest]
 fn unary(
     bes: &[CpuBackend],
-    #[values([1, 1, 1, 1], [5, 3, 1, 1], [64, 7, 2, 1], [577, 2, 1, 1])] ne: [usize; 4],
+    #[values([1, 1, 1, 1], [5, 3, 1, 1], [64, 7, 2, 1], [577, 2, 1, 1], [2048, 1, 1, 1])] ne: [usize;
+        4],
 ) {
     check(bes, 3, |ctx| {
         let x = f(DType::F32, ne)(ctx);
@@ -472,6 +476,9 @@ enum AttnMask {
 #[case(40, 9, 53, 2, 1, AttnMask::Holes)]
 // Gemma 3 (1B): head size 256, 4 query heads on 1 KV head (GQA 4).
 #[case(256, 5, 40, 4, 1, AttnMask::Causal)]
+// Generation: one query, its heads cut between threads.
+#[case(256, 1, 40, 4, 1, AttnMask::Causal)]
+#[case(64, 2, 30, 16, 2, AttnMask::Holes)]
 // 8 query heads per KV head (the most whose sums run together), and 10 (one at a time).
 #[case(80, 3, 21, 16, 2, AttnMask::Holes)]
 #[case(32, 3, 20, 10, 1, AttnMask::Holes)]

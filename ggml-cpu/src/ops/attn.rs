@@ -142,9 +142,17 @@ pub(crate) fn run(
     let v_stride = v.nb[1] / 2;
     // Destination rows are (h, iq, i3). Under a causal mask later queries see more
     // positions, so each thread takes every nth query (all heads) for an even share of
-    // the work; no result depends on the split.
+    // the work. With fewer queries than threads (generation) each query's heads are cut
+    // into ranges, one per unit of work; no result depends on the split.
     let queries = dst.ne[2] * dst.ne[3];
-    for g in (th.ith..queries).step_by(th.nth.max(1)) {
+    let splits = if queries >= th.nth {
+        1
+    } else {
+        n_head.min(th.nth.div_ceil(queries.max(1)))
+    };
+    for u in (th.ith..queries * splits).step_by(th.nth.max(1)) {
+        let g = u / splits;
+        let (h0, h1) = NodeCtx::split(n_head, u % splits, splits);
         let (iq, i3) = (g % dst.ne[2], g / dst.ne[2]);
         if let Some(m) = mask {
             // SAFETY: a row of a resolved operand (operands never overlap the fresh
@@ -152,24 +160,22 @@ pub(crate) fn run(
             unsafe { m.read_row(iq, 0, 0, mrow) };
         }
         let shared = (max_bias <= 0.0).then(|| unmasked_window(mask.map(|_| &*mrow), n_kv));
-        for hk in 0..h_kv {
-            if joint {
+        for hk in h0 / group..h1.div_ceil(group) {
+            // The heads of KV head hk in this unit.
+            let (ha, hb) = ((hk * group).max(h0), ((hk + 1) * group).min(h1));
+            if joint && hb - ha >= 2 {
                 let mut sums = [0f32; MAX_JOINT];
                 let mut window = None;
-                for hg in 0..group {
-                    let row = Row {
-                        h: hk * group + hg,
-                        hk,
-                        iq,
-                        i3,
-                    };
+                for h in ha..hb {
+                    let row = Row { h, hk, iq, i3 };
                     let bias = mask.map(|_| &*mrow);
-                    let scores = &mut scores_all[hg * n_kv..(hg + 1) * n_kv];
+                    let scores = &mut scores_all[(h - ha) * n_kv..(h - ha + 1) * n_kv];
                     window = head_scores(c, row, par, bias, shared, scores, qf, qh, krow);
                     if let Some((_, _, sum)) = window {
-                        sums[hg] = sum;
+                        sums[h - ha] = sum;
                     }
                 }
+                let accs_all = &mut accs_all[..(hb - ha) * dv];
                 accs_all.fill(0.0);
                 // Every head has the shared window (or none).
                 if let Some((lo, hi, _)) = window {
@@ -179,23 +185,23 @@ pub(crate) fn run(
                             *slot = acc;
                         }
                         let mut ws: [&[f32]; MAX_JOINT] = [&[]; MAX_JOINT];
-                        for (hg, w) in ws.iter_mut().enumerate().take(group) {
-                            *w = &scores_all[hg * n_kv + a..hg * n_kv + b];
+                        for (hs, w) in ws.iter_mut().enumerate().take(hb - ha) {
+                            *w = &scores_all[hs * n_kv + a..hs * n_kv + b];
                         }
                         // SAFETY: value rows of a resolved operand; dense, aligned F16
                         // (`joint`).
                         let rows =
                             unsafe { f16_rows(&v, a, hk, i3, rows_span(b - a, v_stride, dv)) }
                                 .expect("dense aligned F16 values");
-                        (c.k.axpy_f16_rows)(&mut accs[..group], &ws[..group], rows, v_stride);
+                        (c.k.axpy_f16_rows)(&mut accs[..hb - ha], &ws[..hb - ha], rows, v_stride);
                     }
                 }
-                for (hg, acc) in accs_all.chunks_exact_mut(dv).enumerate() {
-                    finish_row(&dst, acc, sums[hg], hk * group + hg, iq, i3);
+                for (hs, acc) in accs_all.chunks_exact_mut(dv).enumerate() {
+                    finish_row(&dst, acc, sums[hs], ha + hs, iq, i3);
                 }
                 continue;
             }
-            for h in hk * group..(hk + 1) * group {
+            for h in ha..hb {
                 let row = Row { h, hk, iq, i3 };
                 let slope = alibi_slope(max_bias, h, n_head);
                 // The mask as added to scores: `slope · m` (exactly `m` for slope 1).
