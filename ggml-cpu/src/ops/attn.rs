@@ -28,7 +28,7 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor]) -> usize {
     );
     let (d, n_kv, dv) = (q[0], k[1], v[0]);
     let group = (q[2] / k[2].max(1)).clamp(1, MAX_JOINT);
-    4 * ((group + 2) * n_kv + 3 * d + (group + 1) * dv + 64)
+    4 * ((group + 2) * n_kv + 3 * d + group * d.div_ceil(2) + (group + 1) * dv + 64)
 }
 
 /// Most query heads per KV head whose value sums run together.
@@ -134,11 +134,23 @@ pub(crate) fn run(
     let (krow, rest) = rest.split_at_mut(d);
     let (qh_f, rest) = rest.split_at_mut(d.div_ceil(2));
     let (vrow, rest) = rest.split_at_mut(dv);
-    let accs_all = &mut rest[..slots * dv];
+    let (accs_all, rest) = rest.split_at_mut(slots * dv);
+    let qhs_f = &mut rest[..slots * d.div_ceil(2)];
     // SAFETY: `qh_f` is a 4-byte aligned f32 area of ceil(d/2) values, reinterpreted as d
     // u16 values; it is not used as f32 anywhere.
     let qh: &mut [u16] =
         unsafe { std::slice::from_raw_parts_mut(qh_f.as_mut_ptr() as *mut u16, d) };
+    // SAFETY: as `qh`: `slots` rows of ceil(d/2) f32, each row's first d u16 a query.
+    let qhs: &mut [u16] =
+        unsafe { std::slice::from_raw_parts_mut(qhs_f.as_mut_ptr() as *mut u16, 2 * qhs_f.len()) };
+    // The joint heads' scores in one pass over the key rows, where the level can.
+    let heads_dots = c.k.dots_f16_heads.filter(|_| {
+        joint
+            && k.dtype == DType::F16
+            && k.rows_dense()
+            && (k.ptr as usize).is_multiple_of(2)
+            && k.nb[1..].iter().all(|s| s.is_multiple_of(2))
+    });
     let v_stride = v.nb[1] / 2;
     // Destination rows are (h, iq, i3). Under a causal mask later queries see more
     // positions, so each thread takes every nth query (all heads) for an even share of
@@ -166,13 +178,23 @@ pub(crate) fn run(
             if joint && hb - ha >= 2 {
                 let mut sums = [0f32; MAX_JOINT];
                 let mut window = None;
-                for h in ha..hb {
-                    let row = Row { h, hk, iq, i3 };
-                    let bias = mask.map(|_| &*mrow);
-                    let scores = &mut scores_all[(h - ha) * n_kv..(h - ha + 1) * n_kv];
-                    window = head_scores(c, row, par, bias, shared, scores, qf, qh, krow);
-                    if let Some((_, _, sum)) = window {
-                        sums[h - ha] = sum;
+                let bias = mask.map(|_| &*mrow);
+                if let Some(f) = heads_dots {
+                    let heads = Heads { ha, hb, hk, iq, i3 };
+                    let dq = d.div_ceil(2) * 2;
+                    window = joint_scores(c, f, heads, par, bias, shared, scores_all, qf, qhs, dq);
+                    for (h, sum) in sums.iter_mut().enumerate().take(hb - ha) {
+                        let w = &mut scores_all[h * n_kv..(h + 1) * n_kv];
+                        *sum = window.map_or(0.0, |(lo, hi, _)| finish_scores(c, w, lo, hi));
+                    }
+                } else {
+                    for h in ha..hb {
+                        let row = Row { h, hk, iq, i3 };
+                        let scores = &mut scores_all[(h - ha) * n_kv..(h - ha + 1) * n_kv];
+                        window = head_scores(c, row, par, bias, shared, scores, qf, qh, krow);
+                        if let Some((_, _, sum)) = window {
+                            sums[h - ha] = sum;
+                        }
                     }
                 }
                 let accs_all = &mut accs_all[..(hb - ha) * dv];
@@ -286,22 +308,94 @@ fn head_scores(
                 }
             }
         }
-        for (j, s) in (a..b).zip(run.iter_mut()) {
-            let mut x = *s * par.scale;
-            if par.softcap > 0.0 {
-                x = par.softcap * (x / par.softcap).tanh();
-            }
-            if let Some(bias) = bias {
-                x += bias[j];
-            }
-            *s = x;
+        adjust_scores(par, bias, a, run);
+    }
+    Some((lo, hi, finish_scores(c, scores, lo, hi)))
+}
+
+/// Scaled, soft-capped and biased scores of positions `a ..` from raw dots.
+fn adjust_scores(par: Params, bias: Option<&[f32]>, a: usize, run: &mut [f32]) {
+    for (j, s) in (a..).zip(run.iter_mut()) {
+        let mut x = *s * par.scale;
+        if par.softcap > 0.0 {
+            x = par.softcap * (x / par.softcap).tanh();
+        }
+        if let Some(bias) = bias {
+            x += bias[j];
+        }
+        *s = x;
+    }
+}
+
+/// The softmax weights `exp(s − max)` of the window `[lo, hi)` of `scores` (from its
+/// 16-aligned start, masked positions −∞), and their sum.
+fn finish_scores(c: &NodeCtx<'_>, scores: &mut [f32], lo: usize, hi: usize) -> f32 {
+    // 16-aligned, so lane i of the kernels is lane j % 16 of the definition.
+    let window = &mut scores[lo - lo % LANES..hi];
+    let mx = (c.k.max)(window);
+    (c.k.exp_shift_sum)(window, mx)
+}
+
+/// The query rows of heads `ha..hb`, which share KV head `hk` (and one mask row).
+#[derive(Clone, Copy)]
+struct Heads {
+    ha: usize,
+    hb: usize,
+    hk: usize,
+    iq: usize,
+    i3: usize,
+}
+
+/// [`head_scores`] for the heads of `hs` at once, before [`finish_scores`]: head `h`'s
+/// adjusted scores in `scores_all[(h − ha)·n_kv ..]`, the key rows (dense, aligned F16)
+/// read once for all of them by `dots`. Returns the shared unmasked window, if any.
+#[allow(clippy::too_many_arguments)]
+fn joint_scores(
+    c: &NodeCtx<'_>,
+    dots: crate::simd::DotsHeads,
+    hs: Heads,
+    par: Params,
+    bias: Option<&[f32]>,
+    shared: Option<Option<(usize, usize)>>,
+    scores_all: &mut [f32],
+    qf: &mut [f32],
+    qhs: &mut [u16],
+    dq: usize,
+) -> Option<(usize, usize, f32)> {
+    let (q, k) = (c.src[0], c.src[1]);
+    let Heads { ha, hb, hk, iq, i3 } = hs;
+    let (d, n_kv) = (q.ne[0], k.ne[1]);
+    let (lo, hi) = shared.unwrap_or_else(|| unmasked_window(bias, n_kv))?;
+    let nh = hb - ha;
+    for h in ha..hb {
+        // SAFETY: a row of a resolved operand.
+        unsafe { q.read_row(iq, h, i3, qf) };
+        (c.k.f32_to_f16)(qf, &mut qhs[(h - ha) * dq..][..d]);
+        scores_all[(h - ha) * n_kv..][lo - lo % LANES..hi].fill(f32::NEG_INFINITY);
+    }
+    let k_stride = k.nb[1] / 2;
+    for (a, b) in unmasked_runs(bias, lo, hi) {
+        // SAFETY: key rows of a resolved operand (dense, aligned F16: the caller's filter).
+        let rows = unsafe { f16_rows(&k, a, hk, i3, rows_span(b - a, k_stride, d)) }
+            .expect("dense aligned F16 keys");
+        let mut qs: [&[u16]; MAX_JOINT] = [&[]; MAX_JOINT];
+        for (h, qh) in qs.iter_mut().enumerate().take(nh) {
+            *qh = &qhs[h * dq..][..d];
+        }
+        let mut outs: [&mut [f32]; MAX_JOINT] = Default::default();
+        for (out, sc) in outs
+            .iter_mut()
+            .zip(scores_all.chunks_exact_mut(n_kv))
+            .take(nh)
+        {
+            *out = &mut sc[a..b];
+        }
+        dots(&qs[..nh], rows, k_stride, &mut outs[..nh]);
+        for out in outs.iter_mut().take(nh) {
+            adjust_scores(par, bias, a, out);
         }
     }
-    // 16-aligned, so lane i of the kernels is lane j % 16 of the definition.
-    let window = &mut scores[lo16..hi];
-    let mx = (c.k.max)(window);
-    let sum = (c.k.exp_shift_sum)(window, mx);
-    Some((lo, hi, sum))
+    Some((lo, hi, 0.0))
 }
 
 /// Scales a head's weighted sum by `1/Σw` (0 for an empty sum) and writes it as row

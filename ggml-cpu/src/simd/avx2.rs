@@ -20,6 +20,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     f32_to_f16,
     axpy_f32,
     dots_f16,
+    dots_f16_heads: None,
     axpy_f16_rows,
     quantize,
     mm,

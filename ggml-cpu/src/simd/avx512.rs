@@ -20,6 +20,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     f32_to_f16,
     axpy_f32,
     dots_f16,
+    dots_f16_heads: Some(dots_f16_heads),
     axpy_f16_rows,
     quantize: super::avx2::KERNELS.quantize,
     mm,
@@ -645,6 +646,7 @@ safe! {
     fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
     fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
     fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
+    fn dots_f16_heads(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) = dots_f16_heads_imp;
     fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
     fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
     fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
@@ -981,6 +983,65 @@ unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
             _mm512_mask_storeu_ps(out.as_mut_ptr().add(j0), m, sums);
         }
         j0 += nk;
+    }
+}
+
+/// [`dots_f16_imp`] for several queries against the same key rows: 4 queries × 4 keys a
+/// time, so that each key value is loaded and converted once for 4 queries (with one
+/// query per call, prompt attention re-read every key row from L2 for every head).
+/// Every score has the same lanes and tree as `dots_f16`'s.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn dots_f16_heads_imp(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) {
+    let (Some(q0), Some(o0)) = (qs.first(), outs.first()) else {
+        return;
+    };
+    let (d, n) = (q0.len(), o0.len());
+    assert!(qs.len() == outs.len(), "one output per query");
+    assert!(
+        qs.iter().all(|q| q.len() == d) && outs.iter().all(|o| o.len() == n),
+        "queries and outputs of equal lengths"
+    );
+    assert!(
+        k.len() >= super::rows_span(n, stride, d),
+        "key rows out of bounds"
+    );
+    let kp = k.as_ptr();
+    for (qs, outs) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+        let nq = qs.len();
+        // Queries past the chunk repeat its last; their sums are not stored.
+        let qp: [*const u16; 4] = core::array::from_fn(|t| qs[t.min(nq - 1)].as_ptr());
+        let mut j0 = 0;
+        while j0 < n {
+            let nk = (n - j0).min(4);
+            // Rows past the run repeat its last row; their sums are not stored.
+            let rows: [*const u16; 4] =
+                core::array::from_fn(|t| kp.wrapping_add((j0 + t.min(nk - 1)) * stride));
+            // Accumulator 4·query + key.
+            let mut acc = [_mm512_setzero_ps(); 16];
+            let mut i = 0;
+            while i < d {
+                // Lanes past `d` load zeros, as in `dots_f16_imp`.
+                let w = d - i;
+                // SAFETY: `w` values at i in every query and row (bounds asserted).
+                unsafe {
+                    let kv: [__m512; 4] = core::array::from_fn(|t| ld_f16_part(rows[t].add(i), w));
+                    for (aq, q) in acc.chunks_exact_mut(4).zip(qp) {
+                        let qv = ld_f16_part(q.add(i), w);
+                        for (a, kv) in aq.iter_mut().zip(kv) {
+                            *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, kv));
+                        }
+                    }
+                }
+                i += 16;
+            }
+            let mut sums = [0f32; 16];
+            // SAFETY: same features; 16 floats of room.
+            unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), tree16_x16(&acc)) };
+            for (t, out) in outs.iter_mut().enumerate() {
+                out[j0..j0 + nk].copy_from_slice(&sums[4 * t..4 * t + nk]);
+            }
+            j0 += nk;
+        }
     }
 }
 

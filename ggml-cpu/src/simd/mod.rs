@@ -28,6 +28,9 @@ use crate::isa::Isa;
 /// of `k` values.
 pub(crate) type MmTile = fn(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]);
 
+/// [`Kernels::dots_f16_heads`]: `(qs, k, stride, outs)`.
+pub(crate) type DotsHeads = fn(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]);
+
 /// [`Kernels::axpy_f16_rows`]: `(accs, ws, v, stride)`.
 pub(crate) type AxpyRows = fn(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize);
 
@@ -55,6 +58,9 @@ pub(crate) struct Kernels {
     /// `out[j] = dot_f16(q, k[j*stride..][..q.len()])` for every `j < out.len()`: one
     /// query against a run of equally spaced key rows (attention scores).
     pub dots_f16: fn(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]),
+    /// `outs[h] = dots_f16(qs[h], k, stride)` for every query `h` against the same key
+    /// rows, where the level has a kernel that reads each row once for several queries.
+    pub dots_f16_heads: Option<DotsHeads>,
     /// For every head `h`: `axpy_f16(accs[h], ws[h][j], v[j*stride..][..d])` for `j = 0,
     /// 1, ...` in order: weighted sums of the same equally spaced value rows (attention
     /// output of the query heads that share a KV head). Every `accs[h]` has the same

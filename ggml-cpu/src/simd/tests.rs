@@ -157,6 +157,27 @@ fn attention_row_kernels_match_reference(
         let mut out = vec![f32::NAN; n];
         (k.dots_f16)(&q, &rows, stride, &mut out);
         assert_eq!(bits(&out), bits(&want), "{:?} dots_f16 d={d} n={n}", k.isa);
+        if let Some(heads_fn) = k.dots_f16_heads {
+            // Up to 6 queries against the same rows (the kernel takes them 4 at a time).
+            let qs: Vec<Vec<u16>> = (0..6).map(|_| half(rng.vec(d, 2.0))).collect();
+            for heads in 1..=6 {
+                let mut outs = vec![vec![f32::NAN; n]; heads];
+                let mut om: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                let qr: Vec<&[u16]> = qs[..heads].iter().map(|q| q.as_slice()).collect();
+                heads_fn(&qr, &rows, stride, &mut om);
+                for (h, (o, q)) in outs.iter().zip(&qs).enumerate() {
+                    let want: Vec<f32> = (0..n)
+                        .map(|j| r::dot_f16(q, &rows[j * stride..j * stride + d]))
+                        .collect();
+                    assert_eq!(
+                        bits(o),
+                        bits(&want),
+                        "{:?} dots_f16_heads d={d} n={n}, query {h} of {heads}",
+                        k.isa
+                    );
+                }
+            }
+        }
         for heads in [1, 2, 3, 4, 5, 6] {
             let mut accs = acc0s[..heads].to_vec();
             let mut am: Vec<&mut [f32]> = accs.iter_mut().map(|a| a.as_mut_slice()).collect();
