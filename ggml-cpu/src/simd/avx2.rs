@@ -29,7 +29,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     unpacked,
 };
 
-x86_quant!("avx2,fma,f16c", dot_u, dot_s, madd_add);
+// Q8_0 quants stay signed: `maddubs` would saturate on `q + 128`.
+x86_quant!("avx2,fma,f16c", dot_u, dot_s, madd_add, 0);
 
 /// `acc` plus the dots of each lane's 4 u8 of `x` with its 4 i8 of `y` (u8 ≤ 31 here, so
 /// `maddubs` never saturates).

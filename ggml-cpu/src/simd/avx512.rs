@@ -64,7 +64,8 @@ mod vnni {
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
         dot_u,
         dot_s,
-        madd_add
+        madd_add,
+        128
     );
 
     #[inline]

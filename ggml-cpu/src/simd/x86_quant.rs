@@ -10,7 +10,7 @@
 // `x86_kquant.rs`.
 
 macro_rules! x86_quant {
-    ($feat:literal, $dot_u:ident, $dot_s:ident, $madd_add:ident) => {
+    ($feat:literal, $dot_u:ident, $dot_s:ident, $madd_add:ident, $q8_bias:expr) => {
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
@@ -61,7 +61,8 @@ macro_rules! x86_quant {
         }
 
         // Unpacked weight blocks: 32 u8 quants without their format's offset (Q4_0's 8
-        // and Q5_0's 16 are subtracted as `bias · Σy` afterwards), or raw i8 for Q8_0.
+        // and Q5_0's 16 are subtracted as `bias · Σy` afterwards), and Q8_0's as
+        // `unpack_q8_0` says.
 
         #[inline]
         #[target_feature(enable = $feat)]
@@ -91,11 +92,33 @@ macro_rules! x86_quant {
             unsafe { _mm256_or_si256(unpack_nibbles(p.add(8)), bits32(p.add(4))) }
         }
 
+        /// A Q8_0 block's quants: raw i8 (`$q8_bias` 0, for [`dot_q8`]'s signed dot), or
+        /// offset to u8 by flipping the top bit (`$q8_bias` 128: `q + 128`, subtracted as
+        /// `128·Σy` afterwards), where the level's unsigned dot does not saturate.
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn unpack_q8_0(p: *const u8) -> __m256i {
             // SAFETY: a Q8_0 block at p.
-            unsafe { _mm256_loadu_si256(p.add(2) as *const __m256i) }
+            let q = unsafe { _mm256_loadu_si256(p.add(2) as *const __m256i) };
+            if $q8_bias == 0 {
+                q
+            } else {
+                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+            }
+        }
+
+        /// The dot step of Q8_0's quants as [`unpack_q8_0`] leaves them.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_q8(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+            // SAFETY: same features.
+            unsafe {
+                if $q8_bias == 0 {
+                    $dot_s(acc, x, y)
+                } else {
+                    $dot_u(acc, x, y)
+                }
+            }
         }
 
         /// Transposes 8 × 8 dwords: afterwards `v[i]` lane t holds dword i of input t.
@@ -132,7 +155,7 @@ macro_rules! x86_quant {
         quant_tile!(q4_1, $feat, 20, unpack_q4_1, 0, $dot_u, true);
         quant_tile!(q5_0, $feat, 22, unpack_q5_0, 16, $dot_u, false);
         quant_tile!(q5_1, $feat, 24, unpack_q5_1, 0, $dot_u, true);
-        quant_tile!(q8_0, $feat, 34, unpack_q8_0, 0, $dot_s, false);
+        quant_tile!(q8_0, $feat, 34, unpack_q8_0, $q8_bias, dot_q8, false);
 
         x86_kquant!($feat, $madd_add);
 
@@ -167,6 +190,7 @@ macro_rules! x86_quant {
                         DType::Q4_1 => q4_1::unpack_row(k, row, out),
                         DType::Q5_0 => q5_0::unpack_row(k, row, out),
                         DType::Q5_1 => q5_1::unpack_row(k, row, out),
+                        DType::Q8_0 => q8_0::unpack_row(k, row, out),
                         DType::Q2K => kq_unpack_row::<KQ2>(k, row, out),
                         DType::Q3K => kq_unpack_row::<KQ3>(k, row, out),
                         DType::Q4K => kq_unpack_row::<KQ4>(k, row, out),
@@ -184,6 +208,7 @@ macro_rules! x86_quant {
                         DType::Q4_1 => q4_1::utile(k, a, b, out),
                         DType::Q5_0 => q5_0::utile(k, a, b, out),
                         DType::Q5_1 => q5_1::utile(k, a, b, out),
+                        DType::Q8_0 => q8_0::utile(k, a, b, out),
                         DType::Q2K => kq_utile::<KQ2>(k, a, b, out),
                         DType::Q3K => kq_utile::<KQ3>(k, a, b, out),
                         DType::Q4K => kq_utile::<KQ4>(k, a, b, out),
@@ -193,9 +218,11 @@ macro_rules! x86_quant {
                     }
                 }
             }
-            // Not Q8_0: its blocks need no unpacking, and the copy made its tiles 8–11 %
-            // slower (criterion, 512 × 576 × 1536 and 512 × 14336 × 4096).
-            matches!(
+            // Q8_0 only where its quants are offset to unsigned: raw, they need no
+            // unpacking, and the copy made the signed tiles 8–11 % slower (criterion,
+            // 512 × 576 × 1536 and 512 × 14336 × 4096).
+            let q8 = $q8_bias != 0 && w == DType::Q8_0;
+            (q8 || matches!(
                 w,
                 DType::Q4_0
                     | DType::Q4_1
@@ -206,7 +233,7 @@ macro_rules! x86_quant {
                     | DType::Q4K
                     | DType::Q5K
                     | DType::Q6K
-            )
+            ))
             .then_some(crate::simd::Unpacked { unpack, tile })
         }
 
@@ -513,7 +540,7 @@ macro_rules! quant_tile {
             /// Unpacks a weight row of `k` values into `out` (`unpacked_row_bytes(w, k)`
             /// bytes): per group, the 256 bytes of [`group`]'s quants, then its 8 `d` and
             /// 8 `m` as f32. [`utile`] reads it.
-            #[allow(dead_code)] // Q8_0's is not offered (see `unpacked`)
+            #[allow(dead_code)] // Q8_0's is offered only with unsigned quants
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn unpack_row(k: usize, row: &[u8], out: &mut [u8]) {
                 let nb = k / 32;
@@ -706,7 +733,7 @@ macro_rules! quant_tile {
             }
 
             /// The tile on rows from [`unpack_row`].
-            #[allow(dead_code)] // Q8_0's is not offered (see `unpacked`)
+            #[allow(dead_code)] // Q8_0's is offered only with unsigned quants
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn utile(k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
                 // SAFETY: same features.
