@@ -252,25 +252,38 @@ fn row_ops(c: &mut Criterion) {
     });
     group.throughput(Throughput::Bytes((2 * 4 * n_tok * n_tok * 9) as u64));
     group.bench_function("soft_max/512x512x9", |bch| bch.iter(|| run(&be, &g)));
+    // Gemma 3's GEGLU at generation: one row, cut between the threads.
+    let g = setup(&be, |ctx| {
+        let x = ctx.new_tensor(DType::F32, [2048, 1, 1, 1]).unwrap();
+        let y = ctx.new_tensor(DType::F32, [2048, 1, 1, 1]).unwrap();
+        ctx.geglu(x, y).unwrap()
+    });
+    group.throughput(Throughput::Bytes((3 * 4 * 2048) as u64));
+    group.bench_function("geglu/2048x1", |bch| bch.iter(|| run(&be, &g)));
     group.finish();
 }
 
-/// FLASH_ATTN_EXT at SmolLM2's shapes (head size 64, 9 query and 3 KV heads, F16 K/V and
-/// causal mask): a 512-token prompt, and one token after 511.
+/// FLASH_ATTN_EXT at SmolLM2's shapes (head size 64, 9 query and 3 KV heads) and Gemma 3
+/// 270M's (head size 256, 4 query heads on 1 KV head), F16 K/V and causal mask: a
+/// 512-token prompt, and one token after 511.
 fn attention(c: &mut Criterion) {
     let be = backend();
     let mut group = c.benchmark_group(format!("attn/{}x{}t", be.isa(), be.n_threads()));
     group.sample_size(10);
     group.warm_up_time(std::time::Duration::from_millis(300));
     group.measurement_time(std::time::Duration::from_secs(2));
-    let (d, n_head, n_kv_head, n_kv) = (64, 9, 3, 512);
-    for n_q in [512, 1] {
+    let n_kv = 512;
+    for ((d, n_head, n_kv_head), n_q) in [(64, 9, 3), (256, 4, 1)]
+        .into_iter()
+        .flat_map(|s| [(s, 512), (s, 1)])
+    {
         let g = setup(&be, |ctx| {
             let q = ctx.new_tensor(DType::F32, [d, n_q, n_head, 1]).unwrap();
             let k = ctx.new_tensor(DType::F16, [d, n_kv, n_kv_head, 1]).unwrap();
             let v = ctx.new_tensor(DType::F16, [d, n_kv, n_kv_head, 1]).unwrap();
             let m = ctx.new_tensor(DType::F16, [n_kv, n_q, 1, 1]).unwrap();
-            ctx.flash_attn_ext(q, k, v, Some(m), AttnParams::scaled(0.125))
+            let scale = 1.0 / (d as f32).sqrt();
+            ctx.flash_attn_ext(q, k, v, Some(m), AttnParams::scaled(scale))
                 .unwrap()
         });
         // Query iq sees positions 0..=n_kv-n_q+iq.
@@ -291,9 +304,8 @@ fn attention(c: &mut Criterion) {
         be.synchronize().unwrap();
         let pairs: usize = (0..n_q).map(|iq| n_kv - n_q + iq + 1).sum();
         group.throughput(Throughput::Elements((4 * d * n_head * pairs) as u64));
-        group.bench_function(format!("f16/q{n_q}xkv{n_kv}"), |bch| {
-            bch.iter(|| run(&be, black_box(&g)))
-        });
+        let name = format!("f16/d{d}h{n_head}kv{n_kv_head}/q{n_q}xkv{n_kv}");
+        group.bench_function(name, |bch| bch.iter(|| run(&be, black_box(&g))));
     }
     group.finish();
 }

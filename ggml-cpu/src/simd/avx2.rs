@@ -30,7 +30,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
 };
 
 // Q8_0 quants stay signed: `maddubs` would saturate on `q + 128`.
-x86_quant!("avx2,fma,f16c", dot_u, dot_s, madd_add, 0);
+x86_quant!("avx2,fma,f16c", dot_u, dot_s, 0);
 
 /// `acc` plus the dots of each lane's 4 u8 of `x` with its 4 i8 of `y` (u8 ≤ 31 here, so
 /// `maddubs` never saturates).
@@ -41,13 +41,6 @@ unsafe fn dot_u(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
         acc,
         _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1)),
     )
-}
-
-/// `acc` plus the sums of each lane's 2 products of i16 `x` and `y`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn madd_add(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
-    _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
 }
 
 /// As [`dot_u`] for i8 `x` (y is never -128: activations are clamped to ±127).

@@ -64,7 +64,6 @@ mod vnni {
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
         dot_u,
         dot_s,
-        madd_add,
         128
     );
 
@@ -72,14 +71,6 @@ mod vnni {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
     unsafe fn dot_u(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, x, y)
-    }
-
-    /// `acc` plus the sums of each lane's 2 products of i16 `x` and `y`: one `vpdpwssd`
-    /// for AVX2's `madd` and add.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn madd_add(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
-        _mm256_dpwssd_epi32(acc, x, y)
     }
 
     #[inline]

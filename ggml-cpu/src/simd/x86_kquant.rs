@@ -1,8 +1,7 @@
 // K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) mul_mat tiles for x86, instantiated by
 // `x86_quant!` (so by `avx2.rs` and by `avx512.rs`'s VNNI level, which shares this AVX2
 // body: `vpdpbusd` sums 4 products into an i32 where the formats need a scale per 16, so
-// `maddubs` + `madd` by the scales is as short there; VNNI fuses that `madd` with its add
-// into one `vpdpwssd`, the `madd_add` each level passes in).
+// `maddubs` + `madd` by the scales is as short there).
 //
 // The reference (`reference::block_value`): per super-block of 256 values the exact
 // integers `sumi = Σ_g scale_g·Σ_{16} q·y` and `summins = Σ_g min_g·bsum_g` over its 16
@@ -133,7 +132,7 @@ macro_rules! by_tile_shape {
 }
 
 macro_rules! x86_kquant {
-    ($feat:literal, $madd_add:ident) => {
+    ($feat:literal) => {
         use crate::simd::x86_kquant::{
             k3_scales, k4_scales, kq_bytes, kq_d_at, kq_dmin_at, kq_has_min, KQ2, KQ3, KQ4, KQ5,
             KQ6, Q8K_BYTES,
@@ -380,7 +379,8 @@ macro_rules! x86_kquant {
             let bs = unsafe {
                 for c in 0..8 {
                     let yc = _mm256_loadu_si256(y.add(4 + 32 * c) as *const __m256i);
-                    s[c % 2] = $madd_add(s[c % 2], _mm256_maddubs_epi16(x.q[c], yc), x.sc[c]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x.q[c], yc), x.sc[c]);
+                    s[c % 2] = _mm256_add_epi32(s[c % 2], p);
                 }
                 _mm256_loadu_si256(y.add(260) as *const __m256i)
             };

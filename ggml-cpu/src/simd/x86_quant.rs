@@ -10,7 +10,7 @@
 // `x86_kquant.rs`.
 
 macro_rules! x86_quant {
-    ($feat:literal, $dot_u:ident, $dot_s:ident, $madd_add:ident, $q8_bias:expr) => {
+    ($feat:literal, $dot_u:ident, $dot_s:ident, $q8_bias:expr) => {
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
@@ -157,7 +157,7 @@ macro_rules! x86_quant {
         quant_tile!(q5_1, $feat, 24, unpack_q5_1, 0, $dot_u, true);
         quant_tile!(q8_0, $feat, 34, unpack_q8_0, $q8_bias, dot_q8, false);
 
-        x86_kquant!($feat, $madd_add);
+        x86_kquant!($feat);
 
         pub(crate) fn tile_quant(
             w: DType,
