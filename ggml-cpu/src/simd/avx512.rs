@@ -978,10 +978,11 @@ unsafe fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
     }
 }
 
-/// [`dots_f16_imp`] for several queries against the same key rows: 4 queries × 4 keys a
-/// time, so that each key value is loaded and converted once for 4 queries (with one
-/// query per call, prompt attention re-read every key row from L2 for every head).
-/// Every score has the same lanes and tree as `dots_f16`'s.
+/// [`dots_f16_imp`] for several queries against the same key rows: `NQ` queries × `16 /
+/// NQ` keys a register block (4 × 4, 2 × 8 or 1 × 16), so that each key value is loaded
+/// and converted once for up to 4 queries (with one query per call, prompt attention
+/// re-read every key row from L2 for every head). Every score has the same lanes and
+/// tree as `dots_f16`'s.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn dots_f16_heads_imp(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) {
     let (Some(q0), Some(o0)) = (qs.first(), outs.first()) else {
@@ -997,43 +998,71 @@ unsafe fn dots_f16_heads_imp(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut
         k.len() >= super::rows_span(n, stride, d),
         "key rows out of bounds"
     );
-    let kp = k.as_ptr();
-    for (qs, outs) in qs.chunks(4).zip(outs.chunks_mut(4)) {
-        let nq = qs.len();
-        // Queries past the chunk repeat its last; their sums are not stored.
-        let qp: [*const u16; 4] = core::array::from_fn(|t| qs[t.min(nq - 1)].as_ptr());
-        let mut j0 = 0;
-        while j0 < n {
-            let nk = (n - j0).min(4);
-            // Rows past the run repeat its last row; their sums are not stored.
-            let rows: [*const u16; 4] =
-                core::array::from_fn(|t| kp.wrapping_add((j0 + t.min(nk - 1)) * stride));
-            // Accumulator 4·query + key.
-            let mut acc = [_mm512_setzero_ps(); 16];
-            let mut i = 0;
-            while i < d {
-                // Lanes past `d` load zeros, as in `dots_f16_imp`.
-                let w = d - i;
-                // SAFETY: `w` values at i in every query and row (bounds asserted).
-                unsafe {
-                    let kv: [__m512; 4] = core::array::from_fn(|t| ld_f16_part(rows[t].add(i), w));
-                    for (aq, q) in acc.chunks_exact_mut(4).zip(qp) {
-                        let qv = ld_f16_part(q.add(i), w);
-                        for (a, kv) in aq.iter_mut().zip(kv) {
-                            *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, kv));
-                        }
+    let (mut qs, mut outs) = (qs, outs);
+    while !qs.is_empty() {
+        // 4 queries a block while there are; then 2, then 1.
+        let nq = [0, 1, 2, 2, 4][qs.len().min(4)];
+        let (q, qrest) = qs.split_at(nq);
+        let (o, orest) = std::mem::take(&mut outs).split_at_mut(nq);
+        // SAFETY: same features; lengths asserted above.
+        unsafe {
+            match nq {
+                4 => dots_f16_block::<4, 4>(q, k.as_ptr(), stride, o),
+                2 => dots_f16_block::<2, 8>(q, k.as_ptr(), stride, o),
+                _ => dots_f16_block::<1, 16>(q, k.as_ptr(), stride, o),
+            }
+        }
+        (qs, outs) = (qrest, orest);
+    }
+}
+
+/// `outs[q][j] = dot_f16(qs[q], row j)` for `NQ` queries, `KB` key rows a register block
+/// (`NQ · KB = 16` accumulators, reduced together by `tree16_x16`).
+///
+/// # Safety
+/// Every query has `d` values, every output `n`, and the `n` rows of `d` values `stride`
+/// apart from `k` are readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn dots_f16_block<const NQ: usize, const KB: usize>(
+    qs: &[&[u16]],
+    k: *const u16,
+    stride: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let (d, n) = (qs[0].len(), outs[0].len());
+    let qp: [*const u16; NQ] = core::array::from_fn(|t| qs[t].as_ptr());
+    let mut j0 = 0;
+    while j0 < n {
+        let nk = (n - j0).min(KB);
+        // Rows past the run repeat its last row; their sums are not stored.
+        let rows: [*const u16; KB] =
+            core::array::from_fn(|t| k.wrapping_add((j0 + t.min(nk - 1)) * stride));
+        // Accumulator KB·query + key.
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut i = 0;
+        while i < d {
+            // Lanes past `d` load zeros, as in `dots_f16_imp`.
+            let w = d - i;
+            // SAFETY: `w` values at i in every query and row (caller's contract).
+            unsafe {
+                let kv: [__m512; KB] = core::array::from_fn(|t| ld_f16_part(rows[t].add(i), w));
+                for (aq, q) in acc.chunks_exact_mut(KB).zip(qp) {
+                    let qv = ld_f16_part(q.add(i), w);
+                    for (a, kv) in aq.iter_mut().zip(kv) {
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, kv));
                     }
                 }
-                i += 16;
             }
-            let mut sums = [0f32; 16];
-            // SAFETY: same features; 16 floats of room.
-            unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), tree16_x16(&acc)) };
-            for (t, out) in outs.iter_mut().enumerate() {
-                out[j0..j0 + nk].copy_from_slice(&sums[4 * t..4 * t + nk]);
-            }
-            j0 += nk;
+            i += 16;
         }
+        let mut sums = [0f32; 16];
+        // SAFETY: same features; 16 floats of room.
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), tree16_x16(&acc)) };
+        for (t, out) in outs.iter_mut().enumerate() {
+            out[j0..j0 + nk].copy_from_slice(&sums[KB * t..KB * t + nk]);
+        }
+        j0 += nk;
     }
 }
 
