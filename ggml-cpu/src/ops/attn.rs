@@ -181,26 +181,23 @@ pub(crate) fn run(
                 let bias = mask.map(|_| &*mrow);
                 if let Some(f) = heads_dots {
                     let heads = Heads { ha, hb, hk, iq, i3 };
-                    let dq = d.div_ceil(2) * 2;
-                    window = joint_scores(c, f, heads, par, bias, shared, scores_all, qf, qhs, dq);
-                    for (h, sum) in sums.iter_mut().enumerate().take(hb - ha) {
-                        let w = &mut scores_all[h * n_kv..(h + 1) * n_kv];
-                        *sum = window.map_or(0.0, |(lo, hi, _)| finish_scores(c, w, lo, hi));
-                    }
+                    let (sc, sums) = (&mut *scores_all, &mut sums[..]);
+                    window = joint_scores(c, f, heads, par, bias, shared, sc, sums, qf, qhs);
                 } else {
                     for h in ha..hb {
                         let row = Row { h, hk, iq, i3 };
                         let scores = &mut scores_all[(h - ha) * n_kv..(h - ha + 1) * n_kv];
-                        window = head_scores(c, row, par, bias, shared, scores, qf, qh, krow);
-                        if let Some((_, _, sum)) = window {
+                        let w = head_scores(c, row, par, bias, shared, scores, qf, qh, krow);
+                        if let Some((lo, hi, sum)) = w {
                             sums[h - ha] = sum;
+                            window = Some((lo, hi));
                         }
                     }
                 }
                 let accs_all = &mut accs_all[..(hb - ha) * dv];
                 accs_all.fill(0.0);
                 // Every head has the shared window (or none).
-                if let Some((lo, hi, _)) = window {
+                if let Some((lo, hi)) = window {
                     for (a, b) in unmasked_runs(mask.map(|_| &*mrow), lo, hi) {
                         let mut accs: [&mut [f32]; MAX_JOINT] = Default::default();
                         for (slot, acc) in accs.iter_mut().zip(accs_all.chunks_exact_mut(dv)) {
@@ -346,9 +343,10 @@ struct Heads {
     i3: usize,
 }
 
-/// [`head_scores`] for the heads of `hs` at once, before [`finish_scores`]: head `h`'s
-/// adjusted scores in `scores_all[(h − ha)·n_kv ..]`, the key rows (dense, aligned F16)
-/// read once for all of them by `dots`. Returns the shared unmasked window, if any.
+/// [`head_scores`] for the heads of `hs` at once: head `h`'s softmax weights in
+/// `scores_all[(h − ha)·n_kv ..]` and their sum in `sums[h − ha]`, the key rows (dense,
+/// aligned F16) read once for all of them by `dots`. Returns the shared unmasked window,
+/// or `None` (sums untouched) where every position is masked.
 #[allow(clippy::too_many_arguments)]
 fn joint_scores(
     c: &NodeCtx<'_>,
@@ -358,15 +356,17 @@ fn joint_scores(
     bias: Option<&[f32]>,
     shared: Option<Option<(usize, usize)>>,
     scores_all: &mut [f32],
+    sums: &mut [f32],
     qf: &mut [f32],
     qhs: &mut [u16],
-    dq: usize,
-) -> Option<(usize, usize, f32)> {
+) -> Option<(usize, usize)> {
     let (q, k) = (c.src[0], c.src[1]);
     let Heads { ha, hb, hk, iq, i3 } = hs;
     let (d, n_kv) = (q.ne[0], k.ne[1]);
     let (lo, hi) = shared.unwrap_or_else(|| unmasked_window(bias, n_kv))?;
     let nh = hb - ha;
+    // Each query's f16 values start a whole f32 of scratch after the last (see `run`).
+    let dq = d.div_ceil(2) * 2;
     for h in ha..hb {
         // SAFETY: a row of a resolved operand.
         unsafe { q.read_row(iq, h, i3, qf) };
@@ -395,7 +395,14 @@ fn joint_scores(
             adjust_scores(par, bias, a, out);
         }
     }
-    Some((lo, hi, 0.0))
+    for (sum, scores) in sums
+        .iter_mut()
+        .zip(scores_all.chunks_exact_mut(n_kv))
+        .take(nh)
+    {
+        *sum = finish_scores(c, scores, lo, hi);
+    }
+    Some((lo, hi))
 }
 
 /// Scales a head's weighted sum by `1/Σw` (0 for an empty sum) and writes it as row

@@ -17,20 +17,26 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
     let n = dst.ne[0];
     // Fewer rows than threads (generation): the rows are cut into pieces of columns,
     // which needs rows the threads can write in place and sources no thread writes.
-    let direct = !c.alias.iter().any(|&a| a)
+    let in_place = !c.alias.iter().any(|&a| a)
         && dst.dtype == ggml_core::DType::F32
         && dst.rows_dense()
         && (dst.ptr as usize).is_multiple_of(4)
         && dst.nb[1..].iter().all(|s| s.is_multiple_of(4));
-    let pieces = if direct && dst.nrows() < th.nth {
+    let pieces = if in_place && dst.nrows() < th.nth {
         th.nth.min(n.div_ceil(PIECE_ALIGN)).max(1)
     } else {
         1
     };
-    if pieces > 1 {
-        return run_pieces(c, th, pieces);
-    }
-    let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
+    let per = n.div_ceil(pieces).div_ceil(PIECE_ALIGN) * PIECE_ALIGN;
+    // Units are (row, piece): whole rows split between threads, or the pieces of all
+    // rows dealt out in turn.
+    let (u0, u1, step) = match pieces {
+        1 => {
+            let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
+            (r0, r1, 1)
+        }
+        _ => (th.ith, dst.nrows() * pieces, th.nth),
+    };
     let sc = c.scratch_f32();
     let (xa, rest) = sc.split_at_mut(n);
     let (xb, rest) = rest.split_at_mut(n);
@@ -41,10 +47,16 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
         c.node.op,
         Op::Add | Op::Mul | Op::Div | Op::Swiglu | Op::Geglu
     );
-    for r in r0..r1 {
+    for u in (u0..u1).step_by(step) {
+        let (r, piece) = (u / pieces, u % pieces);
+        let (c0, c1) = ((piece * per).min(n), ((piece + 1) * per).min(n));
+        if c0 == c1 {
+            continue;
+        }
         let (i1, i2, i3) = dst.row_index(r);
         // SAFETY (all row accesses below): rows of resolved tensors; this thread alone
-        // writes dst row r, and sources that share bytes with dst are copied first.
+        // writes columns c0..c1 of dst row r, and sources that share bytes with dst are
+        // copied first (only whole rows, one thread each, do that).
         let av: &[f32] = match (c.alias[0], unsafe { a.row_f32(i1, i2, i3) }) {
             (false, Some(s)) => s,
             _ => {
@@ -62,7 +74,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
                 }
                 _ => {
                     let row = b.row_ptr(j1, j2, j3);
-                    for (i0, v) in xb.iter_mut().enumerate() {
+                    for (i0, v) in xb.iter_mut().enumerate().take(c1).skip(c0) {
                         *v = unsafe { b.get(row, i0 % b.ne[0]) };
                     }
                     xb
@@ -71,6 +83,14 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
         } else {
             &[]
         };
+        let bv = if binary { &bv[c0..c1] } else { bv };
+        if pieces > 1 {
+            // Only this piece of the row: other threads write the rest of it.
+            let p = (dst.row_ptr(i1, i2, i3) as *mut f32).wrapping_add(c0);
+            let out = unsafe { std::slice::from_raw_parts_mut(p, c1 - c0) };
+            apply(c, &av[c0..c1], bv, out)?;
+            continue;
+        }
         let direct = unsafe { dst.row_f32_mut(i1, i2, i3) };
         let is_direct = direct.is_some();
         let out: &mut [f32] = match direct {
@@ -119,67 +139,6 @@ fn apply(c: &NodeCtx<'_>, av: &[f32], bv: &[f32], out: &mut [f32]) -> KResult {
                 "not elementwise",
             ))
         }
-    }
-    Ok(())
-}
-
-/// [`run`] with each row cut into `pieces` runs of columns (multiples of
-/// [`PIECE_ALIGN`]); thread `ith` takes pieces `ith, ith + nth, ..` of all rows. The
-/// destination rows are dense F32, written in place, and no source shares bytes with
-/// them.
-fn run_pieces(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, pieces: usize) -> KResult {
-    let dst = c.dst;
-    let n = dst.ne[0];
-    let per = n.div_ceil(pieces).div_ceil(PIECE_ALIGN) * PIECE_ALIGN;
-    let sc = c.scratch_f32();
-    let (xa, rest) = sc.split_at_mut(n);
-    let xb = &mut rest[..n];
-    let (a, b) = (c.src[0], c.src[1]);
-    let binary = matches!(
-        c.node.op,
-        Op::Add | Op::Mul | Op::Div | Op::Swiglu | Op::Geglu
-    );
-    for u in (th.ith..dst.nrows() * pieces).step_by(th.nth) {
-        let (row, piece) = (u / pieces, u % pieces);
-        let (c0, c1) = ((piece * per).min(n), ((piece + 1) * per).min(n));
-        if c0 == c1 {
-            continue;
-        }
-        let (i1, i2, i3) = dst.row_index(row);
-        // SAFETY (reads): rows of resolved tensors that nobody writes now.
-        let av: &[f32] = match unsafe { a.row_f32(i1, i2, i3) } {
-            Some(s) => s,
-            None => {
-                unsafe { a.read_row(i1, i2, i3, xa) };
-                xa
-            }
-        };
-        let bv: &[f32] = if binary {
-            let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
-            match (b.ne[0] == n, unsafe { b.row_f32(j1, j2, j3) }) {
-                (true, Some(s)) => s,
-                (true, None) => {
-                    unsafe { b.read_row(j1, j2, j3, xb) };
-                    xb
-                }
-                (false, _) => {
-                    let rp = b.row_ptr(j1, j2, j3);
-                    for (i0, v) in xb.iter_mut().enumerate().take(c1).skip(c0) {
-                        *v = unsafe { b.get(rp, i0 % b.ne[0]) };
-                    }
-                    xb
-                }
-            }
-        } else {
-            &[]
-        };
-        // SAFETY: columns c0..c1 of a dense, aligned F32 destination row (`run`
-        // checked): this unit's alone.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut((dst.row_ptr(i1, i2, i3) as *mut f32).add(c0), c1 - c0)
-        };
-        let bv = if binary { &bv[c0..c1] } else { bv };
-        apply(c, &av[c0..c1], bv, out)?;
     }
     Ok(())
 }

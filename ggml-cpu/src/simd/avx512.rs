@@ -241,10 +241,7 @@ mod vnni {
         let mut idx = [0i16; 32];
         let mut w = 0;
         while w < 32 {
-            // Saturating: Q8_0 instantiates this (its kernel has no nibbles) but never
-            // uses the indices.
-            let byte = ((4 * h + w / 8) * xb + quant_off(fmt) + 2 * (w % 8))
-                .saturating_sub(half_base(fmt, h));
+            let byte = (4 * h + w / 8) * xb + quant_off(fmt) + 2 * (w % 8) - half_base(fmt, h);
             idx[w] = (byte / 2) as i16;
             w += 1;
         }
@@ -514,10 +511,13 @@ mod vnni {
         // SAFETY: a whole group at x, or lim bytes of it (caller); the caller enabled
         // these functions' features.
         unsafe {
+            // Each arm names its format, so that no format's kernel is instantiated
+            // with another's (the nibble index tables exist only for nibble formats).
             match FMT {
+                FMT_Q4_0 => group::<FMT_Q4_0, FULL>(x, lim, ylo, yhi, dy, sy, syi),
+                FMT_Q4_1 => group::<FMT_Q4_1, FULL>(x, lim, ylo, yhi, dy, sy, syi),
                 FMT_Q5_0 => q5_group::<FULL>(x, lim, ylo, yhi, dy, syi),
-                FMT_Q8_0 => q8_group::<FULL>(x, lim, yv, dy, syi),
-                _ => group::<FMT, FULL>(x, lim, ylo, yhi, dy, sy, syi),
+                _ => q8_group::<FULL>(x, lim, yv, dy, syi),
             }
         }
     }
