@@ -71,6 +71,8 @@ pub(crate) struct State {
     err_users: Vec<(&'static str, Name)>,
     /// Timed events around each node, while op timing is on.
     timer: Option<OpTimer>,
+    /// The speed features in use.
+    pub(crate) tuning: crate::CudaTuning,
 }
 
 /// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
@@ -192,6 +194,7 @@ impl CudaBackend {
                 retired: Vec::new(),
                 err_users: Vec::new(),
                 timer: None,
+                tuning: crate::CudaTuning::default(),
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
@@ -269,6 +272,17 @@ impl CudaBackend {
             mmq: launches[KernelId::Mmq as usize],
             launches,
         }
+    }
+
+    /// Chooses the speed features (CUDA graphs, fusions, kernel generations) of the
+    /// nodes computed from now on. See [`CudaTuning`](crate::CudaTuning).
+    pub fn set_tuning(&self, tuning: crate::CudaTuning) {
+        lock(&self.state).tuning = tuning;
+    }
+
+    /// The speed features in use.
+    pub fn tuning(&self) -> crate::CudaTuning {
+        lock(&self.state).tuning
     }
 
     /// The class of the last quantised mul_mat enqueued, if any.

@@ -49,12 +49,14 @@ pub mod launch;
 mod op_timing;
 mod ops;
 pub mod reference;
+mod tuning;
 
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
 pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
 pub use kernels::KernelId;
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};
+pub use tuning::{CudaTuning, TuningParseError};
 
 /// The emulator behind `cuda-sim:N` devices, re-exported for users who configure it
 /// (device count, memory, chaos, checks) or inspect it (memory in use, fault reports).

@@ -409,6 +409,16 @@ struct RunArgs {
     /// this where other programs compute on the same CPUs.
     #[arg(long)]
     no_pin: bool,
+    /// Speed features of the CUDA devices, a comma-separated list applied to the default
+    /// (everything on): no-graphs, no-fuse, no-fuse-norm, no-fuse-qkv, no-fuse-rope-store,
+    /// no-fuse-glu, no-fuse-add, legacy-products, legacy-decode-attn, legacy (the backend
+    /// as first measured), default. Results stay bit-identical except across the legacy
+    /// kernel generations.
+    #[arg(long, value_name = "LIST", default_value = "default")]
+    cuda_tuning: ggml_cuda::CudaTuning,
+    /// Launch every CUDA kernel from the host (the same as `--cuda-tuning no-graphs`).
+    #[arg(long)]
+    no_cuda_graphs: bool,
     /// Weaken the scheduler on purpose: own-event, no-slot-wait, async-user-input,
     /// no-alloc-wait, engine-early, engine-reuse, engine-no-arrival (to watch the
     /// checker catch each bug).
@@ -473,6 +483,10 @@ impl RunArgs {
             all_gather: self.all_gather,
             inject_fault: self.inject_fault,
             pin_threads: !self.no_pin,
+            cuda_tuning: ggml_cuda::CudaTuning {
+                graphs: self.cuda_tuning.graphs && !self.no_cuda_graphs,
+                ..self.cuda_tuning
+            },
             wait_timeout: match self.wait_timeout {
                 0.0 => None,
                 t if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),

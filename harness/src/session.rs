@@ -83,6 +83,9 @@ pub struct RunConfig {
     /// ([`ggml_cpu::CpuBackendOptions::pin_threads`]); off in [`RunConfig::simple`], on
     /// on the command line unless `--no-pin`.
     pub pin_threads: bool,
+    /// Speed features of every CUDA and cuda-sim device (`--cuda-tuning`,
+    /// `--no-cuda-graphs`).
+    pub cuda_tuning: ggml_cuda::CudaTuning,
 }
 
 impl RunConfig {
@@ -109,6 +112,7 @@ impl RunConfig {
             inject_fault: None,
             wait_timeout: Some(crate::faults::DEFAULT_WAIT_TIMEOUT),
             pin_threads: false,
+            cuda_tuning: ggml_cuda::CudaTuning::default(),
         }
     }
 }
@@ -162,6 +166,7 @@ pub fn create_backends(config: &RunConfig) -> Result<Vec<Arc<dyn Backend>>> {
             }
             DeviceSpec::Cuda { driver, gpu, count } => {
                 for b in ggml_cuda::CudaBackend::new_virtual_with(driver, gpu, count as u32)? {
+                    b.set_tuning(config.cuda_tuning);
                     out.push(Arc::new(b));
                 }
             }

@@ -1,0 +1,236 @@
+//! Which of the backend's speed features are on: CUDA graphs, kernel fusions, and which
+//! generation of the decode-class kernels runs.
+//!
+//! Every switch exists so that one run on a GPU can show the effect of each step, old and
+//! new side by side. None changes what a graph means: a fused launch computes every node
+//! it replaces, bit for bit as the unfused kernels of the same generation do. The kernel
+//! generations (`legacy_*`) may differ in reduction order (DESIGN.md, invariant 2's
+//! kernel classes), so results are bit-identical only within one setting of those.
+//!
+//! Parsed from a comma-separated list (`--cuda-tuning` of `ggml-harness`):
+//!
+//! | item | effect |
+//! |---|---|
+//! | `default` | everything on, current kernels (what [`CudaTuning::default`] gives) |
+//! | `no-graphs` | launch every kernel from the host, never replay a captured graph |
+//! | `no-fuse` | every fusion off |
+//! | `no-fuse-norm`, `no-fuse-qkv`, `no-fuse-rope-store`, `no-fuse-glu`, `no-fuse-add` | one fusion off |
+//! | `legacy-products` | the first quantised product kernels (`mmvq`/`mmq`/`mmvq_id` with a separate `quantize_q8_1`); fusions of products need the current ones and are off with it |
+//! | `legacy-decode-attn` | the first flash-attention kernel for decode-sized batches too |
+//! | `legacy` | the backend as first measured: all of the above off or legacy |
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The speed features of a [`CudaBackend`](crate::CudaBackend), set with
+/// [`CudaBackend::set_tuning`](crate::CudaBackend::set_tuning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaTuning {
+    /// Capture a split's kernels into a CUDA graph once the same split (same nodes,
+    /// shapes and addresses) comes again, and replay it with one launch after that.
+    pub graphs: bool,
+    /// RMS norm × weight computed in the prologue of the products that read it.
+    pub fuse_norm: bool,
+    /// Products that share one activation (Q, K and V) in one launch.
+    pub fuse_qkv: bool,
+    /// RoPE of Q and K with the stores of K and V into the KV cache, in one launch.
+    pub fuse_rope_store: bool,
+    /// Gate and up products with the gated activation (SwiGLU, GeGLU), in one launch.
+    pub fuse_glu: bool,
+    /// A residual add in the epilogue of the product that feeds it.
+    pub fuse_add: bool,
+    /// Run the first generation of quantised product kernels.
+    pub legacy_products: bool,
+    /// Run the first flash-attention kernel for decode-sized batches too.
+    pub legacy_decode_attn: bool,
+}
+
+impl Default for CudaTuning {
+    fn default() -> CudaTuning {
+        CudaTuning {
+            graphs: true,
+            fuse_norm: true,
+            fuse_qkv: true,
+            fuse_rope_store: true,
+            fuse_glu: true,
+            fuse_add: true,
+            legacy_products: false,
+            legacy_decode_attn: false,
+        }
+    }
+}
+
+/// The list items and what each sets, in the order [`CudaTuning`]'s `Display` writes them.
+const SWITCHES: &[(&str, fn(&mut CudaTuning))] = &[
+    ("no-graphs", |t| t.graphs = false),
+    ("no-fuse-norm", |t| t.fuse_norm = false),
+    ("no-fuse-qkv", |t| t.fuse_qkv = false),
+    ("no-fuse-rope-store", |t| t.fuse_rope_store = false),
+    ("no-fuse-glu", |t| t.fuse_glu = false),
+    ("no-fuse-add", |t| t.fuse_add = false),
+    ("legacy-products", |t| t.legacy_products = true),
+    ("legacy-decode-attn", |t| t.legacy_decode_attn = true),
+];
+
+impl CudaTuning {
+    /// The backend as first measured on a GPU: no graphs, no fusions, first kernels.
+    pub fn legacy() -> CudaTuning {
+        CudaTuning {
+            graphs: false,
+            fuse_norm: false,
+            fuse_qkv: false,
+            fuse_rope_store: false,
+            fuse_glu: false,
+            fuse_add: false,
+            legacy_products: true,
+            legacy_decode_attn: true,
+        }
+    }
+
+    /// Every fusion off, the rest unchanged.
+    pub fn without_fusions(self) -> CudaTuning {
+        CudaTuning {
+            fuse_norm: false,
+            fuse_qkv: false,
+            fuse_rope_store: false,
+            fuse_glu: false,
+            fuse_add: false,
+            ..self
+        }
+    }
+
+    /// Whether any fusion is on (and can run: product fusions need the current products).
+    pub fn any_fusion(&self) -> bool {
+        self.fuse_rope_store
+            || (!self.legacy_products
+                && (self.fuse_norm || self.fuse_qkv || self.fuse_glu || self.fuse_add))
+    }
+
+    /// The accepted list items, for error messages and help texts.
+    pub fn items() -> String {
+        let mut v = vec!["default", "no-fuse", "legacy"];
+        v.extend(SWITCHES.iter().map(|(n, _)| *n));
+        v.join(", ")
+    }
+}
+
+/// A `--cuda-tuning` list that names an unknown item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TuningParseError(pub String);
+
+impl fmt::Display for TuningParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown CUDA tuning item '{}'; expected a comma-separated list of {}",
+            self.0,
+            CudaTuning::items()
+        )
+    }
+}
+
+impl std::error::Error for TuningParseError {}
+
+impl FromStr for CudaTuning {
+    type Err = TuningParseError;
+
+    /// Applies the items left to right to [`CudaTuning::default`].
+    fn from_str(s: &str) -> Result<CudaTuning, TuningParseError> {
+        let mut t = CudaTuning::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item {
+                "default" => t = CudaTuning::default(),
+                "no-fuse" => t = t.without_fusions(),
+                "legacy" => t = CudaTuning::legacy(),
+                _ => match SWITCHES.iter().find(|(n, _)| *n == item) {
+                    Some((_, set)) => set(&mut t),
+                    None => return Err(TuningParseError(item.to_string())),
+                },
+            }
+        }
+        Ok(t)
+    }
+}
+
+impl fmt::Display for CudaTuning {
+    /// The shortest list that [`FromStr`] turns back into `self` (`default` when nothing
+    /// differs from the default).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut items = Vec::new();
+        for (name, set) in SWITCHES {
+            let mut probe = *self;
+            set(&mut probe);
+            // An item is part of the list when applying it changes nothing: it is set.
+            let mut default = CudaTuning::default();
+            set(&mut default);
+            if probe == *self && default != CudaTuning::default() {
+                items.push(*name);
+            }
+        }
+        if items.is_empty() {
+            f.write_str("default")
+        } else {
+            f.write_str(&items.join(","))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_items_left_to_right() {
+        assert_eq!("".parse::<CudaTuning>().unwrap(), CudaTuning::default());
+        assert_eq!(
+            "default".parse::<CudaTuning>().unwrap(),
+            CudaTuning::default()
+        );
+        let t: CudaTuning = "no-graphs, no-fuse-glu".parse().unwrap();
+        assert!(!t.graphs && !t.fuse_glu && t.fuse_norm && !t.legacy_products);
+        assert_eq!(
+            "legacy".parse::<CudaTuning>().unwrap(),
+            CudaTuning::legacy()
+        );
+        let t: CudaTuning = "legacy,default,no-fuse".parse().unwrap();
+        assert_eq!(t, CudaTuning::default().without_fusions());
+        let e = "no-graph".parse::<CudaTuning>().unwrap_err();
+        assert!(e.to_string().contains("'no-graph'") && e.to_string().contains("no-graphs"));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in [
+            "default",
+            "no-graphs",
+            "no-fuse-norm,no-fuse-add",
+            "legacy-products",
+            "legacy",
+            "no-fuse",
+        ] {
+            let t: CudaTuning = s.parse().unwrap();
+            let back: CudaTuning = t.to_string().parse().unwrap();
+            assert_eq!(back, t, "{s} -> {t}");
+        }
+        assert_eq!(CudaTuning::default().to_string(), "default");
+        assert_eq!(
+            "no-graphs,legacy-decode-attn"
+                .parse::<CudaTuning>()
+                .unwrap()
+                .to_string(),
+            "no-graphs,legacy-decode-attn"
+        );
+    }
+
+    #[test]
+    fn product_fusions_need_current_products() {
+        let t = CudaTuning {
+            fuse_rope_store: false,
+            legacy_products: true,
+            ..CudaTuning::default()
+        };
+        assert!(!t.any_fusion());
+        assert!(CudaTuning::default().any_fusion());
+        assert!(!CudaTuning::legacy().any_fusion());
+    }
+}
