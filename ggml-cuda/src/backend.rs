@@ -12,6 +12,7 @@ use ggml_core::{
 };
 
 use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
+use crate::fusion::{self, Step};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
 use crate::op_timing::OpTimer;
@@ -827,14 +828,27 @@ impl Backend for CudaBackend {
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         self.bind()?;
         let mut st = lock(&self.state);
-        for &id in nodes {
-            match st
-                .timer
-                .is_some()
-                .then(|| ggml_core::OpTime::key_of(tensors, id))
-            {
-                Some(Some(key)) => self.run_timed(&mut st, tensors, id, key)?,
-                _ => crate::ops::run(self, &mut st, tensors, id)?,
+        // Timed nodes run one by one, so each has its own time.
+        let steps = match st.timer.is_some() {
+            true => (0..nodes.len()).map(Step::Node).collect(),
+            false => fusion::plan(tensors, nodes, &st.tuning),
+        };
+        for step in steps {
+            match step {
+                Step::Node(i) => {
+                    let id = nodes[i];
+                    match st
+                        .timer
+                        .is_some()
+                        .then(|| ggml_core::OpTime::key_of(tensors, id))
+                    {
+                        Some(Some(key)) => self.run_timed(&mut st, tensors, id, key)?,
+                        _ => crate::ops::run(self, &mut st, tensors, id)?,
+                    }
+                }
+                Step::Fused { fusion, start, end } => {
+                    crate::ops::run_fused(self, &mut st, tensors, &nodes[start..end], fusion)?
+                }
             }
         }
         Ok(())

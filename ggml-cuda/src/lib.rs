@@ -44,6 +44,7 @@
 
 mod backend;
 mod driver;
+mod fusion;
 pub mod kernels;
 pub mod launch;
 mod op_timing;

@@ -750,6 +750,19 @@ pub(crate) fn run(
     }
 }
 
+/// Enqueues the fused launch that computes `nodes` (a run [`fusion::plan`] matched).
+///
+/// [`fusion::plan`]: crate::fusion::plan
+pub(crate) fn run_fused(
+    _be: &CudaBackend,
+    _st: &mut State,
+    _tensors: &[Tensor],
+    _nodes: &[TensorId],
+    fusion: crate::fusion::Fusion,
+) -> BackendResult<()> {
+    match fusion {}
+}
+
 fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     let w = c.src(0)?;
     let x = c.src(1)?;

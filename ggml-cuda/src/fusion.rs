@@ -1,0 +1,81 @@
+//! Fusion: patterns over consecutive nodes of a split that run as one launch, as
+//! llama.cpp's `ggml_cuda_try_fuse` does.
+//!
+//! [`plan`] walks the nodes of a `graph_compute` call in order and cuts them into
+//! [`Step`]s: a single node, or a run of consecutive nodes (views in between included)
+//! that one fused kernel computes. A fused launch computes every node it replaces, with
+//! the same arithmetic as the unfused kernels of the same generation, so results are bit
+//! for bit those of the unfused path and every node's output stays readable by whatever
+//! else reads it (another split, the host). Each fusion has a switch in
+//! [`CudaTuning`](crate::CudaTuning).
+
+use ggml_core::{Tensor, TensorId};
+
+use crate::CudaTuning;
+
+/// A run of nodes that one fused kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fusion {}
+
+/// One step of a split's execution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// `nodes[i]` on its own.
+    Node(usize),
+    /// `nodes[start..end]` as one fused launch (views among them included).
+    Fused {
+        /// What the run computes.
+        fusion: Fusion,
+        /// First node of the run.
+        start: usize,
+        /// One past the last node of the run.
+        end: usize,
+    },
+}
+
+/// A matcher: the fusion that starts at `nodes[i]` and how many nodes it takes, if one
+/// does.
+type Matcher = fn(&[Tensor], &[TensorId], usize, &CudaTuning) -> Option<(Fusion, usize)>;
+
+/// Every fusion's matcher, tried in order at each node.
+const MATCHERS: &[Matcher] = &[];
+
+/// The steps that compute `nodes` with the fusions `tuning` allows.
+pub(crate) fn plan(tensors: &[Tensor], nodes: &[TensorId], tuning: &CudaTuning) -> Vec<Step> {
+    let mut steps = Vec::with_capacity(nodes.len());
+    let mut i = 0;
+    while i < nodes.len() {
+        match MATCHERS.iter().find_map(|m| m(tensors, nodes, i, tuning)) {
+            Some((fusion, n)) if n > 0 => {
+                steps.push(Step::Fused {
+                    fusion,
+                    start: i,
+                    end: i + n,
+                });
+                i += n;
+            }
+            _ => {
+                steps.push(Step::Node(i));
+                i += 1;
+            }
+        }
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ggml_core::{Context, DType};
+
+    #[test]
+    fn without_matches_every_node_is_a_step() {
+        let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
+        let mut ctx = Context::new(&mut s);
+        let a = ctx.new_tensor(DType::F32, [4, 1, 1, 1]).unwrap();
+        let b = ctx.add(a, a).unwrap();
+        let c = ctx.mul(b, a).unwrap();
+        let steps = plan(ctx.tensors(), &[b, c], &CudaTuning::legacy());
+        assert_eq!(steps, [Step::Node(0), Step::Node(1)]);
+    }
+}
