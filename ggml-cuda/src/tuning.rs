@@ -60,8 +60,11 @@ impl Default for CudaTuning {
     }
 }
 
+/// What a list item does to the tuning it is applied to.
+type Switch = fn(&mut CudaTuning);
+
 /// The list items and what each sets, in the order [`CudaTuning`]'s `Display` writes them.
-const SWITCHES: &[(&str, fn(&mut CudaTuning))] = &[
+const SWITCHES: &[(&str, Switch)] = &[
     ("no-graphs", |t| t.graphs = false),
     ("no-fuse-norm", |t| t.fuse_norm = false),
     ("no-fuse-qkv", |t| t.fuse_qkv = false),
