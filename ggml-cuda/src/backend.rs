@@ -74,6 +74,8 @@ pub(crate) struct State {
     timer: Option<OpTimer>,
     /// The speed features in use.
     pub(crate) tuning: crate::CudaTuning,
+    /// Every launch since recording started, while it is on (`record_launches`).
+    pub(crate) recorded: Option<Vec<crate::replay::RecordedLaunch>>,
 }
 
 /// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
@@ -196,6 +198,7 @@ impl CudaBackend {
                 err_users: Vec::new(),
                 timer: None,
                 tuning: crate::CudaTuning::default(),
+                recorded: None,
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
@@ -479,9 +482,19 @@ impl CudaBackend {
         self.err_word + 4 * i as u64
     }
 
+    /// Clears the error words and forgets their users without reading them (after a
+    /// stream synchronisation), for launches whose inputs were not a real pass's.
+    pub(crate) fn discard_kernel_errors(&self) -> BackendResult<()> {
+        let api = self.dev.api;
+        lock(&self.state).err_users.clear();
+        api.memset_d8_async(self.err_word, 0, 4 * ERR_SLOTS, self.stream)
+            .and_then(|()| api.stream_synchronize(self.stream))
+            .map_err(|e| self.cu(e))
+    }
+
     /// Reads and clears the error words handed out since the last check (after a stream
     /// synchronisation); the first one set names its op and node.
-    fn take_kernel_error(&self) -> BackendResult<()> {
+    pub(crate) fn take_kernel_error(&self) -> BackendResult<()> {
         let users = std::mem::take(&mut lock(&self.state).err_users);
         if users.is_empty() {
             return Ok(());

@@ -260,6 +260,7 @@ impl ArgKind {
 /// Kernel arguments kept on the stack: each value sits in its own 8-byte slot (u32 and
 /// f32 in the low 4 bytes, which is what the driver reads on little-endian hosts), and
 /// the pointer array handed to `cuLaunchKernel` is built at launch time.
+#[derive(Clone)]
 pub struct Args {
     slots: [u64; Args::MAX],
     kinds: [ArgKind; Args::MAX],

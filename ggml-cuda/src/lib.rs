@@ -43,6 +43,7 @@
 #![allow(clippy::result_large_err)]
 
 mod backend;
+mod calibrate;
 mod driver;
 mod fusion;
 pub mod kernels;
@@ -50,13 +51,16 @@ pub mod launch;
 mod op_timing;
 mod ops;
 pub mod reference;
+mod replay;
 mod tuning;
 
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
+pub use calibrate::{Calibration, Probe, ProbeSize, CALIBRATE_PTX};
 pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
 pub use kernels::KernelId;
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};
+pub use replay::{LaunchTime, RecordedLaunch};
 pub use tuning::{CudaTuning, TuningParseError};
 
 /// The emulator behind `cuda-sim:N` devices, re-exported for users who configure it

@@ -356,7 +356,7 @@ impl Ctx<'_> {
             .map_err(|e| e.at(self.op(), self.node.name))
     }
 
-    fn launch(&self, k: KernelId, d: LaunchDims, args: &mut Args) -> BackendResult<()> {
+    fn launch(&mut self, k: KernelId, d: LaunchDims, args: &mut Args) -> BackendResult<()> {
         let dev = &self.be.dev;
         let f = dev.kernels.get(k);
         let fail = |e: crate::driver::CuError| self.be.cu(e).at(self.op(), self.node.name);
@@ -371,6 +371,16 @@ impl Ctx<'_> {
         // range-checked.
         dev.api.launch(f, &d, self.be.stream, args).map_err(fail)?;
         self.be.launches[k as usize].fetch_add(1, Ordering::Relaxed);
+        if self.st.recorded.is_some() {
+            let weights = match self.node.op {
+                Op::MulMat | Op::MulMatId => self.node.src[0]
+                    .and_then(|s| self.tensors.get(s.index()))
+                    .map(|w| w.dtype.name()),
+                _ => None,
+            };
+            self.st
+                .record(k, (self.op(), weights), self.node.name, d, args);
+        }
         Ok(())
     }
 }

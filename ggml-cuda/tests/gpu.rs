@@ -883,3 +883,85 @@ fn op_timing_sums_each_kind_and_keeps_the_bits() {
         "timing is off again"
     );
 }
+
+/// The calibration probes run end to end at their smallest size (on cuda-sim in CI, so a
+/// broken probe is found before a GPU is lent; the GPU kit runs them at full size).
+#[test]
+fn calibration_probes_run() {
+    let be = gpu();
+    let c = be.calibrate(ggml_cuda::ProbeSize::Tiny).expect("probes");
+    let names: Vec<&str> = c.probes.iter().map(|p| p.name).collect();
+    assert_eq!(
+        names,
+        [
+            "launch_stream",
+            "launch_host",
+            "readback_pageable",
+            "dram_read",
+            "l2_read",
+            "dram_latency",
+            "l2_latency",
+            "fma_rate",
+            "dp4a_rate",
+            "sfu_rate",
+            "smem_load",
+            "smem_load_32way",
+        ]
+    );
+    for p in &c.probes {
+        assert!(p.work > 0.0 && p.seconds > 0.0, "{p:?}");
+        assert!(p.rate().is_finite(), "{p:?}");
+    }
+    assert_eq!(c.compute_capability, be.compute_capability());
+    // Nothing leaked: the probes' buffers were freed.
+    assert!(be.synchronize().is_ok());
+}
+
+/// Each recorded launch of a pass replays alone between timed events, warm and with L2
+/// flushed, and is keyed by its node's op.
+#[test]
+fn recorded_launches_replay_timed() {
+    let be = gpu();
+    let mut s = vec![ggml_core::Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
+    let mut ctx = Context::new(&mut s);
+    let x = ctx.new_tensor(DType::F32, [1000, 3, 1, 1]).unwrap();
+    let y = ctx.scale(x, 0.5).unwrap();
+    let z = ctx.add(y, x).unwrap();
+    ctx.set_name(z, "z").unwrap();
+    let buf = be.alloc_buffer(3 * 16384).unwrap();
+    for (k, id) in [x, y, z].into_iter().enumerate() {
+        ctx.tensors_mut()[id.index()].data = Some(ggml_core::DataRef {
+            buffer: buf.id,
+            addr: buf.base + 16384 * k as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&Rng(7).vec(3000)))
+        .unwrap();
+    be.record_launches(true);
+    be.graph_compute(ts, &[y, z]).unwrap();
+    let launches = be.take_recorded_launches();
+    be.record_launches(false);
+    assert!(!be.is_recording_launches());
+    let mut first = vec![0u8; 12000];
+    be.get_tensor(&ts[z.index()], 0, &mut first).unwrap();
+    let kernels: Vec<_> = launches.iter().map(|l| (l.kernel, l.op)).collect();
+    assert_eq!(
+        kernels,
+        [
+            (ggml_cuda::KernelId::Scale, ("SCALE", None)),
+            (ggml_cuda::KernelId::Binary, ("ADD", None)),
+        ]
+    );
+    assert_eq!(launches[1].node.as_str(), "z");
+    let times = be.time_launches(&launches, 2, 1 << 16).unwrap();
+    assert_eq!(times.len(), 2);
+    for t in &times {
+        assert!(t.warm_us > 0.0 && t.cold_us > 0.0, "{t:?}");
+    }
+    // Replaying these kernels recomputes the same values (no node writes its input).
+    let mut out = vec![0u8; 12000];
+    be.get_tensor(&ts[z.index()], 0, &mut out).unwrap();
+    assert_eq!(out, first);
+    be.free_buffer(buf.id).unwrap();
+}

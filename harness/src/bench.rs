@@ -140,8 +140,15 @@ fn summarize(test: String, n_tokens: usize, samples: Vec<f64>) -> BenchResult {
     }
 }
 
+/// Token `i` of the benchmark's token sequence.
+pub(crate) fn bench_token(model: &Model, i: usize) -> u32 {
+    tokens(i + 1, model.hp.n_vocab)
+        .last()
+        .expect("i + 1 tokens")
+}
+
 /// The batch of a pp test: `n_prompt` tokens of one sequence, logits of the last.
-fn prompt_batch(model: &Model, n_prompt: usize) -> Batch {
+pub(crate) fn prompt_batch(model: &Model, n_prompt: usize) -> Batch {
     let mut batch = Batch::default();
     for (i, t) in tokens(n_prompt, model.hp.n_vocab).enumerate() {
         batch.push(t, i as i32, 0, i + 1 == n_prompt);

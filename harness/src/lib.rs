@@ -11,11 +11,13 @@
 //! - [`regress`], [`matrix`], [`golden`]: regression matrices from TOML files, goldens;
 //! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download;
 //! - [`make_moe`]: sparse upcycling of a dense llama (SmolLM2) into a mixture of experts;
-//! - [`trace`]: Chrome trace files of scheduler runs and their summary.
+//! - [`trace`]: Chrome trace files of scheduler runs and their summary;
+//! - [`calibrate`]: a GPU's microbenchmarks and per-kernel times, for the cost model.
 #![warn(missing_docs)]
 
 pub mod batch;
 pub mod bench;
+pub mod calibrate;
 pub mod cost;
 pub mod devices;
 pub mod error;

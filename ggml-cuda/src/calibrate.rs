@@ -1,0 +1,523 @@
+//! Microbenchmarks that each measure one limit of a GPU, for fitting the cost model's
+//! constants (`kernels/calibrate.ptx`): launch cost on a stream, a 196 KB read back to
+//! the host, DRAM and L2 read bandwidth, dependent-load latency, the f32 FMA, dp4a and
+//! special-function issue rates, and shared-memory bank conflicts.
+//!
+//! [`CudaBackend::calibrate`] runs them on the backend's stream and returns one
+//! [`Probe`] per measurement: what was done (`work`, in the probe's unit), how long it
+//! took, and their ratio. On cuda-sim the same code runs with [`ProbeSize::Tiny`] so that
+//! a broken probe is found before a GPU is lent; those times mean nothing.
+
+use std::time::Instant;
+
+use ggml_core::BackendResult;
+
+use crate::backend::CudaBackend;
+use crate::driver::{CuError, Event, Func, Module};
+use crate::launch::{Args, LaunchDims};
+
+/// The PTX of the probes, loaded on demand (not one of the backend's kernels).
+pub const CALIBRATE_PTX: &str = include_str!("../kernels/calibrate.ptx");
+
+/// How much work each probe does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeSize {
+    /// Enough to time a large GPU to about a percent (1 GiB reads, about 10^11 FMAs):
+    /// about 2 seconds on an H100.
+    Full,
+    /// The smallest sizes that still run every code path, for a dry run on cuda-sim.
+    Tiny,
+}
+
+/// One measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probe {
+    /// What was measured, e.g. `dram_read`.
+    pub name: &'static str,
+    /// The unit of `work` (`bytes`, `launches`, `fma`, ...).
+    pub unit: &'static str,
+    /// Work per timed repetition.
+    pub work: f64,
+    /// Seconds per timed repetition, the median of the repetitions.
+    pub seconds: f64,
+    /// Every repetition's seconds, in order.
+    pub samples: Vec<f64>,
+    /// How the probe was run (sizes, grid), for the record.
+    pub detail: String,
+}
+
+impl Probe {
+    /// Work per second.
+    pub fn rate(&self) -> f64 {
+        self.work / self.seconds
+    }
+}
+
+/// What [`CudaBackend::calibrate`] measured, and on what.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    /// The GPU's name as the driver reports it.
+    pub device: String,
+    /// Its compute capability.
+    pub compute_capability: (i32, i32),
+    /// The driver's CUDA version (`1000 · major + 10 · minor`).
+    pub driver_version: i32,
+    /// The probe size used.
+    pub size: ProbeSize,
+    /// The measurements, in the order they ran.
+    pub probes: Vec<Probe>,
+}
+
+/// Sizes of one probe run.
+struct Sizes {
+    reps: usize,
+    launches: usize,
+    dram_bytes: usize,
+    l2_bytes: usize,
+    chase_dram_bytes: usize,
+    chase_l2_bytes: usize,
+    chase_steps: u32,
+    blocks: u32,
+    alu_iters: u32,
+    smem_iters: u32,
+    readback_bytes: usize,
+}
+
+impl Sizes {
+    fn of(size: ProbeSize) -> Sizes {
+        match size {
+            ProbeSize::Full => Sizes {
+                reps: 5,
+                launches: 2000,
+                dram_bytes: 1 << 30,
+                l2_bytes: 8 << 20,
+                chase_dram_bytes: 1 << 30,
+                chase_l2_bytes: 4 << 20,
+                chase_steps: 20_000,
+                blocks: 4096,
+                alu_iters: 4096,
+                smem_iters: 4096,
+                readback_bytes: 196_608,
+            },
+            ProbeSize::Tiny => Sizes {
+                reps: 2,
+                launches: 4,
+                dram_bytes: 64 << 10,
+                l2_bytes: 16 << 10,
+                chase_dram_bytes: 64 << 10,
+                chase_l2_bytes: 4 << 10,
+                chase_steps: 64,
+                blocks: 2,
+                alu_iters: 4,
+                smem_iters: 8,
+                readback_bytes: 196_608,
+            },
+        }
+    }
+}
+
+/// Threads per block of the rate probes (their PTX assumes it).
+const BLOCK: u32 = 256;
+
+/// The probes' module and functions on one backend's device.
+struct Kit<'a> {
+    be: &'a CudaBackend,
+    module: Module,
+    start: Event,
+    end: Event,
+    /// Device allocations to free at the end.
+    allocs: Vec<u64>,
+}
+
+impl Drop for Kit<'_> {
+    fn drop(&mut self) {
+        let api = self.be.dev.api;
+        let _ = api.stream_synchronize(self.be.stream);
+        for &p in &self.allocs {
+            let _ = api.mem_free(self.be.dev.ctx, p);
+        }
+        api.event_destroy(self.start);
+        api.event_destroy(self.end);
+        api.module_unload(self.module);
+    }
+}
+
+impl<'a> Kit<'a> {
+    fn new(be: &'a CudaBackend) -> Result<Kit<'a>, CuError> {
+        let api = be.dev.api;
+        let module = api.module_load(be.dev.ctx, "calibrate.ptx", CALIBRATE_PTX)?;
+        let start = api.event_create_timed(be.dev.ctx);
+        let end = api.event_create_timed(be.dev.ctx);
+        match (start, end) {
+            (Ok(start), Ok(end)) => Ok(Kit {
+                be,
+                module,
+                start,
+                end,
+                allocs: Vec::new(),
+            }),
+            (s, e) => {
+                for ev in [&s, &e].into_iter().flatten() {
+                    api.event_destroy(*ev);
+                }
+                api.module_unload(module);
+                Err(s.and(e).expect_err("one of them failed"))
+            }
+        }
+    }
+
+    fn func(&self, name: &str) -> Result<Func, CuError> {
+        self.be.dev.api.module_function(self.module, name)
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<u64, CuError> {
+        let p = self.be.dev.api.mem_alloc(self.be.dev.ctx, bytes)?;
+        self.allocs.push(p);
+        Ok(p)
+    }
+
+    /// Uploads `bytes` to `dst` and waits.
+    fn upload(&self, dst: u64, bytes: &[u8]) -> Result<(), CuError> {
+        let api = self.be.dev.api;
+        // SAFETY: `bytes` is pageable host memory that stays alive and unchanged until the
+        // stream synchronisation below has completed the copy.
+        unsafe { api.memcpy_htod_async(dst, bytes.as_ptr(), bytes.len(), self.be.stream) }?;
+        api.stream_synchronize(self.be.stream)
+    }
+
+    fn launch(&self, f: Func, grid: u32, block: u32, args: &mut Args) -> Result<(), CuError> {
+        let d = LaunchDims {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared: 0,
+        };
+        self.be.dev.api.launch(f, &d, self.be.stream, args)
+    }
+
+    /// Seconds of GPU time `enqueue` takes on the stream, between two timed events.
+    fn gpu_seconds(&self, enqueue: impl Fn() -> Result<(), CuError>) -> Result<f64, CuError> {
+        let api = self.be.dev.api;
+        api.event_record(self.start, self.be.stream)?;
+        enqueue()?;
+        api.event_record(self.end, self.be.stream)?;
+        api.event_synchronize(self.end)?;
+        Ok(api.event_elapsed_ms(self.start, self.end)? as f64 * 1e-3)
+    }
+}
+
+/// The median of `v` (the mean of the two middle values for an even count).
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => 0.5 * (s[n / 2 - 1] + s[n / 2]),
+    }
+}
+
+/// A probe from `reps` timed repetitions after one untimed warm-up.
+fn repeat(
+    name: &'static str,
+    unit: &'static str,
+    work: f64,
+    detail: String,
+    reps: usize,
+    mut once: impl FnMut() -> Result<f64, CuError>,
+) -> Result<Probe, CuError> {
+    once()?;
+    let samples = (0..reps).map(|_| once()).collect::<Result<Vec<f64>, _>>()?;
+    Ok(Probe {
+        name,
+        unit,
+        work,
+        seconds: median(&samples),
+        samples,
+        detail,
+    })
+}
+
+/// A single cycle through `n` u32 indices that jumps far on every step (a stride
+/// co-prime with `n`, well above a page), so each load depends on the one before and
+/// misses whatever the previous ones brought in.
+fn chase_table(n: usize) -> Vec<u8> {
+    let mut stride = (n / 2 + 4099) | 1;
+    while gcd(stride, n) != 1 {
+        stride += 2;
+    }
+    (0..n)
+        .flat_map(|i| (((i + stride) % n) as u32).to_le_bytes())
+        .collect()
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl CudaBackend {
+    /// Runs every probe of `calibrate.ptx` on this backend's stream and returns the
+    /// measurements. Allocates up to about 2.2 GiB of device memory with
+    /// [`ProbeSize::Full`] (freed on return) and waits for the stream throughout: run it
+    /// on an otherwise idle GPU.
+    pub fn calibrate(&self, size: ProbeSize) -> BackendResult<Calibration> {
+        self.bind()?;
+        let fail = |e: CuError| self.cu(e).at("calibrate", ggml_core::Name::new("probes"));
+        let api = self.dev.api;
+        api.stream_synchronize(self.stream).map_err(fail)?;
+        let mut kit = Kit::new(self).map_err(fail)?;
+        let s = Sizes::of(size);
+        let mut probes = Vec::new();
+        let sink = kit
+            .alloc(s.blocks as usize * BLOCK as usize * 4)
+            .map_err(fail)?;
+
+        // Launch cost: empty kernels back to back, GPU time and host time per launch.
+        let empty = kit.func("cal_empty").map_err(fail)?;
+        let launches = s.launches;
+        let host = std::cell::Cell::new(0.0f64);
+        let mut p = repeat(
+            "launch_stream",
+            "launches",
+            launches as f64,
+            format!("{launches} empty kernels <<<1, 32>>> back to back"),
+            s.reps,
+            || {
+                kit.gpu_seconds(|| {
+                    let t = Instant::now();
+                    for _ in 0..launches {
+                        kit.launch(empty, 1, 32, Args::new().u64(0))?;
+                    }
+                    host.set(host.get() + t.elapsed().as_secs_f64());
+                    Ok(())
+                })
+            },
+        )
+        .map_err(fail)?;
+        let host_per_launch = host.get() / ((s.reps + 1) * launches) as f64;
+        p.detail.push_str(&format!(
+            "; host {:.3} us per cuLaunchKernel",
+            host_per_launch * 1e6
+        ));
+        probes.push(p);
+        probes.push(Probe {
+            name: "launch_host",
+            unit: "launches",
+            work: 1.0,
+            seconds: host_per_launch,
+            samples: vec![host_per_launch],
+            detail: "host time of one launch call, averaged over launch_stream".into(),
+        });
+
+        // A logits-sized read back into pageable host memory, host wall time.
+        let rb = kit.alloc(s.readback_bytes).map_err(fail)?;
+        api.memset_d8_async(rb, 1, s.readback_bytes, self.stream)
+            .map_err(fail)?;
+        let mut host_buf = vec![0u8; s.readback_bytes];
+        probes.push(
+            repeat(
+                "readback_pageable",
+                "bytes",
+                s.readback_bytes as f64,
+                format!(
+                    "{} B device to pageable host, host wall time",
+                    s.readback_bytes
+                ),
+                s.reps,
+                || {
+                    api.stream_synchronize(self.stream)?;
+                    let t = Instant::now();
+                    api.memcpy_dtoh_async(&mut host_buf, rb, self.stream)?;
+                    Ok(t.elapsed().as_secs_f64())
+                },
+            )
+            .map_err(fail)?,
+        );
+
+        // Read bandwidth: a buffer far larger than L2 (DRAM), and one that fits (L2).
+        let read = kit.func("cal_read").map_err(fail)?;
+        for (name, bytes, passes) in [
+            ("dram_read", s.dram_bytes, 1usize),
+            ("l2_read", s.l2_bytes, 8),
+        ] {
+            let buf = kit.alloc(bytes).map_err(fail)?;
+            api.memset_d8_async(buf, 0x5a, bytes, self.stream)
+                .map_err(fail)?;
+            let n16 = (bytes / 16) as u64;
+            let grid = s.blocks.min(n16.div_ceil(BLOCK as u64).max(1) as u32);
+            probes.push(
+                repeat(
+                    name,
+                    "bytes",
+                    (bytes * passes) as f64,
+                    format!("{bytes} B read {passes}x by <<<{grid}, {BLOCK}>>> with 16-byte loads"),
+                    s.reps,
+                    || {
+                        kit.gpu_seconds(|| {
+                            for _ in 0..passes {
+                                kit.launch(
+                                    read,
+                                    grid,
+                                    BLOCK,
+                                    Args::new().u64(buf).u64(n16).u32(0xdead_beef).u64(sink),
+                                )?;
+                            }
+                            Ok(())
+                        })
+                    },
+                )
+                .map_err(fail)?,
+            );
+        }
+
+        // Dependent-load latency through DRAM and through L2.
+        let chase = kit.func("cal_chase").map_err(fail)?;
+        for (name, bytes) in [
+            ("dram_latency", s.chase_dram_bytes),
+            ("l2_latency", s.chase_l2_bytes),
+        ] {
+            let table = chase_table(bytes / 4);
+            let buf = kit.alloc(bytes).map_err(fail)?;
+            kit.upload(buf, &table).map_err(fail)?;
+            let steps = s.chase_steps;
+            probes.push(
+                repeat(
+                    name,
+                    "loads",
+                    steps as f64,
+                    format!("{steps} dependent u32 loads in a {bytes} B cycle, one thread"),
+                    s.reps,
+                    || {
+                        kit.gpu_seconds(|| {
+                            kit.launch(chase, 1, 1, Args::new().u64(buf).u32(steps).u64(sink))
+                        })
+                    },
+                )
+                .map_err(fail)?,
+            );
+        }
+
+        // Issue rates at full occupancy: 8 independent chains per thread.
+        let threads = s.blocks as f64 * BLOCK as f64;
+        for (name, kernel, unit) in [
+            ("fma_rate", "cal_fma", "fma"),
+            ("dp4a_rate", "cal_dp4a", "dp4a"),
+            ("sfu_rate", "cal_sfu", "ex2"),
+        ] {
+            let f = kit.func(kernel).map_err(fail)?;
+            let iters = s.alu_iters;
+            probes.push(
+                repeat(
+                    name,
+                    unit,
+                    threads * 8.0 * iters as f64,
+                    format!("<<<{}, {BLOCK}>>>, 8 chains x {iters} per thread", s.blocks),
+                    s.reps,
+                    || {
+                        kit.gpu_seconds(|| {
+                            kit.launch(f, s.blocks, BLOCK, Args::new().u32(iters).u64(sink))
+                        })
+                    },
+                )
+                .map_err(fail)?,
+            );
+        }
+
+        // Shared memory: conflict-free loads, then a 32-way bank conflict.
+        let smem = kit.func("cal_smem").map_err(fail)?;
+        for (name, stride) in [("smem_load", 1u32), ("smem_load_32way", 32)] {
+            let iters = s.smem_iters;
+            probes.push(
+                repeat(
+                    name,
+                    "warp_loads",
+                    threads / 32.0 * iters as f64,
+                    format!(
+                        "<<<{}, {BLOCK}>>>, {iters} loads per thread, lane stride {stride} words",
+                        s.blocks
+                    ),
+                    s.reps,
+                    || {
+                        kit.gpu_seconds(|| {
+                            kit.launch(
+                                smem,
+                                s.blocks,
+                                BLOCK,
+                                Args::new().u32(iters).u32(stride).u64(sink),
+                            )
+                        })
+                    },
+                )
+                .map_err(fail)?,
+            );
+        }
+
+        drop(kit);
+        self.take_kernel_error()?;
+        Ok(Calibration {
+            device: self.dev.name.clone(),
+            compute_capability: self.dev.cc,
+            driver_version: self.dev.kind.version().map_err(fail)?,
+            size,
+            probes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chase_table_is_one_cycle() {
+        for n in [1024usize, 4099 * 2, 65536] {
+            let t = chase_table(n);
+            let next =
+                |i: usize| u32::from_le_bytes(t[4 * i..4 * i + 4].try_into().unwrap()) as usize;
+            let (mut i, mut seen) = (0usize, vec![false; n]);
+            for _ in 0..n {
+                assert!(!seen[i], "n = {n}: revisits {i} early");
+                seen[i] = true;
+                i = next(i);
+            }
+            assert_eq!(i, 0, "n = {n}: the cycle does not close");
+        }
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn the_probe_ptx_documents_every_entry() {
+        let entries = crate::kernels::entries(CALIBRATE_PTX);
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "cal_empty",
+                "cal_read",
+                "cal_chase",
+                "cal_fma",
+                "cal_dp4a",
+                "cal_sfu",
+                "cal_smem"
+            ]
+        );
+        for e in &entries {
+            let h = e.header.join("\n");
+            for key in ["Params:", "Grid:", "Block:", "Shared:", "Reduction:"] {
+                assert!(h.contains(key), "{} lacks '{key}'", e.name);
+            }
+            for p in &e.params {
+                assert!(h.contains(p.as_str()), "{} does not document {p}", e.name);
+            }
+        }
+    }
+}
