@@ -241,3 +241,34 @@ fn every_dtype_has_vectors() {
         }
     }
 }
+
+/// The quantisers that round (Q8_0 and Q8_1 with `roundf`, half away from zero) meet
+/// exact halves in the `ties` case, so a quantiser rounding them another way (half to
+/// even, say) differs from the oracle there.
+#[test]
+fn ties_reach_the_q8_rounding() {
+    let cases = load();
+    for dtype in [DType::Q8_0, DType::Q8_1] {
+        let case = cases
+            .iter()
+            .find(|c| c.dtype_id == dtype.ggml_id() && c.name.ends_with("/ties"))
+            .unwrap_or_else(|| panic!("{dtype}: no ties case"));
+        let input = case.input.as_ref().expect("a quantize case");
+        let mut halves = 0;
+        for block in input.chunks(32) {
+            let amax = block.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let id = 127.0 / amax;
+            halves += block
+                .iter()
+                .filter(|x| {
+                    let v = *x * id;
+                    v.fract().abs() == 0.5 && v.round() != v.round_ties_even()
+                })
+                .count();
+        }
+        assert!(
+            halves >= 16,
+            "{dtype}: only {halves} ties where rounding modes differ"
+        );
+    }
+}

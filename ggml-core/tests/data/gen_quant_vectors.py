@@ -165,6 +165,11 @@ def input_cases(bs):
         ("int_grid", n, g(lambda n, r: (np.arange(n) % 15 - 7).astype(np.float64))),
         ("ramp", n, g(lambda n, r: np.linspace(-1.0, 1.0, n))),
         ("sparse", n, g(lambda n, r: np.where(r.uniform(0, 1, n) < 0.1, r.standard_normal(n), -0.0))),
+        # Exact halves after scaling: with 127 at the start of every 32-value block the
+        # Q8_0/Q8_1 scale is exactly 1, so each k + 0.5 is a rounding tie (ggml rounds
+        # half away from zero: roundf); other formats see halves at other scales.
+        ("ties", n, g(lambda n, r: np.where(np.arange(n) % 32 == 0, 127.0,
+                                            (np.arange(n) % 61 - 30) + 0.5))),
         ("multi_scale", multi, g(lambda n, r: r.standard_normal(n)
                                   * np.repeat(10.0 ** (np.arange(n // bs if bs > 1 else n) % 5 - 2), bs))),
     ]
