@@ -1,38 +1,20 @@
-//! Parses the real SmolLM2-135M-Instruct Q4_1 model when it is in the cache
-//! (`$GGML_RS_CACHE`, default `~/.cache/ggml-rs`); skipped with a message otherwise.
+//! Parses the real SmolLM2-135M-Instruct Q4_1 model from the cache (`$GGML_RS_CACHE`,
+//! default `~/.cache/ggml-rs`), downloading it there first when it is missing (with the
+//! same code as `cargo xtask fetch-model`); a failed download fails the test.
 
 mod common;
-
-use std::path::PathBuf;
 
 use ggml_core::gguf::{Gguf, ValueType};
 use ggml_core::DType;
 
-const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("GGML_RS_CACHE") {
-        return Some(PathBuf::from(dir));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ggml-rs"))
-}
+#[path = "../../xtask/src/fetch.rs"]
+#[allow(dead_code)]
+mod fetch;
 
 #[test]
 fn smollm2_q4_1() {
-    let Some(path) = cache_dir().map(|d| d.join(FILE)) else {
-        eprintln!("skipped: no GGML_RS_CACHE and no HOME to find {FILE}");
-        return;
-    };
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!(
-                "skipped: {} not readable ({e}); ggml-core/README.md says how to fetch it",
-                path.display()
-            );
-            return;
-        }
-    };
+    let path = fetch::fetch_model().unwrap_or_else(|e| panic!("SmolLM2 could not be fetched: {e}"));
+    let bytes = std::fs::read(&path).expect("reading the model");
     assert_eq!(
         bytes.len(),
         98_362_432,

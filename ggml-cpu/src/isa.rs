@@ -78,6 +78,49 @@ impl Isa {
             .collect()
     }
 
+    /// The level named `name` (as [`Isa::name`] writes it).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        ALL_ISAS.iter().copied().find(|i| i.name() == name)
+    }
+
+    /// The levels that `$GGML_RS_REQUIRE_ISA` (comma-separated names) says must run here,
+    /// checked: an unknown name, or a level this CPU cannot run (so its kernels' tests
+    /// would be skipped), is an error that says so. Empty when the variable is unset.
+    /// CI sets it to the levels its machine reports, so a runner without a level fails
+    /// loudly instead of dropping that level's tests.
+    pub fn required() -> Result<Vec<Isa>, String> {
+        match std::env::var("GGML_RS_REQUIRE_ISA") {
+            Ok(list) => Isa::check_required(&list),
+            Err(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// [`Isa::required`] for an explicit list.
+    pub fn check_required(list: &str) -> Result<Vec<Isa>, String> {
+        let mut out = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let isa = Isa::from_name(name).ok_or_else(|| {
+                format!(
+                    "GGML_RS_REQUIRE_ISA: unknown level '{name}' (known: {})",
+                    ALL_ISAS.map(Isa::name).join(", ")
+                )
+            })?;
+            if !isa.is_available() {
+                return Err(format!(
+                    "GGML_RS_REQUIRE_ISA names {name}, which this CPU cannot run: its kernels' \
+                     tests did not run (available: {})",
+                    Isa::available()
+                        .iter()
+                        .map(|i| i.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            out.push(isa);
+        }
+        Ok(out)
+    }
+
     /// A short lower-case name (`"avx2"`).
     pub const fn name(self) -> &'static str {
         match self {
@@ -99,6 +142,29 @@ impl fmt::Display for Isa {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The levels CI requires ran here (the SIMD tests loop over every available level).
+    #[test]
+    fn required_levels_ran() {
+        let required = Isa::required().unwrap_or_else(|e| panic!("{e}"));
+        let ran = Isa::available();
+        for isa in required {
+            assert!(ran.contains(&isa), "{isa} required but not run");
+        }
+    }
+
+    #[test]
+    fn required_lists_are_checked() {
+        assert_eq!(Isa::check_required(""), Ok(vec![]));
+        assert_eq!(Isa::check_required("scalar"), Ok(vec![Isa::Scalar]));
+        let e = Isa::check_required("scalar,avx9").unwrap_err();
+        assert!(e.contains("unknown level 'avx9'"), "{e}");
+        for isa in ALL_ISAS {
+            assert_eq!(Isa::from_name(isa.name()), Some(isa));
+            let r = Isa::check_required(isa.name());
+            assert_eq!(r.is_ok(), isa.is_available(), "{isa}: {r:?}");
+        }
+    }
 
     #[test]
     fn detect_is_available() {

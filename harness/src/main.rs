@@ -168,6 +168,9 @@ struct RegressArgs {
     /// (only groups whose cells agree bit for bit, race-free).
     #[arg(long)]
     bless: bool,
+    /// A cell without a golden for this hardware fails the run (instead of a note).
+    #[arg(long, conflicts_with_all = ["bless", "update_golden"])]
+    require_golden: bool,
     /// Same as --bless --golden PATH.
     #[arg(long, value_name = "PATH", conflicts_with = "golden")]
     update_golden: Option<PathBuf>,
@@ -950,6 +953,7 @@ fn run_regress(a: RegressArgs) -> Result<()> {
         weaken: parse_weaken(&a.weaken)?,
         goldens,
         bless,
+        require_golden: a.require_golden,
     };
     let show_bar = !a.json && std::io::stderr().is_terminal();
     let total = (matrix.cells.len() * opts.chaos_seeds.len()) as u64;

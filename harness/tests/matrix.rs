@@ -55,6 +55,7 @@ fn options(goldens: GoldenSet, bless: bool) -> RunOptions {
         weaken: Vec::new(),
         goldens,
         bless,
+        require_golden: false,
     }
 }
 
@@ -167,7 +168,9 @@ fn cpu_matrix_holds_on_a_synthetic_model() {
     // harness/goldens.json pins the bits of every cell.
     let m = on_synthetic(Matrix::cpu());
     let goldens = GoldenSet::parse(harness::golden::EMBEDDED).unwrap();
-    let report = run(&m, &options(goldens, false), |_| {}).unwrap();
+    let mut opts = options(goldens, false);
+    opts.require_golden = true;
+    let report = run(&m, &opts, |_| {}).unwrap();
     assert_eq!(report.rows.len(), 78);
     assert!(report.passed(), "{:?}", report.violations);
     assert!(report.rows.iter().all(|r| r.hardware == "cpu"
@@ -283,6 +286,21 @@ fn bless_records_the_group_and_the_next_run_checks_it() {
     assert!(checked.passed(), "{:?}", checked.violations);
     assert!(checked.rows.iter().all(|r| r.golden == GoldenStatus::Equal));
 
+    // Without any golden the cells are only noted as missing, unless one is required.
+    let unchecked = run(&m, &options(GoldenSet::default(), false), |_| {}).unwrap();
+    assert!(unchecked.passed());
+    assert!(unchecked
+        .rows
+        .iter()
+        .all(|r| r.golden == GoldenStatus::Missing));
+    let mut strict = options(GoldenSet::default(), false);
+    strict.require_golden = true;
+    let refused = run(&m, &strict, |_| {}).unwrap();
+    assert_eq!(refused.violations.len(), 2, "{:?}", refused.violations);
+    assert!(refused.violations[0]
+        .detail
+        .contains("no golden for hardware 'cpu'"));
+
     let mut moved = g.clone();
     moved.ppl_f64_bits = "0000000000000000".into();
     set.record(moved);
@@ -360,6 +378,7 @@ fn cuda_sim_matrix_holds_under_chaos_with_the_race_checker() {
     assert_eq!(m.settings.model, Source::Synthetic(DType::Q4_1));
     let goldens = GoldenSet::parse(harness::golden::EMBEDDED).unwrap();
     let mut opts = options(goldens, false);
+    opts.require_golden = true;
     opts.chaos_seeds = vec![Some(1), Some(2)];
     let report = run(&m, &opts, |_| {}).unwrap();
     assert!(report.passed(), "{:?}", report.violations);

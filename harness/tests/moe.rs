@@ -270,6 +270,7 @@ fn moe_matrix_is_bit_identical_race_free_and_golden() {
         weaken: Vec::new(),
         goldens: GoldenSet::parse(harness::golden::EMBEDDED).unwrap(),
         bless: false,
+        require_golden: true,
     };
     let report = run(&m, &opts, |_| {}).unwrap();
     assert!(report.passed(), "{:?}", report.violations);

@@ -1,5 +1,5 @@
-//! Tests on the real SmolLM2 file (run in CI after `cargo xtask fetch-model`; skipped
-//! with a message when the file is absent).
+//! Tests on the real SmolLM2 file (downloaded into the cache on first use, as
+//! `cargo xtask fetch-model` does; a failed download fails the tests).
 
 use std::path::PathBuf;
 
@@ -8,20 +8,8 @@ use harness::golden;
 use harness::perplexity::{perplexity, PplSettings};
 use harness::session::{RunConfig, Session, SplitMode};
 
-fn model() -> Option<PathBuf> {
-    let dir = std::env::var_os("GGML_RS_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ggml-rs")))?;
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipped: model not found at {}; run `cargo xtask fetch-model`",
-            p.display()
-        );
-        None
-    }
+fn model() -> PathBuf {
+    harness::model_path(None).unwrap_or_else(|e| panic!("SmolLM2 could not be fetched: {e}"))
 }
 
 /// llama.cpp's running perplexity after each chunk (`-c 512 -b 512`), from
@@ -42,7 +30,7 @@ const CHUNK_TOLERANCE: f64 = 1.5e-2;
 
 #[test]
 fn whole_corpus_tracks_llama_cpp() {
-    let Some(path) = model() else { return };
+    let path = model();
     let config = RunConfig::simple("cpu".parse::<DeviceList>().unwrap(), SplitMode::None, 1, 2);
     let s = Session::open(&path, config).unwrap();
     // llama-perplexity drops one final newline before tokenizing.

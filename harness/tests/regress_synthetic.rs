@@ -54,6 +54,7 @@ fn cpu_matrix_is_bit_identical_and_race_free(#[case] chaos: Option<u64>) {
         weaken: Vec::new(),
         goldens: GoldenSet::default(),
         bless: false,
+        require_golden: false,
     };
     // The matrix's `identical ["*"]` rule and the race check make any differing or racy
     // cell a violation.

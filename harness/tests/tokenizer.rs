@@ -1,7 +1,6 @@
 //! Tokenizer tests: llama.cpp's ids for the GPL-3 corpus with the real SmolLM2 vocabulary
 //! (skipped without the model), and behaviour on tiny synthetic vocabularies.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use ggml_core::gguf::Gguf;
@@ -14,46 +13,28 @@ use proptest::prelude::*;
 // ---------------------------------------------------------------------------------------
 // The real model
 
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const MODEL_SIZE: u64 = 98_362_432;
 const CORPUS: &str = include_str!("../data/gpl-3.txt");
 const REFERENCE_IDS: &str = include_str!("../data/gpl-3.smollm2.tokens.txt");
 
-/// `$GGML_RS_CACHE/MODEL_FILE`, or `~/.cache/ggml-rs/MODEL_FILE` (where `cargo xtask
-/// fetch-model` puts it).
-fn model_path() -> PathBuf {
-    let dir = match std::env::var_os("GGML_RS_CACHE") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ggml-rs"),
-    };
-    dir.join(MODEL_FILE)
+/// The model's bytes (downloaded into the cache on first use; a failed download fails).
+fn model_bytes() -> Vec<u8> {
+    let path =
+        harness::model_path(None).unwrap_or_else(|e| panic!("SmolLM2 could not be fetched: {e}"));
+    let bytes = std::fs::read(&path).expect("reading the model");
+    assert_eq!(bytes.len() as u64, MODEL_SIZE, "{}", path.display());
+    bytes
 }
 
-/// The model's bytes, or `None` (after saying so) when it is not there.
-fn model_bytes() -> Option<Vec<u8>> {
-    let path = model_path();
-    match std::fs::metadata(&path) {
-        Ok(m) if m.len() == MODEL_SIZE => {}
-        _ => {
-            println!(
-                "skipped: model not found at {}, run cargo xtask fetch-model",
-                path.display()
-            );
-            return None;
-        }
-    }
-    Some(std::fs::read(&path).expect("reading the model"))
-}
-
-fn smollm2() -> Option<Tokenizer> {
-    let bytes = model_bytes()?;
+fn smollm2() -> Tokenizer {
+    let bytes = model_bytes();
     let gguf = Gguf::parse(&bytes).expect("parsing the model");
-    Some(Tokenizer::from_gguf(&gguf).expect("tokenizer from the model"))
+    Tokenizer::from_gguf(&gguf).expect("tokenizer from the model")
 }
 
 #[test]
 fn smollm2_encodes_the_corpus_like_llama_cpp() {
-    let Some(tok) = smollm2() else { return };
+    let tok = smollm2();
     let want: Vec<u32> = REFERENCE_IDS
         .lines()
         .map(|l| l.parse().expect("reference id"))
@@ -88,7 +69,7 @@ fn smollm2_encodes_the_corpus_like_llama_cpp() {
 
 #[test]
 fn smollm2_metadata_and_special_tokens() {
-    let Some(tok) = smollm2() else { return };
+    let tok = smollm2();
     assert_eq!(tok.vocab_size(), 49152);
     assert_eq!(tok.bos(), Some(1));
     assert_eq!(tok.eos(), Some(2));
@@ -110,7 +91,7 @@ fn smollm2_metadata_and_special_tokens() {
 
 #[test]
 fn smollm2_round_trips_assorted_text() {
-    let Some(tok) = smollm2() else { return };
+    let tok = smollm2();
     for text in [
         "",
         " ",

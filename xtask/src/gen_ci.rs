@@ -209,6 +209,11 @@ jobs:
 fn gpu_workflow(m: &GpuMatrix) -> String {
     let name = &m.name;
     let labels = m.runs_on.join(", ");
+    // The same test targets as `cargo xtask gpu-test`.
+    let tests: String = crate::gpu::GPU_TESTS
+        .iter()
+        .map(|t| format!(" --test {t}"))
+        .collect();
     format!(
         r#"{HEADER}
 name: gpu {name}
@@ -240,7 +245,7 @@ jobs:
       - name: ggml-cuda tests on the real driver
         env:
           GGML_RS_REQUIRE_GPU: "1"
-        run: cargo test --release --locked -p ggml-cuda --test gpu --test backend --test coverage
+        run: cargo test --release --locked -p ggml-cuda{tests}
       - name: Regression matrix {name}
         if: ${{{{ !inputs.bless }}}}
         run: cargo xtask regress -- --matrix harness/matrices/{name}.toml --report regress-report.json
@@ -388,6 +393,10 @@ mod tests {
         assert!(w.contains("--update-golden harness/goldens.json"));
         assert!(w.contains("if: ${{ inputs.bless }}"));
         assert!(w.contains("key: ggml-rs-${{ runner.os }}-"));
+        // Every GPU test target gpu-test runs, MoE's included.
+        for t in crate::gpu::GPU_TESTS {
+            assert!(w.contains(&format!(" --test {t}")), "{t}");
+        }
         assert!(actionlint_config(&[m]).contains("    - gpu\n    - h100\n"));
     }
 

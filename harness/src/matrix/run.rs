@@ -26,6 +26,10 @@ pub struct RunOptions {
     pub goldens: GoldenSet,
     /// Record a golden for each identical group instead of comparing.
     pub bless: bool,
+    /// A cell compared with goldens that has none is a violation (CI, and GPU workflows
+    /// once their hardware is blessed), not a note: otherwise a runner whose GPU has no
+    /// golden checks nothing.
+    pub require_golden: bool,
 }
 
 /// The hardware class of each cell's golden key, in matrix order: `cpu` for every CPU
@@ -169,7 +173,20 @@ pub fn run(matrix: &Matrix, opts: &RunOptions, mut progress: impl FnMut(&Row)) -
                 GoldenStatus::NotCompared
             } else {
                 match opts.goldens.find(key) {
-                    None => GoldenStatus::Missing,
+                    None => {
+                        if opts.require_golden {
+                            violations.push(Violation {
+                                cell: m.name.clone(),
+                                rule: "golden".into(),
+                                chaos,
+                                detail: format!(
+                                    "no golden for hardware '{}' (n_ctx {}, chunks {:?}); record one with --bless",
+                                    key.hardware, key.n_ctx, key.chunks
+                                ),
+                            });
+                        }
+                        GoldenStatus::Missing
+                    }
                     Some(g) if g.matches(&result) => GoldenStatus::Equal,
                     Some(g) => {
                         violations.push(Violation {
