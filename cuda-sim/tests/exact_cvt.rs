@@ -462,6 +462,15 @@ fn int_inputs() -> Vec<u64> {
         0xffff_ffff,
         0x8000_0000,
     ]);
+    // A tie at f16's, f32's or f64's precision with a 1 far below it: one rounding goes
+    // up; rounding first to a wider format (dropping the low 1) and then to the narrow
+    // one would land on the tie and go to even.
+    for (p, shifts) in [(11u32, 1..16u32), (24, 1..40), (53, 1..11)] {
+        for s in shifts {
+            let tie = ((1u64 << p) + 1) << s;
+            v.extend([tie, tie + 1, tie - 1, (tie + 1).wrapping_neg()]);
+        }
+    }
     let mut r = Rng(15);
     v.extend((0..300).map(|_| r.next() >> (r.next() % 64)));
     v
