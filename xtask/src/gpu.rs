@@ -2,9 +2,10 @@
 //! a self-contained folder for a GPU machine without Rust or network.
 //!
 //! The checks, in both forms:
-//! 1. every ggml-cuda GPU test (kernels against host references with test-backend-ops'
-//!    NMSE thresholds, invariant 2, copies and events) with `GGML_RS_REQUIRE_GPU=1`, so a
-//!    missing GPU fails instead of skipping;
+//! 1. every ggml-cuda GPU test (kernels without `.approx` instructions against their host
+//!    mirrors bit for bit, the others with test-backend-ops' NMSE thresholds, invariant
+//!    2, copies and events) with `GGML_RS_REQUIRE_GPU=1`, so a missing GPU fails instead
+//!    of skipping;
 //! 2. the perplexity of the real model on `cuda:0` within 0.5 % of the CPU's;
 //! 3. the built-in CUDA regression matrix (`cuda:0`, `cuda:0x2`, layer split) with the
 //!    race checker, compared with `harness/goldens.json` (and the 2-GPU matrix where two
