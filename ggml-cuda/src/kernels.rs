@@ -87,6 +87,24 @@ impl KernelId {
         KernelId::ArgsortTopK,
     ];
 
+    /// Whether the kernel, or a `.func` it calls (directly or through others), contains
+    /// an inexact instruction (see [`inexact_functions`]): then its outputs on a GPU
+    /// differ from cuda-sim's within the instruction's bound, where every other
+    /// kernel's outputs are bit for bit the same. Derived from the PTX text.
+    pub fn uses_approx(self) -> bool {
+        static APPROX: std::sync::OnceLock<[bool; KernelId::COUNT]> = std::sync::OnceLock::new();
+        APPROX.get_or_init(|| {
+            let mut out = [false; KernelId::COUNT];
+            for m in MODULES {
+                let inexact = inexact_functions(m.source);
+                for (id, name) in m.kernels {
+                    out[*id as usize] = inexact.iter().any(|f| f == name);
+                }
+            }
+            out
+        })[self as usize]
+    }
+
     /// The module file and `.entry` name of the kernel.
     pub fn entry(self) -> (&'static str, &'static str) {
         MODULES
@@ -243,9 +261,301 @@ pub fn entries(ptx: &str) -> Vec<EntryInfo> {
     out
 }
 
+/// Whether a PTX opcode (`ex2.approx.ftz.f32`, `div.full.f32`, ...) is inexact: an
+/// `.approx` form or `div.full` (both approximate within documented bounds; every other
+/// instruction the kernels use is exactly defined by the PTX ISA).
+pub fn is_inexact_opcode(opcode: &str) -> bool {
+    let mut parts = opcode.split('.');
+    let mnemonic = parts.next().unwrap_or("");
+    let mods: Vec<&str> = parts.collect();
+    mods.contains(&"approx") || (mnemonic == "div" && mods.contains(&"full"))
+}
+
+/// One function of a PTX text: its name, whether its own body has an inexact
+/// instruction, and the functions it calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionInfo {
+    /// The `.entry` or `.func` name.
+    pub name: String,
+    /// Whether its body holds an instruction [`is_inexact_opcode`] flags.
+    pub inexact: bool,
+    /// The callees of its `call` instructions, in order.
+    pub calls: Vec<String>,
+}
+
+/// The PTX text without `//` comments.
+fn strip_comments(ptx: &str) -> String {
+    ptx.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn ident(s: &str) -> String {
+    s.trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$')
+        .collect()
+}
+
+/// `s` after the balanced parenthesis group it starts with (or `s` if it starts with
+/// none).
+fn skip_group(s: &str) -> &str {
+    let t = s.trim_start();
+    if !t.starts_with('(') {
+        return t;
+    }
+    let mut depth = 0;
+    for (i, ch) in t.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &t[i + 1..];
+                }
+            }
+            _ => {}
+        }
+    }
+    ""
+}
+
+/// The functions (`.entry` and `.func` with a body) of a PTX text.
+pub fn functions(ptx: &str) -> Vec<FunctionInfo> {
+    let text = strip_comments(ptx);
+    let mut out = Vec::new();
+    let mut rest = text.as_str();
+    loop {
+        let at = [".entry", ".func"]
+            .iter()
+            .filter_map(|kw| {
+                rest.match_indices(kw)
+                    .find(|(i, _)| {
+                        let after = rest[i + kw.len()..].chars().next();
+                        after.is_some_and(char::is_whitespace)
+                    })
+                    .map(|(i, _)| (i, kw.len()))
+            })
+            .min();
+        let Some((i, len)) = at else { break };
+        let header = &rest[i + len..];
+        // `.func (.param ...) name(...)`: the return parameters come first.
+        let after_ret = if header.trim_start().starts_with('(') {
+            skip_group(header)
+        } else {
+            header
+        };
+        let name = ident(after_ret);
+        let (open, semi) = (header.find('{'), header.find(';'));
+        let start = match (open, semi) {
+            (Some(o), Some(s)) if s < o => {
+                rest = &header[s + 1..]; // a prototype without a body
+                continue;
+            }
+            (Some(o), _) => o,
+            (None, _) => break,
+        };
+        let body = &header[start..];
+        let mut depth = 0usize;
+        let mut end = body.len();
+        for (j, ch) in body.char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = j;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let (mut inexact, mut calls) = (false, Vec::new());
+        for stmt in body[1..end].split(';') {
+            // Drop scope braces, labels and a guard; what is left starts with the opcode.
+            let mut words = stmt
+                .split_whitespace()
+                .map(|w| w.trim_matches(|c| c == '{' || c == '}'))
+                .filter(|w| !w.is_empty() && !w.ends_with(':') && !w.starts_with('@'));
+            let Some(opcode) = words.next() else { continue };
+            if opcode.starts_with('.') {
+                continue; // a declaration
+            }
+            inexact |= is_inexact_opcode(opcode);
+            if opcode == "call" || opcode.starts_with("call.") {
+                let at = stmt.find(opcode).map_or(0, |k| k + opcode.len());
+                let operands = &stmt[at..];
+                let callee = if operands.trim_start().starts_with('(') {
+                    skip_group(operands).trim_start().trim_start_matches(',')
+                } else {
+                    operands
+                };
+                calls.push(ident(callee));
+            }
+        }
+        out.push(FunctionInfo {
+            name,
+            inexact,
+            calls,
+        });
+        rest = &body[end..];
+    }
+    out
+}
+
+/// The names of the functions of a PTX text that contain an inexact instruction or
+/// call (through any chain of calls) one that does.
+pub fn inexact_functions(ptx: &str) -> Vec<String> {
+    let fns = functions(ptx);
+    let mut inexact: Vec<bool> = fns.iter().map(|f| f.inexact).collect();
+    loop {
+        let mut changed = false;
+        for (i, f) in fns.iter().enumerate() {
+            if !inexact[i]
+                && f.calls
+                    .iter()
+                    .any(|c| fns.iter().zip(&inexact).any(|(g, &x)| x && &g.name == c))
+            {
+                inexact[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    fns.into_iter()
+        .zip(inexact)
+        .filter(|(_, x)| *x)
+        .map(|(f, _)| f.name)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernels_with_approx_instructions_are_found_through_their_calls() {
+        let approx: Vec<KernelId> = KernelId::ALL
+            .into_iter()
+            .filter(|k| k.uses_approx())
+            .collect();
+        // silu and swiglu use ex2.approx directly, gelu and geglu through gelu_tab, a
+        // .func; scale and clamp share unary.ptx (and its comments naming ex2.approx)
+        // but call only ld_any / st_any.
+        assert_eq!(
+            approx,
+            [
+                KernelId::Silu,
+                KernelId::Swiglu,
+                KernelId::Gelu,
+                KernelId::Geglu,
+                KernelId::SoftMax,
+                KernelId::FlashAttnExt,
+            ]
+        );
+        // Every call names a function of its own module.
+        for m in MODULES {
+            let fns = functions(m.source);
+            for f in &fns {
+                for c in &f.calls {
+                    assert!(
+                        fns.iter().any(|g| &g.name == c),
+                        "{}: {} calls {c}",
+                        m.file,
+                        f.name
+                    );
+                }
+            }
+            let entries = entries(m.source).len();
+            assert_eq!(
+                fns.iter()
+                    .filter(|f| m.kernels.iter().any(|k| k.1 == f.name))
+                    .count(),
+                entries
+            );
+        }
+    }
+
+    #[test]
+    fn inexact_instructions_and_calls_are_followed() {
+        let ptx = "
+.version 8.0
+// ex2.approx.f32 in a comment counts for nothing
+.func (.param .f32 r) deep(.param .f32 x)
+{
+    .reg .f32 %f<2>;
+    ld.param.f32 %f0, [x];
+L1:
+    @%p0 ex2.approx.ftz.f32 %f1, %f0;
+    st.param.f32 [r], %f1;
+    ret;
+}
+.func (.param .f32 r) middle(.param .f32 x)
+{
+    {
+    .param .f32 a;
+    .param .f32 b;
+    call.uni (b), deep, (a);
+    }
+    ret;
+}
+.func exact_one(.param .f32 x)
+{
+    add.rn.f32 %f0, %f0, %f0; // tanh.approx.f32 here is a comment
+    ret;
+}
+.visible .entry through_two_calls(.param .u64 p)
+{
+    call (r), middle, (a);
+    call exact_one, (a);
+}
+.visible .entry only_exact(.param .u64 p)
+{
+    call exact_one, (a);
+    div.rn.f32 %f0, %f0, %f1;
+}
+.visible .entry full_division(.param .u64 p)
+{
+    div.full.f32 %f0, %f0, %f1;
+}
+.visible .entry rcp(.param .u64 p)
+{
+    rcp.approx.ftz.f64 %fd0, %fd0;
+}
+";
+        let fns = functions(ptx);
+        let names: Vec<&str> = fns.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "deep",
+                "middle",
+                "exact_one",
+                "through_two_calls",
+                "only_exact",
+                "full_division",
+                "rcp"
+            ]
+        );
+        assert_eq!(fns[1].calls, ["deep"]);
+        assert_eq!(fns[3].calls, ["middle", "exact_one"]);
+        assert_eq!(
+            inexact_functions(ptx),
+            [
+                "deep",
+                "middle",
+                "through_two_calls",
+                "full_division",
+                "rcp"
+            ]
+        );
+        assert!(is_inexact_opcode("sqrt.approx.f32") && !is_inexact_opcode("sqrt.rn.f32"));
+        assert!(!is_inexact_opcode("div.rn.f32") && !is_inexact_opcode("approx"));
+    }
 
     #[test]
     fn every_kernel_is_an_entry_of_its_module() {

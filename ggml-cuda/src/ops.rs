@@ -312,23 +312,6 @@ fn alibi(max_bias: f32, n_head: usize) -> (f32, f32, u32) {
     (m0, m1, n_head_log2)
 }
 
-/// YaRN correction dims as `ggml_rope_yarn_corr_dims`.
-fn yarn_corr_dims(
-    n_dims: u32,
-    n_ctx_orig: u32,
-    freq_base: f32,
-    beta_fast: f32,
-    beta_slow: f32,
-) -> [f32; 2] {
-    let corr_dim = |n_rot: f32| {
-        n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
-            / (2.0 * freq_base.ln())
-    };
-    let start = corr_dim(beta_fast).floor();
-    let end = corr_dim(beta_slow).ceil();
-    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
-}
-
 struct Ctx<'a> {
     be: &'a CudaBackend,
     st: &'a mut State,
@@ -618,19 +601,8 @@ pub(crate) fn run(
             let x = c.src(0)?;
             let pos = c.src(1)?;
             let d = dims(launch::rope(t.ne), &c)?;
-            let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
-            let corr = yarn_corr_dims(
-                p.n_dims,
-                p.n_ctx_orig,
-                p.freq_base,
-                p.beta_fast,
-                p.beta_slow,
-            );
-            let mscale = if p.ext_factor != 0.0 {
-                p.attn_factor * (1.0 + 0.1 * (1.0 / p.freq_scale).ln())
-            } else {
-                p.attn_factor
-            };
+            // The same constants the host mirror takes (reference::rope_row).
+            let rc = crate::reference::RopeConsts::new(&p);
             a.u64(c.addr(&x)?).u64(c.addr(&pos)?).u64(c.addr(&t)?);
             a.u32(float_code(t.dtype).unwrap_or(0))
                 .u32(t.ne[0] as u32)
@@ -639,12 +611,12 @@ pub(crate) fn run(
                 RopeMode::Normal => 0,
                 RopeMode::Neox => 2,
             });
-            a.f32(theta_scale)
-                .f32(p.freq_scale)
-                .f32(p.ext_factor)
-                .f32(mscale)
-                .f32(corr[0])
-                .f32(corr[1]);
+            a.f32(rc.theta_scale)
+                .f32(rc.freq_scale)
+                .f32(rc.ext_factor)
+                .f32(rc.mscale)
+                .f32(rc.corr[0])
+                .f32(rc.corr[1]);
             strides(&mut a, &x.nb);
             a.usize(pos.nb[0]);
             strides(&mut a, &t.nb);
@@ -1021,12 +993,10 @@ mod tests {
     }
 
     #[test]
-    fn alibi_and_yarn_match_ggml() {
+    fn alibi_matches_ggml() {
         let (m0, m1, n) = alibi(8.0, 12);
         assert_eq!(n, 8);
         assert_eq!(m0, 2f32.powf(-1.0));
         assert_eq!(m1, 2f32.powf(-0.5));
-        let c = yarn_corr_dims(64, 4096, 10000.0, 32.0, 1.0);
-        assert!(c[0] >= 0.0 && c[1] <= 63.0 && c[0] <= c[1]);
     }
 }

@@ -11,6 +11,11 @@
 use ggml_core::DType;
 use half::{bf16, f16};
 
+pub mod arith;
+mod rope;
+
+pub use rope::{rope_row, sincos, yarn_corr_dims, RopeConsts};
+
 /// Lanes per warp: the fixed number of partial sums of every reduction.
 pub const LANES: usize = 32;
 
@@ -32,6 +37,32 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
 /// f32 to bf16 bits, rounding to nearest even (PTX `cvt.rn.bf16.f32`).
 pub fn f32_to_bf16(x: f32) -> u16 {
     bf16::from_f32(x).to_bits()
+}
+
+/// The operation of the `binary` kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// `add.rn.f32`.
+    Add,
+    /// `mul.rn.f32`.
+    Mul,
+    /// `div.rn.f32`.
+    Div,
+}
+
+/// One element of the `binary` kernel: `a op b` in f32 (the operands already read as
+/// f32), one IEEE operation, NaN canonical. The caller rounds it to the destination type.
+pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
+    match op {
+        BinaryOp::Add => arith::add(a, b),
+        BinaryOp::Mul => arith::mul(a, b),
+        BinaryOp::Div => arith::div(a, b),
+    }
+}
+
+/// One element of the `scale` kernel: `x * s` (`mul.rn.f32`).
+pub fn scale(x: f32, s: f32) -> f32 {
+    arith::mul(x, s)
 }
 
 fn rd16(b: &[u8], at: usize) -> u16 {
@@ -264,19 +295,30 @@ pub const Q8_1_BLOCK: usize = 36;
 
 /// Quantises `x` (a multiple of 32 values) to Q8_1 blocks as `quantize_q8_1` does:
 /// `d = amax / 127`, `q = round_half_away(x * (1/d))` (ggml's `roundf`), `s = d * Σq`, d and
-/// s stored as f16.
+/// s stored as f16. Step by step as the kernel: amax by `max.f32` (NaN skipped), the
+/// rounding as truncation (`cvt.rzi`, saturating) plus a step away from zero where the
+/// dropped fraction is at least one half, and the sum of the q wrapping at 32 bits, so
+/// the bytes agree even for infinite or NaN inputs.
 pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+    use arith::{div, max, mul, rzi_s32, sub};
     for (blk, o) in x.chunks(32).zip(out.chunks_mut(Q8_1_BLOCK)) {
-        let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+        let amax = blk.iter().map(|v| v.abs()).reduce(max).unwrap_or(0.0);
+        let d = div(amax, 127.0);
+        let id = if d == 0.0 { 0.0 } else { div(1.0, d) };
         let mut sum = 0i32;
-        for (i, v) in blk.iter().enumerate() {
-            let q = (v * id).round() as i32;
-            sum += q;
-            o[4 + i] = q as i8 as u8;
+        for (i, &v) in blk.iter().enumerate() {
+            let y = mul(v, id);
+            let t = rzi_s32(y);
+            let away = if y.is_sign_negative() { -1 } else { 1 };
+            let q = if sub(y, t as f32).abs() >= 0.5 {
+                t.wrapping_add(away)
+            } else {
+                t
+            };
+            sum = sum.wrapping_add(q);
+            o[4 + i] = q as u8;
         }
-        let s = d * sum as f32;
+        let s = mul(d, sum as f32);
         o[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
         o[2..4].copy_from_slice(&f32_to_f16(s).to_le_bytes());
     }

@@ -1,15 +1,16 @@
 //! Shapes and dtypes chosen to hit the kernels' tails and edge paths, each compared with
 //! the CPU backend at test-backend-ops' NMSE limits (5e-4 for mul_mat and flash
-//! attention, 1e-7 for the rest). Runs on cuda-sim, or on the GPU under
-//! `GGML_RS_REQUIRE_GPU`.
+//! attention, 1e-7 for the rest), and the kernels without `.approx` instructions also
+//! bit for bit with their host mirrors (`ggml_cuda::reference`). Runs on cuda-sim, or on
+//! the GPU under `GGML_RS_REQUIRE_GPU`.
 
 mod common;
 
-use common::{f32_bytes, gpu, run, to_f32, Rng};
+use common::{assert_bits, f32_bytes, gpu, run, to_f32, Rng};
 use ggml_core::quant::quantize_row;
 use ggml_core::{AttnParams, Backend, Context, DType, RopeMode, RopeParams, Tensor, TensorId};
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
-use ggml_cuda::reference::nmse;
+use ggml_cuda::reference::{self, nmse, BinaryOp, RopeConsts};
 use rstest::rstest;
 
 /// A graph and its inputs, built the same way for each backend.
@@ -97,19 +98,69 @@ fn mul_mat(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: 
     assert!(e < 5e-4, "{dtype} K {k} M {m} N {n}: NMSE {e:e}");
 }
 
+/// Float weights (`mul_mat_f`) with K = 1000 (a tail after the lane loop), odd M, N on
+/// both sides of the class switch, bit for bit against `reference::mul_mat_f_dot` (lane
+/// partials with fma in index order, then the butterfly).
+#[rstest]
+#[case::f32_n1(DType::F32, 7, 1)]
+#[case::f32_n9(DType::F32, 7, 9)]
+#[case::f16_n8(DType::F16, 13, 8)]
+#[case::bf16_n9(DType::BF16, 7, 9)]
+#[case::bf16_n1(DType::BF16, 5, 1)]
+fn mul_mat_float_bit_for_bit(#[case] dtype: DType, #[case] m: usize, #[case] n: usize) {
+    let k = 1000;
+    let mut r = Rng(k as u64 + m as u64 * 7 + n as u64);
+    let w = bytes_of(dtype, &r.vec(k * m), k);
+    let x = r.vec(k * n);
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
+    let mut ctx = Context::new(&mut s);
+    let tw = ctx.new_tensor(dtype, [k, m, 1, 1]).unwrap();
+    let tx = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+    let out = ctx.mul_mat(tw, tx).unwrap();
+    let got = to_f32(
+        DType::F32,
+        &run(
+            &gpu(),
+            &mut ctx,
+            &[(tw, w.clone()), (tx, f32_bytes(&x))],
+            out,
+        ),
+    );
+    let wv = to_f32(dtype, &w);
+    let mut want = vec![0f32; m * n];
+    for col in 0..n {
+        for row in 0..m {
+            let (a, b) = (&wv[row * k..][..k], &x[col * k..][..k]);
+            want[col * m + row] = reference::mul_mat_f_dot(dtype, a, b);
+        }
+    }
+    assert_bits(&got, &want, &format!("{dtype} M {m} N {n}"));
+}
+
+/// `rms_norm_row` of each row of `x` (rows of `n`).
+fn rms_norm_rows(x: &[f32], n: usize, eps: f32) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (row, o) in x.chunks(n).zip(out.chunks_mut(n)) {
+        reference::rms_norm_row(row, eps, o);
+    }
+    out
+}
+
 /// Rows whose length leaves a tail after the warp's 32-wide loop.
 #[rstest]
 fn rms_norm_with_a_tail(#[values(100, 1000, 4097)] n: usize) {
-    let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(n as u64);
+    let xv = Rng(n as u64).vec(n * 3);
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(DType::F32, [n, 3, 1, 1]).unwrap();
         let out = ctx.rms_norm(x, 1e-6).unwrap();
         Case {
-            inputs: vec![(x, f32_bytes(&r.vec(n * 3)))],
+            inputs: vec![(x, f32_bytes(&xv))],
             out,
         }
     });
+    let e = nmse(&gpu, &cpu);
     assert!(e < 1e-7, "n {n}: NMSE {e:e}");
+    assert_bits(&gpu, &rms_norm_rows(&xv, n, 1e-6), &format!("n {n}"));
 }
 
 /// add and mul on f16/bf16 tensors, `b` broadcast along rows or along the third axis.
@@ -120,8 +171,13 @@ fn add_mul_half_precision_with_broadcasting(
     #[values(true, false)] mul: bool,
     #[values([100, 1, 2, 1], [100, 6, 1, 1])] b_shape: [usize; 4],
 ) {
-    let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(3);
+    let mut r = Rng(3);
+    let nb: usize = b_shape.iter().product();
+    let (ab, bb) = (
+        bytes_of(a_dtype, &r.vec(1200), 100),
+        bytes_of(b_dtype, &r.vec(nb), 100),
+    );
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let a = ctx.new_tensor(a_dtype, [100, 6, 2, 1]).unwrap();
         let b = ctx.new_tensor(b_dtype, b_shape).unwrap();
         let out = if mul {
@@ -129,16 +185,52 @@ fn add_mul_half_precision_with_broadcasting(
         } else {
             ctx.add(a, b).unwrap()
         };
-        let nb: usize = b_shape.iter().product();
         Case {
-            inputs: vec![
-                (a, bytes_of(a_dtype, &r.vec(1200), 100)),
-                (b, bytes_of(b_dtype, &r.vec(nb), 100)),
-            ],
+            inputs: vec![(a, ab.clone()), (b, bb.clone())],
             out,
         }
     });
-    assert!(e < 1e-7, "{a_dtype} x {b_dtype} {b_shape:?}: NMSE {e:e}");
+    let what = format!("{a_dtype} x {b_dtype} {b_shape:?}");
+    let e = nmse(&gpu, &cpu);
+    assert!(e < 1e-7, "{what}: NMSE {e:e}");
+    // One f32 operation on the stored values, rounded to a's type.
+    let (av, bv) = (to_f32(a_dtype, &ab), to_f32(b_dtype, &bb));
+    let op = if mul { BinaryOp::Mul } else { BinaryOp::Add };
+    let want: Vec<f32> = (0..1200)
+        .map(|i| {
+            let (i0, i1, i2) = (i % 100, i / 100 % 6, i / 600);
+            let j = i0 % b_shape[0] + 100 * (i1 % b_shape[1] + b_shape[1] * (i2 % b_shape[2]));
+            round_to(a_dtype, reference::binary(op, av[i], bv[j]))
+        })
+        .collect();
+    assert_bits(&gpu, &want, &what);
+}
+
+/// `x` stored as `dtype` (f32, f16 or bf16, rounding to nearest even) and read back.
+fn round_to(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::F16 => reference::f16_to_f32(reference::f32_to_f16(x)),
+        DType::BF16 => reference::bf16_to_f32(reference::f32_to_bf16(x)),
+        _ => x,
+    }
+}
+
+/// The rope mirror over rows of `ne0` (`rows_per_pos` rows per position), rounded to
+/// `dtype`.
+fn rope_rows(
+    x: &[f32],
+    ne0: usize,
+    rows_per_pos: usize,
+    pos: &[i32],
+    p: &RopeParams,
+    dtype: DType,
+) -> Vec<f32> {
+    let c = RopeConsts::new(p);
+    let mut out = vec![0f32; x.len()];
+    for (r, (row, o)) in x.chunks(ne0).zip(out.chunks_mut(ne0)).enumerate() {
+        reference::rope_row(row, pos[r / rows_per_pos], &c, o);
+    }
+    out.iter().map(|&v| round_to(dtype, v)).collect()
 }
 
 /// rope on f32 and f16 rows, both pair layouts, partial rotation, and YaRN.
@@ -148,32 +240,31 @@ fn rope_f16_and_yarn(
     #[values(RopeMode::Normal, RopeMode::Neox)] mode: RopeMode,
     #[values(false, true)] yarn: bool,
 ) {
-    let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(4);
+    let mut p = RopeParams::llama(48, 10000.0);
+    p.mode = mode;
+    if yarn {
+        p.freq_scale = 0.25;
+        p.ext_factor = 1.0;
+        p.attn_factor = 1.1;
+        p.n_ctx_orig = 4096;
+    }
+    let pos = [0i32, 1, 5, 100, 1000, 7000, 16000];
+    let xb = bytes_of(dtype, &Rng(4).vec(64 * 4 * 7), 64);
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(dtype, [64, 4, 7, 1]).unwrap();
-        let pos = ctx.new_tensor(DType::I32, [7, 1, 1, 1]).unwrap();
-        let mut p = RopeParams::llama(48, 10000.0);
-        p.mode = mode;
-        if yarn {
-            p.freq_scale = 0.25;
-            p.ext_factor = 1.0;
-            p.attn_factor = 1.1;
-            p.n_ctx_orig = 4096;
-        }
-        let out = ctx.rope(x, pos, p).unwrap();
-        let positions: Vec<u8> = [0i32, 1, 5, 100, 1000, 7000, 16000]
-            .iter()
-            .flat_map(|p| p.to_le_bytes())
-            .collect();
+        let tp = ctx.new_tensor(DType::I32, [7, 1, 1, 1]).unwrap();
+        let out = ctx.rope(x, tp, p).unwrap();
+        let positions: Vec<u8> = pos.iter().flat_map(|p| p.to_le_bytes()).collect();
         Case {
-            inputs: vec![
-                (x, bytes_of(dtype, &r.vec(64 * 4 * 7), 64)),
-                (pos, positions),
-            ],
+            inputs: vec![(x, xb.clone()), (tp, positions)],
             out,
         }
     });
-    assert!(e < 1e-7, "{dtype} {mode:?} yarn {yarn}: NMSE {e:e}");
+    let what = format!("{dtype} {mode:?} yarn {yarn}");
+    let e = nmse(&gpu, &cpu);
+    assert!(e < 1e-7, "{what}: NMSE {e:e}");
+    let want = rope_rows(&to_f32(dtype, &xb), 64, 4, &pos, &p, dtype);
+    assert_bits(&gpu, &want, &what);
 }
 
 /// soft_max with an f16 or f32 mask (with -inf entries) and ALiBi slopes per head.
@@ -310,21 +401,26 @@ fn flash_attn_gemma3_layout(#[values(1, 5)] n_tok: usize) {
 /// `[256]` weight broadcast over heads and tokens.
 #[rstest]
 fn rms_norm_then_row_weight(#[values(1, 7)] n_tok: usize) {
-    let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(12 + n_tok as u64);
+    let mut r = Rng(12 + n_tok as u64);
+    let (xv, wv) = (r.vec(256 * 4 * n_tok), r.vec(256));
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(DType::F32, [256, 4, n_tok, 1]).unwrap();
         let w = ctx.new_tensor(DType::F32, [256, 1, 1, 1]).unwrap();
         let nx = ctx.rms_norm(x, 1e-6).unwrap();
         let out = ctx.mul(nx, w).unwrap();
         Case {
-            inputs: vec![
-                (x, f32_bytes(&r.vec(256 * 4 * n_tok))),
-                (w, f32_bytes(&r.vec(256))),
-            ],
+            inputs: vec![(x, f32_bytes(&xv)), (w, f32_bytes(&wv))],
             out,
         }
     });
+    let e = nmse(&gpu, &cpu);
     assert!(e < 1e-7, "tokens {n_tok}: NMSE {e:e}");
+    let want: Vec<f32> = rms_norm_rows(&xv, 256, 1e-6)
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| reference::binary(BinaryOp::Mul, v, wv[i % 256]))
+        .collect();
+    assert_bits(&gpu, &want, &format!("tokens {n_tok}"));
 }
 
 /// NeoX rope over whole heads of 256 (Gemma 3: base 1e4 for local layers, 1e6 for global
@@ -334,26 +430,24 @@ fn rope_neox_head_256(
     #[values(10000.0, 1e6)] base: f32,
     #[values(DType::F32, DType::F16)] dtype: DType,
 ) {
-    let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(13);
+    let mut p = RopeParams::llama(256, base);
+    p.mode = RopeMode::Neox;
+    let pos = [0i32, 1, 7, 100, 4095, 32767];
+    let xb = bytes_of(dtype, &Rng(13).vec(256 * 4 * 6), 256);
+    let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(dtype, [256, 4, 6, 1]).unwrap();
-        let pos = ctx.new_tensor(DType::I32, [6, 1, 1, 1]).unwrap();
-        let mut p = RopeParams::llama(256, base);
-        p.mode = RopeMode::Neox;
-        let out = ctx.rope(x, pos, p).unwrap();
-        let positions: Vec<u8> = [0i32, 1, 7, 100, 4095, 32767]
-            .iter()
-            .flat_map(|p| p.to_le_bytes())
-            .collect();
+        let tp = ctx.new_tensor(DType::I32, [6, 1, 1, 1]).unwrap();
+        let out = ctx.rope(x, tp, p).unwrap();
+        let positions: Vec<u8> = pos.iter().flat_map(|p| p.to_le_bytes()).collect();
         Case {
-            inputs: vec![
-                (x, bytes_of(dtype, &r.vec(256 * 4 * 6), 256)),
-                (pos, positions),
-            ],
+            inputs: vec![(x, xb.clone()), (tp, positions)],
             out,
         }
     });
+    let e = nmse(&gpu, &cpu);
     assert!(e < 1e-7, "{dtype} base {base}: NMSE {e:e}");
+    let want = rope_rows(&to_f32(dtype, &xb), 256, 4, &pos, &p, dtype);
+    assert_bits(&gpu, &want, &format!("{dtype} base {base}"));
 }
 
 /// Inputs of the gelu / geglu cases.

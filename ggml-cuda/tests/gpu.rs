@@ -1,5 +1,7 @@
-//! Every kernel against host references, by NMSE (1e-7 for most ops, 5e-4 for mul_mat
-//! and flash attention), plus bit-identity checks of invariant 2, copies and events.
+//! Every kernel against host references: bit for bit where the kernel has no `.approx`
+//! instruction (the mirrors in `ggml_cuda::reference` do its float operations in its
+//! order), by NMSE where it has (silu, swiglu, soft_max, flash attention: 1e-7, 5e-4),
+//! plus bit-identity checks of invariant 2, copies and events.
 //!
 //! One test, two drivers: the tests run on cuda-sim's emulated GPU (kernels in its PTX
 //! interpreter with memcheck, racecheck, synccheck and initcheck on) unless
@@ -11,11 +13,11 @@ use ggml_core::{
     AttnParams, Backend, BackendErrorKind, Context, DType, DataRef, EventRef, RopeMode, RopeParams,
     Tensor,
 };
-use ggml_cuda::reference::{self, nmse, Q8_1_BLOCK};
+use ggml_cuda::reference::{self, nmse, BinaryOp, Q8_1_BLOCK};
 use ggml_cuda::{CudaBackend, MulMatClass};
 
 mod common;
-use common::{driver, f32_bytes, gpu, run, Rng};
+use common::{assert_bits, driver, f32_bytes, gpu, run, run_all, Rng};
 
 fn f16_bytes(v: &[f32]) -> Vec<u8> {
     v.iter()
@@ -108,7 +110,7 @@ fn get_rows_all_dtypes() {
             let row = &data[ix as usize * rs..(ix as usize + 1) * rs];
             reference::dequantize_row(dt, row, &mut want[r * k..(r + 1) * k]).unwrap();
         }
-        assert!(nmse(&got, &want) < 1e-7, "{dt}: {}", nmse(&got, &want));
+        assert_bits(&got, &want, &format!("get_rows {dt}"));
     }
 }
 
@@ -212,6 +214,60 @@ fn set_rows_bad_index_names_the_op_and_node() {
         "{text}"
     );
     be.synchronize().unwrap();
+}
+
+/// rms_norm, mul by a broadcast row, add, scale (f32), and scale of an f16 tensor: the
+/// exact kernels of a block's norm, bit for bit against the host mirrors.
+#[test]
+fn norm_mul_add_scale_bit_for_bit() {
+    let be = gpu();
+    let mut rng = Rng(12);
+    let (x, g, y) = (rng.vec(576 * 6), rng.vec(576), rng.vec(576 * 6));
+    let h: Vec<f32> = rng.vec(300).iter().map(|v| v * 1000.0).collect();
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tx = ctx.new_tensor(DType::F32, [576, 3, 2, 1]).unwrap();
+    let tg = ctx.new_tensor(DType::F32, [576, 1, 1, 1]).unwrap();
+    let ty = ctx.new_tensor(DType::F32, [576, 3, 2, 1]).unwrap();
+    let th = ctx.new_tensor(DType::F16, [100, 3, 1, 1]).unwrap();
+    let n = ctx.rms_norm(tx, 1e-5).unwrap();
+    let m = ctx.mul(n, tg).unwrap();
+    let ad = ctx.add(m, ty).unwrap();
+    let sc = ctx.scale(ad, 0.3).unwrap();
+    let sh = ctx.scale(th, 0.3).unwrap();
+    let got = run_all(
+        &be,
+        &mut ctx,
+        &[
+            (tx, f32_bytes(&x)),
+            (tg, f32_bytes(&g)),
+            (ty, f32_bytes(&y)),
+            (th, f16_bytes(&h)),
+        ],
+        &[n, ad, sc, sh],
+    );
+    let mut norm = vec![0f32; x.len()];
+    for (row, out) in x.chunks(576).zip(norm.chunks_mut(576)) {
+        reference::rms_norm_row(row, 1e-5, out);
+    }
+    assert_bits(&to_f32(&got[0]), &norm, "rms_norm");
+    let added: Vec<f32> = (0..x.len())
+        .map(|i| {
+            let m = reference::binary(BinaryOp::Mul, norm[i], g[i % 576]);
+            reference::binary(BinaryOp::Add, m, y[i])
+        })
+        .collect();
+    assert_bits(&to_f32(&got[1]), &added, "mul, add");
+    let scaled: Vec<f32> = added.iter().map(|&v| reference::scale(v, 0.3)).collect();
+    assert_bits(&to_f32(&got[2]), &scaled, "scale f32");
+    let half: Vec<f32> = h
+        .iter()
+        .map(|&v| {
+            let stored = reference::f16_to_f32(reference::f32_to_f16(v));
+            reference::f16_to_f32(reference::f32_to_f16(reference::scale(stored, 0.3)))
+        })
+        .collect();
+    assert_bits(&common::to_f32(DType::F16, &got[3]), &half, "scale f16");
 }
 
 #[test]
@@ -358,39 +414,8 @@ fn mul_mat_float_with_broadcast() {
                 }
             }
         }
-        assert!(nmse(&got, &want) < 1e-10, "{dt}: {}", nmse(&got, &want));
+        assert_bits(&got, &want, &format!("mul_mat {dt}"));
     }
-}
-
-fn rope_ref(
-    x: &[f32],
-    pos: &[i32],
-    ne: [usize; 3],
-    n_dims: usize,
-    base: f32,
-    neox: bool,
-) -> Vec<f32> {
-    let mut out = x.to_vec();
-    let theta_scale = base.powf(-2.0 / n_dims as f32);
-    for t in 0..ne[2] {
-        for h in 0..ne[1] {
-            let row = &mut out[(t * ne[1] + h) * ne[0]..][..ne[0]];
-            let src = &x[(t * ne[1] + h) * ne[0]..][..ne[0]];
-            let mut theta = pos[t] as f32;
-            for i in 0..n_dims / 2 {
-                let (c, s) = (theta.cos(), theta.sin());
-                let (i0, i1) = if neox {
-                    (i, i + n_dims / 2)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                row[i0] = src[i0] * c - src[i1] * s;
-                row[i1] = src[i0] * s + src[i1] * c;
-                theta *= theta_scale;
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -414,8 +439,12 @@ fn rope_normal_and_neox() {
             &[(tx, f32_bytes(&x)), (tp, i32_bytes(&pos))],
             o,
         ));
-        let want = rope_ref(&x, &pos, ne, 48, 100000.0, mode == RopeMode::Neox);
-        assert!(nmse(&got, &want) < 1e-7, "{mode:?}: {}", nmse(&got, &want));
+        let c = reference::RopeConsts::new(&p);
+        let mut want = vec![0f32; x.len()];
+        for (r, (row, out)) in x.chunks(ne[0]).zip(want.chunks_mut(ne[0])).enumerate() {
+            reference::rope_row(row, pos[r / ne[1]], &c, out);
+        }
+        assert_bits(&got, &want, &format!("rope {mode:?}"));
     }
 }
 

@@ -4,7 +4,8 @@
 //!   the same IEEE operations in the same order, or integer compares), and against the
 //!   host mirrors in `ggml_cuda::reference`;
 //! - MUL_MAT_ID against the CUDA MUL_MAT of each token's expert bit for bit (the kernels
-//!   share mul_mat's per-row dot), and against the CPU backend by NMSE at mul_mat's limit
+//!   share mul_mat's per-row dot), float experts also against the host mirror bit for
+//!   bit, and against the CPU backend by NMSE at mul_mat's limit
 //!   (5e-4: the GPU quantises activations to Q8_1 where the CPU uses each format's own
 //!   dot type);
 //! - a bad expert id is a `BadData` error naming the node, not a read out of bounds;
@@ -12,7 +13,7 @@
 
 mod common;
 
-use common::{f32_bytes, gpu, run_all, to_f32, Rng};
+use common::{assert_bits, f32_bytes, gpu, run_all, to_f32, Rng};
 use ggml_core::quant::quantize_row;
 use ggml_core::{Backend, BackendErrorKind, Context, DType, DataRef, Tensor, TensorId};
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
@@ -439,7 +440,8 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
 }
 
 /// Float experts read the activations with any strides: MUL_MAT_ID of a permuted view
-/// gives the bits of MUL_MAT_ID of its contiguous copy.
+/// gives the bits of MUL_MAT_ID of its contiguous copy, and both are bit for bit the host
+/// mirror (`reference::mul_mat_f_dot` of each token's expert row and activation row).
 #[rstest]
 fn mul_mat_id_float_experts_take_strided_activations(
     #[values(DType::F32, DType::F16, DType::BF16)] dtype: DType,
@@ -472,6 +474,20 @@ fn mul_mat_id_float_experts_take_strided_activations(
         gpu[0], gpu[1],
         "{dtype}: strided and contiguous activations differ"
     );
+    let wf = to_f32(dtype, &bytes_of(dtype, &wv, k));
+    let mut want = vec![0f32; m * N_USED * TOKENS];
+    for t in 0..TOKENS {
+        for e in 0..N_USED {
+            let id = ids[t * N_USED + e] as usize;
+            // x[kk, e, t] is storage element [t, kk, e] of [TOKENS, k, N_USED].
+            let act: Vec<f32> = (0..k).map(|kk| xv[t + TOKENS * (kk + k * e)]).collect();
+            for row in 0..m {
+                let w = &wf[(id * m + row) * k..][..k];
+                want[(t * N_USED + e) * m + row] = reference::mul_mat_f_dot(dtype, w, &act);
+            }
+        }
+    }
+    assert_bits(&to_f32(DType::F32, &gpu[0]), &want, &format!("{dtype}"));
     let e = nmse(&to_f32(DType::F32, &gpu[0]), &to_f32(DType::F32, &cpu[0]));
     assert!(e < 5e-4, "{dtype}: NMSE {e:e} against the CPU");
 }

@@ -1,6 +1,8 @@
 //! What only the emulator can show: host-ordering races under cuda-sim's chaos delays,
-//! fault reports, and memory returned. These run on cuda-sim alone (a GPU has no chaos
-//! knob); every other test of the backend runs on both drivers (tests/gpu.rs).
+//! fault reports, memory returned, and the bytes of `quantize_q8_1`, whose output no
+//! graph op exposes (it feeds the quantised products). These run on cuda-sim alone (a
+//! GPU has no chaos knob); every other test of the backend runs on both drivers
+//! (tests/gpu.rs).
 
 use ggml_core::{Backend, Context, DType, DataRef, Tensor, TensorId};
 use ggml_cuda::{CudaBackend, DriverKind};
@@ -140,4 +142,121 @@ fn timed_waits_complete_within_the_limit() {
     be.get_tensor(&tensors[y.index()], 0, &mut out).unwrap();
     assert!(to_f32(&out).iter().all(|&v| v == 3.0));
     be.event_free(e).unwrap();
+}
+
+/// `quantize_q8_1` launched on its own through cuda-sim's interpreter (all checks on):
+/// its Q8_1 bytes equal the host mirror's, block by block, for ties at every half, zero
+/// blocks, infinities, NaN, blocks of NaN only, subnormal scales whose reciprocal
+/// overflows, huge values and random rows; and a partial last group of 8 blocks.
+#[test]
+fn quantize_q8_1_bytes_equal_the_mirror() {
+    use cuda_sim::exec::{launch, LaunchConfig};
+    use ggml_cuda::kernels::{KernelId, MODULES};
+    use ggml_cuda::reference::{quantize_q8_1, Q8_1_BLOCK};
+
+    let (file, entry) = KernelId::QuantizeQ8_1.entry();
+    let source = MODULES
+        .iter()
+        .find(|m| m.file == file)
+        .expect("module")
+        .source;
+    let module = cuda_sim::ptx::Module::parse(file, source).expect("quant.ptx parses");
+    let (nchunks, rows) = (10usize, 3usize);
+    let k = 32 * nchunks;
+    let mut x = vec![0f32; k * rows];
+    let mut r = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = || {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    for v in x.iter_mut() {
+        *v = rand();
+    }
+    let blk = |row: usize, j: usize| row * k + 32 * j..row * k + 32 * j + 32;
+    // Row 0: one special block per chunk.
+    let b = blk(0, 0);
+    x[b.start] = 127.0; // d = 1: every x.5 is a tie
+    for (i, v) in x[b.start + 1..b.end].iter_mut().enumerate() {
+        *v = i as f32 - 15.5;
+    }
+    let b = blk(0, 1);
+    x[b].fill(0.0);
+    let b = blk(0, 2);
+    x[b.start + 3] = f32::INFINITY;
+    let b = blk(0, 3);
+    x[b.start + 5] = f32::NAN;
+    x[b.start + 6] = -f32::NAN;
+    let b = blk(0, 4);
+    x[b].fill(f32::NAN);
+    let b = blk(0, 5);
+    for (i, v) in x[b].iter_mut().enumerate() {
+        *v = f32::from_bits(1 + i as u32) * if i % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    let b = blk(0, 6);
+    for v in x[b].iter_mut() {
+        *v *= 3e38;
+    }
+    let b = blk(0, 7);
+    x[b.start] = -0.0;
+    for v in x[b.start + 1..b.end].iter_mut() {
+        *v = 0.0;
+    }
+    // Rows 1 and 2: random values at two scales.
+    for v in x[2 * k..].iter_mut() {
+        *v *= 1e-3;
+    }
+
+    const BASE: u64 = 0x1000_0000;
+    let dst = BASE + (4 * x.len() as u64).next_multiple_of(256);
+    let out_bytes = rows * nchunks * Q8_1_BLOCK;
+    let mem = cuda_sim::mem::FlatMemory::new(BASE, (dst - BASE) as usize + out_bytes, true);
+    mem.write(BASE, &f32_bytes(&x));
+    let (nbs1, nbd1) = ((4 * k) as u64, (nchunks * Q8_1_BLOCK) as u64);
+    let args: Vec<Vec<u8>> = vec![
+        BASE.to_le_bytes().to_vec(),
+        dst.to_le_bytes().to_vec(),
+        (nchunks as u32).to_le_bytes().to_vec(),
+        1u32.to_le_bytes().to_vec(),
+        nbs1.to_le_bytes().to_vec(),
+        (nbs1 * rows as u64).to_le_bytes().to_vec(),
+        (nbs1 * rows as u64).to_le_bytes().to_vec(),
+        nbd1.to_le_bytes().to_vec(),
+        (nbd1 * rows as u64).to_le_bytes().to_vec(),
+        (nbd1 * rows as u64).to_le_bytes().to_vec(),
+    ];
+    let arg_refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    let cfg = LaunchConfig {
+        grid: [nchunks.div_ceil(8) as u32, rows as u32, 1],
+        block: [256, 1, 1],
+        dynamic_shared: 0,
+    };
+    launch(
+        &module,
+        entry,
+        &cfg,
+        &arg_refs,
+        &mem,
+        cuda_sim::Checks::ALL,
+        2,
+    )
+    .unwrap_or_else(|e| panic!("quantize_q8_1: {e:?}"));
+    let mut got = vec![0u8; out_bytes];
+    mem.read(dst, &mut got);
+    let mut want = vec![0u8; out_bytes];
+    for (row, out) in x.chunks(k).zip(want.chunks_mut(nchunks * Q8_1_BLOCK)) {
+        quantize_q8_1(row, out);
+    }
+    for (i, (g, w)) in got
+        .chunks(Q8_1_BLOCK)
+        .zip(want.chunks(Q8_1_BLOCK))
+        .enumerate()
+    {
+        assert_eq!(g, w, "row {} block {}", i / nchunks, i % nchunks);
+    }
+    // The ties rounded away from zero, as ggml's roundf: -15.5 -> -16, -0.5 -> -1,
+    // 0.5 -> 1.
+    let q = |i: usize| got[4 + i] as i8;
+    assert_eq!((q(1), q(16), q(17)), (-16, -1, 1));
 }

@@ -2,18 +2,20 @@
 //! a self-contained folder for a GPU machine without Rust or network.
 //!
 //! The checks, in both forms:
-//! 1. every ggml-cuda GPU test (kernels against host references with test-backend-ops'
-//!    NMSE thresholds, invariant 2, copies and events) with `GGML_RS_REQUIRE_GPU=1`, so a
-//!    missing GPU fails instead of skipping;
+//! 1. every ggml-cuda GPU test (kernels without `.approx` instructions against their host
+//!    mirrors bit for bit, the others with test-backend-ops' NMSE thresholds, invariant
+//!    2, copies and events) with `GGML_RS_REQUIRE_GPU=1`, so a missing GPU fails instead
+//!    of skipping;
 //! 2. the perplexity of the real model on `cuda:0` within 0.5 % of the CPU's;
 //! 3. the built-in CUDA regression matrix (`cuda:0`, `cuda:0x2`, layer split) with the
 //!    race checker, compared with `harness/goldens.json` (and the 2-GPU matrix where two
 //!    GPUs exist);
 //! 4. emulator vs hardware: the same kernel tests run on cuda-sim (approx results
 //!    correctly rounded) record a digest of every GPU output (`GGML_RS_KERNEL_RESULTS`),
-//!    and the GPU's digests are compared with them output by output. Exact instructions
-//!    must agree; the report lists the tests whose bits differ (expected only where a
-//!    kernel uses `.approx` instructions).
+//!    each marked `exact` or `approx` (whether a kernel of its graph reaches an `.approx`
+//!    instruction), and the GPU's digests are compared with them output by output. An
+//!    exact output that differs, or an output on one side only, fails the check; approx
+//!    outputs that differ are listed per test.
 //! 5. speed: `bench` on `cuda:0` (pp512, tg128) with the GPU time per op; the prepared
 //!    folder also builds llama.cpp's CUDA tools on the GPU machine (its nvcc, in the
 //!    background while the checks run) and alternates `llama-bench -ngl 99` with ours.
@@ -63,10 +65,22 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
         .map_err(err)?;
     }
     let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
-    let report = compare_kernel_results(&read(&sim_file)?, &read(&gpu_file)?);
+    let cmp = compare_kernel_results(&read(&sim_file)?, &read(&gpu_file)?);
     let report_file = out.join("emulator-vs-gpu.txt");
-    std::fs::write(&report_file, &report).map_err(|e| format!("{}: {e}", report_file.display()))?;
-    eprint!("emulator vs GPU ({}):\n{report}", report_file.display());
+    std::fs::write(&report_file, &cmp.report)
+        .map_err(|e| format!("{}: {e}", report_file.display()))?;
+    eprint!(
+        "emulator vs GPU ({}):\n{}",
+        report_file.display(),
+        cmp.report
+    );
+    // The other checks still run (a lent GPU is scarce); this one fails at the end.
+    let kernel_failure = cmp.failed.then(|| {
+        format!(
+            "emulator vs GPU: exact kernel outputs differ or are missing (see {})",
+            report_file.display()
+        )
+    });
     let _gpu = sh.push_env("GGML_RS_REQUIRE_GPU", "1");
     let harness = |args: &[&str]| -> Result<String> {
         cmd!(
@@ -132,6 +146,9 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
         "--op-times",
     ])
     .map(|out| print!("{out}"))?;
+    if let Some(why) = kernel_failure {
+        return Err(why);
+    }
     eprintln!("gpu-test: all checks passed");
     Ok(())
 }
@@ -153,45 +170,160 @@ const KERNEL_RESULTS_VAR: &str = "GGML_RS_KERNEL_RESULTS";
 /// bound-edge results no GPU would produce.
 const SIM_CHECKS: &str = "memcheck,racecheck,synccheck,initcheck";
 
-/// Compares the `TEST#N SHA256 BYTES` lines of a cuda-sim run and a GPU run: the counts
-/// of equal and differing outputs, then one line per test with differing or missing
-/// outputs.
-fn compare_kernel_results(sim: &str, gpu: &str) -> String {
-    use std::collections::BTreeMap;
-    let parse = |text: &str| -> BTreeMap<String, String> {
+/// The outcome of [`compare_kernel_results`].
+#[derive(Debug, PartialEq, Eq)]
+struct KernelComparison {
+    /// Counts of exact and approx outputs, equal and differing, then the exact outputs
+    /// that differ, the outputs on one side only and, per test, the approx outputs that
+    /// differ. The same text as [`COMPARE_SH`] prints.
+    report: String,
+    /// Whether an exact output differs or an output is on one side only.
+    failed: bool,
+}
+
+/// Compares the `TEST#N SHA256 BYTES KIND` lines of a cuda-sim run and a GPU run, output
+/// by output. An output is approx when both runs say `approx` (a kernel of its graph
+/// reaches an `.approx` instruction), exact otherwise (a line without KIND counts as
+/// exact). Exact outputs must be bit-identical and every output must be in both runs;
+/// approx outputs that differ are listed, not failed.
+fn compare_kernel_results(sim: &str, gpu: &str) -> KernelComparison {
+    use std::collections::{BTreeMap, BTreeSet};
+    // TEST#N -> (SHA256 BYTES, KIND)
+    let parse = |text: &str| -> BTreeMap<String, (String, String)> {
         text.lines()
-            .filter_map(|l| l.split_once(' '))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                match f.as_slice() {
+                    [key, sha, bytes, rest @ ..] => Some((
+                        key.to_string(),
+                        (
+                            format!("{sha} {bytes}"),
+                            rest.first().unwrap_or(&"").to_string(),
+                        ),
+                    )),
+                    _ => None,
+                }
+            })
             .collect()
     };
     let (sim, gpu) = (parse(sim), parse(gpu));
-    let (mut equal, mut differ) = (0usize, BTreeMap::<String, (usize, usize)>::new());
-    let keys: std::collections::BTreeSet<&String> = sim.keys().chain(gpu.keys()).collect();
+    let (mut exact_eq, mut approx_eq) = (0usize, 0usize);
+    let mut exact_differ = BTreeSet::new();
+    let mut one_side = BTreeMap::new();
+    let mut approx_differ = BTreeMap::<String, usize>::new();
+    let keys: BTreeSet<&String> = sim.keys().chain(gpu.keys()).collect();
     for k in keys {
-        let test = k
-            .rsplit_once('#')
-            .map_or(k.as_str(), |(t, _)| t)
-            .to_string();
         match (sim.get(k), gpu.get(k)) {
-            (Some(a), Some(b)) if a == b => equal += 1,
-            (Some(_), Some(_)) => differ.entry(test).or_default().0 += 1,
-            _ => differ.entry(test).or_default().1 += 1,
+            (Some((a, ka)), Some((b, kb))) => {
+                let approx = ka == "approx" && kb == "approx";
+                match (approx, a == b) {
+                    (false, true) => exact_eq += 1,
+                    (false, false) => {
+                        exact_differ.insert(k.clone());
+                    }
+                    (true, true) => approx_eq += 1,
+                    (true, false) => {
+                        let test = k.rsplit_once('#').map_or(k.as_str(), |(t, _)| t);
+                        *approx_differ.entry(test.to_string()).or_default() += 1;
+                    }
+                }
+            }
+            (Some(_), None) => {
+                one_side.insert(k.clone(), "only on cuda-sim");
+            }
+            _ => {
+                one_side.insert(k.clone(), "only on the GPU");
+            }
         }
     }
-    let n_differ: usize = differ.values().map(|(d, _)| d).sum();
+    let n_approx_differ: usize = approx_differ.values().sum();
     let mut s = format!(
-        "{equal} outputs bit-identical, {n_differ} differ, in {} tests\n",
-        differ.len()
+        "exact outputs: {exact_eq} bit-identical, {} differ\n\
+         approx outputs: {approx_eq} bit-identical, {n_approx_differ} differ (allowed: .approx results)\n\
+         outputs on one side only: {}\n",
+        exact_differ.len(),
+        one_side.len()
     );
-    for (test, (d, missing)) in differ {
-        s.push_str(&format!("  {test}: {d} differ"));
-        if missing > 0 {
-            s.push_str(&format!(", {missing} only in one run"));
+    if !exact_differ.is_empty() {
+        s.push_str("exact outputs that differ (failures):\n");
+        for k in &exact_differ {
+            s.push_str(&format!("  {k}\n"));
         }
-        s.push('\n');
     }
-    s
+    if !one_side.is_empty() {
+        s.push_str("outputs on one side only (failures):\n");
+        for (k, side) in &one_side {
+            s.push_str(&format!("  {k}: {side}\n"));
+        }
+    }
+    if !approx_differ.is_empty() {
+        s.push_str("approx outputs that differ, per test (listed, not failures):\n");
+        for (t, n) in &approx_differ {
+            s.push_str(&format!("  {t}: {n}\n"));
+        }
+    }
+    let failed = !exact_differ.is_empty() || !one_side.is_empty();
+    if failed {
+        s.push_str(&format!(
+            "FAILED: {} exact output(s) differ, {} output(s) on one side only\n",
+            exact_differ.len(),
+            one_side.len()
+        ));
+    } else {
+        s.push_str("OK: every exact output is bit-identical\n");
+    }
+    KernelComparison { report: s, failed }
 }
+
+/// `compare_digests SIM GPU DIR`, the shell form of [`compare_kernel_results`] for
+/// `run.sh`: joins the two digest files output by output into `DIR/emulator-vs-gpu.txt`
+/// (key, then cuda-sim's SHA256, BYTES, KIND, then the GPU's), prints the same report
+/// (also to `DIR/emulator-vs-gpu-report.txt`) and fails as it does.
+const COMPARE_SH: &str = r##"compare_digests() {
+  local sim=$1 gpu=$2 dir=$3
+  LC_ALL=C sort "$sim" > "$dir/sim.sorted" || return 1
+  LC_ALL=C sort "$gpu" > "$dir/gpu.sorted" || return 1
+  LC_ALL=C join -a1 -a2 -e MISSING -o 0,1.2,1.3,1.4,2.2,2.3,2.4     "$dir/sim.sorted" "$dir/gpu.sorted" > "$dir/emulator-vs-gpu.txt" || return 1
+  LC_ALL=C awk '
+    function emit(arr,   keys, n, i, j, k, tmp) {
+      n = 0
+      for (k in arr) keys[++n] = k
+      for (i = 2; i <= n; i++) {
+        tmp = keys[i]
+        for (j = i - 1; j >= 1 && keys[j] > tmp; j--) keys[j + 1] = keys[j]
+        keys[j + 1] = tmp
+      }
+      for (i = 1; i <= n; i++) print "  " keys[i] (arr[keys[i]] == "" ? "" : ": " arr[keys[i]])
+    }
+    {
+      if ($2 == "MISSING" || $5 == "MISSING") {
+        miss++
+        side[$1] = ($2 == "MISSING") ? "only on the GPU" : "only on cuda-sim"
+        next
+      }
+      same = ($2 == $5 && $3 == $6)
+      if ($4 == "approx" && $7 == "approx") {
+        if (same) ae++
+        else { ad++; split($1, t, "#"); per[t[1]]++ }
+      } else {
+        if (same) ee++
+        else { ed++; bad[$1] = "" }
+      }
+    }
+    END {
+      printf "exact outputs: %d bit-identical, %d differ\n", ee, ed
+      printf "approx outputs: %d bit-identical, %d differ (allowed: .approx results)\n", ae, ad
+      printf "outputs on one side only: %d\n", miss
+      if (ed) { print "exact outputs that differ (failures):"; emit(bad) }
+      if (miss) { print "outputs on one side only (failures):"; emit(side) }
+      if (ad) { print "approx outputs that differ, per test (listed, not failures):"; emit(per) }
+      if (ed + miss) {
+        printf "FAILED: %d exact output(s) differ, %d output(s) on one side only\n", ed, miss
+        exit 1
+      }
+      print "OK: every exact output is bit-identical"
+    }' "$dir/emulator-vs-gpu.txt" | tee "$dir/emulator-vs-gpu-report.txt"
+}"##;
 
 /// GPUs `nvidia-smi -L` lists (0 when it is missing).
 fn gpu_count(sh: &Shell) -> usize {
@@ -471,6 +603,7 @@ fn run_script(model_sha256: &str, tests: &[String], commit: &str) -> String {
         .replace("@TESTS@", &tests.join(" "))
         .replace("@KERNEL_RESULTS_VAR@", KERNEL_RESULTS_VAR)
         .replace("@PPL_TOLERANCE@", PPL_TOLERANCE)
+        .replace("@COMPARE_DIGESTS@", COMPARE_SH)
 }
 
 /// `run.sh`, with `@NAME@` for what [`run_script`] fills in.
@@ -542,7 +675,11 @@ mod tests {
         assert!(s.contains("GGML_RS_REQUIRE_GPU=1 step"));
         assert!(s.contains("matrix matrices/cuda-1gpu.toml"));
         assert!(s.contains("export GGML_RS_KERNEL_RESULTS=\"$res/gpu-kernel-results.txt\""));
-        assert!(s.contains("sort sim-kernel-results.txt"));
+        assert!(
+            s.contains("compare_digests sim-kernel-results.txt \"$res/gpu-kernel-results.txt\"")
+        );
+        assert!(s.contains("step \"emulator vs driver: exact outputs bit-identical\""));
+        assert!(s.contains("compare_digests() {"));
         assert!(s.contains("-v tol=0.005"));
         assert!(s.contains("--op-times"));
         assert!(s.contains("llama-bench\" -m $model -ngl 99 -p $bench_pp -n $bench_tg"));
@@ -581,15 +718,77 @@ mod tests {
         assert!(plan_calls(&files, 47).unwrap_err().contains("f48"));
     }
 
+    /// Digests with every case: exact equal and differing, approx equal and differing
+    /// (two in one test), an old line without a kind, outputs on either side only, and
+    /// an output approx on one side but exact on the other (exact: it must agree).
+    const SIM: &str = "a#0 x 4 exact\na#1 y 4 exact\nb#0 z 8 approx\nb#1 z 8 approx\n\
+        b#2 q 8 approx\nc#0 w 2 exact\nd#0 v 4\ne#0 u 4 approx\nf#0 t 4 approx\n";
+    const GPU: &str = "a#0 x 4 exact\na#1 Y 4 exact\nb#0 Z 8 approx\nb#1 z 8 approx\n\
+        b#2 Q 8 approx\nd#0 v 4\ne#0 u 4 approx\nf#0 T 4 exact\ng#0 s 4 exact\n";
+
     #[test]
-    fn kernel_results_are_compared_output_by_output() {
-        let sim = "a#0 x 4\na#1 y 4\nb#0 z 8\nc#0 w 2\n";
-        let gpu = "a#0 x 4\na#1 Y 4\nb#0 z 8\n";
-        let r = compare_kernel_results(sim, gpu);
+    fn kernel_results_fail_on_exact_differences_and_missing_outputs() {
+        let r = compare_kernel_results(SIM, GPU);
+        assert!(r.failed);
         assert_eq!(
-            r,
-            "2 outputs bit-identical, 1 differ, in 2 tests\n  a: 1 differ\n  c: 0 differ, 1 only in one run\n"
+            r.report,
+            "exact outputs: 2 bit-identical, 2 differ\n\
+             approx outputs: 2 bit-identical, 2 differ (allowed: .approx results)\n\
+             outputs on one side only: 2\n\
+             exact outputs that differ (failures):\n  a#1\n  f#0\n\
+             outputs on one side only (failures):\n  c#0: only on cuda-sim\n  g#0: only on the GPU\n\
+             approx outputs that differ, per test (listed, not failures):\n  b: 2\n\
+             FAILED: 2 exact output(s) differ, 2 output(s) on one side only\n"
         );
-        assert!(compare_kernel_results(sim, sim).starts_with("4 outputs bit-identical, 0 differ"));
+        // Only approx outputs differ: listed, not failed.
+        let gpu = SIM.replace("b#0 z 8", "b#0 Z 8");
+        let r = compare_kernel_results(SIM, &gpu);
+        assert!(!r.failed, "{}", r.report);
+        assert!(r
+            .report
+            .starts_with("exact outputs: 4 bit-identical, 0 differ\n"));
+        assert!(r.report.contains("\n  b: 1\n"));
+        assert!(r
+            .report
+            .ends_with("OK: every exact output is bit-identical\n"));
+        // A byte count that differs is a difference.
+        let r = compare_kernel_results("a#0 x 4 exact\n", "a#0 x 8 exact\n");
+        assert!(r.failed);
+    }
+
+    /// run.sh's `compare_digests` prints the report the Rust comparison makes, and fails
+    /// when it does (where bash, sort, join and awk are installed).
+    #[test]
+    fn the_script_compares_digests_as_the_rust_code() {
+        let dir = std::env::temp_dir().join(format!("xtask-digests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let only_approx = SIM.replace("b#0 z 8", "b#0 Z 8");
+        for (gpu, fails) in [(GPU, true), (only_approx.as_str(), false), (SIM, false)] {
+            std::fs::write(dir.join("sim.txt"), SIM).unwrap();
+            std::fs::write(dir.join("gpu.txt"), gpu).unwrap();
+            let script = format!(
+                "set -o pipefail\n{COMPARE_SH}\ncompare_digests {d}/sim.txt {d}/gpu.txt {d}",
+                d = dir.display()
+            );
+            let Ok(out) = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(&script)
+                .output()
+            else {
+                return;
+            };
+            let rust = compare_kernel_results(SIM, gpu);
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                rust.report,
+                "stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(!out.status.success(), fails, "{}", rust.report);
+            assert_eq!(rust.failed, fails);
+            let saved = std::fs::read_to_string(dir.join("emulator-vs-gpu-report.txt")).unwrap();
+            assert_eq!(saved, rust.report);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

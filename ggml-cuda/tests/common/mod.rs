@@ -2,13 +2,18 @@
 //! on any backend.
 //!
 //! With `GGML_RS_KERNEL_RESULTS=FILE`, every output the runner reads back from a CUDA
-//! backend is appended to FILE as `TEST#N SHA256 BYTES` (N counts the outputs of one
+//! backend is appended to FILE as `TEST#N SHA256 BYTES KIND` (N counts the outputs of one
 //! test), so a run on cuda-sim and a run on a GPU can be compared bit for bit, kernel
-//! test by kernel test (`cargo xtask gpu-test` does).
+//! test by kernel test (`cargo xtask gpu-test` does). KIND is `approx` when a kernel that
+//! ran for the graph computing the output contains an `.approx` instruction (directly or
+//! in a function it calls: [`KernelId::uses_approx`], read off the PTX), so the GPU may
+//! differ from cuda-sim there; `exact` otherwise, where the two must agree bit for bit.
+//! The kernels that ran are the difference of [`CudaBackend::kernel_stats`] before and
+//! after the graph.
 
 use ggml_core::{Backend, Context, DType, DataRef, Op, TensorId};
 use ggml_cuda::reference;
-use ggml_cuda::{CudaBackend, DriverKind};
+use ggml_cuda::{CudaBackend, DriverKind, KernelId};
 
 /// The driver under test: libcuda where a GPU is required (`GGML_RS_REQUIRE_GPU`, as
 /// `cargo xtask gpu-test` sets), cuda-sim otherwise.
@@ -134,15 +139,21 @@ pub fn run_all(
             ts[id.index()].op
         );
     }
+    let cuda = be.as_any().downcast_ref::<CudaBackend>();
+    let before = cuda.map(CudaBackend::kernel_stats);
     be.graph_compute(ts, &nodes).unwrap();
     be.synchronize().unwrap();
+    let approx = match (cuda, before) {
+        (Some(c), Some(before)) => Some(ran_approx(&before, &c.kernel_stats())),
+        _ => None,
+    };
     let mut results = Vec::new();
     for out in outs {
         let t = ts[out.index()];
         let mut res = vec![0u8; t.nbytes()];
         be.get_tensor(&t, 0, &mut res).unwrap();
-        if be.as_any().downcast_ref::<CudaBackend>().is_some() {
-            record(&res);
+        if let Some(approx) = approx {
+            record(&res, approx);
         }
         results.push(res);
     }
@@ -154,8 +165,46 @@ thread_local! {
     static OUTPUTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Appends `bytes`' digest to `$GGML_RS_KERNEL_RESULTS`, if set.
-fn record(bytes: &[u8]) {
+/// Whether a kernel launched between the two readings of the counters uses `.approx`.
+fn ran_approx(before: &ggml_cuda::KernelStats, after: &ggml_cuda::KernelStats) -> bool {
+    KernelId::ALL
+        .into_iter()
+        .any(|k| after.launches_of(k) > before.launches_of(k) && k.uses_approx())
+}
+
+/// Asserts `got` and `want` are the same f32 bits, naming the first elements that differ.
+// Not every test binary that includes this module compares bits.
+#[allow(dead_code)]
+pub fn assert_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let bad: Vec<usize> = (0..got.len())
+        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+        .collect();
+    let show: Vec<String> = bad
+        .iter()
+        .take(4)
+        .map(|&i| {
+            format!(
+                "#{i}: {:e} ({:#010x}) vs {:e} ({:#010x})",
+                got[i],
+                got[i].to_bits(),
+                want[i],
+                want[i].to_bits()
+            )
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: {} of {} elements differ from the host mirror: {}",
+        bad.len(),
+        got.len(),
+        show.join(", ")
+    );
+}
+
+/// Appends `bytes`' digest to `$GGML_RS_KERNEL_RESULTS`, if set, with `approx` or
+/// `exact`.
+fn record(bytes: &[u8], approx: bool) {
     use sha2::{Digest, Sha256};
     use std::io::Write;
     let Some(path) = std::env::var_os("GGML_RS_KERNEL_RESULTS") else {
@@ -175,7 +224,8 @@ fn record(bytes: &[u8]) {
         .map(|b| format!("{b:02x}"))
         .collect();
     // One write per line with O_APPEND: lines from parallel test processes do not mix.
-    let line = format!("{test}#{n} {digest} {}\n", bytes.len());
+    let kind = if approx { "approx" } else { "exact" };
+    let line = format!("{test}#{n} {digest} {} {kind}\n", bytes.len());
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
