@@ -154,6 +154,16 @@ impl FaultyBackend {
         self.fired.load(Ordering::Acquire)
     }
 
+    /// Nodes submitted through the wrapper so far (what a node plan counts).
+    pub fn nodes_seen(&self) -> usize {
+        self.nodes.load(Ordering::Acquire)
+    }
+
+    /// Buffer allocations asked of the wrapper so far (what an alloc plan counts).
+    pub fn allocations_seen(&self) -> usize {
+        self.allocs.load(Ordering::Acquire)
+    }
+
     /// Bytes of the buffers allocated through the wrapper and not freed.
     pub fn live_bytes(&self) -> usize {
         lock(&self.bytes).iter().map(|(_, n)| n).sum()

@@ -330,6 +330,33 @@ pub fn fault_fired(session: &Session) -> Option<bool> {
     Some(fired)
 }
 
+/// An error when the session's `--inject-fault` never happened: a fault test that
+/// addresses nothing must not pass. It names what the device did have ("device 1 made 3
+/// allocations").
+pub fn require_fired(session: &Session) -> Result<()> {
+    let (Some(false), Some(spec)) = (fault_fired(session), session.config.inject_fault) else {
+        return Ok(());
+    };
+    let Some(f) = session.faulty.get(spec.device) else {
+        return Ok(());
+    };
+    let had = match spec.kind {
+        InjectKind::Backend(FaultKind::Alloc) => {
+            format!("made {} allocations", f.allocations_seen())
+        }
+        InjectKind::Backend(_) => format!("computed {} nodes", f.nodes_seen()),
+        InjectKind::Driver(_) => format!(
+            "computed {} nodes, and no matching driver call came after node {}",
+            f.nodes_seen(),
+            spec.op
+        ),
+    };
+    Err(HarnessError::Usage(format!(
+        "--inject-fault {spec} never happened: device {} {had} in this run (the index counts from 0)",
+        spec.device
+    )))
+}
+
 /// Whether the error `e` names the device, the op (for a hang: the wait and the device's
 /// last work) and the cause of `spec`.
 fn names_fault(e: &str, spec: FaultSpec, device: Option<&str>) -> bool {

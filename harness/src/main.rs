@@ -551,6 +551,13 @@ fn default_threads() -> usize {
 
 fn run_perplexity(a: PplArgs) -> Result<()> {
     let t0 = Instant::now();
+    let settings = PplSettings {
+        n_ctx: a.ctx,
+        n_batch: a.batch,
+        max_chunks: a.chunks,
+    };
+    // Before the model loads: a bad flag fails at once.
+    settings.check()?;
     let config = a.run.config()?;
     let session = Session::open(&harness::model_path(a.model.as_deref())?, config.clone())?;
     let text = harness::corpus_text(a.file.as_deref())?;
@@ -567,11 +574,6 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     if a.trace.is_some() {
         exec.enable_trace();
     }
-    let settings = PplSettings {
-        n_ctx: a.ctx,
-        n_batch: a.batch,
-        max_chunks: a.chunks,
-    };
     let show_bar = !a.json && std::io::stderr().is_terminal();
     let bar = show_bar.then(|| {
         let b = indicatif::ProgressBar::new(0);
@@ -649,22 +651,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    if let (Some(false), Some(f)) = (harness::faults::fault_fired(&session), config.inject_fault) {
-        use harness::faults::InjectKind;
-        let what = match f.kind {
-            InjectKind::Backend(ggml_sched::FaultKind::Alloc) => "allocations",
-            InjectKind::Backend(_) => "nodes",
-            InjectKind::Driver(_) => "nodes, or no matching driver call came after that node,",
-        };
-        if !a.json {
-            println!();
-        }
-        eprintln!(
-            "ggml-harness: warning: --inject-fault {f} never happened: device {} had fewer than {} {what} in this run",
-            f.device,
-            f.op + 1
-        );
-    }
+    harness::faults::require_fired(&session)?;
     let seconds = t0.elapsed().as_secs_f64();
     write_trace(exec.as_mut(), a.trace.as_deref())?;
     let races = report_races(&session)?;
@@ -847,6 +834,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         )?);
     }
     write_trace(exec.as_mut(), a.trace.as_deref())?;
+    harness::faults::require_fired(&session)?;
     let profiles = if a.op_times {
         harness::bench::op_profile(
             &session.model,

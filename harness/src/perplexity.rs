@@ -21,6 +21,31 @@ pub struct PplSettings {
     pub max_chunks: Option<usize>,
 }
 
+impl PplSettings {
+    /// The settings a run accepts: an even `n_ctx` of at least 4, a batch that divides
+    /// `n_ctx` or is a multiple of it, and at least one chunk if the chunks are limited.
+    pub fn check(&self) -> Result<()> {
+        let n_ctx = self.n_ctx;
+        if n_ctx < 4 || n_ctx % 2 != 0 {
+            return Err(HarnessError::Usage(format!(
+                "--ctx {n_ctx}: must be even and at least 4"
+            )));
+        }
+        if self.n_batch == 0 || (self.n_batch < n_ctx && n_ctx % self.n_batch != 0) {
+            return Err(HarnessError::Usage(format!(
+                "--batch {}: must divide --ctx {n_ctx} or be a multiple of it",
+                self.n_batch
+            )));
+        }
+        if self.max_chunks == Some(0) {
+            return Err(HarnessError::Usage(
+                "--chunks 0: at least one chunk is needed for a perplexity".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Result of a perplexity run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PplResult {
@@ -206,23 +231,13 @@ fn run(
     kl: Option<&mut KlRun>,
     on_chunk: &mut OnChunk<'_>,
 ) -> Result<PplResult> {
+    s.check()?;
     let n_ctx = s.n_ctx;
-    if n_ctx < 4 || n_ctx % 2 != 0 {
-        return Err(HarnessError::Usage(format!(
-            "--ctx {n_ctx}: must be even and at least 4"
-        )));
-    }
     if tokens.len() < 2 * n_ctx {
         return Err(HarnessError::Usage(format!(
             "the text has {} tokens; perplexity needs at least 2 * ctx = {}",
             tokens.len(),
             2 * n_ctx
-        )));
-    }
-    if s.n_batch == 0 || (s.n_batch < n_ctx && n_ctx % s.n_batch != 0) {
-        return Err(HarnessError::Usage(format!(
-            "--batch {}: must divide --ctx {n_ctx} or be a multiple of it",
-            s.n_batch
         )));
     }
     let mut n_chunk = tokens.len() / n_ctx;
