@@ -17,6 +17,7 @@ pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod mem;
+pub mod profile;
 pub mod ptx;
 
 pub use error::{CuError, ErrorCode};
