@@ -12,6 +12,7 @@
 //! The crate depends on nothing of ggml: any project can use it to test its own PTX.
 #![warn(missing_docs)]
 
+pub mod cost;
 pub mod driver;
 pub mod error;
 pub mod exec;
