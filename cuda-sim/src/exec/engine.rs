@@ -226,7 +226,12 @@ impl<'a> BlockRunner<'a> {
             let mut failed = None;
             for w in warps.iter_mut() {
                 if w.state == WarpState::Running {
-                    if let Err(e) = self.run_warp(w) {
+                    let r = if self.prof.is_some() {
+                        self.run_warp::<true>(w)
+                    } else {
+                        self.run_warp::<false>(w)
+                    };
+                    if let Err(e) = r {
                         failed = Some(e);
                         break;
                     }
@@ -335,7 +340,10 @@ impl<'a> BlockRunner<'a> {
         }
     }
 
-    fn run_warp(&mut self, w: &mut Warp) -> Result<(), Box<KernelFault>> {
+    /// Runs warp `w` until it exits or waits at a barrier. `PROFILE` is whether the
+    /// profiler counts (a separate instance, so that an unprofiled launch runs the
+    /// interpreter loop without any profiling code in it).
+    fn run_warp<const PROFILE: bool>(&mut self, w: &mut Warp) -> Result<(), Box<KernelFault>> {
         let module = self.l.module;
         loop {
             let depth = w.frames.len();
@@ -386,8 +394,10 @@ impl<'a> BlockRunner<'a> {
             };
             self.warp_instructions += 1;
             self.thread_instructions += exec.count_ones() as u64;
-            if let Some(p) = self.prof.as_deref_mut() {
-                p.instruction(ins, &top.regs, &mut top.ready, exec, &mut w.clock);
+            if PROFILE {
+                if let Some(p) = self.prof.as_deref_mut() {
+                    p.instruction(ins, &top.regs, &mut top.ready, exec, &mut w.clock);
+                }
             }
             match &ins.op {
                 Op::Bra { target } => {
