@@ -311,50 +311,39 @@ impl Collector {
         c.blocks = blocks;
         let mut touched: Vec<(u64, u8)> = self.sectors.into_iter().collect();
         touched.sort_unstable();
-        let reads = touched.iter().filter(|(_, f)| f & READ != 0).count() as u64;
-        let writes = touched.iter().filter(|(_, f)| f & WRITE != 0).count() as u64;
+        c.unique_read_sectors = touched.iter().filter(|(_, f)| f & READ != 0).count() as u64;
+        c.unique_write_sectors = touched.iter().filter(|(_, f)| f & WRITE != 0).count() as u64;
         c.touched = touched;
         c.critical_path = self.crit.path;
         c.critical_path_cycles = self.crit.t;
-        let s = |v: u64| c.scale(v);
-        let (ur, uw) = (s(reads), s(writes));
-        let scaled = |v: u64| c.scale(v);
-        let mut classes = c.classes.clone();
-        classes.scale(scaled);
-        let g = |t: super::GlobalTraffic| super::GlobalTraffic {
-            requests: c.scale(t.requests),
-            sectors: c.scale(t.sectors),
-            lines: c.scale(t.lines),
-        };
-        let sh = |t: super::SharedTraffic| super::SharedTraffic {
-            requests: c.scale(t.requests),
-            wavefronts: c.scale(t.wavefronts),
-        };
-        let (gl, gs, sl, ss) = (
-            g(c.global_load),
-            g(c.global_store),
-            sh(c.shared_load),
-            sh(c.shared_store),
-        );
-        let (wi, ti, ba, at, tm) = (
-            c.scale(c.warp_instructions),
-            c.scale(c.thread_instructions),
-            c.scale(c.barriers),
-            c.scale(c.atomics),
-            c.scale(c.tensor_macs),
-        );
-        c.classes = classes;
-        c.global_load = gl;
-        c.global_store = gs;
-        c.shared_load = sl;
-        c.shared_store = ss;
-        c.warp_instructions = wi;
-        c.thread_instructions = ti;
-        c.barriers = ba;
-        c.atomics = at;
-        c.tensor_macs = tm;
-        c.unique_read_sectors = ur;
-        c.unique_write_sectors = uw;
+        if c.sampled() && c.blocks_interpreted > 0 {
+            let (n, k) = (c.blocks as u128, c.blocks_interpreted as u128);
+            let s = |v: &mut u64| *v = ((*v as u128 * n + k / 2) / k) as u64;
+            c.classes.scale(|mut v| {
+                s(&mut v);
+                v
+            });
+            for g in [&mut c.global_load, &mut c.global_store] {
+                s(&mut g.requests);
+                s(&mut g.sectors);
+                s(&mut g.lines);
+            }
+            for t in [&mut c.shared_load, &mut c.shared_store] {
+                s(&mut t.requests);
+                s(&mut t.wavefronts);
+            }
+            for v in [
+                &mut c.warp_instructions,
+                &mut c.thread_instructions,
+                &mut c.barriers,
+                &mut c.atomics,
+                &mut c.tensor_macs,
+                &mut c.unique_read_sectors,
+                &mut c.unique_write_sectors,
+            ] {
+                s(v);
+            }
+        }
         c
     }
 }
