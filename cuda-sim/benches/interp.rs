@@ -1,11 +1,13 @@
 //! Interpreter speed in warp-instructions per second: a warp-per-row dot product (the
 //! shape of the project's mul_mat kernels: a strided loop, fma, a shfl.xor reduction).
-//! `GGML_SIM_BENCH_THREADS` sets the host threads (default 1).
+//! `GGML_SIM_BENCH_THREADS` sets the host threads (default 1). A second case runs the
+//! same launch with the profiler's counters on.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use cuda_sim::exec::{launch, LaunchConfig};
+use cuda_sim::exec::{launch, launch_profiled, LaunchConfig};
 use cuda_sim::fault::Checks;
 use cuda_sim::mem::FlatMemory;
+use cuda_sim::profile::ProfileOptions;
 use cuda_sim::ptx::Module;
 
 const PTX: &str = r#"
@@ -99,6 +101,25 @@ fn bench(c: &mut Criterion) {
     g.bench_function(format!("dot_k{k}_rows{rows}_threads{threads}"), |b| {
         b.iter(run)
     });
+    // The same launch with the profiler's counters on.
+    let opts = ProfileOptions::default();
+    let run_profiled = || {
+        launch_profiled(
+            &module,
+            "dot",
+            &cfg,
+            &argv,
+            &mem,
+            Checks::ALL,
+            threads,
+            &opts,
+        )
+        .expect("runs")
+    };
+    g.bench_function(
+        format!("dot_k{k}_rows{rows}_threads{threads}_profiled"),
+        |b| b.iter(run_profiled),
+    );
     g.finish();
 }
 

@@ -57,8 +57,11 @@ commands:
                  write .github/workflows from harness/matrices (a CPU job, and a
                  GPU job for each matrix with [ci] runs_on labels); --check fails
                  if the committed files differ, then lints them with actionlint
-  ptx-check      assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
-                 sm_80 and sm_90
+  ptx-check [--write]
+                 assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
+                 sm_80 and sm_90; fail if ggml-cuda/kernels/ptxas-resources.txt
+                 (registers, shared memory, spills from ptxas -v) is out of date,
+                 or with --write rewrite it
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
                  (ARGS go to `ggml-harness perplexity`, see its --help)
   regress [-- ARGS]
@@ -79,9 +82,14 @@ fn main() -> ExitCode {
         Some("gpu-test") => Shell::new()
             .map_err(|e| e.to_string())
             .and_then(|sh| gpu::gpu_test(&sh, &workspace_root(), &args[1..])),
-        Some("ptx-check") => Shell::new()
-            .map_err(|e| e.to_string())
-            .and_then(|sh| ptx::ptx_check(&sh, &workspace_root())),
+        Some("ptx-check") => Shell::new().map_err(|e| e.to_string()).and_then(|sh| {
+            let write = match args.get(1).map(String::as_str) {
+                None => Ok(false),
+                Some("--write") => Ok(true),
+                Some(other) => Err(format!("ptx-check: unknown argument '{other}'")),
+            }?;
+            ptx::ptx_check(&sh, &workspace_root(), write)
+        }),
         Some("fuzz") => fuzz::fuzz(&workspace_root(), &args[1..]),
         Some("faults") => faults::faults(&workspace_root(), &args[1..]),
         Some("gen-ci") => gen_ci::gen_ci(&workspace_root(), &args[1..]),
@@ -249,7 +257,7 @@ fn ci() -> Result<()> {
         gen_ci::gen_ci(&workspace_root(), &["--check".to_string()])
     })?;
     step("ptx-check (sm_80, sm_90)", || {
-        ptx::ptx_check(&sh, &workspace_root())
+        ptx::ptx_check(&sh, &workspace_root(), false)
     })?;
     step("docs", || {
         let _env = sh.push_env("RUSTDOCFLAGS", "-D warnings");

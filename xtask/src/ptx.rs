@@ -4,9 +4,12 @@
 //! `ptxas` comes from the PyPI wheel `nvidia-cuda-nvcc-cu12` (pinned below), fetched with
 //! `pip download` into `$GGML_RS_CACHE/ptxas` (default `~/.cache/ggml-rs/ptxas`) and
 //! unpacked there once. Any ptxas error or warning fails the check with ptxas' message.
+//! The `-v` figures (registers, shared memory, spills) make the checked-in table
+//! [`RESOURCE_TABLE`]; the check fails if it is out of date (`--write` rewrites it).
 
 use std::path::{Path, PathBuf};
 
+use cuda_sim::cost::ResourceTable;
 use xshell::{cmd, Shell};
 
 /// The wheel that provides `ptxas` (CUDA 12.9: accepts PTX ISA 8.x, targets sm_80/sm_90).
@@ -124,10 +127,25 @@ pub fn ptx_files(root: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
+/// The checked-in table of every kernel's `ptxas -v` resources, relative to the
+/// workspace root.
+pub const RESOURCE_TABLE: &str = "ggml-cuda/kernels/ptxas-resources.txt";
+
+/// Whether a line of `ptxas -v` output is information (not a warning or an error).
+fn is_info(line: &str) -> bool {
+    let l = line.trim_start();
+    l.is_empty()
+        || l.starts_with("ptxas info")
+        || (line.starts_with(' ') && l.contains("bytes stack frame"))
+}
+
 /// Assembles every `ggml-cuda/kernels/*.ptx` under the workspace `root` for sm_80 and
-/// sm_90. Fails with ptxas' own message on any error or warning; prints one line per
-/// file and architecture otherwise.
-pub fn ptx_check(sh: &Shell, root: &Path) -> Result<(), String> {
+/// sm_90 with `-v`. Fails with ptxas' own message on any error or warning; prints one
+/// line per file and architecture otherwise. From the `-v` output it builds the table
+/// of every kernel's registers, static shared memory and spills
+/// ([`RESOURCE_TABLE`]): with `write` it writes the table, without it fails if the
+/// checked-in table differs.
+pub fn ptx_check(sh: &Shell, root: &Path, write: bool) -> Result<(), String> {
     let ptxas = ensure_ptxas(sh)?;
     let version = cmd!(sh, "{ptxas} --version")
         .quiet()
@@ -142,6 +160,7 @@ pub fn ptx_check(sh: &Shell, root: &Path) -> Result<(), String> {
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let mut failures = Vec::new();
+    let mut table = ResourceTable::new();
     for file in ptx_files(root)? {
         let name = file
             .file_name()
@@ -150,7 +169,7 @@ pub fn ptx_check(sh: &Shell, root: &Path) -> Result<(), String> {
         for arch in ARCHS {
             let cubin = out_dir.join(format!("{name}.{arch}.cubin"));
             let arch_flag = format!("-arch={arch}");
-            let output = cmd!(sh, "{ptxas} {arch_flag} -O3 {file} -o {cubin}")
+            let output = cmd!(sh, "{ptxas} {arch_flag} -O3 -v {file} -o {cubin}")
                 .quiet()
                 .ignore_status()
                 .output()
@@ -160,21 +179,104 @@ pub fn ptx_check(sh: &Shell, root: &Path) -> Result<(), String> {
                 String::from_utf8_lossy(&output.stdout),
                 String::from_utf8_lossy(&output.stderr)
             );
-            if !output.status.success() || !msg.trim().is_empty() {
-                failures.push(format!("{name} ({arch}):\n{}", msg.trim_end()));
+            let complaints: Vec<&str> = msg.lines().filter(|l| !is_info(l)).collect();
+            if !output.status.success() || !complaints.is_empty() {
+                failures.push(format!("{name} ({arch}):\n{}", complaints.join("\n")));
                 println!("ptx-check: {name} {arch} FAILED");
+                continue;
+            }
+            if let Err(e) = table.add_ptxas_verbose(&name, arch, &msg) {
+                failures.push(e.to_string());
+                println!("ptx-check: {name} {arch} FAILED (resources)");
             } else {
                 println!("ptx-check: {name} {arch} ok");
             }
         }
     }
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
+    if !failures.is_empty() {
+        return Err(format!(
             "ptxas rejected {} file/arch pair(s):\n{}",
             failures.len(),
             failures.join("\n")
-        ))
+        ));
+    }
+    let generated =
+        format!("cargo xtask ptx-check --write, ptxas {PTXAS_VERSION} -O3 -v; do not edit");
+    let text = table.to_text(&[
+        "Static resources of every kernel of ggml-cuda/kernels/*.ptx, as ptxas reports them.",
+        &generated,
+        "Read by cuda_sim::cost::ResourceTable for occupancy and waves.",
+    ]);
+    let path = root.join(RESOURCE_TABLE);
+    if write {
+        std::fs::write(&path, &text)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!(
+            "ptx-check: wrote {RESOURCE_TABLE} ({} kernels x archs)",
+            table.len()
+        );
+        return Ok(());
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    if current != text {
+        let old = ResourceTable::parse(&current).unwrap_or_default();
+        return Err(format!(
+            "{RESOURCE_TABLE} differs from what ptxas reports ({} rows checked in, {} now{}): \
+             run `cargo xtask ptx-check --write` and commit it",
+            old.len(),
+            table.len(),
+            if old == table {
+                ", same figures, different text"
+            } else {
+                ""
+            }
+        ));
+    }
+    println!(
+        "ptx-check: {RESOURCE_TABLE} up to date ({} rows)",
+        table.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_info, ARCHS, RESOURCE_TABLE};
+    use cuda_sim::cost::ResourceTable;
+
+    #[test]
+    fn the_checked_in_table_parses_and_covers_both_archs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let text = std::fs::read_to_string(root.join(RESOURCE_TABLE)).expect("table exists");
+        let table = ResourceTable::parse(&text).expect("parses");
+        assert!(!table.is_empty());
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            for arch in ARCHS {
+                let r = table.get(f[0], f[1], arch);
+                assert!(
+                    r.is_some_and(|r| r.registers > 0),
+                    "{} {} {arch}",
+                    f[0],
+                    f[1]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn verbose_lines_are_info_and_warnings_are_not() {
+        assert!(is_info(
+            "ptxas info    : Used 22 registers, used 0 barriers"
+        ));
+        assert!(is_info(
+            "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+        ));
+        assert!(is_info(""));
+        assert!(!is_info("ptxas warning : Unresolved extern function 'f'"));
+        assert!(!is_info("ptxas fatal   : Unresolved extern function 'f'"));
+        assert!(!is_info(
+            "ptxas /tmp/x.ptx, line 3; error   : Unknown symbol"
+        ));
     }
 }

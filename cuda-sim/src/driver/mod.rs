@@ -28,6 +28,7 @@ mod ops;
 mod order;
 mod pinned;
 mod primary;
+mod profile;
 mod shared;
 mod stream;
 mod transfer;
@@ -48,6 +49,7 @@ pub use module::{
     MAX_THREADS_PER_BLOCK,
 };
 pub use pinned::PINNED_ALIGN;
+pub use profile::{LaunchRecord, ProfileConfig};
 
 use crate::error::{CuError, ErrorCode};
 use crate::fault::KernelFault;
@@ -144,6 +146,7 @@ impl Driver {
             injected: Mutex::new(Vec::new()),
             warp_instructions: AtomicU64::new(0),
             chaos: ChaosControl::new(cfg.chaos_seed),
+            profile: profile::ProfileState::new(n),
             cfg,
         });
         for st in &legacy {

@@ -248,6 +248,7 @@ impl Driver {
                     dynamic_shared: shared,
                 },
                 args: args.iter().map(|a| a.to_vec()).collect(),
+                stamp: self.shared.profile.stamp(st.id),
             })),
         };
         self.enqueue(&st, Vec::new(), op)?;

@@ -11,7 +11,7 @@ use super::module::LoadedModule;
 use super::pinned::HostPtr;
 use super::shared::Shared;
 use crate::error::CuError;
-use crate::exec::{self, LaunchConfig, LaunchError};
+use crate::exec::{LaunchConfig, LaunchError};
 use crate::fault::{FaultKind, KernelFault};
 use crate::mem::MemError;
 
@@ -40,6 +40,8 @@ pub(crate) struct LaunchOp {
     pub(crate) kernel: String,
     pub(crate) cfg: LaunchConfig,
     pub(crate) args: Vec<Vec<u8>>,
+    /// Set when profiling was on at the enqueue.
+    pub(crate) stamp: Option<super::profile::LaunchStamp>,
 }
 
 /// One operation of a stream.
@@ -228,12 +230,9 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
         }
         Op::Launch(l) => {
             let view = DeviceView::new(&shared.memories, dev, &shared.contexts[dev].peers());
-            let args: Vec<&[u8]> = l.args.iter().map(Vec::as_slice).collect();
-            let r = exec::launch(
-                &l.module.module,
-                &l.kernel,
-                &l.cfg,
-                &args,
+            let r = shared.profile.run(
+                dev,
+                &l,
                 &view,
                 shared.cfg.checks,
                 shared.cfg.exec_threads.max(1),

@@ -78,6 +78,7 @@ pub(crate) struct Shared {
     pub(crate) injected: Mutex<Vec<Armed>>,
     pub(crate) warp_instructions: AtomicU64,
     pub(crate) chaos: ChaosControl,
+    pub(crate) profile: super::profile::ProfileState,
 }
 
 impl Shared {

@@ -256,6 +256,7 @@ pub fn wide(t: Ty) -> Ty {
 }
 
 /// `mad`/`fma`: `a * b + c` (float: one rounding).
+#[inline]
 pub fn mad(mode: BinOp, ty: Ty, ftz: bool, a: u64, b: u64, c: u64) -> u64 {
     match ty {
         Ty::F(32) => {
@@ -362,6 +363,7 @@ fn approx_at_bound(op: UnOp, a: u64, r: f32) -> f32 {
 }
 
 /// `setp`.
+#[inline]
 pub fn setp(cmp: Cmp, ty: Ty, ftz: bool, a: u64, b: u64) -> bool {
     use std::cmp::Ordering as O;
     let ord: Option<O> = match ty {

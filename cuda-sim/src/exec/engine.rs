@@ -4,6 +4,7 @@
 use super::arith;
 use crate::fault::{Checks, FaultKind, KernelFault};
 use crate::mem::{GlobalMemory, MemError, Region};
+use crate::profile::collect::{Collector, Stamp};
 use crate::ptx::ir::{Addr, AddrBase, BinOp, Instr, Op, Operand, ShflMode, Space, Special, Ty};
 use crate::ptx::Module;
 
@@ -20,6 +21,7 @@ pub(crate) struct Launch<'a> {
     pub mem: &'a dyn GlobalMemory,
     pub checks: Checks,
     pub shared_bytes: usize,
+    pub profile: Option<crate::profile::ProfileOptions>,
 }
 
 struct Frame {
@@ -34,6 +36,8 @@ struct Frame {
     param_bytes: usize,
     /// Where the callee's return goes in the caller's params.
     ret_to: Option<(u32, u32)>,
+    /// When each register's value is ready (profiling only; empty otherwise).
+    ready: Vec<Stamp>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -50,6 +54,8 @@ struct Warp {
     exited: u32,
     frames: Vec<Frame>,
     state: WarpState,
+    /// The issue clock of the profiler's scoreboard.
+    clock: Stamp,
 }
 
 /// Shadow of one shared byte for racecheck: epoch, last writer warp, reader warp
@@ -79,6 +85,8 @@ pub(crate) struct BlockRunner<'a> {
     region: Option<Region<'a>>,
     pub warp_instructions: u64,
     pub thread_instructions: u64,
+    /// The counters, when the launch is profiled.
+    pub prof: Option<Box<Collector>>,
 }
 
 /// Advances the program counter of the lanes in `group` (branch-free, vectorised).
@@ -149,6 +157,7 @@ impl<'a> BlockRunner<'a> {
             region: None,
             warp_instructions: 0,
             thread_instructions: 0,
+            prof: l.profile.map(|p| Box::new(Collector::new(p.latencies))),
         }
     }
 
@@ -163,6 +172,7 @@ impl<'a> BlockRunner<'a> {
             params: Vec::new(),
             param_bytes: 0,
             ret_to: None,
+            ready: Vec::new(),
         });
         fr.func = func;
         fr.mask = mask;
@@ -174,6 +184,10 @@ impl<'a> BlockRunner<'a> {
         fr.params.resize(f.param_bytes * 32, 0);
         fr.param_bytes = f.param_bytes;
         fr.ret_to = ret_to;
+        fr.ready.clear();
+        if self.prof.is_some() {
+            fr.ready.resize(f.n_regs, Stamp::default());
+        }
         fr
     }
 
@@ -194,6 +208,7 @@ impl<'a> BlockRunner<'a> {
                 exited: 0,
                 frames: Vec::new(),
                 state: WarpState::Running,
+                clock: Stamp::default(),
             });
         }
         for (w, warp) in warps.iter_mut().enumerate() {
@@ -203,6 +218,7 @@ impl<'a> BlockRunner<'a> {
             warp.lanes = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
             warp.exited = 0;
             warp.state = WarpState::Running;
+            warp.clock = Stamp::default();
             let fr = self.new_frame(self.l.entry, warp.lanes, None);
             warp.frames.push(fr);
         }
@@ -210,7 +226,12 @@ impl<'a> BlockRunner<'a> {
             let mut failed = None;
             for w in warps.iter_mut() {
                 if w.state == WarpState::Running {
-                    if let Err(e) = self.run_warp(w) {
+                    let r = if self.prof.is_some() {
+                        self.run_warp::<true>(w)
+                    } else {
+                        self.run_warp::<false>(w)
+                    };
+                    if let Err(e) = r {
                         failed = Some(e);
                         break;
                     }
@@ -220,10 +241,24 @@ impl<'a> BlockRunner<'a> {
                 break Err(e);
             }
             if warps.iter().all(|w| w.state == WarpState::Exited) {
+                if let Some(p) = self.prof.as_deref_mut() {
+                    p.end_block(warps.iter().map(|w| w.clock).max().unwrap_or_default());
+                }
                 break Ok(());
             }
             // Every live warp waits at the barrier: release them into a new epoch.
             self.epoch = self.epoch.wrapping_add(1);
+            if self.prof.is_some() {
+                let at = warps
+                    .iter()
+                    .filter(|w| w.state == WarpState::AtBarrier)
+                    .map(|w| w.clock)
+                    .max()
+                    .unwrap_or_default();
+                for w in warps.iter_mut().filter(|w| w.state == WarpState::AtBarrier) {
+                    w.clock = at;
+                }
+            }
             for w in warps.iter_mut() {
                 if w.state == WarpState::AtBarrier {
                     w.state = WarpState::Running;
@@ -305,7 +340,10 @@ impl<'a> BlockRunner<'a> {
         }
     }
 
-    fn run_warp(&mut self, w: &mut Warp) -> Result<(), Box<KernelFault>> {
+    /// Runs warp `w` until it exits or waits at a barrier. `PROFILE` is whether the
+    /// profiler counts (a separate instance, so that an unprofiled launch runs the
+    /// interpreter loop without any profiling code in it).
+    fn run_warp<const PROFILE: bool>(&mut self, w: &mut Warp) -> Result<(), Box<KernelFault>> {
         let module = self.l.module;
         loop {
             let depth = w.frames.len();
@@ -356,6 +394,11 @@ impl<'a> BlockRunner<'a> {
             };
             self.warp_instructions += 1;
             self.thread_instructions += exec.count_ones() as u64;
+            if PROFILE {
+                if let Some(p) = self.prof.as_deref_mut() {
+                    p.instruction(ins, &top.regs, &mut top.ready, exec, &mut w.clock);
+                }
+            }
             match &ins.op {
                 Op::Bra { target } => {
                     for lane in lanes_of(group) {

@@ -23,6 +23,8 @@ use std::sync::Mutex;
 use crate::error::{CuError, ErrorCode};
 use crate::fault::{Checks, KernelFault};
 use crate::mem::GlobalMemory;
+use crate::profile::collect::Collector;
+use crate::profile::{LaunchCounters, ProfileOptions};
 use crate::ptx::Module;
 
 pub use arith::{CANONICAL_NAN_F32, DEFAULT_NAN_F64};
@@ -77,6 +79,47 @@ pub fn launch(
     checks: Checks,
     threads: usize,
 ) -> Result<LaunchStats, LaunchError> {
+    run(module, kernel, cfg, args, mem, checks, threads, None).map(|(s, _)| s)
+}
+
+/// [`launch`], counting what it executes (see [`crate::profile`]). The counters do not
+/// depend on `threads`. With [`ProfileOptions::sample_blocks`] only a subset of the
+/// blocks runs: the others write nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_profiled(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    args: &[&[u8]],
+    mem: &dyn GlobalMemory,
+    checks: Checks,
+    threads: usize,
+    profile: &ProfileOptions,
+) -> Result<(LaunchStats, LaunchCounters), LaunchError> {
+    let (stats, counters) = run(
+        module,
+        kernel,
+        cfg,
+        args,
+        mem,
+        checks,
+        threads,
+        Some(*profile),
+    )?;
+    Ok((stats, counters.expect("a profiled launch has counters")))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    args: &[&[u8]],
+    mem: &dyn GlobalMemory,
+    checks: Checks,
+    threads: usize,
+    profile: Option<ProfileOptions>,
+) -> Result<(LaunchStats, Option<LaunchCounters>), LaunchError> {
     let invalid = |code: ErrorCode, why: String| Err(LaunchError::Invalid(CuError::new(code, why)));
     let Some(entry) = module
         .functions
@@ -160,21 +203,35 @@ pub fn launch(
         mem,
         checks,
         shared_bytes,
+        profile,
     };
     let n_blocks = gx as u64 * gy as u64 * gz as u64;
+    // Blocks to interpret: all, or an evenly spaced subset when sampling.
+    let n_run = profile
+        .and_then(|p| p.sample_blocks)
+        .map_or(n_blocks, |n| n.clamp(1, n_blocks));
+    let block_of = |i: u64| {
+        if n_run == n_blocks {
+            i
+        } else {
+            (i as u128 * n_blocks as u128 / n_run as u128) as u64
+        }
+    };
+    let collectors: Mutex<Vec<Collector>> = Mutex::new(Vec::new());
     let next = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let first_fault: Mutex<Option<(u64, Box<KernelFault>)>> = Mutex::new(None);
     let warp_i = AtomicU64::new(0);
     let thread_i = AtomicU64::new(0);
-    let workers = threads.clamp(1, 64).min(n_blocks.min(64) as usize);
+    let workers = threads.clamp(1, 64).min(n_run.min(64) as usize);
     let work = || {
         let mut runner = engine::BlockRunner::new(&l);
         while !stop.load(Ordering::Relaxed) {
-            let b = next.fetch_add(1, Ordering::Relaxed);
-            if b >= n_blocks {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n_run {
                 break;
             }
+            let b = block_of(i);
             let ctaid = [
                 (b % gx as u64) as u32,
                 ((b / gx as u64) % gy as u64) as u32,
@@ -190,6 +247,12 @@ pub fn launch(
         }
         warp_i.fetch_add(runner.warp_instructions, Ordering::Relaxed);
         thread_i.fetch_add(runner.thread_instructions, Ordering::Relaxed);
+        if let Some(p) = runner.prof.take() {
+            collectors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(*p);
+        }
     };
     if workers <= 1 {
         work();
@@ -203,8 +266,25 @@ pub fn launch(
     if let Some((_, fault)) = first_fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(LaunchError::Fault(fault));
     }
-    Ok(LaunchStats {
+    let stats = LaunchStats {
         warp_instructions: warp_i.into_inner(),
         thread_instructions: thread_i.into_inner(),
-    })
+    };
+    let counters = profile.map(|p| {
+        let mut all = collectors
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter();
+        let mut c = all.next().unwrap_or_else(|| Collector::new(p.latencies));
+        for o in all {
+            c.merge(o);
+        }
+        let mut c = c.finish(n_blocks);
+        c.grid = cfg.grid;
+        c.block = cfg.block;
+        c.dynamic_shared = cfg.dynamic_shared;
+        c.static_shared = module.extern_shared.unwrap_or(module.shared_bytes) as u32;
+        c
+    });
+    Ok((stats, counters))
 }

@@ -1,0 +1,414 @@
+//! A cost model: a kernel's time on a named GPU from its [`LaunchCounters`].
+//!
+//! ```text
+//! time = max(throughput × ..., (waves − 1) × path) + path + launch,   never below the floors
+//! throughput = max(DRAM bytes / (bandwidth × dram_efficiency),
+//!                  L2 sectors × 32 / (l2_bytes_per_clk × clock),
+//!                  q × shared wavefronts / (wavefronts per cycle × SMs × clock),
+//!                  q × warp instructions / (schedulers × SMs × clock),
+//!                  q × each class's warp instructions × 32 / (its rate × SMs × clock),
+//!                  q × tensor multiply-adds / (rate × SMs × clock))
+//! ```
+//!
+//! - `q`, the wave quantisation of the SM-local terms, is the busiest SM's share of the
+//!   blocks over the average: `ceil(blocks / SMs) × SMs / blocks` (1 for a grid that
+//!   fills every SM evenly; `SMs / blocks` for fewer blocks than SMs). The device-wide
+//!   DRAM and L2 terms are not quantised.
+//! - `path`, the dependent-latency term, is the profiler's critical path of a warp
+//!   priced with the GPU's latencies: the last wave's latency is never hidden, and a
+//!   grid of latency-bound blocks takes a path per wave ([`Occupancy::waves`]).
+//! - `launch` is the cost of a launch on a stream or of a graph node ([`LaunchKind`]).
+//! - The floors, from datasheet peaks only: DRAM bytes / peak bandwidth, tensor work /
+//!   peak tensor rate, f32 arithmetic / peak f32 rate.
+//!
+//! The result names the term that bound it ([`Term`]). DRAM bytes come from the L2
+//! model ([`LaunchCounters::apply_l2`]); a launch without them is priced with its whole
+//! footprint as DRAM traffic (a cold L2).
+
+mod fit;
+mod guard;
+mod occupancy;
+mod resources;
+mod spec;
+
+pub use fit::{evaluate, fit, FitLaunch, FitReport, FitRow, RowError};
+pub use guard::{check_drift, Calibration, FamilyError, Observation, Verdict};
+pub use occupancy::{occupancy, KernelResources, Limit, Occupancy};
+pub use resources::{ResourceTable, HEADER as RESOURCE_TABLE_HEADER};
+pub use spec::{h100_sxm, h200, sm90_issue_rates, Arch, GpuSpec, Tunable, Tunables};
+
+use crate::profile::{InstrClass, LaunchCounters, SECTOR_BYTES};
+
+/// An error of the cost model: an unpriced instruction class, a block that does not fit
+/// an SM, a malformed table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CostError(String);
+
+impl CostError {
+    pub(crate) fn new(msg: impl Into<String>) -> CostError {
+        CostError(msg.into())
+    }
+}
+
+impl std::fmt::Display for CostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CostError {}
+
+/// How a kernel was launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LaunchKind {
+    /// `cuLaunchKernel` on a stream.
+    Stream,
+    /// A kernel node of a CUDA graph launch.
+    GraphNode,
+}
+
+/// A term of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Term {
+    /// DRAM bandwidth.
+    Dram,
+    /// L2 bandwidth.
+    L2,
+    /// Shared-memory wavefronts.
+    Shared,
+    /// Warp-instruction issue (all classes together).
+    Issue,
+    /// One instruction class's pipe.
+    Class(InstrClass),
+    /// Tensor-core multiply-adds.
+    TensorCore,
+    /// The dependent-latency critical path.
+    Latency,
+    /// Launch cost.
+    Launch,
+}
+
+impl Term {
+    /// A short name (`dram`, `class:f32_fma`, ...).
+    pub fn name(&self) -> String {
+        match self {
+            Term::Dram => "dram".into(),
+            Term::L2 => "l2".into(),
+            Term::Shared => "shared".into(),
+            Term::Issue => "issue".into(),
+            Term::Class(c) => format!("class:{}", c.name()),
+            Term::TensorCore => "tensor_core".into(),
+            Term::Latency => "latency".into(),
+            Term::Launch => "launch".into(),
+        }
+    }
+}
+
+/// A modelled kernel time and how it was reached.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prediction {
+    /// Modelled seconds, launch included.
+    pub time_s: f64,
+    /// The term that bound it: the largest throughput term, or [`Term::Latency`] when
+    /// the critical path outweighs throughput, or [`Term::Launch`] when the launch cost
+    /// outweighs the kernel.
+    pub bound: Term,
+    /// Every throughput term in seconds, wave quantisation applied, largest first.
+    pub terms: Vec<(Term, f64)>,
+    /// The largest throughput term.
+    pub throughput_s: f64,
+    /// One critical path, seconds.
+    pub path_s: f64,
+    /// The launch cost, seconds.
+    pub launch_s: f64,
+    /// The wave quantisation factor `q` of the SM-local terms.
+    pub wave_factor: f64,
+    /// Occupancy on the GPU.
+    pub occupancy: Occupancy,
+    /// The physical floor, seconds (the time is never below it).
+    pub floor_s: f64,
+}
+
+/// The DRAM bytes a launch moves: the L2 model's result, else its whole footprint.
+pub fn dram_bytes(c: &LaunchCounters) -> u64 {
+    match c.dram {
+        Some(d) => d.bytes(),
+        None => (c.unique_read_sectors + c.unique_write_sectors) * SECTOR_BYTES,
+    }
+}
+
+/// Models one launch with counters `c` on `spec`. `resources` are the kernel's
+/// `ptxas -v` figures for the GPU's architecture; without them occupancy counts
+/// threads, blocks and the PTX's shared memory only.
+pub fn predict(
+    spec: &GpuSpec,
+    c: &LaunchCounters,
+    resources: Option<&KernelResources>,
+    launch: LaunchKind,
+) -> Result<Prediction, CostError> {
+    let a = &spec.arch;
+    let t = &spec.tunables;
+    if !(t.dram_efficiency > 0.0 && t.l2_bytes_per_clk > 0.0) {
+        return Err(CostError::new(format!(
+            "{}: dram_efficiency and l2_bytes_per_clk must be positive",
+            spec.name
+        )));
+    }
+    let blocks = c.blocks.max(1);
+    let res = resources.copied().unwrap_or(KernelResources {
+        static_shared: c.static_shared,
+        ..Default::default()
+    });
+    let threads = c.threads_per_block().clamp(1, u32::MAX as u64) as u32;
+    let occ = occupancy(a, &res, threads, c.dynamic_shared, blocks)?;
+    let (sms, clock) = (a.sms as f64, a.clock_hz);
+    let q = blocks.div_ceil(a.sms as u64) as f64 * sms / blocks as f64;
+    let per_sm = |work: f64, rate: f64| q * work / (rate * sms * clock);
+    let mut terms = Vec::new();
+    let dram = dram_bytes(c) as f64;
+    terms.push((Term::Dram, dram / (a.dram_bytes_per_s * t.dram_efficiency)));
+    let l2 = ((c.global_load.sectors + c.global_store.sectors) * SECTOR_BYTES) as f64;
+    terms.push((Term::L2, l2 / (t.l2_bytes_per_clk * clock)));
+    let wavefronts = (c.shared_load.wavefronts + c.shared_store.wavefronts) as f64;
+    terms.push((
+        Term::Shared,
+        per_sm(wavefronts, a.shared_wavefronts_per_clk as f64),
+    ));
+    terms.push((
+        Term::Issue,
+        per_sm(c.warp_instructions as f64, a.schedulers_per_sm as f64),
+    ));
+    terms.push((
+        Term::TensorCore,
+        per_sm(c.tensor_macs as f64, a.tensor_macs_per_clk as f64),
+    ));
+    for (class, n) in c.classes.nonzero() {
+        let rate = spec.issue_rate(class).ok_or_else(|| {
+            CostError::new(format!(
+                "{}: no issue rate for instruction class {}",
+                spec.name,
+                class.name()
+            ))
+        })?;
+        terms.push((Term::Class(class), per_sm(n as f64 * 32.0, rate)));
+    }
+    terms.sort_by(|x, y| y.1.total_cmp(&x.1));
+    let (top, throughput_s) = terms[0];
+    let lat = spec.latencies_f64();
+    let p = &c.critical_path;
+    let path_cycles = p.issue as f64
+        + p.alu as f64 * lat[0]
+        + p.special as f64 * lat[1]
+        + p.shared as f64 * lat[2]
+        + p.global as f64 * lat[3];
+    let path_s = path_cycles / clock;
+    let launch_s = match launch {
+        LaunchKind::Stream => t.launch_stream_s,
+        LaunchKind::GraphNode => t.launch_graph_node_s,
+    };
+    let latency_body = (occ.waves - 1) as f64 * path_s;
+    let body = throughput_s.max(latency_body);
+    let kernel_s = body + path_s;
+    let mut bound = if latency_body > throughput_s || path_s > throughput_s {
+        Term::Latency
+    } else {
+        top
+    };
+    if launch_s > kernel_s {
+        bound = Term::Launch;
+    }
+    let f32_work = [InstrClass::F32Fma, InstrClass::F32Mul, InstrClass::F32Add]
+        .iter()
+        .map(|&k| c.classes.get(k))
+        .sum::<u64>() as f64
+        * 32.0;
+    let floor_s = [
+        dram / a.dram_bytes_per_s,
+        c.tensor_macs as f64 / (a.tensor_macs_per_clk as f64 * sms * clock),
+        f32_work / (128.0 * sms * clock),
+    ]
+    .into_iter()
+    .fold(0.0, f64::max);
+    let time_s = (kernel_s + launch_s).max(floor_s);
+    Ok(Prediction {
+        time_s,
+        bound,
+        terms,
+        throughput_s,
+        path_s,
+        launch_s,
+        wave_factor: q,
+        occupancy: occ,
+        floor_s,
+    })
+}
+
+impl GpuSpec {
+    /// The latencies (alu, special, shared, global) in cycles, unrounded.
+    fn latencies_f64(&self) -> [f64; 4] {
+        let t = &self.tunables;
+        [
+            t.alu_latency,
+            t.special_latency,
+            t.shared_latency,
+            t.global_latency,
+        ]
+    }
+}
+
+impl Prediction {
+    /// One line: time, bound, the three largest terms, occupancy.
+    pub fn summary(&self) -> String {
+        let top: Vec<String> = self
+            .terms
+            .iter()
+            .take(3)
+            .map(|(t, s)| format!("{} {:.2} µs", t.name(), s * 1e6))
+            .collect();
+        format!(
+            "modelled {:.2} µs, bound by {} (throughput: {}; path {:.2} µs; launch {:.2} µs; \
+             {} blocks/SM by {:?}, {} waves)",
+            self.time_s * 1e6,
+            self.bound.name(),
+            top.join(", "),
+            self.path_s * 1e6,
+            self.launch_s * 1e6,
+            self.occupancy.blocks_per_sm,
+            self.occupancy.limited_by,
+            self.occupancy.waves
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{DramTraffic, GlobalTraffic, PathCounts};
+
+    /// A streaming kernel: `n` floats read and written once, coalesced.
+    fn streaming(n: u64) -> LaunchCounters {
+        let warps = n / 32;
+        let mut c = LaunchCounters {
+            grid: [(n / 256) as u32, 1, 1],
+            block: [256, 1, 1],
+            blocks: n / 256,
+            blocks_interpreted: n / 256,
+            warp_instructions: 10 * warps,
+            thread_instructions: 10 * n,
+            global_load: GlobalTraffic {
+                requests: warps,
+                sectors: n / 8,
+                lines: n / 32,
+            },
+            global_store: GlobalTraffic {
+                requests: warps,
+                sectors: n / 8,
+                lines: n / 32,
+            },
+            dram: Some(DramTraffic {
+                read_sectors: n / 8,
+                write_sectors: n / 8,
+            }),
+            critical_path: PathCounts {
+                issue: 10,
+                alu: 5,
+                global: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        c.classes.0[InstrClass::F32Fma.index()] = 4 * warps;
+        c.classes.0[InstrClass::IntAlu.index()] = 6 * warps;
+        c
+    }
+
+    #[test]
+    fn every_class_has_a_rate_on_every_named_gpu() {
+        for name in GpuSpec::NAMES {
+            let spec = GpuSpec::named(name).expect("named");
+            for class in InstrClass::all() {
+                let r = spec.issue_rate(class);
+                assert!(r.is_some_and(|r| r > 0.0), "{name}: {}", class.name());
+            }
+        }
+    }
+
+    #[test]
+    fn a_class_without_a_rate_is_an_error() {
+        let mut spec = GpuSpec::h100_sxm();
+        spec.issue_rates[InstrClass::F32Fma.index()] = None;
+        let e = predict(&spec, &streaming(1 << 20), None, LaunchKind::Stream).unwrap_err();
+        assert!(e.to_string().contains("f32_fma"), "{e}");
+    }
+
+    #[test]
+    fn a_large_streaming_kernel_is_dram_bound_near_the_floor() {
+        let spec = GpuSpec::h200();
+        let n = 1u64 << 26; // 256 MiB read and written
+        let p = predict(&spec, &streaming(n), None, LaunchKind::GraphNode).unwrap();
+        assert_eq!(p.bound, Term::Dram);
+        let bytes = (n * 8) as f64;
+        assert_eq!(p.floor_s, bytes / 4.8e12);
+        assert!(p.time_s >= p.floor_s);
+        // Datasheet constants: the DRAM term is the floor itself; path and graph
+        // launch add a little.
+        assert!(p.time_s < p.floor_s * 1.01 + 2e-6, "{}", p.summary());
+    }
+
+    #[test]
+    fn a_tiny_kernel_is_latency_or_launch_bound() {
+        let spec = GpuSpec::h100_sxm();
+        let mut c = streaming(256);
+        c.critical_path = PathCounts {
+            issue: 20,
+            global: 4,
+            ..Default::default()
+        };
+        let on_stream = predict(&spec, &c, None, LaunchKind::Stream).unwrap();
+        assert_eq!(on_stream.bound, Term::Launch);
+        let node = predict(&spec, &c, None, LaunchKind::GraphNode).unwrap();
+        assert_eq!(node.bound, Term::Latency);
+        let path = (20.0 + 4.0 * 600.0) / 1.98e9;
+        assert!((node.path_s - path).abs() < 1e-15);
+        assert!((node.time_s - (path + 1e-6 + node.throughput_s)).abs() < 1e-12);
+        assert_eq!(node.wave_factor, 132.0);
+    }
+
+    #[test]
+    fn datasheet_constants_never_go_below_the_physical_floors() {
+        for name in GpuSpec::NAMES {
+            let spec = GpuSpec::named(name).unwrap();
+            for shift in [8, 12, 16, 20, 24, 28] {
+                let mut c = streaming(1 << shift);
+                for dram in [None, c.dram] {
+                    c.dram = dram;
+                    for kind in [LaunchKind::Stream, LaunchKind::GraphNode] {
+                        let p = predict(&spec, &c, None, kind).unwrap();
+                        let bytes = dram_bytes(&c) as f64;
+                        let fma = c.classes.get(InstrClass::F32Fma) as f64 * 32.0;
+                        let sms = spec.arch.sms as f64;
+                        assert!(p.time_s >= bytes / spec.arch.dram_bytes_per_s, "{name}");
+                        assert!(p.time_s >= fma / (128.0 * sms * spec.arch.clock_hz));
+                        assert!(p.time_s >= p.floor_s && p.floor_s > 0.0);
+                    }
+                }
+            }
+            // Even a fit gone wrong (efficiency above 1) stays at the floor.
+            let mut wild = spec.clone();
+            wild.tunables.dram_efficiency = 4.0;
+            wild.tunables.launch_graph_node_s = 0.0;
+            let c = streaming(1 << 26);
+            let p = predict(&wild, &c, None, LaunchKind::GraphNode).unwrap();
+            assert_eq!(p.time_s, p.floor_s);
+        }
+    }
+
+    #[test]
+    fn wave_quantisation_of_one_block_more_than_the_sms() {
+        let spec = GpuSpec::h100_sxm();
+        let mut c = streaming(133 * 256);
+        c.dram = Some(DramTraffic::default());
+        let p = predict(&spec, &c, None, LaunchKind::GraphNode).unwrap();
+        assert_eq!(p.wave_factor, 2.0 * 132.0 / 133.0);
+    }
+}

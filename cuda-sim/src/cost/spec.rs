@@ -1,0 +1,333 @@
+//! Named GPUs: architecture facts (from datasheets and NVIDIA's guides) and at most
+//! eight tunable constants each, every one citing where its value comes from.
+
+use crate::profile::{InstrClass, Latencies, MemSpace};
+
+/// What the hardware is: datasheet and programming-guide facts, never fitted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arch {
+    /// Compute capability as `major * 10 + minor` (90 for sm_90).
+    pub compute_capability: u32,
+    /// Streaming multiprocessors.
+    pub sms: u32,
+    /// L2 cache bytes.
+    pub l2_bytes: u64,
+    /// Peak DRAM bandwidth, bytes per second.
+    pub dram_bytes_per_s: f64,
+    /// Boost clock, Hz.
+    pub clock_hz: f64,
+    /// 32-bit registers per SM.
+    pub regs_per_sm: u32,
+    /// Registers are allocated to a warp in units of this many.
+    pub reg_alloc_unit: u32,
+    /// Shared memory per SM usable by blocks, bytes.
+    pub shared_per_sm: u32,
+    /// Shared memory the driver reserves per resident block, bytes.
+    pub shared_reserved_per_block: u32,
+    /// Resident threads per SM.
+    pub max_threads_per_sm: u32,
+    /// Resident blocks per SM.
+    pub max_blocks_per_sm: u32,
+    /// Warp schedulers per SM, each issuing one warp instruction per cycle.
+    pub schedulers_per_sm: u32,
+    /// Shared-memory wavefronts an SM serves per cycle (32 banks of 4 bytes).
+    pub shared_wavefronts_per_clk: u32,
+    /// Dense f16 tensor-core multiply-adds per SM per cycle.
+    pub tensor_macs_per_clk: u32,
+}
+
+/// The eight tunable constants of a GPU. Each named GPU defines them in a module of its
+/// own ([`h100_sxm`], [`h200`]) as constants that cite their source.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tunables {
+    /// Fraction of the peak DRAM bandwidth a streaming kernel reaches (at most 1).
+    pub dram_efficiency: f64,
+    /// L2 bytes served per cycle, whole device.
+    pub l2_bytes_per_clk: f64,
+    /// Dependent ALU result latency, cycles.
+    pub alu_latency: f64,
+    /// Special-function (and expanded div/sqrt) result latency, cycles.
+    pub special_latency: f64,
+    /// Shared-memory load and shuffle latency, cycles.
+    pub shared_latency: f64,
+    /// Global load latency, cycles.
+    pub global_latency: f64,
+    /// Host-side cost of one kernel launched on a stream, seconds.
+    pub launch_stream_s: f64,
+    /// Cost of one kernel node of a CUDA graph launch, seconds.
+    pub launch_graph_node_s: f64,
+}
+
+/// A tunable constant, by name (what [`crate::cost::fit`] adjusts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tunable {
+    /// [`Tunables::dram_efficiency`].
+    DramEfficiency,
+    /// [`Tunables::l2_bytes_per_clk`].
+    L2BytesPerClk,
+    /// [`Tunables::alu_latency`].
+    AluLatency,
+    /// [`Tunables::special_latency`].
+    SpecialLatency,
+    /// [`Tunables::shared_latency`].
+    SharedLatency,
+    /// [`Tunables::global_latency`].
+    GlobalLatency,
+    /// [`Tunables::launch_stream_s`].
+    LaunchStream,
+    /// [`Tunables::launch_graph_node_s`].
+    LaunchGraphNode,
+}
+
+impl Tunable {
+    /// All eight.
+    pub const ALL: [Tunable; 8] = [
+        Tunable::DramEfficiency,
+        Tunable::L2BytesPerClk,
+        Tunable::AluLatency,
+        Tunable::SpecialLatency,
+        Tunable::SharedLatency,
+        Tunable::GlobalLatency,
+        Tunable::LaunchStream,
+        Tunable::LaunchGraphNode,
+    ];
+}
+
+impl Tunables {
+    /// The value of `t`.
+    pub fn get(&self, t: Tunable) -> f64 {
+        match t {
+            Tunable::DramEfficiency => self.dram_efficiency,
+            Tunable::L2BytesPerClk => self.l2_bytes_per_clk,
+            Tunable::AluLatency => self.alu_latency,
+            Tunable::SpecialLatency => self.special_latency,
+            Tunable::SharedLatency => self.shared_latency,
+            Tunable::GlobalLatency => self.global_latency,
+            Tunable::LaunchStream => self.launch_stream_s,
+            Tunable::LaunchGraphNode => self.launch_graph_node_s,
+        }
+    }
+
+    /// Sets `t` to `v`.
+    pub fn set(&mut self, t: Tunable, v: f64) {
+        let slot = match t {
+            Tunable::DramEfficiency => &mut self.dram_efficiency,
+            Tunable::L2BytesPerClk => &mut self.l2_bytes_per_clk,
+            Tunable::AluLatency => &mut self.alu_latency,
+            Tunable::SpecialLatency => &mut self.special_latency,
+            Tunable::SharedLatency => &mut self.shared_latency,
+            Tunable::GlobalLatency => &mut self.global_latency,
+            Tunable::LaunchStream => &mut self.launch_stream_s,
+            Tunable::LaunchGraphNode => &mut self.launch_graph_node_s,
+        };
+        *slot = v;
+    }
+}
+
+/// A named GPU: facts, tunables and issue rates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuSpec {
+    /// Its name (`h100-sxm`, `h200`).
+    pub name: &'static str,
+    /// Architecture facts.
+    pub arch: Arch,
+    /// The tunable constants.
+    pub tunables: Tunables,
+    /// Thread instructions per SM per cycle of each class, indexed by
+    /// [`InstrClass::index`]; `None` is a class the model cannot price (an error when
+    /// a launch executes it).
+    pub issue_rates: Vec<Option<f64>>,
+}
+
+/// The issue rates of compute capability 9.0, in thread instructions per SM per cycle.
+///
+/// Source: CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table
+/// (results per clock cycle per multiprocessor), column 9.0: 32-bit float add, multiply
+/// and fma 128; compare, min, max 64; 16-bit float 256 results, i.e. 128 `f16x2`
+/// instructions; 64-bit float 64; 32-bit integer add, logic, shift 64; integer
+/// multiply and multiply-add 64; reciprocal, rsqrt, log2, exp2, sine, cosine 16; warp
+/// shuffle 32; conversions 16. Rows the guide does not list, each an assumption to
+/// check with the calibration kit: `dp4a` at the integer multiply-add rate 64 (it runs
+/// on the same pipe); expanded `div`/`sqrt.rn`/`rcp.rn` at the special-function rate
+/// 16 (each holds one such operation); moves and control at 64; tensor-core
+/// instructions issue at 128 (their cost is the tensor term); loads, stores and atomics
+/// at 32 (the 32 load/store units of an SM, H100 whitepaper); parameter loads at 64
+/// (constant cache).
+pub fn sm90_issue_rates() -> Vec<Option<f64>> {
+    InstrClass::all()
+        .map(|c| {
+            Some(match c {
+                InstrClass::F32Fma | InstrClass::F32Mul | InstrClass::F32Add => 128.0,
+                InstrClass::F32Other => 64.0,
+                InstrClass::F16Arith => 128.0,
+                InstrClass::F64Arith => 64.0,
+                InstrClass::IntAlu | InstrClass::IntMul | InstrClass::Dp4a => 64.0,
+                InstrClass::TensorCore => 128.0,
+                InstrClass::Special | InstrClass::Emulated | InstrClass::Convert => 16.0,
+                InstrClass::Move | InstrClass::Control => 64.0,
+                InstrClass::ShuffleVote => 32.0,
+                InstrClass::Load {
+                    space: MemSpace::Param,
+                    ..
+                } => 64.0,
+                InstrClass::Load { .. } | InstrClass::Store { .. } | InstrClass::Atomic { .. } => {
+                    32.0
+                }
+            })
+        })
+        .collect()
+}
+
+/// Hopper (sm_90) facts shared by H100 SXM and H200.
+///
+/// Sources: NVIDIA H100 Tensor Core GPU Architecture whitepaper (v1.01): 132 SMs on the
+/// SXM5 part, 50 MB L2, 64K 32-bit registers per SM, up to 228 KB shared memory per SM,
+/// 4 warp schedulers per SM, 2048 threads and 32 blocks per SM; dense FP16 tensor
+/// 989.4 TFLOPS = 132 SMs × 1830 MHz × 4096 flops, i.e. 2048 multiply-adds per SM per
+/// cycle. CUDA C++ Programming Guide ("Compute Capabilities", "Occupancy"): 1 KB of
+/// shared memory reserved per block, registers allocated per warp in units of 256; 32
+/// banks of 4 bytes (one wavefront per cycle). Boost clock 1980 MHz (H100 SXM5 product
+/// brief).
+fn hopper(l2_bytes: u64, dram_bytes_per_s: f64) -> Arch {
+    Arch {
+        compute_capability: 90,
+        sms: 132,
+        l2_bytes,
+        dram_bytes_per_s,
+        clock_hz: 1.98e9,
+        regs_per_sm: 65536,
+        reg_alloc_unit: 256,
+        shared_per_sm: 228 << 10,
+        shared_reserved_per_block: 1 << 10,
+        max_threads_per_sm: 2048,
+        max_blocks_per_sm: 32,
+        schedulers_per_sm: 4,
+        shared_wavefronts_per_clk: 1,
+        tensor_macs_per_clk: 2048,
+    }
+}
+
+/// The tunable constants of the H100 SXM (datasheet-only defaults, not yet fitted).
+pub mod h100_sxm {
+    /// 1.0: the peak of the H100 SXM5 datasheet (3.35 TB/s); a fit to measured
+    /// bandwidth replaces it.
+    pub const DRAM_EFFICIENCY: f64 = 1.0;
+    /// 5120 bytes per cycle: the L2 read bandwidth NVIDIA's A100 whitepaper states
+    /// (5120 B/clk); the H100 whitepaper gives none. To be fitted.
+    pub const L2_BYTES_PER_CLK: f64 = 5120.0;
+    /// 4 cycles: CUDA C++ Programming Guide, "Multiprocessor Level": most arithmetic
+    /// instructions have a latency of about 4 cycles on compute capability 7.x and later.
+    pub const ALU_LATENCY: f64 = 4.0;
+    /// 20 cycles: order of the MUFU latency measured by Luo et al., "Benchmarking and
+    /// Dissecting the Nvidia Hopper GPU Architecture" (arXiv:2402.13499). To be fitted.
+    pub const SPECIAL_LATENCY: f64 = 20.0;
+    /// 30 cycles: order of the shared-memory load latency of the same paper. To be
+    /// fitted.
+    pub const SHARED_LATENCY: f64 = 30.0;
+    /// 600 cycles: order of the global (DRAM) load latency of the same paper. To be
+    /// fitted.
+    pub const GLOBAL_LATENCY: f64 = 600.0;
+    /// 4.0 µs: harness/reference/cuda-h200.md at 6b447ba9, tg128 table: the smallest
+    /// kernels (SWIGLU, SET_ROWS, ADD) take 4.0 to 4.3 µs per call launched on a stream,
+    /// an upper bound read off, not fitted.
+    pub const LAUNCH_STREAM_S: f64 = 4.0e-6;
+    /// 1.0 µs: harness/reference/cuda-h200.md at 6b447ba9: llama.cpp's tg step with
+    /// CUDA graphs takes 1.05 ms for several hundred kernel nodes, so a node costs at
+    /// most a few µs; 1 µs is a round guess below that, to be fitted by the calibration
+    /// kit's graph-of-empty-kernels benchmark.
+    pub const LAUNCH_GRAPH_NODE_S: f64 = 1.0e-6;
+}
+
+/// The tunable constants of the H200 (datasheet-only defaults, not yet fitted).
+pub mod h200 {
+    /// 1.0: the peak of the H200 datasheet (4.8 TB/s); a fit replaces it.
+    pub const DRAM_EFFICIENCY: f64 = 1.0;
+    /// 5120 bytes per cycle: as [`super::h100_sxm::L2_BYTES_PER_CLK`] (same GH100 L2).
+    pub const L2_BYTES_PER_CLK: f64 = 5120.0;
+    /// 4 cycles: as [`super::h100_sxm::ALU_LATENCY`] (same SM).
+    pub const ALU_LATENCY: f64 = 4.0;
+    /// 20 cycles: as [`super::h100_sxm::SPECIAL_LATENCY`] (same SM).
+    pub const SPECIAL_LATENCY: f64 = 20.0;
+    /// 30 cycles: as [`super::h100_sxm::SHARED_LATENCY`] (same SM).
+    pub const SHARED_LATENCY: f64 = 30.0;
+    /// 600 cycles: as [`super::h100_sxm::GLOBAL_LATENCY`] (HBM3e latency assumed
+    /// alike).
+    pub const GLOBAL_LATENCY: f64 = 600.0;
+    /// 4.0 µs: harness/reference/cuda-h200.md at 6b447ba9 (measured on this GPU), as
+    /// [`super::h100_sxm::LAUNCH_STREAM_S`].
+    pub const LAUNCH_STREAM_S: f64 = 4.0e-6;
+    /// 1.0 µs: as [`super::h100_sxm::LAUNCH_GRAPH_NODE_S`].
+    pub const LAUNCH_GRAPH_NODE_S: f64 = 1.0e-6;
+}
+
+impl GpuSpec {
+    /// H100 SXM5: 132 SMs, 50 MB L2, HBM3 at 3.35 TB/s (H100 datasheet), 1.98 GHz.
+    pub fn h100_sxm() -> GpuSpec {
+        use h100_sxm::*;
+        GpuSpec {
+            name: "h100-sxm",
+            arch: hopper(50 << 20, 3.35e12),
+            tunables: Tunables {
+                dram_efficiency: DRAM_EFFICIENCY,
+                l2_bytes_per_clk: L2_BYTES_PER_CLK,
+                alu_latency: ALU_LATENCY,
+                special_latency: SPECIAL_LATENCY,
+                shared_latency: SHARED_LATENCY,
+                global_latency: GLOBAL_LATENCY,
+                launch_stream_s: LAUNCH_STREAM_S,
+                launch_graph_node_s: LAUNCH_GRAPH_NODE_S,
+            },
+            issue_rates: sm90_issue_rates(),
+        }
+    }
+
+    /// H200 SXM: the H100's GH100 (132 SMs, 50 MB L2, 1.98 GHz) with HBM3e at 4.8 TB/s
+    /// (H200 datasheet).
+    pub fn h200() -> GpuSpec {
+        use h200::*;
+        GpuSpec {
+            name: "h200",
+            arch: hopper(50 << 20, 4.8e12),
+            tunables: Tunables {
+                dram_efficiency: DRAM_EFFICIENCY,
+                l2_bytes_per_clk: L2_BYTES_PER_CLK,
+                alu_latency: ALU_LATENCY,
+                special_latency: SPECIAL_LATENCY,
+                shared_latency: SHARED_LATENCY,
+                global_latency: GLOBAL_LATENCY,
+                launch_stream_s: LAUNCH_STREAM_S,
+                launch_graph_node_s: LAUNCH_GRAPH_NODE_S,
+            },
+            issue_rates: sm90_issue_rates(),
+        }
+    }
+
+    /// The GPU called `name` (`h100`, `h100-sxm`, `h200`), case-insensitive.
+    pub fn named(name: &str) -> Option<GpuSpec> {
+        match name.to_ascii_lowercase().as_str() {
+            "h100" | "h100-sxm" | "h100_sxm" => Some(GpuSpec::h100_sxm()),
+            "h200" => Some(GpuSpec::h200()),
+            _ => None,
+        }
+    }
+
+    /// The names [`named`](GpuSpec::named) knows.
+    pub const NAMES: [&'static str; 2] = ["h100-sxm", "h200"];
+
+    /// The issue rate of `class` (thread instructions per SM per cycle), if priced.
+    pub fn issue_rate(&self, class: InstrClass) -> Option<f64> {
+        self.issue_rates.get(class.index()).copied().flatten()
+    }
+
+    /// The tunable latencies as the profiler's scoreboard takes them (rounded cycles).
+    pub fn latencies(&self) -> Latencies {
+        let t = &self.tunables;
+        let c = |v: f64| v.round().max(0.0) as u64;
+        Latencies {
+            alu: c(t.alu_latency),
+            special: c(t.special_latency),
+            shared: c(t.shared_latency),
+            global: c(t.global_latency),
+        }
+    }
+}
