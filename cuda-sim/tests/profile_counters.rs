@@ -356,3 +356,67 @@ fn sampling_scales_a_uniform_kernel() {
         f.apply_l2(&mut L2Model::new(1 << 20))
     );
 }
+
+/// out[i] = in[tid.x mod 32]: every warp of a block reads the same 32 floats.
+const SHARED_READ: &str = r#"
+.visible .entry same(.param .u64 p_in, .param .u64 p_out)
+{
+    .reg .b32 %r<8>;
+    .reg .f32 %f<2>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_in];
+    ld.param.u64 %rd1, [p_out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mad.lo.u32 %r4, %r2, %r3, %r1;
+    and.b32 %r5, %r1, 31;
+    mul.wide.u32 %rd2, %r5, 4;
+    add.u64 %rd2, %rd0, %rd2;
+    ld.global.f32 %f0, [%rd2];
+    mul.wide.u32 %rd3, %r4, 4;
+    add.u64 %rd3, %rd1, %rd3;
+    st.global.f32 [%rd3], %f0;
+    ret;
+}
+"#;
+
+/// L1 keeps what a block read: 4 blocks of 4 warps reading the same 4 sectors send 4
+/// read sectors per block to L2 (not 4 per warp), and every store sector.
+#[test]
+fn l2_sees_each_blocks_reads_once_and_every_store() {
+    let m = module(SHARED_READ);
+    let (blocks, threads) = (4u64, 128u64);
+    let mem = FlatMemory::new(BASE, (32 + blocks * threads) as usize * 4, true);
+    mem.write(BASE, &[0u8; 128]);
+    let (a, b) = (BASE.to_le_bytes(), (BASE + 128).to_le_bytes());
+    let cfg = LaunchConfig {
+        grid: [blocks as u32, 1, 1],
+        block: [threads as u32, 1, 1],
+        dynamic_shared: 0,
+    };
+    for host_threads in [1, 3] {
+        let c = launch_profiled(
+            &m,
+            "same",
+            &cfg,
+            &[&a, &b],
+            &mem,
+            Checks::ALL,
+            host_threads,
+            &ProfileOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .1;
+        let warps = blocks * threads / 32;
+        assert_eq!(c.global_load.sectors, warps * 4);
+        assert_eq!(c.unique_read_sectors, 4);
+        let store_sectors = blocks * threads / 8;
+        assert_eq!(c.global_store.sectors, store_sectors);
+        assert_eq!(
+            c.l2_sectors,
+            blocks * 4 + store_sectors,
+            "{host_threads} threads"
+        );
+    }
+}

@@ -119,6 +119,11 @@ impl KernelId {
     }
 }
 
+/// Every kernel's static resources (registers, shared memory, spills) as `ptxas -v`
+/// reports them for sm_80 and sm_90, one row per kernel and architecture (`cargo xtask
+/// ptx-check --write` writes it; cuda-sim's `cost::ResourceTable::parse` reads it).
+pub const PTXAS_RESOURCES: &str = include_str!("../kernels/ptxas-resources.txt");
+
 /// One PTX file and the kernels it defines.
 #[derive(Clone, Copy, Debug)]
 pub struct Module {

@@ -352,6 +352,12 @@ impl Ctx<'_> {
         // The argument list matches the kernel's .param list as documented in its PTX
         // header (cuda-sim checks it at every launch); every pointer argument was
         // range-checked.
+        // While recording, each launch carries its index in the record as its tag, so
+        // cuda-sim's profile of it can be joined with the record.
+        let tag = self.st.recorded.as_ref().map(|r| r.len() as u64);
+        if tag.is_some() {
+            dev.api.set_launch_tag(self.be.stream, tag);
+        }
         dev.api.launch(f, &d, self.be.stream, args).map_err(fail)?;
         self.be.launches[k as usize].fetch_add(1, Ordering::Relaxed);
         if self.st.recorded.is_some() {
@@ -361,8 +367,9 @@ impl Ctx<'_> {
                     .map(|w| w.dtype.name()),
                 _ => None,
             };
+            let macs = crate::replay::node_macs(self.tensors, self.node, k);
             self.st
-                .record(k, (self.op(), weights), self.node.name, d, args);
+                .record(k, (self.op(), weights), self.node.name, d, macs, args);
         }
         Ok(())
     }

@@ -9,7 +9,7 @@
 //! overwritten with different values (a node whose output shares memory with an input,
 //! for example). Record and time after the runs whose results matter.
 
-use ggml_core::{Backend, BackendResult, Name, OpKey};
+use ggml_core::{Backend, BackendResult, Name, Op, OpKey, Tensor};
 
 use crate::backend::{CudaBackend, State};
 use crate::driver::Event;
@@ -28,6 +28,10 @@ pub struct RecordedLaunch {
     pub node: Name,
     /// Grid, block and dynamic shared memory.
     pub dims: LaunchDims,
+    /// The multiply-adds of a matrix product or attention that this launch computes
+    /// (0 for every other kernel, and for the activation quantisation of a product):
+    /// what the share of tensor-core multiply-adds is measured against.
+    pub macs: u64,
     args: Args,
 }
 
@@ -67,6 +71,7 @@ impl State {
         op: OpKey,
         node: Name,
         dims: LaunchDims,
+        macs: u64,
         args: &Args,
     ) {
         if let Some(r) = self.recorded.as_mut() {
@@ -75,9 +80,30 @@ impl State {
                 op,
                 node,
                 dims,
+                macs,
                 args: args.clone(),
             });
         }
+    }
+}
+
+/// The multiply-adds kernel `kernel` computes for `node` (see [`RecordedLaunch::macs`]).
+pub(crate) fn node_macs(tensors: &[Tensor], node: &Tensor, kernel: KernelId) -> u64 {
+    let src = |i: usize| node.src[i].and_then(|s| tensors.get(s.index()));
+    let out = node.nelements() as u64;
+    match (node.op, kernel) {
+        (Op::MulMat | Op::MulMatId, KernelId::QuantizeQ8_1) => 0,
+        // Every output is a dot product over the weights' rows.
+        (Op::MulMat | Op::MulMatId, _) => src(0).map_or(0, |w| out * w.ne[0] as u64),
+        // Q·K over D and P·V over Dv for every query row, KV position and head.
+        (Op::FlashAttnExt { .. }, _) => match (src(0), src(1), src(2)) {
+            (Some(q), Some(k), Some(v)) => {
+                let rows = (q.ne[1] * q.ne[2] * q.ne[3]) as u64;
+                rows * k.ne[1] as u64 * (q.ne[0] + v.ne[0]) as u64
+            }
+            _ => 0,
+        },
+        _ => 0,
     }
 }
 
@@ -90,15 +116,24 @@ impl CudaBackend {
         st.recorded = on.then(Vec::new);
     }
 
+    /// The raw driver handle of this backend's stream (a `CUstream`, or cuda-sim's stream
+    /// id), to match cuda-sim's profiler records (`LaunchRecord::stream`) with backends.
+    pub fn stream_handle(&self) -> u64 {
+        self.stream.0
+    }
+
     /// Whether launches are being recorded.
     pub fn is_recording_launches(&self) -> bool {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.recorded.is_some()
     }
 
-    /// The launches recorded since recording started or the last call, in order.
+    /// The launches recorded since recording started or the last call, in order. On
+    /// cuda-sim each was launched with its index in this list as its profiler tag
+    /// (`cuda_sim::driver::Driver::set_launch_tag`); the tag is cleared here.
     pub fn take_recorded_launches(&self) -> Vec<RecordedLaunch> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.dev.api.set_launch_tag(self.stream, None);
         st.recorded.as_mut().map(std::mem::take).unwrap_or_default()
     }
 

@@ -12,7 +12,8 @@
 //! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download;
 //! - [`make_moe`]: sparse upcycling of a dense llama (SmolLM2) into a mixture of experts;
 //! - [`trace`]: Chrome trace files of scheduler runs and their summary;
-//! - [`calibrate`]: a GPU's microbenchmarks and per-kernel times, for the cost model.
+//! - [`calibrate`]: a GPU's microbenchmarks and per-kernel times, for the cost model;
+//! - [`profile`]: a model's passes on cuda-sim, counted and priced by the cost model.
 #![warn(missing_docs)]
 
 pub mod batch;
@@ -23,6 +24,7 @@ pub mod devices;
 pub mod error;
 pub mod executor;
 pub mod faults;
+pub mod fit;
 pub mod generate;
 pub mod gguf_file;
 pub mod gguf_writer;
@@ -33,6 +35,7 @@ pub mod matrix;
 pub mod model;
 pub mod perplexity;
 pub mod placement;
+pub mod profile;
 pub mod regress;
 pub mod session;
 pub mod synthetic;

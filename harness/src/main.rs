@@ -45,6 +45,13 @@ enum Command {
     /// Measures a CUDA device for the cost model: microbenchmarks (probes.json) and every
     /// kernel of a prompt pass and a generated token timed alone (kernels.json).
     Calibrate(CalibrateArgs),
+    /// Counts every kernel launch of a prompt pass and a generated token on cuda-sim and
+    /// prices it with the cost model of a named GPU: modelled (not measured) time per op,
+    /// the counters beside it, and modelled pp/tg tokens per second.
+    Profile(ProfileArgs),
+    /// Fits the cost model's constants to what a GPU measured (a `calibrate` folder or a
+    /// per-op table), profiling the same passes on cuda-sim, and prints every row's error.
+    FitCostModel(FitArgs),
     /// Prints the scheduler's plan of one forward pass: per split, its waits, copies,
     /// compute and records, and the host syncs they cost.
     Plan(PlanArgs),
@@ -316,6 +323,74 @@ struct CalibrateArgs {
     /// The commit the binary was built from, written into the files.
     #[arg(long, default_value = "unknown")]
     commit: String,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+struct ProfileArgs {
+    /// GGUF model (default: the cached SmolLM2).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The GPU the cost model prices: h100-sxm (or h100) or h200.
+    #[arg(long, default_value = "h200")]
+    gpu: String,
+    /// Prompt tokens of the prompt pass (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens the generation figure is named after (0 skips the generated
+    /// token); each token is modelled as one decode at 256 KV cells.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Interpret at most N evenly spaced blocks of each launch and scale the counts
+    /// (0: every block; minutes per pass on the real model).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    sample_blocks: u64,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+struct FitArgs {
+    /// GGUF model the measurements were made with (default: the cached SmolLM2).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The GPU whose constants are fitted: h100-sxm (or h100) or h200.
+    #[arg(long)]
+    gpu: String,
+    /// A `ggml-harness calibrate` folder (probes.json, kernels.json).
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "op_table",
+        required_unless_present = "op_table"
+    )]
+    dir: Option<PathBuf>,
+    /// A per-op table: `pass<TAB>op<TAB>calls<TAB>ms` lines (e.g.
+    /// harness/reference/cuda-h200-op-times.tsv).
+    #[arg(long, value_name = "FILE")]
+    op_table: Option<PathBuf>,
+    /// Passes whose rows the fit uses (the others are reported): default, every prompt
+    /// pass (a generated token's op times include waits for the host).
+    #[arg(long, value_delimiter = ',')]
+    fit_pass: Vec<String>,
+    /// Constants to fit (default: l2-bytes-per-clk, alu-latency, shared-latency,
+    /// global-latency, special-latency; probes set others directly).
+    #[arg(long, value_delimiter = ',')]
+    tunables: Vec<String>,
+    /// Interpret at most N blocks of each launch (0: all).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    sample_blocks: u64,
+    /// How the measured kernels were launched: on a stream (op times of a run without
+    /// CUDA graphs) or as graph nodes (a calibration folder's replays, default).
+    #[arg(long)]
+    stream_launches: bool,
+    /// Write the JSON report to FILE too.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -715,6 +790,231 @@ fn write_trace(
         trace.queues.len(),
         p = path.display()
     );
+    Ok(())
+}
+
+fn tunable_named(name: &str) -> Result<ggml_cuda::cuda_sim::cost::Tunable> {
+    use ggml_cuda::cuda_sim::cost::Tunable;
+    Tunable::ALL
+        .into_iter()
+        .find(|t| {
+            let kebab: String = format!("{t:?}")
+                .chars()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    let dash = (i > 0 && c.is_ascii_uppercase()).then_some('-');
+                    dash.into_iter().chain(std::iter::once(c.to_ascii_lowercase()))
+                })
+                .collect();
+            kebab == name
+        })
+        .ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "--tunables {name}: expected dram-efficiency, l2-bytes-per-clk, alu-latency, special-latency, shared-latency, global-latency, launch-stream or launch-graph-node"
+            ))
+        })
+}
+
+fn run_fit(a: FitArgs) -> Result<()> {
+    use ggml_cuda::cuda_sim::cost::{self, GpuSpec, LaunchKind, Tunable};
+    use harness::{fit, profile};
+    let mut spec = GpuSpec::named(&a.gpu).ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "--gpu {}: expected one of {}",
+            a.gpu,
+            GpuSpec::NAMES.join(", ")
+        ))
+    })?;
+    let tunables = if a.tunables.is_empty() {
+        vec![
+            Tunable::L2BytesPerClk,
+            Tunable::AluLatency,
+            Tunable::SharedLatency,
+            Tunable::GlobalLatency,
+            Tunable::SpecialLatency,
+        ]
+    } else {
+        a.tunables
+            .iter()
+            .map(|t| tunable_named(t))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let table = a.op_table.as_deref().map(fit::read_op_table).transpose()?;
+    // The prompt length the measurements used: the first ppN pass.
+    let n_prompt = match (&table, &a.dir) {
+        (Some(t), _) => t
+            .iter()
+            .find_map(|r| r.pass.strip_prefix("pp")?.parse().ok()),
+        (None, Some(d)) => {
+            let p = d.join("kernels.json");
+            let text = std::fs::read_to_string(&p).map_err(|source| HarnessError::Io {
+                path: p.display().to_string(),
+                source,
+            })?;
+            serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["n_prompt"].as_u64())
+                .map(|n| n as usize)
+        }
+        (None, None) => None,
+    }
+    .unwrap_or(512);
+    let notes = match &a.dir {
+        Some(d) => fit::apply_probes(&mut spec, &d.join("probes.json"))?,
+        None => Vec::new(),
+    };
+    let launch = if a.stream_launches || a.dir.is_none() {
+        LaunchKind::Stream
+    } else {
+        LaunchKind::GraphNode
+    };
+    let config = a.run.config()?;
+    let settings = profile::ProfileSettings {
+        gpu: spec.clone(),
+        sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
+        n_prompt,
+        n_gen: 1,
+        launch,
+    };
+    let path = harness::model_path(a.model.as_deref())?;
+    let session = Session::open(&path, config.clone())?;
+    let mut kv = session.kv_cache(n_prompt)?;
+    let mut exec = session.executor()?;
+    eprintln!(
+        "fit-cost-model: profiling pp{n_prompt} and a generated token on {}",
+        config.devices
+    );
+    let launches = profile::profile_model(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &session.cuda_backends(),
+        &settings,
+    )?;
+    let measured = match (table, &a.dir) {
+        (Some(t), _) => t,
+        (None, Some(d)) => fit::rows_from_kernels(&d.join("kernels.json"), &launches)?,
+        (None, None) => unreachable!("clap requires --dir or --op-table"),
+    };
+    let fit_passes: Vec<String> = if a.fit_pass.is_empty() {
+        measured
+            .iter()
+            .filter(|r| r.pass.starts_with("pp"))
+            .map(|r| r.pass.clone())
+            .collect()
+    } else {
+        a.fit_pass.clone()
+    };
+    let rows = fit::fit_rows(&launches, &measured, &fit_passes, launch)?;
+    let fitted =
+        cost::fit(&spec, &rows, &tunables).map_err(|e| HarnessError::Model(e.to_string()))?;
+    print!("{}", fit::report(&spec, &rows, &fitted, &notes)?);
+    if let Some(out) = &a.out {
+        let run = serde_json::json!({
+            "model": path.file_name().map(|n| n.to_string_lossy().to_string()),
+            "devices": config.devices.to_string(),
+            "tuning": config.cuda_tuning.to_string(),
+            "measured": a.dir.as_ref().or(a.op_table.as_ref()).map(|p| p.display().to_string()),
+            "sample_blocks": settings.sample_blocks,
+        });
+        let v = fit::report_json(&spec, &fitted, &notes, run);
+        std::fs::write(out, serde_json::to_string_pretty(&v).expect("JSON") + "\n").map_err(
+            |source| HarnessError::Io {
+                path: out.display().to_string(),
+                source,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+fn run_profile(a: ProfileArgs) -> Result<()> {
+    use harness::profile;
+    let gpu = ggml_cuda::cuda_sim::cost::GpuSpec::named(&a.gpu).ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "--gpu {}: expected one of {}",
+            a.gpu,
+            ggml_cuda::cuda_sim::cost::GpuSpec::NAMES.join(", ")
+        ))
+    })?;
+    let config = a.run.config()?;
+    let settings = profile::ProfileSettings {
+        gpu,
+        sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
+        n_prompt: a.n_prompt,
+        n_gen: a.n_gen,
+        launch: if config.cuda_tuning.graphs {
+            ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode
+        } else {
+            ggml_cuda::cuda_sim::cost::LaunchKind::Stream
+        },
+    };
+    let path = harness::model_path(a.model.as_deref())?;
+    let session = Session::open(&path, config.clone())?;
+    let mut kv = session.kv_cache(a.n_prompt.max(1))?;
+    let mut exec = session.executor()?;
+    let t0 = Instant::now();
+    let launches = profile::profile_model(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &session.cuda_backends(),
+        &settings,
+    )?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    if a.json {
+        let run = serde_json::json!({
+            "model": name,
+            "devices": config.devices.to_string(),
+            "tuning": config.cuda_tuning.to_string(),
+            "seconds": t0.elapsed().as_secs_f64(),
+        });
+        println!("{}", profile::json(&launches, &settings, run));
+        return Ok(());
+    }
+    println!(
+        "{name} on {} priced for {} (MODELLED, not measured; {}; {})",
+        config.devices,
+        settings.gpu.name,
+        match settings.sample_blocks {
+            Some(n) => format!("at most {n} blocks of each launch interpreted, counts scaled"),
+            None => "every block interpreted".into(),
+        },
+        match settings.launch {
+            ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode => "kernels as graph nodes",
+            ggml_cuda::cuda_sim::cost::LaunchKind::Stream => "kernels launched on a stream",
+        }
+    );
+    let pp = format!("pp{}", a.n_prompt);
+    for pass in [pp.as_str(), "tg"] {
+        if launches.iter().any(|l| l.pass == pass) {
+            println!();
+            print!("{}", profile::table(&launches, pass));
+        }
+    }
+    let pp_s = profile::pass_seconds(&launches, &pp);
+    let tg_s = profile::pass_seconds(&launches, "tg");
+    println!();
+    if pp_s > 0.0 {
+        println!(
+            "modelled pp{}: {:.0} t/s (tensor-core share of multiply-adds {:.1} %)",
+            a.n_prompt,
+            a.n_prompt as f64 / pp_s,
+            100.0 * profile::tensor_core_fraction(&launches, &pp)
+        );
+    }
+    if tg_s > 0.0 {
+        println!(
+            "modelled tg{}: {:.0} t/s (tensor-core share {:.1} %)",
+            a.n_gen,
+            1.0 / tg_s,
+            100.0 * profile::tensor_core_fraction(&launches, "tg")
+        );
+    }
+    eprintln!("profile: {:.1} s on cuda-sim", t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -1279,6 +1579,8 @@ fn main() -> ExitCode {
         Command::Tokenize { model, file } => run_tokenize(model, file),
         Command::Bench(a) => run_bench(a),
         Command::Calibrate(a) => run_calibrate(a),
+        Command::Profile(a) => run_profile(a),
+        Command::FitCostModel(a) => run_fit(a),
         Command::Regress(a) => run_regress(a),
         Command::Plan(a) => run_plan(a),
         Command::CostModel(a) => run_cost_model(a),

@@ -3,7 +3,8 @@
 //! ```text
 //! time = max(throughput × ..., (waves − 1) × path) + path + launch,   never below the floors
 //! throughput = max(DRAM bytes / (bandwidth × dram_efficiency),
-//!                  L2 sectors × 32 / (l2_bytes_per_clk × clock),
+//!                  L2 sectors × 32 / (l2_bytes_per_clk × clock),   (what each block's
+//!                  L1 misses: LaunchCounters::l2_sectors)
 //!                  q × shared wavefronts / (wavefronts per cycle × SMs × clock),
 //!                  q × warp instructions / (schedulers × SMs × clock),
 //!                  q × each class's warp instructions × 32 / (its rate × SMs × clock),
@@ -167,7 +168,7 @@ pub fn predict(
     let mut terms = Vec::new();
     let dram = dram_bytes(c) as f64;
     terms.push((Term::Dram, dram / (a.dram_bytes_per_s * t.dram_efficiency)));
-    let l2 = ((c.global_load.sectors + c.global_store.sectors) * SECTOR_BYTES) as f64;
+    let l2 = (c.l2_sectors * SECTOR_BYTES) as f64;
     terms.push((Term::L2, l2 / (t.l2_bytes_per_clk * clock)));
     let wavefronts = (c.shared_load.wavefronts + c.shared_store.wavefronts) as f64;
     terms.push((

@@ -28,7 +28,8 @@ pub struct ProfileConfig {
     pub gpu: GpuSpec,
     /// Interpret at most this many evenly spaced blocks of each launch and scale the
     /// counts. The blocks skipped write nothing, so results computed under sampling are
-    /// wrong: use it to count, never to check results.
+    /// wrong: use it to count, never to check results (initcheck is off for sampled
+    /// launches, since later kernels read what skipped blocks never wrote).
     pub sample_blocks: Option<u64>,
 }
 
@@ -129,6 +130,16 @@ impl ProfileState {
         let m = &l.module.module;
         let Some(stamp) = l.stamp else {
             return exec::launch(m, &l.kernel, &l.cfg, &args, view, checks, threads);
+        };
+        // Sampled launches leave the skipped blocks' outputs unwritten, so later kernels
+        // read bytes never written: initcheck would stop a profile that never claims
+        // results, so it is off for them.
+        let checks = match stamp.opts.sample_blocks {
+            Some(_) => Checks {
+                initcheck: false,
+                ..checks
+            },
+            None => checks,
         };
         let (stats, mut counters) = exec::launch_profiled(
             m,

@@ -1,7 +1,7 @@
 //! The per-worker counting state the interpreter feeds, one instruction at a time,
 //! before the instruction executes (its addresses and sources are read as it sees them).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::access::{sectors_and_lines, shared_wavefronts};
 use super::class::{InstrClass, MemSpace};
@@ -20,6 +20,8 @@ pub(crate) struct Stamp {
 pub(crate) struct Collector {
     pub(crate) c: LaunchCounters,
     sectors: HashMap<u64, u8>,
+    /// The sectors the running block has read (its idealised L1).
+    block_reads: HashSet<u64>,
     lat: Latencies,
     /// The latest block end so far.
     crit: Stamp,
@@ -134,6 +136,7 @@ impl Collector {
         Collector {
             c: LaunchCounters::default(),
             sectors: HashMap::new(),
+            block_reads: HashSet::new(),
             lat,
             crit: Stamp::default(),
             addrs: Vec::with_capacity(32),
@@ -237,6 +240,9 @@ impl Collector {
         let flag = if write { WRITE } else { READ };
         for &s in &self.scratch {
             *self.sectors.entry(s).or_insert(0) |= flag;
+            if write || self.block_reads.insert(s) {
+                self.c.l2_sectors += 1;
+            }
         }
     }
 
@@ -260,6 +266,7 @@ impl Collector {
     /// A block ended; `end` is the latest last-issue stamp of its warps.
     pub(crate) fn end_block(&mut self, end: Stamp) {
         self.c.blocks_interpreted += 1;
+        self.block_reads.clear();
         if end > self.crit {
             self.crit = end;
         }
@@ -287,6 +294,7 @@ impl Collector {
             x.wavefronts += y.wavefronts;
         }
         a.barriers += b.barriers;
+        a.l2_sectors += b.l2_sectors;
         a.atomics += b.atomics;
         a.tensor_macs += b.tensor_macs;
         a.blocks_interpreted += b.blocks_interpreted;
@@ -336,6 +344,7 @@ impl Collector {
                 &mut c.warp_instructions,
                 &mut c.thread_instructions,
                 &mut c.barriers,
+                &mut c.l2_sectors,
                 &mut c.atomics,
                 &mut c.tensor_macs,
                 &mut c.unique_read_sectors,

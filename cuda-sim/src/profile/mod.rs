@@ -156,6 +156,10 @@ pub struct LaunchCounters {
     pub atomics: u64,
     /// Tensor-core multiply-adds (zero until an `mma` instruction is decoded).
     pub tensor_macs: u64,
+    /// Sectors that reach L2: each block's distinct sectors read once (its L1 keeps what
+    /// it read for the block's lifetime, an idealised L1 of a block's footprint) plus
+    /// every sector of every store (L1 is write-through).
+    pub l2_sectors: u64,
     /// Distinct sectors the launch read (its read footprint, before any cache).
     pub unique_read_sectors: u64,
     /// Distinct sectors the launch wrote.

@@ -148,6 +148,10 @@ pub(crate) trait Api: Send + Sync {
     fn module_function(&self, m: Module, name: &str) -> Result<Func, CuError>;
     fn func_set_max_dynamic_shared(&self, f: Func, bytes: u32) -> Result<(), CuError>;
     fn launch(&self, f: Func, d: &LaunchDims, s: Stream, args: &mut Args) -> Result<(), CuError>;
+    /// Tags the launches enqueued on `s` from now on (cuda-sim's profiler reports the tag
+    /// with each launch, so a caller can attribute it); a real driver has no such thing
+    /// and ignores it.
+    fn set_launch_tag(&self, _s: Stream, _tag: Option<u64>) {}
 
     fn mem_alloc(&self, ctx: Ctx, size: usize) -> Result<u64, CuError>;
     fn mem_free(&self, ctx: Ctx, p: u64) -> Result<(), CuError>;

@@ -177,6 +177,11 @@ impl Api for Sim {
             .map_err(conv)
     }
 
+    fn set_launch_tag(&self, s: Stream, tag: Option<u64>) {
+        // A bad handle fails the launch that follows, with the driver's error.
+        let _ = self.drv.set_launch_tag(StreamHandle(s.0), tag);
+    }
+
     fn mem_alloc(&self, ctx: Ctx, size: usize) -> Result<u64, CuError> {
         self.drv.mem_alloc(dev(ctx), size).map_err(conv)
     }

@@ -1,0 +1,347 @@
+//! `ggml-harness fit-cost-model`: the cost model's constants fitted to what a GPU
+//! measured, and the error of every row, fitted or not.
+//!
+//! What was measured comes in one of two forms:
+//! - a calibration folder (`ggml-harness calibrate` on the GPU): `probes.json` sets the
+//!   constants a probe measures directly (DRAM efficiency, DRAM latency, L2 bandwidth,
+//!   the graph-node launch cost where there is such a probe), then `kernels.json`'s
+//!   per-launch times (each kernel alone: warm for the prompt pass, L2 flushed for the
+//!   generated token, whose weights come from DRAM in a real pass) are summed per pass
+//!   and op into the rows the remaining constants are fitted to;
+//! - a per-op table (`pass op calls ms`, tab-separated, `#` comments), such as the op
+//!   times `bench --op-times` printed on an H200 (harness/reference/cuda-h200-op-times.tsv).
+//!
+//! The same passes are profiled on cuda-sim ([`crate::profile`]) with the same kernels
+//! (`--cuda-tuning` must be what the GPU ran) and joined with the measured rows.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ggml_cuda::cuda_sim::cost::{self, FitLaunch, FitReport, FitRow, GpuSpec, LaunchKind, Tunable};
+use serde_json::{json, Value};
+
+use crate::error::{HarnessError, Result};
+use crate::profile::ProfiledLaunch;
+
+/// One measured row: the summed time of an op's launches in a pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeasuredRow {
+    /// `pp512`, `tg`.
+    pub pass: String,
+    /// `MUL_MAT q4_1`, `ADD`.
+    pub op: String,
+    /// Nodes (op timing) or launches (calibration) measured.
+    pub calls: usize,
+    /// Milliseconds for all of them.
+    pub ms: f64,
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> HarnessError {
+    HarnessError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn bad(path: &Path, line: usize, why: impl std::fmt::Display) -> HarnessError {
+    HarnessError::Usage(format!("{}:{line}: {why}", path.display()))
+}
+
+/// Reads a per-op table: `pass<TAB>op<TAB>calls<TAB>ms` per line, `#` comments.
+pub fn read_op_table(path: &Path) -> Result<Vec<MeasuredRow>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    parse_op_table(&text).map_err(|(line, why)| bad(path, line, why))
+}
+
+/// [`read_op_table`] of a text; errors are (1-based line, why).
+pub fn parse_op_table(text: &str) -> std::result::Result<Vec<MeasuredRow>, (usize, String)> {
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split('\t').collect();
+        let [pass, op, calls, ms] = f.as_slice() else {
+            return Err((
+                i + 1,
+                format!("expected 4 tab-separated fields, found {}", f.len()),
+            ));
+        };
+        let calls = calls
+            .parse()
+            .map_err(|_| (i + 1, format!("calls '{calls}' is not a count")))?;
+        let ms: f64 = ms
+            .parse()
+            .ok()
+            .filter(|m: &f64| m.is_finite() && *m > 0.0)
+            .ok_or_else(|| (i + 1, format!("ms '{ms}' is not a positive number")))?;
+        rows.push(MeasuredRow {
+            pass: pass.to_string(),
+            op: op.to_string(),
+            calls,
+            ms,
+        });
+    }
+    if rows.is_empty() {
+        return Err((0, "no rows".into()));
+    }
+    Ok(rows)
+}
+
+/// `kernels.json`'s launches summed per pass and op: the prompt pass warm, the
+/// generated token cold (see the module docs). Launches are checked against the
+/// profile's: the same count and kernels in each pass, or the error says where they part.
+pub fn rows_from_kernels(path: &Path, launches: &[ProfiledLaunch]) -> Result<Vec<MeasuredRow>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(path, e.line(), e))?;
+    let rows = v["launches"]
+        .as_array()
+        .ok_or_else(|| bad(path, 0, "no \"launches\" array"))?;
+    let mut sums: BTreeMap<(String, String), (usize, f64)> = BTreeMap::new();
+    let mut per_pass: BTreeMap<String, usize> = BTreeMap::new();
+    for r in rows {
+        let pass = r["pass"].as_str().unwrap_or("?").to_string();
+        let index = r["index"].as_u64().unwrap_or(u64::MAX) as usize;
+        let kernel = r["kernel"].as_str().unwrap_or("?");
+        let op = match r["weights"].as_str() {
+            Some(w) => format!("{} {w}", r["op"].as_str().unwrap_or("?")),
+            None => r["op"].as_str().unwrap_or("?").to_string(),
+        };
+        let prof_pass = if pass.starts_with("pp") {
+            pass.clone()
+        } else {
+            "tg".into()
+        };
+        let Some(p) = launches
+            .iter()
+            .find(|l| l.pass == prof_pass && l.index == index && l.device == 0)
+        else {
+            return Err(bad(
+                path,
+                0,
+                format!("{pass} launch {index} ({kernel}) is not in the profile"),
+            ));
+        };
+        if p.kernel.entry().1 != kernel {
+            return Err(bad(
+                path,
+                0,
+                format!(
+                    "{pass} launch {index}: measured {kernel}, profiled {} (another commit or --cuda-tuning?)",
+                    p.kernel.entry().1
+                ),
+            ));
+        }
+        let us = if pass.starts_with("pp") {
+            r["warm_us"].as_f64()
+        } else {
+            r["cold_us"].as_f64().or(r["warm_us"].as_f64())
+        }
+        .ok_or_else(|| bad(path, 0, format!("{pass} launch {index} has no time")))?;
+        let e = sums.entry((prof_pass.clone(), op)).or_default();
+        e.0 += 1;
+        e.1 += us * 1e-3;
+        *per_pass.entry(prof_pass).or_default() += 1;
+    }
+    for (pass, n) in &per_pass {
+        let profiled = launches
+            .iter()
+            .filter(|l| &l.pass == pass && l.device == 0)
+            .count();
+        if *n != profiled {
+            return Err(bad(
+                path,
+                0,
+                format!("{pass}: {n} launches measured, {profiled} profiled"),
+            ));
+        }
+    }
+    Ok(sums
+        .into_iter()
+        .map(|((pass, op), (calls, ms))| MeasuredRow {
+            pass,
+            op,
+            calls,
+            ms,
+        })
+        .collect())
+}
+
+/// The constants `probes.json` measures directly, set in `spec`; one line per constant
+/// set, saying from which probe.
+pub fn apply_probes(spec: &mut GpuSpec, path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(path, e.line(), e))?;
+    let probe = |name: &str| -> Option<(f64, f64)> {
+        v["probes"]
+            .as_array()?
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| Some((p["work"].as_f64()?, p["seconds"].as_f64()?)))
+    };
+    let clock = spec.arch.clock_hz;
+    let mut notes = Vec::new();
+    if let Some((bytes, s)) = probe("dram_read") {
+        let eff = (bytes / s / spec.arch.dram_bytes_per_s).min(1.0);
+        spec.tunables.set(Tunable::DramEfficiency, eff);
+        notes.push(format!(
+            "dram_efficiency {eff:.3} from dram_read ({:.0} GB/s)",
+            bytes / s / 1e9
+        ));
+    }
+    if let Some((bytes, s)) = probe("l2_read") {
+        let per_clk = bytes / s / clock;
+        spec.tunables.set(Tunable::L2BytesPerClk, per_clk);
+        notes.push(format!("l2_bytes_per_clk {per_clk:.0} from l2_read"));
+    }
+    if let Some((loads, s)) = probe("dram_latency") {
+        let cycles = s / loads * clock;
+        spec.tunables.set(Tunable::GlobalLatency, cycles);
+        notes.push(format!(
+            "global_latency {cycles:.0} cycles from dram_latency ({:.0} ns)",
+            s / loads * 1e9
+        ));
+    }
+    if let Some((n, s)) = probe("launch_graph_node") {
+        spec.tunables.set(Tunable::LaunchGraphNode, s / n);
+        notes.push(format!(
+            "launch_graph_node {:.2} us from launch_graph_node",
+            s / n * 1e6
+        ));
+    }
+    Ok(notes)
+}
+
+/// Joins measured rows with the profile's launches: one [`FitRow`] per measured row,
+/// fitted when its pass is in `fit_passes`. Measured ops the profile lacks are an error;
+/// profiled ops nobody measured are left out.
+pub fn fit_rows(
+    launches: &[ProfiledLaunch],
+    measured: &[MeasuredRow],
+    fit_passes: &[String],
+    launch: LaunchKind,
+) -> Result<Vec<FitRow>> {
+    measured
+        .iter()
+        .map(|m| {
+            let ls: Vec<FitLaunch> = launches
+                .iter()
+                .filter(|l| l.pass == m.pass && l.op_name() == m.op)
+                .map(|l| FitLaunch {
+                    counters: l.counters.clone(),
+                    resources: l.resources,
+                    launch,
+                })
+                .collect();
+            if ls.is_empty() {
+                return Err(HarnessError::Usage(format!(
+                    "measured {} in {} has no launch in the profile (passes profiled: {})",
+                    m.op,
+                    m.pass,
+                    launches
+                        .iter()
+                        .map(|l| l.pass.as_str())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Ok(FitRow {
+                name: format!("{} {}", m.pass, m.op),
+                launches: ls,
+                measured_s: m.ms * 1e-3,
+                fit: fit_passes.contains(&m.pass),
+            })
+        })
+        .collect()
+}
+
+/// The fit as a Markdown report: every row before and after, and the constants.
+pub fn report(
+    before: &GpuSpec,
+    rows: &[FitRow],
+    fitted: &FitReport,
+    notes: &[String],
+) -> Result<String> {
+    let pre = cost::evaluate(before, rows).map_err(|e| HarnessError::Model(e.to_string()))?;
+    let mut s = String::from(
+        "| row | fitted | measured ms | modelled ms before | modelled ms after | measured/modelled after | bound after |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (b, a) in pre.iter().zip(&fitted.rows) {
+        s.push_str(&format!(
+            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {} |\n",
+            a.name,
+            if a.fitted { "yes" } else { "no" },
+            a.measured_s * 1e3,
+            b.modelled_s * 1e3,
+            a.modelled_s * 1e3,
+            a.ratio,
+            a.bound.name()
+        ));
+    }
+    s.push_str(&format!(
+        "\nrms of ln(measured/modelled) over the fitted rows: {:.3}\n\n| constant | before | after |\n|---|---|---|\n",
+        fitted.rms_log_error
+    ));
+    for t in Tunable::ALL {
+        s.push_str(&format!(
+            "| {t:?} | {:.4e} | {:.4e} |\n",
+            before.tunables.get(t),
+            fitted.spec.tunables.get(t)
+        ));
+    }
+    for n in notes {
+        s.push_str(&format!("\nset from a probe: {n}"));
+    }
+    s.push('\n');
+    Ok(s)
+}
+
+/// The fit as JSON.
+pub fn report_json(before: &GpuSpec, fitted: &FitReport, notes: &[String], run: Value) -> Value {
+    json!({
+        "gpu": fitted.spec.name,
+        "rms_log_error": fitted.rms_log_error,
+        "constants": Tunable::ALL.iter().map(|t| json!({
+            "name": format!("{t:?}"),
+            "before": before.tunables.get(*t),
+            "after": fitted.spec.tunables.get(*t),
+        })).collect::<Vec<_>>(),
+        "rows": fitted.rows.iter().map(|r| json!({
+            "name": r.name,
+            "fitted": r.fitted,
+            "measured_ms": r.measured_s * 1e3,
+            "modelled_ms": r.modelled_s * 1e3,
+            "ratio": r.ratio,
+            "bound": r.bound.name(),
+        })).collect::<Vec<_>>(),
+        "probes": notes,
+        "run": run,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_tables_are_read_and_checked() {
+        let t = "# comment\npp512\tMUL_MAT q4_1\t210\t14.667\n\npp512\tADD\t60\t0.442\n";
+        let rows = parse_op_table(t).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].op, "MUL_MAT q4_1");
+        assert_eq!((rows[1].calls, rows[1].ms), (60, 0.442));
+        assert_eq!(parse_op_table("pp512\tADD\t60").unwrap_err().0, 1);
+        assert!(parse_op_table("x\tADD\tmany\t1")
+            .unwrap_err()
+            .1
+            .contains("many"));
+        assert!(parse_op_table("x\tADD\t1\t-2")
+            .unwrap_err()
+            .1
+            .contains("-2"));
+        assert!(parse_op_table("# only\n").is_err());
+    }
+}

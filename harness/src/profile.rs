@@ -1,0 +1,383 @@
+//! `ggml-harness profile`: a model's prompt pass and generated token on cuda-sim, every
+//! launch counted (instructions by class, memory sectors, DRAM traffic through the named
+//! GPU's L2, bank conflicts, the critical path) and priced by cuda-sim's cost model for
+//! that GPU. The times are **modelled**, never measured: they say where a pass should
+//! spend its time and how a kernel change moves it; a GPU run of the calibration kit
+//! says how far the model is from the hardware.
+//!
+//! The real SmolLM2 is too large to interpret whole in minutes, so each launch can be
+//! sampled ([`ProfileSettings::sample_blocks`]): at most that many evenly spaced blocks
+//! run and the counts are scaled (the kernels' results are then meaningless, so the
+//! profile never checks them). `tests/profile.rs` measures what sampling changes on the
+//! synthetic model against an unsampled run.
+
+use std::collections::BTreeMap;
+
+use ggml_core::Backend;
+use ggml_cuda::cuda_sim::cost::{
+    self, GpuSpec, KernelResources, LaunchKind, Prediction, ResourceTable,
+};
+use ggml_cuda::cuda_sim::driver::ProfileConfig;
+use ggml_cuda::cuda_sim::profile::LaunchCounters;
+use ggml_cuda::{CudaBackend, KernelId};
+use serde_json::{json, Value};
+
+use crate::batch::Batch;
+use crate::error::{HarnessError, Result};
+use crate::executor::Executor;
+use crate::model::Model;
+use crate::placement::KvCache;
+
+/// How to profile.
+#[derive(Clone, Debug)]
+pub struct ProfileSettings {
+    /// The GPU whose L2 the DRAM traffic goes through and whose constants price it.
+    pub gpu: GpuSpec,
+    /// Interpret at most this many blocks of each launch (`None`: all).
+    pub sample_blocks: Option<u64>,
+    /// Prompt tokens of the prompt pass.
+    pub n_prompt: usize,
+    /// Tokens the generation figure is for (each modelled as the one decoded token: a
+    /// generation of up to 256 tokens attends 256 KV cells at every step).
+    pub n_gen: usize,
+    /// How the kernels are launched: graph nodes when the backend replays CUDA graphs.
+    pub launch: LaunchKind,
+}
+
+/// One launch of a profiled pass.
+#[derive(Clone, Debug)]
+pub struct ProfiledLaunch {
+    /// `pp512`, `tg`.
+    pub pass: String,
+    /// Its position in the pass on its device.
+    pub index: usize,
+    /// The device's index among the CUDA devices.
+    pub device: usize,
+    /// The node it computes (the first one, for a fused launch).
+    pub node: String,
+    /// Op and weight type, as op timing keys them.
+    pub op: ggml_core::OpKey,
+    /// The kernel.
+    pub kernel: KernelId,
+    /// Multiply-adds of a product or attention (0 otherwise).
+    pub macs: u64,
+    /// What cuda-sim counted.
+    pub counters: LaunchCounters,
+    /// The kernel's `ptxas -v` resources on the GPU's architecture.
+    pub resources: Option<KernelResources>,
+    /// The cost model's time for it.
+    pub prediction: Prediction,
+}
+
+impl ProfiledLaunch {
+    /// `MUL_MAT q4_1`, `ADD`.
+    pub fn op_name(&self) -> String {
+        match self.op.1 {
+            Some(w) => format!("{} {w}", self.op.0),
+            None => self.op.0.to_string(),
+        }
+    }
+}
+
+/// The PTX architecture whose `ptxas -v` resources price a GPU (the table has sm_80 and
+/// sm_90; newer GPUs run the sm_90 code).
+fn arch_of(gpu: &GpuSpec) -> &'static str {
+    if gpu.arch.compute_capability < 90 {
+        "sm_80"
+    } else {
+        "sm_90"
+    }
+}
+
+/// Runs `pass` with every launch of `backends` (cuda-sim devices) counted and priced.
+pub fn profile_pass(
+    backends: &[&CudaBackend],
+    name: &str,
+    settings: &ProfileSettings,
+    pass: impl FnOnce() -> Result<()>,
+) -> Result<Vec<ProfiledLaunch>> {
+    if backends.is_empty()
+        || backends
+            .iter()
+            .any(|b| b.driver_kind() != ggml_cuda::DriverKind::Sim)
+    {
+        return Err(HarnessError::Usage(
+            "profile counts what cuda-sim executes: give --devices cuda-sim:N".into(),
+        ));
+    }
+    let drv = ggml_cuda::sim_driver().map_err(|e| HarnessError::Model(e.to_string()))?;
+    let table = ResourceTable::parse(ggml_cuda::kernels::PTXAS_RESOURCES)
+        .map_err(|e| HarnessError::Model(format!("ptxas resource table: {e}")))?;
+    drv.enable_profiling(ProfileConfig {
+        gpu: settings.gpu.clone(),
+        sample_blocks: settings.sample_blocks,
+    });
+    drv.take_launch_records();
+    drv.reset_l2();
+    for b in backends {
+        b.record_launches(true);
+    }
+    let ran = pass().and_then(|()| {
+        for b in backends {
+            b.synchronize()?;
+        }
+        Ok(())
+    });
+    let records = drv.take_launch_records();
+    drv.disable_profiling();
+    let recorded: Vec<_> = backends
+        .iter()
+        .map(|b| {
+            let l = b.take_recorded_launches();
+            b.record_launches(false);
+            l
+        })
+        .collect();
+    ran?;
+    let arch = arch_of(&settings.gpu);
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        let device = backends
+            .iter()
+            .position(|b| b.stream_handle() == r.stream.0);
+        let (Some(device), Some(tag)) = (device, r.tag) else {
+            return Err(HarnessError::Model(format!(
+                "a launch of {} that no backend recorded (stream {:?}, tag {:?})",
+                r.kernel, r.stream, r.tag
+            )));
+        };
+        let l = recorded[device].get(tag as usize).ok_or_else(|| {
+            HarnessError::Model(format!("launch tag {tag} beyond the recorded launches"))
+        })?;
+        let (file, entry) = l.kernel.entry();
+        if entry != r.kernel {
+            return Err(HarnessError::Model(format!(
+                "launch {tag} recorded as {entry} but cuda-sim ran {}",
+                r.kernel
+            )));
+        }
+        let res = table.get(file, entry, arch);
+        let prediction = cost::predict(&settings.gpu, &r.counters, res.as_ref(), settings.launch)
+            .map_err(|e| HarnessError::Model(format!("{entry}: {e}")))?;
+        out.push(ProfiledLaunch {
+            pass: name.to_string(),
+            index: tag as usize,
+            device,
+            node: l.node.as_str().to_string(),
+            op: l.op,
+            kernel: l.kernel,
+            macs: l.macs,
+            counters: r.counters,
+            resources: res,
+            prediction,
+        });
+    }
+    Ok(out)
+}
+
+/// The two passes the figures are for: a prompt of `n_prompt` tokens into an empty
+/// cache (`pp{n_prompt}`), then one token decoded at position 0 (`tg`).
+pub fn profile_model(
+    model: &Model,
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    backends: &[&CudaBackend],
+    settings: &ProfileSettings,
+) -> Result<Vec<ProfiledLaunch>> {
+    let mut out = Vec::new();
+    if settings.n_prompt > 0 {
+        let prompt = crate::bench::prompt_batch(model, settings.n_prompt);
+        kv.clear();
+        let name = format!("pp{}", settings.n_prompt);
+        out.extend(profile_pass(backends, &name, settings, || {
+            exec.forward(model, kv, &prompt).map(|_| ())
+        })?);
+    }
+    if settings.n_gen > 0 {
+        kv.clear();
+        let mut one = Batch::default();
+        one.push(crate::bench::bench_token(model, 0), 0, 0, true);
+        out.extend(profile_pass(backends, "tg", settings, || {
+            exec.forward(model, kv, &one).map(|_| ())
+        })?);
+    }
+    Ok(out)
+}
+
+/// Per pass and op: launches, modelled µs, the counters summed.
+#[derive(Clone, Debug, Default)]
+pub struct OpRow {
+    /// Launches.
+    pub calls: usize,
+    /// Modelled seconds.
+    pub seconds: f64,
+    /// Warp instructions.
+    pub warp_instructions: u64,
+    /// Thread instructions.
+    pub thread_instructions: u64,
+    /// DRAM bytes through the L2 model.
+    pub dram_bytes: u64,
+    /// Multiply-adds of products and attention, and those on tensor cores.
+    pub macs: u64,
+    /// Tensor-core multiply-adds.
+    pub tensor_macs: u64,
+    /// Modelled seconds by binding term.
+    pub bound: BTreeMap<String, f64>,
+}
+
+impl OpRow {
+    /// The term that bound most of the row's modelled time.
+    pub fn main_bound(&self) -> &str {
+        self.bound
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or("-", |(k, _)| k.as_str())
+    }
+}
+
+/// The launches of `pass` summed per op (and weight type), longest first.
+pub fn op_rows(launches: &[ProfiledLaunch], pass: &str) -> Vec<(String, OpRow)> {
+    let mut rows: BTreeMap<String, OpRow> = BTreeMap::new();
+    for l in launches.iter().filter(|l| l.pass == pass) {
+        let r = rows.entry(l.op_name()).or_default();
+        r.calls += 1;
+        r.seconds += l.prediction.time_s;
+        r.warp_instructions += l.counters.warp_instructions;
+        r.thread_instructions += l.counters.thread_instructions;
+        r.dram_bytes += cost::dram_bytes(&l.counters);
+        r.macs += l.macs;
+        r.tensor_macs += l.counters.tensor_macs;
+        *r.bound.entry(l.prediction.bound.name()).or_default() += l.prediction.time_s;
+    }
+    let mut v: Vec<(String, OpRow)> = rows.into_iter().collect();
+    v.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds).then(a.0.cmp(&b.0)));
+    v
+}
+
+/// Modelled seconds of `pass`.
+pub fn pass_seconds(launches: &[ProfiledLaunch], pass: &str) -> f64 {
+    launches
+        .iter()
+        .filter(|l| l.pass == pass)
+        .map(|l| l.prediction.time_s)
+        .sum()
+}
+
+/// The share of the products' and attention's multiply-adds done on tensor cores in
+/// `pass` (0 when the pass has none).
+pub fn tensor_core_fraction(launches: &[ProfiledLaunch], pass: &str) -> f64 {
+    let (mut all, mut tc) = (0u64, 0u64);
+    for l in launches.iter().filter(|l| l.pass == pass) {
+        all += l.macs;
+        tc += l.counters.tensor_macs;
+    }
+    if all == 0 {
+        0.0
+    } else {
+        tc as f64 / all as f64
+    }
+}
+
+/// The per-op table of `pass` in the layout of harness/reference/cuda-h200.md, with the
+/// counters beside the modelled times.
+pub fn table(launches: &[ProfiledLaunch], pass: &str) -> String {
+    let total = pass_seconds(launches, pass);
+    let mut s = format!(
+        "{pass}: {:.3} ms modelled\n\n| op | calls | ms (modelled) | share | µs/call | bound | DRAM MB | warp instr (M) | lanes |\n|---|---|---|---|---|---|---|---|---|\n",
+        total * 1e3
+    );
+    for (op, r) in op_rows(launches, pass) {
+        let lanes = if r.warp_instructions == 0 {
+            0.0
+        } else {
+            r.thread_instructions as f64 / (32.0 * r.warp_instructions as f64)
+        };
+        s.push_str(&format!(
+            "| {op} | {} | {:.3} | {:.1} % | {:.2} | {} | {:.2} | {:.2} | {:.2} |\n",
+            r.calls,
+            r.seconds * 1e3,
+            100.0 * r.seconds / total.max(f64::MIN_POSITIVE),
+            r.seconds * 1e6 / r.calls as f64,
+            r.main_bound(),
+            r.dram_bytes as f64 / 1e6,
+            r.warp_instructions as f64 / 1e6,
+            lanes
+        ));
+    }
+    s
+}
+
+/// The `--json` object: modelled speeds, per-op rows, every launch.
+pub fn json(launches: &[ProfiledLaunch], settings: &ProfileSettings, extra: Value) -> Value {
+    let pp = format!("pp{}", settings.n_prompt);
+    let pp_s = pass_seconds(launches, &pp);
+    let tg_s = pass_seconds(launches, "tg");
+    let rate = |n: usize, s: f64| (s > 0.0).then(|| n as f64 / s);
+    let mut modelled = serde_json::Map::new();
+    modelled.insert(
+        format!("pp{}_tps", settings.n_prompt),
+        json!(rate(settings.n_prompt, pp_s)),
+    );
+    modelled.insert(format!("tg{}_tps", settings.n_gen), json!(rate(1, tg_s)));
+    modelled.insert("pp_pass_ms".into(), json!(pp_s * 1e3));
+    modelled.insert("tg_token_ms".into(), json!(tg_s * 1e3));
+    let ops = |pass: &str| -> Vec<Value> {
+        op_rows(launches, pass)
+            .into_iter()
+            .map(|(op, r)| {
+                json!({
+                    "pass": pass,
+                    "op": op,
+                    "calls": r.calls,
+                    "modelled_us": r.seconds * 1e6,
+                    "bound": r.main_bound(),
+                    "warp_instructions": r.warp_instructions,
+                    "thread_instructions": r.thread_instructions,
+                    "dram_bytes": r.dram_bytes,
+                    "macs": r.macs,
+                    "tensor_macs": r.tensor_macs,
+                })
+            })
+            .collect()
+    };
+    let mut all_ops = ops(&pp);
+    all_ops.extend(ops("tg"));
+    let rows: Vec<Value> = launches
+        .iter()
+        .map(|l| {
+            let c = &l.counters;
+            json!({
+                "pass": l.pass,
+                "index": l.index,
+                "device": l.device,
+                "node": l.node,
+                "op": l.op.0,
+                "weights": l.op.1,
+                "kernel": l.kernel.entry().1,
+                "grid": c.grid,
+                "block": c.block,
+                "modelled_us": l.prediction.time_s * 1e6,
+                "bound": l.prediction.bound.name(),
+                "warp_instructions": c.warp_instructions,
+                "lane_utilisation": c.lane_utilisation(),
+                "dram_bytes": cost::dram_bytes(c),
+                "global_load_sectors": c.global_load.sectors,
+                "global_store_sectors": c.global_store.sectors,
+                "shared_wavefronts": c.shared_load.wavefronts + c.shared_store.wavefronts,
+                "macs": l.macs,
+                "tensor_macs": c.tensor_macs,
+                "sampled": c.sampled(),
+            })
+        })
+        .collect();
+    json!({
+        "gpu": settings.gpu.name,
+        "sample_blocks": settings.sample_blocks,
+        "launch": match settings.launch { LaunchKind::Stream => "stream", LaunchKind::GraphNode => "graph_node" },
+        "modelled": Value::Object(modelled),
+        "tensor_core_fraction": { "pp": tensor_core_fraction(launches, &pp), "tg": tensor_core_fraction(launches, "tg") },
+        "ops": all_ops,
+        "launches": rows,
+        "run": extra,
+    })
+}
