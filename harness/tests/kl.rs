@@ -315,3 +315,37 @@ fn perplexity_kl_against_its_own_logits() {
     .to_string();
     assert!(e.contains("token 70 (chunk 1, position 6)"), "{e}");
 }
+
+/// A base file llama.cpp itself wrote (harness/tests/data/README.md has the command):
+/// the reader takes its header, tokens and log-probs as llama.cpp meant them. Its tokens
+/// are the corpus's first 64 as llama.cpp tokenised it, and the perplexity its log-probs
+/// give is the one llama-perplexity printed for that run, `[1]20.2320`.
+#[test]
+fn a_base_file_written_by_llama_cpp() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-c64-1chunk.kld");
+    let mut base = KlBase::open(&path).unwrap();
+    assert_eq!((base.n_ctx, base.n_vocab, base.n_chunk), (64, 49152, 1));
+    let reference: Vec<u32> = include_str!("../data/gpl-3.smollm2.tokens.txt")
+        .lines()
+        .take(64)
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(base.tokens, reference);
+    let mut chunk = ChunkLogProbs::default();
+    base.read_chunk(0, &mut chunk).unwrap();
+    let first = base.n_ctx / 2;
+    let rows = rows_per_chunk(base.n_ctx);
+    assert_eq!(rows, 31);
+    let mut nll = 0.0f64;
+    for r in 0..rows {
+        let row = chunk.row(r);
+        let (scale, min) = harness::kl::row_scale_min(row);
+        let next = base.tokens[first + r + 1] as usize;
+        nll -= (scale * f32::from(row[4 + next]) + min) as f64;
+    }
+    let ppl = (nll / rows as f64).exp();
+    // llama.cpp prints 4 decimals from full-precision log-probs; the file's are
+    // quantised to 16 bits over a 16-nat range (about 2.4e-4 nats a step).
+    assert!((ppl - 20.2320).abs() < 5e-3, "derived PPL {ppl}");
+}

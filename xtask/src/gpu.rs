@@ -460,6 +460,36 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
         std::fs::copy(&from, kit.join(to)).map_err(|e| io("cannot copy", &from, e))?;
     }
 
+    // The modelled per-launch tables of this commit, written before the run so that the
+    // run's measurements say how far the model was from the hardware.
+    let model_arg = model.display().to_string();
+    for gpu in MODELLED_GPUS {
+        for tuning in MODELLED_TUNINGS {
+            let out = kit.join(format!("modelled-{gpu}-{tuning}.json"));
+            eprintln!("gpu-test: modelling {tuning} on {gpu} (cuda-sim profile)");
+            let json = cmd!(
+                sh,
+                "{harness} profile --model {model_arg} --devices cuda-sim:0 --gpu {gpu} --cuda-tuning {tuning} --json"
+            )
+            .read()
+            .map_err(err)?;
+            std::fs::write(&out, json).map_err(|e| io("cannot write", &out, e))?;
+        }
+    }
+    let names: Vec<String> = MODELLED_GPUS
+        .iter()
+        .flat_map(|g| {
+            MODELLED_TUNINGS
+                .iter()
+                .map(move |t| format!("modelled-{g}-{t}.json"))
+        })
+        .collect();
+    let hashes = {
+        let _dir = sh.push_dir(&kit);
+        cmd!(sh, "sha256sum {names...}").read().map_err(err)?
+    };
+    eprintln!("gpu-test: modelled tables (sha256):\n{hashes}");
+
     // The reference digests: the same test binaries on cuda-sim, here.
     let sim_results = kit.join("sim-kernel-results.txt");
     {
@@ -605,6 +635,11 @@ fn run_script(model_sha256: &str, tests: &[String], commit: &str) -> String {
         .replace("@PPL_TOLERANCE@", PPL_TOLERANCE)
         .replace("@COMPARE_DIGESTS@", COMPARE_SH)
 }
+
+/// The GPUs whose modelled tables the kit carries (the lent GPU is one of them).
+const MODELLED_GPUS: [&str; 2] = ["h100-sxm", "h200"];
+/// The settings modelled for each: the current kernels and the first ones.
+const MODELLED_TUNINGS: [&str; 2] = ["default", "legacy"];
 
 /// `run.sh`, with `@NAME@` for what [`run_script`] fills in.
 const RUN_SH: &str = include_str!("gpu_run.sh");

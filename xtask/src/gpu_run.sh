@@ -89,8 +89,9 @@ else
   ppl_args="--ctx 64 --chunks 1"
   bench_pp=16; bench_tg=2; bench_r=1; tune_r=1; cal_args="--tiny -r 1"; cal_p=8
 fi
-echo "kit of commit @COMMIT@; modelled table sha256 $(sha256sum modelled.json | cut -d' ' -f1)" | tee "$res/kit.txt"
-cp modelled.json "$res/"
+{ echo "kit of commit @COMMIT@; modelled tables (written before this run):"
+  sha256sum modelled-*.json; } | tee "$res/kit.txt"
+cp modelled-*.json "$res/"
 
 run_tests() {
   local ok=0
