@@ -8,6 +8,8 @@ pub(crate) enum Tok {
     Word(String),
     /// One punctuation character: `, ; { } ( ) [ ] + - @ ! : < >`.
     Punct(char),
+    /// A string literal without its quotes (`.pragma "nounroll";`).
+    Str(String),
 }
 
 /// A token and its 1-based line.
@@ -55,6 +57,20 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, (u32, String)> {
                 tok: Tok::Word(text[s..i].to_string()),
                 line,
             });
+        } else if c == b'"' {
+            let s = i + 1;
+            i = s;
+            while i < b.len() && b[i] != b'"' && b[i] != b'\n' {
+                i += 1;
+            }
+            if b.get(i) != Some(&b'"') {
+                return Err((line, "unterminated string literal".into()));
+            }
+            out.push(Token {
+                tok: Tok::Str(text[s..i].to_string()),
+                line,
+            });
+            i += 1;
         } else if b",;{}()[]+-@!:<>|".contains(&c) {
             out.push(Token {
                 tok: Tok::Punct(c as char),

@@ -130,6 +130,7 @@ impl<'a> P<'a> {
         match self.next()? {
             Tok::Word(w) => Ok(w),
             Tok::Punct(c) => err(l, format!("expected a word, found '{c}'")),
+            Tok::Str(s) => err(l, format!("expected a word, found the string \"{s}\"")),
         }
     }
 
@@ -239,6 +240,7 @@ impl<'a> P<'a> {
                         return err(l, ".extern .shared must be an unsized array");
                     }
                     self.punct(';')?;
+                    self.fresh_module_name(&name, l)?;
                     // Placed after every static shared variable, known at the end.
                     self.extern_shared = Some((name, align.max(16)));
                 }
@@ -246,6 +248,7 @@ impl<'a> P<'a> {
                     self.next()?;
                     let (align, ty, name, count, _) = self.var_decl()?;
                     self.punct(';')?;
+                    self.fresh_module_name(&name, l)?;
                     let size = ty.bytes() * count.flatten().unwrap_or(1);
                     let off = align_up(self.shared_bytes, align);
                     self.shared_bytes = off + size;
@@ -265,6 +268,18 @@ impl<'a> P<'a> {
                 }
                 other => return err(l, format!("unsupported module directive '{other}'")),
             }
+        }
+        Ok(())
+    }
+
+    /// An error if `name` already names a module-scope variable or function (ptxas
+    /// refuses such a redefinition).
+    fn fresh_module_name(&self, name: &str, l: u32) -> Result<(), PErr> {
+        let taken = self.shared.contains_key(name)
+            || self.func_index.contains_key(name)
+            || self.extern_shared.as_ref().is_some_and(|(n, _)| n == name);
+        if taken {
+            return err(l, format!("'{name}' defined twice"));
         }
         Ok(())
     }
@@ -327,6 +342,14 @@ impl<'a> P<'a> {
             );
         }
         let index = self.funcs.len() as u32;
+        if self.shared.contains_key(&name)
+            || self.extern_shared.as_ref().is_some_and(|(n, _)| *n == name)
+        {
+            return err(
+                l,
+                format!("'{name}' defined twice (a shared variable has that name)"),
+            );
+        }
         if self.func_index.insert(name.clone(), index).is_some() {
             return err(l, format!("'{name}' defined twice"));
         }
@@ -449,6 +472,7 @@ impl<'a> P<'a> {
                     f.code.push(ins);
                 }
                 Tok::Punct(c) => return err(l, format!("unexpected '{c}'")),
+                Tok::Str(s) => return err(l, format!("unexpected string \"{s}\"")),
                 Tok::Word(w) => {
                     if self.is_punct(':') {
                         self.next()?;
