@@ -51,6 +51,9 @@ fn setup() -> Setup {
     let f = d.module_function(m, "scale").unwrap();
     let x = d.mem_alloc(0, N * 4).unwrap();
     d.memcpy_htod(x, &vec![0u8; N * 4]).unwrap();
+    // A pageable copy may return before its DMA ends, and the non-blocking stream below
+    // does not order after the NULL stream it ran on: wait for it.
+    d.device_synchronize(0).unwrap();
     let s = d.stream_create(0, true).unwrap();
     Setup { d, f, x, s }
 }
