@@ -181,7 +181,7 @@ impl fmt::Display for RaceReport {
 /// | consumer or copy | copy write | HB3 (slot reuse) |
 /// | copy read | producer, same tensor | HB4 (source reuse, next run) |
 /// | copy read | producer, other tensor | HB6 (allocator reuse across backends) |
-/// | consumer or copy read | input or host write | HB5 (user input rewritten) |
+/// | consumer, copy read or input write | input or host write | HB5 (user input rewritten) |
 /// | producer or copy write | host read, or the reverse | HB7 (host reads outputs) |
 /// | anything else | | HB6 |
 pub fn classify(earlier: Role, later: Role, same_tensor: bool) -> HbRule {
@@ -191,7 +191,7 @@ pub fn classify(earlier: Role, later: Role, same_tensor: bool) -> HbRule {
         (CopyWrite, Consumer) => HbRule::Hb2,
         (Consumer | CopyRead | CopyWrite, CopyWrite) => HbRule::Hb3,
         (CopyRead, Producer) if same_tensor => HbRule::Hb4,
-        (CopyRead | Consumer, InputWrite | HostWrite) => HbRule::Hb5,
+        (CopyRead | Consumer | InputWrite, InputWrite | HostWrite) => HbRule::Hb5,
         (Producer | CopyWrite, HostRead) | (HostRead, Producer | CopyWrite) => HbRule::Hb7,
         (InputWrite, Consumer) => HbRule::Hb1,
         _ => HbRule::Hb6,
