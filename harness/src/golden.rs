@@ -4,7 +4,10 @@
 //! (`cpu` for every x86-64 and aarch64 CPU, since all CPU ISA paths are bit-identical to
 //! the reference), the model and text (by SHA-256) and the perplexity settings. Device
 //! count, split mode, pipeline slots and threads are *not* part of the key: invariant 2
-//! says they never change the bits, and the regression matrix checks exactly that.
+//! says they never change the bits, and the regression matrix checks exactly that. The
+//! one computation that does change them on purpose, tensor-reduce (partial sums of
+//! several devices added), is a key's `variant`: its bits depend on how many devices
+//! share each sum and whether the sums cross as BF16, and on nothing else.
 
 use std::path::Path;
 
@@ -32,6 +35,10 @@ pub struct GoldenKey {
     pub n_batch: usize,
     /// Chunk limit (`None`: the whole text).
     pub chunks: Option<usize>,
+    /// `None` for the exact computation; for tensor-reduce, `tensor-reduce:N:f32` or
+    /// `tensor-reduce:N:bf16>=B` (N devices, BF16 from B bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 /// A recorded result.
@@ -138,6 +145,7 @@ mod tests {
             n_ctx: 512,
             n_batch: 512,
             chunks: None,
+            variant: None,
         }
     }
 

@@ -66,14 +66,14 @@ fn matrix_file(name: &str) -> PathBuf {
 }
 
 #[test]
-fn cpu_matrix_has_74_identical_cells_and_4_within_tolerance() {
+fn cpu_matrix_has_74_identical_cells_2_reduce_groups_and_4_within_tolerance() {
     let m = Matrix::load(&matrix_file("cpu.toml")).unwrap();
     let embedded = Matrix::cpu();
     assert_eq!(
         (&m.cells, &m.rules, &m.settings),
         (&embedded.cells, &embedded.rules, &embedded.settings)
     );
-    assert_eq!(m.cells.len(), 78);
+    assert_eq!(m.cells.len(), 80);
     let ring = m.cell("cpu3-tensor-ring-c2").expect("ring cells");
     assert_eq!(ring.cell.all_gather, harness::session::AllGather::Ring);
     let c = m.cell("cpu2-layer-c2-t1").expect("grid names its cells");
@@ -88,9 +88,20 @@ fn cpu_matrix_has_74_identical_cells_and_4_within_tolerance() {
         (512, None)
     );
     match &m.rules[..] {
-        [Rule::Identical { cells, .. }, within @ ..] => {
+        [Rule::Identical { cells, .. }, Rule::Identical { cells: f32s, .. }, Rule::Identical { cells: bf16s, .. }, within @ ..] =>
+        {
             assert_eq!(cells.len(), 74);
             assert!(!cells.iter().any(|c| c.contains("reduce")));
+            // Each two-device reduce cell is bit-identical to itself with two slots and
+            // micro-batches.
+            assert_eq!(
+                f32s,
+                &["cpu2-tensor-reduce-f32", "cpu2-tensor-reduce-f32-c2-u128"]
+            );
+            assert_eq!(
+                bf16s,
+                &["cpu2-tensor-reduce-bf16", "cpu2-tensor-reduce-bf16-c2-u128"]
+            );
             assert_eq!(within.len(), 4);
         }
         r => panic!("{r:?}"),
@@ -171,12 +182,12 @@ fn cpu_matrix_holds_on_a_synthetic_model() {
     let mut opts = options(goldens, false);
     opts.require_golden = true;
     let report = run(&m, &opts, |_| {}).unwrap();
-    assert_eq!(report.rows.len(), 78);
+    assert_eq!(report.rows.len(), 80);
     assert!(report.passed(), "{:?}", report.violations);
     assert!(report.rows.iter().all(|r| r.hardware == "cpu"
         && r.result.races == 0
         && r.golden
-            == if r.name.contains("reduce") {
+            == if r.name.starts_with("cpu4-tensor-reduce") {
                 GoldenStatus::NotCompared
             } else {
                 GoldenStatus::Equal
@@ -185,7 +196,7 @@ fn cpu_matrix_holds_on_a_synthetic_model() {
         .hardware_note
         .starts_with("CPU golden shared by all ISA paths (this run: "));
     let table = report.markdown();
-    assert_eq!(table.lines().count(), 2 + 78);
+    assert_eq!(table.lines().count(), 2 + 80);
     assert!(
         table.contains("| cpu2-layer-c2-t1 | cpu:2 | Layer | 2 | 1 | batch |"),
         "{table}"
@@ -348,7 +359,7 @@ fn bad_files_are_refused_with_their_line(
 }
 
 #[rstest]
-#[case("cpu", 78)]
+#[case("cpu", 80)]
 #[case("cuda", 17)]
 #[case("cuda-2gpu", 23)]
 #[case("cuda-sim", 8)]

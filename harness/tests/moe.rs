@@ -117,8 +117,8 @@ fn synthetic_moe_splits_give_the_bits_of_one_device(
     assert!(one.ppl.is_finite() && one.ppl > 1.0);
 }
 
-/// Tensor-reduce over experts sums partial products in another order: within 0.5 %
-/// (measured 1.2e-3; routing is a discrete choice, so a last-bit difference in the
+/// Tensor-reduce over experts sums partial products in another order: within 2.4e-3,
+/// twice what it measured (1.202e-3 on 2026-11-26; routing is a discrete choice, so a last-bit difference in the
 /// router's input can flip a near-tie between two experts, and the real model shows the
 /// same order of sensitivity with and without routing, see matrices/moe.toml). (`cpu:3` cannot cut `n_ff` = 512
 /// on 32-element blocks; the exact cells cover three devices.)
@@ -137,8 +137,9 @@ fn synthetic_moe_tensor_reduce_is_close() {
     .unwrap();
     assert_eq!(red.races, 0);
     let rel = (red.ppl - one.ppl).abs() / one.ppl;
+    eprintln!("tensor-reduce vs none: {rel:.3e}");
     assert!(
-        rel < 5e-3,
+        rel < 2.4e-3,
         "tensor-reduce {} vs {} ({rel:.2e})",
         red.ppl,
         one.ppl
@@ -163,6 +164,7 @@ fn synthetic_moe_on_cuda_sim_matches_the_cpu() {
     )
     .unwrap();
     let rel = (gpu.ppl - cpu.ppl).abs() / cpu.ppl;
+    eprintln!("cuda-sim vs cpu: {rel:.3e}");
     assert!(
         rel < 5e-3,
         "cuda-sim {} vs cpu {} ({rel:.2e})",

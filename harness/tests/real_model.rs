@@ -75,6 +75,7 @@ fn whole_corpus_tracks_llama_cpp() {
         n_ctx: 512,
         n_batch: 512,
         chunks: None,
+        variant: None,
     };
     let set = golden::GoldenSet::parse(golden::EMBEDDED).unwrap();
     let g = set

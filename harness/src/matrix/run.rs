@@ -122,6 +122,13 @@ fn key(m: &MatrixCell, matrix: &Matrix, hardware: &str, model: &str, text: &str)
         n_ctx: ppl.n_ctx,
         n_batch: ppl.n_batch,
         chunks: ppl.max_chunks,
+        variant: (m.cell.split == crate::session::SplitMode::TensorReduce).then(|| {
+            let n = m.cell.devices.count();
+            match m.cell.reduce_bf16_min {
+                Some(b) => format!("tensor-reduce:{n}:bf16>={b}"),
+                None => format!("tensor-reduce:{n}:f32"),
+            }
+        }),
     }
 }
 
