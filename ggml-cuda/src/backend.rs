@@ -11,8 +11,10 @@ use ggml_core::{
     BufferInfo, CopyQueue, EventId, EventRef, MemoryDomain, Name, Tensor, TensorId,
 };
 
-use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
+use crate::driver::counted::Counted;
+use crate::driver::{self, Api, CuError, Device, DriverKind, Event, Stream};
 use crate::fusion::{self, Step};
+use crate::host_counters::{Counters, HostCounters};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
 use crate::op_timing::OpTimer;
@@ -94,6 +96,7 @@ pub struct CudaBackend {
     pub(crate) state: Mutex<State>,
     pub(crate) launches: [AtomicU64; KernelId::COUNT],
     pub(crate) last_class: Mutex<Option<MulMatClass>>,
+    counters: Counters,
 }
 
 // SAFETY: the raw handles (stream, events, pinned pointers) are driver objects usable from
@@ -146,8 +149,12 @@ impl CudaBackend {
         let name = name_of(kind, ordinal, instance);
         let unavailable = |e: CuError| cu_err(name, BackendErrorKind::Unavailable, e);
         let dev = driver::device(kind, ordinal).map_err(unavailable)?;
-        dev.bind().map_err(unavailable)?;
-        let api = dev.api;
+        let counters = Counters::default();
+        let api = Counted {
+            api: dev.api,
+            counters: &counters,
+        };
+        api.bind(dev.ctx).map_err(unavailable)?;
         let stream = api.stream_create(dev.ctx).map_err(unavailable)?;
         let copy_event = match api.event_create(dev.ctx) {
             Ok(e) => e,
@@ -199,6 +206,7 @@ impl CudaBackend {
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
+            counters,
         })
     }
 
@@ -300,7 +308,28 @@ impl CudaBackend {
     }
 
     pub(crate) fn bind(&self) -> BackendResult<()> {
-        self.dev.bind().map_err(|e| self.cu(e))
+        self.api().bind(self.dev.ctx).map_err(|e| self.cu(e))
+    }
+
+    /// The driver, each call counted in this backend's host counters.
+    pub(crate) fn api(&self) -> Counted<'_> {
+        Counted {
+            api: self.dev.api,
+            counters: &self.counters,
+        }
+    }
+
+    /// What this backend asked of the driver on the host since it was created or since
+    /// [`CudaBackend::reset_host_counters`]: driver calls by kind, kernels run, graph
+    /// launches, host waits, bytes copied, host time of `graph_compute`. Snapshots
+    /// subtract (`after - before`) and add (over devices).
+    pub fn host_counters(&self) -> HostCounters {
+        self.counters.snapshot()
+    }
+
+    /// Sets every host counter back to zero.
+    pub fn reset_host_counters(&self) {
+        self.counters.reset()
     }
 
     /// Device address and length of a buffer range, checked to lie within the buffer.
@@ -382,7 +411,7 @@ impl CudaBackend {
     /// a free chunk that fits, else a new one while there is room, else idle chunks too
     /// small for `len` make room, else the oldest busy chunk is waited for.
     fn staging(&self, st: &mut State, len: usize) -> BackendResult<usize> {
-        let api = self.dev.api;
+        let api = self.api();
         let want = len.max(STAGING_MIN).next_power_of_two();
         loop {
             for s in st.staging.iter_mut().filter(|s| s.busy) {
@@ -418,7 +447,7 @@ impl CudaBackend {
     }
 
     fn new_staging(&self, st: &mut State, size: usize) -> BackendResult<usize> {
-        let api = self.dev.api;
+        let api = self.api();
         let p = api
             .mem_alloc_host(self.dev.ctx, size)
             .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
@@ -448,8 +477,7 @@ impl CudaBackend {
         }
         let size = len.next_power_of_two().max(1 << 20);
         let p = self
-            .dev
-            .api
+            .api()
             .mem_alloc(self.dev.ctx, size)
             .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
         if st.scratch != 0 {
@@ -486,7 +514,7 @@ impl CudaBackend {
         if users.is_empty() {
             return Ok(());
         }
-        let api = self.dev.api;
+        let api = self.api();
         let mut words = vec![0u8; 4 * users.len()];
         api.memcpy_dtoh_async(&mut words, self.err_word, self.stream)
             .map_err(|e| self.cu(e))?;
@@ -510,6 +538,7 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        // Uncounted: nothing reads the counters of a backend being dropped.
         let (api, ctx) = (self.dev.api, self.dev.ctx);
         if self.dev.bind().is_err() {
             // A poisoned context: the driver frees everything with it; still give the
@@ -580,8 +609,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         // A zero-size request allocates one byte instead.
         let p = self
-            .dev
-            .api
+            .api()
             .mem_alloc(self.dev.ctx, size.max(1))
             .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
         let mut st = lock(&self.state);
@@ -608,7 +636,7 @@ impl Backend for CudaBackend {
         self.buffer_range(&st, buffer, 0, 0)?;
         let (p, _) = st.buffers.remove(&buffer.index).unwrap_or((0, 0));
         // The caller guarantees no queued use.
-        let freed = self.dev.api.mem_free(self.dev.ctx, p);
+        let freed = self.api().mem_free(self.dev.ctx, p);
         match healthy {
             true => freed.map_err(|e| self.cu(e)),
             false => Ok(()),
@@ -625,7 +653,7 @@ impl Backend for CudaBackend {
         // on the legacy NULL stream, which does not order against our non-blocking
         // stream, and may return before the bytes landed, so a kernel enqueued next
         // could read the old bytes.
-        let api = self.dev.api;
+        let api = self.api();
         // SAFETY: `data` is pageable memory, staged by the driver during the call; the
         // synchronisation below completes the copy before `data` can change.
         unsafe { api.memcpy_htod_async(dst, data.as_ptr(), data.len(), self.stream) }
@@ -641,8 +669,7 @@ impl Backend for CudaBackend {
         }
         // Ordered on our stream (see buffer_set); a pageable destination makes it
         // complete on return.
-        self.dev
-            .api
+        self.api()
             .memcpy_dtoh_async(out, src, self.stream)
             .map_err(|e| self.cu(e))
     }
@@ -659,7 +686,7 @@ impl Backend for CudaBackend {
         drop(st);
         // On our stream, then waited for (see buffer_set: cuMemsetD8 is asynchronous and
         // on the legacy NULL stream).
-        let api = self.dev.api;
+        let api = self.api();
         api.memset_d8_async(base, value, size, self.stream)
             .and_then(|_| api.stream_synchronize(self.stream))
             .map_err(|e| self.cu(e))
@@ -680,7 +707,7 @@ impl Backend for CudaBackend {
 
     fn set_tensor_async(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> BackendResult<()> {
         self.bind()?;
-        let api = self.dev.api;
+        let api = self.api();
         let mut st = lock(&self.state);
         let dst = self
             .tensor_range(&st, tensor, offset, data.len())
@@ -718,8 +745,7 @@ impl Backend for CudaBackend {
         if out.is_empty() {
             return Ok(());
         }
-        self.dev
-            .api
+        self.api()
             .memcpy_dtoh_async(out, src, self.stream)
             .map_err(|e| self.cu(e).at("get_tensor", tensor.name))
     }
@@ -755,7 +781,7 @@ impl Backend for CudaBackend {
             return Ok(true);
         }
         let fail = |e: CuError| self.cu(e).at("cpy_tensor_async", dst.name);
-        let api = self.dev.api;
+        let api = self.api();
         if std::ptr::eq(sb, self) {
             self.bind()?;
             api.memcpy_dtod_async(d_addr, s_addr, n, self.stream)
@@ -813,7 +839,7 @@ impl Backend for CudaBackend {
             return Ok(true);
         }
         let fail = |e: CuError| self.cu(e).at("engine_cpy_tensor_async", dst.name);
-        let api = self.dev.api;
+        let api = self.api();
         self.bind()?;
         let r = if Arc::ptr_eq(&sb.dev, &db.dev) {
             api.memcpy_dtod_async(d_addr, s_addr, n, self.stream)
@@ -826,6 +852,167 @@ impl Backend for CudaBackend {
     }
 
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
+        let t0 = std::time::Instant::now();
+        let r = self.compute_steps(tensors, nodes);
+        self.counters
+            .graph_compute(nodes.len(), t0.elapsed().as_nanos() as u64);
+        r
+    }
+
+    fn synchronize(&self) -> BackendResult<()> {
+        self.bind()?;
+        let api = self.api();
+        api.stream_synchronize(self.stream)
+            .map_err(|e| self.cu(e))?;
+        {
+            let mut st = lock(&self.state);
+            if let Some(t) = st.timer.as_mut() {
+                t.settle(&api);
+            }
+            for p in std::mem::take(&mut st.retired) {
+                // The stream is idle, nothing uses the retired scratch.
+                let _ = api.mem_free(self.dev.ctx, p);
+            }
+            for s in &mut st.staging {
+                s.busy = false;
+            }
+        }
+        self.take_kernel_error()
+    }
+
+    fn event_new(&self) -> BackendResult<Option<EventId>> {
+        self.bind()?;
+        let ev = self
+            .api()
+            .event_create(self.dev.ctx)
+            .map_err(|e| self.cu(e))?;
+        let mut st = lock(&self.state);
+        let id = st.next_event;
+        st.next_event += 1;
+        st.events.insert(id, ev);
+        Ok(Some(EventId(id)))
+    }
+
+    fn event_free(&self, event: EventId) -> BackendResult<()> {
+        self.bind()?;
+        let ev = lock(&self.state)
+            .events
+            .remove(&event.0)
+            .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))?;
+        // The caller guarantees no pending wait.
+        self.api().event_destroy(ev);
+        Ok(())
+    }
+
+    fn event_record(&self, event: EventId) -> BackendResult<()> {
+        self.bind()?;
+        let ev = self.event_handle(event)?;
+        self.api()
+            .event_record(ev, self.stream)
+            .map_err(|e| self.cu(e))
+    }
+
+    fn event_wait(&self, event: EventRef<'_>) -> BackendResult<()> {
+        let Some(owner) = event.owner.as_any().downcast_ref::<CudaBackend>() else {
+            return Err(self.err(
+                BackendErrorKind::ForeignEvent,
+                "a CUDA stream can only wait on events of CUDA backends",
+            ));
+        };
+        if owner.dev.kind != self.dev.kind {
+            return Err(self.err(
+                BackendErrorKind::ForeignEvent,
+                "a CUDA stream can only wait on events of the same driver (cuda or cuda-sim)",
+            ));
+        }
+        let ev = owner.event_handle(event.id)?;
+        self.bind()?;
+        // Events of another context are allowed.
+        self.api()
+            .stream_wait_event(self.stream, ev)
+            .map_err(|e| self.cu(e))
+    }
+
+    fn can_wait_on(&self, owner: &dyn Backend) -> bool {
+        owner
+            .as_any()
+            .downcast_ref::<CudaBackend>()
+            .is_some_and(|o| o.dev.kind == self.dev.kind)
+    }
+
+    fn event_synchronize(&self, event: EventId) -> BackendResult<()> {
+        self.bind()?;
+        let ev = self.event_handle(event)?;
+        // An unrecorded event completes at once.
+        self.api().event_synchronize(ev).map_err(|e| self.cu(e))
+    }
+
+    fn event_synchronize_timeout(
+        &self,
+        event: EventId,
+        timeout: std::time::Duration,
+    ) -> BackendResult<bool> {
+        self.bind()?;
+        let ev = self.event_handle(event)?;
+        self.poll(ev, timeout)
+    }
+
+    fn synchronize_timeout(&self, timeout: std::time::Duration) -> BackendResult<bool> {
+        self.bind()?;
+        let api = self.api();
+        let ev = api.event_create(self.dev.ctx).map_err(|e| self.cu(e))?;
+        let done = api
+            .event_record(ev, self.stream)
+            .map_err(|e| self.cu(e))
+            .and_then(|()| self.poll(ev, timeout));
+        api.event_destroy(ev);
+        match done? {
+            true => self.synchronize().map(|()| true),
+            false => Ok(false),
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Times every node computed from now on (`true`), with a pair of timed events
+    /// around its kernels, or stops and drops what was measured (`false`). Recording the
+    /// events costs host time per node: time other runs than those whose speed you
+    /// report. Read the times with [`CudaBackend::take_op_times`].
+    pub fn set_op_timing(&self, on: bool) -> BackendResult<()> {
+        self.bind()?;
+        let api = self.api();
+        if on {
+            lock(&self.state).timer.get_or_insert_with(OpTimer::default);
+            return Ok(());
+        }
+        api.stream_synchronize(self.stream)
+            .map_err(|e| self.cu(e))?;
+        if let Some(mut t) = lock(&self.state).timer.take() {
+            t.destroy(&api);
+        }
+        Ok(())
+    }
+
+    /// The GPU time per kind of op since timing started or the last call, longest
+    /// first (empty while timing is off), and starts new sums. Waits for the stream.
+    pub fn take_op_times(&self) -> BackendResult<Vec<ggml_core::OpTime>> {
+        self.bind()?;
+        let api = self.api();
+        api.stream_synchronize(self.stream)
+            .map_err(|e| self.cu(e))?;
+        let mut st = lock(&self.state);
+        Ok(st
+            .timer
+            .as_mut()
+            .map(|t| {
+                t.settle(&api);
+                t.take()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The body of `graph_compute`: the fusion plan's steps, each launched on the stream.
+    fn compute_steps(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         self.bind()?;
         let mut st = lock(&self.state);
         // Timed nodes run one by one, so each has its own time.
@@ -854,161 +1041,6 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn synchronize(&self) -> BackendResult<()> {
-        self.bind()?;
-        let api = self.dev.api;
-        api.stream_synchronize(self.stream)
-            .map_err(|e| self.cu(e))?;
-        {
-            let mut st = lock(&self.state);
-            if let Some(t) = st.timer.as_mut() {
-                t.settle(api);
-            }
-            for p in std::mem::take(&mut st.retired) {
-                // The stream is idle, nothing uses the retired scratch.
-                let _ = api.mem_free(self.dev.ctx, p);
-            }
-            for s in &mut st.staging {
-                s.busy = false;
-            }
-        }
-        self.take_kernel_error()
-    }
-
-    fn event_new(&self) -> BackendResult<Option<EventId>> {
-        self.bind()?;
-        let ev = self
-            .dev
-            .api
-            .event_create(self.dev.ctx)
-            .map_err(|e| self.cu(e))?;
-        let mut st = lock(&self.state);
-        let id = st.next_event;
-        st.next_event += 1;
-        st.events.insert(id, ev);
-        Ok(Some(EventId(id)))
-    }
-
-    fn event_free(&self, event: EventId) -> BackendResult<()> {
-        self.bind()?;
-        let ev = lock(&self.state)
-            .events
-            .remove(&event.0)
-            .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))?;
-        // The caller guarantees no pending wait.
-        self.dev.api.event_destroy(ev);
-        Ok(())
-    }
-
-    fn event_record(&self, event: EventId) -> BackendResult<()> {
-        self.bind()?;
-        let ev = self.event_handle(event)?;
-        self.dev
-            .api
-            .event_record(ev, self.stream)
-            .map_err(|e| self.cu(e))
-    }
-
-    fn event_wait(&self, event: EventRef<'_>) -> BackendResult<()> {
-        let Some(owner) = event.owner.as_any().downcast_ref::<CudaBackend>() else {
-            return Err(self.err(
-                BackendErrorKind::ForeignEvent,
-                "a CUDA stream can only wait on events of CUDA backends",
-            ));
-        };
-        if owner.dev.kind != self.dev.kind {
-            return Err(self.err(
-                BackendErrorKind::ForeignEvent,
-                "a CUDA stream can only wait on events of the same driver (cuda or cuda-sim)",
-            ));
-        }
-        let ev = owner.event_handle(event.id)?;
-        self.bind()?;
-        // Events of another context are allowed.
-        self.dev
-            .api
-            .stream_wait_event(self.stream, ev)
-            .map_err(|e| self.cu(e))
-    }
-
-    fn can_wait_on(&self, owner: &dyn Backend) -> bool {
-        owner
-            .as_any()
-            .downcast_ref::<CudaBackend>()
-            .is_some_and(|o| o.dev.kind == self.dev.kind)
-    }
-
-    fn event_synchronize(&self, event: EventId) -> BackendResult<()> {
-        self.bind()?;
-        let ev = self.event_handle(event)?;
-        // An unrecorded event completes at once.
-        self.dev.api.event_synchronize(ev).map_err(|e| self.cu(e))
-    }
-
-    fn event_synchronize_timeout(
-        &self,
-        event: EventId,
-        timeout: std::time::Duration,
-    ) -> BackendResult<bool> {
-        self.bind()?;
-        let ev = self.event_handle(event)?;
-        self.poll(ev, timeout)
-    }
-
-    fn synchronize_timeout(&self, timeout: std::time::Duration) -> BackendResult<bool> {
-        self.bind()?;
-        let api = self.dev.api;
-        let ev = api.event_create(self.dev.ctx).map_err(|e| self.cu(e))?;
-        let done = api
-            .event_record(ev, self.stream)
-            .map_err(|e| self.cu(e))
-            .and_then(|()| self.poll(ev, timeout));
-        api.event_destroy(ev);
-        match done? {
-            true => self.synchronize().map(|()| true),
-            false => Ok(false),
-        }
-    }
-}
-
-impl CudaBackend {
-    /// Times every node computed from now on (`true`), with a pair of timed events
-    /// around its kernels, or stops and drops what was measured (`false`). Recording the
-    /// events costs host time per node: time other runs than those whose speed you
-    /// report. Read the times with [`CudaBackend::take_op_times`].
-    pub fn set_op_timing(&self, on: bool) -> BackendResult<()> {
-        self.bind()?;
-        let api = self.dev.api;
-        if on {
-            lock(&self.state).timer.get_or_insert_with(OpTimer::default);
-            return Ok(());
-        }
-        api.stream_synchronize(self.stream)
-            .map_err(|e| self.cu(e))?;
-        if let Some(mut t) = lock(&self.state).timer.take() {
-            t.destroy(api);
-        }
-        Ok(())
-    }
-
-    /// The GPU time per kind of op since timing started or the last call, longest
-    /// first (empty while timing is off), and starts new sums. Waits for the stream.
-    pub fn take_op_times(&self) -> BackendResult<Vec<ggml_core::OpTime>> {
-        self.bind()?;
-        let api = self.dev.api;
-        api.stream_synchronize(self.stream)
-            .map_err(|e| self.cu(e))?;
-        let mut st = lock(&self.state);
-        Ok(st
-            .timer
-            .as_mut()
-            .map(|t| {
-                t.settle(api);
-                t.take()
-            })
-            .unwrap_or_default())
-    }
-
     /// Runs node `id` between two timed events.
     fn run_timed(
         &self,
@@ -1017,9 +1049,9 @@ impl CudaBackend {
         id: TensorId,
         key: ggml_core::OpKey,
     ) -> BackendResult<()> {
-        let api = self.dev.api;
+        let api = self.api();
         let timer = st.timer.as_mut().expect("called with timing on");
-        let (a, b) = timer.pair(api, self.dev.ctx).map_err(|e| self.cu(e))?;
+        let (a, b) = timer.pair(&api, self.dev.ctx).map_err(|e| self.cu(e))?;
         let r = api
             .event_record(a, self.stream)
             .map_err(|e| self.cu(e))
@@ -1035,10 +1067,11 @@ impl CudaBackend {
 
     /// Polls `ev` until it completed or `timeout` passed (a driver has no timed wait).
     fn poll(&self, ev: Event, timeout: std::time::Duration) -> BackendResult<bool> {
+        self.counters.host_sync();
         let deadline = std::time::Instant::now() + timeout;
         let mut pause = std::time::Duration::from_micros(20);
         loop {
-            if self.dev.api.event_query(ev).map_err(|e| self.cu(e))? {
+            if self.api().event_query(ev).map_err(|e| self.cu(e))? {
                 return Ok(true);
             }
             if std::time::Instant::now() >= deadline {

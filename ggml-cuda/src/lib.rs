@@ -45,6 +45,7 @@
 mod backend;
 mod driver;
 mod fusion;
+mod host_counters;
 pub mod kernels;
 pub mod launch;
 mod op_timing;
@@ -55,6 +56,7 @@ mod tuning;
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
 pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
+pub use host_counters::{DriverCalls, HostCounters};
 pub use kernels::KernelId;
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};
 pub use tuning::{CudaTuning, TuningParseError};

@@ -7,6 +7,7 @@ use ggml_core::{
 };
 
 use crate::backend::{CudaBackend, State};
+use crate::driver::Api;
 use crate::kernels::KernelId;
 use crate::launch::{self, Args, LaunchDims, MulMatClass};
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
@@ -362,14 +363,18 @@ impl Ctx<'_> {
         let fail = |e: crate::driver::CuError| self.be.cu(e).at(self.op(), self.node.name);
         if d.shared > launch::DEFAULT_MAX_SHARED {
             // launch::flash_attn keeps the request within the device limit.
-            dev.api
+            self.be
+                .api()
                 .func_set_max_dynamic_shared(f, d.shared)
                 .map_err(fail)?;
         }
         // The argument list matches the kernel's .param list as documented in its PTX
         // header (cuda-sim checks it at every launch); every pointer argument was
         // range-checked.
-        dev.api.launch(f, &d, self.be.stream, args).map_err(fail)?;
+        self.be
+            .api()
+            .launch(f, &d, self.be.stream, args)
+            .map_err(fail)?;
         self.be.launches[k as usize].fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -258,11 +258,18 @@ impl Api for LibCuda {
     }
 
     fn bind(&self, ctx: Ctx) -> Result<(), CuError> {
+        // A context switch is a driver call on every backend method: skipped when this
+        // thread made `ctx` current already.
+        if super::is_current(ctx) {
+            return Ok(());
+        }
         // SAFETY: ctx is a retained primary context.
         ck(
             unsafe { sys::cuCtxSetCurrent(ctx_of(ctx)) },
             "cuCtxSetCurrent failed",
-        )
+        )?;
+        super::note_current(ctx);
+        Ok(())
     }
 
     fn enable_peer(&self, ctx: Ctx, ordinal: usize, peer_ctx: Ctx, peer: usize) -> bool {

@@ -6,11 +6,14 @@
 //! Per-device state (the context, the loaded PTX modules and their kernels) lives in
 //! [`Device`], shared by every backend instance on that device.
 
+pub(crate) mod counted;
 pub(crate) mod libcuda;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
 
+use std::cell::Cell;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::kernels::{KernelId, MODULES};
@@ -56,6 +59,29 @@ pub(crate) fn intern(text: String) -> &'static str {
     let t: &'static str = Box::leak(text.into_boxed_str());
     set.insert(t);
     t
+}
+
+/// Bumped whenever a context is released: a thread's note of its current context (see
+/// [`is_current`]) is only trusted within one epoch, as a released primary context may
+/// be destroyed and its handle reused.
+static BIND_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The context this thread made current last (through [`Api::bind`]), and the epoch
+    /// it did so in.
+    static CURRENT: Cell<(u64, u64)> = const { Cell::new((u64::MAX, u64::MAX)) };
+}
+
+/// Whether `ctx` is the context this thread made current last, in this epoch: binding
+/// it again would not change anything (this crate is the only one that makes its
+/// contexts current on the threads that call it).
+pub(crate) fn is_current(ctx: Ctx) -> bool {
+    CURRENT.get() == (ctx.0, BIND_EPOCH.load(Ordering::Acquire))
+}
+
+/// Notes that this thread made `ctx` current.
+pub(crate) fn note_current(ctx: Ctx) {
+    CURRENT.set((ctx.0, BIND_EPOCH.load(Ordering::Acquire)));
 }
 
 /// Which driver a backend runs on.
@@ -257,6 +283,7 @@ impl Drop for Device {
                 self.api.module_unload(m);
             }
         }
+        BIND_EPOCH.fetch_add(1, Ordering::AcqRel);
         self.api.release(self.ordinal, self.ctx);
     }
 }
