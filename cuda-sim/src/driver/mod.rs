@@ -143,6 +143,7 @@ impl Driver {
             faults: Mutex::new(Vec::new()),
             injected: Mutex::new(Vec::new()),
             warp_instructions: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
             chaos: ChaosControl::new(cfg.chaos_seed),
             cfg,
         });
@@ -323,6 +324,12 @@ impl Driver {
     /// Warp instructions executed by all launches so far.
     pub fn warp_instructions(&self) -> u64 {
         self.shared.warp_instructions.load(Ordering::Relaxed)
+    }
+
+    /// Kernel launches executed so far by the streams (each kernel node of a replayed
+    /// graph counts), interpreted or, with [`SimConfig::interpret`] off, only checked.
+    pub fn launches_executed(&self) -> u64 {
+        self.shared.launches.load(Ordering::Relaxed)
     }
 }
 

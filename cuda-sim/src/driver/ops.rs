@@ -227,8 +227,15 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
             Ok(())
         }
         Op::Launch(l) => {
-            let view = DeviceView::new(&shared.memories, dev, &shared.contexts[dev].peers());
+            shared
+                .launches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let args: Vec<&[u8]> = l.args.iter().map(Vec::as_slice).collect();
+            if !shared.cfg.interpret {
+                return exec::check_launch(&l.module.module, &l.kernel, &l.cfg, &args)
+                    .map_err(launch_failure);
+            }
+            let view = DeviceView::new(&shared.memories, dev, &shared.contexts[dev].peers());
             let r = exec::launch(
                 &l.module.module,
                 &l.kernel,
@@ -246,9 +253,15 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
                     );
                     Ok(())
                 }
-                Err(LaunchError::Fault(f)) => Err(Failure::Fault(f)),
-                Err(LaunchError::Invalid(e)) => Err(Failure::Deferred(e)),
+                Err(e) => Err(launch_failure(e)),
             }
         }
+    }
+}
+
+fn launch_failure(e: LaunchError) -> Failure {
+    match e {
+        LaunchError::Fault(f) => Failure::Fault(f),
+        LaunchError::Invalid(e) => Failure::Deferred(e),
     }
 }

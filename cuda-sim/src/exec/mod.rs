@@ -64,19 +64,32 @@ pub const MAX_THREADS: u32 = 1024;
 /// Most shared memory per block, static and dynamic (sm_80 with the opt-in attribute).
 pub const MAX_SHARED: usize = 227 << 10;
 
-/// Runs kernel `kernel` of `module` over the grid. `args` holds one byte slice per
-/// `.param` of the kernel, each at least the parameter's size (only its first `size`
-/// bytes are read, as the driver reads `kernelParams`). Blocks run on up to `threads`
-/// host threads; results do not depend on that number.
-pub fn launch(
+/// A launch checked by [`prepare`]: the kernel's index, its packed parameter block and
+/// the shared memory per block.
+struct Prepared {
+    entry: usize,
+    packed: Vec<u8>,
+    shared_bytes: usize,
+}
+
+/// Checks a launch as [`launch`] does before running anything: the kernel exists, the
+/// arguments match its parameters, the dimensions and the shared memory are within the
+/// device's limits. The error is what [`launch`] would return.
+pub fn check_launch(
     module: &Module,
     kernel: &str,
     cfg: &LaunchConfig,
     args: &[&[u8]],
-    mem: &dyn GlobalMemory,
-    checks: Checks,
-    threads: usize,
-) -> Result<LaunchStats, LaunchError> {
+) -> Result<(), LaunchError> {
+    prepare(module, kernel, cfg, args).map(|_| ())
+}
+
+fn prepare(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    args: &[&[u8]],
+) -> Result<Prepared, LaunchError> {
     let invalid = |code: ErrorCode, why: String| Err(LaunchError::Invalid(CuError::new(code, why)));
     let Some(entry) = module
         .functions
@@ -151,6 +164,32 @@ pub fn launch(
             format!("{kernel}: {shared_bytes} bytes of shared memory per block"),
         );
     }
+    Ok(Prepared {
+        entry,
+        packed,
+        shared_bytes,
+    })
+}
+
+/// Runs kernel `kernel` of `module` over the grid. `args` holds one byte slice per
+/// `.param` of the kernel, each at least the parameter's size (only its first `size`
+/// bytes are read, as the driver reads `kernelParams`). Blocks run on up to `threads`
+/// host threads; results do not depend on that number.
+pub fn launch(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    args: &[&[u8]],
+    mem: &dyn GlobalMemory,
+    checks: Checks,
+    threads: usize,
+) -> Result<LaunchStats, LaunchError> {
+    let Prepared {
+        entry,
+        packed,
+        shared_bytes,
+    } = prepare(module, kernel, cfg, args)?;
+    let [gx, gy, gz] = cfg.grid;
     let l = engine::Launch {
         module,
         entry,
