@@ -62,6 +62,7 @@ fn the_bandwidth_line_gives_the_fraction_of_the_probe() {
         bytes_moved_per_token: 0.0,
         host_syncs_per_token: 1.0,
         weight_bytes_per_token: 97e6,
+        cuda_host: None,
     };
     let pp = BenchResult {
         test: "pp512".into(),
