@@ -21,6 +21,7 @@
 mod chaos;
 mod config;
 mod event;
+mod graph;
 mod inject;
 mod memory;
 mod module;
@@ -41,6 +42,7 @@ pub use config::{
     default_threads, parse_checks, parse_size, SimConfig, DEFAULT_DEVICES, DEFAULT_MEMORY,
     MAX_DEVICES,
 };
+pub use graph::{CaptureMode, CaptureStatus, GraphExecHandle, GraphHandle};
 pub use inject::InjectedError;
 pub use memory::{device_of, ADDRESS_BASE, ALLOC_ALIGN, RED_ZONE, WINDOW_SHIFT};
 pub use module::{
@@ -108,6 +110,7 @@ pub struct Driver {
     events: RwLock<HashMap<u64, Arc<EventShared>>>,
     modules: RwLock<HashMap<u64, Arc<LoadedModule>>>,
     functions: RwLock<HashMap<u64, Arc<LoadedFunction>>>,
+    graphs: graph::Graphs,
     next_handle: AtomicU64,
 }
 
@@ -158,6 +161,7 @@ impl Driver {
             events: RwLock::new(Default::default()),
             modules: RwLock::new(Default::default()),
             functions: RwLock::new(Default::default()),
+            graphs: Default::default(),
             next_handle: AtomicU64::new(next),
         })
     }

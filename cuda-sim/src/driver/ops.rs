@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use super::graph::Node;
 use super::lock;
 use super::memory::{Allocation, DeviceView};
 use super::module::LoadedModule;
@@ -35,6 +36,7 @@ pub(crate) enum HostDst {
 }
 
 /// A kernel launch, its arguments copied at the call.
+#[derive(Clone)]
 pub(crate) struct LaunchOp {
     pub(crate) module: Arc<LoadedModule>,
     pub(crate) kernel: String,
@@ -81,6 +83,8 @@ pub(crate) enum Op {
     /// An operation that fails with this sticky error when it runs (an injected error
     /// in place of a launch or a copy).
     Fail(CuError),
+    /// The nodes of an executable graph, run in order; the first failure ends it.
+    Graph(Arc<[Node]>),
 }
 
 impl Op {
@@ -95,6 +99,7 @@ impl Op {
             | Op::Memset { api, .. } => api.to_string(),
             Op::Launch(l) => format!("kernel {} of {}", l.kernel, l.module.file),
             Op::Fail(e) => e.detail.clone(),
+            Op::Graph(nodes) => format!("a graph of {} nodes", nodes.len()),
         }
     }
 }
@@ -163,6 +168,9 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
             Ok(())
         }
         Op::Fail(e) => Err(Failure::Sticky(e)),
+        Op::Graph(nodes) => nodes
+            .iter()
+            .try_for_each(|n| execute(shared, dev, n.to_op())),
         Op::HtoD { dst, src, api } => match src {
             HostSrc::Staged(bytes) => {
                 let a = device_range(shared, api, dst, bytes.len())?;
