@@ -57,6 +57,24 @@ impl DriverCalls {
             + self.other
     }
 
+    /// Each kind with its count, named as the fields.
+    pub fn by_kind(&self) -> [(&'static str, u64); 12] {
+        [
+            ("launch", self.launch),
+            ("graph_launch", self.graph_launch),
+            ("memcpy_htod", self.memcpy_htod),
+            ("memcpy_dtoh", self.memcpy_dtoh),
+            ("memcpy_dtod", self.memcpy_dtod),
+            ("memset", self.memset),
+            ("event_record", self.event_record),
+            ("event_wait", self.event_wait),
+            ("event_sync", self.event_sync),
+            ("event_query", self.event_query),
+            ("stream_sync", self.stream_sync),
+            ("other", self.other),
+        ]
+    }
+
     fn zip(self, o: DriverCalls, f: impl Fn(u64, u64) -> u64) -> DriverCalls {
         DriverCalls {
             launch: f(self.launch, o.launch),

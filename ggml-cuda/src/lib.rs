@@ -44,14 +44,20 @@
 
 mod backend;
 mod driver;
+mod err_words;
 mod fusion;
+mod graph_run;
+mod graphs;
 mod host_counters;
+mod host_io;
 pub mod kernels;
 pub mod launch;
 mod op_timing;
 mod ops;
 pub mod reference;
 mod tuning;
+mod uploads;
+mod waiter;
 
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
 pub use driver::libcuda::{device_count, driver, driver_version};

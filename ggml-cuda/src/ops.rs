@@ -768,6 +768,30 @@ pub(crate) fn run_fused(
     match fusion {}
 }
 
+/// Bytes of scratch that [`run`] asks for node `id` (the Q8_1 activations of a quantised
+/// product), so that `graph_compute` can size the scratch for a whole split before it
+/// launches or captures anything. Must cover every `scratch` request of `run` and
+/// `run_fused` (a shortfall fails the split's CUDA graph capture).
+pub(crate) fn scratch_need(tensors: &[Tensor], id: TensorId) -> usize {
+    let Some(t) = tensors.get(id.index()) else {
+        return 0;
+    };
+    let (Ok(w), Ok(x)) = (src(tensors, t, 0), src(tensors, t, 1)) else {
+        return 0;
+    };
+    if is_float_weight(w.dtype) || !is_kernel_quant(w.dtype) {
+        return 0;
+    }
+    let row = w.ne[0] / 32 * Q8_1_BLOCK;
+    match t.op {
+        // qnb[2] * b3 of mul_mat.
+        Op::MulMat => row * t.ne[1] * t.ne[2] * t.ne[3],
+        // qnb[2] of mul_mat_id: [K/32 blocks, B1, T].
+        Op::MulMatId => row * x.ne[1] * t.ne[2],
+        _ => 0,
+    }
+}
+
 fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     let w = c.src(0)?;
     let x = c.src(1)?;

@@ -2,7 +2,7 @@
 //! backend's [`Counters`] by kind, with the kernels, bytes and host waits it stands for.
 //! Both drivers (libcuda and cuda-sim) are counted here, the same way.
 
-use super::{Api, Ctx, CuError, Event, Func, Module, Opened, Stream};
+use super::{Api, Ctx, CuError, Event, Func, Graph, GraphExec, Module, Opened, Stream};
 use crate::host_counters::{Call, Counters};
 use crate::launch::{Args, LaunchDims};
 
@@ -34,7 +34,8 @@ impl Api for Counted<'_> {
     }
 
     fn release(&self, ordinal: usize, ctx: Ctx) {
-        self.count(Call::Other, self.api.release(ordinal, ctx))
+        self.api.release(ordinal, ctx);
+        self.counters.call(Call::Other)
     }
 
     fn bind(&self, ctx: Ctx) -> Result<(), CuError> {
@@ -63,7 +64,8 @@ impl Api for Counted<'_> {
     }
 
     fn module_unload(&self, m: Module) {
-        self.count(Call::Other, self.api.module_unload(m))
+        self.api.module_unload(m);
+        self.counters.call(Call::Other)
     }
 
     fn module_function(&self, m: Module, name: &str) -> Result<Func, CuError> {
@@ -114,14 +116,18 @@ impl Api for Counted<'_> {
         r
     }
 
-    fn memcpy_dtoh_async(&self, dst: &mut [u8], src: u64, s: Stream) -> Result<(), CuError> {
-        let len = dst.len() as u64;
-        // A pageable destination: the copy, then a wait for the stream (see the trait).
-        let r = self.count(Call::MemcpyDtoh, self.api.memcpy_dtoh_async(dst, src, s));
-        self.counters.call(Call::StreamSync);
-        self.counters.host_sync();
+    unsafe fn memcpy_dtoh_pinned_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        s: Stream,
+    ) -> Result<(), CuError> {
+        // SAFETY: forwarded with the caller's guarantees.
+        let r = unsafe { self.api.memcpy_dtoh_pinned_async(dst, src, len, s) };
+        let r = self.count(Call::MemcpyDtoh, r);
         if r.is_ok() {
-            self.counters.transfer(0, len);
+            self.counters.transfer(0, len as u64);
         }
         r
     }
@@ -169,7 +175,8 @@ impl Api for Counted<'_> {
     }
 
     fn stream_destroy(&self, s: Stream) {
-        self.count(Call::Other, self.api.stream_destroy(s))
+        self.api.stream_destroy(s);
+        self.counters.call(Call::Other)
     }
 
     fn stream_synchronize(&self, s: Stream) -> Result<(), CuError> {
@@ -179,6 +186,33 @@ impl Api for Counted<'_> {
 
     fn stream_wait_event(&self, s: Stream, e: Event) -> Result<(), CuError> {
         self.count(Call::EventWait, self.api.stream_wait_event(s, e))
+    }
+
+    fn stream_begin_capture(&self, s: Stream) -> Result<(), CuError> {
+        self.count(Call::Other, self.api.stream_begin_capture(s))
+    }
+
+    fn stream_end_capture(&self, s: Stream) -> Result<Graph, CuError> {
+        self.count(Call::Other, self.api.stream_end_capture(s))
+    }
+
+    fn graph_instantiate(&self, g: Graph) -> Result<GraphExec, CuError> {
+        self.count(Call::Other, self.api.graph_instantiate(g))
+    }
+
+    fn graph_destroy(&self, g: Graph) {
+        self.api.graph_destroy(g);
+        self.counters.call(Call::Other)
+    }
+
+    /// Counts the call; the backend counts what the graph runs (it knows its tally).
+    fn graph_launch(&self, e: GraphExec, s: Stream) -> Result<(), CuError> {
+        self.count(Call::GraphLaunch, self.api.graph_launch(e, s))
+    }
+
+    fn graph_exec_destroy(&self, e: GraphExec) {
+        self.api.graph_exec_destroy(e);
+        self.counters.call(Call::Other)
     }
 
     fn event_create(&self, ctx: Ctx) -> Result<Event, CuError> {
@@ -194,7 +228,8 @@ impl Api for Counted<'_> {
     }
 
     fn event_destroy(&self, e: Event) {
-        self.count(Call::Other, self.api.event_destroy(e))
+        self.api.event_destroy(e);
+        self.counters.call(Call::Other)
     }
 
     fn event_record(&self, e: Event, s: Stream) -> Result<(), CuError> {

@@ -1,0 +1,365 @@
+//! CUDA graphs of splits: the key that says two `graph_compute` calls launch exactly the
+//! same kernels with the same arguments, and the per-backend cache of captured graphs.
+//!
+//! A split's kernels and their arguments are a function of what the key holds: every
+//! node's op and op parameters (bit for bit), dtype, shape, strides, data address and
+//! buffer, name (for error messages), the same of each of its sources, the fusion plan's
+//! steps, the tuning, the scratch buffer and the batched upload folded into the split.
+//! Equal keys therefore replay the same graph; the key is compared word for word (a hash
+//! only picks the candidates).
+//!
+//! The first time a key is seen the split runs eagerly and the key is remembered; the
+//! second time its launches are captured into a graph, which is then launched; after
+//! that only the graph is launched. The cache holds [`MAX_GRAPHS`] keys and evicts the
+//! least recently used one.
+
+use ggml_core::{Name, Op, RopeMode, Tensor, TensorId};
+
+use crate::driver::GraphExec;
+use crate::fusion::Step;
+use crate::host_counters::GraphTally;
+use crate::kernels::KernelId;
+use crate::launch::MulMatClass;
+use crate::CudaTuning;
+
+/// Keys (seen once or captured) one backend keeps.
+pub(crate) const MAX_GRAPHS: usize = 16;
+
+/// Words of a key, built into a reusable buffer.
+#[derive(Default)]
+pub(crate) struct KeyBuilder {
+    words: Vec<u64>,
+}
+
+/// FNV-1a over bytes (names).
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Mixes the words into a hash that picks candidate entries (equality is checked on the
+/// words themselves).
+fn hash_words(words: &[u64]) -> u64 {
+    words.iter().fold(0x9e37_79b9_7f4a_7c15, |h, &w| {
+        (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29)
+    })
+}
+
+impl KeyBuilder {
+    fn f(&mut self, x: f32) {
+        self.words.push(x.to_bits() as u64);
+    }
+
+    /// The op and its parameters, floats bit for bit.
+    fn op(&mut self, op: &Op) {
+        let w = &mut self.words;
+        match *op {
+            Op::None => w.push(0),
+            Op::GetRows => w.push(1),
+            Op::Add => w.push(2),
+            Op::Mul => w.push(3),
+            Op::Div => w.push(4),
+            Op::Scale { scale } => {
+                w.push(5);
+                self.f(scale);
+            }
+            Op::RmsNorm { eps } => {
+                w.push(6);
+                self.f(eps);
+            }
+            Op::MulMat => w.push(7),
+            Op::MulMatId => w.push(8),
+            Op::ArgsortTopK { k } => w.extend([9, k as u64]),
+            Op::SumRows => w.push(10),
+            Op::Clamp { min, max } => {
+                w.push(11);
+                self.f(min);
+                self.f(max);
+            }
+            Op::Rope(p) => {
+                let mode = match p.mode {
+                    RopeMode::Normal => 0,
+                    RopeMode::Neox => 1,
+                };
+                w.extend([12, mode, p.n_dims as u64, p.n_ctx_orig as u64]);
+                for x in [
+                    p.freq_base,
+                    p.freq_scale,
+                    p.ext_factor,
+                    p.attn_factor,
+                    p.beta_fast,
+                    p.beta_slow,
+                ] {
+                    self.f(x);
+                }
+            }
+            Op::SoftMax { scale, max_bias } => {
+                w.push(13);
+                self.f(scale);
+                self.f(max_bias);
+            }
+            Op::Cpy => w.push(14),
+            Op::SetRows => w.push(15),
+            Op::Cont => w.push(16),
+            Op::View => w.push(17),
+            Op::Reshape => w.push(18),
+            Op::Permute { axes } => w.extend([19, u32::from_le_bytes(axes) as u64]),
+            Op::Transpose => w.push(20),
+            Op::Silu => w.push(21),
+            Op::Swiglu => w.push(22),
+            Op::Gelu => w.push(23),
+            Op::Geglu => w.push(24),
+            Op::Concat { dim } => w.extend([25, dim as u64]),
+            Op::FlashAttnExt {
+                scale,
+                max_bias,
+                softcap,
+            } => {
+                w.push(26);
+                self.f(scale);
+                self.f(max_bias);
+                self.f(softcap);
+            }
+            // An op added to ggml-core after this list: its Debug text, which writes
+            // every parameter (floats by their shortest round-trip decimal).
+            #[allow(unreachable_patterns)]
+            _ => w.extend([u64::MAX, fnv(format!("{op:?}").as_bytes())]),
+        }
+    }
+
+    fn tensor(&mut self, t: &Tensor) {
+        self.words.push(t.dtype as u64);
+        self.words.extend(t.ne.map(|n| n as u64));
+        self.words.extend(t.nb.map(|n| n as u64));
+        self.op(&t.op);
+        match t.data {
+            Some(d) => self.words.extend([
+                (d.buffer.domain.0 as u64) << 32 | d.buffer.index as u64,
+                d.addr,
+            ]),
+            None => self.words.push(u64::MAX),
+        }
+        self.words.push(fnv(t.name.as_str().as_bytes()));
+    }
+
+    /// The key of computing `nodes` of `tensors` as `steps` under `tuning`, with the
+    /// backend's `scratch` address and the `extra` words of a folded upload. `None` for
+    /// ids out of range (the eager path reports those).
+    pub(crate) fn build(
+        &mut self,
+        tensors: &[Tensor],
+        nodes: &[TensorId],
+        steps: &[Step],
+        tuning: &CudaTuning,
+        scratch: u64,
+        extra: &[u64],
+    ) -> Option<(u64, &[u64])> {
+        self.words.clear();
+        let t = tuning;
+        let bits = [
+            t.graphs,
+            t.fuse_norm,
+            t.fuse_qkv,
+            t.fuse_rope_store,
+            t.fuse_glu,
+            t.fuse_add,
+            t.legacy_products,
+            t.legacy_decode_attn,
+        ];
+        self.words.push(
+            bits.iter()
+                .enumerate()
+                .fold(0, |a, (i, &b)| a | (b as u64) << i),
+        );
+        self.words.extend([scratch, extra.len() as u64]);
+        self.words.extend_from_slice(extra);
+        self.words.push(steps.len() as u64);
+        for s in steps {
+            match s {
+                Step::Node(i) => self.words.extend([0, *i as u64]),
+                Step::Fused { fusion, start, end } => {
+                    let f = fnv(format!("{fusion:?}").as_bytes());
+                    self.words.extend([1, f, *start as u64, *end as u64]);
+                }
+            }
+        }
+        for &id in nodes {
+            let n = tensors.get(id.index())?;
+            self.tensor(n);
+            for s in n.src {
+                match s {
+                    Some(s) => {
+                        let st = tensors.get(s.index())?;
+                        self.tensor(st);
+                    }
+                    None => self.words.push(u64::MAX - 1),
+                }
+            }
+        }
+        Some((hash_words(&self.words), &self.words))
+    }
+}
+
+/// A graph captured for a key: what replaying it launches and which error words it
+/// writes.
+pub(crate) struct Captured {
+    pub exec: GraphExec,
+    /// Kernels, nodes and bytes per replay, for the host counters.
+    pub tally: GraphTally,
+    /// Launches per kernel per replay, for the kernel statistics.
+    pub kernels: Vec<(KernelId, u64)>,
+    /// The class of the split's last quantised product, if any.
+    pub last_class: Option<MulMatClass>,
+    /// The error-word region its kernels write, and the op and node of each word.
+    pub region: usize,
+    pub users: Vec<(&'static str, Name)>,
+    /// Replayed since the error words were last checked.
+    pub armed: bool,
+}
+
+/// One remembered key.
+pub(crate) struct Entry {
+    hash: u64,
+    key: Vec<u64>,
+    last_use: u64,
+    /// `None` until the key is seen a second time.
+    pub captured: Option<Captured>,
+}
+
+/// A backend's keys and graphs.
+#[derive(Default)]
+pub(crate) struct GraphCache {
+    entries: Vec<Entry>,
+    clock: u64,
+}
+
+impl GraphCache {
+    /// The entry of `key`, marked as used now.
+    pub(crate) fn find(&mut self, hash: u64, key: &[u64]) -> Option<usize> {
+        let i = self
+            .entries
+            .iter()
+            .position(|e| e.hash == hash && e.key == key)?;
+        self.clock += 1;
+        self.entries[i].last_use = self.clock;
+        Some(i)
+    }
+
+    pub(crate) fn entry(&mut self, i: usize) -> &mut Entry {
+        &mut self.entries[i]
+    }
+
+    /// Remembers `key` (seen once); the entry evicted to make room, if any.
+    pub(crate) fn insert(&mut self, hash: u64, key: &[u64]) -> Option<Entry> {
+        let evicted = (self.entries.len() >= MAX_GRAPHS)
+            .then(|| {
+                let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_use)?;
+                Some(self.entries.swap_remove(lru))
+            })
+            .flatten();
+        self.clock += 1;
+        self.entries.push(Entry {
+            hash,
+            key: key.to_vec(),
+            last_use: self.clock,
+            captured: None,
+        });
+        evicted
+    }
+
+    /// Removes every entry (their graphs are the caller's to destroy).
+    pub(crate) fn take_all(&mut self) -> Vec<Entry> {
+        std::mem::take(&mut self.entries)
+    }
+
+    /// The captured graphs.
+    pub(crate) fn captured_mut(&mut self) -> impl Iterator<Item = &mut Captured> {
+        self.entries.iter_mut().filter_map(|e| e.captured.as_mut())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ggml_core::{BufferId, Context, DType, DataRef, MemoryDomain};
+
+    fn key_of(tensors: &[Tensor], nodes: &[TensorId], tuning: CudaTuning) -> Vec<u64> {
+        let steps: Vec<Step> = (0..nodes.len()).map(Step::Node).collect();
+        let mut b = KeyBuilder::default();
+        b.build(tensors, nodes, &steps, &tuning, 0x1000, &[])
+            .map(|(_, k)| k.to_vec())
+            .unwrap()
+    }
+
+    #[test]
+    fn the_key_sees_every_launch_input() {
+        let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 16];
+        let mut ctx = Context::new(&mut s);
+        let a = ctx.new_tensor(DType::F32, [8, 2, 1, 1]).unwrap();
+        let b = ctx.scale(a, 0.0).unwrap();
+        let c = ctx.rms_norm(b, 1e-5).unwrap();
+        let buf = BufferId {
+            domain: MemoryDomain(7),
+            index: 0,
+        };
+        let mut ts: Vec<Tensor> = ctx.tensors().to_vec();
+        for (i, t) in ts.iter_mut().enumerate() {
+            t.data = Some(DataRef {
+                buffer: buf,
+                addr: 0x10_0000 + 256 * i as u64,
+            });
+        }
+        let nodes = [b, c];
+        let base = key_of(&ts, &nodes, CudaTuning::default());
+        assert_eq!(base, key_of(&ts, &nodes, CudaTuning::default()));
+        let changed = |f: &dyn Fn(&mut Vec<Tensor>)| {
+            let mut t2 = ts.clone();
+            f(&mut t2);
+            key_of(&t2, &nodes, CudaTuning::default())
+        };
+        // -0.0 and +0.0 scale to different bits.
+        assert_ne!(
+            base,
+            changed(&|t| t[b.index()].op = Op::Scale { scale: -0.0 })
+        );
+        assert_ne!(
+            base,
+            changed(&|t| t[c.index()].op = Op::RmsNorm { eps: 1e-6 })
+        );
+        // A source's address, a node's shape, stride, dtype or name.
+        assert_ne!(
+            base,
+            changed(&|t| t[a.index()].data.as_mut().unwrap().addr += 256)
+        );
+        assert_ne!(base, changed(&|t| t[c.index()].ne[1] = 1));
+        assert_ne!(base, changed(&|t| t[c.index()].nb[2] += 4));
+        assert_ne!(base, changed(&|t| t[a.index()].dtype = DType::F16));
+        assert_ne!(
+            base,
+            changed(&|t| t[c.index()].name = ggml_core::Name::new("other"))
+        );
+        assert_ne!(
+            base,
+            changed(&|t| t[a.index()].data.as_mut().unwrap().buffer.index = 1)
+        );
+        assert_ne!(base, key_of(&ts, &nodes, CudaTuning::legacy()));
+        assert_ne!(base, key_of(&ts, &nodes[..1], CudaTuning::default()));
+    }
+
+    #[test]
+    fn the_cache_evicts_the_least_recently_used_key() {
+        let mut c = GraphCache::default();
+        for k in 0..MAX_GRAPHS as u64 {
+            assert!(c.insert(k, &[k]).is_none());
+        }
+        // Key 0 used again: key 1 is now the oldest.
+        assert_eq!(c.find(0, &[0]), Some(0));
+        assert!(c.find(5, &[6]).is_none(), "same hash, other words");
+        let out = c.insert(99, &[99]).unwrap();
+        assert_eq!(out.key, [1]);
+        assert!(c.find(1, &[1]).is_none());
+        assert!(c.find(0, &[0]).is_some());
+        assert_eq!(c.take_all().len(), MAX_GRAPHS);
+    }
+}
