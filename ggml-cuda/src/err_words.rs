@@ -17,7 +17,7 @@
 use ggml_core::Name;
 
 /// Words per region: past that many launches in one region, the last word is shared.
-pub(crate) const REGION_WORDS: usize = 256;
+pub(crate) const REGION_WORDS: usize = 128;
 
 /// Who wrote which word: op and node of each word of a region, in order.
 pub(crate) type Users = Vec<(&'static str, Name)>;

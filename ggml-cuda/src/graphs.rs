@@ -22,8 +22,9 @@ use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
 use crate::CudaTuning;
 
-/// Keys (seen once or captured) one backend keeps.
-pub(crate) const MAX_GRAPHS: usize = 16;
+/// Keys (seen once or captured) one backend keeps: every split a device runs per token,
+/// for every pipeline slot (a tensor split cuts a model into dozens per device).
+pub(crate) const MAX_GRAPHS: usize = 128;
 
 /// Words of a key, built into a reusable buffer.
 #[derive(Default)]

@@ -36,7 +36,7 @@ pub struct BenchResult {
 
 /// The host counters of the CUDA devices ([`ggml_cuda::HostCounters`]) per generated
 /// token or per prompt pass, summed over devices, over the measured repetitions.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct CudaHostCounts {
     /// Kernels the GPUs ran (graph nodes of replayed CUDA graphs included).
     pub kernel_launches: f64,
@@ -56,6 +56,8 @@ pub struct CudaHostCounts {
     pub d2h_bytes: f64,
     /// Host time of `graph_compute` per node passed to it, in µs.
     pub host_us_per_node: f64,
+    /// The driver calls by kind ([`ggml_cuda::DriverCalls`]'s fields).
+    pub calls_by_kind: std::collections::BTreeMap<&'static str, f64>,
 }
 
 impl CudaHostCounts {
@@ -72,6 +74,12 @@ impl CudaHostCounts {
             h2d_bytes: c.h2d_bytes as f64 / n,
             d2h_bytes: c.d2h_bytes as f64 / n,
             host_us_per_node: c.host_ns_per_node() / 1e3,
+            calls_by_kind: c
+                .calls
+                .by_kind()
+                .into_iter()
+                .map(|(k, v)| (k, v as f64 / n))
+                .collect(),
         }
     }
 }
