@@ -55,18 +55,18 @@ impl CudaBackend {
         let scatter = self.flush_uploads(st, true)?;
         let extra = scatter.map(|s| s.key_words());
         let extra: &[u64] = extra.as_ref().map_or(&[], |e| &e[..]);
-        let Some((hash, key)) = st
+        let Some(key) = st
             .key
             .build(tensors, nodes, &steps, &st.tuning, st.scratch, extra)
         else {
             // A bad node id: the eager path reports it.
             return self.run_eager(st, tensors, nodes, &steps, scatter);
         };
-        match st.graphs.find(hash, key) {
+        match st.graphs.find(key) {
             Some(i) if st.graphs.entry(i).captured.is_some() => self.replay(st, i, true),
             Some(i) => self.capture(st, i, tensors, nodes, &steps, scatter),
             None => {
-                if let Some(old) = st.graphs.insert(hash, key) {
+                if let Some(old) = st.graphs.insert(key) {
                     self.drop_entry(st, old);
                 }
                 self.run_eager(st, tensors, nodes, &steps, scatter)
@@ -131,7 +131,7 @@ impl CudaBackend {
             shared: 0,
         };
         let mut a = Args::new();
-        a.u64(s.buf).u32(s.n);
+        a.u64(s.buf).u64(s.desc).u32(s.n);
         self.api().launch(f, &d, self.stream, &mut a).map_err(|e| {
             self.cu(e)
                 .at("set_tensor_async", Name::new("upload_scatter"))

@@ -3,10 +3,10 @@
 //!
 //! A split's kernels and their arguments are a function of what the key holds: every
 //! node's op and op parameters (bit for bit), dtype, shape, strides, data address and
-//! buffer, name (for error messages), the same of each of its sources, the fusion plan's
-//! steps, the tuning, the scratch buffer and the batched upload folded into the split.
-//! Equal keys therefore replay the same graph; the key is compared word for word (a hash
-//! only picks the candidates).
+//! buffer, the dtype, shape, strides, address and buffer of each of its sources, the
+//! fusion plan's steps, the tuning, the scratch buffer and the batched upload folded into
+//! the split, and the names that its kernels' errors carry. Equal keys therefore replay
+//! the same graph; keys are compared word for word.
 //!
 //! The first time a key is seen the split runs eagerly and the key is remembered; the
 //! second time its launches are captured into a graph, which is then launched; after
@@ -30,20 +30,15 @@ pub(crate) const MAX_GRAPHS: usize = 128;
 #[derive(Default)]
 pub(crate) struct KeyBuilder {
     words: Vec<u64>,
+    /// `seen[i] == build_id`: tensor `i` is a node already in the key being built.
+    seen: Vec<u32>,
+    build_id: u32,
 }
 
 /// FNV-1a over bytes (names).
 fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// Mixes the words into a hash that picks candidate entries (equality is checked on the
-/// words themselves).
-fn hash_words(words: &[u64]) -> u64 {
-    words.iter().fold(0x9e37_79b9_7f4a_7c15, |h, &w| {
-        (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29)
     })
 }
 
@@ -129,11 +124,11 @@ impl KeyBuilder {
         }
     }
 
-    fn tensor(&mut self, t: &Tensor) {
+    /// What a launch reads of a tensor: dtype, shape, strides, data address and buffer.
+    fn operand(&mut self, t: &Tensor) {
         self.words.push(t.dtype as u64);
         self.words.extend(t.ne.map(|n| n as u64));
         self.words.extend(t.nb.map(|n| n as u64));
-        self.op(&t.op);
         match t.data {
             Some(d) => self.words.extend([
                 (d.buffer.domain.0 as u64) << 32 | d.buffer.index as u64,
@@ -141,12 +136,15 @@ impl KeyBuilder {
             ]),
             None => self.words.push(u64::MAX),
         }
-        self.words.push(fnv(t.name.as_str().as_bytes()));
     }
 
     /// The key of computing `nodes` of `tensors` as `steps` under `tuning`, with the
     /// backend's `scratch` address and the `extra` words of a folded upload. `None` for
     /// ids out of range (the eager path reports those).
+    ///
+    /// Each node is its op, parameters and operand words, the name of a node with an
+    /// error word (the name its errors carry), and each source's operand words, or, for a
+    /// source that is an earlier node of the split (already in the key), its index.
     pub(crate) fn build(
         &mut self,
         tensors: &[Tensor],
@@ -155,8 +153,12 @@ impl KeyBuilder {
         tuning: &CudaTuning,
         scratch: u64,
         extra: &[u64],
-    ) -> Option<(u64, &[u64])> {
+    ) -> Option<&[u64]> {
         self.words.clear();
+        self.build_id = self.build_id.wrapping_add(1).max(1);
+        if self.seen.len() < tensors.len() {
+            self.seen.resize(tensors.len(), 0);
+        }
         let t = tuning;
         let bits = [
             t.graphs,
@@ -187,18 +189,28 @@ impl KeyBuilder {
         }
         for &id in nodes {
             let n = tensors.get(id.index())?;
-            self.tensor(n);
+            // The index, which later references to this node name.
+            self.words.push(id.index() as u64);
+            self.operand(n);
+            self.op(&n.op);
+            if matches!(n.op, Op::GetRows | Op::SetRows | Op::MulMatId) {
+                self.words.push(fnv(n.name.as_str().as_bytes()));
+            }
             for s in n.src {
                 match s {
+                    Some(s) if self.seen.get(s.index()) == Some(&self.build_id) => {
+                        self.words.extend([u64::MAX - 2, s.index() as u64])
+                    }
                     Some(s) => {
                         let st = tensors.get(s.index())?;
-                        self.tensor(st);
+                        self.operand(st);
                     }
                     None => self.words.push(u64::MAX - 1),
                 }
             }
+            self.seen[id.index()] = self.build_id;
         }
-        Some((hash_words(&self.words), &self.words))
+        Some(&self.words)
     }
 }
 
@@ -221,7 +233,6 @@ pub(crate) struct Captured {
 
 /// One remembered key.
 pub(crate) struct Entry {
-    hash: u64,
     key: Vec<u64>,
     last_use: u64,
     /// `None` until the key is seen a second time.
@@ -237,11 +248,8 @@ pub(crate) struct GraphCache {
 
 impl GraphCache {
     /// The entry of `key`, marked as used now.
-    pub(crate) fn find(&mut self, hash: u64, key: &[u64]) -> Option<usize> {
-        let i = self
-            .entries
-            .iter()
-            .position(|e| e.hash == hash && e.key == key)?;
+    pub(crate) fn find(&mut self, key: &[u64]) -> Option<usize> {
+        let i = self.entries.iter().position(|e| e.key == key)?;
         self.clock += 1;
         self.entries[i].last_use = self.clock;
         Some(i)
@@ -252,7 +260,7 @@ impl GraphCache {
     }
 
     /// Remembers `key` (seen once); the entry evicted to make room, if any.
-    pub(crate) fn insert(&mut self, hash: u64, key: &[u64]) -> Option<Entry> {
+    pub(crate) fn insert(&mut self, key: &[u64]) -> Option<Entry> {
         let evicted = (self.entries.len() >= MAX_GRAPHS)
             .then(|| {
                 let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_use)?;
@@ -261,7 +269,6 @@ impl GraphCache {
             .flatten();
         self.clock += 1;
         self.entries.push(Entry {
-            hash,
             key: key.to_vec(),
             last_use: self.clock,
             captured: None,
@@ -289,8 +296,8 @@ mod tests {
         let steps: Vec<Step> = (0..nodes.len()).map(Step::Node).collect();
         let mut b = KeyBuilder::default();
         b.build(tensors, nodes, &steps, &tuning, 0x1000, &[])
-            .map(|(_, k)| k.to_vec())
             .unwrap()
+            .to_vec()
     }
 
     #[test]
@@ -300,6 +307,8 @@ mod tests {
         let a = ctx.new_tensor(DType::F32, [8, 2, 1, 1]).unwrap();
         let b = ctx.scale(a, 0.0).unwrap();
         let c = ctx.rms_norm(b, 1e-5).unwrap();
+        let ids = ctx.new_tensor(DType::I32, [2, 1, 1, 1]).unwrap();
+        let g = ctx.get_rows(c, ids).unwrap();
         let buf = BufferId {
             domain: MemoryDomain(7),
             index: 0,
@@ -311,7 +320,7 @@ mod tests {
                 addr: 0x10_0000 + 256 * i as u64,
             });
         }
-        let nodes = [b, c];
+        let nodes = [b, c, g];
         let base = key_of(&ts, &nodes, CudaTuning::default());
         assert_eq!(base, key_of(&ts, &nodes, CudaTuning::default()));
         let changed = |f: &dyn Fn(&mut Vec<Tensor>)| {
@@ -336,10 +345,17 @@ mod tests {
         assert_ne!(base, changed(&|t| t[c.index()].ne[1] = 1));
         assert_ne!(base, changed(&|t| t[c.index()].nb[2] += 4));
         assert_ne!(base, changed(&|t| t[a.index()].dtype = DType::F16));
+        // The name errors carry; other names do not change the launches.
         assert_ne!(
+            base,
+            changed(&|t| t[g.index()].name = ggml_core::Name::new("other"))
+        );
+        assert_eq!(
             base,
             changed(&|t| t[c.index()].name = ggml_core::Name::new("other"))
         );
+        // An earlier node as a source is referred to, not repeated: its change shows once.
+        assert_ne!(base, changed(&|t| t[b.index()].nb[1] += 4));
         assert_ne!(
             base,
             changed(&|t| t[a.index()].data.as_mut().unwrap().buffer.index = 1)
@@ -352,15 +368,15 @@ mod tests {
     fn the_cache_evicts_the_least_recently_used_key() {
         let mut c = GraphCache::default();
         for k in 0..MAX_GRAPHS as u64 {
-            assert!(c.insert(k, &[k]).is_none());
+            assert!(c.insert(&[k]).is_none());
         }
         // Key 0 used again: key 1 is now the oldest.
-        assert_eq!(c.find(0, &[0]), Some(0));
-        assert!(c.find(5, &[6]).is_none(), "same hash, other words");
-        let out = c.insert(99, &[99]).unwrap();
+        assert_eq!(c.find(&[0]), Some(0));
+        assert!(c.find(&[0, 0]).is_none());
+        let out = c.insert(&[999]).unwrap();
         assert_eq!(out.key, [1]);
-        assert!(c.find(1, &[1]).is_none());
-        assert!(c.find(0, &[0]).is_some());
+        assert!(c.find(&[1]).is_none());
+        assert!(c.find(&[0]).is_some());
         assert_eq!(c.take_all().len(), MAX_GRAPHS);
     }
 }

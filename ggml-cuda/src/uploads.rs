@@ -12,7 +12,8 @@
 pub(crate) const PIECE_MAX: usize = 64 << 10;
 /// Pieces per batch.
 pub(crate) const MAX_PIECES: usize = 64;
-/// Bytes of the descriptor table at the start of an area: `{dst, offset, len}` per piece.
+/// Room kept at the end of an area for the descriptor table: `{dst, offset, len}` per
+/// piece, written after the pieces when the batch is flushed.
 pub(crate) const TABLE: usize = MAX_PIECES * 24;
 /// Bytes of one pinned area (and of the device staging buffer).
 pub(crate) const AREA: usize = 256 << 10;
@@ -36,11 +37,12 @@ pub(crate) struct Area {
     pub seq: u64,
 }
 
-/// The scatter launch of a flushed batch: `n` pieces in the device buffer `buf`, the
-/// longest needing `chunks` blocks.
+/// The scatter launch of a flushed batch: `n` pieces in the device buffer `buf`,
+/// described at `desc`, the longest needing `chunks` blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Scatter {
     pub buf: u64,
+    pub desc: u64,
     pub n: u32,
     pub chunks: u32,
 }
@@ -48,8 +50,8 @@ pub(crate) struct Scatter {
 impl Scatter {
     /// The words a CUDA graph key holds for a scatter folded into the graph (the
     /// descriptors are data in `buf`, read when the graph runs).
-    pub(crate) fn key_words(&self) -> [u64; 3] {
-        [self.buf, self.n as u64, self.chunks as u64]
+    pub(crate) fn key_words(&self) -> [u64; 4] {
+        [self.buf, self.desc, self.n as u64, self.chunks as u64]
     }
 }
 
@@ -59,7 +61,7 @@ pub(crate) struct Uploads {
     pub areas: Vec<Area>,
     /// The area the batch is gathered in (meaningful while `pieces` is not empty).
     pub current: usize,
-    /// Bytes of piece data in the current area (after the table).
+    /// Bytes of piece data in the current area (from its start).
     pub used: usize,
     pub pieces: Vec<Piece>,
     /// Device staging buffer of [`AREA`] bytes (0 until first needed).
@@ -77,7 +79,7 @@ impl Uploads {
     pub(crate) fn fits(&self, dst: u64, len: usize) -> bool {
         let end = dst + len as u64;
         self.pieces.len() < MAX_PIECES
-            && TABLE + align16(self.used) + len <= AREA
+            && align16(self.used) + len + TABLE <= AREA
             && self
                 .pieces
                 .iter()
@@ -87,7 +89,7 @@ impl Uploads {
     /// Adds `data` for `dst` to the batch (the caller checked [`Uploads::fits`] and, for
     /// the batch's first piece, chose a free area).
     pub(crate) fn add(&mut self, dst: u64, data: &[u8]) {
-        let off = TABLE + align16(self.used);
+        let off = align16(self.used);
         let area = &self.areas[self.current];
         // SAFETY: `off + data.len() <= AREA` (checked by `fits`), the area is AREA bytes
         // of pinned memory, and no queued copy reads it (chosen free by the caller).
@@ -97,7 +99,12 @@ impl Uploads {
             off,
             len: data.len(),
         });
-        self.used = off + data.len() - TABLE;
+        self.used = off + data.len();
+    }
+
+    /// Offset of the descriptor table in the area (after the pieces).
+    fn table_at(&self) -> usize {
+        align16(self.used)
     }
 
     /// An area the stream has finished reading (`completed` is the backend's last
@@ -109,24 +116,26 @@ impl Uploads {
             .find(|&i| self.areas[i].seq <= completed)
     }
 
-    /// Writes the descriptor table into the current area; the bytes to copy.
+    /// Writes the descriptor table into the current area after the pieces; the bytes to
+    /// copy.
     pub(crate) fn write_table(&mut self) -> usize {
         let area = self.areas[self.current].ptr;
+        let at = self.table_at();
         for (i, p) in self.pieces.iter().enumerate() {
             let d = [p.dst, p.off as u64, p.len as u64];
             for (j, w) in d.iter().enumerate() {
-                // SAFETY: 24 * MAX_PIECES = TABLE bytes at the area's start hold the
-                // table; the area is not read by a queued copy (see `add`).
+                // SAFETY: `fits` kept TABLE = 24 * MAX_PIECES bytes free after the
+                // pieces; the area is not read by a queued copy (see `add`).
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         w.to_le_bytes().as_ptr(),
-                        area.add(24 * i + 8 * j),
+                        area.add(at + 24 * i + 8 * j),
                         8,
                     )
                 };
             }
         }
-        TABLE + self.used
+        at + 24 * self.pieces.len()
     }
 
     /// The scatter of the pending pieces from the device buffer.
@@ -134,6 +143,7 @@ impl Uploads {
         let longest = self.pieces.iter().map(|p| p.len).max().unwrap_or(0);
         Scatter {
             buf: self.dev,
+            desc: self.dev + self.table_at() as u64,
             n: self.pieces.len() as u32,
             chunks: longest.div_ceil(SCATTER_CHUNK).max(1) as u32,
         }
@@ -177,12 +187,12 @@ mod tests {
             [
                 Piece {
                     dst: 0x1000,
-                    off: TABLE,
+                    off: 0,
                     len: 4
                 },
                 Piece {
                     dst: 0x2000,
-                    off: TABLE + 16,
+                    off: 16,
                     len: 3
                 }
             ]
@@ -191,13 +201,14 @@ mod tests {
         assert!(!u.fits(0x1002, 4));
         assert!(u.fits(0x1004, 4));
         assert!(!u.fits(0x9000, AREA));
+        // The table goes after the pieces: 32 + 2 * 24 bytes to copy.
         let bytes = u.write_table();
-        assert_eq!(bytes, TABLE + 16 + 3);
-        assert_eq!(&mem[24..32], &0x2000u64.to_le_bytes());
-        assert_eq!(&mem[32..40], &((TABLE + 16) as u64).to_le_bytes());
-        assert_eq!(&mem[TABLE..TABLE + 4], &[1, 2, 3, 4]);
+        assert_eq!(bytes, 32 + 48);
+        assert_eq!(&mem[32 + 24..32 + 32], &0x2000u64.to_le_bytes());
+        assert_eq!(&mem[32 + 32..32 + 40], &16u64.to_le_bytes());
+        assert_eq!(&mem[..4], &[1, 2, 3, 4]);
         let s = u.scatter();
-        assert_eq!((s.n, s.chunks), (2, 1));
+        assert_eq!((s.desc - s.buf, s.n, s.chunks), (32, 2, 1));
         u.sent(7);
         assert!(u.pieces.is_empty());
         // Area 1's copy (5) is complete at 6, area 0's (7) is not.
