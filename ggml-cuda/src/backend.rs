@@ -1030,10 +1030,13 @@ impl Backend for CudaBackend {
 
     fn event_free(&self, event: EventId) -> BackendResult<()> {
         self.bind()?;
-        let ev = lock(&self.state)
+        let mut st = lock(&self.state);
+        st.event_seq.remove(&event.0);
+        let ev = st
             .events
             .remove(&event.0)
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))?;
+        drop(st);
         // The caller guarantees no pending wait.
         self.api().event_destroy(ev);
         Ok(())

@@ -13,6 +13,8 @@
 //! that only the graph is launched. The cache holds [`MAX_GRAPHS`] keys and evicts the
 //! least recently used one.
 
+use std::collections::HashMap;
+
 use ggml_core::{Name, Op, RopeMode, Tensor, TensorId};
 
 use crate::driver::GraphExec;
@@ -24,7 +26,7 @@ use crate::CudaTuning;
 
 /// Keys (seen once or captured) one backend keeps: every split a device runs per token,
 /// for every pipeline slot (a tensor split cuts a model into dozens per device).
-pub(crate) const MAX_GRAPHS: usize = 128;
+pub(crate) const MAX_GRAPHS: usize = 512;
 
 /// Words of a key, built into a reusable buffer.
 #[derive(Default)]
@@ -242,48 +244,100 @@ pub(crate) struct Entry {
 /// A backend's keys and graphs.
 #[derive(Default)]
 pub(crate) struct GraphCache {
-    entries: Vec<Entry>,
+    /// Entries by slot (`None`: a free slot), so that indices stay valid.
+    slots: Vec<Option<Entry>>,
+    /// Slots by a hash of their key's ends.
+    index: HashMap<u64, Vec<usize>>,
     clock: u64,
 }
 
+/// A hash of a key's length and its first and last words: the first node's index and
+/// operands and the last's, which tell splits apart; equal hashes are compared whole.
+fn quick_hash(key: &[u64]) -> u64 {
+    const ENDS: usize = 64;
+    let head = &key[..key.len().min(ENDS)];
+    let tail = &key[key.len().saturating_sub(ENDS)..];
+    std::iter::once(key.len() as u64)
+        .chain(head.iter().copied())
+        .chain(tail.iter().copied())
+        .fold(0x9e37_79b9_7f4a_7c15, |h: u64, w| {
+            (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29)
+        })
+}
+
 impl GraphCache {
-    /// The entry of `key`, marked as used now.
+    /// The slot of `key`, marked as used now.
     pub(crate) fn find(&mut self, key: &[u64]) -> Option<usize> {
-        let i = self.entries.iter().position(|e| e.key == key)?;
+        let slots = &self.slots;
+        let i = *self
+            .index
+            .get(&quick_hash(key))?
+            .iter()
+            .find(|&&i| slots[i].as_ref().is_some_and(|e| e.key == key))?;
         self.clock += 1;
-        self.entries[i].last_use = self.clock;
+        let e = self.slots[i].as_mut().expect("indexed slots are full");
+        e.last_use = self.clock;
         Some(i)
     }
 
+    /// The entry in slot `i` (from [`GraphCache::find`]).
     pub(crate) fn entry(&mut self, i: usize) -> &mut Entry {
-        &mut self.entries[i]
+        self.slots[i].as_mut().expect("a slot from find")
+    }
+
+    fn remove(&mut self, i: usize) -> Option<Entry> {
+        let e = self.slots[i].take()?;
+        let h = quick_hash(&e.key);
+        if let Some(v) = self.index.get_mut(&h) {
+            v.retain(|&j| j != i);
+            if v.is_empty() {
+                self.index.remove(&h);
+            }
+        }
+        Some(e)
     }
 
     /// Remembers `key` (seen once); the entry evicted to make room, if any.
     pub(crate) fn insert(&mut self, key: &[u64]) -> Option<Entry> {
-        let evicted = (self.entries.len() >= MAX_GRAPHS)
-            .then(|| {
-                let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_use)?;
-                Some(self.entries.swap_remove(lru))
-            })
-            .flatten();
+        let used = self.slots.iter().filter(|e| e.is_some()).count();
+        let evicted = match used >= MAX_GRAPHS {
+            true => {
+                let lru = (0..self.slots.len())
+                    .filter(|&i| self.slots[i].is_some())
+                    .min_by_key(|&i| self.slots[i].as_ref().map_or(0, |e| e.last_use));
+                lru.and_then(|i| self.remove(i))
+            }
+            false => None,
+        };
         self.clock += 1;
-        self.entries.push(Entry {
+        let entry = Entry {
             key: key.to_vec(),
             last_use: self.clock,
             captured: None,
-        });
+        };
+        let i = match self.slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[i] = Some(entry);
+        self.index.entry(quick_hash(key)).or_default().push(i);
         evicted
     }
 
     /// Removes every entry (their graphs are the caller's to destroy).
     pub(crate) fn take_all(&mut self) -> Vec<Entry> {
-        std::mem::take(&mut self.entries)
+        self.index.clear();
+        self.slots.drain(..).flatten().collect()
     }
 
     /// The captured graphs.
     pub(crate) fn captured_mut(&mut self) -> impl Iterator<Item = &mut Captured> {
-        self.entries.iter_mut().filter_map(|e| e.captured.as_mut())
+        self.slots
+            .iter_mut()
+            .filter_map(|e| e.as_mut().and_then(|e| e.captured.as_mut()))
     }
 }
 
@@ -377,6 +431,12 @@ mod tests {
         assert_eq!(out.key, [1]);
         assert!(c.find(&[1]).is_none());
         assert!(c.find(&[0]).is_some());
+        // The new key took the freed slot; every other key is still found.
+        assert_eq!(c.find(&[999]), Some(1));
+        for k in 2..MAX_GRAPHS as u64 {
+            assert_eq!(c.find(&[k]), Some(k as usize));
+        }
         assert_eq!(c.take_all().len(), MAX_GRAPHS);
+        assert!(c.find(&[0]).is_none());
     }
 }

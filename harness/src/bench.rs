@@ -54,6 +54,8 @@ pub struct CudaHostCounts {
     pub h2d_bytes: f64,
     /// Bytes copied GPU to host.
     pub d2h_bytes: f64,
+    /// `graph_compute` calls (splits run).
+    pub splits: f64,
     /// Host time of `graph_compute` per node passed to it, in µs.
     pub host_us_per_node: f64,
     /// The driver calls by kind ([`ggml_cuda::DriverCalls`]'s fields).
@@ -73,6 +75,7 @@ impl CudaHostCounts {
             host_syncs: c.host_syncs as f64 / n,
             h2d_bytes: c.h2d_bytes as f64 / n,
             d2h_bytes: c.d2h_bytes as f64 / n,
+            splits: c.graph_compute_calls as f64 / n,
             host_us_per_node: c.host_ns_per_node() / 1e3,
             calls_by_kind: c
                 .calls
@@ -100,10 +103,11 @@ pub fn host_counter_lines(results: &[BenchResult]) -> String {
             false => "per prompt pass",
         };
         s.push_str(&format!(
-            "{} on CUDA, {per}: {:.1} kernel launches, {:.2} graph launches ({:.1} graph nodes), \
-             {:.1} driver calls ({:.1} cuLaunchKernel), {:.2} host syncs, H2D {:.0} B, D2H {:.0} B, \
-             graph_compute {:.2} µs of host time per node\n",
+            "{} on CUDA, {per}: {:.1} splits, {:.1} kernel launches, {:.2} graph launches \
+             ({:.1} graph nodes), {:.1} driver calls ({:.1} cuLaunchKernel), {:.2} host syncs, \
+             H2D {:.0} B, D2H {:.0} B, graph_compute {:.2} µs of host time per node\n",
             r.test,
+            c.splits,
             c.kernel_launches,
             c.graph_launches,
             c.graph_nodes,
