@@ -137,7 +137,7 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
 }
 
 /// The ggml-cuda test targets that run on a GPU (tests/sim.rs is cuda-sim's alone).
-const GPU_TESTS: &[&str] = &["gpu", "backend", "coverage", "moe"];
+const GPU_TESTS: &[&str] = &["gpu", "backend", "coverage", "moe", "graphs"];
 
 /// `--test NAME` for each of [`GPU_TESTS`].
 fn gpu_test_targets() -> Vec<String> {
@@ -565,6 +565,8 @@ for round in 1 2; do
     "$L/build/bin/llama-bench" -m $model -ngl 99 -p 512 -n 128 -r 5
   fi
 done
+step "bench cuda:0 without CUDA graphs" bin/ggml-harness bench --model $model --devices cuda:0 \
+  -p 512 -n 128 -r 3 --no-cuda-graphs
 if [ -x "$L/build/bin/llama-perplexity" ]; then
   echo "== llama-perplexity on CUDA (the same corpus, ctx 512)"
   "$L/build/bin/llama-perplexity" -m $model -f gpl-3.txt -c 512 -b 512 -ngl 99 2>&1 \
