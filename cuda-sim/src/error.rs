@@ -54,6 +54,34 @@ pub enum ErrorCode {
     LaunchFailed = 719,
     /// `CUDA_ERROR_NOT_SUPPORTED`.
     NotSupported = 801,
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: the call is not permitted while a stream
+    /// is capturing (synchronising it, an allocation under a capture that prohibits it,
+    /// a copy from or to pageable memory into a capture). Invalidates the capture.
+    StreamCaptureUnsupported = 900,
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: the capture was invalidated by an earlier
+    /// error; ending it returns this and no graph.
+    StreamCaptureInvalidated = 901,
+    /// `CUDA_ERROR_STREAM_CAPTURE_MERGE`: the call would merge two independent captures.
+    StreamCaptureMerge = 902,
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`: the capture was not begun on this stream.
+    StreamCaptureUnmatched = 903,
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`: a fork of the capture was not joined back.
+    StreamCaptureUnjoined = 904,
+    /// `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`: a dependency would cross the capture's
+    /// boundary (a capturing stream waiting on an event recorded outside it).
+    StreamCaptureIsolation = 905,
+    /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`: the legacy NULL stream would depend
+    /// implicitly on a capturing blocking stream.
+    StreamCaptureImplicit = 906,
+    /// `CUDA_ERROR_CAPTURED_EVENT`: the event was last recorded in a capture (it stands
+    /// for a graph node, not for work on a stream).
+    CapturedEvent = 907,
+    /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: a capture not begun in relaxed mode
+    /// ended from another thread than the one that began it.
+    StreamCaptureWrongThread = 908,
+    /// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`: the graph differs from the executable
+    /// graph in more than an update may change.
+    GraphExecUpdateFailure = 910,
 }
 
 impl ErrorCode {
@@ -81,6 +109,16 @@ impl ErrorCode {
             ErrorCode::MisalignedAddress => "CUDA_ERROR_MISALIGNED_ADDRESS",
             ErrorCode::LaunchFailed => "CUDA_ERROR_LAUNCH_FAILED",
             ErrorCode::NotSupported => "CUDA_ERROR_NOT_SUPPORTED",
+            ErrorCode::StreamCaptureUnsupported => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            ErrorCode::StreamCaptureInvalidated => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+            ErrorCode::StreamCaptureMerge => "CUDA_ERROR_STREAM_CAPTURE_MERGE",
+            ErrorCode::StreamCaptureUnmatched => "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+            ErrorCode::StreamCaptureUnjoined => "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+            ErrorCode::StreamCaptureIsolation => "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+            ErrorCode::StreamCaptureImplicit => "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+            ErrorCode::CapturedEvent => "CUDA_ERROR_CAPTURED_EVENT",
+            ErrorCode::StreamCaptureWrongThread => "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+            ErrorCode::GraphExecUpdateFailure => "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
         }
     }
 

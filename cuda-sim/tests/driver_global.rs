@@ -4,12 +4,13 @@
 use cuda_sim::driver::{Driver, SimConfig};
 use cuda_sim::{Checks, ErrorCode};
 
-const VARS: [&str; 5] = [
+const VARS: [&str; 6] = [
     "CUDA_SIM_DEVICES",
     "CUDA_SIM_MEMORY",
     "CUDA_SIM_CHAOS",
     "CUDA_SIM_CHECKS",
     "CUDA_SIM_THREADS",
+    "CUDA_SIM_INTERPRET",
 ];
 
 #[test]
@@ -24,6 +25,7 @@ fn environment_and_the_global_driver() {
     std::env::set_var("CUDA_SIM_CHAOS", "7");
     std::env::set_var("CUDA_SIM_CHECKS", "racecheck");
     std::env::set_var("CUDA_SIM_THREADS", "2");
+    std::env::set_var("CUDA_SIM_INTERPRET", "0");
     let cfg = SimConfig::from_env().unwrap();
     assert_eq!(
         cfg,
@@ -36,10 +38,18 @@ fn environment_and_the_global_driver() {
                 ..Checks::NONE
             },
             exec_threads: 2,
+            interpret: false,
         }
     );
 
     // A bad variable: global() fails, naming it, and creates nothing.
+    std::env::set_var("CUDA_SIM_INTERPRET", "maybe");
+    let e = SimConfig::from_env().unwrap_err();
+    assert!(
+        e.contains("CUDA_SIM_INTERPRET") && e.contains("maybe"),
+        "{e}"
+    );
+    std::env::set_var("CUDA_SIM_INTERPRET", "1");
     std::env::set_var("CUDA_SIM_MEMORY", "lots");
     let e = Driver::global().err().expect("a bad CUDA_SIM_MEMORY");
     assert_eq!(e.code, ErrorCode::InvalidValue);

@@ -476,3 +476,54 @@ fn uninitialised_reads_fail_initcheck() {
         }
     }
 }
+
+/// Without interpretation launches are checked, ordered and counted, and write nothing;
+/// copies still run.
+#[test]
+fn without_interpretation_launches_are_checked_and_counted_only() {
+    let drv = Driver::new(SimConfig {
+        memory_per_device: 1 << 30,
+        exec_threads: 2,
+        interpret: false,
+        ..SimConfig::default()
+    });
+    let k = load(&drv, 0);
+    let s = drv.stream_create(0, true).unwrap();
+    let p = drv.mem_alloc(0, 4 * 256).unwrap();
+    drv.memcpy_htod(p, &[7u8; 4 * 256]).unwrap();
+    let before = drv.launches_executed();
+    fill(&drv, &k, p, 256, s);
+    add_one(&drv, &k, p, p, 256, s);
+    drv.stream_synchronize(s).unwrap();
+    assert_eq!(drv.launches_executed() - before, 2);
+    assert_eq!(drv.warp_instructions(), 0);
+    assert_eq!(read_u32(&drv, p, 256), vec![0x0707_0707; 256]);
+    // An out-of-bounds store is not executed, so it does not fault.
+    drv.launch(
+        k.store_at,
+        [1, 1, 1],
+        [32, 1, 1],
+        0,
+        s,
+        &[&u64_arg(p), &u32_arg(1 << 20)],
+    )
+    .unwrap();
+    drv.stream_synchronize(s).unwrap();
+    assert!(drv.context_error(0).is_none());
+    // The launch checks still apply.
+    let e = drv
+        .launch(
+            k.fill_index,
+            [1, 1, 1],
+            [2048, 1, 1],
+            0,
+            s,
+            &[&u64_arg(p), &u32_arg(1)],
+        )
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidValue);
+    let e = drv
+        .launch(k.fill_index, [1, 1, 1], [32, 1, 1], 0, s, &[&u64_arg(p)])
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidValue);
+}

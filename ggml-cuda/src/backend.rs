@@ -11,21 +11,26 @@ use ggml_core::{
     BufferInfo, CopyQueue, EventId, EventRef, MemoryDomain, Name, Tensor, TensorId,
 };
 
-use crate::driver::{self, CuError, Device, DriverKind, Event, Stream};
-use crate::fusion::{self, Step};
+use crate::driver::counted::Counted;
+use crate::driver::{self, Api, CuError, Device, DriverKind, Event, Stream};
+use crate::err_words::{first_set, Regions, Users, REGION_WORDS};
+use crate::graphs::{GraphCache, KeyBuilder, MAX_GRAPHS};
+use crate::host_counters::{Counters, HostCounters};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
 use crate::op_timing::OpTimer;
+use crate::uploads::{Uploads, PIECE_MAX};
+use crate::waiter::Waiter;
 
 /// Alignment of buffer bases and tensor offsets (bytes).
 pub const ALIGNMENT: usize = 256;
 /// Smallest pinned staging chunk (bytes).
 const STAGING_MIN: usize = 1 << 20;
-/// Error words (u32 each) of the kernels that check indices: each launch in a
-/// synchronisation interval gets its own, so an error names its op and node.
-const ERR_SLOTS: usize = 64;
+/// Error words (u32 each) of the kernels that check indices: a region for launches made
+/// one by one and one per cached CUDA graph (see `err_words`).
+const ERR_WORDS: usize = (1 + MAX_GRAPHS) * REGION_WORDS;
 /// Largest pinned staging chunk (bytes): a larger host copy goes through several.
-const STAGING_CHUNK_MAX: usize = 8 << 20;
+pub(crate) const STAGING_CHUNK_MAX: usize = 8 << 20;
 /// Most pinned staging memory one backend keeps (bytes). Past it, a copy waits for the
 /// least recently used busy chunk and reuses (or replaces) it.
 pub const STAGING_LIMIT: usize = 64 << 20;
@@ -49,11 +54,11 @@ impl KernelStats {
     }
 }
 
-struct Staging {
-    ptr: *mut u8,
+pub(crate) struct Staging {
+    pub(crate) ptr: *mut u8,
     size: usize,
     event: Event,
-    busy: bool,
+    pub(crate) busy: bool,
     /// When it was last handed out (a counter), to wait for the oldest first.
     last_use: u64,
 }
@@ -63,19 +68,31 @@ pub(crate) struct State {
     next_buffer: u32,
     events: HashMap<u32, Event>,
     next_event: u32,
-    staging: Vec<Staging>,
+    pub(crate) staging: Vec<Staging>,
     staging_clock: u64,
     pub(crate) scratch: u64,
     pub(crate) scratch_size: usize,
-    retired: Vec<u64>,
-    /// Op and node of each error word handed out since the last check.
-    err_users: Vec<(&'static str, Name)>,
+    pub(crate) retired: Vec<u64>,
+    /// Who writes which error word, by region.
+    pub(crate) err: Regions,
     /// Timed events around each node, while op timing is on.
-    timer: Option<OpTimer>,
+    pub(crate) timer: Option<OpTimer>,
     /// The speed features in use.
     pub(crate) tuning: crate::CudaTuning,
     /// Every launch since recording started, while it is on (`record_launches`).
     pub(crate) recorded: Option<Vec<crate::replay::RecordedLaunch>>,
+    /// Keys of splits seen and their CUDA graphs.
+    pub(crate) graphs: GraphCache,
+    pub(crate) key: KeyBuilder,
+    /// The stream is capturing a graph: nothing may allocate, free or wait.
+    pub(crate) capturing: bool,
+    /// Small uploads waiting for the next operation on the stream.
+    pub(crate) uploads: Uploads,
+    /// Sequence numbers of the stream's upload copies (bumped by each) and the last one
+    /// known complete; an event record takes the current number.
+    pub(crate) seq_enqueued: u64,
+    pub(crate) seq_completed: u64,
+    pub(crate) event_seq: HashMap<u32, u64>,
 }
 
 /// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
@@ -92,10 +109,15 @@ pub struct CudaBackend {
     pub(crate) stream: Stream,
     copy_event: Event,
     copy_lock: Mutex<()>,
+    /// Device base of the error words.
     pub(crate) err_word: u64,
+    /// Their pinned host mirror.
+    pub(crate) err_host: *mut u32,
+    pub(crate) waiter: Waiter,
     pub(crate) state: Mutex<State>,
     pub(crate) launches: [AtomicU64; KernelId::COUNT],
     pub(crate) last_class: Mutex<Option<MulMatClass>>,
+    pub(crate) counters: Counters,
 }
 
 // SAFETY: the raw handles (stream, events, pinned pointers) are driver objects usable from
@@ -148,8 +170,12 @@ impl CudaBackend {
         let name = name_of(kind, ordinal, instance);
         let unavailable = |e: CuError| cu_err(name, BackendErrorKind::Unavailable, e);
         let dev = driver::device(kind, ordinal).map_err(unavailable)?;
-        dev.bind().map_err(unavailable)?;
-        let api = dev.api;
+        let counters = Counters::default();
+        let api = Counted {
+            api: dev.api,
+            counters: &counters,
+        };
+        api.bind(dev.ctx).map_err(unavailable)?;
         let stream = api.stream_create(dev.ctx).map_err(unavailable)?;
         let copy_event = match api.event_create(dev.ctx) {
             Ok(e) => e,
@@ -158,17 +184,28 @@ impl CudaBackend {
                 return Err(unavailable(e));
             }
         };
-        let err_word = api.mem_alloc(dev.ctx, 4 * ERR_SLOTS).and_then(|p| {
+        let err_word = api.mem_alloc(dev.ctx, 4 * ERR_WORDS).and_then(|p| {
             // The words must be zero before the first kernel can set one: ordered on our
             // stream, then waited for.
-            api.memset_d8_async(p, 0, 4 * ERR_SLOTS, stream)
+            api.memset_d8_async(p, 0, 4 * ERR_WORDS, stream)
                 .and_then(|_| api.stream_synchronize(stream))
                 .map(|_| p)
                 .inspect_err(|_| {
                     let _ = api.mem_free(dev.ctx, p);
                 })
         });
-        let err_word = match err_word {
+        let err_mem = err_word.and_then(|p| match api.mem_alloc_host(dev.ctx, 4 * ERR_WORDS) {
+            Ok(h) => {
+                // SAFETY: 4 * ERR_WORDS bytes of pinned memory, not yet used by any copy.
+                unsafe { std::ptr::write_bytes(h, 0, 4 * ERR_WORDS) };
+                Ok((p, h as *mut u32))
+            }
+            Err(e) => {
+                let _ = api.mem_free(dev.ctx, p);
+                Err(e)
+            }
+        });
+        let (err_word, err_host) = match err_mem {
             Ok(p) => p,
             Err(e) => {
                 api.event_destroy(copy_event);
@@ -185,6 +222,8 @@ impl CudaBackend {
             copy_event,
             copy_lock: Mutex::new(()),
             err_word,
+            err_host,
+            waiter: Waiter::default(),
             state: Mutex::new(State {
                 buffers: HashMap::new(),
                 next_buffer: 0,
@@ -195,13 +234,21 @@ impl CudaBackend {
                 scratch: 0,
                 scratch_size: 0,
                 retired: Vec::new(),
-                err_users: Vec::new(),
+                err: Regions::new(MAX_GRAPHS),
                 timer: None,
                 tuning: crate::CudaTuning::default(),
                 recorded: None,
+                graphs: GraphCache::default(),
+                key: KeyBuilder::default(),
+                capturing: false,
+                uploads: Uploads::default(),
+                seq_enqueued: 0,
+                seq_completed: 0,
+                event_seq: HashMap::new(),
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
+            counters,
         })
     }
 
@@ -284,6 +331,12 @@ impl CudaBackend {
         lock(&self.state).tuning = tuning;
     }
 
+    /// Bytes of pinned host memory this backend holds for staging host copies (at most
+    /// [`STAGING_LIMIT`]).
+    pub fn pinned_staging_bytes(&self) -> usize {
+        lock(&self.state).staging.iter().map(|s| s.size).sum()
+    }
+
     /// The speed features in use.
     pub fn tuning(&self) -> crate::CudaTuning {
         lock(&self.state).tuning
@@ -303,7 +356,28 @@ impl CudaBackend {
     }
 
     pub(crate) fn bind(&self) -> BackendResult<()> {
-        self.dev.bind().map_err(|e| self.cu(e))
+        self.api().bind(self.dev.ctx).map_err(|e| self.cu(e))
+    }
+
+    /// The driver, each call counted in this backend's host counters.
+    pub(crate) fn api(&self) -> Counted<'_> {
+        Counted {
+            api: self.dev.api,
+            counters: &self.counters,
+        }
+    }
+
+    /// What this backend asked of the driver on the host since it was created or since
+    /// [`CudaBackend::reset_host_counters`]: driver calls by kind, kernels run, graph
+    /// launches, host waits, bytes copied, host time of `graph_compute`. Snapshots
+    /// subtract (`after - before`) and add (over devices).
+    pub fn host_counters(&self) -> HostCounters {
+        self.counters.snapshot()
+    }
+
+    /// Sets every host counter back to zero.
+    pub fn reset_host_counters(&self) {
+        self.counters.reset()
     }
 
     /// Device address and length of a buffer range, checked to lie within the buffer.
@@ -384,8 +458,8 @@ impl CudaBackend {
     /// no queued copy uses, keeping the backend's pinned memory within [`STAGING_LIMIT`]:
     /// a free chunk that fits, else a new one while there is room, else idle chunks too
     /// small for `len` make room, else the oldest busy chunk is waited for.
-    fn staging(&self, st: &mut State, len: usize) -> BackendResult<usize> {
-        let api = self.dev.api;
+    pub(crate) fn staging(&self, st: &mut State, len: usize) -> BackendResult<usize> {
+        let api = self.api();
         let want = len.max(STAGING_MIN).next_power_of_two();
         loop {
             for s in st.staging.iter_mut().filter(|s| s.busy) {
@@ -421,7 +495,7 @@ impl CudaBackend {
     }
 
     fn new_staging(&self, st: &mut State, size: usize) -> BackendResult<usize> {
-        let api = self.dev.api;
+        let api = self.api();
         let p = api
             .mem_alloc_host(self.dev.ctx, size)
             .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
@@ -444,15 +518,26 @@ impl CudaBackend {
 
     /// Device scratch of at least `len` bytes for this graph (Q8_1 activations). A
     /// smaller old scratch may still be in use by queued kernels, so it is freed at the
-    /// next `synchronize`.
+    /// next `synchronize`; the CUDA graphs that use it go with it.
+    ///
+    /// `graph_compute` sizes the scratch for all of a split's nodes before it launches
+    /// or captures any ([`crate::ops::scratch_need`]): growing it inside a capture would
+    /// allocate there, which is an error, so a node that needs more than `scratch_need`
+    /// says fails its capture.
     pub(crate) fn scratch(&self, st: &mut State, len: usize) -> BackendResult<u64> {
         if st.scratch_size >= len {
             return Ok(st.scratch);
         }
+        if st.capturing {
+            return Err(self.err(
+                BackendErrorKind::Device,
+                "scratch would grow while a CUDA graph is captured (ops::scratch_need is short)",
+            ));
+        }
+        self.clear_graphs(st);
         let size = len.next_power_of_two().max(1 << 20);
         let p = self
-            .dev
-            .api
+            .api()
             .mem_alloc(self.dev.ctx, size)
             .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
         if st.scratch != 0 {
@@ -472,57 +557,109 @@ impl CudaBackend {
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))
     }
 
-    /// The error word for a launch of `op` (node `node`) that checks its indices. Past
-    /// [`ERR_SLOTS`] launches in one synchronisation interval the last word is shared.
+    /// The error word for a launch of `op` (node `node`) that checks its indices (see
+    /// `err_words`: past [`REGION_WORDS`] launches in one region the last word is shared).
     pub(crate) fn err_slot(&self, st: &mut State, op: &'static str, node: Name) -> u64 {
-        let i = st.err_users.len().min(ERR_SLOTS - 1);
-        if st.err_users.len() < ERR_SLOTS {
-            st.err_users.push((op, node));
-        }
-        self.err_word + 4 * i as u64
+        self.err_word + 4 * st.err.slot(op, node) as u64
     }
 
-    /// Clears the error words and forgets their users without reading them (after a
-    /// stream synchronisation), for launches whose inputs were not a real pass's.
-    pub(crate) fn discard_kernel_errors(&self) -> BackendResult<()> {
-        let api = self.dev.api;
-        lock(&self.state).err_users.clear();
-        api.memset_d8_async(self.err_word, 0, 4 * ERR_SLOTS, self.stream)
-            .and_then(|()| api.stream_synchronize(self.stream))
-            .map_err(|e| self.cu(e))
+    /// The pinned mirror of error-word region `region`'s first `n` words, as they are now
+    /// (a copy may be writing them: each word is read once, whole).
+    fn mirror(&self, region: usize, n: usize) -> Vec<u32> {
+        (0..n.min(REGION_WORDS))
+            .map(|i| {
+                // SAFETY: within the ERR_WORDS pinned words; a volatile read of an
+                // aligned u32 that a DMA may be writing.
+                unsafe { self.err_host.add(region * REGION_WORDS + i).read_volatile() }
+            })
+            .collect()
     }
 
-    /// Reads and clears the error words handed out since the last check (after a stream
-    /// synchronisation); the first one set names its op and node.
-    pub(crate) fn take_kernel_error(&self) -> BackendResult<()> {
-        let users = std::mem::take(&mut lock(&self.state).err_users);
-        if users.is_empty() {
-            return Ok(());
-        }
-        let api = self.dev.api;
-        let mut words = vec![0u8; 4 * users.len()];
-        api.memcpy_dtoh_async(&mut words, self.err_word, self.stream)
-            .map_err(|e| self.cu(e))?;
-        let bad = words.chunks(4).position(|w| w != [0; 4]);
-        let Some(i) = bad else { return Ok(()) };
-        // On our stream, so the next kernel that may set a word runs after it.
-        api.memset_d8_async(self.err_word, 0, words.len(), self.stream)
-            .map_err(|e| self.cu(e))?;
-        let (op, node) = users[i];
-        let detail = if i == ERR_SLOTS - 1 {
-            // Shared by every launch from the last slot on: any of them may have set it.
+    /// The error of the first word set in `region` among `users`, if any.
+    pub(crate) fn region_error(&self, region: usize, users: &Users) -> Option<BackendError> {
+        let (op, node, shared) = first_set(&self.mirror(region, users.len()), users)?;
+        let detail = if shared {
+            // Shared by every launch from the last word on: any of them may have set it.
             "a row index or expert id was outside its range (this op or a later index-checking op)"
         } else if op == "MUL_MAT_ID" {
             "an expert id was outside 0..n_as"
         } else {
             "a row index was outside the rows"
         };
-        Err(BackendError::new(BackendErrorKind::BadData, self.name, detail).at(op, node))
+        Some(BackendError::new(BackendErrorKind::BadData, self.name, detail).at(op, node))
+    }
+
+    /// Clears region 0's error words and forgets their users without reading them (the
+    /// stream idle after), for launches whose inputs were not a real pass's (replays).
+    pub(crate) fn discard_kernel_errors(&self) -> BackendResult<()> {
+        lock(&self.state).err.eager.clear();
+        let api = self.api();
+        api.memset_d8_async(self.err_word, 0, 4 * REGION_WORDS, self.stream)
+            .and_then(|()| api.stream_synchronize(self.stream))
+            .map_err(|e| self.cu(e))?;
+        // SAFETY: region 0's words of the pinned mirror; the stream is idle.
+        unsafe { std::ptr::write_bytes(self.err_host, 0, REGION_WORDS) };
+        Ok(())
+    }
+
+    /// Enqueues the copy of region 0's words handed out since the last check to their
+    /// mirror (before the synchronisation that makes it readable).
+    fn mirror_eager_words(&self, st: &State) -> BackendResult<()> {
+        let n = st.err.eager.len().min(REGION_WORDS);
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: the first n words of the pinned mirror; nothing reads them before the
+        // synchronisation that follows.
+        unsafe {
+            self.api().memcpy_dtoh_pinned_async(
+                self.err_host as *mut u8,
+                self.err_word,
+                4 * n,
+                self.stream,
+            )
+        }
+        .map_err(|e| self.cu(e))
+    }
+
+    /// Reads the error words of the interval that a stream synchronisation just ended
+    /// (region 0's mirrored before it, the graphs' by their own copies) and starts a new
+    /// interval: every region with a word set is cleared, and the first word set names
+    /// the error's op and node.
+    fn check_kernel_errors(&self, st: &mut State) -> BackendResult<()> {
+        let mut regions: Vec<(usize, Users)> = Vec::new();
+        if !st.err.eager.is_empty() {
+            regions.push((0, std::mem::take(&mut st.err.eager)));
+        }
+        for c in st.graphs.captured_mut() {
+            if std::mem::take(&mut c.armed) {
+                regions.push((c.region, c.users.clone()));
+            }
+        }
+        regions.extend(st.err.retired.iter().cloned());
+        st.err.release_retired();
+        let mut first = None;
+        for (region, users) in regions {
+            let Some(e) = self.region_error(region, &users) else {
+                continue;
+            };
+            first.get_or_insert(e);
+            // On our stream, so the next kernel that may set a word runs after it.
+            let n = users.len().min(REGION_WORDS);
+            let at = self.err_word + (4 * region * REGION_WORDS) as u64;
+            self.api()
+                .memset_d8_async(at, 0, 4 * n, self.stream)
+                .map_err(|e| self.cu(e))?;
+            // SAFETY: region's words of the pinned mirror; the stream is idle.
+            unsafe { std::ptr::write_bytes(self.err_host.add(region * REGION_WORDS), 0, n) };
+        }
+        first.map_or(Ok(()), Err)
     }
 }
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        // Uncounted: nothing reads the counters of a backend being dropped.
         let (api, ctx) = (self.dev.api, self.dev.ctx);
         if self.dev.bind().is_err() {
             // A poisoned context: the driver frees everything with it; still give the
@@ -550,6 +687,18 @@ impl Drop for CudaBackend {
         if st.scratch != 0 {
             let _ = api.mem_free(ctx, st.scratch);
         }
+        for e in st.graphs.take_all() {
+            if let Some(c) = e.captured {
+                api.graph_exec_destroy(c.exec);
+            }
+        }
+        for a in st.uploads.areas.drain(..) {
+            let _ = api.mem_free_host(ctx, a.ptr);
+        }
+        if st.uploads.dev != 0 {
+            let _ = api.mem_free(ctx, st.uploads.dev);
+        }
+        let _ = api.mem_free_host(ctx, self.err_host as *mut u8);
         let _ = api.mem_free(ctx, self.err_word);
         api.event_destroy(self.copy_event);
         api.stream_destroy(self.stream);
@@ -593,8 +742,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         // A zero-size request allocates one byte instead.
         let p = self
-            .dev
-            .api
+            .api()
             .mem_alloc(self.dev.ctx, size.max(1))
             .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
         let mut st = lock(&self.state);
@@ -619,9 +767,11 @@ impl Backend for CudaBackend {
         let healthy = self.bind().is_ok();
         let mut st = lock(&self.state);
         self.buffer_range(&st, buffer, 0, 0)?;
+        // Graphs may hold addresses in it (a later buffer may get the same ones).
+        self.clear_graphs(&mut st);
         let (p, _) = st.buffers.remove(&buffer.index).unwrap_or((0, 0));
         // The caller guarantees no queued use.
-        let freed = self.dev.api.mem_free(self.dev.ctx, p);
+        let freed = self.api().mem_free(self.dev.ctx, p);
         match healthy {
             true => freed.map_err(|e| self.cu(e)),
             false => Ok(()),
@@ -634,48 +784,51 @@ impl Backend for CudaBackend {
         if data.is_empty() {
             return Ok(());
         }
+        self.flush_now()?;
         // On our own stream, then waited for: the driver's synchronous cuMemcpyHtoD runs
         // on the legacy NULL stream, which does not order against our non-blocking
         // stream, and may return before the bytes landed, so a kernel enqueued next
         // could read the old bytes.
-        let api = self.dev.api;
+        let api = self.api();
         // SAFETY: `data` is pageable memory, staged by the driver during the call; the
         // synchronisation below completes the copy before `data` can change.
         unsafe { api.memcpy_htod_async(dst, data.as_ptr(), data.len(), self.stream) }
             .and_then(|_| api.stream_synchronize(self.stream))
-            .map_err(|e| self.cu(e))
+            .map_err(|e| self.cu(e))?;
+        self.stream_drained(&mut lock(&self.state));
+        Ok(())
     }
 
     fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()> {
         self.bind()?;
-        let src = self.buffer_range(&lock(&self.state), buffer, offset, out.len())?;
+        let mut st = lock(&self.state);
+        let src = self.buffer_range(&st, buffer, offset, out.len())?;
         if out.is_empty() {
             return Ok(());
         }
-        // Ordered on our stream (see buffer_set); a pageable destination makes it
-        // complete on return.
-        self.dev
-            .api
-            .memcpy_dtoh_async(out, src, self.stream)
-            .map_err(|e| self.cu(e))
+        // Ordered on our stream (see buffer_set), through pinned memory.
+        self.flush_uploads(&mut st, false)?;
+        self.read_pinned(&mut st, src, out)
     }
 
     fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {
         self.bind()?;
-        let st = lock(&self.state);
+        let mut st = lock(&self.state);
         let (base, size) = st
             .buffers
             .get(&buffer.index)
             .copied()
             .filter(|_| buffer.domain == self.domain)
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown buffer"))?;
-        drop(st);
+        self.flush_uploads(&mut st, false)?;
         // On our stream, then waited for (see buffer_set: cuMemsetD8 is asynchronous and
         // on the legacy NULL stream).
-        let api = self.dev.api;
+        let api = self.api();
         api.memset_d8_async(base, value, size, self.stream)
             .and_then(|_| api.stream_synchronize(self.stream))
-            .map_err(|e| self.cu(e))
+            .map_err(|e| self.cu(e))?;
+        self.stream_drained(&mut st);
+        Ok(())
     }
 
     fn supports_op(&self, tensors: &[Tensor], node: TensorId) -> bool {
@@ -693,7 +846,7 @@ impl Backend for CudaBackend {
 
     fn set_tensor_async(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> BackendResult<()> {
         self.bind()?;
-        let api = self.dev.api;
+        let api = self.api();
         let mut st = lock(&self.state);
         let dst = self
             .tensor_range(&st, tensor, offset, data.len())
@@ -701,6 +854,13 @@ impl Backend for CudaBackend {
         if data.is_empty() {
             return Ok(());
         }
+        if data.len() <= PIECE_MAX {
+            // Batched with the other small uploads before the next stream operation.
+            return self
+                .upload_small(&mut st, dst, data)
+                .map_err(|e| e.at("set_tensor_async", tensor.name));
+        }
+        self.flush_uploads(&mut st, false)?;
         // Through pinned chunks of at most STAGING_CHUNK_MAX bytes, so pinned memory stays
         // bounded whatever the size of the copy.
         for (k, piece) in data.chunks(STAGING_CHUNK_MAX).enumerate() {
@@ -725,16 +885,15 @@ impl Backend for CudaBackend {
 
     fn get_tensor(&self, tensor: &Tensor, offset: usize, out: &mut [u8]) -> BackendResult<()> {
         self.synchronize()?;
+        let mut st = lock(&self.state);
         let src = self
-            .tensor_range(&lock(&self.state), tensor, offset, out.len())
+            .tensor_range(&st, tensor, offset, out.len())
             .map_err(|e| e.at("get_tensor", tensor.name))?;
         if out.is_empty() {
             return Ok(());
         }
-        self.dev
-            .api
-            .memcpy_dtoh_async(out, src, self.stream)
-            .map_err(|e| self.cu(e).at("get_tensor", tensor.name))
+        self.read_pinned(&mut st, src, out)
+            .map_err(|e| e.at("get_tensor", tensor.name))
     }
 
     fn cpy_tensor_async(
@@ -768,16 +927,20 @@ impl Backend for CudaBackend {
             return Ok(true);
         }
         let fail = |e: CuError| self.cu(e).at("cpy_tensor_async", dst.name);
-        let api = self.dev.api;
+        let api = self.api();
         if std::ptr::eq(sb, self) {
             self.bind()?;
+            self.flush_now()?;
             api.memcpy_dtod_async(d_addr, s_addr, n, self.stream)
                 .map_err(fail)?;
             return Ok(true);
         }
         // The copy runs on the SOURCE stream (after the producer), then the destination
         // stream waits on the source's copy-done event (CopyQueue::Source).
+        self.bind()?;
+        self.flush_now()?;
         sb.bind()?;
+        sb.flush_now()?;
         let _guard = lock(&sb.copy_lock);
         let r = if Arc::ptr_eq(&sb.dev, &self.dev) {
             api.memcpy_dtod_async(d_addr, s_addr, n, sb.stream)
@@ -826,8 +989,9 @@ impl Backend for CudaBackend {
             return Ok(true);
         }
         let fail = |e: CuError| self.cu(e).at("engine_cpy_tensor_async", dst.name);
-        let api = self.dev.api;
+        let api = self.api();
         self.bind()?;
+        self.flush_now()?;
         let r = if Arc::ptr_eq(&sb.dev, &db.dev) {
             api.memcpy_dtod_async(d_addr, s_addr, n, self.stream)
         } else {
@@ -839,60 +1003,44 @@ impl Backend for CudaBackend {
     }
 
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
-        self.bind()?;
-        let mut st = lock(&self.state);
-        // Timed nodes run one by one, so each has its own time.
-        let steps = match st.timer.is_some() {
-            true => (0..nodes.len()).map(Step::Node).collect(),
-            false => fusion::plan(tensors, nodes, &st.tuning),
-        };
-        for step in steps {
-            match step {
-                Step::Node(i) => {
-                    let id = nodes[i];
-                    match st
-                        .timer
-                        .is_some()
-                        .then(|| ggml_core::OpTime::key_of(tensors, id))
-                    {
-                        Some(Some(key)) => self.run_timed(&mut st, tensors, id, key)?,
-                        _ => crate::ops::run(self, &mut st, tensors, id)?,
-                    }
-                }
-                Step::Fused { fusion, start, end } => {
-                    crate::ops::run_fused(self, &mut st, tensors, &nodes[start..end], fusion)?
-                }
-            }
-        }
-        Ok(())
+        let t0 = std::time::Instant::now();
+        let r = self.compute_steps(tensors, nodes);
+        self.counters
+            .graph_compute(nodes.len(), t0.elapsed().as_nanos() as u64);
+        r
     }
 
     fn synchronize(&self) -> BackendResult<()> {
         self.bind()?;
-        let api = self.dev.api;
-        api.stream_synchronize(self.stream)
-            .map_err(|e| self.cu(e))?;
+        let api = self.api();
         {
             let mut st = lock(&self.state);
-            if let Some(t) = st.timer.as_mut() {
-                t.settle(api);
-            }
-            for p in std::mem::take(&mut st.retired) {
-                // The stream is idle, nothing uses the retired scratch.
-                let _ = api.mem_free(self.dev.ctx, p);
-            }
-            for s in &mut st.staging {
-                s.busy = false;
-            }
+            self.flush_uploads(&mut st, false)?;
+            self.mirror_eager_words(&st)?;
         }
-        self.take_kernel_error()
+        api.stream_synchronize(self.stream)
+            .map_err(|e| self.cu(e))?;
+        let mut st = lock(&self.state);
+        self.stream_drained(&mut st);
+        if let Some(t) = st.timer.as_mut() {
+            t.settle(&api);
+        }
+        for p in std::mem::take(&mut st.retired) {
+            // The stream is idle, nothing uses the retired scratch.
+            let _ = api.mem_free(self.dev.ctx, p);
+        }
+        self.check_kernel_errors(&mut st)
+    }
+
+    fn pending_error(&self) -> BackendResult<()> {
+        let mut st = lock(&self.state);
+        self.replayed_kernel_error(&mut st)
     }
 
     fn event_new(&self) -> BackendResult<Option<EventId>> {
         self.bind()?;
         let ev = self
-            .dev
-            .api
+            .api()
             .event_create(self.dev.ctx)
             .map_err(|e| self.cu(e))?;
         let mut st = lock(&self.state);
@@ -904,22 +1052,29 @@ impl Backend for CudaBackend {
 
     fn event_free(&self, event: EventId) -> BackendResult<()> {
         self.bind()?;
-        let ev = lock(&self.state)
+        let mut st = lock(&self.state);
+        st.event_seq.remove(&event.0);
+        let ev = st
             .events
             .remove(&event.0)
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))?;
+        drop(st);
         // The caller guarantees no pending wait.
-        self.dev.api.event_destroy(ev);
+        self.api().event_destroy(ev);
         Ok(())
     }
 
     fn event_record(&self, event: EventId) -> BackendResult<()> {
         self.bind()?;
         let ev = self.event_handle(event)?;
-        self.dev
-            .api
+        let mut st = lock(&self.state);
+        self.flush_uploads(&mut st, false)?;
+        self.api()
             .event_record(ev, self.stream)
-            .map_err(|e| self.cu(e))
+            .map_err(|e| self.cu(e))?;
+        let seq = st.seq_enqueued;
+        st.event_seq.insert(event.0, seq);
+        Ok(())
     }
 
     fn event_wait(&self, event: EventRef<'_>) -> BackendResult<()> {
@@ -938,8 +1093,7 @@ impl Backend for CudaBackend {
         let ev = owner.event_handle(event.id)?;
         self.bind()?;
         // Events of another context are allowed.
-        self.dev
-            .api
+        self.api()
             .stream_wait_event(self.stream, ev)
             .map_err(|e| self.cu(e))
     }
@@ -955,7 +1109,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         let ev = self.event_handle(event)?;
         // An unrecorded event completes at once.
-        self.dev.api.event_synchronize(ev).map_err(|e| self.cu(e))
+        self.api().event_synchronize(ev).map_err(|e| self.cu(e))?;
+        self.event_passed(&mut lock(&self.state), event.0);
+        Ok(())
     }
 
     fn event_synchronize_timeout(
@@ -965,17 +1121,22 @@ impl Backend for CudaBackend {
     ) -> BackendResult<bool> {
         self.bind()?;
         let ev = self.event_handle(event)?;
-        self.poll(ev, timeout)
+        let done = self.wait_timed(ev, timeout)?;
+        if done {
+            self.event_passed(&mut lock(&self.state), event.0);
+        }
+        Ok(done)
     }
 
     fn synchronize_timeout(&self, timeout: std::time::Duration) -> BackendResult<bool> {
         self.bind()?;
-        let api = self.dev.api;
+        self.flush_now()?;
+        let api = self.api();
         let ev = api.event_create(self.dev.ctx).map_err(|e| self.cu(e))?;
         let done = api
             .event_record(ev, self.stream)
             .map_err(|e| self.cu(e))
-            .and_then(|()| self.poll(ev, timeout));
+            .and_then(|()| self.wait_timed(ev, timeout));
         api.event_destroy(ev);
         match done? {
             true => self.synchronize().map(|()| true),
@@ -991,7 +1152,7 @@ impl CudaBackend {
     /// report. Read the times with [`CudaBackend::take_op_times`].
     pub fn set_op_timing(&self, on: bool) -> BackendResult<()> {
         self.bind()?;
-        let api = self.dev.api;
+        let api = self.api();
         if on {
             lock(&self.state).timer.get_or_insert_with(OpTimer::default);
             return Ok(());
@@ -999,7 +1160,7 @@ impl CudaBackend {
         api.stream_synchronize(self.stream)
             .map_err(|e| self.cu(e))?;
         if let Some(mut t) = lock(&self.state).timer.take() {
-            t.destroy(api);
+            t.destroy(&api);
         }
         Ok(())
     }
@@ -1008,7 +1169,7 @@ impl CudaBackend {
     /// first (empty while timing is off), and starts new sums. Waits for the stream.
     pub fn take_op_times(&self) -> BackendResult<Vec<ggml_core::OpTime>> {
         self.bind()?;
-        let api = self.dev.api;
+        let api = self.api();
         api.stream_synchronize(self.stream)
             .map_err(|e| self.cu(e))?;
         let mut st = lock(&self.state);
@@ -1016,23 +1177,23 @@ impl CudaBackend {
             .timer
             .as_mut()
             .map(|t| {
-                t.settle(api);
+                t.settle(&api);
                 t.take()
             })
             .unwrap_or_default())
     }
 
     /// Runs node `id` between two timed events.
-    fn run_timed(
+    pub(crate) fn run_timed(
         &self,
         st: &mut State,
         tensors: &[Tensor],
         id: TensorId,
         key: ggml_core::OpKey,
     ) -> BackendResult<()> {
-        let api = self.dev.api;
+        let api = self.api();
         let timer = st.timer.as_mut().expect("called with timing on");
-        let (a, b) = timer.pair(api, self.dev.ctx).map_err(|e| self.cu(e))?;
+        let (a, b) = timer.pair(&api, self.dev.ctx).map_err(|e| self.cu(e))?;
         let r = api
             .event_record(a, self.stream)
             .map_err(|e| self.cu(e))
@@ -1046,19 +1207,19 @@ impl CudaBackend {
         r
     }
 
-    /// Polls `ev` until it completed or `timeout` passed (a driver has no timed wait).
-    fn poll(&self, ev: Event, timeout: std::time::Duration) -> BackendResult<bool> {
-        let deadline = std::time::Instant::now() + timeout;
-        let mut pause = std::time::Duration::from_micros(20);
-        loop {
-            if self.dev.api.event_query(ev).map_err(|e| self.cu(e))? {
-                return Ok(true);
-            }
-            if std::time::Instant::now() >= deadline {
-                return Ok(false);
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(std::time::Duration::from_millis(1));
+    /// Waits for `ev` until it completed (`true`) or `timeout` passed (`false`): one
+    /// query, then a blocking wait on a helper thread (see `waiter`).
+    fn wait_timed(&self, ev: Event, timeout: std::time::Duration) -> BackendResult<bool> {
+        self.counters.host_sync();
+        if self.api().event_query(ev).map_err(|e| self.cu(e))? {
+            return Ok(true);
         }
+        if timeout.is_zero() {
+            return Ok(false);
+        }
+        self.counters.call(crate::host_counters::Call::EventSync);
+        self.waiter
+            .wait(self.dev.api, self.dev.ctx, ev, timeout)
+            .map_err(|e| self.cu(e))
     }
 }

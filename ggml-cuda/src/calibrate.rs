@@ -13,7 +13,7 @@ use std::time::Instant;
 use ggml_core::BackendResult;
 
 use crate::backend::CudaBackend;
-use crate::driver::{CuError, Event, Func, Module};
+use crate::driver::{CuError, Event, Func, GraphExec, Module};
 use crate::launch::{Args, LaunchDims};
 
 /// The PTX of the probes, loaded on demand (not one of the backend's kernels).
@@ -127,6 +127,10 @@ struct Kit<'a> {
     end: Event,
     /// Device allocations to free at the end.
     allocs: Vec<u64>,
+    /// Pinned host allocations to free at the end.
+    host_allocs: Vec<*mut u8>,
+    /// Executable graphs to destroy at the end.
+    execs: Vec<GraphExec>,
 }
 
 impl Drop for Kit<'_> {
@@ -135,6 +139,12 @@ impl Drop for Kit<'_> {
         let _ = api.stream_synchronize(self.be.stream);
         for &p in &self.allocs {
             let _ = api.mem_free(self.be.dev.ctx, p);
+        }
+        for &p in &self.host_allocs {
+            let _ = api.mem_free_host(self.be.dev.ctx, p);
+        }
+        for &e in &self.execs {
+            api.graph_exec_destroy(e);
         }
         api.event_destroy(self.start);
         api.event_destroy(self.end);
@@ -155,6 +165,8 @@ impl<'a> Kit<'a> {
                 start,
                 end,
                 allocs: Vec::new(),
+                host_allocs: Vec::new(),
+                execs: Vec::new(),
             }),
             (s, e) => {
                 for ev in [&s, &e].into_iter().flatten() {
@@ -174,6 +186,30 @@ impl<'a> Kit<'a> {
         let p = self.be.dev.api.mem_alloc(self.be.dev.ctx, bytes)?;
         self.allocs.push(p);
         Ok(p)
+    }
+
+    fn alloc_host(&mut self, bytes: usize) -> Result<*mut u8, CuError> {
+        let p = self.be.dev.api.mem_alloc_host(self.be.dev.ctx, bytes)?;
+        self.host_allocs.push(p);
+        Ok(p)
+    }
+
+    /// An executable graph of `n` launches of the empty kernel `f`, captured on the
+    /// backend's stream.
+    fn graph_of_empty(&mut self, f: Func, n: usize) -> Result<GraphExec, CuError> {
+        let api = self.be.dev.api;
+        let s = self.be.stream;
+        api.stream_begin_capture(s)?;
+        let launched = (0..n).try_for_each(|_| self.launch(f, 1, 32, Args::new().u64(0)));
+        // The capture ends whatever happened, so the stream is usable again.
+        let graph = api.stream_end_capture(s);
+        launched?;
+        let graph = graph?;
+        let exec = api.graph_instantiate(graph);
+        api.graph_destroy(graph);
+        let exec = exec?;
+        self.execs.push(exec);
+        Ok(exec)
     }
 
     /// Uploads `bytes` to `dst` and waits.
@@ -312,25 +348,68 @@ impl CudaBackend {
             detail: "host time of one launch call, averaged over launch_stream".into(),
         });
 
-        // A logits-sized read back into pageable host memory, host wall time.
+        // The same empty kernels as nodes of one CUDA graph: GPU time per node, and the
+        // host time of one graph launch.
+        let graph_host = std::cell::Cell::new(0.0f64);
+        let exec = kit.graph_of_empty(empty, launches).map_err(fail)?;
+        let mut p = repeat(
+            "launch_graph_node",
+            "launches",
+            launches as f64,
+            format!("a CUDA graph of {launches} empty kernels <<<1, 32>>>"),
+            s.reps,
+            || {
+                kit.gpu_seconds(|| {
+                    let t = Instant::now();
+                    let r = api.graph_launch(exec, self.stream);
+                    graph_host.set(graph_host.get() + t.elapsed().as_secs_f64());
+                    r
+                })
+            },
+        )
+        .map_err(fail)?;
+        let host_per_graph = graph_host.get() / (s.reps + 1) as f64;
+        p.detail.push_str(&format!(
+            "; host {:.3} us per cuGraphLaunch",
+            host_per_graph * 1e6
+        ));
+        probes.push(p);
+        probes.push(Probe {
+            name: "launch_graph_host",
+            unit: "graph_launches",
+            work: 1.0,
+            seconds: host_per_graph,
+            samples: vec![host_per_graph],
+            detail: format!(
+                "host time of one graph launch of {launches} nodes, averaged over launch_graph_node"
+            ),
+        });
+
+        // A logits-sized read back into pinned host memory, host wall time from the
+        // copy's enqueue to the stream's completion (the per-token read of generation).
         let rb = kit.alloc(s.readback_bytes).map_err(fail)?;
         api.memset_d8_async(rb, 1, s.readback_bytes, self.stream)
             .map_err(fail)?;
-        let mut host_buf = vec![0u8; s.readback_bytes];
+        let pinned = kit.alloc_host(s.readback_bytes).map_err(fail)?;
         probes.push(
             repeat(
-                "readback_pageable",
+                "readback_pinned",
                 "bytes",
                 s.readback_bytes as f64,
                 format!(
-                    "{} B device to pageable host, host wall time",
+                    "{} B device to pinned host, then a stream synchronisation; host wall time",
                     s.readback_bytes
                 ),
                 s.reps,
                 || {
                     api.stream_synchronize(self.stream)?;
                     let t = Instant::now();
-                    api.memcpy_dtoh_async(&mut host_buf, rb, self.stream)?;
+                    // SAFETY: `pinned` holds readback_bytes bytes of pinned memory the kit
+                    // owns; nothing reads it before the synchronisation completes the copy.
+                    unsafe {
+                        api.memcpy_dtoh_pinned_async(pinned, rb, s.readback_bytes, self.stream)
+                    }?;
+                    api.stream_synchronize(self.stream)?;
                     Ok(t.elapsed().as_secs_f64())
                 },
             )
@@ -456,7 +535,8 @@ impl CudaBackend {
         }
 
         drop(kit);
-        self.take_kernel_error()?;
+        // Reports any error a probe kernel set, as every synchronisation does.
+        ggml_core::Backend::synchronize(self)?;
         Ok(Calibration {
             device: self.dev.name.clone(),
             compute_capability: self.dev.cc,

@@ -53,11 +53,13 @@ pub enum KernelId {
     SumRows,
     /// `rows.ptx`: argsort_top_k.
     ArgsortTopK,
+    /// `upload.ptx`: the scatter of a batched host upload.
+    UploadScatter,
 }
 
 impl KernelId {
     /// Number of kernels.
-    pub const COUNT: usize = KernelId::ArgsortTopK as usize + 1;
+    pub const COUNT: usize = KernelId::UploadScatter as usize + 1;
 
     /// Every kernel, in declaration order (`ALL[k as usize] == k`).
     pub const ALL: [KernelId; KernelId::COUNT] = [
@@ -85,6 +87,7 @@ impl KernelId {
         KernelId::FlashAttnExt,
         KernelId::SumRows,
         KernelId::ArgsortTopK,
+        KernelId::UploadScatter,
     ];
 
     /// Whether the kernel, or a `.func` it calls (directly or through others), contains
@@ -136,7 +139,7 @@ pub struct Module {
 }
 
 /// All modules, in load order.
-pub const MODULES: [Module; 11] = [
+pub const MODULES: [Module; 12] = [
     Module {
         file: "binary.ptx",
         source: include_str!("../kernels/binary.ptx"),
@@ -214,6 +217,11 @@ pub const MODULES: [Module; 11] = [
             (KernelId::SumRows, "sum_rows"),
             (KernelId::ArgsortTopK, "argsort_top_k"),
         ],
+    },
+    Module {
+        file: "upload.ptx",
+        source: include_str!("../kernels/upload.ptx"),
+        kernels: &[(KernelId::UploadScatter, "upload_scatter")],
     },
 ];
 

@@ -45,7 +45,12 @@
 mod backend;
 mod calibrate;
 mod driver;
+mod err_words;
 mod fusion;
+mod graph_run;
+mod graphs;
+mod host_counters;
+mod host_io;
 pub mod kernels;
 pub mod launch;
 mod op_timing;
@@ -53,11 +58,14 @@ mod ops;
 pub mod reference;
 mod replay;
 mod tuning;
+mod uploads;
+mod waiter;
 
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
 pub use calibrate::{Calibration, Probe, ProbeSize, CALIBRATE_PTX};
 pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
+pub use host_counters::{DriverCalls, HostCounters};
 pub use kernels::KernelId;
 pub use launch::{mul_mat_class, MulMatClass, MMQ_MIN_N};
 pub use replay::{LaunchTime, RecordedLaunch};

@@ -7,6 +7,7 @@ use ggml_core::{
 };
 
 use crate::backend::{CudaBackend, State};
+use crate::driver::Api;
 use crate::kernels::KernelId;
 use crate::launch::{self, Args, LaunchDims, MulMatClass};
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
@@ -345,7 +346,8 @@ impl Ctx<'_> {
         let fail = |e: crate::driver::CuError| self.be.cu(e).at(self.op(), self.node.name);
         if d.shared > launch::DEFAULT_MAX_SHARED {
             // launch::flash_attn keeps the request within the device limit.
-            dev.api
+            self.be
+                .api()
                 .func_set_max_dynamic_shared(f, d.shared)
                 .map_err(fail)?;
         }
@@ -356,9 +358,12 @@ impl Ctx<'_> {
         // cuda-sim's profile of it can be joined with the record.
         let tag = self.st.recorded.as_ref().map(|r| r.len() as u64);
         if tag.is_some() {
-            dev.api.set_launch_tag(self.be.stream, tag);
+            self.be.api().set_launch_tag(self.be.stream, tag);
         }
-        dev.api.launch(f, &d, self.be.stream, args).map_err(fail)?;
+        self.be
+            .api()
+            .launch(f, &d, self.be.stream, args)
+            .map_err(fail)?;
         self.be.launches[k as usize].fetch_add(1, Ordering::Relaxed);
         if self.st.recorded.is_some() {
             let weights = match self.node.op {
@@ -750,6 +755,30 @@ pub(crate) fn run_fused(
     fusion: crate::fusion::Fusion,
 ) -> BackendResult<()> {
     match fusion {}
+}
+
+/// Bytes of scratch that [`run`] asks for node `id` (the Q8_1 activations of a quantised
+/// product), so that `graph_compute` can size the scratch for a whole split before it
+/// launches or captures anything. Must cover every `scratch` request of `run` and
+/// `run_fused` (a shortfall fails the split's CUDA graph capture).
+pub(crate) fn scratch_need(tensors: &[Tensor], id: TensorId) -> usize {
+    let Some(t) = tensors.get(id.index()) else {
+        return 0;
+    };
+    let (Ok(w), Ok(x)) = (src(tensors, t, 0), src(tensors, t, 1)) else {
+        return 0;
+    };
+    if is_float_weight(w.dtype) || !is_kernel_quant(w.dtype) {
+        return 0;
+    }
+    let row = w.ne[0] / 32 * Q8_1_BLOCK;
+    match t.op {
+        // qnb[2] * b3 of mul_mat.
+        Op::MulMat => row * t.ne[1] * t.ne[2] * t.ne[3],
+        // qnb[2] of mul_mat_id: [K/32 blocks, B1, T].
+        Op::MulMatId => row * x.ne[1] * t.ne[2],
+        _ => 0,
+    }
 }
 
 fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {

@@ -852,7 +852,9 @@ fn every_kernel_launches_with_its_parameter_list() {
     let sums = ctx.sum_rows(logits).unwrap();
     let sums = ctx.clamp(sums, 1e-6, f32::INFINITY).unwrap();
     outs.push(ctx.div(logits, sums).unwrap());
-    run(&be, &mut ctx, &[], o);
+    // Two small uploads travel as one batch, scattered by upload_scatter.
+    let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];
+    run(&be, &mut ctx, &inputs, o);
     let st = be.kernel_stats();
     let missing: Vec<_> = ggml_cuda::KernelId::ALL
         .iter()
@@ -860,7 +862,7 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 27, "{st:?} for {outs:?}");
+    assert_eq!(st.launches.iter().sum::<u64>(), 28, "{st:?} for {outs:?}");
 }
 
 /// Op timing sums each kind of op (products by weight type), starts new sums on each
@@ -925,7 +927,9 @@ fn calibration_probes_run() {
         [
             "launch_stream",
             "launch_host",
-            "readback_pageable",
+            "launch_graph_node",
+            "launch_graph_host",
+            "readback_pinned",
             "dram_read",
             "l2_read",
             "dram_latency",

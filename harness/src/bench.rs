@@ -29,6 +29,97 @@ pub struct BenchResult {
     /// For generation: bytes of weights each token reads
     /// ([`Model::weight_bytes_per_token`]); 0 for prompt processing.
     pub weight_bytes_per_token: f64,
+    /// What the CUDA devices asked of their driver on the host, per generated token (tg)
+    /// or per prompt pass (pp), summed over devices; `None` without CUDA devices.
+    pub cuda_host: Option<CudaHostCounts>,
+}
+
+/// The host counters of the CUDA devices ([`ggml_cuda::HostCounters`]) per generated
+/// token or per prompt pass, summed over devices, over the measured repetitions.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CudaHostCounts {
+    /// Kernels the GPUs ran (graph nodes of replayed CUDA graphs included).
+    pub kernel_launches: f64,
+    /// CUDA graph launches.
+    pub graph_launches: f64,
+    /// Nodes of the replayed graphs.
+    pub graph_nodes: f64,
+    /// Driver calls made on the host.
+    pub driver_calls: f64,
+    /// Of them, `cuLaunchKernel`.
+    pub launch_calls: f64,
+    /// Times the host waited for a GPU.
+    pub host_syncs: f64,
+    /// Bytes copied host to GPU.
+    pub h2d_bytes: f64,
+    /// Bytes copied GPU to host.
+    pub d2h_bytes: f64,
+    /// `graph_compute` calls (splits run).
+    pub splits: f64,
+    /// Host time of `graph_compute` per node passed to it, in µs.
+    pub host_us_per_node: f64,
+    /// The driver calls by kind ([`ggml_cuda::DriverCalls`]'s fields).
+    pub calls_by_kind: std::collections::BTreeMap<&'static str, f64>,
+}
+
+impl CudaHostCounts {
+    /// `c` (counts over `n` tokens or passes) per token or pass.
+    pub fn per(c: &ggml_cuda::HostCounters, n: usize) -> CudaHostCounts {
+        let n = n.max(1) as f64;
+        CudaHostCounts {
+            kernel_launches: c.kernel_launches as f64 / n,
+            graph_launches: c.graph_launches as f64 / n,
+            graph_nodes: c.graph_nodes as f64 / n,
+            driver_calls: c.driver_calls() as f64 / n,
+            launch_calls: c.calls.launch as f64 / n,
+            host_syncs: c.host_syncs as f64 / n,
+            h2d_bytes: c.h2d_bytes as f64 / n,
+            d2h_bytes: c.d2h_bytes as f64 / n,
+            splits: c.graph_compute_calls as f64 / n,
+            host_us_per_node: c.host_ns_per_node() / 1e3,
+            calls_by_kind: c
+                .calls
+                .by_kind()
+                .into_iter()
+                .map(|(k, v)| (k, v as f64 / n))
+                .collect(),
+        }
+    }
+}
+
+/// The sum of the host counters of `devices`.
+fn host_counters(devices: &[&ggml_cuda::CudaBackend]) -> ggml_cuda::HostCounters {
+    devices.iter().map(|d| d.host_counters()).sum()
+}
+
+/// One line per result with CUDA host counters: what the host asked of the GPUs' driver
+/// per generated token or prompt pass.
+pub fn host_counter_lines(results: &[BenchResult]) -> String {
+    let mut s = String::new();
+    for r in results {
+        let Some(c) = &r.cuda_host else { continue };
+        let per = match r.weight_bytes_per_token > 0.0 {
+            true => "per generated token",
+            false => "per prompt pass",
+        };
+        s.push_str(&format!(
+            "{} on CUDA, {per}: {:.1} splits, {:.1} kernel launches, {:.2} graph launches \
+             ({:.1} graph nodes), {:.1} driver calls ({:.1} cuLaunchKernel), {:.2} host syncs, \
+             H2D {:.0} B, D2H {:.0} B, graph_compute {:.2} µs of host time per node\n",
+            r.test,
+            c.splits,
+            c.kernel_launches,
+            c.graph_launches,
+            c.graph_nodes,
+            c.driver_calls,
+            c.launch_calls,
+            c.host_syncs,
+            c.h2d_bytes,
+            c.d2h_bytes,
+            c.host_us_per_node,
+        ));
+    }
+    s
 }
 
 impl BenchResult {
@@ -137,6 +228,7 @@ fn summarize(test: String, n_tokens: usize, samples: Vec<f64>) -> BenchResult {
         bytes_moved_per_token: 0.0,
         host_syncs_per_token: 0.0,
         weight_bytes_per_token: 0.0,
+        cuda_host: None,
     }
 }
 
@@ -257,13 +349,15 @@ fn tokens(n: usize, n_vocab: usize) -> impl Iterator<Item = u32> {
 }
 
 /// Prompt processing: one batch of `n_prompt` tokens into an empty cache, `reps` times
-/// after one warm-up run.
+/// after one warm-up run. `cuda` (the session's CUDA devices) gives the host counters
+/// per pass.
 pub fn bench_pp(
     model: &Model,
     exec: &mut dyn Executor,
     kv: &mut KvCache,
     n_prompt: usize,
     reps: usize,
+    cuda: &[&ggml_cuda::CudaBackend],
 ) -> Result<BenchResult> {
     if n_prompt == 0 || reps == 0 {
         return Err(HarnessError::Usage("-p and -r must be at least 1".into()));
@@ -271,10 +365,12 @@ pub fn bench_pp(
     let batch = prompt_batch(model, n_prompt);
     let mut samples = Vec::with_capacity(reps);
     let mut before = None;
+    let mut host_before = ggml_cuda::HostCounters::default();
     for rep in 0..=reps {
         kv.clear();
         if rep == 1 {
             before = exec.sched_stats();
+            host_before = host_counters(cuda);
         }
         let t = Instant::now();
         exec.forward(model, kv, &batch)?;
@@ -285,17 +381,21 @@ pub fn bench_pp(
     let mut r = summarize(format!("pp{n_prompt}"), n_prompt, samples);
     (r.bytes_moved_per_token, r.host_syncs_per_token) =
         per_token(before, exec.sched_stats(), n_prompt * reps);
+    r.cuda_host =
+        (!cuda.is_empty()).then(|| CudaHostCounts::per(&(host_counters(cuda) - host_before), reps));
     Ok(r)
 }
 
 /// Generation: `n_gen` single-token decodes after an empty context, `reps` times after
-/// one warm-up run.
+/// one warm-up run. `cuda` (the session's CUDA devices) gives the host counters per
+/// generated token.
 pub fn bench_tg(
     model: &Model,
     exec: &mut dyn Executor,
     kv: &mut KvCache,
     n_gen: usize,
     reps: usize,
+    cuda: &[&ggml_cuda::CudaBackend],
 ) -> Result<BenchResult> {
     if n_gen == 0 || reps == 0 {
         return Err(HarnessError::Usage("-n and -r must be at least 1".into()));
@@ -303,10 +403,12 @@ pub fn bench_tg(
     let toks: Vec<u32> = tokens(n_gen, model.hp.n_vocab).collect();
     let mut samples = Vec::with_capacity(reps);
     let mut before = None;
+    let mut host_before = ggml_cuda::HostCounters::default();
     for rep in 0..=reps {
         kv.clear();
         if rep == 1 {
             before = exec.sched_stats();
+            host_before = host_counters(cuda);
         }
         let t = Instant::now();
         for (i, &tok) in toks.iter().enumerate() {
@@ -322,6 +424,8 @@ pub fn bench_tg(
     r.weight_bytes_per_token = model.weight_bytes_per_token() as f64;
     (r.bytes_moved_per_token, r.host_syncs_per_token) =
         per_token(before, exec.sched_stats(), n_gen * reps);
+    r.cuda_host = (!cuda.is_empty())
+        .then(|| CudaHostCounts::per(&(host_counters(cuda) - host_before), n_gen * reps));
     Ok(r)
 }
 

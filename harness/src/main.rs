@@ -1122,6 +1122,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             &mut kv,
             a.n_prompt,
             a.reps,
+            &session.cuda_backends(),
         )?);
     }
     if a.n_gen > 0 {
@@ -1131,6 +1132,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             &mut kv,
             a.n_gen,
             a.reps,
+            &session.cuda_backends(),
         )?);
     }
     write_trace(exec.as_mut(), a.trace.as_deref())?;
@@ -1184,6 +1186,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             "{}",
             harness::bench::bandwidth_lines(&results, probe, config.threads)
         );
+        print!("{}", harness::bench::host_counter_lines(&results));
         print!("{}", harness::bench::op_profile_table(&profiles));
     }
     Ok(())

@@ -62,6 +62,7 @@ fn the_bandwidth_line_gives_the_fraction_of_the_probe() {
         bytes_moved_per_token: 0.0,
         host_syncs_per_token: 1.0,
         weight_bytes_per_token: 97e6,
+        cuda_host: None,
     };
     let pp = BenchResult {
         test: "pp512".into(),
@@ -108,4 +109,54 @@ fn op_profile_on_cpu_devices() {
     for d in &devices {
         assert!(d.take_op_times().unwrap().is_empty(), "timing left on");
     }
+}
+
+/// The line after the table: the CUDA devices' host counters per token or pass.
+#[test]
+fn the_host_counter_line_reports_per_token_and_per_pass() {
+    use harness::bench::{host_counter_lines, CudaHostCounts};
+    let c = ggml_cuda::HostCounters {
+        kernel_launches: 787 * 4,
+        graph_launches: 4,
+        graph_nodes: 788 * 4,
+        host_syncs: 8,
+        h2d_bytes: 4 * 600,
+        d2h_bytes: 4 * 196_856,
+        calls: ggml_cuda::DriverCalls {
+            graph_launch: 4,
+            event_record: 8,
+            other: 24,
+            ..Default::default()
+        },
+        graph_compute_calls: 4,
+        graph_compute_nodes: 4 * 575,
+        graph_compute_ns: 4 * 575 * 70,
+        ..Default::default()
+    };
+    let per = CudaHostCounts::per(&c, 4);
+    assert_eq!(per.driver_calls, 9.0);
+    assert_eq!(per.calls_by_kind["event_record"], 2.0);
+    let r = BenchResult {
+        test: "tg128".into(),
+        n_tokens: 128,
+        tps_mean: 100.0,
+        tps_stddev: 1.0,
+        samples: vec![100.0],
+        bytes_moved_per_token: 0.0,
+        host_syncs_per_token: 1.0,
+        weight_bytes_per_token: 97e6,
+        cuda_host: Some(per),
+    };
+    let pp = BenchResult {
+        test: "pp512".into(),
+        weight_bytes_per_token: 0.0,
+        cuda_host: None,
+        ..r.clone()
+    };
+    assert_eq!(
+        host_counter_lines(&[pp, r]),
+        "tg128 on CUDA, per generated token: 1.0 splits, 787.0 kernel launches, 1.00 graph \
+         launches (788.0 graph nodes), 9.0 driver calls (0.0 cuLaunchKernel), 2.00 host syncs, \
+         H2D 600 B, D2H 196856 B, graph_compute 0.07 µs of host time per node\n"
+    );
 }

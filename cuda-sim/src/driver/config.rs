@@ -30,6 +30,16 @@ pub struct SimConfig {
     /// Host threads one kernel launch may use (`CUDA_SIM_THREADS`, default: the
     /// available parallelism).
     pub exec_threads: usize,
+    /// Run kernels in the interpreter (`CUDA_SIM_INTERPRET`, default `1`). With `0`
+    /// every launch is still checked as on a GPU (kernel, arguments against its
+    /// parameters, grid and block dimensions, shared memory), ordered on its stream and
+    /// counted ([`Driver::launches_executed`](crate::driver::Driver::launches_executed)),
+    /// but its code does not run: copies, memsets, events, graphs and faults of the
+    /// driver behave as always, while the bytes kernels would write are never written,
+    /// so memory contents and results are meaningless. For measuring what a program asks
+    /// of the driver (calls, launches, waits, bytes copied) quickly, on models far too
+    /// large to interpret.
+    pub interpret: bool,
 }
 
 impl Default for SimConfig {
@@ -40,6 +50,7 @@ impl Default for SimConfig {
             chaos_seed: None,
             checks: Checks::ALL,
             exec_threads: default_threads(),
+            interpret: true,
         }
     }
 }
@@ -116,6 +127,19 @@ impl SimConfig {
                     "expected a thread count of 1 or more",
                 )
             })?;
+        }
+        if let Some(v) = var("CUDA_SIM_INTERPRET") {
+            cfg.interpret = match v.to_ascii_lowercase().as_str() {
+                "1" | "true" | "on" | "yes" => true,
+                "0" | "false" | "off" | "no" => false,
+                _ => {
+                    return Err(bad(
+                        "CUDA_SIM_INTERPRET",
+                        &v,
+                        "expected 1 (run kernels) or 0 (check and count launches only)",
+                    ))
+                }
+            };
         }
         Ok(cfg)
     }

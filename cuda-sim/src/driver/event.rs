@@ -6,19 +6,60 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use super::graph::Capture;
 use super::ops::Op;
 use super::stream::Dep;
 use super::{lock, read, write, Driver, EventHandle, InjectedError, StreamHandle};
 use crate::error::{CuError, ErrorCode};
 
+/// What the latest record of an event marks.
+#[derive(Clone)]
+enum Recorded {
+    /// A position of a stream.
+    Stream(Dep),
+    /// A point of a capture (a node of its graph, not work on a stream).
+    Capture(Arc<Capture>),
+}
+
 /// One event.
 pub(crate) struct EventShared {
     pub(crate) dev: usize,
-    /// The position captured by the latest record.
-    last: Mutex<Option<Dep>>,
+    /// What the latest record marks.
+    last: Mutex<Option<Recorded>>,
     /// Created with timing: each record enqueues a stamp, the latest one is here.
     timed: bool,
     stamp: Mutex<Option<Arc<OnceLock<Instant>>>>,
+}
+
+/// The error of a wait for, or a query of, an event recorded in `cap`: forbidden while
+/// the capture lasts (and invalidating it), meaningless once it ended.
+fn captured_event_error(cap: &Capture, e: EventHandle, api: &str) -> CuError {
+    if cap.ended() {
+        CuError::new(
+            ErrorCode::CapturedEvent,
+            format!(
+                "{api}: event {} was last recorded in a capture (it stands for a graph node)",
+                e.0
+            ),
+        )
+    } else {
+        cap.forbid(
+            ErrorCode::StreamCaptureUnsupported,
+            format!("{api} of event {}, recorded in the capture,", e.0),
+        )
+    }
+}
+
+impl EventShared {
+    /// The stream position of the latest record (`None` if never recorded), or the
+    /// error of `api` on an event recorded in a capture.
+    fn position(&self, e: EventHandle, api: &str) -> Result<Option<Dep>, CuError> {
+        match lock(&self.last).clone() {
+            None => Ok(None),
+            Some(Recorded::Stream(d)) => Ok(Some(d)),
+            Some(Recorded::Capture(cap)) => Err(captured_event_error(&cap, e, api)),
+        }
+    }
 }
 
 impl Driver {
@@ -63,6 +104,7 @@ impl Driver {
         for (i, e) in [start, end].into_iter().enumerate() {
             let ev = self.event_of(e)?;
             self.check_sticky(ev.dev)?;
+            ev.position(e, "cuEventElapsedTime")?;
             let invalid =
                 |why: &str| CuError::new(ErrorCode::InvalidHandle, format!("event {} {why}", e.0));
             if !ev.timed {
@@ -118,6 +160,12 @@ impl Driver {
         ) {
             return Err(e);
         }
+        if let Some(cap) = st.capturing() {
+            // A point of the capture: no operation, no time stamp.
+            cap.record(Op::Marker)?;
+            *lock(&ev.last) = Some(Recorded::Capture(cap));
+            return Ok(());
+        }
         // A marker operation, so that the legacy stream's implicit ordering applies to
         // the record like to any other operation.
         let op = if ev.timed {
@@ -128,7 +176,7 @@ impl Driver {
             Op::Marker
         };
         let seq = self.enqueue(&st, Vec::new(), op)?;
-        *lock(&ev.last) = Some(Dep { stream: st, seq });
+        *lock(&ev.last) = Some(Recorded::Stream(Dep { stream: st, seq }));
         Ok(())
     }
 
@@ -137,7 +185,7 @@ impl Driver {
     pub fn event_query(&self, e: EventHandle) -> Result<(), CuError> {
         let ev = self.event_of(e)?;
         self.check_sticky(ev.dev)?;
-        let dep = lock(&ev.last).clone();
+        let dep = ev.position(e, "cuEventQuery")?;
         match dep {
             Some(d) if !d.is_done() => Err(CuError::new(
                 ErrorCode::NotReady,
@@ -151,7 +199,7 @@ impl Driver {
     pub fn event_synchronize(&self, e: EventHandle) -> Result<(), CuError> {
         let ev = self.event_of(e)?;
         self.check_sticky(ev.dev)?;
-        let dep = lock(&ev.last).clone();
+        let dep = ev.position(e, "cuEventSynchronize")?;
         if let Some(d) = dep {
             d.wait();
         }
@@ -173,10 +221,36 @@ impl Driver {
         ) {
             return Err(e);
         }
-        let dep = lock(&ev.last).clone();
-        match dep {
-            Some(d) if !d.is_done() => self.enqueue(&st, vec![d], Op::Marker).map(|_| ()),
-            _ => Ok(()),
+        let last = lock(&ev.last).clone();
+        match (last, st.capturing()) {
+            (None, _) => Ok(()),
+            (Some(Recorded::Capture(c)), Some(mine)) if Arc::ptr_eq(&c, &mine) => {
+                // Earlier in the same capture, which runs in order.
+                mine.record(Op::Marker)
+            }
+            (Some(Recorded::Capture(_)), Some(mine)) => Err(mine.forbid(
+                ErrorCode::StreamCaptureMerge,
+                format!("a wait on event {}, recorded in another capture,", e.0),
+            )),
+            (Some(Recorded::Capture(c)), None) if !c.ended() => Err(CuError::new(
+                ErrorCode::NotSupported,
+                format!(
+                    "stream {} would join the capture that recorded event {}: cuda-sim \
+                     emulates captures of one stream",
+                    s.0, e.0
+                ),
+            )),
+            (Some(Recorded::Capture(c)), None) => {
+                Err(captured_event_error(&c, e, "cuStreamWaitEvent"))
+            }
+            (Some(Recorded::Stream(_)), Some(mine)) => Err(mine.forbid(
+                ErrorCode::StreamCaptureIsolation,
+                format!("a wait on event {}, recorded outside the capture,", e.0),
+            )),
+            (Some(Recorded::Stream(d)), None) if !d.is_done() => {
+                self.enqueue(&st, vec![d], Op::Marker).map(|_| ())
+            }
+            (Some(Recorded::Stream(_)), None) => Ok(()),
         }
     }
 }

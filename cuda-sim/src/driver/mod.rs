@@ -21,6 +21,7 @@
 mod chaos;
 mod config;
 mod event;
+mod graph;
 mod inject;
 mod memory;
 mod module;
@@ -42,6 +43,7 @@ pub use config::{
     default_threads, parse_checks, parse_size, SimConfig, DEFAULT_DEVICES, DEFAULT_MEMORY,
     MAX_DEVICES,
 };
+pub use graph::{CaptureMode, CaptureStatus, GraphExecHandle, GraphHandle};
 pub use inject::InjectedError;
 pub use memory::{device_of, ADDRESS_BASE, ALLOC_ALIGN, RED_ZONE, WINDOW_SHIFT};
 pub use module::{
@@ -110,6 +112,7 @@ pub struct Driver {
     events: RwLock<HashMap<u64, Arc<EventShared>>>,
     modules: RwLock<HashMap<u64, Arc<LoadedModule>>>,
     functions: RwLock<HashMap<u64, Arc<LoadedFunction>>>,
+    graphs: graph::Graphs,
     next_handle: AtomicU64,
 }
 
@@ -145,6 +148,7 @@ impl Driver {
             faults: Mutex::new(Vec::new()),
             injected: Mutex::new(Vec::new()),
             warp_instructions: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
             chaos: ChaosControl::new(cfg.chaos_seed),
             profile: profile::ProfileState::new(n),
             cfg,
@@ -160,6 +164,7 @@ impl Driver {
             events: RwLock::new(Default::default()),
             modules: RwLock::new(Default::default()),
             functions: RwLock::new(Default::default()),
+            graphs: Default::default(),
             next_handle: AtomicU64::new(next),
         })
     }
@@ -326,6 +331,12 @@ impl Driver {
     /// Warp instructions executed by all launches so far.
     pub fn warp_instructions(&self) -> u64 {
         self.shared.warp_instructions.load(Ordering::Relaxed)
+    }
+
+    /// Kernel launches executed so far by the streams (each kernel node of a replayed
+    /// graph counts), interpreted or, with [`SimConfig::interpret`] off, only checked.
+    pub fn launches_executed(&self) -> u64 {
+        self.shared.launches.load(Ordering::Relaxed)
     }
 }
 

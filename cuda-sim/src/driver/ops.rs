@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use super::graph::Node;
 use super::lock;
 use super::memory::{Allocation, DeviceView};
 use super::module::LoadedModule;
@@ -35,6 +36,7 @@ pub(crate) enum HostDst {
 }
 
 /// A kernel launch, its arguments copied at the call.
+#[derive(Clone)]
 pub(crate) struct LaunchOp {
     pub(crate) module: Arc<LoadedModule>,
     pub(crate) kernel: String,
@@ -83,6 +85,8 @@ pub(crate) enum Op {
     /// An operation that fails with this sticky error when it runs (an injected error
     /// in place of a launch or a copy).
     Fail(CuError),
+    /// The nodes of an executable graph, run in order; the first failure ends it.
+    Graph(Arc<[Node]>),
 }
 
 impl Op {
@@ -97,6 +101,7 @@ impl Op {
             | Op::Memset { api, .. } => api.to_string(),
             Op::Launch(l) => format!("kernel {} of {}", l.kernel, l.module.file),
             Op::Fail(e) => e.detail.clone(),
+            Op::Graph(nodes) => format!("a graph of {} nodes", nodes.len()),
         }
     }
 }
@@ -165,6 +170,9 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
             Ok(())
         }
         Op::Fail(e) => Err(Failure::Sticky(e)),
+        Op::Graph(nodes) => nodes
+            .iter()
+            .try_for_each(|n| execute(shared, dev, n.to_op())),
         Op::HtoD { dst, src, api } => match src {
             HostSrc::Staged(bytes) => {
                 let a = device_range(shared, api, dst, bytes.len())?;
@@ -229,6 +237,14 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
             Ok(())
         }
         Op::Launch(l) => {
+            shared
+                .launches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if !shared.cfg.interpret {
+                let args: Vec<&[u8]> = l.args.iter().map(Vec::as_slice).collect();
+                return crate::exec::check_launch(&l.module.module, &l.kernel, &l.cfg, &args)
+                    .map_err(launch_failure);
+            }
             let view = DeviceView::new(&shared.memories, dev, &shared.contexts[dev].peers());
             let r = shared.profile.run(
                 dev,
@@ -245,9 +261,15 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
                     );
                     Ok(())
                 }
-                Err(LaunchError::Fault(f)) => Err(Failure::Fault(f)),
-                Err(LaunchError::Invalid(e)) => Err(Failure::Deferred(e)),
+                Err(e) => Err(launch_failure(e)),
             }
         }
+    }
+}
+
+fn launch_failure(e: LaunchError) -> Failure {
+    match e {
+        LaunchError::Fault(f) => Failure::Fault(f),
+        LaunchError::Invalid(e) => Failure::Deferred(e),
     }
 }

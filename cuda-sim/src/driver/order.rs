@@ -19,6 +19,15 @@ impl Driver {
         mut deps: Vec<Dep>,
         op: Op,
     ) -> Result<u64, CuError> {
+        if let Some(cap) = st.capturing() {
+            // Becomes a node of the graph (waits were checked by stream_wait_event).
+            debug_assert!(deps.is_empty());
+            cap.record(op)?;
+            return Ok(0);
+        }
+        if st.kind == StreamKind::Legacy && self.any_capture() {
+            self.check_legacy_use(st.dev, &op.describe())?;
+        }
         if st.kind == StreamKind::NonBlocking {
             return st.push(deps, op);
         }
@@ -44,6 +53,22 @@ impl Driver {
             deps.extend(blocking.iter().filter_map(|b| b.tail()));
         }
         deps
+    }
+
+    /// `Err` if waiting for `st` is not permitted: it captures
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), or it is the legacy stream and a
+    /// capture forbids its use.
+    fn check_capture_sync(&self, st: &StreamShared, api: &str) -> Result<(), CuError> {
+        if let Some(cap) = st.capturing() {
+            return Err(cap.forbid(
+                ErrorCode::StreamCaptureUnsupported,
+                format!("{api} of the capturing stream"),
+            ));
+        }
+        if st.kind == StreamKind::Legacy {
+            self.check_legacy_use(st.dev, api)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn stream_of(&self, s: StreamHandle) -> Result<Arc<StreamShared>, CuError> {
@@ -102,6 +127,7 @@ impl Driver {
         if st.kind == StreamKind::Blocking {
             lock(&self.shared.contexts[st.dev].blocking).retain(|b| !Arc::ptr_eq(b, &st));
         }
+        self.drop_capture(&st);
         st.request_shutdown();
         st.join();
         self.check_sticky(st.dev)
@@ -112,6 +138,7 @@ impl Driver {
     /// or an asynchronous launch error of the stream.
     pub fn stream_synchronize(&self, s: StreamHandle) -> Result<(), CuError> {
         let st = self.stream_of(s)?;
+        self.check_capture_sync(&st, "cuStreamSynchronize")?;
         for d in self.sync_targets(&st) {
             d.wait();
         }
@@ -122,6 +149,7 @@ impl Driver {
     /// `Ok` if all work enqueued on `s` completed, `CUDA_ERROR_NOT_READY` if not.
     pub fn stream_query(&self, s: StreamHandle) -> Result<(), CuError> {
         let st = self.stream_of(s)?;
+        self.check_capture_sync(&st, "cuStreamQuery")?;
         self.check_sticky(st.dev)?;
         if self.sync_targets(&st).iter().all(Dep::is_done) {
             st.take_deferred().map_or(Ok(()), Err)
@@ -136,6 +164,7 @@ impl Driver {
     /// Waits for the work enqueued so far on every stream of device `dev`.
     pub fn device_synchronize(&self, dev: usize) -> Result<(), CuError> {
         self.device(dev)?;
+        self.check_no_capture_on(dev, "cuCtxSynchronize")?;
         let streams: Vec<Arc<StreamShared>> = read(&self.streams)
             .values()
             .filter(|st| st.dev == dev)

@@ -27,6 +27,9 @@ pub(crate) struct HostPtr(pub(crate) *mut u8);
 // SAFETY: a HostPtr is a plain address; it is only dereferenced by the worker under the
 // conditions stated above, which do not depend on the thread.
 unsafe impl Send for HostPtr {}
+// SAFETY: shared (in a graph's nodes) it only gives out the address; dereferencing
+// stays with the worker that runs the copy, under the conditions stated above.
+unsafe impl Sync for HostPtr {}
 
 /// The live pinned blocks.
 pub(crate) struct PinnedHeap {

@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     /// Armed injections, in the order they were armed.
     pub(crate) injected: Mutex<Vec<Armed>>,
     pub(crate) warp_instructions: AtomicU64,
+    /// Kernel launches executed (interpreted or, without interpretation, checked).
+    pub(crate) launches: AtomicU64,
     pub(crate) chaos: ChaosControl,
     pub(crate) profile: super::profile::ProfileState,
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::chaos::StreamChaos;
+use super::graph::Capture;
 use super::lock;
 use super::ops::{self, Failure, Op};
 use super::shared::Shared;
@@ -69,6 +70,8 @@ pub(crate) struct StreamShared {
     /// Signalled on every push, completion and shutdown.
     cv: Condvar,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// The capture in progress on this stream, if any.
+    pub(crate) capture: Mutex<Option<Arc<Capture>>>,
 }
 
 impl StreamShared {
@@ -86,11 +89,17 @@ impl StreamShared {
             }),
             cv: Condvar::new(),
             worker: Mutex::new(None),
+            capture: Mutex::new(None),
         })
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
         lock(&self.state)
+    }
+
+    /// The capture in progress on this stream.
+    pub(crate) fn capturing(&self) -> Option<Arc<Capture>> {
+        lock(&self.capture).clone()
     }
 
     /// Starts the worker thread.

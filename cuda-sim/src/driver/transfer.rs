@@ -59,6 +59,7 @@ impl Driver {
     /// uninitialised for initcheck until written). Never reuses an address.
     pub fn mem_alloc(&self, dev: usize, size: usize) -> Result<u64, CuError> {
         self.live_device(dev)?;
+        self.check_unsafe_call("cuMemAlloc")?;
         self.shared.memories[dev].alloc(size)
     }
 
@@ -72,18 +73,21 @@ impl Driver {
                 format!("cuMemFree: {ptr:#x} is not a device address"),
             ));
         };
+        self.check_unsafe_call("cuMemFree")?;
         self.shared.memories[dev].free(ptr)?;
         self.check_sticky(dev)
     }
 
     /// `size` bytes of pinned host memory, zeroed and page-aligned.
     pub fn mem_alloc_host(&self, size: usize) -> Result<*mut u8, CuError> {
+        self.check_unsafe_call("cuMemAllocHost")?;
         self.shared.pinned.alloc(size)
     }
 
     /// Frees pinned memory from [`mem_alloc_host`](Driver::mem_alloc_host) (waiting for
     /// a copy that is using it at this moment).
     pub fn mem_free_host(&self, p: *mut u8) -> Result<(), CuError> {
+        self.check_unsafe_call("cuMemFreeHost")?;
         self.shared.pinned.free(p)
     }
 
@@ -97,6 +101,7 @@ impl Driver {
             return Ok(());
         }
         let dev = self.device_range(dst, src.len(), API)?;
+        self.check_legacy_use(dev, API)?;
         let legacy = Arc::clone(&self.shared.contexts[dev].legacy);
         let op = Op::HtoD {
             dst,

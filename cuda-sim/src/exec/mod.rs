@@ -66,60 +66,32 @@ pub const MAX_THREADS: u32 = 1024;
 /// Most shared memory per block, static and dynamic (sm_80 with the opt-in attribute).
 pub const MAX_SHARED: usize = 227 << 10;
 
-/// Runs kernel `kernel` of `module` over the grid. `args` holds one byte slice per
-/// `.param` of the kernel, each at least the parameter's size (only its first `size`
-/// bytes are read, as the driver reads `kernelParams`). Blocks run on up to `threads`
-/// host threads; results do not depend on that number.
-pub fn launch(
-    module: &Module,
-    kernel: &str,
-    cfg: &LaunchConfig,
-    args: &[&[u8]],
-    mem: &dyn GlobalMemory,
-    checks: Checks,
-    threads: usize,
-) -> Result<LaunchStats, LaunchError> {
-    run(module, kernel, cfg, args, mem, checks, threads, None).map(|(s, _)| s)
+/// A launch checked by [`prepare`]: the kernel's index, its packed parameter block and
+/// the shared memory per block.
+struct Prepared {
+    entry: usize,
+    packed: Vec<u8>,
+    shared_bytes: usize,
 }
 
-/// [`launch`], counting what it executes (see [`crate::profile`]). The counters do not
-/// depend on `threads`. With [`ProfileOptions::sample_blocks`] only a subset of the
-/// blocks runs: the others write nothing.
-#[allow(clippy::too_many_arguments)]
-pub fn launch_profiled(
+/// Checks a launch as [`launch`] does before running anything: the kernel exists, the
+/// arguments match its parameters, the dimensions and the shared memory are within the
+/// device's limits. The error is what [`launch`] would return.
+pub fn check_launch(
     module: &Module,
     kernel: &str,
     cfg: &LaunchConfig,
     args: &[&[u8]],
-    mem: &dyn GlobalMemory,
-    checks: Checks,
-    threads: usize,
-    profile: &ProfileOptions,
-) -> Result<(LaunchStats, LaunchCounters), LaunchError> {
-    let (stats, counters) = run(
-        module,
-        kernel,
-        cfg,
-        args,
-        mem,
-        checks,
-        threads,
-        Some(*profile),
-    )?;
-    Ok((stats, counters.expect("a profiled launch has counters")))
+) -> Result<(), LaunchError> {
+    prepare(module, kernel, cfg, args).map(|_| ())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
+fn prepare(
     module: &Module,
     kernel: &str,
     cfg: &LaunchConfig,
     args: &[&[u8]],
-    mem: &dyn GlobalMemory,
-    checks: Checks,
-    threads: usize,
-    profile: Option<ProfileOptions>,
-) -> Result<(LaunchStats, Option<LaunchCounters>), LaunchError> {
+) -> Result<Prepared, LaunchError> {
     let invalid = |code: ErrorCode, why: String| Err(LaunchError::Invalid(CuError::new(code, why)));
     let Some(entry) = module
         .functions
@@ -194,6 +166,73 @@ fn run(
             format!("{kernel}: {shared_bytes} bytes of shared memory per block"),
         );
     }
+    Ok(Prepared {
+        entry,
+        packed,
+        shared_bytes,
+    })
+}
+
+/// Runs kernel `kernel` of `module` over the grid. `args` holds one byte slice per
+/// `.param` of the kernel, each at least the parameter's size (only its first `size`
+/// bytes are read, as the driver reads `kernelParams`). Blocks run on up to `threads`
+/// host threads; results do not depend on that number.
+pub fn launch(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    args: &[&[u8]],
+    mem: &dyn GlobalMemory,
+    checks: Checks,
+    threads: usize,
+) -> Result<LaunchStats, LaunchError> {
+    run(module, kernel, cfg, args, mem, checks, threads, None).map(|(s, _)| s)
+}
+
+/// [`launch`], counting what it executes (see [`crate::profile`]). The counters do not
+/// depend on `threads`. With [`ProfileOptions::sample_blocks`] only a subset of the
+/// blocks runs: the others write nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_profiled(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    args: &[&[u8]],
+    mem: &dyn GlobalMemory,
+    checks: Checks,
+    threads: usize,
+    profile: &ProfileOptions,
+) -> Result<(LaunchStats, LaunchCounters), LaunchError> {
+    let (stats, counters) = run(
+        module,
+        kernel,
+        cfg,
+        args,
+        mem,
+        checks,
+        threads,
+        Some(*profile),
+    )?;
+    Ok((stats, counters.expect("a profiled launch has counters")))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    module: &Module,
+    kernel: &str,
+    cfg: &LaunchConfig,
+    args: &[&[u8]],
+    mem: &dyn GlobalMemory,
+    checks: Checks,
+    threads: usize,
+    profile: Option<ProfileOptions>,
+) -> Result<(LaunchStats, Option<LaunchCounters>), LaunchError> {
+    let Prepared {
+        entry,
+        packed,
+        shared_bytes,
+    } = prepare(module, kernel, cfg, args)?;
+    let [gx, gy, gz] = cfg.grid;
     let l = engine::Launch {
         module,
         entry,

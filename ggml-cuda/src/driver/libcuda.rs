@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-use super::{intern, Api, Ctx, CuError, Event, Func, Module, Opened, Stream};
+use super::{intern, Api, Ctx, CuError, Event, Func, Graph, GraphExec, Module, Opened, Stream};
 use crate::launch::{Args, LaunchDims};
 
 /// Every driver symbol this crate calls, under the names the cudarc bindings load.
@@ -49,6 +49,12 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuFuncSetAttribute",
     "cuLaunchKernel",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphDestroy",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
 ];
 
 /// `Ok` if `r` is `CUDA_SUCCESS`.
@@ -202,6 +208,12 @@ fn stream_of(s: Stream) -> sys::CUstream {
 fn event_of(e: Event) -> sys::CUevent {
     e.0 as usize as sys::CUevent
 }
+fn graph_of(g: Graph) -> sys::CUgraph {
+    g.0 as usize as sys::CUgraph
+}
+fn exec_of(e: GraphExec) -> sys::CUgraphExec {
+    e.0 as usize as sys::CUgraphExec
+}
 
 impl Api for LibCuda {
     fn version(&self) -> Result<i32, CuError> {
@@ -258,11 +270,18 @@ impl Api for LibCuda {
     }
 
     fn bind(&self, ctx: Ctx) -> Result<(), CuError> {
+        // A context switch is a driver call on every backend method: skipped when this
+        // thread made `ctx` current already.
+        if super::is_current(ctx) {
+            return Ok(());
+        }
         // SAFETY: ctx is a retained primary context.
         ck(
             unsafe { sys::cuCtxSetCurrent(ctx_of(ctx)) },
             "cuCtxSetCurrent failed",
-        )
+        )?;
+        super::note_current(ctx);
+        Ok(())
     }
 
     fn enable_peer(&self, ctx: Ctx, ordinal: usize, peer_ctx: Ctx, peer: usize) -> bool {
@@ -398,23 +417,19 @@ impl Api for LibCuda {
         )
     }
 
-    fn memcpy_dtoh_async(&self, dst: &mut [u8], src: u64, s: Stream) -> Result<(), CuError> {
-        // SAFETY: the caller range-checked src; dst is valid for its length. The copy
-        // into pageable memory returns once it completed, so `dst` is not used later.
+    unsafe fn memcpy_dtoh_pinned_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        s: Stream,
+    ) -> Result<(), CuError> {
+        // SAFETY: the caller range-checked src and keeps the pinned dst valid and
+        // untouched until the copy completed.
         ck(
-            unsafe {
-                sys::cuMemcpyDtoHAsync_v2(
-                    dst.as_mut_ptr() as *mut c_void,
-                    src,
-                    dst.len(),
-                    stream_of(s),
-                )
-            },
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream_of(s)) },
             "cuMemcpyDtoHAsync failed",
-        )?;
-        // Pageable destinations make the call synchronous in practice, but the driver
-        // only promises it for some transfer paths: wait for the stream to be sure.
-        self.stream_synchronize(s)
+        )
     }
 
     fn memcpy_dtod_async(&self, dst: u64, src: u64, len: usize, s: Stream) -> Result<(), CuError> {
@@ -496,6 +511,59 @@ impl Api for LibCuda {
         )
     }
 
+    fn stream_begin_capture(&self, s: Stream) -> Result<(), CuError> {
+        // SAFETY: a live stream of the current context.
+        ck(
+            unsafe {
+                sys::cuStreamBeginCapture_v2(
+                    stream_of(s),
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+            },
+            "cuStreamBeginCapture failed",
+        )
+    }
+
+    fn stream_end_capture(&self, s: Stream) -> Result<Graph, CuError> {
+        let mut g: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: a live stream; `g` is a valid out pointer.
+        ck(
+            unsafe { sys::cuStreamEndCapture(stream_of(s), &mut g) },
+            "cuStreamEndCapture failed (the capture was invalidated)",
+        )?;
+        Ok(Graph(g as usize as u64))
+    }
+
+    fn graph_instantiate(&self, g: Graph) -> Result<GraphExec, CuError> {
+        let mut e: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a graph from `stream_end_capture`; `e` is a valid out pointer.
+        ck(
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut e, graph_of(g), 0) },
+            "cuGraphInstantiate failed",
+        )?;
+        Ok(GraphExec(e as usize as u64))
+    }
+
+    fn graph_destroy(&self, g: Graph) {
+        // SAFETY: a graph from `stream_end_capture`, not used afterwards.
+        unsafe { sys::cuGraphDestroy(graph_of(g)) };
+    }
+
+    fn graph_launch(&self, e: GraphExec, s: Stream) -> Result<(), CuError> {
+        // SAFETY: a live executable graph and stream of the same context; the pointers
+        // baked into it are kept alive by the caller while it may run.
+        ck(
+            unsafe { sys::cuGraphLaunch(exec_of(e), stream_of(s)) },
+            "cuGraphLaunch failed",
+        )
+    }
+
+    fn graph_exec_destroy(&self, e: GraphExec) {
+        // SAFETY: a live executable graph, not launched afterwards (one in flight
+        // completes: the driver frees it then).
+        unsafe { sys::cuGraphExecDestroy(exec_of(e)) };
+    }
+
     fn event_create(&self, ctx: Ctx) -> Result<Event, CuError> {
         self.bind(ctx)?;
         let mut ev: sys::CUevent = std::ptr::null_mut();
@@ -558,5 +626,37 @@ impl Api for LibCuda {
             unsafe { sys::cuEventSynchronize(event_of(e)) },
             "cuEventSynchronize failed",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::REQUIRED_SYMBOLS;
+
+    /// Every driver function this file calls is checked for before the first call, so an
+    /// old driver is an error naming the reason, not a panic inside cudarc's loader.
+    #[test]
+    fn every_called_symbol_is_required() {
+        let src = include_str!("libcuda.rs");
+        let mut called: Vec<&str> = src
+            .match_indices("sys::cu")
+            .filter_map(|(i, _)| {
+                let rest = &src[i + 5..];
+                let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
+                let name = &rest[..end];
+                // Driver functions: `cu` and a capital, called (cudarc's own `culib` is not).
+                let is_fn = name.as_bytes().get(2).is_some_and(u8::is_ascii_uppercase);
+                (is_fn && rest[end..].starts_with('(')).then_some(name)
+            })
+            .collect();
+        called.sort_unstable();
+        called.dedup();
+        assert!(called.len() > 30, "{called:?}");
+        for name in called {
+            assert!(
+                REQUIRED_SYMBOLS.contains(&name),
+                "{name} is called but not in REQUIRED_SYMBOLS"
+            );
+        }
     }
 }

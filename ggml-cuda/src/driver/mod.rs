@@ -6,11 +6,14 @@
 //! Per-device state (the context, the loaded PTX modules and their kernels) lives in
 //! [`Device`], shared by every backend instance on that device.
 
+pub(crate) mod counted;
 pub(crate) mod libcuda;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
 
+use std::cell::Cell;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::kernels::{KernelId, MODULES};
@@ -56,6 +59,29 @@ pub(crate) fn intern(text: String) -> &'static str {
     let t: &'static str = Box::leak(text.into_boxed_str());
     set.insert(t);
     t
+}
+
+/// Bumped whenever a context is released: a thread's note of its current context (see
+/// [`is_current`]) is only trusted within one epoch, as a released primary context may
+/// be destroyed and its handle reused.
+static BIND_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The context this thread made current last (through [`Api::bind`]), and the epoch
+    /// it did so in.
+    static CURRENT: Cell<(u64, u64)> = const { Cell::new((u64::MAX, u64::MAX)) };
+}
+
+/// Whether `ctx` is the context this thread made current last, in this epoch: binding
+/// it again would not change anything (this crate is the only one that makes its
+/// contexts current on the threads that call it).
+pub(crate) fn is_current(ctx: Ctx) -> bool {
+    CURRENT.get() == (ctx.0, BIND_EPOCH.load(Ordering::Acquire))
+}
+
+/// Notes that this thread made `ctx` current.
+pub(crate) fn note_current(ctx: Ctx) {
+    CURRENT.set((ctx.0, BIND_EPOCH.load(Ordering::Acquire)));
 }
 
 /// Which driver a backend runs on.
@@ -113,7 +139,7 @@ macro_rules! handle {
         pub(crate) struct $name(pub(crate) u64);
     )*};
 }
-handle!(Ctx, Stream, Event, Module, Func);
+handle!(Ctx, Stream, Event, Module, Func, Graph, GraphExec);
 
 /// A device as opened by [`Api::open`].
 pub(crate) struct Opened {
@@ -130,7 +156,8 @@ pub(crate) struct Opened {
 /// the legacy NULL stream, which does not order against the non-blocking streams
 /// ggml-cuda uses, so a kernel enqueued after them could overtake them. Host transfers
 /// go on the backend's own stream instead (and are waited for where they must be
-/// complete on return).
+/// complete on return). Reads into the host go through pinned memory: a copy into
+/// pageable memory is a host wait inside the driver, and cannot be captured.
 pub(crate) trait Api: Send + Sync {
     fn version(&self) -> Result<i32, CuError>;
     fn device_count(&self) -> Result<usize, CuError>;
@@ -168,9 +195,18 @@ pub(crate) trait Api: Send + Sync {
         len: usize,
         s: Stream,
     ) -> Result<(), CuError>;
-    /// Into pageable memory (`dst` is a Rust slice): ordered on `s`, and returns once
-    /// the bytes arrived, as the driver documents for pageable destinations.
-    fn memcpy_dtoh_async(&self, dst: &mut [u8], src: u64, s: Stream) -> Result<(), CuError>;
+    /// Into pinned memory from [`Api::mem_alloc_host`]: enqueued on `s`, returns at once.
+    ///
+    /// # Safety
+    /// `dst` must be pinned memory valid for `len` bytes until the copy completed, and
+    /// not be accessed before then.
+    unsafe fn memcpy_dtoh_pinned_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        s: Stream,
+    ) -> Result<(), CuError>;
     fn memcpy_dtod_async(&self, dst: u64, src: u64, len: usize, s: Stream) -> Result<(), CuError>;
     #[allow(clippy::too_many_arguments)]
     fn memcpy_peer_async(
@@ -190,6 +226,21 @@ pub(crate) trait Api: Send + Sync {
     fn stream_destroy(&self, s: Stream);
     fn stream_synchronize(&self, s: Stream) -> Result<(), CuError>;
     fn stream_wait_event(&self, s: Stream, e: Event) -> Result<(), CuError>;
+
+    /// Begins capturing `s` into a graph in thread-local mode
+    /// (`CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: the calling thread may not make
+    /// potentially unsafe calls, such as allocations, until the capture ends).
+    fn stream_begin_capture(&self, s: Stream) -> Result<(), CuError>;
+    /// Ends the capture on `s`, returning its graph (an error, no graph, if the capture
+    /// was invalidated).
+    fn stream_end_capture(&self, s: Stream) -> Result<Graph, CuError>;
+    fn graph_instantiate(&self, g: Graph) -> Result<GraphExec, CuError>;
+    fn graph_destroy(&self, g: Graph);
+    /// Launches an executable graph on `s`: its nodes run in order after everything
+    /// enqueued on `s` before.
+    fn graph_launch(&self, e: GraphExec, s: Stream) -> Result<(), CuError>;
+    /// Destroys an executable graph; a launch still in flight completes.
+    fn graph_exec_destroy(&self, e: GraphExec);
 
     /// An event without timing (`CU_EVENT_DISABLE_TIMING`).
     fn event_create(&self, ctx: Ctx) -> Result<Event, CuError>;
@@ -261,6 +312,7 @@ impl Drop for Device {
                 self.api.module_unload(m);
             }
         }
+        BIND_EPOCH.fetch_add(1, Ordering::AcqRel);
         self.api.release(self.ordinal, self.ctx);
     }
 }

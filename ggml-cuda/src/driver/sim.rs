@@ -6,9 +6,12 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cuda_sim::driver::{Driver, EventHandle, FunctionHandle, ModuleHandle, StreamHandle};
+use cuda_sim::driver::{
+    CaptureMode, Driver, EventHandle, FunctionHandle, GraphExecHandle, GraphHandle, ModuleHandle,
+    StreamHandle,
+};
 
-use super::{intern, Api, Ctx, CuError, Event, Func, Module, Opened, Stream};
+use super::{intern, Api, Ctx, CuError, Event, Func, Graph, GraphExec, Module, Opened, Stream};
 use cuda_sim::ptx::{Param, ParamType};
 
 use crate::launch::{ArgKind, Args, LaunchDims};
@@ -210,16 +213,16 @@ impl Api for Sim {
         unsafe { self.drv.memcpy_htod_async(dst, src, len, StreamHandle(s.0)) }.map_err(conv)
     }
 
-    fn memcpy_dtoh_async(&self, dst: &mut [u8], src: u64, s: Stream) -> Result<(), CuError> {
-        let len = dst.len();
-        // SAFETY: `dst` is pageable memory (not from mem_alloc_host), so cuda-sim returns
-        // only once the copy completed; it is not used after the call.
-        unsafe {
-            self.drv
-                .memcpy_dtoh_async(dst.as_mut_ptr(), src, len, StreamHandle(s.0))
-        }
-        .map_err(conv)?;
-        self.drv.stream_synchronize(StreamHandle(s.0)).map_err(conv)
+    unsafe fn memcpy_dtoh_pinned_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        s: Stream,
+    ) -> Result<(), CuError> {
+        // SAFETY: the caller keeps the pinned `dst` valid and untouched until the copy
+        // completed, which is what cuda-sim's asks.
+        unsafe { self.drv.memcpy_dtoh_async(dst, src, len, StreamHandle(s.0)) }.map_err(conv)
     }
 
     fn memcpy_dtod_async(&self, dst: u64, src: u64, len: usize, s: Stream) -> Result<(), CuError> {
@@ -265,6 +268,39 @@ impl Api for Sim {
         self.drv
             .stream_wait_event(StreamHandle(s.0), EventHandle(e.0))
             .map_err(conv)
+    }
+
+    fn stream_begin_capture(&self, s: Stream) -> Result<(), CuError> {
+        self.drv
+            .stream_begin_capture(StreamHandle(s.0), CaptureMode::ThreadLocal)
+            .map_err(conv)
+    }
+
+    fn stream_end_capture(&self, s: Stream) -> Result<Graph, CuError> {
+        let g = self
+            .drv
+            .stream_end_capture(StreamHandle(s.0))
+            .map_err(conv)?;
+        Ok(Graph(g.0))
+    }
+
+    fn graph_instantiate(&self, g: Graph) -> Result<GraphExec, CuError> {
+        let e = self.drv.graph_instantiate(GraphHandle(g.0)).map_err(conv)?;
+        Ok(GraphExec(e.0))
+    }
+
+    fn graph_destroy(&self, g: Graph) {
+        let _ = self.drv.graph_destroy(GraphHandle(g.0));
+    }
+
+    fn graph_launch(&self, e: GraphExec, s: Stream) -> Result<(), CuError> {
+        self.drv
+            .graph_launch(GraphExecHandle(e.0), StreamHandle(s.0))
+            .map_err(conv)
+    }
+
+    fn graph_exec_destroy(&self, e: GraphExec) {
+        let _ = self.drv.graph_exec_destroy(GraphExecHandle(e.0));
     }
 
     fn event_create(&self, ctx: Ctx) -> Result<Event, CuError> {

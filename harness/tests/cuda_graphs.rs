@@ -1,0 +1,120 @@
+//! CUDA graphs through the whole stack on cuda-sim's emulated GPUs: greedy generation on
+//! the synthetic model gives bit for bit the same logits with graphs on and off, in every
+//! split mode, under the race checker; and in the steady state of generation no kernel
+//! is launched from the host, only graphs.
+
+use ggml_core::DType;
+use ggml_cuda::{CudaTuning, HostCounters};
+use harness::batch::Batch;
+use harness::session::{RunConfig, Session, SplitMode};
+use rstest::rstest;
+
+/// Tokens generated; the counters are read over the last [`STEADY`] of them (with two
+/// pipeline slots a graph is captured at the third and fourth token).
+const GEN: usize = 6;
+const STEADY: usize = 2;
+
+struct Run {
+    /// The logits of the prompt's last token and of each generated token, as bits.
+    logits: Vec<Vec<u32>>,
+    /// Host counters of the CUDA devices over the last `STEADY` tokens, summed.
+    steady: HostCounters,
+    /// Per device over the same tokens.
+    per_device: Vec<HostCounters>,
+    races: usize,
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn generate(devices: &str, split: SplitMode, n_copies: usize, graphs: bool) -> Run {
+    let mut config = RunConfig::simple(devices.parse().unwrap(), split, n_copies, 2);
+    config.check_races = true;
+    config.cuda_tuning = CudaTuning {
+        graphs,
+        ..CudaTuning::default()
+    };
+    let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
+    let session = Session::open(&path, config).unwrap();
+    let mut kv = session.kv_cache(64).unwrap();
+    let mut exec = session.executor().unwrap();
+    let prompt: Vec<u32> = "Hi, GPU".bytes().map(u32::from).collect();
+    let mut batch = Batch::default();
+    for (i, &t) in prompt.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == prompt.len());
+    }
+    let mut logits = vec![exec.forward(&session.model, &mut kv, &batch).unwrap()];
+    let gpus = session.cuda_backends();
+    let snap = || gpus.iter().map(|g| g.host_counters()).collect::<Vec<_>>();
+    let mut before = snap();
+    for i in 0..GEN {
+        if i == GEN - STEADY {
+            before = snap();
+        }
+        let tok = argmax(logits.last().unwrap());
+        let mut b = Batch::default();
+        b.push(tok, (prompt.len() + i) as i32, 0, true);
+        logits.push(exec.forward(&session.model, &mut kv, &b).unwrap());
+    }
+    let per_device: Vec<HostCounters> =
+        snap().into_iter().zip(before).map(|(a, b)| a - b).collect();
+    let races = session.race_log.as_ref().unwrap().race_count();
+    Run {
+        logits: logits
+            .into_iter()
+            .map(|l| l.iter().map(|x| x.to_bits()).collect())
+            .collect(),
+        steady: per_device.iter().copied().sum(),
+        per_device,
+        races,
+    }
+}
+
+#[rstest]
+#[case::one_gpu("cuda-sim:0", SplitMode::None, 1)]
+#[case::layer_split_two_slots("cuda-sim:0,cuda-sim:1", SplitMode::Layer, 2)]
+#[case::tensor_split("cuda-sim:0x2", SplitMode::Tensor, 1)]
+fn generation_is_bit_identical_with_graphs(
+    #[case] devices: &str,
+    #[case] split: SplitMode,
+    #[case] n_copies: usize,
+) {
+    let on = generate(devices, split, n_copies, true);
+    let off = generate(devices, split, n_copies, false);
+    assert_eq!(on.races, 0);
+    assert_eq!(off.races, 0);
+    assert_eq!(on.logits.len(), GEN + 1);
+    for (i, (a, b)) in on.logits.iter().zip(&off.logits).enumerate() {
+        assert!(
+            a == b,
+            "{devices}: logits of step {i} differ with graphs on"
+        );
+    }
+    let per_token = |x: u64| x as f64 / STEADY as f64;
+    // Steady state with graphs: only graphs run, each device launches at least one per
+    // token, and no kernel is launched from the host.
+    let s = on.steady;
+    assert_eq!(s.calls.launch, 0, "{devices}: {s:?}");
+    assert_eq!(s.graph_captures, 0, "{devices}: {s:?}");
+    assert_eq!(s.kernel_launches, off.steady.kernel_launches, "{devices}");
+    for d in &on.per_device {
+        assert!(d.graph_launches >= STEADY as u64, "{devices}: {d:?}");
+    }
+    // Without graphs, the same kernels are launched one by one.
+    assert_eq!(off.steady.graph_launches, 0);
+    assert_eq!(off.steady.calls.launch, off.steady.kernel_launches);
+    if devices == "cuda-sim:0" {
+        // One graph launch per token, and a handful of driver calls (the uploads' copy,
+        // the graph, the scheduler's record, staging the logits and reading them).
+        assert_eq!(per_token(s.graph_launches), 1.0, "{s:?}");
+        assert!(per_token(s.driver_calls()) <= 10.0, "{s:?}");
+        assert!(per_token(s.host_syncs) <= 2.0, "{s:?}");
+    }
+}
