@@ -49,6 +49,8 @@ pub enum KernelId {
     Rope,
     /// `flash_attn.ptx`: flash_attn_ext.
     FlashAttnExt,
+    /// `flash_attn.ptx`: flash_attn_dec, split-KV attention for decode-sized batches.
+    FlashAttnDec,
     /// `rows.ptx`: sum_rows.
     SumRows,
     /// `rows.ptx`: argsort_top_k.
@@ -83,6 +85,7 @@ impl KernelId {
         KernelId::SoftMax,
         KernelId::Rope,
         KernelId::FlashAttnExt,
+        KernelId::FlashAttnDec,
         KernelId::SumRows,
         KernelId::ArgsortTopK,
     ];
@@ -182,7 +185,10 @@ pub const MODULES: [Module; 11] = [
     Module {
         file: "flash_attn.ptx",
         source: include_str!("../kernels/flash_attn.ptx"),
-        kernels: &[(KernelId::FlashAttnExt, "flash_attn_ext")],
+        kernels: &[
+            (KernelId::FlashAttnExt, "flash_attn_ext"),
+            (KernelId::FlashAttnDec, "flash_attn_dec"),
+        ],
     },
     Module {
         file: "rows.ptx",

@@ -235,6 +235,81 @@ pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> 
     })
 }
 
+/// KV positions per tile of `flash_attn_dec` (tile `i` holds positions `128i..128i+127`).
+pub const FA_DEC_TILE: usize = 128;
+/// Query rows (heads of one KV head times queries) one `flash_attn_dec` block computes.
+pub const FA_DEC_ROWS: usize = 8;
+/// Threads of a `flash_attn_dec` block.
+pub const FA_DEC_THREADS: u32 = 128;
+
+/// Geometry of one `flash_attn_dec` launch and the scratch it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashAttnDec {
+    /// Grid, block and shared memory.
+    pub dims: LaunchDims,
+    /// KV tiles: `max(1, ceil(n_kv / FA_DEC_TILE))`.
+    pub tiles: u32,
+    /// Row groups per KV head: `ceil(gqa * n_q / FA_DEC_ROWS)`.
+    pub groups: u32,
+    /// Bytes of the partials: `(Dv + 2) * 4` per (tile, query row, head, i3).
+    pub part_bytes: usize,
+    /// u32 counters of the last-block combine: one per (KV head, group, i3).
+    pub counters: usize,
+}
+
+/// flash_attn_dec for `n_q` queries of `heads` query heads over `heads_kv` KV heads: one
+/// block of [`FA_DEC_THREADS`] per (KV tile, KV head and group of up to [`FA_DEC_ROWS`]
+/// query rows, i3). `None` for head sizes above [`MAX_HEAD_DIM`], heads not a multiple of
+/// `heads_kv`, or a grid beyond CUDA's limits.
+pub fn flash_attn_dec(
+    d: usize,
+    dv: usize,
+    heads: usize,
+    heads_kv: usize,
+    n_q: usize,
+    n_kv: usize,
+    ne3: usize,
+) -> Option<FlashAttnDec> {
+    if d == 0
+        || dv == 0
+        || d > MAX_HEAD_DIM
+        || dv > MAX_HEAD_DIM
+        || heads_kv == 0
+        || heads % heads_kv != 0
+        || heads == 0
+        || n_q == 0
+        || ne3 == 0
+    {
+        return None;
+    }
+    let gqa = heads / heads_kv;
+    let groups = (gqa * n_q).div_ceil(FA_DEC_ROWS);
+    let tiles = n_kv.div_ceil(FA_DEC_TILE).max(1);
+    let rc = (gqa * n_q).min(FA_DEC_ROWS);
+    let shared = 224 + 4 * rc * (d + FA_DEC_TILE + 4 * dv);
+    let y = heads_kv.checked_mul(groups)?;
+    let dims = check(LaunchDims {
+        grid: (
+            u32::try_from(tiles).ok()?,
+            u32::try_from(y).ok()?,
+            u32::try_from(ne3).ok()?,
+        ),
+        block: (FA_DEC_THREADS, 1, 1),
+        shared: u32::try_from(shared).ok()?,
+    })?;
+    let rows = ne3.checked_mul(n_q)?.checked_mul(heads)?;
+    let part_bytes = rows.checked_mul(tiles)?.checked_mul((dv + 2) * 4)?;
+    // The kernel indexes partials with 32-bit (row, tile) products.
+    u32::try_from(rows.checked_mul(tiles)?).ok()?;
+    Some(FlashAttnDec {
+        dims,
+        tiles: tiles as u32,
+        groups: groups as u32,
+        part_bytes,
+        counters: y * ne3,
+    })
+}
+
 /// The type an argument was packed as, checked against the kernel's `.param` list on
 /// cuda-sim (a mismatch there is a launch error, not a wrong result on a GPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -382,6 +457,24 @@ mod tests {
             assert!(l.grid.0 * want_w >= 9);
         }
         assert!(flash_attn(512, 512, 1, 1, 1).is_none());
+    }
+
+    #[test]
+    fn flash_attn_dec_grids() {
+        // SmolLM2: 9 heads over 3 KV heads, one token, n_kv 256: 2 tiles x 3 heads.
+        let s = flash_attn_dec(64, 64, 9, 3, 1, 256, 1).unwrap();
+        assert_eq!((s.dims.grid, s.dims.block), ((2, 3, 1), (128, 1, 1)));
+        assert_eq!((s.tiles, s.groups, s.counters), (2, 1, 3));
+        assert_eq!(s.part_bytes, 9 * 2 * 66 * 4);
+        assert_eq!(s.dims.shared, 224 + 4 * 3 * (64 + 128 + 256));
+        // Gemma 3 at 7 queries: 28 rows of the one KV head in 4 groups of 8.
+        let g = flash_attn_dec(256, 256, 4, 1, 7, 4096, 2).unwrap();
+        assert_eq!((g.dims.grid, g.groups, g.counters), ((32, 4, 2), 4, 8));
+        assert!(g.dims.shared <= DEFAULT_MAX_SHARED, "{}", g.dims.shared);
+        // No KV at all still runs one (empty) tile.
+        assert_eq!(flash_attn_dec(64, 64, 9, 3, 1, 0, 1).unwrap().tiles, 1);
+        assert!(flash_attn_dec(512, 64, 1, 1, 1, 16, 1).is_none());
+        assert!(flash_attn_dec(64, 64, 9, 2, 1, 16, 1).is_none());
     }
 
     #[test]

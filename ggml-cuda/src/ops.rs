@@ -8,7 +8,7 @@ use ggml_core::{
 
 use crate::backend::{CudaBackend, State};
 use crate::kernels::KernelId;
-use crate::launch::{self, Args, LaunchDims, MulMatClass};
+use crate::launch::{self, Args, LaunchDims, MulMatClass, MMQ_MIN_N};
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
 
 /// Element type code of the elementwise kernels: 0 f32, 1 f16, 2 bf16, 3 i32.
@@ -297,8 +297,13 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 }
             }
             launch::flash_attn(q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3])
-                .map(|_| ())
-                .ok_or("flash_attn_ext: head size above 256 or grid too large")
+                .ok_or("flash_attn_ext: head size above 256 or grid too large")?;
+            if q.ne[1] < MMQ_MIN_N {
+                let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
+                launch::flash_attn_dec(d, dv, h, k.ne[2], n_q, k.ne[1], ne3)
+                    .ok_or("flash_attn_ext: decode grid too large")?;
+            }
+            Ok(())
         }
         _ => Err("op has no CUDA kernel"),
     }
@@ -709,6 +714,14 @@ pub(crate) fn run(
                 Some(_) => Some(c.src(3)?),
                 None => None,
             };
+            if q.ne[1] < MMQ_MIN_N && !c.st.tuning.legacy_decode_attn {
+                let p = AttnArgs {
+                    scale,
+                    max_bias,
+                    softcap,
+                };
+                return flash_attn_dec(&mut c, &t, [&q, &k, &v], mask.as_ref(), p);
+            }
             let d = dims(
                 launch::flash_attn(q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]),
                 &c,
@@ -748,6 +761,77 @@ pub(crate) fn run(
         }
         _ => Err(c.fail(BackendErrorKind::UnsupportedOp, "op has no CUDA kernel")),
     }
+}
+
+/// The scalar parameters of FLASH_ATTN_EXT.
+struct AttnArgs {
+    scale: f32,
+    max_bias: f32,
+    softcap: f32,
+}
+
+/// Whether every row of `t` starts 16-byte aligned at `addr` and holds whole 16-byte
+/// chunks (8 values of 2 bytes, or 2 x 4 of 4 bytes): then `flash_attn_dec` reads it
+/// with vector loads.
+fn rows_vectorisable(t: &Tensor, addr: u64) -> bool {
+    addr % 16 == 0 && t.ne[0] % 8 == 0 && t.nb[1..].iter().all(|s| s % 16 == 0)
+}
+
+/// FLASH_ATTN_EXT for fewer than [`MMQ_MIN_N`] queries: `flash_attn_dec`, the KV range in
+/// fixed tiles over blocks, K and V read once per KV head, partials combined in tile
+/// order by the last block (see `kernels/flash_attn.ptx`).
+fn flash_attn_dec(
+    c: &mut Ctx<'_>,
+    t: &Tensor,
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    p: AttnArgs,
+) -> BackendResult<()> {
+    let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
+    let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
+    let geo = launch::flash_attn_dec(d, dv, h, h_kv, n_q, n_kv, ne3).ok_or_else(|| {
+        c.fail(
+            BackendErrorKind::UnsupportedOp,
+            "shape outside the kernel's launch limits",
+        )
+    })?;
+    let (qa, ka, va, ta) = (c.addr(q)?, c.addr(k)?, c.addr(v)?, c.addr(t)?);
+    let ma = match mask {
+        Some(m) => c.addr(m)?,
+        None => 0,
+    };
+    let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
+    let (m0, m1, nhl2) = alibi(p.max_bias, h);
+    let mut a = Args::new();
+    a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta).u64(part).u64(ctr);
+    a.u32(float_code(k.dtype).unwrap_or(0))
+        .u32(float_code(v.dtype).unwrap_or(0));
+    a.u32(match mask {
+        Some(m) if m.dtype == DType::F16 => 1,
+        Some(_) => 0,
+        None => 2,
+    });
+    a.u32(d as u32)
+        .u32(dv as u32)
+        .u32(n_kv as u32)
+        .u32(n_q as u32)
+        .u32(h as u32)
+        .u32((h / h_kv) as u32)
+        .u32(geo.groups)
+        .u32(geo.tiles);
+    a.u32(rows_vectorisable(k, ka) as u32)
+        .u32(rows_vectorisable(v, va) as u32);
+    a.f32(p.scale)
+        .f32(p.softcap)
+        .f32(p.max_bias)
+        .f32(m0)
+        .f32(m1)
+        .u32(nhl2);
+    strides(&mut a, &q.nb[1..]);
+    strides(&mut a, &k.nb[1..]);
+    strides(&mut a, &v.nb[1..]);
+    a.usize(mask.map_or(0, |m| m.nb[1]));
+    c.launch(KernelId::FlashAttnDec, geo.dims, &mut a)
 }
 
 /// Enqueues the fused launch that computes `nodes` (a run [`fusion::plan`] matched).

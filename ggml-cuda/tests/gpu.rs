@@ -812,6 +812,12 @@ fn every_kernel_launches_with_its_parameter_list() {
         .flash_attn_ext(q, tk, tv, None, AttnParams::scaled(0.125))
         .unwrap();
     outs.push(o);
+    // 8 queries: the prompt-class kernel (4 above take the decode kernel).
+    let q8 = ctx.new_tensor(DType::F32, [64, 8, 2, 1]).unwrap();
+    outs.push(
+        ctx.flash_attn_ext(q8, tk, tv, None, AttnParams::scaled(0.125))
+            .unwrap(),
+    );
     // The MoE ops: quantised and float experts, div, clamp, sum_rows, argsort_top_k.
     let logits = ctx.new_tensor(DType::F32, [4, 8, 1, 1]).unwrap();
     let top = ctx.argsort_top_k(logits, 2).unwrap();
@@ -831,7 +837,7 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 27, "{st:?} for {outs:?}");
+    assert_eq!(st.launches.iter().sum::<u64>(), 28, "{st:?} for {outs:?}");
 }
 
 /// Op timing sums each kind of op (products by weight type), starts new sums on each

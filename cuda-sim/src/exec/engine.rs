@@ -4,9 +4,7 @@
 use super::arith;
 use crate::fault::{Checks, FaultKind, KernelFault};
 use crate::mem::{GlobalMemory, MemError, Region};
-use crate::ptx::ir::{
-    Addr, AddrBase, AtomOp, BinOp, Instr, Op, Operand, ShflMode, Space, Special, Ty,
-};
+use crate::ptx::ir::{Addr, AddrBase, BinOp, Instr, Op, Operand, ShflMode, Space, Special, Ty};
 use crate::ptx::Module;
 
 /// Deepest call nesting before a call faults.
