@@ -47,6 +47,8 @@ pub enum KernelId {
     SoftMax,
     /// `rope.ptx`: rope.
     Rope,
+    /// `rope.ptx`: rope_store, RoPE of Q and K with the KV-cache stores (a fusion).
+    RopeStore,
     /// `flash_attn.ptx`: flash_attn_ext.
     FlashAttnExt,
     /// `flash_attn.ptx`: flash_attn_dec, split-KV attention for decode-sized batches.
@@ -84,6 +86,7 @@ impl KernelId {
         KernelId::RmsNorm,
         KernelId::SoftMax,
         KernelId::Rope,
+        KernelId::RopeStore,
         KernelId::FlashAttnExt,
         KernelId::FlashAttnDec,
         KernelId::SumRows,
@@ -180,7 +183,10 @@ pub const MODULES: [Module; 11] = [
     Module {
         file: "rope.ptx",
         source: include_str!("../kernels/rope.ptx"),
-        kernels: &[(KernelId::Rope, "rope")],
+        kernels: &[
+            (KernelId::Rope, "rope"),
+            (KernelId::RopeStore, "rope_store"),
+        ],
     },
     Module {
         file: "flash_attn.ptx",

@@ -209,6 +209,23 @@ pub fn rope(ne: [usize; 4]) -> Option<LaunchDims> {
     })
 }
 
+/// rope_store: the rope kernel's block (one thread per rotated pair of a `ne0`-long head)
+/// for each of `hq` Q heads and `hk` K heads, then enough blocks for `nv` V values (two
+/// per thread), for each of `n` tokens.
+pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Option<LaunchDims> {
+    let block = rope([ne0, 1, 1, 1])?.block;
+    let per_block = 2 * block.0 as usize;
+    let x = hq + hk + nv.div_ceil(per_block);
+    if hk == 0 {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (u32::try_from(x).ok()?, u32::try_from(n).ok()?, 1),
+        block,
+        shared: 0,
+    })
+}
+
 /// flash_attn_ext: warps per block so that the per-warp shared state
 /// `(Dv*32 + D) * 4` bytes fits the default 48 KiB, at most 4.
 pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> Option<LaunchDims> {
@@ -485,6 +502,10 @@ mod tests {
         assert_eq!(get_rows(false, 576, 4, 1).unwrap().grid, (3, 4, 1));
         assert_eq!(rope([64, 9, 7, 1]).unwrap().block, (32, 1, 1));
         assert_eq!(rope([256, 2, 3, 1]).unwrap().block, (128, 1, 1));
+        let rs = rope_store(64, 9, 3, 192, 1).unwrap();
+        assert_eq!((rs.grid, rs.block), ((9 + 3 + 3, 1, 1), (32, 1, 1)));
+        assert_eq!(rope_store(256, 0, 1, 256, 7).unwrap().grid, (2, 7, 1));
+        assert!(rope_store(64, 9, 0, 0, 1).is_none());
         assert_eq!(warp_per_row(9).unwrap().grid, (3, 1, 1));
     }
 

@@ -613,19 +613,6 @@ pub(crate) fn run(
             let x = c.src(0)?;
             let pos = c.src(1)?;
             let d = dims(launch::rope(t.ne), &c)?;
-            let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
-            let corr = yarn_corr_dims(
-                p.n_dims,
-                p.n_ctx_orig,
-                p.freq_base,
-                p.beta_fast,
-                p.beta_slow,
-            );
-            let mscale = if p.ext_factor != 0.0 {
-                p.attn_factor * (1.0 + 0.1 * (1.0 / p.freq_scale).ln())
-            } else {
-                p.attn_factor
-            };
             a.u64(c.addr(&x)?).u64(c.addr(&pos)?).u64(c.addr(&t)?);
             a.u32(float_code(t.dtype).unwrap_or(0))
                 .u32(t.ne[0] as u32)
@@ -634,12 +621,9 @@ pub(crate) fn run(
                 RopeMode::Normal => 0,
                 RopeMode::Neox => 2,
             });
-            a.f32(theta_scale)
-                .f32(p.freq_scale)
-                .f32(p.ext_factor)
-                .f32(mscale)
-                .f32(corr[0])
-                .f32(corr[1]);
+            for x in rope_constants(&p) {
+                a.f32(x);
+            }
             strides(&mut a, &x.nb);
             a.usize(pos.nb[0]);
             strides(&mut a, &t.nb);
@@ -838,13 +822,127 @@ fn flash_attn_dec(
 ///
 /// [`fusion::plan`]: crate::fusion::plan
 pub(crate) fn run_fused(
-    _be: &CudaBackend,
-    _st: &mut State,
-    _tensors: &[Tensor],
-    _nodes: &[TensorId],
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    nodes: &[TensorId],
     fusion: crate::fusion::Fusion,
 ) -> BackendResult<()> {
-    match fusion {}
+    match fusion {
+        crate::fusion::Fusion::RopeStore(roles) => rope_store(be, st, tensors, nodes, roles),
+    }
+}
+
+/// The rope kernel's host-side constants of `p`: theta_scale, freq_scale, ext_factor,
+/// mscale, corr_low, corr_high.
+fn rope_constants(p: &ggml_core::RopeParams) -> [f32; 6] {
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
+    let corr = yarn_corr_dims(
+        p.n_dims,
+        p.n_ctx_orig,
+        p.freq_base,
+        p.beta_fast,
+        p.beta_slow,
+    );
+    let mscale = if p.ext_factor != 0.0 {
+        p.attn_factor * (1.0 + 0.1 * (1.0 / p.freq_scale).ln())
+    } else {
+        p.attn_factor
+    };
+    [
+        theta_scale,
+        p.freq_scale,
+        p.ext_factor,
+        mscale,
+        corr[0],
+        corr[1],
+    ]
+}
+
+/// `rope_store`: the ropes and cache stores of a run `fusion::plan` matched (see
+/// `fusion/rope_store.rs`), in one launch that writes every node of the run.
+fn rope_store(
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    nodes: &[TensorId],
+    roles: crate::fusion::RopeStore,
+) -> BackendResult<()> {
+    let parts = crate::fusion::RopeStoreParts::of(tensors, nodes, 0, roles).ok_or_else(|| {
+        be.err(
+            BackendErrorKind::InvalidArgument,
+            "rope_store: the fused run lost its nodes",
+        )
+    })?;
+    let (k, xk) = parts.k;
+    let (ks, _) = parts.k_store;
+    let Op::Rope(p) = k.op else {
+        return Err(be.err(
+            BackendErrorKind::InvalidArgument,
+            "rope_store: K is no rope",
+        ));
+    };
+    let errk = be.err_slot(st, ks.op.name(), ks.name);
+    let errv = match &parts.v_store {
+        Some((vs, _)) => be.err_slot(st, vs.op.name(), vs.name),
+        None => 0,
+    };
+    let c = Ctx {
+        be,
+        st,
+        tensors,
+        node: &ks,
+    };
+    let (d, hk, n) = (k.ne[0], k.ne[1], k.ne[2]);
+    let hq = parts.q.as_ref().map_or(0, |(q, _)| q.ne[1]);
+    let nv = parts.v_store.as_ref().map_or(0, |(_, v)| v.ne[0]);
+    let dims = dims(launch::rope_store(d, hq, hk, nv, n), &c)?;
+    let mut a = Args::new();
+    match &parts.q {
+        Some((q, xq)) => a.u64(c.addr(xq)?).u64(c.addr(q)?),
+        None => a.u64(0).u64(0),
+    };
+    a.u64(c.addr(&xk)?)
+        .u64(c.addr(&k)?)
+        .u64(c.addr(&parts.pos)?);
+    match &parts.v_store {
+        Some((_, v)) => a.u64(c.addr(v)?),
+        None => a.u64(0),
+    };
+    a.u64(c.addr(&parts.idx)?).u64(c.addr(&ks)?);
+    match &parts.v_store {
+        Some((vs, _)) => a.u64(c.addr(vs)?),
+        None => a.u64(0),
+    };
+    a.u64(errk).u64(errv);
+    a.u32(d as u32).u32(p.n_dims);
+    a.u32(match p.mode {
+        RopeMode::Normal => 0,
+        RopeMode::Neox => 2,
+    });
+    a.u32(hq as u32).u32(hk as u32).u32(nv as u32);
+    a.u32(float_code(ks.dtype).unwrap_or(0));
+    let (tv, rows_v, nbvc1) = match &parts.v_store {
+        Some((vs, _)) => (float_code(vs.dtype).unwrap_or(0), vs.ne[1], vs.nb[1]),
+        None => (0, 0, 0),
+    };
+    a.u32(tv).u32(ks.ne[1] as u32).u32(rows_v as u32);
+    for x in rope_constants(&p) {
+        a.f32(x);
+    }
+    let (nbxq, nbq) = match &parts.q {
+        Some((q, xq)) => ([xq.nb[1], xq.nb[2]], [q.nb[1], q.nb[2]]),
+        None => ([0, 0], [0, 0]),
+    };
+    strides(&mut a, &nbxq);
+    strides(&mut a, &nbq);
+    strides(&mut a, &xk.nb[1..3]);
+    strides(&mut a, &k.nb[1..3]);
+    a.usize(parts.pos.nb[0]);
+    a.usize(parts.v_store.as_ref().map_or(0, |(_, v)| v.nb[1]));
+    a.usize(parts.idx.nb[0]);
+    a.usize(ks.nb[1]).usize(nbvc1);
+    c.launch(KernelId::RopeStore, dims, &mut a)
 }
 
 fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
