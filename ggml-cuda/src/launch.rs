@@ -209,20 +209,26 @@ pub fn rope(ne: [usize; 4]) -> Option<LaunchDims> {
     })
 }
 
-/// rope_store: the rope kernel's block (one thread per rotated pair of a `ne0`-long head)
-/// for each of `hq` Q heads and `hk` K heads, then enough blocks for `nv` V values (two
-/// per thread), for each of `n` tokens.
+/// Threads of a `rope_store` block.
+pub const ROPE_STORE_THREADS: u32 = 256;
+
+/// rope_store: one block of [`ROPE_STORE_THREADS`] per token, with its `hq` Q heads and
+/// `hk` K heads of `ne0` values and its `nv` V values as f32 in shared memory. `None`
+/// without K heads, for an odd or zero head size, or when the inputs do not fit the
+/// default 48 KiB.
 pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Option<LaunchDims> {
-    let block = rope([ne0, 1, 1, 1])?.block;
-    let per_block = 2 * block.0 as usize;
-    let x = hq + hk + nv.div_ceil(per_block);
-    if hk == 0 {
+    if hk == 0 || ne0 == 0 || ne0 % 2 != 0 || n == 0 {
+        return None;
+    }
+    let values = (hq + hk).checked_mul(ne0)?.checked_add(nv)?;
+    let shared = u32::try_from(values.checked_mul(4)?).ok()?;
+    if shared > DEFAULT_MAX_SHARED {
         return None;
     }
     check(LaunchDims {
-        grid: (u32::try_from(x).ok()?, u32::try_from(n).ok()?, 1),
-        block,
-        shared: 0,
+        grid: (u32::try_from(n).ok()?, 1, 1),
+        block: (ROPE_STORE_THREADS, 1, 1),
+        shared,
     })
 }
 
@@ -503,9 +509,11 @@ mod tests {
         assert_eq!(rope([64, 9, 7, 1]).unwrap().block, (32, 1, 1));
         assert_eq!(rope([256, 2, 3, 1]).unwrap().block, (128, 1, 1));
         let rs = rope_store(64, 9, 3, 192, 1).unwrap();
-        assert_eq!((rs.grid, rs.block), ((9 + 3 + 3, 1, 1), (32, 1, 1)));
-        assert_eq!(rope_store(256, 0, 1, 256, 7).unwrap().grid, (2, 7, 1));
+        assert_eq!((rs.grid, rs.block), ((1, 1, 1), (256, 1, 1)));
+        assert_eq!(rs.shared, 4 * (12 * 64 + 192));
+        assert_eq!(rope_store(256, 0, 1, 256, 7).unwrap().grid, (7, 1, 1));
         assert!(rope_store(64, 9, 0, 0, 1).is_none());
+        assert!(rope_store(128, 64, 32, 4096, 1).is_none(), "past 48 KiB");
         assert_eq!(warp_per_row(9).unwrap().grid, (3, 1, 1));
     }
 

@@ -22,6 +22,8 @@ struct Step {
     rope: RopeParams,
     cache: DType,
     with_v: bool,
+    /// The roped K in the bytes of Q's source, as the allocator places it.
+    k_over_xq: bool,
 }
 
 /// The bytes of the roped Q, roped K and both caches after the step, or the error of
@@ -37,6 +39,7 @@ fn run(be: &CudaBackend, s: Step, idx: &[i32], tuning: CudaTuning) -> Outcome {
         rope,
         cache,
         with_v,
+        k_over_xq,
     } = s;
     let mut st = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 32];
     let mut ctx = Context::new(&mut st);
@@ -103,6 +106,11 @@ fn run(be: &CudaBackend, s: Step, idx: &[i32], tuning: CudaTuning) -> Outcome {
             buffer: buf.id,
             addr: buf.base + (offs[root] + extra) as u64,
         });
+    }
+    if k_over_xq {
+        let at = ctx.tensors()[qc.index()].data;
+        ctx.tensors_mut()[kr.index()].data = at;
+        ctx.tensors_mut()[kf.index()].data = at;
     }
     let ts = ctx.tensors();
     for (id, bytes) in &inputs {
@@ -194,6 +202,7 @@ fn fused_rope_and_store_give_the_unfused_bits(
         rope,
         cache,
         with_v,
+        k_over_xq: false,
     };
     let idx: Vec<i32> = (0..n as i32).map(|i| 17 + 5 * i).collect();
     let (fused, fl) = run(&be, s, &idx, CudaTuning::default());
@@ -225,6 +234,7 @@ fn bad_rows_fail_as_set_rows_does(#[case] bad: i32) {
         rope: RopeParams::llama(64, 10000.0),
         cache: DType::F16,
         with_v: true,
+        k_over_xq: false,
     };
     let idx = [4, bad, 9];
     for tuning in [CudaTuning::default(), unfused()] {
@@ -236,4 +246,29 @@ fn bad_rows_fail_as_set_rows_does(#[case] bad: i32) {
     // The error was read and cleared: a good step runs after it.
     let (res, _) = run(&be, s, &[1, 2, 3], CudaTuning::default());
     assert!(res.is_ok());
+}
+
+/// The model's allocation: the roped K takes the bytes of Q's source. One token still
+/// fuses everything (its block reads all inputs before writing) and gives the unfused
+/// bits; two tokens fuse only K's rope and the stores.
+#[rstest::rstest]
+#[case::one_token(1, [0, 0, 1])]
+#[case::two_tokens(2, [1, 0, 1])]
+fn roped_k_over_the_q_source(#[case] n: usize, #[case] launches: [u64; 3]) {
+    let be = gpu();
+    let s = Step {
+        d: 64,
+        hq: 9,
+        hk: 3,
+        n,
+        rope: RopeParams::llama(64, 100000.0),
+        cache: DType::F16,
+        with_v: true,
+        k_over_xq: true,
+    };
+    let idx: Vec<i32> = (0..n as i32).map(|i| 40 + i).collect();
+    let (fused, fl) = run(&be, s, &idx, CudaTuning::default());
+    let (plain, _) = run(&be, s, &idx, unfused());
+    assert_eq!(fl, launches, "launches of rope, set_rows, rope_store");
+    assert!(fused.unwrap() == plain.unwrap());
 }

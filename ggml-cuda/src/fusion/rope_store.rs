@@ -99,7 +99,7 @@ fn classify(tensors: &[Tensor], nodes: &[TensorId], i: usize, offs: &[usize]) ->
         k_store: k_store as u8,
         v_store: v_store.map(|o| o as u8),
     };
-    valid(&Parts::of(tensors, nodes, i, roles)?).then_some(roles)
+    valid(&Parts::of(tensors, nodes, i, roles)?, roles).then_some(roles)
 }
 
 /// The tensors of a fused run.
@@ -152,7 +152,7 @@ impl Parts {
 }
 
 /// Whether the run's tensors have the shapes, types and disjoint bytes the kernel needs.
-fn valid(p: &Parts) -> bool {
+fn valid(p: &Parts, roles: RopeStore) -> bool {
     let (k, xk) = &p.k;
     let Op::Rope(params) = k.op else { return false };
     let [d, hk, n, ne3] = k.ne;
@@ -168,6 +168,8 @@ fn valid(p: &Parts) -> bool {
             && r.op == Op::Rope(params)
             && launch::rope(r.ne).is_some()
     };
+    let nv = p.v_store.as_ref().map_or(0, |(_, v)| v.ne[0]);
+    let hq = p.q.as_ref().map_or(0, |(q, _)| q.ne[1]);
     let store_ok = |(s, x): &(Tensor, Tensor)| {
         matches!(s.dtype, DType::F32 | DType::F16 | DType::BF16)
             && s.rows_contiguous()
@@ -194,32 +196,46 @@ fn valid(p: &Parts) -> bool {
         && kflat.ne == [d * hk, n, 1, 1]
         && p.pos.dtype == DType::I32
         && p.idx.dtype == DType::I32
-        && p.idx.ne[0] == n;
+        && p.idx.ne[0] == n
+        && launch::rope_store(d, hq, hk, nv, n).is_some();
     if !shapes {
         return false;
     }
-    // Written bytes overlap nothing else the run reads or writes (the K store's read
-    // of the roped K aside: the kernel takes it from registers).
+    // Written bytes overlap no other written bytes, nor bytes the run reads, except
+    // that with one token (one block, all reads before any write) a node may write over
+    // what an earlier node of the run (or itself) read: the allocator gives the roped K
+    // the bytes of Q's source, dead once Q is roped. The K store's read of the roped K
+    // is no read here: the kernel keeps the values.
     let span = |t: &Tensor| t.data.map(|d| (d.addr, d.addr + t.nbytes() as u64));
-    let mut writes = vec![span(k), span(ks)];
-    let mut reads = vec![span(xk), span(&p.pos), span(&p.idx)];
-    if let Some((q, xq)) = &p.q {
-        writes.push(span(q));
-        reads.push(span(xq));
+    let r = roles;
+    let first_rope = r.q_rope.map_or(r.k_rope, |q| q.min(r.k_rope));
+    let first_store = r.v_store.map_or(r.k_store, |v| v.min(r.k_store));
+    let mut writes = vec![(span(k), r.k_rope), (span(ks), r.k_store)];
+    let mut reads = vec![
+        (span(xk), r.k_rope),
+        (span(&p.pos), first_rope),
+        (span(&p.idx), first_store),
+    ];
+    if let (Some((q, xq)), Some(o)) = (&p.q, r.q_rope) {
+        writes.push((span(q), o));
+        reads.push((span(xq), o));
     }
-    if let Some((vs, v)) = &p.v_store {
-        writes.push(span(vs));
-        reads.push(span(v));
+    if let (Some((vs, v)), Some(o)) = (&p.v_store, r.v_store) {
+        writes.push((span(vs), o));
+        reads.push((span(v), o));
     }
-    let (Some(writes), Some(reads)) = (
-        writes.into_iter().collect::<Option<Vec<_>>>(),
-        reads.into_iter().collect::<Option<Vec<_>>>(),
-    ) else {
+    let all = |v: Vec<(Option<(u64, u64)>, u8)>| -> Option<Vec<((u64, u64), u8)>> {
+        v.into_iter().map(|(s, o)| Some((s?, o))).collect()
+    };
+    let (Some(writes), Some(reads)) = (all(writes), all(reads)) else {
         return false;
     };
     let apart = |a: (u64, u64), b: (u64, u64)| a.1 <= b.0 || b.1 <= a.0;
-    writes.iter().enumerate().all(|(x, &w)| {
-        writes[x + 1..].iter().all(|&o| apart(w, o)) && reads.iter().all(|&r| apart(w, r))
+    writes.iter().enumerate().all(|(x, &(w, ow))| {
+        writes[x + 1..].iter().all(|&(o, _)| apart(w, o))
+            && reads
+                .iter()
+                .all(|&(rd, or)| apart(w, rd) || (n == 1 && or <= ow))
     })
 }
 
@@ -346,6 +362,23 @@ mod tests {
         ts[nodes[6].index()].src[1] = ts[nodes[5].index()].src[0];
         let f = fused(&plan(&ts, &nodes, &CudaTuning::default()));
         assert_eq!(f[0].0.v_store, None);
+        // The roped K in the bytes of Q's source (as the allocator places it): fine for
+        // one token, whose block reads everything first; not across tokens.
+        for (n, fuses_q) in [(1, true), (2, false)] {
+            let (mut ts, nodes) = layer(n, false);
+            let xq = ts[nodes[0].index()].data;
+            let kr = nodes[3].index();
+            ts[kr].data = xq;
+            let kf = nodes[4].index();
+            ts[kf].data = xq;
+            let f = fused(&plan(&ts, &nodes, &CudaTuning::default()));
+            assert_eq!(f[0].0.q_rope.is_some(), fuses_q, "{n} tokens");
+        }
+        // Two outputs in the same bytes: never.
+        let (mut ts, nodes) = layer(1, false);
+        ts[nodes[2].index()].data = ts[nodes[3].index()].data;
+        let f = fused(&plan(&ts, &nodes, &CudaTuning::default()));
+        assert_eq!(f[0].0.q_rope, None);
         // Unallocated tensors: nothing.
         let (mut ts, nodes) = layer(1, false);
         ts[nodes[3].index()].data = None;
