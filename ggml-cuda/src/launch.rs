@@ -309,7 +309,7 @@ pub fn flash_attn_dec(
     let groups = (gqa * n_q).div_ceil(FA_DEC_ROWS);
     let tiles = n_kv.div_ceil(FA_DEC_TILE).max(1);
     let rc = (gqa * n_q).min(FA_DEC_ROWS);
-    let shared = 224 + 4 * rc * (d + FA_DEC_TILE + 4 * dv);
+    let shared = 224 + 16 * (rc * d).div_ceil(4) + 4 * rc * (FA_DEC_TILE + 4 * dv);
     let y = heads_kv.checked_mul(groups)?;
     let dims = check(LaunchDims {
         grid: (
@@ -490,6 +490,9 @@ mod tests {
         assert_eq!((s.tiles, s.groups, s.counters), (2, 1, 3));
         assert_eq!(s.part_bytes, 9 * 2 * 66 * 4);
         assert_eq!(s.dims.shared, 224 + 4 * 3 * (64 + 128 + 256));
+        // q rows padded to 16 bytes: 3 rows of 18.
+        let odd = flash_attn_dec(18, 18, 3, 1, 1, 16, 1).unwrap();
+        assert_eq!(odd.dims.shared, 224 + 16 * 14 + 4 * 3 * (128 + 72));
         // Gemma 3 at 7 queries: 28 rows of the one KV head in 4 groups of 8.
         let g = flash_attn_dec(256, 256, 4, 1, 7, 4096, 2).unwrap();
         assert_eq!((g.dims.grid, g.groups, g.counters), ((32, 4, 2), 4, 8));
