@@ -93,6 +93,11 @@ pub(crate) struct State {
     pub(crate) seq_enqueued: u64,
     pub(crate) seq_completed: u64,
     pub(crate) event_seq: HashMap<u32, u64>,
+    /// Decode attention's per-tile partials (address, bytes), grown like `scratch`.
+    pub(crate) attn_part: (u64, usize),
+    /// Decode attention's u32 counters (address, count): zeroed when allocated, and every
+    /// launch leaves the ones it used at 0 again.
+    pub(crate) attn_ctr: (u64, usize),
 }
 
 /// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
@@ -245,6 +250,8 @@ impl CudaBackend {
                 seq_enqueued: 0,
                 seq_completed: 0,
                 event_seq: HashMap::new(),
+                attn_part: (0, 0),
+                attn_ctr: (0, 0),
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
@@ -549,6 +556,51 @@ impl CudaBackend {
         Ok(p)
     }
 
+    /// Decode attention's partials (at least `part_bytes`) and zeroed counters (at least
+    /// `counters`), as (partials, counters). Outgrown allocations may still be in use by
+    /// queued kernels, so they are freed at the next `synchronize`; new counters are
+    /// zeroed on the stream, before any kernel that uses them.
+    pub(crate) fn attn_workspace(
+        &self,
+        st: &mut State,
+        part_bytes: usize,
+        counters: usize,
+    ) -> BackendResult<(u64, u64)> {
+        let api = self.dev.api;
+        let oom = |e| cu_err(self.name, BackendErrorKind::OutOfMemory, e);
+        let grows = st.attn_part.1 < part_bytes || st.attn_ctr.1 < counters;
+        if grows && st.capturing {
+            return Err(self.err(
+                BackendErrorKind::Device,
+                "decode attention's workspace would grow while a CUDA graph is captured",
+            ));
+        }
+        if grows {
+            // Graphs hold the old workspace's addresses, which are freed at the next
+            // synchronisation.
+            self.clear_graphs(st);
+        }
+        if st.attn_part.1 < part_bytes {
+            let size = part_bytes.next_power_of_two().max(1 << 16);
+            let p = api.mem_alloc(self.dev.ctx, size).map_err(oom)?;
+            if st.attn_part.0 != 0 {
+                st.retired.push(st.attn_part.0);
+            }
+            st.attn_part = (p, size);
+        }
+        if st.attn_ctr.1 < counters {
+            let n = counters.next_power_of_two().max(256);
+            let p = api.mem_alloc(self.dev.ctx, 4 * n).map_err(oom)?;
+            api.memset_d8_async(p, 0, 4 * n, self.stream)
+                .map_err(|e| self.cu(e))?;
+            if st.attn_ctr.0 != 0 {
+                st.retired.push(st.attn_ctr.0);
+            }
+            st.attn_ctr = (p, n);
+        }
+        Ok((st.attn_part.0, st.attn_ctr.0))
+    }
+
     fn event_handle(&self, id: EventId) -> BackendResult<Event> {
         lock(&self.state)
             .events
@@ -684,8 +736,10 @@ impl Drop for CudaBackend {
         if let Some(mut t) = st.timer.take() {
             t.destroy(api);
         }
-        if st.scratch != 0 {
-            let _ = api.mem_free(ctx, st.scratch);
+        for p in [st.scratch, st.attn_part.0, st.attn_ctr.0] {
+            if p != 0 {
+                let _ = api.mem_free(ctx, p);
+            }
         }
         for e in st.graphs.take_all() {
             if let Some(c) = e.captured {

@@ -13,9 +13,15 @@ use ggml_core::{Tensor, TensorId};
 
 use crate::CudaTuning;
 
+mod rope_store;
+pub(crate) use rope_store::{Parts as RopeStoreParts, RopeStore};
+
 /// A run of nodes that one fused kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fusion {}
+pub(crate) enum Fusion {
+    /// RoPE of K (and of Q) with the KV-cache stores of K (and of V): `rope_store`.
+    RopeStore(RopeStore),
+}
 
 /// One step of a split's execution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +44,7 @@ pub(crate) enum Step {
 type Matcher = fn(&[Tensor], &[TensorId], usize, &CudaTuning) -> Option<(Fusion, usize)>;
 
 /// Every fusion's matcher, tried in order at each node.
-const MATCHERS: &[Matcher] = &[];
+const MATCHERS: &[Matcher] = &[rope_store::matcher];
 
 /// The steps that compute `nodes` with the fusions `tuning` allows.
 pub(crate) fn plan(tensors: &[Tensor], nodes: &[TensorId], tuning: &CudaTuning) -> Vec<Step> {

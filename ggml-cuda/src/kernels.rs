@@ -47,8 +47,12 @@ pub enum KernelId {
     SoftMax,
     /// `rope.ptx`: rope.
     Rope,
+    /// `rope.ptx`: rope_store, RoPE of Q and K with the KV-cache stores (a fusion).
+    RopeStore,
     /// `flash_attn.ptx`: flash_attn_ext.
     FlashAttnExt,
+    /// `flash_attn.ptx`: flash_attn_dec, split-KV attention for decode-sized batches.
+    FlashAttnDec,
     /// `rows.ptx`: sum_rows.
     SumRows,
     /// `rows.ptx`: argsort_top_k.
@@ -84,7 +88,9 @@ impl KernelId {
         KernelId::RmsNorm,
         KernelId::SoftMax,
         KernelId::Rope,
+        KernelId::RopeStore,
         KernelId::FlashAttnExt,
+        KernelId::FlashAttnDec,
         KernelId::SumRows,
         KernelId::ArgsortTopK,
         KernelId::UploadScatter,
@@ -203,12 +209,18 @@ pub const MODULES: [Module; 12] = [
     Module {
         file: "rope.ptx",
         source: include_str!("../kernels/rope.ptx"),
-        kernels: &[(KernelId::Rope, "rope")],
+        kernels: &[
+            (KernelId::Rope, "rope"),
+            (KernelId::RopeStore, "rope_store"),
+        ],
     },
     Module {
         file: "flash_attn.ptx",
         source: include_str!("../kernels/flash_attn.ptx"),
-        kernels: &[(KernelId::FlashAttnExt, "flash_attn_ext")],
+        kernels: &[
+            (KernelId::FlashAttnExt, "flash_attn_ext"),
+            (KernelId::FlashAttnDec, "flash_attn_dec"),
+        ],
     },
     Module {
         file: "rows.ptx",
@@ -468,6 +480,7 @@ mod tests {
                 KernelId::Geglu,
                 KernelId::SoftMax,
                 KernelId::FlashAttnExt,
+                KernelId::FlashAttnDec,
             ]
         );
         // Every call names a function of its own module.

@@ -209,6 +209,29 @@ pub fn rope(ne: [usize; 4]) -> Option<LaunchDims> {
     })
 }
 
+/// Threads of a `rope_store` block.
+pub const ROPE_STORE_THREADS: u32 = 256;
+
+/// rope_store: one block of [`ROPE_STORE_THREADS`] per token, with its `hq` Q heads and
+/// `hk` K heads of `ne0` values and its `nv` V values as f32 in shared memory. `None`
+/// without K heads, for an odd or zero head size, or when the inputs do not fit the
+/// default 48 KiB.
+pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Option<LaunchDims> {
+    if hk == 0 || ne0 == 0 || ne0 % 2 != 0 || n == 0 {
+        return None;
+    }
+    let values = (hq + hk).checked_mul(ne0)?.checked_add(nv)?;
+    let shared = u32::try_from(values.checked_mul(4)?).ok()?;
+    if shared > DEFAULT_MAX_SHARED {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (u32::try_from(n).ok()?, 1, 1),
+        block: (ROPE_STORE_THREADS, 1, 1),
+        shared,
+    })
+}
+
 /// flash_attn_ext: warps per block so that the per-warp shared state
 /// `(Dv*32 + D) * 4` bytes fits the default 48 KiB, at most 4.
 pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> Option<LaunchDims> {
@@ -232,6 +255,81 @@ pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> 
         ),
         block: (32, wpb as u32, 1),
         shared: u32::try_from(per_warp * wpb).ok()?,
+    })
+}
+
+/// KV positions per tile of `flash_attn_dec` (tile `i` holds positions `128i..128i+127`).
+pub const FA_DEC_TILE: usize = 128;
+/// Query rows (heads of one KV head times queries) one `flash_attn_dec` block computes.
+pub const FA_DEC_ROWS: usize = 8;
+/// Threads of a `flash_attn_dec` block.
+pub const FA_DEC_THREADS: u32 = 128;
+
+/// Geometry of one `flash_attn_dec` launch and the scratch it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashAttnDec {
+    /// Grid, block and shared memory.
+    pub dims: LaunchDims,
+    /// KV tiles: `max(1, ceil(n_kv / FA_DEC_TILE))`.
+    pub tiles: u32,
+    /// Row groups per KV head: `ceil(gqa * n_q / FA_DEC_ROWS)`.
+    pub groups: u32,
+    /// Bytes of the partials: `(Dv + 2) * 4` per (tile, query row, head, i3).
+    pub part_bytes: usize,
+    /// u32 counters of the last-block combine: one per (KV head, group, i3).
+    pub counters: usize,
+}
+
+/// flash_attn_dec for `n_q` queries of `heads` query heads over `heads_kv` KV heads: one
+/// block of [`FA_DEC_THREADS`] per (KV tile, KV head and group of up to [`FA_DEC_ROWS`]
+/// query rows, i3). `None` for head sizes above [`MAX_HEAD_DIM`], heads not a multiple of
+/// `heads_kv`, or a grid beyond CUDA's limits.
+pub fn flash_attn_dec(
+    d: usize,
+    dv: usize,
+    heads: usize,
+    heads_kv: usize,
+    n_q: usize,
+    n_kv: usize,
+    ne3: usize,
+) -> Option<FlashAttnDec> {
+    if d == 0
+        || dv == 0
+        || d > MAX_HEAD_DIM
+        || dv > MAX_HEAD_DIM
+        || heads_kv == 0
+        || heads % heads_kv != 0
+        || heads == 0
+        || n_q == 0
+        || ne3 == 0
+    {
+        return None;
+    }
+    let gqa = heads / heads_kv;
+    let groups = (gqa * n_q).div_ceil(FA_DEC_ROWS);
+    let tiles = n_kv.div_ceil(FA_DEC_TILE).max(1);
+    let rc = (gqa * n_q).min(FA_DEC_ROWS);
+    let shared = 224 + 16 * (rc * d).div_ceil(4) + 4 * rc * (FA_DEC_TILE + 4 * dv);
+    let y = heads_kv.checked_mul(groups)?;
+    let dims = check(LaunchDims {
+        grid: (
+            u32::try_from(tiles).ok()?,
+            u32::try_from(y).ok()?,
+            u32::try_from(ne3).ok()?,
+        ),
+        block: (FA_DEC_THREADS, 1, 1),
+        shared: u32::try_from(shared).ok()?,
+    })?;
+    let rows = ne3.checked_mul(n_q)?.checked_mul(heads)?;
+    let part_bytes = rows.checked_mul(tiles)?.checked_mul((dv + 2) * 4)?;
+    // The kernel indexes partials with 32-bit (row, tile) products.
+    u32::try_from(rows.checked_mul(tiles)?).ok()?;
+    Some(FlashAttnDec {
+        dims,
+        tiles: tiles as u32,
+        groups: groups as u32,
+        part_bytes,
+        counters: y * ne3,
     })
 }
 
@@ -386,6 +484,27 @@ mod tests {
     }
 
     #[test]
+    fn flash_attn_dec_grids() {
+        // SmolLM2: 9 heads over 3 KV heads, one token, n_kv 256: 2 tiles x 3 heads.
+        let s = flash_attn_dec(64, 64, 9, 3, 1, 256, 1).unwrap();
+        assert_eq!((s.dims.grid, s.dims.block), ((2, 3, 1), (128, 1, 1)));
+        assert_eq!((s.tiles, s.groups, s.counters), (2, 1, 3));
+        assert_eq!(s.part_bytes, 9 * 2 * 66 * 4);
+        assert_eq!(s.dims.shared, 224 + 4 * 3 * (64 + 128 + 256));
+        // q rows padded to 16 bytes: 3 rows of 18.
+        let odd = flash_attn_dec(18, 18, 3, 1, 1, 16, 1).unwrap();
+        assert_eq!(odd.dims.shared, 224 + 16 * 14 + 4 * 3 * (128 + 72));
+        // Gemma 3 at 7 queries: 28 rows of the one KV head in 4 groups of 8.
+        let g = flash_attn_dec(256, 256, 4, 1, 7, 4096, 2).unwrap();
+        assert_eq!((g.dims.grid, g.groups, g.counters), ((32, 4, 2), 4, 8));
+        assert!(g.dims.shared <= DEFAULT_MAX_SHARED, "{}", g.dims.shared);
+        // No KV at all still runs one (empty) tile.
+        assert_eq!(flash_attn_dec(64, 64, 9, 3, 1, 0, 1).unwrap().tiles, 1);
+        assert!(flash_attn_dec(512, 64, 1, 1, 1, 16, 1).is_none());
+        assert!(flash_attn_dec(64, 64, 9, 2, 1, 16, 1).is_none());
+    }
+
+    #[test]
     fn other_kernels() {
         assert_eq!(quantize_q8_1(576, 5, 1).unwrap().grid, (3, 5, 1));
         assert!(quantize_q8_1(100, 5, 1).is_none());
@@ -393,6 +512,12 @@ mod tests {
         assert_eq!(get_rows(false, 576, 4, 1).unwrap().grid, (3, 4, 1));
         assert_eq!(rope([64, 9, 7, 1]).unwrap().block, (32, 1, 1));
         assert_eq!(rope([256, 2, 3, 1]).unwrap().block, (128, 1, 1));
+        let rs = rope_store(64, 9, 3, 192, 1).unwrap();
+        assert_eq!((rs.grid, rs.block), ((1, 1, 1), (256, 1, 1)));
+        assert_eq!(rs.shared, 4 * (12 * 64 + 192));
+        assert_eq!(rope_store(256, 0, 1, 256, 7).unwrap().grid, (7, 1, 1));
+        assert!(rope_store(64, 9, 0, 0, 1).is_none());
+        assert!(rope_store(128, 64, 32, 4096, 1).is_none(), "past 48 KiB");
         assert_eq!(warp_per_row(9).unwrap().grid, (3, 1, 1));
     }
 

@@ -9,7 +9,7 @@ use ggml_core::{
 use crate::backend::{CudaBackend, State};
 use crate::driver::Api;
 use crate::kernels::KernelId;
-use crate::launch::{self, Args, LaunchDims, MulMatClass};
+use crate::launch::{self, Args, LaunchDims, MulMatClass, MMQ_MIN_N};
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
 
 /// Element type code of the elementwise kernels: 0 f32, 1 f16, 2 bf16, 3 i32.
@@ -298,8 +298,13 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 }
             }
             launch::flash_attn(q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3])
-                .map(|_| ())
-                .ok_or("flash_attn_ext: head size above 256 or grid too large")
+                .ok_or("flash_attn_ext: head size above 256 or grid too large")?;
+            if q.ne[1] < MMQ_MIN_N {
+                let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
+                launch::flash_attn_dec(d, dv, h, k.ne[2], n_q, k.ne[1], ne3)
+                    .ok_or("flash_attn_ext: decode grid too large")?;
+            }
+            Ok(())
         }
         _ => Err("op has no CUDA kernel"),
     }
@@ -703,6 +708,14 @@ pub(crate) fn run(
                 Some(_) => Some(c.src(3)?),
                 None => None,
             };
+            if q.ne[1] < MMQ_MIN_N && !c.st.tuning.legacy_decode_attn {
+                let p = AttnArgs {
+                    scale,
+                    max_bias,
+                    softcap,
+                };
+                return flash_attn_dec(&mut c, &t, [&q, &k, &v], mask.as_ref(), p);
+            }
             let d = dims(
                 launch::flash_attn(q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]),
                 &c,
@@ -744,17 +757,185 @@ pub(crate) fn run(
     }
 }
 
+/// The scalar parameters of FLASH_ATTN_EXT.
+struct AttnArgs {
+    scale: f32,
+    max_bias: f32,
+    softcap: f32,
+}
+
+/// Whether every row of `t` starts 16-byte aligned at `addr` and holds whole 16-byte
+/// chunks (8 values of 2 bytes, or 2 x 4 of 4 bytes): then `flash_attn_dec` reads it
+/// with vector loads.
+fn rows_vectorisable(t: &Tensor, addr: u64) -> bool {
+    addr % 16 == 0 && t.ne[0] % 8 == 0 && t.nb[1..].iter().all(|s| s % 16 == 0)
+}
+
+/// FLASH_ATTN_EXT for fewer than [`MMQ_MIN_N`] queries: `flash_attn_dec`, the KV range in
+/// fixed tiles over blocks, K and V read once per KV head, partials combined in tile
+/// order by the last block (see `kernels/flash_attn.ptx`).
+fn flash_attn_dec(
+    c: &mut Ctx<'_>,
+    t: &Tensor,
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    p: AttnArgs,
+) -> BackendResult<()> {
+    let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
+    let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
+    let geo = launch::flash_attn_dec(d, dv, h, h_kv, n_q, n_kv, ne3).ok_or_else(|| {
+        c.fail(
+            BackendErrorKind::UnsupportedOp,
+            "shape outside the kernel's launch limits",
+        )
+    })?;
+    let (qa, ka, va, ta) = (c.addr(q)?, c.addr(k)?, c.addr(v)?, c.addr(t)?);
+    let ma = match mask {
+        Some(m) => c.addr(m)?,
+        None => 0,
+    };
+    let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
+    let (m0, m1, nhl2) = alibi(p.max_bias, h);
+    let mut a = Args::new();
+    a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta).u64(part).u64(ctr);
+    a.u32(float_code(k.dtype).unwrap_or(0))
+        .u32(float_code(v.dtype).unwrap_or(0));
+    a.u32(match mask {
+        Some(m) if m.dtype == DType::F16 => 1,
+        Some(_) => 0,
+        None => 2,
+    });
+    a.u32(d as u32)
+        .u32(dv as u32)
+        .u32(n_kv as u32)
+        .u32(n_q as u32)
+        .u32(h as u32)
+        .u32((h / h_kv) as u32)
+        .u32(geo.groups)
+        .u32(geo.tiles);
+    a.u32(rows_vectorisable(k, ka) as u32)
+        .u32(rows_vectorisable(v, va) as u32);
+    a.f32(p.scale)
+        .f32(p.softcap)
+        .f32(p.max_bias)
+        .f32(m0)
+        .f32(m1)
+        .u32(nhl2);
+    strides(&mut a, &q.nb[1..]);
+    strides(&mut a, &k.nb[1..]);
+    strides(&mut a, &v.nb[1..]);
+    a.usize(mask.map_or(0, |m| m.nb[1]));
+    c.launch(KernelId::FlashAttnDec, geo.dims, &mut a)
+}
+
 /// Enqueues the fused launch that computes `nodes` (a run [`fusion::plan`] matched).
 ///
 /// [`fusion::plan`]: crate::fusion::plan
 pub(crate) fn run_fused(
-    _be: &CudaBackend,
-    _st: &mut State,
-    _tensors: &[Tensor],
-    _nodes: &[TensorId],
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    nodes: &[TensorId],
     fusion: crate::fusion::Fusion,
 ) -> BackendResult<()> {
-    match fusion {}
+    match fusion {
+        crate::fusion::Fusion::RopeStore(roles) => rope_store(be, st, tensors, nodes, roles),
+    }
+}
+
+/// `rope_store`: the ropes and cache stores of a run `fusion::plan` matched (see
+/// `fusion/rope_store.rs`), in one launch that writes every node of the run.
+fn rope_store(
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    nodes: &[TensorId],
+    roles: crate::fusion::RopeStore,
+) -> BackendResult<()> {
+    let parts = crate::fusion::RopeStoreParts::of(tensors, nodes, 0, roles).ok_or_else(|| {
+        be.err(
+            BackendErrorKind::InvalidArgument,
+            "rope_store: the fused run lost its nodes",
+        )
+    })?;
+    let (k, xk) = parts.k;
+    let (ks, _) = parts.k_store;
+    let Op::Rope(p) = k.op else {
+        return Err(be.err(
+            BackendErrorKind::InvalidArgument,
+            "rope_store: K is no rope",
+        ));
+    };
+    let errk = be.err_slot(st, ks.op.name(), ks.name);
+    let errv = match &parts.v_store {
+        Some((vs, _)) => be.err_slot(st, vs.op.name(), vs.name),
+        None => 0,
+    };
+    let mut c = Ctx {
+        be,
+        st,
+        tensors,
+        node: &ks,
+    };
+    let (d, hk, n) = (k.ne[0], k.ne[1], k.ne[2]);
+    let hq = parts.q.as_ref().map_or(0, |(q, _)| q.ne[1]);
+    let nv = parts.v_store.as_ref().map_or(0, |(_, v)| v.ne[0]);
+    let dims = dims(launch::rope_store(d, hq, hk, nv, n), &c)?;
+    let mut a = Args::new();
+    match &parts.q {
+        Some((q, xq)) => a.u64(c.addr(xq)?).u64(c.addr(q)?),
+        None => a.u64(0).u64(0),
+    };
+    a.u64(c.addr(&xk)?)
+        .u64(c.addr(&k)?)
+        .u64(c.addr(&parts.pos)?);
+    match &parts.v_store {
+        Some((_, v)) => a.u64(c.addr(v)?),
+        None => a.u64(0),
+    };
+    a.u64(c.addr(&parts.idx)?).u64(c.addr(&ks)?);
+    match &parts.v_store {
+        Some((vs, _)) => a.u64(c.addr(vs)?),
+        None => a.u64(0),
+    };
+    a.u64(errk).u64(errv);
+    a.u32(d as u32).u32(p.n_dims);
+    a.u32(match p.mode {
+        RopeMode::Normal => 0,
+        RopeMode::Neox => 2,
+    });
+    a.u32(hq as u32).u32(hk as u32).u32(nv as u32);
+    a.u32(float_code(ks.dtype).unwrap_or(0));
+    let (tv, rows_v, nbvc1) = match &parts.v_store {
+        Some((vs, _)) => (float_code(vs.dtype).unwrap_or(0), vs.ne[1], vs.nb[1]),
+        None => (0, 0, 0),
+    };
+    a.u32(tv).u32(ks.ne[1] as u32).u32(rows_v as u32);
+    // The same constants as the rope kernel and the host mirror (reference::rope_row).
+    let rc = crate::reference::RopeConsts::new(&p);
+    for x in [
+        rc.theta_scale,
+        rc.freq_scale,
+        rc.ext_factor,
+        rc.mscale,
+        rc.corr[0],
+        rc.corr[1],
+    ] {
+        a.f32(x);
+    }
+    let (nbxq, nbq) = match &parts.q {
+        Some((q, xq)) => ([xq.nb[1], xq.nb[2]], [q.nb[1], q.nb[2]]),
+        None => ([0, 0], [0, 0]),
+    };
+    strides(&mut a, &nbxq);
+    strides(&mut a, &nbq);
+    strides(&mut a, &xk.nb[1..3]);
+    strides(&mut a, &k.nb[1..3]);
+    a.usize(parts.pos.nb[0]);
+    a.usize(parts.v_store.as_ref().map_or(0, |(_, v)| v.nb[1]));
+    a.usize(parts.idx.nb[0]);
+    a.usize(ks.nb[1]).usize(nbvc1);
+    c.launch(KernelId::RopeStore, dims, &mut a)
 }
 
 /// Bytes of scratch that [`run`] asks for node `id` (the Q8_1 activations of a quantised

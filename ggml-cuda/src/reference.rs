@@ -458,6 +458,174 @@ pub fn argsort_top_k_row(x: &[f32], out: &mut [i32]) {
     }
 }
 
+/// `ex2.approx.f32` as this reference models it: the correctly rounded 2^x (what cuda-sim
+/// gives with its approx check off). A GPU may return a result up to 2 ulp away (the PTX
+/// ISA's bound; cuda-sim's approx check moves to that bound), so results that go through
+/// it are compared by NMSE, and bit for bit only against cuda-sim without the check.
+pub fn ex2_approx(x: f32) -> f32 {
+    (x as f64).exp2() as f32
+}
+
+/// `lg2.approx.f32` as modelled here: the correctly rounded log2 (see [`ex2_approx`]).
+pub fn lg2_approx(x: f32) -> f32 {
+    (x as f64).log2() as f32
+}
+
+/// log2(e) as the kernels write it (0f3FB8AA3B).
+const LOG2E: f32 = f32::from_bits(0x3FB8_AA3B);
+
+/// One FLASH_ATTN_EXT for the decode kernel `flash_attn_dec` to follow: queries `q`
+/// `[d, n_q, h, ne3]`, keys `k` `[d, n_kv, h_kv, ne3]` and values `v`
+/// `[dv, n_kv, h_kv, ne3]` as f32 (f16 K/V already widened), the mask `[n_kv, n_q]`, all
+/// contiguous.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDecode<'a> {
+    /// Queries.
+    pub q: &'a [f32],
+    /// Keys.
+    pub k: &'a [f32],
+    /// Values.
+    pub v: &'a [f32],
+    /// Mask values (row `iq` at `iq * n_kv`), or none.
+    pub mask: Option<&'a [f32]>,
+    /// Head size of q and k.
+    pub d: usize,
+    /// Head size of v.
+    pub dv: usize,
+    /// KV positions.
+    pub n_kv: usize,
+    /// Queries.
+    pub n_q: usize,
+    /// Query heads.
+    pub h: usize,
+    /// KV heads (dividing `h`).
+    pub h_kv: usize,
+    /// Batches in dimension 3.
+    pub ne3: usize,
+    /// Whether K is f16 (the kernel then rounds q to f16).
+    pub k_f16: bool,
+    /// Factor of q.k.
+    pub scale: f32,
+    /// Logit soft-capping (0 = off).
+    pub softcap: f32,
+    /// ALiBi maximum bias (0 = off).
+    pub max_bias: f32,
+}
+
+/// The output `[dv, h, n_q, ne3]` of `flash_attn_dec`, operation for operation in the
+/// kernel's order (see the kernel's header in `kernels/flash_attn.ptx`), with `.approx`
+/// instructions as [`ex2_approx`] and [`lg2_approx`].
+pub fn flash_attn_decode(p: &AttnDecode<'_>) -> Vec<f32> {
+    const TILE: usize = 128;
+    const QUARTER: usize = 32;
+    let (d, dv, n_kv, n_q, h) = (p.d, p.dv, p.n_kv, p.n_q, p.h);
+    let gqa = h / p.h_kv;
+    let tiles = n_kv.div_ceil(TILE).max(1);
+    let n_head_log2 = 1usize << (usize::BITS - 1 - h.max(1).leading_zeros());
+    let m0 = 2f32.powf(-p.max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(p.max_bias / 2.0) / n_head_log2 as f32);
+    let mut out = vec![0f32; dv * h * n_q * p.ne3];
+    for i3 in 0..p.ne3 {
+        for iq in 0..n_q {
+            for hh in 0..h {
+                let hk = hh / gqa;
+                let q: Vec<f32> = p.q[d * (iq + n_q * (hh + h * i3))..][..d]
+                    .iter()
+                    .map(|&x| match p.k_f16 {
+                        true => f16_to_f32(f32_to_f16(x)),
+                        false => x,
+                    })
+                    .collect();
+                let slope = if p.max_bias > 0.0 {
+                    let (base, e) = match hh < n_head_log2 {
+                        true => (m0, hh + 1),
+                        false => (m1, 2 * (hh - n_head_log2) + 1),
+                    };
+                    ex2_approx(lg2_approx(base) * e as f32)
+                } else {
+                    1.0
+                };
+                let kv_row = |j: usize| j + n_kv * (hk + p.h_kv * i3);
+                // Each tile's (m, s, a); m = -inf for a tile without live positions.
+                let mut parts: Vec<(f32, f32, Vec<f32>)> = Vec::with_capacity(tiles);
+                for tile in 0..tiles {
+                    let live = |t: usize| tile * TILE + t < n_kv;
+                    let mut sc = [f32::NEG_INFINITY; TILE];
+                    for (t, s) in sc.iter_mut().enumerate().filter(|(t, _)| live(*t)) {
+                        let j = tile * TILE + t;
+                        let mv = p.mask.map_or(0.0, |m| m[iq * n_kv + j]);
+                        if mv == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        let kr = &p.k[d * kv_row(j)..][..d];
+                        let mut x = 0f32;
+                        for (a, b) in q.iter().zip(kr) {
+                            x = a.mul_add(*b, x);
+                        }
+                        x *= p.scale;
+                        if p.softcap > 0.0 {
+                            let y = x / p.softcap;
+                            let e = ex2_approx(y.abs() * f32::from_bits(0xC038_AA3B));
+                            let th = (1.0 - e) / (1.0 + e);
+                            x = p.softcap * if y < 0.0 { -th } else { th };
+                        }
+                        *s = x + slope * mv;
+                    }
+                    let m = sc.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                    let pj: Vec<Option<f32>> = sc
+                        .iter()
+                        .map(|&s| (s != f32::NEG_INFINITY).then(|| ex2_approx((s - m) * LOG2E)))
+                        .collect();
+                    let mut a = vec![0f32; dv];
+                    let mut s = 0f32;
+                    for c in 0..TILE / QUARTER {
+                        let mut ac = vec![0f32; dv];
+                        let mut sc = 0f32;
+                        for t in c * QUARTER..(c + 1) * QUARTER {
+                            let Some(pt) = pj[t] else { continue };
+                            let vr = &p.v[dv * kv_row(tile * TILE + t)..][..dv];
+                            for (x, y) in ac.iter_mut().zip(vr) {
+                                *x = pt.mul_add(*y, *x);
+                            }
+                            sc += pt;
+                        }
+                        if c == 0 {
+                            (a, s) = (ac, sc);
+                        } else {
+                            for (x, y) in a.iter_mut().zip(&ac) {
+                                *x += y;
+                            }
+                            s += sc;
+                        }
+                    }
+                    parts.push((m, s, a));
+                }
+                let big_m = parts
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |acc, (m, _, _)| acc.max(*m));
+                let row = &mut out[dv * (hh + h * (iq + n_q * i3))..][..dv];
+                if big_m == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mut sum = 0f32;
+                let mut acc = vec![0f32; dv];
+                for (m, s, a) in parts.iter().filter(|(m, _, _)| *m != f32::NEG_INFINITY) {
+                    let f = ex2_approx((m - big_m) * LOG2E);
+                    sum = s.mul_add(f, sum);
+                    for (x, y) in acc.iter_mut().zip(a) {
+                        *x = y.mul_add(f, *x);
+                    }
+                }
+                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                for (o, x) in row.iter_mut().zip(&acc) {
+                    *o = x * inv;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Normalised mean squared error `Σ(a−b)² / Σb²` (llama.cpp's test-backend-ops metric),
 /// with `b` the reference. 0 when both are all zeros.
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {

@@ -841,6 +841,20 @@ fn every_kernel_launches_with_its_parameter_list() {
         .flash_attn_ext(q, tk, tv, None, AttnParams::scaled(0.125))
         .unwrap();
     outs.push(o);
+    // A decode step's K rope next to its cache store: one fused rope_store launch.
+    let xk = ctx.new_tensor(DType::F32, [64, 2, 1, 1]).unwrap();
+    let pos1 = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
+    let kr = ctx.rope(xk, pos1, RopeParams::llama(64, 10000.0)).unwrap();
+    let kf = ctx.reshape(kr, [128, 1, 1, 1]).unwrap();
+    let kcache = ctx.new_tensor(DType::F16, [128, 4, 1, 1]).unwrap();
+    let row0 = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
+    outs.push(ctx.set_rows(kcache, kf, row0).unwrap());
+    // 8 queries: the prompt-class kernel (4 above take the decode kernel).
+    let q8 = ctx.new_tensor(DType::F32, [64, 8, 2, 1]).unwrap();
+    outs.push(
+        ctx.flash_attn_ext(q8, tk, tv, None, AttnParams::scaled(0.125))
+            .unwrap(),
+    );
     // The MoE ops: quantised and float experts, div, clamp, sum_rows, argsort_top_k.
     let logits = ctx.new_tensor(DType::F32, [4, 8, 1, 1]).unwrap();
     let top = ctx.argsort_top_k(logits, 2).unwrap();
@@ -862,7 +876,7 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 28, "{st:?} for {outs:?}");
+    assert_eq!(st.launches.iter().sum::<u64>(), 30, "{st:?} for {outs:?}");
 }
 
 /// Op timing sums each kind of op (products by weight type), starts new sums on each

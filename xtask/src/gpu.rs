@@ -154,7 +154,15 @@ fn run_here(sh: &Shell, root: &Path) -> Result<()> {
 }
 
 /// The ggml-cuda test targets that run on a GPU (tests/sim.rs is cuda-sim's alone).
-pub(crate) const GPU_TESTS: &[&str] = &["gpu", "backend", "coverage", "moe", "graphs"];
+pub(crate) const GPU_TESTS: &[&str] = &[
+    "gpu",
+    "backend",
+    "coverage",
+    "moe",
+    "graphs",
+    "attn_decode",
+    "rope_store",
+];
 
 /// `--test NAME` for each of [`GPU_TESTS`].
 fn gpu_test_targets() -> Vec<String> {

@@ -11,6 +11,13 @@ use crate::ptx::Module;
 /// Deepest call nesting before a call faults.
 const MAX_CALL_DEPTH: usize = 64;
 
+/// Held for each lane's read-modify-write of an `atom`: blocks run on several host
+/// threads, and global bytes are separate relaxed atomics, so this lock is what makes an
+/// atomic indivisible. Its acquire and release also order every access a thread made
+/// before an atomic before the accesses another thread makes after a later atomic on
+/// any address (at least what `fence` + `atom` promise on a GPU).
+static ATOMICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// What a launch shares with every block.
 pub(crate) struct Launch<'a> {
     pub module: &'a Module,
@@ -791,6 +798,38 @@ impl<'a> BlockRunner<'a> {
                     }
                 }
             }
+            Op::Atom {
+                op,
+                ty,
+                d,
+                addr,
+                b,
+                c,
+            } => {
+                let n = ty.bytes();
+                for lane in lanes_of(exec) {
+                    let at = self.addr_of(fr, addr, warp, lane);
+                    self.check_align(at, n, lane)?;
+                    let r = self.region(at, n, lane)?;
+                    let bv = self.get(fr, b, warp, lane);
+                    let cv = c.as_ref().map_or(0, |c| self.get(fr, c, warp, lane));
+                    let _held = ATOMICS.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut buf = [0u8; 8];
+                    if !r.read(at, &mut buf[..n]) && checks.initcheck {
+                        return Err((
+                            FaultKind::UninitializedRead,
+                            lane,
+                            Some(at),
+                            format!("{n}-byte atomic on device memory never written"),
+                        ));
+                    }
+                    let old = u64::from_le_bytes(buf);
+                    let new = arith::atom(*op, *ty, old, bv, cv);
+                    r.write(at, &new.to_le_bytes()[..n]);
+                    fr.regs[*d as usize * 32 + lane] = old;
+                }
+            }
+            Op::Fence => std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst),
             Op::St { space, ty, a, addr } => {
                 let esz = ty.bytes();
                 let total = esz * a.len();

@@ -279,7 +279,11 @@ impl InstrClass {
             }
             Op::Dp4a { .. } => InstrClass::Dp4a,
             Op::Shfl { .. } => InstrClass::ShuffleVote,
-            Op::BarWarpSync { .. }
+            Op::Atom { .. } => InstrClass::Atomic {
+                space: MemSpace::Global,
+            },
+            Op::Fence
+            | Op::BarWarpSync { .. }
             | Op::BarSync
             | Op::Bra { .. }
             | Op::Call { .. }

@@ -93,7 +93,20 @@ fn sources(op: &Op, f: &mut impl FnMut(u16)) {
             }
         }
         Op::BarWarpSync { mask } => operand_regs(mask, f),
-        Op::BarSync | Op::Bra { .. } | Op::Call { .. } | Op::Ret | Op::Exit | Op::Trap => {}
+        Op::Atom { addr, b, c, .. } => {
+            addr_regs(addr, f);
+            operand_regs(b, f);
+            if let Some(c) = c {
+                operand_regs(c, f);
+            }
+        }
+        Op::Fence
+        | Op::BarSync
+        | Op::Bra { .. }
+        | Op::Call { .. }
+        | Op::Ret
+        | Op::Exit
+        | Op::Trap => {}
     }
 }
 
@@ -111,8 +124,10 @@ fn destinations(op: &Op, f: &mut impl FnMut(u16)) {
         | Op::Cvt { d, .. }
         | Op::Bfe { d, .. }
         | Op::Dp4a { d, .. }
-        | Op::Shfl { d, .. } => f(*d),
-        Op::St { .. }
+        | Op::Shfl { d, .. }
+        | Op::Atom { d, .. } => f(*d),
+        Op::Fence
+        | Op::St { .. }
         | Op::BarWarpSync { .. }
         | Op::BarSync
         | Op::Bra { .. }

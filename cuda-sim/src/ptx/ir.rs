@@ -230,6 +230,31 @@ pub enum ShflMode {
     Idx,
 }
 
+/// The read-modify-write of an `atom` instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomOp {
+    /// `.add`: old + b, wrapping.
+    Add,
+    /// `.min` (signed or unsigned as the type says).
+    Min,
+    /// `.max`.
+    Max,
+    /// `.exch`: b.
+    Exch,
+    /// `.cas`: old == b ? c : old.
+    Cas,
+    /// `.and`.
+    And,
+    /// `.or`.
+    Or,
+    /// `.xor`.
+    Xor,
+    /// `.inc` (`.u32`): old >= b ? 0 : old + 1.
+    Inc,
+    /// `.dec` (`.u32`): old == 0 || old > b ? b : old - 1.
+    Dec,
+}
+
 /// Predicate logic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PredOp {
@@ -354,6 +379,20 @@ pub enum Op {
     },
     /// `bar.warp.sync membermask`.
     BarWarpSync { mask: Operand },
+    /// `atom.global[.sem][.scope].op.ty d, [addr], b[, c]`: `d` gets the old value; the
+    /// lanes of a warp go in lane order, and every atomic of every block is one
+    /// indivisible step.
+    Atom {
+        op: AtomOp,
+        ty: Ty,
+        d: u16,
+        addr: Addr,
+        b: Operand,
+        c: Option<Operand>,
+    },
+    /// `fence.{sc,acq_rel}.{cta,gpu,sys}` / `membar.{cta,gl,sys}`: the thread's memory
+    /// accesses before it are ordered before those after it, for every observer.
+    Fence,
     /// `bar.sync 0` / `barrier.sync 0`.
     BarSync,
     /// `bra target` (instruction index).

@@ -1298,6 +1298,83 @@ fn decode(
                 return unsupported("barrier form");
             }
         }
+        "atom" => {
+            known_flags(&[
+                "global", "shared", "relaxed", "acquire", "release", "acq_rel", "cta", "gpu",
+                "sys", "add", "min", "max", "exch", "cas", "and", "or", "xor", "inc", "dec",
+            ])?;
+            if !has("global") {
+                return unsupported("only .global atomics (name the state space)");
+            }
+            let ops = [
+                ("add", AtomOp::Add),
+                ("min", AtomOp::Min),
+                ("max", AtomOp::Max),
+                ("exch", AtomOp::Exch),
+                ("cas", AtomOp::Cas),
+                ("and", AtomOp::And),
+                ("or", AtomOp::Or),
+                ("xor", AtomOp::Xor),
+                ("inc", AtomOp::Inc),
+                ("dec", AtomOp::Dec),
+            ];
+            let named: Vec<AtomOp> = ops
+                .iter()
+                .filter(|(n, _)| has(n))
+                .map(|(_, o)| *o)
+                .collect();
+            let [op] = named.as_slice() else {
+                return unsupported("expected exactly one operation");
+            };
+            let ty = ty1()?;
+            let ok_ty = match op {
+                AtomOp::Add => matches!(ty, Ty::U(32 | 64) | Ty::S(32)),
+                AtomOp::Min | AtomOp::Max => matches!(ty, Ty::U(32 | 64) | Ty::S(32 | 64)),
+                AtomOp::Inc | AtomOp::Dec => ty == Ty::U(32),
+                AtomOp::And | AtomOp::Or | AtomOp::Xor => matches!(ty, Ty::B(32 | 64)),
+                AtomOp::Exch | AtomOp::Cas => matches!(ty, Ty::B(32 | 64)),
+            };
+            if !ok_ty {
+                return unsupported("this type for this operation");
+            }
+            let cas = *op == AtomOp::Cas;
+            want(if cas { 4 } else { 3 })?;
+            let (addr, sym) = d.addr(g[1])?;
+            if sym.is_some() {
+                return unsupported("a symbol address (global variables are not supported)");
+            }
+            Op::Atom {
+                op: *op,
+                ty,
+                d: d.reg(g[0])?,
+                addr,
+                b: d.operand(g[2], ty)?,
+                c: if cas {
+                    Some(d.operand(g[3], ty)?)
+                } else {
+                    None
+                },
+            }
+        }
+        "fence" => {
+            let sem = mods.first().copied();
+            let scope = mods.get(1).copied();
+            let ok = mods.len() == 2
+                && matches!(sem, Some("sc" | "acq_rel"))
+                && matches!(scope, Some("cta" | "gpu" | "sys"));
+            if !ok {
+                return unsupported("expected fence.{sc,acq_rel}.{cta,gpu,sys}");
+            }
+            want(0)?;
+            Op::Fence
+        }
+        "membar" => {
+            if !matches!(mods.as_slice(), ["cta" | "gl" | "sys"]) {
+                return unsupported("expected membar.{cta,gl,sys}");
+            }
+            want(0)?;
+            Op::Fence
+        }
         "bra" => {
             known_flags(&["uni"])?;
             want(1)?;

@@ -121,21 +121,21 @@ pub fn build_forward(
         layer: None,
     };
     let mut x = blocks::embeddings(&mut b, hp, model.tok_embd, inp.tokens)?;
-    let mut kv_writes = Vec::with_capacity(2 * hp.n_layer);
+    let mut anchors = Vec::with_capacity(10 * hp.n_layer);
     let mut layer_first = Vec::with_capacity(hp.n_layer);
     for (il, (lw, cache)) in model.layers.iter().zip(&caches).enumerate() {
         b.layer = Some(il);
         let (first, cur) = blocks::norm(&mut b, x, lw.attn_norm, hp.rms_eps, "norm", "attn_norm")?;
         layer_first.push(first);
 
-        let q = b.ctx.mul_mat(lw.wq, cur)?;
-        let q = b.node(q, "Qcur")?;
-        let k = b.ctx.mul_mat(lw.wk, cur)?;
-        let k = b.node(k, "Kcur")?;
-        let v = b.ctx.mul_mat(lw.wv, cur)?;
-        let v = b.node(v, "Vcur")?;
-        let q = b.ctx.reshape(q, [hp.head_dim, hp.n_head, n, 1])?;
-        let k = b.ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n, 1])?;
+        let q_cur = b.ctx.mul_mat(lw.wq, cur)?;
+        let q_cur = b.node(q_cur, "Qcur")?;
+        let k_cur = b.ctx.mul_mat(lw.wk, cur)?;
+        let k_cur = b.node(k_cur, "Kcur")?;
+        let v_cur = b.ctx.mul_mat(lw.wv, cur)?;
+        let v = b.node(v_cur, "Vcur")?;
+        let q = b.ctx.reshape(q_cur, [hp.head_dim, hp.n_head, n, 1])?;
+        let k = b.ctx.reshape(k_cur, [hp.head_dim, hp.n_head_kv, n, 1])?;
         let norms = (lw.attn_q_norm, lw.attn_k_norm);
         let (q, k, attn) = blocks::prepare_qk(&mut b, hp, il, (q, k), norms, inp.pos)?;
 
@@ -143,9 +143,11 @@ pub fn build_forward(
         // time (so one graph serves every micro-batch).
         let k_flat = b.ctx.reshape(k, [hp.n_embd_kv(), n, 1, 1])?;
         let k_write = b.ctx.set_rows(cache.k, k_flat, inp.kv_idxs)?;
-        kv_writes.push(b.node(k_write, "k_cache_write")?);
+        let k_write = b.node(k_write, "k_cache_write")?;
         let v_write = b.ctx.set_rows(cache.v, v, inp.kv_idxs)?;
-        kv_writes.push(b.node(v_write, "v_cache_write")?);
+        let v_write = b.node(v_write, "v_cache_write")?;
+        anchors.extend(attention_inputs(b.ctx, [q_cur, k_cur, v_cur], q, k)?);
+        anchors.extend([k_write, v_write]);
 
         // Attention over the first n_kv cells, heads as dimension 2.
         let qp = b.ctx.permute(q, [0, 2, 1, 3])?;
@@ -216,7 +218,7 @@ pub fn build_forward(
     let logits = b.node(logits, "result_output")?;
     ctx.set_flags(logits, TensorFlags::OUTPUT)?;
 
-    let ordered = order(ctx, &kv_writes, logits, cap)?;
+    let ordered = order(ctx, &anchors, logits, cap)?;
     Ok(ForwardGraph::assemble(
         storage,
         ordered,
@@ -303,19 +305,41 @@ impl Inputs {
     }
 }
 
-/// Orders the graph: the cache writes first, layer by layer (so that each layer's
-/// attention comes after its write), then the logits. Returns the nodes, the sorted
-/// leaves and the number of tensors.
+/// The nodes that put a layer's attention inputs in llama.cpp's order when expanded in
+/// turn before its cache writes: the Q, K and V products, then Q's and K's inputs to RoPE
+/// (their norms, where the architecture has them), then the roped Q (`q` is the roped
+/// Q, or its scaling). So the products sit side by side, and so do the two ropes and
+/// the two cache writes (one launch each where the CUDA backend fuses them).
+fn attention_inputs(
+    ctx: &Context<'_>,
+    products: [TensorId; 3],
+    q: TensorId,
+    k_rope: TensorId,
+) -> Result<[TensorId; 6]> {
+    let src0 = |id: TensorId| -> Result<TensorId> {
+        Ok(ctx.get(id)?.src[0].expect("rope and scale have a source"))
+    };
+    let q_rope = match ctx.get(q)?.op {
+        ggml_core::Op::Scale { .. } => src0(q)?,
+        _ => q,
+    };
+    let [q_cur, k_cur, v_cur] = products;
+    Ok([q_cur, k_cur, v_cur, src0(q_rope)?, src0(k_rope)?, q_rope])
+}
+
+/// Orders the graph: the `anchors` first, in turn (each layer's cache writes among them,
+/// so that its attention comes after its write), then the logits. Returns the nodes, the
+/// sorted leaves and the number of tensors.
 pub(super) fn order(
     ctx: Context<'_>,
-    kv_writes: &[TensorId],
+    anchors: &[TensorId],
     logits: TensorId,
     cap: usize,
 ) -> Result<(Vec<TensorId>, Vec<TensorId>, usize)> {
     let mut ids = vec![TensorId(0); cap];
     let mut marks = vec![0u64; Graph::marks_len(cap)];
     let mut graph = Graph::new(&mut ids, &mut marks);
-    for w in kv_writes {
+    for w in anchors {
         graph.build_forward_expand(&ctx, *w)?;
     }
     graph.build_forward_expand(&ctx, logits)?;

@@ -1,0 +1,454 @@
+//! Decode attention (`flash_attn_dec`, fewer than 8 queries) against
+//! `reference::flash_attn_decode`, which follows the kernel operation for operation.
+//!
+//! On cuda-sim this binary turns the approx check off, so `ex2.approx`/`lg2.approx` are
+//! correctly rounded as the reference models them and every comparison is bit for bit.
+//! On a GPU (`GGML_RS_REQUIRE_GPU`) the approximate instructions may differ by their ISA
+//! bound, so results are compared by NMSE there (and against the reference with the
+//! approx check on in `gpu.rs`). The invariance tests (padding, number of queries,
+//! repeated launches) are bit for bit on both.
+#![allow(clippy::too_many_arguments)]
+
+use ggml_core::{AttnParams, Context, DType, Tensor, TensorId};
+use ggml_cuda::reference::{self, nmse, AttnDecode};
+use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
+
+mod common;
+use common::{driver, f32_bytes, run_all, Rng};
+
+/// cuda-sim with every check but the approx one (see the module doc).
+fn backend() -> CudaBackend {
+    if driver() == ggml_cuda::DriverKind::Sim {
+        let mut cfg = ggml_cuda::cuda_sim::driver::SimConfig::from_env().expect("CUDA_SIM_*");
+        cfg.checks.approx_at_bound = false;
+        ggml_cuda::cuda_sim::driver::Driver::configure_global(cfg).expect("one configuration");
+    }
+    common::gpu()
+}
+
+fn exact() -> bool {
+    driver() == ggml_cuda::DriverKind::Sim
+}
+
+fn f16_round(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| reference::f16_to_f32(reference::f32_to_f16(v)))
+        .collect()
+}
+
+fn bytes_of(dt: DType, v: &[f32]) -> Vec<u8> {
+    match dt {
+        DType::F16 => v
+            .iter()
+            .flat_map(|x| reference::f32_to_f16(*x).to_le_bytes())
+            .collect(),
+        _ => f32_bytes(v),
+    }
+}
+
+/// One attention problem: contiguous values as the reference reads them.
+#[derive(Clone)]
+struct Problem {
+    d: usize,
+    dv: usize,
+    n_kv: usize,
+    n_q: usize,
+    h: usize,
+    h_kv: usize,
+    ne3: usize,
+    kv: DType,
+    mask: Option<DType>,
+    /// `[d, n_q, h, ne3]`.
+    q: Vec<f32>,
+    /// `[d, n_kv, h_kv, ne3]`, already representable in `kv`.
+    k: Vec<f32>,
+    /// `[dv, n_kv, h_kv, ne3]`.
+    v: Vec<f32>,
+    /// `[n_kv, n_q]`.
+    m: Vec<f32>,
+    params: AttnParams,
+}
+
+impl Problem {
+    /// Random q, K, V; the mask lets query `iq` see positions `lo(iq)..used + iq` where
+    /// `lo` is `used + iq - window` for a sliding window (0 without).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        seed: u64,
+        (d, dv): (usize, usize),
+        (h, h_kv): (usize, usize),
+        n_q: usize,
+        n_kv: usize,
+        used: usize,
+        window: Option<usize>,
+        ne3: usize,
+        kv: DType,
+        mask: Option<DType>,
+        params: AttnParams,
+    ) -> Problem {
+        let mut r = Rng(seed);
+        let q = r.vec(d * n_q * h * ne3);
+        let round = |v: Vec<f32>| if kv == DType::F16 { f16_round(&v) } else { v };
+        let k = round(r.vec(d * n_kv * h_kv * ne3));
+        let v = round(r.vec(dv * n_kv * h_kv * ne3));
+        let mut m = vec![f32::NEG_INFINITY; n_kv * n_q];
+        for iq in 0..n_q {
+            let hi = (used + iq).min(n_kv);
+            let lo = window.map_or(0, |w| hi.saturating_sub(w));
+            for j in lo..hi {
+                // Some ALiBi-like finite values too, so the mask's addition is exercised.
+                m[iq * n_kv + j] = if j % 7 == 3 { -0.5 } else { 0.0 };
+            }
+        }
+        Problem {
+            d,
+            dv,
+            n_kv,
+            n_q,
+            h,
+            h_kv,
+            ne3,
+            kv,
+            mask,
+            q,
+            k,
+            v,
+            m,
+            params,
+        }
+    }
+
+    fn reference(&self) -> Vec<f32> {
+        reference::flash_attn_decode(&AttnDecode {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            mask: self.mask.map(|_| &self.m[..]),
+            d: self.d,
+            dv: self.dv,
+            n_kv: self.n_kv,
+            n_q: self.n_q,
+            h: self.h,
+            h_kv: self.h_kv,
+            ne3: self.ne3,
+            k_f16: self.kv == DType::F16,
+            scale: self.params.scale,
+            softcap: self.params.softcap,
+            max_bias: self.params.max_bias,
+        })
+    }
+
+    /// Runs the op: q stored `[d, h, n_q, ne3]` and permuted as a model graph does; K and
+    /// V as head views of one cache row per position (the KV cache layout). Returns the
+    /// output `[dv, h, n_q, ne3]`.
+    fn run(&self, be: &CudaBackend) -> Vec<f32> {
+        let (d, dv, n_kv, n_q, h, h_kv, ne3) = (
+            self.d, self.dv, self.n_kv, self.n_q, self.h, self.h_kv, self.ne3,
+        );
+        let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 16];
+        let mut ctx = Context::new(&mut s);
+        let tq = ctx.new_tensor(DType::F32, [d, h, n_q, ne3]).unwrap();
+        let qp = ctx.permute(tq, [0, 2, 1, 3]).unwrap();
+        let es = self.kv.type_size();
+        let cache = |ctx: &mut Context<'_>, width: usize| -> (TensorId, TensorId) {
+            let c = ctx
+                .new_tensor(self.kv, [width * h_kv, n_kv, ne3, 1])
+                .unwrap();
+            let row = width * h_kv * es;
+            let view = ctx
+                .view(
+                    c,
+                    [width, n_kv, h_kv, ne3],
+                    [es, row, width * es, row * n_kv],
+                    0,
+                )
+                .unwrap();
+            (c, view)
+        };
+        let (kc, kview) = cache(&mut ctx, d);
+        let (vc, vview) = cache(&mut ctx, dv);
+        let tm = self
+            .mask
+            .map(|dt| ctx.new_tensor(dt, [n_kv, n_q, 1, 1]).unwrap());
+        let o = ctx
+            .flash_attn_ext(qp, kview, vview, tm, self.params)
+            .unwrap();
+        // q: [d, h, n_q, ne3] from the reference's [d, n_q, h, ne3].
+        let mut qs = vec![0f32; self.q.len()];
+        for i3 in 0..ne3 {
+            for iq in 0..n_q {
+                for hh in 0..h {
+                    let from = d * (iq + n_q * (hh + h * i3));
+                    let to = d * (hh + h * (iq + n_q * i3));
+                    qs[to..to + d].copy_from_slice(&self.q[from..from + d]);
+                }
+            }
+        }
+        // K/V: cache rows [width * h_kv] per (position, i3).
+        let interleave = |x: &[f32], width: usize| {
+            let mut c = vec![0f32; x.len()];
+            for i3 in 0..ne3 {
+                for hk in 0..h_kv {
+                    for j in 0..n_kv {
+                        let from = width * (j + n_kv * (hk + h_kv * i3));
+                        let to = width * (hk + h_kv * (j + n_kv * i3));
+                        c[to..to + width].copy_from_slice(&x[from..from + width]);
+                    }
+                }
+            }
+            c
+        };
+        let mut inputs = vec![
+            (tq, f32_bytes(&qs)),
+            (kc, bytes_of(self.kv, &interleave(&self.k, d))),
+            (vc, bytes_of(self.kv, &interleave(&self.v, dv))),
+        ];
+        if let (Some(tm), Some(dt)) = (tm, self.mask) {
+            inputs.push((tm, bytes_of(dt, &self.m)));
+        }
+        let out = run_all(be, &mut ctx, &inputs, &[o]).pop().unwrap();
+        common::to_f32(DType::F32, &out)
+    }
+}
+
+fn assert_matches(got: &[f32], want: &[f32], what: &str) {
+    if exact() {
+        let bad = got
+            .iter()
+            .zip(want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        if let Some(i) = bad {
+            panic!("{what}: element {i}: {} vs reference {}", got[i], want[i]);
+        }
+    } else {
+        let e = nmse(got, want);
+        assert!(e < 1e-7, "{what}: NMSE {e:e}");
+    }
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+const SMOL: (usize, usize) = (9, 3);
+const GEMMA: (usize, usize) = (4, 1);
+
+/// The decode kernel against its reference over the shapes and features the op has:
+/// SmolLM2 (D 64, 9 heads over 3) and Gemma 3 (D 256, 4 heads over 1, sliding window)
+/// at 1..7 queries, f32 and f16 K/V and masks, no mask, ALiBi, soft-capping, several
+/// i3, head sizes that are not multiples of 8 (scalar loads), many tiles.
+#[rstest::rstest]
+#[case::smollm2_one_token(
+    64,
+    SMOL,
+    1,
+    256,
+    37,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    0.0
+)]
+#[case::smollm2_three_tokens(
+    64,
+    SMOL,
+    3,
+    256,
+    130,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    0.0
+)]
+#[case::smollm2_seven_tokens(
+    64,
+    SMOL,
+    7,
+    512,
+    300,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    0.0
+)]
+#[case::gemma3_window(256, GEMMA, 1, 512, 400, Some(128), 1, DType::F16, Some(DType::F16), 1.0 / 16.0, 0.0, 0.0)]
+#[case::gemma3_five_tokens(256, GEMMA, 5, 512, 200, Some(64), 1, DType::F16, Some(DType::F16), 1.0 / 16.0, 0.0, 0.0)]
+#[case::f32_kv_f32_mask_batched(128, (8, 2), 2, 300, 290, None, 2, DType::F32, Some(DType::F32), 0.088, 0.0, 0.0)]
+#[case::alibi_softcap_no_mask(64, (6, 6), 2, 200, 200, None, 1, DType::F16, None, 0.125, 30.0, 8.0)]
+#[case::odd_head_size(36, (4, 2), 3, 150, 140, None, 1, DType::F16, Some(DType::F16), 0.17, 0.0, 0.0)]
+#[case::odd_head_size_f32(20, (2, 1), 1, 70, 70, None, 1, DType::F32, Some(DType::F16), 0.2, 20.0, 0.0)]
+#[case::q_rows_not_16_byte_multiples(18, (3, 1), 1, 40, 33, None, 1, DType::F16, Some(DType::F32), 0.3, 0.0, 0.0)]
+#[case::many_tiles(
+    64,
+    SMOL,
+    1,
+    1100,
+    1050,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    0.0
+)]
+fn decode_attention_matches_its_reference(
+    #[case] d: usize,
+    #[case] heads: (usize, usize),
+    #[case] n_q: usize,
+    #[case] n_kv: usize,
+    #[case] used: usize,
+    #[case] window: Option<usize>,
+    #[case] ne3: usize,
+    #[case] kv: DType,
+    #[case] mask: Option<DType>,
+    #[case] scale: f32,
+    #[case] softcap: f32,
+    #[case] max_bias: f32,
+) {
+    let be = backend();
+    let params = AttnParams {
+        scale,
+        max_bias,
+        softcap,
+    };
+    let p = Problem::new(
+        d as u64 + n_kv as u64,
+        (d, d),
+        heads,
+        n_q,
+        n_kv,
+        used,
+        window,
+        ne3,
+        kv,
+        mask,
+        params,
+    );
+    let before = be.kernel_stats();
+    let got = p.run(&be);
+    let after = be.kernel_stats();
+    assert_eq!(
+        after.launches_of(KernelId::FlashAttnDec) - before.launches_of(KernelId::FlashAttnDec),
+        1
+    );
+    assert_eq!(
+        after.launches_of(KernelId::FlashAttnExt),
+        before.launches_of(KernelId::FlashAttnExt)
+    );
+    assert_matches(&got, &p.reference(), "decode attention");
+    // The first kernel computes the same attention (another reduction order).
+    be.set_tuning(CudaTuning {
+        legacy_decode_attn: true,
+        ..CudaTuning::default()
+    });
+    let old = p.run(&be);
+    be.set_tuning(CudaTuning::default());
+    let e = nmse(&old, &got);
+    assert!(e < 1e-9, "legacy kernel vs decode kernel: NMSE {e:e}");
+}
+
+/// Padding the KV range with masked cells (the n_kv buckets of a model, or any amount)
+/// leaves every bit of the result as it was; so does running the launch again (the
+/// counters are back at 0) and running the queries one by one instead of together.
+#[test]
+fn decode_attention_ignores_padding_batching_and_reruns() {
+    let be = backend();
+    let (d, n_q, used) = (64, 5, 200);
+    let params = AttnParams::scaled(0.125);
+    let base = Problem::new(
+        3,
+        (d, d),
+        SMOL,
+        n_q,
+        256,
+        used,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        params,
+    );
+    let want = base.run(&be);
+    assert_matches(&want, &base.reference(), "n_kv 256");
+    assert_eq!(bits(&base.run(&be)), bits(&want), "second launch");
+    // The same cells in a longer KV range: 512 (the next bucket) and 300 (a partial tile).
+    for n_kv in [512, 300, 1024] {
+        let mut p = base.clone();
+        p.n_kv = n_kv;
+        let widen = |x: &[f32], width: usize, r: &mut Rng| {
+            let mut y = f16_round(&r.vec(width * n_kv * base.h_kv));
+            for hk in 0..base.h_kv {
+                for j in 0..base.n_kv {
+                    let (from, to) = (width * (j + base.n_kv * hk), width * (j + n_kv * hk));
+                    y[to..to + width].copy_from_slice(&x[from..from + width]);
+                }
+            }
+            y
+        };
+        let mut r = Rng(99);
+        p.k = widen(&base.k, d, &mut r);
+        p.v = widen(&base.v, d, &mut r);
+        p.m = vec![f32::NEG_INFINITY; n_kv * n_q];
+        for iq in 0..n_q {
+            p.m[iq * n_kv..iq * n_kv + base.n_kv]
+                .copy_from_slice(&base.m[iq * base.n_kv..(iq + 1) * base.n_kv]);
+        }
+        assert_eq!(bits(&p.run(&be)), bits(&want), "n_kv {n_kv}");
+    }
+    // Each query alone: the rows of the 5-query result, bit for bit.
+    let (h, dv) = (base.h, base.dv);
+    for iq in 0..n_q {
+        let mut p = base.clone();
+        p.n_q = 1;
+        p.q = (0..h)
+            .flat_map(|hh| base.q[d * (iq + n_q * hh)..][..d].to_vec())
+            .collect();
+        p.m = base.m[iq * base.n_kv..(iq + 1) * base.n_kv].to_vec();
+        let one = p.run(&be);
+        assert_eq!(
+            bits(&one),
+            bits(&want[iq * h * dv..(iq + 1) * h * dv]),
+            "query {iq} alone"
+        );
+    }
+}
+
+/// A query whose every position is masked gets zeros, as from the first kernel, and
+/// tiles no query sees load nothing (here all but one of 16).
+#[test]
+fn fully_masked_rows_and_tiles() {
+    let be = backend();
+    let mut p = Problem::new(
+        5,
+        (64, 64),
+        SMOL,
+        2,
+        2048,
+        50,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    // Query 1 sees nothing.
+    p.m[p.n_kv..].fill(f32::NEG_INFINITY);
+    let got = p.run(&be);
+    assert_matches(&got, &p.reference(), "masked rows");
+    let row = 9 * 64;
+    assert!(
+        got[row..].iter().all(|&x| x.to_bits() == 0),
+        "zeros for query 1"
+    );
+    assert!(got[..row].iter().any(|&x| x != 0.0));
+}
