@@ -103,9 +103,11 @@ fn ldmatrix(n: usize, trans: bool, rows: &[u32]) -> (Vec<u32>, cuda_sim::profile
         .map(|i| format!("%d{i}"))
         .collect::<Vec<_>>()
         .join(", ");
+    // `.shared::cta` is `.shared`.
     let instr = format!(
-        "ldmatrix.sync.aligned.m8n8.x{n}{}.shared.b16 {{{regs}}}, [%r6];",
-        if trans { ".trans" } else { "" }
+        "ldmatrix.sync.aligned.m8n8.x{n}{}.shared{}.b16 {{{regs}}}, [%r6];",
+        if trans { ".trans" } else { "" },
+        if n == 2 { "::cta" } else { "" }
     );
     let m = module(&LDMATRIX.replace("INSTR", &instr));
     let mem = FlatMemory::new(BASE, 4096, false);
@@ -246,10 +248,15 @@ fn cp_async_run(copy: &str, wait: &str, checks: Checks) -> Result<Vec<u32>, Kern
 const COPY16: &str = "cp.async.cg.shared.global [%rd3], [%rd2], 16;\n    cp.async.commit_group;";
 
 #[rstest]
-#[case::wait_group("cp.async.wait_group 0;")]
-#[case::wait_all("cp.async.wait_all;")]
-fn cp_async_data_lands_at_the_wait(#[case] wait: &str) {
-    let out = cp_async_run(COPY16, wait, Checks::ALL).unwrap();
+#[case::wait_group(COPY16, "cp.async.wait_group 0;")]
+#[case::wait_all(COPY16, "cp.async.wait_all;")]
+// Sub-qualifiers with `::` lex as part of the opcode (a label has a single colon).
+#[case::prefetch_hint(
+    "cp.async.cg.shared.global.L2::128B [%rd3], [%rd2], 16;",
+    "cp.async.wait_all;\n    ld.global.L2::64B.u32 %r7, [%rd2];"
+)]
+fn cp_async_data_lands_at_the_wait(#[case] copy: &str, #[case] wait: &str) {
+    let out = cp_async_run(copy, wait, Checks::ALL).unwrap();
     for (t, &w) in out.iter().enumerate() {
         let other = (t + 32) % 64;
         assert_eq!(w, 0xc0de_0000 + 4 * other as u32, "thread {t}");

@@ -916,7 +916,9 @@ fn decode(
         "ld" | "st" => {
             known_flags(&[
                 "global", "shared", "local", "param", "v2", "v4", "volatile", "relaxed", "weak",
-                "nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "gpu", "cta", "sys",
+                "nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "gpu", "cta", "sys", "L2::64B",
+                "L2::128B", "L2::256B", "L1::no_allocate", "L1::evict_last", "L1::evict_first",
+                "L1::evict_normal", "L1::evict_unchanged",
             ])?;
             want(2)?;
             let ty = ty1()?;
