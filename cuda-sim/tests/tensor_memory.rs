@@ -495,6 +495,7 @@ fn racecheck_between_atomics_and_plain_accesses() {
     "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%r1, %r2}, {%r1}, {%r1}, {%r1, %r2};"
 )]
 #[case::mma_bf16_f16_acc("mma.sync.aligned.m16n8k16.row.col.f16.bf16.bf16.f16 {%r1, %r2}, {%r1, %r2, %r3, %r4}, {%r1, %r2}, {%r1, %r2};")]
+#[case::mma_mixed_accumulators("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f16 {%r1, %r2, %r3, %r4}, {%r1, %r2, %r3, %r4}, {%r1, %r2}, {%r1, %r2};")]
 #[case::mma_wrong_regs("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r1, %r2}, {%r1, %r2, %r3, %r4}, {%r1, %r2}, {%r1, %r2, %r3, %r4};")]
 fn malformed_forms_are_refused(#[case] instr: &str) {
     let text = format!(
@@ -506,3 +507,96 @@ fn malformed_forms_are_refused(#[case] instr: &str) {
         "{e}"
     );
 }
+
+/// Every form of these instructions the tiled kernels may use, as ptxas 12.9 accepts
+/// them for sm_80 and sm_90 (checked by hand with `ptxas -arch=sm_80`), parses.
+#[test]
+fn every_form_ptxas_accepts_parses() {
+    let m = Module::parse("forms.ptx", FORMS).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.kernel_names(), ["forms"]);
+}
+
+const FORMS: &str = r#".version 8.0
+.target sm_80
+.address_size 64
+.shared .align 16 .b8 sm[4096];
+.visible .entry forms(.param .u64 p)
+{
+    .reg .pred %p<2>;
+    .reg .b16 %h<4>;
+    .reg .b32 %r<16>;
+    .reg .f32 %f<8>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd0, [p];
+    ld.global.L2::64B.u32 %r0, [%rd0];
+    ld.global.v4.u32 {%r1, %r2, %r3, %r4}, [%rd0+16];
+    add.rn.f16x2 %r5, %r1, %r2;
+    sub.rn.ftz.sat.f16x2 %r5, %r5, %r2;
+    mul.rn.f16 %h0, %h1, %h2;
+    fma.rn.bf16x2 %r6, %r1, %r2, %r3;
+    fma.rn.ftz.sat.f16 %h0, %h1, %h2, %h3;
+    min.NaN.f16x2 %r7, %r1, %r2;
+    max.bf16x2 %r7, %r7, %r2;
+    min.ftz.f16 %h0, %h1, %h2;
+    ex2.approx.f16x2 %r8, %r1;
+    ex2.approx.f16x2 %r8, %r8;
+    neg.f16x2 %r9, %r8;
+    abs.bf16 %h0, %h1;
+    neg.ftz.f16 %h0, %h0;
+    cvt.rn.f16x2.f32 %r10, %f1, %f2;
+    cvt.rn.relu.bf16x2.f32 %r10, %f1, %f2;
+    mov.b32 %r11, {%h0, %h1};
+    mov.b32 {%h2, %h3}, %r11;
+    prmt.b32 %r12, %r1, %r2, 0x3210;
+    prmt.b32.f4e %r12, %r12, %r2, %r3;
+    prmt.b32.rc16 %r12, %r12, %r2, %r3;
+    lop3.b32 %r13, %r1, %r2, %r3, 0xE8;
+    shf.l.wrap.b32 %r14, %r1, %r2, %r3;
+    shf.r.clamp.b32 %r14, %r14, %r2, 7;
+    bfi.b32 %r15, %r1, %r2, 4, 8;
+    popc.b64 %r1, %rd0;
+    clz.b32 %r2, %r1;
+    brev.b32 %r3, %r2;
+    bfind.shiftamt.u32 %r4, %r3;
+    bfind.s32 %r4, %r4;
+    atom.global.add.u32 %r5, [%rd0], 1;
+    atom.global.inc.u32 %r5, [%rd0+4], 7;
+    atom.global.max.s32 %r5, [%rd0+8], %r1;
+    atom.global.add.f32 %f3, [%rd0+12], %f1;
+    atom.global.cas.b32 %r5, [%rd0+16], 0, %r1;
+    atom.global.relaxed.gpu.exch.b64 %rd1, [%rd0+24], %rd0;
+    red.global.add.f32 [%rd0+32], %f1;
+    red.shared.add.u32 [sm], %r1;
+    atom.shared.cas.b64 %rd2, [sm+8], %rd0, %rd1;
+    atom.shared.min.u64 %rd2, [sm+16], %rd0;
+    fence.acq_rel.gpu;
+    fence.sc.cta;
+    membar.gl;
+    membar.cta;
+    mov.u32 %r6, sm;
+    ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%r6];
+    ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%r1, %r2}, [%r6];
+    ldmatrix.sync.aligned.m8n8.x4.shared::cta.b16 {%r1, %r2, %r3, %r4}, [%r6];
+    mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f0, %f1, %f2, %f3}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%f4, %f5, %f6, %f7};
+    mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%r7, %r8}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%r7, %r8};
+    mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f0, %f1, %f2, %f3}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%f4, %f5, %f6, %f7};
+    mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%f0, %f1, %f2, %f3}, {%r1, %r2}, {%r5}, {%f4, %f5, %f6, %f7};
+    mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%f0, %f1, %f2, %f3}, {%r1, %r2}, {%r5}, {%f4, %f5, %f6, %f7};
+    mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%r9, %r10, %r11, %r12}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%r9, %r10, %r11, %r12};
+    mma.sync.aligned.m16n8k32.row.col.satfinite.s32.u8.s8.s32 {%r9, %r10, %r11, %r12}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%r9, %r10, %r11, %r12};
+    mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%r9, %r10, %r11, %r12}, {%r1, %r2}, {%r5}, {%r9, %r10, %r11, %r12};
+    mov.u64 %rd3, sm;
+    cp.async.ca.shared.global [%rd3], [%rd0], 4;
+    cp.async.ca.shared.global [%rd3+8], [%rd0+8], 8, %r1;
+    cp.async.cg.shared.global [%rd3+16], [%rd0+16], 16, 4;
+    cp.async.cg.shared.global.L2::128B [%rd3+32], [%rd0+32], 16;
+    cp.async.commit_group;
+    cp.async.wait_group 1;
+    cp.async.wait_all;
+    st.global.v4.f32 [%rd0], {%f0, %f1, %f2, %f3};
+    st.global.v4.b32 [%rd0+16], {%r9, %r10, %r11, %r12};
+    st.global.v4.b32 [%rd0+32], {%r13, %r14, %r15, %r7};
+    st.global.v2.b64 [%rd0+48], {%rd1, %rd2};
+    ret;
+}
+"#;

@@ -295,13 +295,6 @@ fn f32_of_int(v: i64) -> u64 {
     false,
     false
 )]
-#[case::k16_f32_f16_c16(
-    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f16",
-    16,
-    false,
-    true,
-    false
-)]
 #[case::k16_bf16(
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     16,

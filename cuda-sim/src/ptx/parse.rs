@@ -915,10 +915,34 @@ fn decode(
         }
         "ld" | "st" => {
             known_flags(&[
-                "global", "shared", "local", "param", "v2", "v4", "volatile", "relaxed", "weak",
-                "nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "gpu", "cta", "sys", "L2::64B",
-                "L2::128B", "L2::256B", "L1::no_allocate", "L1::evict_last", "L1::evict_first",
-                "L1::evict_normal", "L1::evict_unchanged",
+                "global",
+                "shared",
+                "local",
+                "param",
+                "v2",
+                "v4",
+                "volatile",
+                "relaxed",
+                "weak",
+                "nc",
+                "ca",
+                "cg",
+                "cs",
+                "lu",
+                "cv",
+                "wb",
+                "wt",
+                "gpu",
+                "cta",
+                "sys",
+                "L2::64B",
+                "L2::128B",
+                "L2::256B",
+                "L1::no_allocate",
+                "L1::evict_last",
+                "L1::evict_first",
+                "L1::evict_normal",
+                "L1::evict_unchanged",
             ])?;
             want(2)?;
             let ty = ty1()?;
@@ -1930,12 +1954,11 @@ fn decode_mma(d: &Dec, mods: &[&str], g: &[&[Token]], line: u32, opcode: &str) -
         s => return unsupported(&format!("shape '{s}' (m16n8k8, m16n8k16, m16n8k32)")),
     };
     let kind = match (types, k) {
-        ([dt @ ("f16" | "f32"), "f16", "f16", ct @ ("f16" | "f32")], 8 | 16) if !sat => {
-            MmaKind::F16 {
-                d_f32: *dt == "f32",
-                c_f32: *ct == "f32",
-            }
-        }
+        // ptxas requires .dtype == .ctype for these shapes.
+        ([dt @ ("f16" | "f32"), "f16", "f16", ct], 8 | 16) if !sat && dt == ct => MmaKind::F16 {
+            d_f32: *dt == "f32",
+            c_f32: *ct == "f32",
+        },
         (["f32", "bf16", "bf16", "f32"], 8 | 16) if !sat => MmaKind::Bf16,
         (["s32", at @ ("s8" | "u8"), bt @ ("s8" | "u8"), "s32"], 16 | 32) => MmaKind::Int8 {
             a_signed: *at == "s8",
