@@ -60,6 +60,43 @@ pub fn fragment_coord(
     })
 }
 
+/// For `mma.m16n8k{k}` with A/B elements of `elem_bits`: the row-major index in
+/// `matrix` of each lane's fragment elements, lane-major (`lane * elements + i`),
+/// computed once from [`fragment_coord`]. `None` for an unsupported shape.
+pub(crate) fn fragment_table(matrix: Matrix, k: u32, elem_bits: u32) -> Option<&'static [u16]> {
+    use std::sync::OnceLock;
+    const SHAPES: [(u32, u32); 4] = [(8, 16), (16, 16), (16, 8), (32, 8)];
+    static TABLES: OnceLock<Vec<Vec<u16>>> = OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        let mut all = Vec::new();
+        for (k, bits) in SHAPES {
+            for matrix in [Matrix::A, Matrix::B, Matrix::C] {
+                let cols = match matrix {
+                    Matrix::A => k,
+                    _ => 8,
+                };
+                let per = elements_per_lane(matrix, k);
+                let mut t = Vec::with_capacity((32 * per) as usize);
+                for lane in 0..32 {
+                    for i in 0..per {
+                        let (r, c) = fragment_coord(matrix, k, bits, lane, i).expect("a shape");
+                        t.push((r * cols + c) as u16);
+                    }
+                }
+                all.push(t);
+            }
+        }
+        all
+    });
+    let s = SHAPES.iter().position(|&x| x == (k, elem_bits))?;
+    let m = match matrix {
+        Matrix::A => 0,
+        Matrix::B => 1,
+        Matrix::C => 2,
+    };
+    Some(&tables[s * 3 + m])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

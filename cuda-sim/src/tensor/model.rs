@@ -24,7 +24,7 @@
 //! NaN operands, `inf - inf` and `0 * inf` give the canonical NaN `0x7fffffff`; an
 //! infinite product or accumulator otherwise gives that infinity.
 
-use crate::exec::half::{Exact, Fmt, Val, BF16, F16, F32};
+use crate::exec::half::{Fmt, Val, BF16, F16, F32};
 
 /// How a block's exact (aligned and truncated) sum becomes the next f32 accumulator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -160,68 +160,169 @@ fn specials(fmt: Fmt, c: Val, a: &[u16], b: &[u16]) -> Option<u32> {
     }
 }
 
-fn finite(v: Val) -> Exact {
-    match v {
-        Val::Finite(x) => x,
-        _ => unreachable!("specials() handled non-finite values"),
+/// A finite 16-bit input decoded once: `(-1)^neg * m * 2^e`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fin {
+    pub neg: bool,
+    pub m: u32,
+    pub e: i32,
+}
+
+impl Fin {
+    /// The value as f64 (exact).
+    pub(crate) fn value(self) -> f64 {
+        let v = self.m as f64 * pow2(self.e);
+        if self.neg {
+            -v
+        } else {
+            v
+        }
     }
 }
 
-fn top(x: Exact) -> i32 {
-    x.e + (127 - x.m.leading_zeros() as i32)
+impl HalfInput {
+    /// `bits` decoded, or `None` for an infinity or NaN.
+    pub(crate) fn finite(self, bits: u16) -> Option<Fin> {
+        match self.fmt().decode(bits as u64) {
+            Val::Finite(x) => Some(Fin {
+                neg: x.neg,
+                m: x.m as u32,
+                e: x.e,
+            }),
+            _ => None,
+        }
+    }
+
+    fn all_finite(self, v: &[u16]) -> Vec<Fin> {
+        v.iter()
+            .map(|&x| {
+                self.finite(x)
+                    .expect("specials() handled non-finite values")
+            })
+            .collect()
+    }
+}
+
+/// 2^e for the exponents of 16-bit inputs (-133 to 127: normal in f64), built from bits.
+fn pow2(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// `(-1)^neg * mag * 2^e` (mag > 0) rounded to f32 by truncation or to nearest even;
+/// overflow gives the largest finite value (truncation) or infinity.
+fn round_f32(neg: bool, mag: u64, e: i32, nearest: bool) -> u32 {
+    let sign = if neg { 0x8000_0000 } else { 0 };
+    let top = e + 63 - mag.leading_zeros() as i32;
+    // Exponent of the last kept place: 23 below the top, never below 2^-149.
+    let q = (top - 23).max(-149);
+    let shift = q - e;
+    let mut m = if shift <= 0 {
+        mag << (-shift)
+    } else if shift >= 64 {
+        0
+    } else {
+        let kept = mag >> shift;
+        let rem = mag & ((1u64 << shift) - 1);
+        let half = 1u64 << (shift - 1);
+        kept + (nearest && (rem > half || (rem == half && kept & 1 == 1))) as u64
+    };
+    let mut q = q;
+    if m == 1 << 24 {
+        m >>= 1;
+        q += 1;
+    }
+    if m >= 1 << 23 {
+        let exp = q + 23 + 127;
+        if exp >= 255 {
+            return sign | if nearest { 0x7f80_0000 } else { 0x7f7f_ffff };
+        }
+        sign | (exp as u32) << 23 | (m as u32 & 0x7f_ffff)
+    } else {
+        sign | m as u32
+    }
+}
+
+/// Whether the f32 encoding `c` is finite.
+pub(crate) fn finite_f32(c: u32) -> bool {
+    c & 0x7f80_0000 != 0x7f80_0000
 }
 
 impl MmaModel {
     /// `c + sum_k a[k] * b[k]` by this model: `c` f32 bits, `a` and `b` the k input
     /// encodings of row and column. Returns f32 bits.
     pub fn dot(&self, input: HalfInput, c: u32, a: &[u16], b: &[u16]) -> u32 {
-        let fmt = input.fmt();
         let cv = F32.decode(c as u64);
-        if let Some(r) = specials(fmt, cv, a, b) {
+        if let Some(r) = specials(input.fmt(), cv, a, b) {
             return r;
         }
+        self.dot_finite(c, &input.all_finite(a), &input.all_finite(b))
+    }
+
+    /// [`MmaModel::dot`] of finite operands already decoded (`c` finite f32 bits).
+    pub(crate) fn dot_finite(&self, c: u32, a: &[Fin], b: &[Fin]) -> u32 {
         let mut acc = c;
-        let block = (self.block as usize).max(1);
-        let mut terms: Vec<Exact> = Vec::with_capacity(block + 1);
+        let block = (self.block as usize).clamp(1, 32);
+        let nearest = self.rounding == BlockRounding::NearestEven;
+        // (negative, significand, exponent) of the accumulator and the block's products.
+        let mut terms = [(false, 0u64, 0i32); 33];
         for (ka, kb) in a.chunks(block).zip(b.chunks(block)) {
-            terms.clear();
-            let accv = finite(F32.decode(acc as u64));
+            let accv = f32_parts(acc);
+            let mut n = 0;
+            let mut emax = i32::MIN;
             let mut all_neg_zero = accv.neg;
-            terms.push(accv);
-            for (&x, &y) in ka.iter().zip(kb) {
-                let (p, q) = (finite(fmt.decode(x as u64)), finite(fmt.decode(y as u64)));
-                let prod = Exact {
-                    neg: p.neg != q.neg,
-                    m: p.m * q.m,
-                    e: p.e + q.e,
-                };
-                all_neg_zero &= prod.neg && prod.m == 0;
-                terms.push(prod);
+            let mut push = |neg: bool, m: u64, e: i32| {
+                if m != 0 {
+                    emax = emax.max(e + 63 - m.leading_zeros() as i32);
+                    terms[n] = (neg, m, e);
+                    n += 1;
+                }
+            };
+            push(accv.neg, accv.m as u64, accv.e);
+            for (p, q) in ka.iter().zip(kb) {
+                let neg = p.neg != q.neg;
+                all_neg_zero &= neg;
+                push(neg, p.m as u64 * q.m as u64, p.e + q.e);
             }
-            let Some(emax) = terms.iter().filter(|t| t.m != 0).map(|t| top(*t)).max() else {
+            if n == 0 {
+                // Only zeros: -0 when every one is -0 (accumulator and products).
                 acc = if all_neg_zero { 0x8000_0000 } else { 0 };
                 continue;
-            };
+            }
             let g = emax - (self.align_bits as i32 - 1);
-            let mut sum: i128 = 0;
-            for t in &terms {
-                let mag = if t.e >= g {
-                    t.m << (t.e - g)
-                } else if g - t.e >= 128 {
+            let mut sum: i64 = 0;
+            for &(neg, m, e) in &terms[..n] {
+                let mag = if e >= g {
+                    (m << (e - g)) as i64
+                } else if g - e >= 64 {
                     0
                 } else {
-                    t.m >> (g - t.e)
-                } as i128;
-                sum += if t.neg { -mag } else { mag };
+                    (m >> (g - e)) as i64
+                };
+                sum += if neg { -mag } else { mag };
             }
             acc = if sum == 0 {
                 0
             } else {
-                let nearest = self.rounding == BlockRounding::NearestEven;
-                F32.round(sum < 0, sum.unsigned_abs(), g, false, nearest) as u32
+                round_f32(sum < 0, sum.unsigned_abs(), g, nearest)
             };
         }
         acc
+    }
+}
+
+/// A finite f32 encoding as sign, significand, exponent.
+fn f32_parts(bits: u32) -> Fin {
+    let field = (bits >> 23 & 0xff) as i32;
+    let frac = bits & 0x7f_ffff;
+    let (m, e) = if field == 0 {
+        (frac, -149)
+    } else {
+        (frac | 1 << 23, field - 150)
+    };
+    Fin {
+        neg: bits >> 31 == 1,
+        m,
+        e,
     }
 }
 
@@ -229,62 +330,52 @@ impl MmaModel {
 /// the bound, up or down by a hash of the inputs, then rounded toward the exact value
 /// (so the result stays within the bound). `c` and the result are f32 bits.
 pub fn dot_at_bound(input: HalfInput, c: u32, a: &[u16], b: &[u16]) -> u32 {
-    let fmt = input.fmt();
     let cv = F32.decode(c as u64);
-    if let Some(r) = specials(fmt, cv, a, b) {
+    if let Some(r) = specials(input.fmt(), cv, a, b) {
         return r;
     }
-    let (exact, sum_abs, all_neg_zero) = exact_sum(fmt, c, a, b);
-    let bound = error_bound(a.len() as u32, sum_abs);
-    if bound == 0.0 {
-        return if all_neg_zero { 0x8000_0000 } else { 0 };
-    }
-    let up = direction(exact, sum_abs);
-    let target = if up { exact + bound } else { exact - bound };
-    toward(exact, target, F32) as u32
+    let v = |x: &[u16]| -> Vec<f64> { input.all_finite(x).iter().map(|f| f.value()).collect() };
+    at_bound_finite(c, &v(a), &v(b), false)
 }
 
 /// [`dot_at_bound`] with an f16 result: the bound grows by half an f16 unit of the
 /// result. Returns f16 bits.
 pub fn dot_at_bound_f16(input: HalfInput, c: u32, a: &[u16], b: &[u16]) -> u16 {
-    let fmt = input.fmt();
     let cv = F32.decode(c as u64);
-    if let Some(r) = specials(fmt, cv, a, b) {
+    if let Some(r) = specials(input.fmt(), cv, a, b) {
         return f32_to_f16(r);
     }
-    let (exact, sum_abs, all_neg_zero) = exact_sum(fmt, c, a, b);
-    let b32 = error_bound(a.len() as u32, sum_abs);
-    if b32 == 0.0 {
-        return if all_neg_zero { 0x8000 } else { 0 };
-    }
-    let bound = b32 + (-11f64).exp2() * (exact.abs() + b32);
-    let up = direction(exact, sum_abs);
-    let target = if up { exact + bound } else { exact - bound };
-    toward(exact, target, F16) as u16
+    let v = |x: &[u16]| -> Vec<f64> { input.all_finite(x).iter().map(|f| f.value()).collect() };
+    at_bound_finite(c, &v(a), &v(b), true) as u16
 }
 
-/// The exact sum in f64 (products of 16-bit values are exact; the sum's rounding error
-/// is far below [`error_bound`]), the sum of magnitudes, and whether every term is -0.
-fn exact_sum(fmt: Fmt, c: u32, a: &[u16], b: &[u16]) -> (f64, f64, bool) {
-    let val = |x: Exact| {
-        let v = x.m as f64 * (x.e as f64).exp2();
-        if x.neg {
-            -v
-        } else {
-            v
-        }
-    };
-    let cx = finite(F32.decode(c as u64));
-    let (mut s, mut abs) = (val(cx), val(cx).abs());
-    let mut all_neg_zero = cx.neg && cx.m == 0;
+/// The at-bound result of finite operands given as f64 values (exact: 16-bit inputs),
+/// `c` finite f32 bits; an f32 result, or with `f16_out` an f16 one.
+pub(crate) fn at_bound_finite(c: u32, a: &[f64], b: &[f64], f16_out: bool) -> u32 {
+    // The sum in f64: products of 16-bit values are exact, the sum's rounding error is
+    // far below the bound.
+    let cf = f32::from_bits(c) as f64;
+    let (mut exact, mut sum_abs) = (cf, cf.abs());
+    let mut all_neg_zero = cf == 0.0 && cf.is_sign_negative();
     for (&x, &y) in a.iter().zip(b) {
-        let (p, q) = (finite(fmt.decode(x as u64)), finite(fmt.decode(y as u64)));
-        let v = val(p) * val(q);
-        all_neg_zero &= v == 0.0 && (p.neg != q.neg);
-        s += v;
-        abs += v.abs();
+        let p = x * y;
+        all_neg_zero &= p == 0.0 && p.is_sign_negative();
+        exact += p;
+        sum_abs += p.abs();
     }
-    (s, abs, all_neg_zero)
+    let b32 = error_bound(a.len() as u32, sum_abs);
+    if b32 == 0.0 {
+        let zero = if f16_out { 0x8000 } else { 0x8000_0000 };
+        return if all_neg_zero { zero } else { 0 };
+    }
+    let (bound, fmt) = if f16_out {
+        (b32 + (-11f64).exp2() * (exact.abs() + b32), F16)
+    } else {
+        (b32, F32)
+    };
+    let up = direction(exact, sum_abs);
+    let target = if up { exact + bound } else { exact - bound };
+    toward(exact, target, fmt) as u32
 }
 
 /// Which way the bound moves a result: one well-mixed bit of its inputs.
@@ -297,8 +388,17 @@ fn direction(exact: f64, sum_abs: f64) -> bool {
 /// `target` rounded in `fmt` toward `exact` (the encoding nearest `target` that lies
 /// between the two; overflow clamps to the largest finite value).
 fn toward(exact: f64, target: f64, fmt: Fmt) -> u64 {
-    let r = crate::exec::half::round_f64(fmt, target);
-    let v = value(fmt, r);
+    let r = if fmt == F32 {
+        // f64 to f32 `as` rounds to nearest even (subnormals and overflow included).
+        (target as f32).to_bits() as u64
+    } else {
+        crate::exec::half::round_f64(fmt, target)
+    };
+    let v = if fmt == F32 {
+        f32::from_bits(r as u32) as f64
+    } else {
+        value(fmt, r)
+    };
     let overshoot = if target > exact {
         v > target
     } else {
@@ -386,10 +486,17 @@ pub fn dot_int8(
     b: &[u8],
 ) -> u32 {
     let val = |x: u8, s: bool| if s { x as i8 as i64 } else { x as i64 };
-    let mut acc = c as i32 as i64;
-    for (&x, &y) in a.iter().zip(b) {
-        acc += val(x, a_signed) * val(y, b_signed);
-    }
+    let dot = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| val(x, a_signed) * val(y, b_signed))
+        .sum();
+    int_acc(c, dot, satfinite)
+}
+
+/// `c` (s32 bits) plus an exact dot product, wrapped or clamped (`satfinite`).
+pub(crate) fn int_acc(c: u32, dot: i64, satfinite: bool) -> u32 {
+    let acc = c as i32 as i64 + dot;
     if satfinite {
         acc.clamp(i32::MIN as i64, i32::MAX as i64) as i32 as u32
     } else {

@@ -5,9 +5,10 @@
 use super::{lanes_of, Access, AsyncCopy, BlockRunner, Frame};
 use crate::fault::FaultKind;
 use crate::ptx::ir::{Addr, AtomOp, BinOp, Mma, MmaKind, Operand, Space, Ty};
-use crate::tensor::fragment::{elements_per_lane, fragment_coord, Matrix};
+use crate::tensor::fragment::{fragment_table, Matrix};
 use crate::tensor::model::{
-    dot_at_bound, dot_at_bound_f16, dot_int8, f16_to_f32, f32_to_f16, HalfInput,
+    at_bound_finite, dot_at_bound, dot_at_bound_f16, f16_to_f32, f32_to_f16, finite_f32, int_acc,
+    Fin, HalfInput,
 };
 
 type Fault = (FaultKind, usize, Option<u64>, String);
@@ -53,84 +54,149 @@ impl BlockRunner<'_> {
         };
         let per_reg = 32 / elem_bits;
         // A (16 x k) and B (k x 8) as raw element bits, C as 32-bit (f16 C widened to f32).
-        let mut a = vec![0u16; 16 * kk];
-        let mut b = vec![0u16; kk * 8];
+        let mut a = [0u16; 16 * 32];
+        let mut b = [0u16; 32 * 8];
         let mut c = [0u32; 128];
         let elem = |word: u64, i: u32| {
             (word >> ((i % per_reg) * elem_bits)) as u16 & ((1u32 << elem_bits) - 1) as u16
         };
+        let table = |matrix| fragment_table(matrix, k, elem_bits).expect("a decoded shape");
+        let (ta, tb, tc) = (table(Matrix::A), table(Matrix::B), table(Matrix::C));
+        let (ea, eb) = (ta.len() / 32, tb.len() / 32);
+        let c_f16 = matches!(m.kind, MmaKind::F16 { c_f32: false, .. });
         for lane in 0..32u32 {
-            for i in 0..elements_per_lane(Matrix::A, k) {
-                let (r, col) = fragment_coord(Matrix::A, k, elem_bits, lane, i).expect("shape");
-                a[(r * k + col) as usize] = elem(reg(m.a[(i / per_reg) as usize], lane), i);
+            let l = lane as usize;
+            for (i, &at) in ta[l * ea..(l + 1) * ea].iter().enumerate() {
+                let i = i as u32;
+                a[at as usize] = elem(reg(m.a[(i / per_reg) as usize], lane), i);
             }
-            for i in 0..elements_per_lane(Matrix::B, k) {
-                let (r, col) = fragment_coord(Matrix::B, k, elem_bits, lane, i).expect("shape");
-                b[(r * 8 + col) as usize] = elem(reg(m.b[(i / per_reg) as usize], lane), i);
+            for (i, &at) in tb[l * eb..(l + 1) * eb].iter().enumerate() {
+                let i = i as u32;
+                b[at as usize] = elem(reg(m.b[(i / per_reg) as usize], lane), i);
             }
-            for i in 0..4 {
-                let (r, col) = fragment_coord(Matrix::C, k, elem_bits, lane, i).expect("shape");
-                let c_f16 = matches!(m.kind, MmaKind::F16 { c_f32: false, .. });
-                c[(r * 8 + col) as usize] = if c_f16 {
-                    let w = reg(m.c[(i / 2) as usize], lane);
+            for (i, &at) in tc[l * 4..l * 4 + 4].iter().enumerate() {
+                c[at as usize] = if c_f16 {
+                    let w = reg(m.c[i / 2], lane);
                     f16_to_f32((w >> (16 * (i % 2))) as u16)
                 } else {
-                    reg(m.c[i as usize], lane) as u32
+                    reg(m.c[i], lane) as u32
                 };
             }
         }
         let at_bound = self.l.checks.approx_at_bound;
         let model = self.l.checks.mma;
         let mut d = [0u32; 128];
-        let mut col_a = vec![0u16; kk];
-        let mut col_b = vec![0u16; kk];
-        for row in 0..16 {
-            for n in 0..8 {
-                col_a.copy_from_slice(&a[row * kk..(row + 1) * kk]);
-                for (kv, v) in col_b.iter_mut().enumerate() {
-                    *v = b[kv * 8 + n];
-                }
-                let cv = c[row * 8 + n];
-                d[row * 8 + n] = match m.kind {
-                    MmaKind::Int8 {
-                        a_signed,
-                        b_signed,
-                        satfinite,
-                    } => {
-                        let a8: Vec<u8> = col_a.iter().map(|&x| x as u8).collect();
-                        let b8: Vec<u8> = col_b.iter().map(|&x| x as u8).collect();
-                        dot_int8(a_signed, b_signed, satfinite, cv, &a8, &b8)
-                    }
-                    kind => {
-                        let input = if kind == MmaKind::Bf16 {
-                            HalfInput::Bf16
-                        } else {
-                            HalfInput::F16
-                        };
-                        let d_f32 = !matches!(kind, MmaKind::F16 { d_f32: false, .. });
-                        match (at_bound, d_f32) {
-                            (true, true) => dot_at_bound(input, cv, &col_a, &col_b),
-                            (true, false) => dot_at_bound_f16(input, cv, &col_a, &col_b) as u32,
-                            (false, true) => model.dot(input, cv, &col_a, &col_b),
-                            (false, false) => {
-                                f32_to_f16(model.dot(input, cv, &col_a, &col_b)) as u32
-                            }
-                        }
+        match m.kind {
+            MmaKind::Int8 {
+                a_signed,
+                b_signed,
+                satfinite,
+            } => {
+                // Rows of A and columns of B as signed or unsigned values, contiguous.
+                let val = |x: u16, signed: bool| {
+                    if signed {
+                        x as u8 as i8 as i32
+                    } else {
+                        x as u8 as i32
                     }
                 };
+                let mut ra = [0i32; 16 * 32];
+                let mut cb = [0i32; 8 * 32];
+                for (i, v) in ra.iter_mut().take(16 * kk).enumerate() {
+                    *v = val(a[i], a_signed);
+                }
+                for (i, &x) in b.iter().take(kk * 8).enumerate() {
+                    cb[(i % 8) * kk + i / 8] = val(x, b_signed);
+                }
+                for row in 0..16 {
+                    let ar = &ra[row * kk..(row + 1) * kk];
+                    for n in 0..8 {
+                        let bc = &cb[n * kk..(n + 1) * kk];
+                        let dot: i64 = ar.iter().zip(bc).map(|(&x, &y)| (x * y) as i64).sum();
+                        d[row * 8 + n] = int_acc(c[row * 8 + n], dot, satfinite);
+                    }
+                }
+            }
+            kind => {
+                let input = if kind == MmaKind::Bf16 {
+                    HalfInput::Bf16
+                } else {
+                    HalfInput::F16
+                };
+                let d_f32 = !matches!(kind, MmaKind::F16 { d_f32: false, .. });
+                // Each input decoded once: rows of A, columns of B (k-contiguous), and
+                // which rows and columns hold an infinity or NaN (those elements take
+                // the general path, with the special-value rules).
+                let decode = |x: u16| input.finite(x);
+                let mut fa = [Fin::default(); 16 * 32];
+                let mut fb = [Fin::default(); 8 * 32];
+                let mut row_ok = [true; 16];
+                let mut col_ok = [true; 8];
+                for (i, &x) in a.iter().take(16 * kk).enumerate() {
+                    match decode(x) {
+                        Some(f) => fa[i] = f,
+                        None => row_ok[i / kk] = false,
+                    }
+                }
+                for (i, &x) in b.iter().take(kk * 8).enumerate() {
+                    let (kv, n) = (i / 8, i % 8);
+                    match decode(x) {
+                        Some(f) => fb[n * kk + kv] = f,
+                        None => col_ok[n] = false,
+                    }
+                }
+                let (mut va, mut vb) = ([0f64; 16 * 32], [0f64; 8 * 32]);
+                if at_bound {
+                    for (v, f) in va.iter_mut().zip(&fa).take(16 * kk) {
+                        *v = f.value();
+                    }
+                    for (v, f) in vb.iter_mut().zip(&fb).take(8 * kk) {
+                        *v = f.value();
+                    }
+                }
+                let mut col_bits = [0u16; 32];
+                let col_bits = &mut col_bits[..kk];
+                for row in 0..16 {
+                    for n in 0..8 {
+                        let cv = c[row * 8 + n];
+                        let (ra, rb) = (row * kk..(row + 1) * kk, n * kk..(n + 1) * kk);
+                        d[row * 8 + n] = if row_ok[row] && col_ok[n] && finite_f32(cv) {
+                            match (at_bound, d_f32) {
+                                (true, _) => at_bound_finite(cv, &va[ra], &vb[rb], !d_f32),
+                                (false, true) => model.dot_finite(cv, &fa[ra], &fb[rb]),
+                                (false, false) => {
+                                    f32_to_f16(model.dot_finite(cv, &fa[ra], &fb[rb])) as u32
+                                }
+                            }
+                        } else {
+                            for (kv, v) in col_bits.iter_mut().enumerate() {
+                                *v = b[kv * 8 + n];
+                            }
+                            let row_a = &a[ra];
+                            match (at_bound, d_f32) {
+                                (true, true) => dot_at_bound(input, cv, row_a, col_bits),
+                                (true, false) => {
+                                    dot_at_bound_f16(input, cv, row_a, col_bits) as u32
+                                }
+                                (false, true) => model.dot(input, cv, row_a, col_bits),
+                                (false, false) => {
+                                    f32_to_f16(model.dot(input, cv, row_a, col_bits)) as u32
+                                }
+                            }
+                        };
+                    }
+                }
             }
         }
         let d_f16 = matches!(m.kind, MmaKind::F16 { d_f32: false, .. });
         for lane in lanes_of(exec) {
             let mut words = [0u64; 4];
-            for i in 0..4 {
-                let (r, col) =
-                    fragment_coord(Matrix::C, k, elem_bits, lane as u32, i).expect("shape");
-                let v = d[(r * 8 + col) as usize] as u64;
+            for (i, &at) in tc[lane * 4..lane * 4 + 4].iter().enumerate() {
+                let v = d[at as usize] as u64;
                 if d_f16 {
-                    words[(i / 2) as usize] |= (v & 0xffff) << (16 * (i % 2));
+                    words[i / 2] |= (v & 0xffff) << (16 * (i % 2));
                 } else {
-                    words[i as usize] = v;
+                    words[i] = v;
                 }
             }
             for (j, &r) in m.d.iter().enumerate() {
