@@ -600,3 +600,30 @@ const FORMS: &str = r#".version 8.0
     ret;
 }
 "#;
+
+/// racecheck sees `ldmatrix`'s reads: two warps fill shared memory and run ldmatrix with
+/// no bar.sync between, so warp 1's fill overwrites rows warp 0 already read. synccheck
+/// wants all 32 lanes.
+#[test]
+fn ldmatrix_racecheck_and_synccheck() {
+    let instr = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%d0, %d1, %d2, %d3}, [%r6];";
+    let two_warps = LDMATRIX
+        .replace("add.u32 %r1, %r1, 32;", "add.u32 %r1, %r1, 64;")
+        .replace("INSTR", instr);
+    let mem = FlatMemory::new(BASE, 8192, false);
+    let rows: Vec<u32> = (0..64).map(|l| (l % 32) * 16).collect();
+    put(&mem, BASE, &rows);
+    let args: [&[u8]; 2] = [&BASE.to_le_bytes(), &(BASE + 1024).to_le_bytes()];
+    run(&module(&two_warps), 1, 64, &args, &mem, Checks::ALL).unwrap();
+    let racy = two_warps.replace("    bar.sync 0;\n", "");
+    let f = run(&module(&racy), 1, 64, &args, &mem, Checks::ALL).unwrap_err();
+    assert_eq!(f.kind, FaultKind::SharedRace, "{f}");
+    assert!(f.detail.contains("read by warp 0"), "{f}");
+    let half = LDMATRIX.replace(
+        "INSTR",
+        &format!("setp.lt.u32 %p1, %r0, 16;\n    @%p1 {instr}"),
+    );
+    let f = run(&module(&half), 1, 32, &args, &mem, Checks::ALL).unwrap_err();
+    assert_eq!(f.kind, FaultKind::SyncMask, "{f}");
+    assert!(f.instruction.contains("ldmatrix"), "{f}");
+}

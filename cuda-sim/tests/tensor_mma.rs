@@ -561,3 +561,108 @@ fn profiler_counts_tensor_multiply_adds() {
     assert_eq!(c.tensor_macs, 3 * 16 * 8 * 32);
     assert_eq!(c.tensor_macs_int8, c.tensor_macs);
 }
+
+/// Each element of A, B and C read back through D, one position at a time: with B a
+/// selector (B[k][n] = 1 where k = n + 8s) D shows A's columns 8s..8s+7; with A a
+/// selector (A[i][k] = 1 where k = i + 16s) D shows B's rows; with A zero, D is C. Each
+/// matrix is filled twice, with its elements' row numbers and then column numbers
+/// (plus one), so a misplaced element shows as a wrong row or column.
+#[rstest]
+#[case::f16_k16("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 16, 16)]
+#[case::f16_k8("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32", 8, 16)]
+#[case::bf16_k16("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16, 16)]
+#[case::u8_k32("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32", 32, 8)]
+#[case::u8_k16("mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32", 16, 8)]
+fn every_fragment_element_reads_back(#[case] instr: &str, #[case] k: usize, #[case] bits: usize) {
+    let bf16 = instr.contains("bf16");
+    let enc = |v: i64| -> u64 {
+        if bits == 8 {
+            v as u64
+        } else {
+            small(v, bf16)
+        }
+    };
+    let dec = |w: u64| -> i64 {
+        if bits == 8 {
+            w as u32 as i32 as i64
+        } else {
+            f32::from_bits(w as u32) as i64
+        }
+    };
+    let (na, nb) = (16 * k * bits / 32 / 32, k * 8 * bits / 32 / 32);
+    let s = Shape {
+        instr,
+        na,
+        nb,
+        nc: 4,
+        nd: 4,
+    };
+    let c_of = |v: &dyn Fn(usize, usize) -> i64| -> Vec<u64> {
+        (0..128)
+            .map(|i| {
+                let x = v(i / 8, i % 8);
+                if bits == 8 {
+                    x as u32 as u64
+                } else {
+                    f32_of_int(x)
+                }
+            })
+            .collect()
+    };
+    let go = |a: &[u64], b: &[u64], c: &[u64]| -> Vec<i64> {
+        let checks = Checks {
+            approx_at_bound: false,
+            ..Checks::ALL
+        };
+        let w = run_mma(
+            &s,
+            &pack(a, k, 'A', k, bits, na),
+            &pack(b, 8, 'B', k, bits, nb),
+            &pack(c, 8, 'C', k, 32, 4),
+            checks,
+            32,
+        )
+        .unwrap();
+        unpack(&w, 32, 4).into_iter().map(dec).collect()
+    };
+    let zero_c = vec![0u64; 128];
+    for id in [0usize, 1] {
+        let label = |r: usize, c: usize| 1 + if id == 0 { r } else { c } as i64;
+        // A through B selectors.
+        let a: Vec<u64> = (0..16 * k).map(|x| enc(label(x / k, x % k))).collect();
+        for sel in 0..k / 8 {
+            let b: Vec<u64> = (0..k * 8)
+                .map(|x| enc((x / 8 == x % 8 + 8 * sel) as i64))
+                .collect();
+            let d = go(&a, &b, &zero_c);
+            for row in 0..16 {
+                for n in 0..8 {
+                    let want = label(row, n + 8 * sel);
+                    assert_eq!(d[row * 8 + n], want, "{instr}: A[{row}][{}]", n + 8 * sel);
+                }
+            }
+        }
+        // B through A selectors.
+        let b: Vec<u64> = (0..k * 8).map(|x| enc(label(x / 8, x % 8))).collect();
+        for sel in 0..k.div_ceil(16) {
+            let a: Vec<u64> = (0..16 * k)
+                .map(|x| enc((x % k == x / k + 16 * sel) as i64))
+                .collect();
+            let d = go(&a, &b, &zero_c);
+            for row in 0..16.min(k) {
+                for n in 0..8 {
+                    let want = label(row + 16 * sel, n);
+                    assert_eq!(d[row * 8 + n], want, "{instr}: B[{}][{n}]", row + 16 * sel);
+                }
+            }
+        }
+        // C through a zero A.
+        let c = c_of(&|r, col| label(r, col));
+        let d = go(&vec![0u64; 16 * k], &b, &c);
+        for row in 0..16 {
+            for n in 0..8 {
+                assert_eq!(d[row * 8 + n], label(row, n), "{instr}: C[{row}][{n}]");
+            }
+        }
+    }
+}
