@@ -1,7 +1,9 @@
 //! Interpreter speed in warp-instructions per second: a warp-per-row dot product (the
 //! shape of the project's mul_mat kernels: a strided loop, fma, a shfl.xor reduction).
 //! `GGML_SIM_BENCH_THREADS` sets the host threads (default 1). A second case runs the
-//! same launch with the profiler's counters on.
+//! same launch with the profiler's counters on. Then tensor-core instructions per
+//! second: chains of `mma.sync` m16n8k16 (f16, under the approx check and with the
+//! accumulation model) and m16n8k32 (s8).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use cuda_sim::exec::{launch, launch_profiled, LaunchConfig};
@@ -123,5 +125,89 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// One warp: `p_iters` rounds of four independent mma chains (`MMA` with the operand
+/// lists `{d}, {a}, {b}, {d}`).
+const MMA_PTX: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry mma(.param .u32 p_iters, .param .u64 p_out)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<4>, %a<4>, %b<2>;
+    .reg .b32 %c<16>;
+    .reg .b64 %rd<2>;
+    mov.u32 %r0, %tid.x;
+    or.b32 %a0, %r0, 0x3C003800;
+    or.b32 %a1, %r0, 0x38003C00;
+    or.b32 %a2, %r0, 0x34003C00;
+    or.b32 %a3, %r0, 0x3C003400;
+    or.b32 %b0, %r0, 0x2C003000;
+    or.b32 %b1, %r0, 0x30002C00;
+    mov.b32 %c0, 0; mov.b32 %c1, 0; mov.b32 %c2, 0; mov.b32 %c3, 0;
+    mov.b32 %c4, 0; mov.b32 %c5, 0; mov.b32 %c6, 0; mov.b32 %c7, 0;
+    mov.b32 %c8, 0; mov.b32 %c9, 0; mov.b32 %c10, 0; mov.b32 %c11, 0;
+    mov.b32 %c12, 0; mov.b32 %c13, 0; mov.b32 %c14, 0; mov.b32 %c15, 0;
+    ld.param.u32 %r1, [p_iters];
+LOOP:
+    setp.eq.u32 %p0, %r1, 0;
+    @%p0 bra DONE;
+    MMA {%c0, %c1, %c2, %c3}, {%a0, %a1, %a2, %a3}, {%b0, %b1}, {%c0, %c1, %c2, %c3};
+    MMA {%c4, %c5, %c6, %c7}, {%a0, %a1, %a2, %a3}, {%b0, %b1}, {%c4, %c5, %c6, %c7};
+    MMA {%c8, %c9, %c10, %c11}, {%a0, %a1, %a2, %a3}, {%b0, %b1}, {%c8, %c9, %c10, %c11};
+    MMA {%c12, %c13, %c14, %c15}, {%a0, %a1, %a2, %a3}, {%b0, %b1}, {%c12, %c13, %c14, %c15};
+    sub.u32 %r1, %r1, 1;
+    bra LOOP;
+DONE:
+    ld.param.u64 %rd0, [p_out];
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd0, %rd0, %rd1;
+    st.global.b32 [%rd0], %c0;
+    ret;
+}
+"#;
+
+fn bench_mma(c: &mut Criterion) {
+    let base = 0x1000_0000u64;
+    let mem = FlatMemory::new(base, 4096, false);
+    let iters = 64u32;
+    let args: [Vec<u8>; 2] = [iters.to_le_bytes().to_vec(), base.to_le_bytes().to_vec()];
+    let argv: Vec<&[u8]> = args.iter().map(|v| v.as_slice()).collect();
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared: 0,
+    };
+    let model = Checks {
+        approx_at_bound: false,
+        ..Checks::ALL
+    };
+    let mut g = c.benchmark_group("mma");
+    g.throughput(Throughput::Elements(4 * iters as u64));
+    for (name, instr, checks) in [
+        (
+            "f16_at_bound",
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+            Checks::ALL,
+        ),
+        (
+            "f16_model",
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+            model,
+        ),
+        (
+            "s8",
+            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+            Checks::ALL,
+        ),
+    ] {
+        let module = Module::parse("mma.ptx", &MMA_PTX.replace("MMA", instr)).expect("parses");
+        g.bench_function(name, |b| {
+            b.iter(|| launch(&module, "mma", &cfg, &argv, &mem, checks, 1).expect("runs"))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_mma);
 criterion_main!(benches);

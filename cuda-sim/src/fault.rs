@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::error::{CuError, ErrorCode};
+use crate::tensor::MmaModel;
 
 /// Which checks run during a launch. All are on by default (`Checks::default()`), as in
 /// tests; out-of-bounds accesses always fault whatever the setting, as on a GPU.
@@ -22,8 +23,13 @@ pub struct Checks {
     /// error bound (deterministically, in a direction that depends on the input) instead
     /// of the correctly rounded one, so a kernel that needs more precision than the ISA
     /// promises fails its tests here rather than on some GPU. Off, they are correctly
-    /// rounded.
+    /// rounded. It covers f16/bf16 `mma` too: their results go to the edge of
+    /// [`crate::tensor::error_bound`].
     pub approx_at_bound: bool,
+    /// How f16/bf16 `mma` adds its products when `approx_at_bound` is off (the ISA
+    /// leaves it open; not a check, but like `approx_at_bound` a choice among the
+    /// results the ISA allows). Default [`MmaModel::SM90`].
+    pub mma: MmaModel,
 }
 
 impl Checks {
@@ -34,6 +40,7 @@ impl Checks {
         synccheck: true,
         initcheck: true,
         approx_at_bound: true,
+        mma: MmaModel::SM90,
     };
     /// Only what a GPU itself would fault on (bounds).
     pub const NONE: Checks = Checks {
@@ -42,6 +49,7 @@ impl Checks {
         synccheck: false,
         initcheck: false,
         approx_at_bound: false,
+        mma: MmaModel::SM90,
     };
 }
 

@@ -86,6 +86,7 @@ pub mod fault;
 pub mod mem;
 pub mod profile;
 pub mod ptx;
+pub mod tensor;
 
 pub use error::{CuError, ErrorCode};
 

@@ -52,7 +52,8 @@ fn every_variable() {
             racecheck: false,
             synccheck: false,
             initcheck: true,
-            approx_at_bound: true
+            approx_at_bound: true,
+            ..Checks::NONE
         }
     );
     assert_eq!(cfg.exec_threads, 3);

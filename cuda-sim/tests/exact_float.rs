@@ -432,8 +432,8 @@ fn f64_arithmetic(#[case] op: &str, #[case] a: u64, #[case] b: u64, #[case] want
     assert_bits(op, &[[a, b, 0]], &got, &[want]);
 }
 
-/// The parser accepts only `.rn` for float arithmetic (so no kernel can use a rounding
-/// cuda-sim does not implement) and no f16 arithmetic.
+/// The parser accepts only `.rn` for float arithmetic, f16 included (so no kernel can
+/// use a rounding cuda-sim does not implement).
 #[rstest]
 #[case::add_rz("add.rz.f32 %xd, %xa, %xb;", "modifier '.rz'")]
 #[case::sub_rm("sub.rm.f32 %xd, %xa, %xb;", "modifier '.rm'")]
@@ -443,7 +443,7 @@ fn f64_arithmetic(#[case] op: &str, #[case] a: u64, #[case] b: u64, #[case] want
 #[case::fma_without_rounding("fma.f32 %xd, %xa, %xb, %xc;", "needs .rn")]
 #[case::sqrt_rz("sqrt.rz.f32 %xd, %xa;", "modifier '.rz'")]
 #[case::sqrt_without_rounding("sqrt.f32 %xd, %xa;", "rounding/approximation form")]
-#[case::add_f16("add.rn.f16 %xd, %xa, %xb;", "f16/bf16 arithmetic")]
+#[case::add_f16_rz("add.rz.f16 %xd, %xa, %xb;", "modifier '.rz'")]
 fn unsupported_roundings_are_refused(#[case] instr: &str, #[case] why: &str) {
     let types = if instr.contains(".f16") {
         ["f16", "f16", "f16", "f16"]

@@ -159,16 +159,19 @@ fn trap_is_an_illegal_instruction() {
 
 #[test]
 fn unsupported_instructions_are_load_errors_with_their_line() {
-    let text = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k(.param .u64 p)\n{\n    .reg .b32 %r<2>;\n    mov.u32 %r0, 1;\n    popc.b32 %r1, %r0;\n    ret;\n}\n";
+    let text = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k(.param .u64 p)\n{\n    .reg .b32 %r<2>;\n    mov.u32 %r0, 1;\n    sad.u32 %r1, %r0, %r0, %r0;\n    ret;\n}\n";
     let e = Module::parse("bad.ptx", text).unwrap_err();
     assert_eq!(e.line, 8);
     assert_eq!(e.file, "bad.ptx");
-    assert_eq!(e.text, "popc.b32 %r1, %r0;");
+    assert_eq!(e.text, "sad.u32 %r1, %r0, %r0, %r0;");
     assert!(
-        e.to_string().contains("unsupported instruction 'popc.b32'"),
+        e.to_string().contains("unsupported instruction 'sad.u32'"),
         "{e}"
     );
-    let e =
-        Module::parse("bad.ptx", &text.replace("popc.b32 %r1, %r0", "bra NOWHERE")).unwrap_err();
+    let e = Module::parse(
+        "bad.ptx",
+        &text.replace("sad.u32 %r1, %r0, %r0, %r0", "bra NOWHERE"),
+    )
+    .unwrap_err();
     assert!(e.message.contains("unknown label"), "{e}");
 }

@@ -1,7 +1,10 @@
 //! Microbenchmarks that each measure one limit of a GPU, for fitting the cost model's
 //! constants (`kernels/calibrate.ptx`): launch cost on a stream, a 196 KB read back to
 //! the host, DRAM and L2 read bandwidth, dependent-load latency, the f32 FMA, dp4a and
-//! special-function issue rates, and shared-memory bank conflicts.
+//! special-function issue rates, shared-memory bank conflicts, the f16 and int8
+//! tensor-core rates, and the tensor cores' f16 accumulation (`mma_f16_numerics`: raw
+//! results of designed products, from which `cuda_sim::tensor::fit_f16_model` pins the
+//! parameters of cuda-sim's model of it).
 //!
 //! [`CudaBackend::calibrate`] runs them on the backend's stream and returns one
 //! [`Probe`] per measurement: what was done (`work`, in the probe's unit), how long it
@@ -11,6 +14,8 @@
 use std::time::Instant;
 
 use ggml_core::BackendResult;
+
+use cuda_sim::tensor::{fit_f16_model, fragment_coord, numerics_cases, Matrix, NumericsCase};
 
 use crate::backend::CudaBackend;
 use crate::driver::{CuError, Event, Func, GraphExec, Module};
@@ -40,7 +45,9 @@ pub struct Probe {
     pub work: f64,
     /// Seconds per timed repetition, the median of the repetitions.
     pub seconds: f64,
-    /// Every repetition's seconds, in order.
+    /// Every repetition's seconds, in order; for `mma_f16_numerics`, the raw f32 bits of
+    /// its results instead (each as an exact f64 integer), in the order of
+    /// [`mma_numerics_results`].
     pub samples: Vec<f64>,
     /// How the probe was run (sizes, grid), for the record.
     pub detail: String,
@@ -80,6 +87,7 @@ struct Sizes {
     blocks: u32,
     alu_iters: u32,
     smem_iters: u32,
+    mma_iters: u32,
     readback_bytes: usize,
 }
 
@@ -97,6 +105,7 @@ impl Sizes {
                 blocks: 4096,
                 alu_iters: 4096,
                 smem_iters: 4096,
+                mma_iters: 64,
                 readback_bytes: 196_608,
             },
             ProbeSize::Tiny => Sizes {
@@ -110,6 +119,7 @@ impl Sizes {
                 blocks: 2,
                 alu_iters: 4,
                 smem_iters: 8,
+                mma_iters: 2,
                 readback_bytes: 196_608,
             },
         }
@@ -239,6 +249,51 @@ impl<'a> Kit<'a> {
         api.event_synchronize(self.end)?;
         Ok(api.event_elapsed_ms(self.start, self.end)? as f64 * 1e-3)
     }
+}
+
+/// The numerics probe's inputs in fragment order (see `cal_mma_numerics`): per case, for
+/// each lane, its four A words, two B words and four C words, as the PTX ISA's
+/// m16n8k16 fragment tables place the elements.
+pub(crate) fn pack_mma_numerics(cases: &[NumericsCase]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    for case in cases {
+        for lane in 0..32 {
+            let mut wa = [0u32; 4];
+            for i in 0..8 {
+                let (r, k) = fragment_coord(Matrix::A, 16, 16, lane, i).expect("m16n8k16");
+                wa[(i / 2) as usize] |= (case.a[(r * 16 + k) as usize] as u32) << (16 * (i % 2));
+            }
+            let mut wb = [0u32; 2];
+            for i in 0..4 {
+                let (k, n) = fragment_coord(Matrix::B, 16, 16, lane, i).expect("m16n8k16");
+                wb[(i / 2) as usize] |= (case.b[(k * 8 + n) as usize] as u32) << (16 * (i % 2));
+            }
+            let mut wc = [0u32; 4];
+            for (i, w) in wc.iter_mut().enumerate() {
+                let (r, n) = fragment_coord(Matrix::C, 16, 16, lane, i as u32).expect("C");
+                *w = case.c[(r * 8 + n) as usize];
+            }
+            a.extend(wa);
+            b.extend(wb);
+            c.extend(wc);
+        }
+    }
+    (a, b, c)
+}
+
+/// D's fragments (four words per lane per case) back to each case's 16 x 8 row-major
+/// results, cases in order: the order [`fit_f16_model`] reads.
+pub fn mma_numerics_results(d: &[u32]) -> Vec<u32> {
+    let mut out = vec![0u32; d.len()];
+    for (case, words) in d.chunks(128).enumerate() {
+        for lane in 0..32 {
+            for i in 0..4 {
+                let (r, n) = fragment_coord(Matrix::C, 16, 16, lane, i).expect("C");
+                out[case * 128 + (r * 8 + n) as usize] = words[(lane * 4 + i) as usize];
+            }
+        }
+    }
+    out
 }
 
 /// The median of `v` (the mean of the two middle values for an even count).
@@ -534,6 +589,35 @@ impl CudaBackend {
             );
         }
 
+        // Tensor cores: 8 independent mma chains per warp at full occupancy.
+        let warps = s.blocks as f64 * (BLOCK / 32) as f64;
+        for (name, kernel, macs) in [
+            ("mma_f16_rate", "cal_mma_f16", 16.0 * 8.0 * 16.0),
+            ("mma_s8_rate", "cal_mma_s8", 16.0 * 8.0 * 32.0),
+        ] {
+            let f = kit.func(kernel).map_err(fail)?;
+            let iters = s.mma_iters;
+            probes.push(
+                repeat(
+                    name,
+                    "tensor_macs",
+                    warps * 8.0 * iters as f64 * macs,
+                    format!(
+                        "<<<{}, {BLOCK}>>>, 8 mma chains x {iters} per warp, {macs} multiply-adds each",
+                        s.blocks
+                    ),
+                    s.reps,
+                    || {
+                        kit.gpu_seconds(|| {
+                            kit.launch(f, s.blocks, BLOCK, Args::new().u32(iters).u64(sink))
+                        })
+                    },
+                )
+                .map_err(fail)?,
+            );
+        }
+        probes.push(self.mma_numerics(&mut kit).map_err(fail)?);
+
         drop(kit);
         // Reports any error a probe kernel set, as every synchronisation does.
         ggml_core::Backend::synchronize(self)?;
@@ -543,6 +627,53 @@ impl CudaBackend {
             driver_version: self.dev.kind.version().map_err(fail)?,
             size,
             probes,
+        })
+    }
+}
+
+impl CudaBackend {
+    /// The `mma_f16_numerics` probe: one warp runs every case of
+    /// [`numerics_cases`]; the samples are the raw results, the detail names the
+    /// model that reproduces them ([`fit_f16_model`]).
+    fn mma_numerics(&self, kit: &mut Kit<'_>) -> Result<Probe, CuError> {
+        let api = self.dev.api;
+        let cases = numerics_cases();
+        let (a, b, c) = pack_mma_numerics(&cases);
+        let bytes = |w: &[u32]| -> Vec<u8> { w.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let (da, db, dc) = (
+            kit.alloc(4 * a.len())?,
+            kit.alloc(4 * b.len())?,
+            kit.alloc(4 * c.len())?,
+        );
+        let dd = kit.alloc(4 * c.len())?;
+        kit.upload(da, &bytes(&a))?;
+        kit.upload(db, &bytes(&b))?;
+        kit.upload(dc, &bytes(&c))?;
+        let f = kit.func("cal_mma_numerics")?;
+        let n = cases.len() as u32;
+        let seconds = kit.gpu_seconds(|| {
+            kit.launch(f, 1, 32, Args::new().u64(da).u64(db).u64(dc).u64(dd).u32(n))
+        })?;
+        let mut raw = vec![0u8; 4 * c.len()];
+        api.memcpy_dtoh_async(&mut raw, dd, self.stream)?;
+        api.stream_synchronize(self.stream)?;
+        let d: Vec<u32> = raw
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
+            .collect();
+        let results = mma_numerics_results(&d);
+        let fit = fit_f16_model(&cases, &results);
+        Ok(Probe {
+            name: "mma_f16_numerics",
+            unit: "results",
+            work: results.len() as f64,
+            seconds,
+            samples: results.iter().map(|&r| r as f64).collect(),
+            detail: format!(
+                "{} m16n8k16 f16->f32 products of cuda_sim::tensor::numerics_cases, samples are D's f32 bits; fit: {}",
+                cases.len(),
+                fit.summary()
+            ),
         })
     }
 }
@@ -567,6 +698,66 @@ mod tests {
         }
     }
 
+    /// The numerics kernel on cuda-sim, with the approx check off and a chosen model,
+    /// gives results from which the fit recovers that model: the PTX, the fragment
+    /// packing and the unpacking agree with cuda-sim's tables.
+    #[test]
+    fn numerics_probe_recovers_the_model_cuda_sim_ran() {
+        use cuda_sim::exec::{launch, LaunchConfig};
+        use cuda_sim::fault::Checks;
+        use cuda_sim::mem::FlatMemory;
+        use cuda_sim::tensor::{BlockRounding, MmaModel};
+
+        let module = cuda_sim::ptx::Module::parse("calibrate.ptx", CALIBRATE_PTX).unwrap();
+        let cases = numerics_cases();
+        let (a, b, c) = pack_mma_numerics(&cases);
+        let base = 0x1000_0000u64;
+        let (at_b, at_c, at_d) = (
+            base + 4 * a.len() as u64,
+            base + 4 * (a.len() + b.len()) as u64,
+            base + 4 * (a.len() + b.len() + c.len()) as u64,
+        );
+        let bytes = |w: &[u32]| -> Vec<u8> { w.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let odd = MmaModel {
+            block: 4,
+            align_bits: 28,
+            rounding: BlockRounding::NearestEven,
+        };
+        for model in [MmaModel::SM80, MmaModel::SM90, odd] {
+            let mem = FlatMemory::new(base, 4 * (a.len() + b.len() + 2 * c.len()), true);
+            mem.write(base, &bytes(&a));
+            mem.write(at_b, &bytes(&b));
+            mem.write(at_c, &bytes(&c));
+            let checks = Checks {
+                approx_at_bound: false,
+                mma: model,
+                ..Checks::ALL
+            };
+            let cfg = LaunchConfig {
+                grid: [1, 1, 1],
+                block: [32, 1, 1],
+                dynamic_shared: 0,
+            };
+            let n = cases.len() as u32;
+            let args: [&[u8]; 5] = [
+                &base.to_le_bytes(),
+                &at_b.to_le_bytes(),
+                &at_c.to_le_bytes(),
+                &at_d.to_le_bytes(),
+                &n.to_le_bytes(),
+            ];
+            launch(&module, "cal_mma_numerics", &cfg, &args, &mem, checks, 1).unwrap();
+            let mut raw = vec![0u8; 4 * c.len()];
+            mem.read(at_d, &mut raw);
+            let d: Vec<u32> = raw
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                .collect();
+            let fit = fit_f16_model(&cases, &mma_numerics_results(&d));
+            assert_eq!(fit.unique(), Some(model), "{}", fit.summary());
+        }
+    }
+
     #[test]
     fn median_of_odd_and_even_counts() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
@@ -587,7 +778,10 @@ mod tests {
                 "cal_fma",
                 "cal_dp4a",
                 "cal_sfu",
-                "cal_smem"
+                "cal_smem",
+                "cal_mma_f16",
+                "cal_mma_s8",
+                "cal_mma_numerics"
             ]
         );
         for e in &entries {

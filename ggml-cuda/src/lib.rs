@@ -62,7 +62,7 @@ mod uploads;
 mod waiter;
 
 pub use backend::{CudaBackend, KernelStats, ALIGNMENT, STAGING_LIMIT};
-pub use calibrate::{Calibration, Probe, ProbeSize, CALIBRATE_PTX};
+pub use calibrate::{mma_numerics_results, Calibration, Probe, ProbeSize, CALIBRATE_PTX};
 pub use driver::libcuda::{device_count, driver, driver_version};
 pub use driver::{CuError, DriverKind, REQUIRED_SYMBOLS};
 pub use host_counters::{DriverCalls, HostCounters};

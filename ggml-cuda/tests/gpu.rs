@@ -953,12 +953,30 @@ fn calibration_probes_run() {
             "sfu_rate",
             "smem_load",
             "smem_load_32way",
+            "mma_f16_rate",
+            "mma_s8_rate",
+            "mma_f16_numerics",
         ]
     );
     for p in &c.probes {
-        assert!(p.work > 0.0 && p.seconds > 0.0, "{p:?}");
-        assert!(p.rate().is_finite(), "{p:?}");
+        assert!(
+            p.work > 0.0 && p.seconds > 0.0,
+            "{}: {} {}",
+            p.name,
+            p.work,
+            p.seconds
+        );
+        assert!(p.rate().is_finite(), "{}", p.name);
     }
+    // The numerics probe's samples are f32 bits, one per result of every case.
+    let numerics = c.probes.last().expect("probes");
+    assert_eq!(numerics.samples.len(), numerics.work as usize);
+    assert_eq!(numerics.samples.len(), 8 * 128);
+    assert!(numerics
+        .samples
+        .iter()
+        .all(|&s| s.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(&s)));
+    assert!(numerics.detail.contains("fit:"), "{}", numerics.detail);
     assert_eq!(c.compute_capability, be.compute_capability());
     // Nothing leaked: the probes' buffers were freed.
     assert!(be.synchronize().is_ok());

@@ -179,9 +179,12 @@ pub fn predict(
         Term::Issue,
         per_sm(c.warp_instructions as f64, a.schedulers_per_sm as f64),
     ));
+    // Dense int8 runs at twice the f16 rate (H100 whitepaper: 1979 dense INT8 TOPS
+    // against 989 dense FP16 TFLOPS): an int8 multiply-add costs half an f16 one.
+    let tensor_work = c.tensor_macs as f64 - 0.5 * c.tensor_macs_int8 as f64;
     terms.push((
         Term::TensorCore,
-        per_sm(c.tensor_macs as f64, a.tensor_macs_per_clk as f64),
+        per_sm(tensor_work, a.tensor_macs_per_clk as f64),
     ));
     for (class, n) in c.classes.nonzero() {
         let rate = spec.issue_rate(class).ok_or_else(|| {
@@ -225,7 +228,7 @@ pub fn predict(
         * 32.0;
     let floor_s = [
         dram / a.dram_bytes_per_s,
-        c.tensor_macs as f64 / (a.tensor_macs_per_clk as f64 * sms * clock),
+        tensor_work / (a.tensor_macs_per_clk as f64 * sms * clock),
         f32_work / (128.0 * sms * clock),
     ]
     .into_iter()

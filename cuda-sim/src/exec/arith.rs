@@ -2,7 +2,7 @@
 //! function is the PTX ISA's definition; tests pin the edge cases (ties, NaN, zeros,
 //! saturation, shifts past the width).
 
-use crate::ptx::ir::{AtomOp, BinOp, Cmp, Rnd, Ty, UnOp};
+use crate::ptx::ir::{BinOp, Cmp, Rnd, Ty, UnOp};
 
 /// The canonical NaN NVIDIA GPUs produce for f32 arithmetic.
 pub const CANONICAL_NAN_F32: u32 = 0x7fff_ffff;
@@ -362,53 +362,6 @@ fn approx_at_bound(op: UnOp, a: u64, r: f32) -> f32 {
     }
 }
 
-/// The value an `atom` of `op` on type `ty` stores, given the `old` bits in memory and
-/// the operands `b` (and `c` for `.cas`). The instruction returns `old`.
-pub fn atom(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> u64 {
-    let (old, b, c) = (mask(old, ty), mask(b, ty), mask(c, ty));
-    let r = match op {
-        AtomOp::Add => old.wrapping_add(b),
-        AtomOp::Min | AtomOp::Max => {
-            let less = if ty.is_signed() {
-                sext(b, ty) < sext(old, ty)
-            } else {
-                b < old
-            };
-            if less == (op == AtomOp::Min) {
-                b
-            } else {
-                old
-            }
-        }
-        AtomOp::Exch => b,
-        AtomOp::Cas => {
-            if old == b {
-                c
-            } else {
-                old
-            }
-        }
-        AtomOp::And => old & b,
-        AtomOp::Or => old | b,
-        AtomOp::Xor => old ^ b,
-        AtomOp::Inc => {
-            if old >= b {
-                0
-            } else {
-                old + 1
-            }
-        }
-        AtomOp::Dec => {
-            if old == 0 || old > b {
-                b
-            } else {
-                old - 1
-            }
-        }
-    };
-    mask(r, ty)
-}
-
 /// `setp`.
 #[inline]
 pub fn setp(cmp: Cmp, ty: Ty, ftz: bool, a: u64, b: u64) -> bool {
@@ -659,37 +612,6 @@ pub fn dp4a(a_signed: bool, b_signed: bool, a: u64, b: u64, c: u64) -> u64 {
 mod tests {
     use super::*;
     use rstest::rstest;
-
-    #[rstest]
-    #[case::add_wraps(AtomOp::Add, Ty::U(32), 0xffff_fffe, 3, 0, 1)]
-    #[case::add_u64(AtomOp::Add, Ty::U(64), 1 << 40, 5, 0, (1 << 40) + 5)]
-    #[case::add_s32_negative(AtomOp::Add, Ty::S(32), 5, (-7i64) as u64, 0, 0xffff_fffe)]
-    #[case::min_signed(AtomOp::Min, Ty::S(32), 3, 0xffff_ffff, 0, 0xffff_ffff)]
-    #[case::min_unsigned(AtomOp::Min, Ty::U(32), 3, 0xffff_ffff, 0, 3)]
-    #[case::max_signed(AtomOp::Max, Ty::S(32), 3, 0xffff_ffff, 0, 3)]
-    #[case::max_unsigned(AtomOp::Max, Ty::U(32), 3, 0xffff_ffff, 0, 0xffff_ffff)]
-    #[case::max_s64(AtomOp::Max, Ty::S(64), (-2i64) as u64, (-9i64) as u64, 0, (-2i64) as u64)]
-    #[case::exch(AtomOp::Exch, Ty::B(32), 7, 9, 0, 9)]
-    #[case::cas_hit(AtomOp::Cas, Ty::B(32), 7, 7, 42, 42)]
-    #[case::cas_miss(AtomOp::Cas, Ty::B(32), 7, 8, 42, 7)]
-    #[case::and(AtomOp::And, Ty::B(32), 0b1100, 0b1010, 0, 0b1000)]
-    #[case::or(AtomOp::Or, Ty::B(32), 0b1100, 0b1010, 0, 0b1110)]
-    #[case::xor(AtomOp::Xor, Ty::B(64), 0b1100, 0b1010, 0, 0b0110)]
-    #[case::inc_below(AtomOp::Inc, Ty::U(32), 4, 9, 0, 5)]
-    #[case::inc_wraps_at_b(AtomOp::Inc, Ty::U(32), 9, 9, 0, 0)]
-    #[case::dec_below(AtomOp::Dec, Ty::U(32), 4, 9, 0, 3)]
-    #[case::dec_zero(AtomOp::Dec, Ty::U(32), 0, 9, 0, 9)]
-    #[case::dec_above(AtomOp::Dec, Ty::U(32), 12, 9, 0, 9)]
-    fn atomics_store_what_the_isa_says(
-        #[case] op: AtomOp,
-        #[case] ty: Ty,
-        #[case] old: u64,
-        #[case] b: u64,
-        #[case] c: u64,
-        #[case] want: u64,
-    ) {
-        assert_eq!(atom(op, ty, old, b, c), want);
-    }
 
     const F32: Ty = Ty::F(32);
     const F64: Ty = Ty::F(64);

@@ -1,7 +1,10 @@
 //! Executing one block: warps of 32 lanes over the decoded code, with min-PC
 //! scheduling for divergence, call frames, barriers and the checks.
 
+mod collective;
+
 use super::arith;
+use super::{bits, half};
 use crate::fault::{Checks, FaultKind, KernelFault};
 use crate::mem::{GlobalMemory, MemError, Region};
 use crate::profile::collect::{Collector, Stamp};
@@ -10,13 +13,6 @@ use crate::ptx::Module;
 
 /// Deepest call nesting before a call faults.
 const MAX_CALL_DEPTH: usize = 64;
-
-/// Held for each lane's read-modify-write of an `atom`: blocks run on several host
-/// threads, and global bytes are separate relaxed atomics, so this lock is what makes an
-/// atomic indivisible. Its acquire and release also order every access a thread made
-/// before an atomic before the accesses another thread makes after a later atomic on
-/// any address (at least what `fence` + `atom` promise on a GPU).
-static ATOMICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// What a launch shares with every block.
 pub(crate) struct Launch<'a> {
@@ -29,6 +25,9 @@ pub(crate) struct Launch<'a> {
     pub checks: Checks,
     pub shared_bytes: usize,
     pub profile: Option<crate::profile::ProfileOptions>,
+    /// Serialises global atomics: blocks run on several host threads, and memory is
+    /// bytes, so a read-modify-write of a word takes this lock.
+    pub atomic_lock: std::sync::Mutex<()>,
 }
 
 struct Frame {
@@ -63,15 +62,44 @@ struct Warp {
     state: WarpState,
     /// The issue clock of the profiler's scoreboard.
     clock: Stamp,
+    /// When the warp's outstanding `cp.async` copies have landed (profiler only).
+    async_ready: Stamp,
 }
 
-/// Shadow of one shared byte for racecheck: epoch, last writer warp, reader warp
-/// (`u16::MAX` none, `u16::MAX - 1` several).
+/// Shadow of one shared byte for racecheck: epoch, last writer warp, reader warp,
+/// warp that used it atomically (`u16::MAX` none, `u16::MAX - 1` several).
 #[derive(Clone, Copy, Default)]
 struct ShadowByte {
     epoch: u32,
     writer: u16,
     reader: u16,
+    atomic: u16,
+}
+
+/// How a warp touches shared bytes, for racecheck.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+    /// An atomic: races with plain accesses of other warps, not with their atomics.
+    Atomic,
+}
+
+/// One `cp.async` in flight: the bytes read at issue, to land in shared memory when a
+/// `cp.async.wait_group` / `wait_all` of the issuing thread covers its group.
+#[derive(Clone, Copy)]
+struct AsyncCopy {
+    dst: usize,
+    len: u8,
+    data: [u8; 16],
+}
+
+/// A thread's `cp.async` state: copies issued since its last commit, and its committed
+/// groups, oldest first.
+#[derive(Default)]
+struct ThreadAsync {
+    open: Vec<AsyncCopy>,
+    groups: std::collections::VecDeque<Vec<AsyncCopy>>,
 }
 
 const NONE: u16 = u16::MAX;
@@ -83,6 +111,11 @@ pub(crate) struct BlockRunner<'a> {
     ctaid: [u32; 3],
     shared: Vec<u8>,
     shadow: Vec<ShadowByte>,
+    /// Per shared byte (racecheck only): 0, or 1 + the warp whose `cp.async` into it
+    /// has not been waited for.
+    pending: Vec<u16>,
+    /// Per thread of the block: its `cp.async` copies.
+    asyncs: Vec<ThreadAsync>,
     epoch: u32,
     local: Vec<u8>,
     local_bytes: usize,
@@ -156,6 +189,12 @@ impl<'a> BlockRunner<'a> {
             } else {
                 Vec::new()
             },
+            pending: if l.checks.racecheck {
+                vec![0; l.shared_bytes]
+            } else {
+                Vec::new()
+            },
+            asyncs: (0..threads).map(|_| ThreadAsync::default()).collect(),
             epoch: 0,
             local: vec![0; local_bytes * threads],
             local_bytes,
@@ -202,6 +241,11 @@ impl<'a> BlockRunner<'a> {
     pub(crate) fn run(&mut self, ctaid: [u32; 3]) -> Result<(), Box<KernelFault>> {
         self.ctaid = ctaid;
         self.shared.fill(0);
+        self.pending.fill(0);
+        for a in &mut self.asyncs {
+            a.open.clear();
+            a.groups.clear();
+        }
         self.epoch = self.epoch.wrapping_add(1);
         self.local.fill(0);
         let threads = self.l.block[0] * self.l.block[1] * self.l.block[2];
@@ -216,6 +260,7 @@ impl<'a> BlockRunner<'a> {
                 frames: Vec::new(),
                 state: WarpState::Running,
                 clock: Stamp::default(),
+                async_ready: Stamp::default(),
             });
         }
         for (w, warp) in warps.iter_mut().enumerate() {
@@ -226,6 +271,7 @@ impl<'a> BlockRunner<'a> {
             warp.exited = 0;
             warp.state = WarpState::Running;
             warp.clock = Stamp::default();
+            warp.async_ready = Stamp::default();
             let fr = self.new_frame(self.l.entry, warp.lanes, None);
             warp.frames.push(fr);
         }
@@ -403,7 +449,14 @@ impl<'a> BlockRunner<'a> {
             self.thread_instructions += exec.count_ones() as u64;
             if PROFILE {
                 if let Some(p) = self.prof.as_deref_mut() {
-                    p.instruction(ins, &top.regs, &mut top.ready, exec, &mut w.clock);
+                    p.instruction(
+                        ins,
+                        &top.regs,
+                        &mut top.ready,
+                        exec,
+                        &mut w.clock,
+                        &mut w.async_ready,
+                    );
                 }
             }
             match &ins.op {
@@ -798,38 +851,6 @@ impl<'a> BlockRunner<'a> {
                     }
                 }
             }
-            Op::Atom {
-                op,
-                ty,
-                d,
-                addr,
-                b,
-                c,
-            } => {
-                let n = ty.bytes();
-                for lane in lanes_of(exec) {
-                    let at = self.addr_of(fr, addr, warp, lane);
-                    self.check_align(at, n, lane)?;
-                    let r = self.region(at, n, lane)?;
-                    let bv = self.get(fr, b, warp, lane);
-                    let cv = c.as_ref().map_or(0, |c| self.get(fr, c, warp, lane));
-                    let _held = ATOMICS.lock().unwrap_or_else(|e| e.into_inner());
-                    let mut buf = [0u8; 8];
-                    if !r.read(at, &mut buf[..n]) && checks.initcheck {
-                        return Err((
-                            FaultKind::UninitializedRead,
-                            lane,
-                            Some(at),
-                            format!("{n}-byte atomic on device memory never written"),
-                        ));
-                    }
-                    let old = u64::from_le_bytes(buf);
-                    let new = arith::atom(*op, *ty, old, bv, cv);
-                    r.write(at, &new.to_le_bytes()[..n]);
-                    fr.regs[*d as usize * 32 + lane] = old;
-                }
-            }
-            Op::Fence => std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst),
             Op::St { space, ty, a, addr } => {
                 let esz = ty.bytes();
                 let total = esz * a.len();
@@ -841,6 +862,168 @@ impl<'a> BlockRunner<'a> {
                         buf[i * esz..(i + 1) * esz].copy_from_slice(&v.to_le_bytes()[..esz]);
                     }
                     self.store(*space, at, &buf[..total], fr, warp, lane)?;
+                }
+            }
+            Op::Half {
+                op,
+                bf16,
+                x2,
+                ftz,
+                sat,
+                nan,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                let (x, y, z) = (
+                    self.vals(fr, a, warp),
+                    self.vals(fr, b, warp),
+                    self.vals(fr, c, warp),
+                );
+                let out = dst(fr, *d);
+                let at_bound = checks.approx_at_bound;
+                for lane in lanes_of(exec) {
+                    let one = |shift: u32| {
+                        half::half_op(
+                            *op,
+                            *bf16,
+                            *ftz,
+                            *sat,
+                            *nan,
+                            x[lane] >> shift,
+                            y[lane] >> shift,
+                            z[lane] >> shift,
+                            at_bound,
+                        ) & 0xffff
+                    };
+                    out[lane] = if *x2 { one(0) | one(16) << 16 } else { one(0) };
+                }
+            }
+            Op::CvtPack {
+                bf16,
+                relu,
+                d,
+                a,
+                b,
+            } => {
+                let (x, y) = (self.vals(fr, a, warp), self.vals(fr, b, warp));
+                let out = dst(fr, *d);
+                for lane in lanes_of(exec) {
+                    let hi = half::from_f32(*bf16, *relu, x[lane]);
+                    let lo = half::from_f32(*bf16, *relu, y[lane]);
+                    out[lane] = hi << 16 | lo;
+                }
+            }
+            Op::Prmt { mode, d, a, b, c } => {
+                let (x, y, z) = (
+                    self.vals(fr, a, warp),
+                    self.vals(fr, b, warp),
+                    self.vals(fr, c, warp),
+                );
+                let out = dst(fr, *d);
+                for lane in lanes_of(exec) {
+                    out[lane] = bits::prmt(*mode, x[lane], y[lane], z[lane]);
+                }
+            }
+            Op::Lop3 { d, a, b, c, lut } => {
+                let (x, y, z) = (
+                    self.vals(fr, a, warp),
+                    self.vals(fr, b, warp),
+                    self.vals(fr, c, warp),
+                );
+                let out = dst(fr, *d);
+                for lane in lanes_of(exec) {
+                    out[lane] = bits::lop3(x[lane], y[lane], z[lane], *lut);
+                }
+            }
+            Op::Shf {
+                left,
+                wrap,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                let (x, y, z) = (
+                    self.vals(fr, a, warp),
+                    self.vals(fr, b, warp),
+                    self.vals(fr, c, warp),
+                );
+                let out = dst(fr, *d);
+                for lane in lanes_of(exec) {
+                    out[lane] = bits::shf(*left, *wrap, x[lane], y[lane], z[lane]);
+                }
+            }
+            Op::Bfi {
+                ty,
+                d,
+                a,
+                b,
+                pos,
+                len,
+            } => {
+                for lane in lanes_of(exec) {
+                    let (x, y, p, n) = (
+                        self.get(fr, a, warp, lane),
+                        self.get(fr, b, warp, lane),
+                        self.get(fr, pos, warp, lane),
+                        self.get(fr, len, warp, lane),
+                    );
+                    fr.regs[*d as usize * 32 + lane] = bits::bfi(*ty, x, y, p, n);
+                }
+            }
+            Op::Bits {
+                op,
+                ty,
+                shift,
+                d,
+                a,
+            } => {
+                let x = self.vals(fr, a, warp);
+                let out = dst(fr, *d);
+                for lane in lanes_of(exec) {
+                    out[lane] = bits::bits(*op, *ty, *shift, x[lane]);
+                }
+            }
+            Op::Atom {
+                space,
+                op,
+                ty,
+                d,
+                addr,
+                a,
+                b,
+            } => {
+                for lane in lanes_of(exec) {
+                    let at = self.addr_of(fr, addr, warp, lane);
+                    let (x, y) = (self.get(fr, a, warp, lane), self.get(fr, b, warp, lane));
+                    let old = self.atomic(*space, *op, *ty, at, x, y, warp, lane)?;
+                    if let Some(d) = d {
+                        fr.regs[*d as usize * 32 + lane] = old;
+                    }
+                }
+            }
+            Op::Mma(m) => self.mma(m, fr, exec, group, live)?,
+            Op::Ldmatrix { trans, d, addr } => {
+                self.ldmatrix(*trans, d, addr, fr, exec, group, live, warp)?
+            }
+            Op::CpAsync {
+                size,
+                dst,
+                src,
+                src_size,
+            } => self.cp_async(*size, dst, src, src_size.as_ref(), fr, exec, warp)?,
+            Op::CpAsyncCommit => {
+                for lane in lanes_of(exec) {
+                    let t = &mut self.asyncs[warp as usize * 32 + lane];
+                    let open = std::mem::take(&mut t.open);
+                    t.groups.push_back(open);
+                }
+            }
+            Op::CpAsyncWait { n, all } => {
+                for lane in lanes_of(exec) {
+                    self.cp_async_wait(warp, lane, *n as usize, *all)?;
                 }
             }
             _ => {}
@@ -875,7 +1058,7 @@ impl<'a> BlockRunner<'a> {
             Space::Shared => {
                 self.check_align(at, n, lane)?;
                 let s = self.shared_range(at, n, lane)?;
-                self.race(s, n, warp, false, lane, at)?;
+                self.race(s, n, warp, Access::Read, lane, at)?;
                 out.copy_from_slice(&self.shared[s..s + n]);
             }
             Space::Local => {
@@ -932,7 +1115,7 @@ impl<'a> BlockRunner<'a> {
             Space::Shared => {
                 self.check_align(at, n, lane)?;
                 let s = self.shared_range(at, n, lane)?;
-                self.race(s, n, warp, true, lane, at)?;
+                self.race(s, n, warp, Access::Write, lane, at)?;
                 self.shared[s..s + n].copy_from_slice(data);
             }
             Space::Local => {
@@ -1065,52 +1248,82 @@ impl<'a> BlockRunner<'a> {
         s: usize,
         n: usize,
         warp: u32,
-        write: bool,
+        access: Access,
         lane: usize,
         at: u64,
     ) -> Result<(), (FaultKind, usize, Option<u64>, String)> {
         if !self.l.checks.racecheck {
             return Ok(());
         }
+        if let Some(p) = self.pending[s..s + n].iter().find(|&&p| p != 0) {
+            let what = match access {
+                Access::Read => "reads",
+                Access::Write => "writes",
+                Access::Atomic => "updates",
+            };
+            return Err((
+                FaultKind::SharedRace,
+                lane,
+                Some(at),
+                format!(
+                    "warp {warp} {what} shared bytes that a cp.async of warp {} is still copying (no cp.async.wait_group of the issuing thread covers it yet)",
+                    p - 1
+                ),
+            ));
+        }
         let w = warp as u16;
         let epoch = self.epoch;
+        let other = |x: u16| x != NONE && x != w;
         for b in &mut self.shadow[s..s + n] {
             if b.epoch != epoch {
                 *b = ShadowByte {
                     epoch,
                     writer: NONE,
                     reader: NONE,
+                    atomic: NONE,
                 };
             }
-            let other = if b.writer != NONE && b.writer != w {
+            let conflict = if other(b.writer) {
                 Some(("written", b.writer))
-            } else if write && b.reader != NONE && b.reader != w {
+            } else if access != Access::Read && other(b.reader) {
                 Some(("read", b.reader))
+            } else if access != Access::Atomic && other(b.atomic) {
+                Some(("updated atomically", b.atomic))
             } else {
                 None
             };
-            if let Some((how, o)) = other {
+            if let Some((how, o)) = conflict {
                 let who = if o == MANY {
                     "other warps".to_string()
                 } else {
                     format!("warp {o}")
+                };
+                let what = match access {
+                    Access::Read => "reads",
+                    Access::Write => "writes",
+                    Access::Atomic => "atomically updates",
                 };
                 return Err((
                     FaultKind::SharedRace,
                     lane,
                     Some(at),
                     format!(
-                        "warp {warp} {} shared bytes {how} by {who} with no bar.sync between",
-                        if write { "writes" } else { "reads" }
+                        "warp {warp} {what} shared bytes {how} by {who} with no bar.sync between"
                     ),
                 ));
             }
-            if write {
-                b.writer = w;
-            } else if b.reader == NONE {
-                b.reader = w;
-            } else if b.reader != w {
-                b.reader = MANY;
+            let slot = match access {
+                Access::Write => {
+                    b.writer = w;
+                    continue;
+                }
+                Access::Read => &mut b.reader,
+                Access::Atomic => &mut b.atomic,
+            };
+            if *slot == NONE {
+                *slot = w;
+            } else if *slot != w {
+                *slot = MANY;
             }
         }
         Ok(())

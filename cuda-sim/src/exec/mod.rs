@@ -14,8 +14,10 @@
 //! canonical `0x7fffffff`; f64 NaN results without a NaN operand: `0xfff8000000000000`,
 //! narrowed to f32 as `0xffc00000`, as an H200 gives them).
 
-mod arith;
+pub(crate) mod arith;
+pub(crate) mod bits;
 mod engine;
+pub(crate) mod half;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -243,6 +245,7 @@ fn run(
         checks,
         shared_bytes,
         profile,
+        atomic_lock: Mutex::new(()),
     };
     let n_blocks = gx as u64 * gy as u64 * gz as u64;
     // Blocks to interpret: all, or an evenly spaced subset when sampling.

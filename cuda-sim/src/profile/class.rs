@@ -2,7 +2,7 @@
 //! so every decoded operation maps to exactly one class (the match below has no
 //! catch-all arm: a new `ir::Op` variant does not compile until it is classified).
 
-use crate::ptx::ir::{BinOp, Op, Space, Ty, UnOp};
+use crate::ptx::ir::{BinOp, HalfOp, Op, Space, Ty, UnOp};
 
 /// The state space of a load, store or atomic, as the counters group them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,20 +66,21 @@ pub enum InstrClass {
     F32Add,
     /// f32 compare, min, max, abs, neg and bit operations typed `.f32`.
     F32Other,
-    /// f16, f16x2 and bf16 arithmetic (none is decoded yet; the class is kept so that
-    /// it lands here when it is).
+    /// f16, f16x2, bf16 and bf16x2 arithmetic (`add`, `sub`, `mul`, `fma`, `min`,
+    /// `max`, `neg`, `abs`).
     F16Arith,
     /// f64 arithmetic, compares and fma.
     F64Arith,
-    /// Integer add, sub, logic, shifts, compares, min/max, `bfe`, `selp`, predicate
-    /// logic, integer-to-integer `cvt`.
+    /// Integer add, sub, logic, shifts, compares, min/max, `bfe`, `bfi`, `prmt`,
+    /// `lop3`, `shf`, `popc`, `clz`, `brev`, `bfind`, `selp`, predicate logic,
+    /// integer-to-integer `cvt`.
     IntAlu,
     /// Integer `mul.lo/hi/wide` and `mad.lo/hi/wide`.
     IntMul,
     /// `dp4a`.
     Dp4a,
-    /// Tensor-core matrix instructions (`mma`; none is decoded yet: the class is kept
-    /// so that `mma` lands here when it is).
+    /// Tensor-core matrix instructions (`mma.sync`); their multiply-adds are counted in
+    /// `LaunchCounters::tensor_macs`.
     TensorCore,
     /// The special-function unit: `ex2`, `lg2`, `rsqrt`, `rcp.approx`, `sqrt.approx`,
     /// `tanh`, `sin`, `cos`.
@@ -93,9 +94,11 @@ pub enum InstrClass {
     Move,
     /// `shfl.sync` (and votes, when decoded).
     ShuffleVote,
-    /// `bra`, `call`, `ret`, `exit`, `trap`, `bar.sync`, `bar.warp.sync`.
+    /// `bra`, `call`, `ret`, `exit`, `trap`, `bar.sync`, `bar.warp.sync`, `fence`,
+    /// `membar`, `cp.async.commit_group`, `cp.async.wait_group`.
     Control,
-    /// A load from `space` of `width` bytes per lane.
+    /// A load from `space` of `width` bytes per lane (`ldmatrix` is a shared load of 4
+    /// bytes per matrix, `cp.async` a global load of its copy size).
     Load {
         /// The state space.
         space: MemSpace,
@@ -109,7 +112,7 @@ pub enum InstrClass {
         /// Bytes per lane (one of [`ACCESS_WIDTHS`]).
         width: u8,
     },
-    /// An atomic or reduction on `space` (global or shared; none is decoded yet).
+    /// An atomic or reduction (`atom`, `red`) on `space` (global or shared).
     Atomic {
         /// The state space.
         space: MemSpace,
@@ -279,10 +282,33 @@ impl InstrClass {
             }
             Op::Dp4a { .. } => InstrClass::Dp4a,
             Op::Shfl { .. } => InstrClass::ShuffleVote,
-            Op::Atom { .. } => InstrClass::Atomic {
+            Op::Half { op, .. } => match op {
+                HalfOp::Ex2 => InstrClass::Special,
+                _ => InstrClass::F16Arith,
+            },
+            Op::CvtPack { .. } => InstrClass::Convert,
+            Op::Prmt { .. }
+            | Op::Lop3 { .. }
+            | Op::Shf { .. }
+            | Op::Bfi { .. }
+            | Op::Bits { .. } => InstrClass::IntAlu,
+            Op::Atom { space, .. } => InstrClass::Atomic {
+                space: MemSpace::of(*space),
+            },
+            Op::Mma(_) => InstrClass::TensorCore,
+            // A shared load of 4 bytes per lane per matrix.
+            Op::Ldmatrix { d, .. } => InstrClass::Load {
+                space: MemSpace::Shared,
+                width: (4 * d.len()) as u8,
+            },
+            // Issued as a global load (its shared store is counted as traffic).
+            Op::CpAsync { size, .. } => InstrClass::Load {
                 space: MemSpace::Global,
+                width: *size,
             },
             Op::Fence
+            | Op::CpAsyncCommit
+            | Op::CpAsyncWait { .. }
             | Op::BarWarpSync { .. }
             | Op::BarSync
             | Op::Bra { .. }

@@ -7,7 +7,7 @@ use super::access::{sectors_and_lines, shared_wavefronts};
 use super::class::{InstrClass, MemSpace};
 use super::l2::{READ, WRITE};
 use super::{Latencies, LaunchCounters, PathCounts};
-use crate::ptx::ir::{Addr, AddrBase, Instr, Op, Operand};
+use crate::ptx::ir::{Addr, AddrBase, Instr, MmaKind, Op, Operand};
 
 /// When a value is ready, and the path that led to it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -47,7 +47,9 @@ fn hop_of(class: InstrClass) -> Hop {
         },
         InstrClass::Atomic { .. } => Hop::Global,
         InstrClass::ShuffleVote => Hop::Shared,
-        InstrClass::Special | InstrClass::Emulated => Hop::Special,
+        // An mma's result takes tens of cycles (Hopper: about 30), far more than an ALU
+        // result: priced at the special-function latency, the nearest kind.
+        InstrClass::Special | InstrClass::Emulated | InstrClass::TensorCore => Hop::Special,
         _ => Hop::Alu,
     }
 }
@@ -93,20 +95,49 @@ fn sources(op: &Op, f: &mut impl FnMut(u16)) {
             }
         }
         Op::BarWarpSync { mask } => operand_regs(mask, f),
-        Op::Atom { addr, b, c, .. } => {
-            addr_regs(addr, f);
-            operand_regs(b, f);
-            if let Some(c) = c {
-                operand_regs(c, f);
+        Op::Half { a, b, c, .. }
+        | Op::Prmt { a, b, c, .. }
+        | Op::Lop3 { a, b, c, .. }
+        | Op::Shf { a, b, c, .. } => {
+            for o in [a, b, c] {
+                operand_regs(o, f);
             }
         }
-        Op::Fence
-        | Op::BarSync
+        Op::CvtPack { a, b, .. } => {
+            operand_regs(a, f);
+            operand_regs(b, f);
+        }
+        Op::Bfi { a, b, pos, len, .. } => {
+            for o in [a, b, pos, len] {
+                operand_regs(o, f);
+            }
+        }
+        Op::Bits { a, .. } => operand_regs(a, f),
+        Op::Atom { addr, a, b, .. } => {
+            addr_regs(addr, f);
+            operand_regs(a, f);
+            operand_regs(b, f);
+        }
+        Op::Mma(m) => m.a.iter().chain(&m.b).chain(&m.c).for_each(|&r| f(r)),
+        Op::Ldmatrix { addr, .. } => addr_regs(addr, f),
+        Op::CpAsync {
+            dst, src, src_size, ..
+        } => {
+            addr_regs(dst, f);
+            addr_regs(src, f);
+            if let Some(o) = src_size {
+                operand_regs(o, f);
+            }
+        }
+        Op::BarSync
         | Op::Bra { .. }
         | Op::Call { .. }
         | Op::Ret
         | Op::Exit
-        | Op::Trap => {}
+        | Op::Trap
+        | Op::Fence
+        | Op::CpAsyncCommit
+        | Op::CpAsyncWait { .. } => {}
     }
 }
 
@@ -125,8 +156,20 @@ fn destinations(op: &Op, f: &mut impl FnMut(u16)) {
         | Op::Bfe { d, .. }
         | Op::Dp4a { d, .. }
         | Op::Shfl { d, .. }
-        | Op::Atom { d, .. } => f(*d),
+        | Op::Half { d, .. }
+        | Op::CvtPack { d, .. }
+        | Op::Prmt { d, .. }
+        | Op::Lop3 { d, .. }
+        | Op::Shf { d, .. }
+        | Op::Bfi { d, .. }
+        | Op::Bits { d, .. } => f(*d),
+        Op::Atom { d, .. } => d.iter().for_each(|&r| f(r)),
+        Op::Mma(m) => m.d.iter().for_each(|&r| f(r)),
+        Op::Ldmatrix { d, .. } => d.iter().for_each(|&r| f(r)),
         Op::Fence
+        | Op::CpAsync { .. }
+        | Op::CpAsyncCommit
+        | Op::CpAsyncWait { .. }
         | Op::St { .. }
         | Op::BarWarpSync { .. }
         | Op::BarSync
@@ -162,7 +205,7 @@ impl Collector {
 
     /// Counts instruction `ins`, executed by the lanes of `exec` of a warp whose
     /// registers are `regs` (32 lanes each) and ready stamps `ready`; advances the
-    /// warp's issue clock.
+    /// warp's issue clock, and `async_ready`, when its `cp.async` copies land.
     pub(crate) fn instruction(
         &mut self,
         ins: &Instr,
@@ -170,16 +213,67 @@ impl Collector {
         ready: &mut [Stamp],
         exec: u32,
         clock: &mut Stamp,
+        async_ready: &mut Stamp,
     ) {
         let class = InstrClass::of(&ins.op);
         self.c.warp_instructions += 1;
         self.c.thread_instructions += exec.count_ones() as u64;
         self.c.classes.add(class);
-        self.schedule(ins, class, ready, clock);
+        self.schedule(ins, class, ready, clock, async_ready, exec);
         if exec == 0 {
             return;
         }
         match (&ins.op, class) {
+            (Op::Mma(m), _) => {
+                let macs = m.m as u64 * m.n as u64 * m.k as u64;
+                self.c.tensor_macs += macs;
+                if matches!(m.kind, MmaKind::Int8 { .. }) {
+                    self.c.tensor_macs_int8 += macs;
+                }
+            }
+            (Op::Ldmatrix { d, addr, .. }, _) => {
+                // Lanes 8i..8i+7 address the rows of matrix i: 16 bytes each, one phase
+                // (eight lanes of 16 bytes) per matrix.
+                self.lanes.clear();
+                for lane in 0..8 * d.len() {
+                    self.lanes.push((lane as u32, lane_addr(regs, addr, lane)));
+                }
+                self.c.shared_load.requests += 1;
+                self.c.shared_load.wavefronts += shared_wavefronts(&self.lanes, 16);
+            }
+            (
+                Op::CpAsync {
+                    size,
+                    dst,
+                    src,
+                    src_size,
+                },
+                _,
+            ) => {
+                let reads = match src_size {
+                    None => exec,
+                    Some(Operand::Imm(0)) => 0,
+                    Some(Operand::Reg(r)) => {
+                        let mut m = 0;
+                        for lane in 0..32 {
+                            m |=
+                                ((regs[*r as usize * 32 + lane] & 0xffff_ffff != 0) as u32) << lane;
+                        }
+                        exec & m
+                    }
+                    Some(_) => exec,
+                };
+                if reads != 0 {
+                    self.global(regs, src, reads, *size as u64, false);
+                }
+                self.shared(regs, dst, exec, *size as u64, true);
+            }
+            (Op::Atom { addr, .. }, InstrClass::Atomic { space }) => {
+                self.c.atomics += 1;
+                if space == MemSpace::Global {
+                    self.atomic_sectors(regs, addr, exec, &ins.op);
+                }
+            }
             (Op::Ld { addr, .. }, InstrClass::Load { space, width })
             | (Op::St { addr, .. }, InstrClass::Store { space, width }) => {
                 let write = matches!(ins.op, Op::St { .. });
@@ -194,10 +288,23 @@ impl Collector {
         }
     }
 
-    fn schedule(&self, ins: &Instr, class: InstrClass, ready: &mut [Stamp], clock: &mut Stamp) {
+    fn schedule(
+        &self,
+        ins: &Instr,
+        class: InstrClass,
+        ready: &mut [Stamp],
+        clock: &mut Stamp,
+        async_ready: &mut Stamp,
+        exec: u32,
+    ) {
         let mut issue = *clock;
         issue.t += 1;
         issue.path.issue += 1;
+        // A wait for cp.async groups waits for the copies issued before it (all of
+        // them: which group a copy belongs to is not tracked here).
+        if matches!(ins.op, Op::CpAsyncWait { .. }) && exec != 0 && *async_ready > issue {
+            issue = *async_ready;
+        }
         let mut wait = |r: u16| {
             if let Some(s) = ready.get(r as usize) {
                 if *s > issue {
@@ -234,6 +341,29 @@ impl Collector {
                 *s = done;
             }
         });
+        if matches!(ins.op, Op::CpAsync { .. }) && exec != 0 && done > *async_ready {
+            *async_ready = done;
+        }
+    }
+
+    /// The sectors a global atomic request touches: read and written in L2 (atomics
+    /// are resolved there, not in L1).
+    fn atomic_sectors(&mut self, regs: &[u64], addr: &Addr, exec: u32, op: &Op) {
+        let width = match op {
+            Op::Atom { ty, .. } => ty.bytes() as u64,
+            _ => return,
+        };
+        self.addrs.clear();
+        for lane in 0..32 {
+            if exec >> lane & 1 != 0 {
+                self.addrs.push(lane_addr(regs, addr, lane));
+            }
+        }
+        sectors_and_lines(&self.addrs, width, &mut self.scratch);
+        for &s in &self.scratch {
+            *self.sectors.entry(s).or_insert(0) |= READ | WRITE;
+            self.c.l2_sectors += 1;
+        }
     }
 
     fn global(&mut self, regs: &[u64], addr: &Addr, exec: u32, width: u64, write: bool) {
@@ -312,6 +442,7 @@ impl Collector {
         a.l2_sectors += b.l2_sectors;
         a.atomics += b.atomics;
         a.tensor_macs += b.tensor_macs;
+        a.tensor_macs_int8 += b.tensor_macs_int8;
         a.blocks_interpreted += b.blocks_interpreted;
         if self.sectors.len() < o.sectors.len() {
             let mine = std::mem::replace(&mut self.sectors, o.sectors);
@@ -362,6 +493,7 @@ impl Collector {
                 &mut c.l2_sectors,
                 &mut c.atomics,
                 &mut c.tensor_macs,
+                &mut c.tensor_macs_int8,
                 &mut c.unique_read_sectors,
                 &mut c.unique_write_sectors,
             ] {

@@ -8,7 +8,10 @@
 //!   its active lanes touch (coalescing), reads and writes apart; and the launch's
 //!   distinct sectors, which an [`L2Model`] turns into DRAM traffic
 //!   ([`LaunchCounters::apply_l2`]).
-//! - Shared memory: wavefronts per request by the bank rule of [`shared_wavefronts`].
+//! - Shared memory: wavefronts per request by the bank rule of [`shared_wavefronts`]
+//!   (`ldmatrix`: one phase of eight 16-byte rows per matrix; `cp.async`: a global
+//!   load of its source and a shared store of its destination).
+//! - Tensor-core multiply-adds (`mma`: m * n * k per warp instruction), int8 apart.
 //! - Barriers (`bar.sync` executions per warp) and atomics.
 //! - The dependent-latency critical path of the slowest warp: an in-order scoreboard per
 //!   warp (an instruction issues one cycle after the previous one or when its source
@@ -154,8 +157,11 @@ pub struct LaunchCounters {
     pub barriers: u64,
     /// Atomic warp requests.
     pub atomics: u64,
-    /// Tensor-core multiply-adds (zero until an `mma` instruction is decoded).
+    /// Tensor-core multiply-adds: m * n * k per executed warp `mma`.
     pub tensor_macs: u64,
+    /// The part of `tensor_macs` done by integer (`.s8`/`.u8`) `mma`, which tensor
+    /// cores run at twice the f16 rate.
+    pub tensor_macs_int8: u64,
     /// Sectors that reach L2: each block's distinct sectors read once (its L1 keeps what
     /// it read for the block's lifetime, an idealised L1 of a block's footprint) plus
     /// every sector of every store (L1 is write-through).
@@ -264,6 +270,13 @@ impl LaunchCounters {
                 s,
                 "dram: {} sectors read, {} written",
                 d.read_sectors, d.write_sectors
+            );
+        }
+        if self.tensor_macs != 0 {
+            let _ = writeln!(
+                s,
+                "tensor core: {} multiply-adds ({} of them int8)",
+                self.tensor_macs, self.tensor_macs_int8
             );
         }
         let _ = writeln!(

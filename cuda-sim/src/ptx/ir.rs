@@ -230,31 +230,6 @@ pub enum ShflMode {
     Idx,
 }
 
-/// The read-modify-write of an `atom` instruction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomOp {
-    /// `.add`: old + b, wrapping.
-    Add,
-    /// `.min` (signed or unsigned as the type says).
-    Min,
-    /// `.max`.
-    Max,
-    /// `.exch`: b.
-    Exch,
-    /// `.cas`: old == b ? c : old.
-    Cas,
-    /// `.and`.
-    And,
-    /// `.or`.
-    Or,
-    /// `.xor`.
-    Xor,
-    /// `.inc` (`.u32`): old >= b ? 0 : old + 1.
-    Inc,
-    /// `.dec` (`.u32`): old == 0 || old > b ? b : old - 1.
-    Dec,
-}
-
 /// Predicate logic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PredOp {
@@ -266,6 +241,131 @@ pub enum PredOp {
     Xor,
     /// `not.pred`.
     Not,
+}
+
+/// Half-precision arithmetic on one value (`.f16`, `.bf16`) or on the two halves of a
+/// 32-bit register (`.f16x2`, `.bf16x2`, low half first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfOp {
+    /// `add.rn`.
+    Add,
+    /// `sub.rn`.
+    Sub,
+    /// `mul.rn`.
+    Mul,
+    /// `fma.rn`.
+    Fma,
+    /// `min` (IEEE minNum, -0 below +0).
+    Min,
+    /// `max`.
+    Max,
+    /// `neg` (a sign flip).
+    Neg,
+    /// `abs` (the sign cleared).
+    Abs,
+    /// `ex2.approx`.
+    Ex2,
+}
+
+/// `prmt` modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrmtMode {
+    /// The generic form: four selector nibbles in `c`.
+    Generic,
+    /// `.f4e`: forward 4 extract.
+    F4e,
+    /// `.b4e`: backward 4 extract.
+    B4e,
+    /// `.rc8`: replicate 8.
+    Rc8,
+    /// `.ecl`: edge clamp left.
+    Ecl,
+    /// `.ecr`: edge clamp right.
+    Ecr,
+    /// `.rc16`: replicate 16.
+    Rc16,
+}
+
+/// One-operand bit operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BitOp {
+    /// `popc`: set bits (a `.u32` result).
+    Popc,
+    /// `clz`: leading zeros (a `.u32` result).
+    Clz,
+    /// `brev`: bits reversed.
+    Brev,
+    /// `bfind`: position of the most significant non-sign bit, `0xffffffff` if none.
+    Bfind,
+}
+
+/// Atomic read-modify-write operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomOp {
+    /// `.add` (integers wrap; `.f32` rounds to nearest even).
+    Add,
+    /// `.inc`: `old >= b ? 0 : old + 1` (unsigned).
+    Inc,
+    /// `.dec`: `old == 0 || old > b ? b : old - 1` (unsigned).
+    Dec,
+    /// `.min`.
+    Min,
+    /// `.max`.
+    Max,
+    /// `.and`.
+    And,
+    /// `.or`.
+    Or,
+    /// `.xor`.
+    Xor,
+    /// `.exch`.
+    Exch,
+    /// `.cas`: `old == b ? c : old`.
+    Cas,
+}
+
+/// The element types of an `mma`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaKind {
+    /// `.f16` inputs; accumulators `.f32` or `.f16`.
+    F16 {
+        /// `.dtype` is `.f32` (else `.f16`).
+        d_f32: bool,
+        /// `.ctype` is `.f32` (else `.f16`).
+        c_f32: bool,
+    },
+    /// `.bf16` inputs, `.f32` accumulators.
+    Bf16,
+    /// `.s8`/`.u8` inputs, `.s32` accumulators.
+    Int8 {
+        /// `.atype` is `.s8`.
+        a_signed: bool,
+        /// `.btype` is `.s8`.
+        b_signed: bool,
+        /// `.satfinite`: clamp to the s32 range instead of wrapping.
+        satfinite: bool,
+    },
+}
+
+/// `mma.sync.aligned.mMnNkK.row.col...`: the operand registers of one lane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mma {
+    /// Rows of A and D.
+    pub m: u8,
+    /// Columns of B and D.
+    pub n: u8,
+    /// Columns of A, rows of B.
+    pub k: u8,
+    /// The element types.
+    pub kind: MmaKind,
+    /// Destination registers.
+    pub d: Vec<u16>,
+    /// A's fragment registers.
+    pub a: Vec<u16>,
+    /// B's fragment registers.
+    pub b: Vec<u16>,
+    /// C's fragment registers.
+    pub c: Vec<u16>,
 }
 
 /// A decoded instruction's operation. Fields are named as in the PTX ISA: `d` the
@@ -377,22 +477,105 @@ pub enum Op {
         c: Operand,
         mask: Operand,
     },
-    /// `bar.warp.sync membermask`.
-    BarWarpSync { mask: Operand },
-    /// `atom.global[.sem][.scope].op.ty d, [addr], b[, c]`: `d` gets the old value; the
-    /// lanes of a warp go in lane order, and every atomic of every block is one
-    /// indivisible step.
-    Atom {
-        op: AtomOp,
+    /// f16/bf16 arithmetic, scalar or on both halves of a register (`x2`).
+    Half {
+        op: HalfOp,
+        bf16: bool,
+        x2: bool,
+        ftz: bool,
+        sat: bool,
+        /// `min.NaN` / `max.NaN`: a NaN operand gives NaN.
+        nan: bool,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
+    /// `cvt.rn.f16x2.f32 d, a, b` (`bf16x2` with `bf16`): `a` rounded into the upper
+    /// half, `b` into the lower.
+    CvtPack {
+        bf16: bool,
+        relu: bool,
+        d: u16,
+        a: Operand,
+        b: Operand,
+    },
+    /// `prmt.b32[.mode] d, a, b, c`: bytes of `{b, a}` picked by `c`.
+    Prmt {
+        mode: PrmtMode,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
+    /// `lop3.b32 d, a, b, c, lut`: any bitwise function of three inputs.
+    Lop3 {
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+        lut: u8,
+    },
+    /// `shf.{l,r}.{clamp,wrap}.b32 d, a, b, c`: the funnel shift of `{b, a}` by `c`.
+    Shf {
+        left: bool,
+        wrap: bool,
+        d: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
+    /// `bfi.ty d, a, b, pos, len`: field `a` inserted into `b`.
+    Bfi {
         ty: Ty,
         d: u16,
-        addr: Addr,
+        a: Operand,
         b: Operand,
-        c: Option<Operand>,
+        pos: Operand,
+        len: Operand,
     },
-    /// `fence.{sc,acq_rel}.{cta,gpu,sys}` / `membar.{cta,gl,sys}`: the thread's memory
-    /// accesses before it are ordered before those after it, for every observer.
+    /// `popc`, `clz`, `brev`, `bfind` (`shift` is `bfind.shiftamt`).
+    Bits {
+        op: BitOp,
+        ty: Ty,
+        shift: bool,
+        d: u16,
+        a: Operand,
+    },
+    /// `atom.space.op.ty d, [addr], a[, b]` (`d` is `None` for `red`).
+    Atom {
+        space: Space,
+        op: AtomOp,
+        ty: Ty,
+        d: Option<u16>,
+        addr: Addr,
+        a: Operand,
+        b: Operand,
+    },
+    /// `fence.*`, `membar.*`: orders memory; the interpreter runs a block's warps one
+    /// at a time and global atomics under a lock, so there is nothing to do.
     Fence,
+    /// `mma.sync.aligned` of one warp.
+    Mma(Box<Mma>),
+    /// `ldmatrix.sync.aligned.m8n8.xN[.trans].shared.b16 d, [addr]`: `d.len()` is N.
+    Ldmatrix {
+        trans: bool,
+        d: Vec<u16>,
+        addr: Addr,
+    },
+    /// `cp.async.{ca,cg}.shared.global [dst], [src], size[, src_size]`.
+    CpAsync {
+        size: u8,
+        dst: Addr,
+        src: Addr,
+        src_size: Option<Operand>,
+    },
+    /// `cp.async.commit_group`.
+    CpAsyncCommit,
+    /// `cp.async.wait_group n` (`cp.async.wait_all` is a commit and `n` = 0).
+    CpAsyncWait { n: u32, all: bool },
+    /// `bar.warp.sync membermask`.
+    BarWarpSync { mask: Operand },
     /// `bar.sync 0` / `barrier.sync 0`.
     BarSync,
     /// `bra target` (instruction index).

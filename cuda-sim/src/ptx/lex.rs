@@ -4,7 +4,8 @@
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Tok {
     /// A word: identifiers, directives (`.reg`), opcodes with modifiers
-    /// (`ld.global.f32`), registers (`%r1`, `%tid.x`) and numbers (`0x1F`, `0f3F800000`).
+    /// (`ld.global.f32`, `cp.async.cg.shared.global.L2::128B`), registers (`%r1`,
+    /// `%tid.x`) and numbers (`0x1F`, `0f3F800000`).
     Word(String),
     /// One punctuation character: `, ; { } ( ) [ ] + - @ ! : < >`.
     Punct(char),
@@ -48,10 +49,21 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, (u32, String)> {
             i += 2;
         } else if c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'%' | b'$') {
             let s = i;
-            while i < b.len()
-                && (b[i].is_ascii_alphanumeric() || matches!(b[i], b'.' | b'_' | b'%' | b'$'))
-            {
-                i += 1;
+            loop {
+                if i < b.len()
+                    && (b[i].is_ascii_alphanumeric() || matches!(b[i], b'.' | b'_' | b'%' | b'$'))
+                {
+                    i += 1;
+                } else if b.get(i) == Some(&b':')
+                    && b.get(i + 1) == Some(&b':')
+                    && b.get(i + 2).is_some_and(|c| c.is_ascii_alphanumeric())
+                {
+                    // A sub-qualifier inside a word: `.shared::cta`, `.L2::128B`. A label
+                    // is followed by one colon, never two.
+                    i += 2;
+                } else {
+                    break;
+                }
             }
             out.push(Token {
                 tok: Tok::Word(text[s..i].to_string()),
