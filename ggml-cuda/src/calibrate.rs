@@ -231,6 +231,18 @@ impl<'a> Kit<'a> {
         api.stream_synchronize(self.be.stream)
     }
 
+    /// Reads `len` bytes at `src` back through a pinned staging buffer and waits.
+    fn download(&mut self, src: u64, len: usize) -> Result<Vec<u8>, CuError> {
+        let api = self.be.dev.api;
+        let staging = self.alloc_host(len)?;
+        // SAFETY: `staging` is pinned memory of `len` bytes the kit owns; nothing reads it
+        // before the synchronisation below completes the copy.
+        unsafe { api.memcpy_dtoh_pinned_async(staging, src, len, self.be.stream) }?;
+        api.stream_synchronize(self.be.stream)?;
+        // SAFETY: the copy completed; `staging` holds `len` initialised bytes.
+        Ok(unsafe { std::slice::from_raw_parts(staging, len) }.to_vec())
+    }
+
     fn launch(&self, f: Func, grid: u32, block: u32, args: &mut Args) -> Result<(), CuError> {
         let d = LaunchDims {
             grid: (grid, 1, 1),
@@ -636,7 +648,6 @@ impl CudaBackend {
     /// [`numerics_cases`]; the samples are the raw results, the detail names the
     /// model that reproduces them ([`fit_f16_model`]).
     fn mma_numerics(&self, kit: &mut Kit<'_>) -> Result<Probe, CuError> {
-        let api = self.dev.api;
         let cases = numerics_cases();
         let (a, b, c) = pack_mma_numerics(&cases);
         let bytes = |w: &[u32]| -> Vec<u8> { w.iter().flat_map(|x| x.to_le_bytes()).collect() };
@@ -654,9 +665,7 @@ impl CudaBackend {
         let seconds = kit.gpu_seconds(|| {
             kit.launch(f, 1, 32, Args::new().u64(da).u64(db).u64(dc).u64(dd).u32(n))
         })?;
-        let mut raw = vec![0u8; 4 * c.len()];
-        api.memcpy_dtoh_async(&mut raw, dd, self.stream)?;
-        api.stream_synchronize(self.stream)?;
+        let raw = kit.download(dd, 4 * c.len())?;
         let d: Vec<u32> = raw
             .chunks_exact(4)
             .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
