@@ -33,10 +33,11 @@ pub const STAGING_LIMIT: usize = 64 << 20;
 /// Successful launches of each kernel since the backend was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelStats {
-    /// Launches of the quantised mul_mat's matrix-vector kernel `mmvq` (see
-    /// [`MulMatClass`]).
+    /// Quantised mul_mats run in the matrix-vector class (fewer than
+    /// [`MMQ_MIN_N`](crate::MMQ_MIN_N) columns: `mmvq`, or `qmm` with one column tile),
+    /// fused ones included (see [`MulMatClass`]).
     pub mmvq: u64,
-    /// Launches of the quantised mul_mat's tiled kernel `mmq`.
+    /// Quantised mul_mats run in the tiled class (`mmq`, or `qmm` with 8-column tiles).
     pub mmq: u64,
     /// Launches per kernel, indexed by `KernelId as usize`.
     pub launches: [u64; KernelId::COUNT],
@@ -93,6 +94,8 @@ pub struct CudaBackend {
     pub(crate) err_word: u64,
     pub(crate) state: Mutex<State>,
     pub(crate) launches: [AtomicU64; KernelId::COUNT],
+    /// Quantised products run in each class (both generations): matrix-vector, tiled.
+    class_launches: [AtomicU64; 2],
     pub(crate) last_class: Mutex<Option<MulMatClass>>,
 }
 
@@ -198,6 +201,7 @@ impl CudaBackend {
                 tuning: crate::CudaTuning::default(),
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
+            class_launches: [AtomicU64::new(0), AtomicU64::new(0)],
             last_class: Mutex::new(None),
         })
     }
@@ -269,10 +273,20 @@ impl CudaBackend {
     pub fn kernel_stats(&self) -> KernelStats {
         let launches = std::array::from_fn(|k| self.launches[k].load(Ordering::Relaxed));
         KernelStats {
-            mmvq: launches[KernelId::Mmvq as usize],
-            mmq: launches[KernelId::Mmq as usize],
+            mmvq: self.class_launches[0].load(Ordering::Relaxed),
+            mmq: self.class_launches[1].load(Ordering::Relaxed),
             launches,
         }
+    }
+
+    /// Counts a quantised MUL_MAT of `class` and remembers it as the last one.
+    pub(crate) fn count_class(&self, class: MulMatClass) {
+        let i = match class {
+            MulMatClass::Mmvq => 0,
+            MulMatClass::Mmq => 1,
+        };
+        self.class_launches[i].fetch_add(1, Ordering::Relaxed);
+        *lock(&self.last_class) = Some(class);
     }
 
     /// Chooses the speed features (CUDA graphs, fusions, kernel generations) of the

@@ -37,6 +37,9 @@ pub enum KernelId {
     Mmq,
     /// `quant.ptx`: quantised mul_mat_id (the matrix-vector class through the ids).
     MmvqId,
+    /// `qmm.ptx`: quantised products, second generation (mul_mat of every class,
+    /// mul_mat_id, and the fused decode-class runs).
+    Qmm,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat.
     MulMatF,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat_id.
@@ -77,6 +80,7 @@ impl KernelId {
         KernelId::Mmvq,
         KernelId::Mmq,
         KernelId::MmvqId,
+        KernelId::Qmm,
         KernelId::MulMatF,
         KernelId::MulMatFId,
         KernelId::RmsNorm,
@@ -113,7 +117,7 @@ pub struct Module {
 }
 
 /// All modules, in load order.
-pub const MODULES: [Module; 11] = [
+pub const MODULES: [Module; 12] = [
     Module {
         file: "binary.ptx",
         source: include_str!("../kernels/binary.ptx"),
@@ -155,6 +159,11 @@ pub const MODULES: [Module; 11] = [
             (KernelId::Mmq, "mmq"),
             (KernelId::MmvqId, "mmvq_id"),
         ],
+    },
+    Module {
+        file: "qmm.ptx",
+        source: include_str!("../kernels/qmm.ptx"),
+        kernels: &[(KernelId::Qmm, "qmm")],
     },
     Module {
         file: "mul_mat.ptx",

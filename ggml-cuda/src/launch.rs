@@ -127,6 +127,64 @@ pub fn mul_mat_id(m: usize, n_used: usize, tokens: usize) -> Option<LaunchDims> 
     })
 }
 
+/// Threads per block of `qmm`.
+pub const QMM_THREADS: u32 = 256;
+/// Chunks of 32 values per K-tile of `qmm` (its shared memory holds one tile).
+pub const QMM_TILE: usize = 32;
+/// Columns per block of `qmm` in the tiled class (N >= [`MMQ_MIN_N`]); below it a block
+/// takes all N columns.
+pub const QMM_MMQ_COLUMNS: usize = 8;
+/// Blocks `qmm` aims for at least, when choosing its rows per block: two per SM of an
+/// H100/H200 (132 SMs).
+const QMM_MIN_BLOCKS: usize = 264;
+
+/// Shared memory of a `qmm` block of `rows` rows and `nt` columns (see its PTX header).
+pub fn qmm_shared(rows: usize, nt: usize) -> usize {
+    nt * 1536 + rows * 512 + rows * nt * 128 + 32
+}
+
+/// Columns per `qmm` block for `n` columns: all of them below [`MMQ_MIN_N`], else
+/// [`QMM_MMQ_COLUMNS`].
+pub fn qmm_columns(n: usize) -> usize {
+    match mul_mat_class(n) {
+        MulMatClass::Mmvq => n,
+        MulMatClass::Mmq => QMM_MMQ_COLUMNS,
+    }
+}
+
+/// Rows per `qmm` block (8, 16, 32 or 64) for blocks of `nt` columns over `total_rows`
+/// rows: the largest that still gives [`QMM_MIN_BLOCKS`] blocks, within the block's
+/// 256 threads (one per output) and the default 48 KiB of shared memory. `None` when
+/// `nt` is 0 or above 8. Any choice gives the same bits.
+pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
+    if nt == 0 || nt > QMM_MMQ_COLUMNS {
+        return None;
+    }
+    let fits = |r: usize| r * nt <= QMM_THREADS as usize && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize;
+    let mut r = 8;
+    while r < 64 && fits(2 * r) && total_rows.div_ceil(2 * r) >= QMM_MIN_BLOCKS {
+        r *= 2;
+    }
+    Some(r)
+}
+
+/// `qmm`: `ctas` blocks over the rows, `ny` over column tiles (or MUL_MAT_ID's slots),
+/// `nz` over batches (or tokens); `rows` x `nt` outputs per block.
+pub fn qmm(ctas: usize, ny: usize, nz: usize, rows: usize, nt: usize) -> Option<LaunchDims> {
+    if ctas == 0 || ny == 0 || nz == 0 || rows == 0 || nt == 0 {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (
+            u32::try_from(ctas).ok()?,
+            u32::try_from(ny).ok()?,
+            u32::try_from(nz).ok()?,
+        ),
+        block: (QMM_THREADS, 1, 1),
+        shared: u32::try_from(qmm_shared(rows, nt)).ok()?,
+    })
+}
+
 /// sum_rows: one thread per row, [`SUM_ROWS_BLOCK`] per block.
 pub fn sum_rows(rows: usize) -> Option<LaunchDims> {
     if rows == 0 || rows > u32::MAX as usize {
@@ -274,7 +332,7 @@ impl Default for Args {
 
 impl Args {
     /// Most arguments of any kernel.
-    pub const MAX: usize = 40;
+    pub const MAX: usize = 64;
 
     /// An empty list.
     pub fn new() -> Args {
@@ -371,6 +429,28 @@ mod tests {
         assert_eq!(q.block, (32, 4, 1));
         assert!(mul_mat(None, 4, 70_000, 1).is_none());
         assert!(mul_mat(Some(MulMatClass::Mmq), 4, 70_000, 1).is_some());
+    }
+
+    #[test]
+    fn qmm_rows_per_block() {
+        // Small matrices: 8 rows per block (the most blocks); the output matrix: 64.
+        assert_eq!(qmm_rows(1, 192), Some(8));
+        assert_eq!(qmm_rows(1, 1536), Some(8));
+        assert_eq!(qmm_rows(1, 49152), Some(64));
+        // 8 columns: at most 16 rows (shared memory), 7 columns likewise.
+        assert_eq!(qmm_rows(8, 1 << 20), Some(16));
+        assert_eq!(qmm_rows(7, 1 << 20), Some(16));
+        assert_eq!(qmm_rows(0, 10), None);
+        assert_eq!(qmm_rows(9, 10), None);
+        for nt in 1..=8 {
+            let r = qmm_rows(nt, 1 << 20).unwrap();
+            assert!(r * nt <= 256 && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize);
+        }
+        assert_eq!(qmm_columns(7), 7);
+        assert_eq!(qmm_columns(8), 8);
+        let d = qmm(72, 1, 1, 8, 1).unwrap();
+        assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (256, 1, 1), 5664));
+        assert!(qmm(1, 70_000, 1, 8, 1).is_none());
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub mod kernels;
 pub mod launch;
 mod op_timing;
 mod ops;
+mod qmm;
 pub mod reference;
 mod tuning;
 

@@ -9,6 +9,7 @@ use ggml_core::{
 use crate::backend::{CudaBackend, State};
 use crate::kernels::KernelId;
 use crate::launch::{self, Args, LaunchDims, MulMatClass};
+use crate::qmm;
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
 
 /// Element type code of the elementwise kernels: 0 f32, 1 f16, 2 bf16, 3 i32.
@@ -372,6 +373,20 @@ impl Ctx<'_> {
         dev.api.launch(f, &d, self.be.stream, args).map_err(fail)?;
         self.be.launches[k as usize].fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+impl Ctx<'_> {
+    /// Launches `qmm` for `call`.
+    fn launch_qmm(&self, call: &qmm::Call) -> BackendResult<()> {
+        let d = dims(call.dims(), self)?;
+        let mut a = call.args().ok_or_else(|| {
+            self.fail(
+                BackendErrorKind::UnsupportedOp,
+                "shape outside the kernel's launch limits",
+            )
+        })?;
+        self.launch(KernelId::Qmm, d, &mut a)
     }
 }
 
@@ -787,7 +802,43 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         strides(&mut a, &t.nb[1..]);
         return c.launch(KernelId::MulMatF, d, &mut a);
     }
-    // Quantise the activations to Q8_1 in scratch, then the dp4a kernel.
+    let class = launch::mul_mat_class(n);
+    if !c.st.tuning.legacy_products {
+        let call = qmm::Call {
+            x: xa,
+            nbx: [x.nb[1], x.nb[2], x.nb[3]],
+            k: w.ne[0],
+            n,
+            b2,
+            r2: r2 as usize,
+            r3: r3 as usize,
+            ny: n.div_ceil(launch::qmm_columns(n)),
+            nz: batch,
+            mats: [
+                Some(qmm::Matrix {
+                    w: wa,
+                    dtype: w.dtype.ggml_id(),
+                    m,
+                    nbw: w.nb[1],
+                    d: ta,
+                    nbd: t.nb[1],
+                }),
+                None,
+                None,
+            ],
+            nbwb: [w.nb[2], w.nb[3]],
+            nbdb: [t.nb[2], t.nb[3]],
+            norm: None,
+            epi: qmm::Epilogue::None,
+            ids: None,
+        };
+        check_weight_alignment(c, &w, wa)?;
+        c.launch_qmm(&call)?;
+        c.be.count_class(class);
+        return Ok(());
+    }
+    // First generation: quantise the activations to Q8_1 in scratch, then the dp4a
+    // kernel.
     let k = w.ne[0];
     let nchunks = k / 32;
     let row = nchunks * Q8_1_BLOCK;
@@ -800,7 +851,6 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     strides(&mut a, &qnb);
     c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
 
-    let class = launch::mul_mat_class(n);
     let d = dims(launch::mul_mat(Some(class), m, n, batch), c)?;
     let mut a = Args::new();
     a.u64(wa)
@@ -817,8 +867,23 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         MulMatClass::Mmq => KernelId::Mmq,
     };
     c.launch(kid, d, &mut a)?;
-    *c.be.last_class.lock().unwrap_or_else(|e| e.into_inner()) = Some(class);
+    c.be.count_class(class);
     Ok(())
+}
+
+/// `qmm` reads weight rows with loads as wide as their block size allows: their address
+/// and strides must be multiples of it (GGUF and every ggml allocator align far more).
+fn check_weight_alignment(c: &Ctx<'_>, w: &Tensor, addr: u64) -> BackendResult<()> {
+    let a = qmm::weight_alignment(w.dtype);
+    let ok = addr % a as u64 == 0 && w.nb[1..].iter().all(|s| s % a == 0);
+    if ok {
+        Ok(())
+    } else {
+        Err(c.fail(
+            BackendErrorKind::InvalidArgument,
+            "quantised weight rows are not aligned to their block size (up to 16 bytes)",
+        ))
+    }
 }
 
 /// MUL_MAT_ID: for quantised experts the activation rows are quantised to Q8_1 as
@@ -852,7 +917,44 @@ fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         strides(&mut a, &t.nb[1..3]);
         return c.launch(KernelId::MulMatFId, d, &mut a);
     }
-    // Activations to Q8_1 in scratch: [K/32 blocks, B1, T].
+    if !c.st.tuning.legacy_products {
+        let call = qmm::Call {
+            x: xa,
+            nbx: [x.nb[1], x.nb[2], 0],
+            k: w.ne[0],
+            n: 1,
+            b2: b1,
+            r2: 1,
+            r3: 1,
+            ny: n_used,
+            nz: tokens,
+            mats: [
+                Some(qmm::Matrix {
+                    w: wa,
+                    dtype: w.dtype.ggml_id(),
+                    m,
+                    nbw: w.nb[1],
+                    d: ta,
+                    nbd: t.nb[1],
+                }),
+                None,
+                None,
+            ],
+            nbwb: [w.nb[2], 0],
+            nbdb: [t.nb[2], 0],
+            norm: None,
+            epi: qmm::Epilogue::None,
+            ids: Some(qmm::Ids {
+                ids: ia,
+                nb: [ids.nb[0], ids.nb[1]],
+                n_as,
+                err: err_word,
+            }),
+        };
+        check_weight_alignment(c, &w, wa)?;
+        return c.launch_qmm(&call);
+    }
+    // First generation: activations to Q8_1 in scratch: [K/32 blocks, B1, T].
     let k = w.ne[0];
     let nchunks = k / 32;
     let row = nchunks * Q8_1_BLOCK;

@@ -1,0 +1,1383 @@
+//! `cargo xtask gen-ptx`: writes `ggml-cuda/kernels/qmm.ptx`, the second generation of
+//! quantised product kernels, from the skeleton and the per-dtype fragments below.
+//!
+//! The kernel is one `.entry` (`qmm`) whose stage B (the integer dot products) has one
+//! specialised loop per weight dtype; everything else (activation quantisation, the RMS
+//! norm prologue, the f32 chain, the epilogues) is written once. The ten loops differ
+//! only in how a lane loads and unpacks its 8 quants of a chunk, so the loop is a
+//! template ([`LOOP`]) and each dtype gives a fragment ([`fragment`]). Edit this file,
+//! then run `cargo xtask gen-ptx`; the test below fails while the checked-in file is
+//! stale.
+
+use std::path::Path;
+
+/// Where the generated PTX goes, relative to the workspace root.
+pub const OUT: &str = "ggml-cuda/kernels/qmm.ptx";
+
+/// Writes [`OUT`] under `root`.
+pub fn gen_ptx(root: &Path) -> Result<(), String> {
+    let path = root.join(OUT);
+    let text = generate();
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    if old == text {
+        println!("gen-ptx: {OUT} is up to date");
+        return Ok(());
+    }
+    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("gen-ptx: wrote {OUT}");
+    Ok(())
+}
+
+/// The weight dtypes: label, ggml type id.
+const DTYPES: [(&str, u32); 10] = [
+    ("Q4_0", 2),
+    ("Q4_1", 3),
+    ("Q5_0", 6),
+    ("Q5_1", 7),
+    ("Q8_0", 8),
+    ("Q2_K", 10),
+    ("Q3_K", 11),
+    ("Q4_K", 12),
+    ("Q5_K", 13),
+    ("Q6_K", 14),
+];
+
+/// The whole generated file.
+pub fn generate() -> String {
+    let mut dispatch = String::new();
+    let mut loops = String::new();
+    for (name, id) in DTYPES {
+        dispatch.push_str(&format!(
+            "    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra B_{name};\n"
+        ));
+        loops.push_str(
+            &LOOP
+                .replace("@DT@", name)
+                .replace("@FRAG@", fragment(name).trim_end_matches('\n')),
+        );
+    }
+    SKELETON
+        .replace("@B_DISPATCH@\n", &dispatch)
+        .replace("@B_LOOPS@\n", &loops)
+}
+
+/// `dst = the 32-bit word at the 2-byte aligned address [a]`: one 32-bit load where `pal`
+/// (a is 4-byte aligned), two 16-bit loads otherwise.
+fn ld1w(dst: &str, a: &str, pal: &str) -> String {
+    format!(
+        "    @{pal} ld.global.nc.b32 {dst}, [{a}];
+    @!{pal} ld.global.nc.b16 %hh4, [{a}];
+    @!{pal} ld.global.nc.b16 %hh5, [{a}+2];
+    @!{pal} mov.b32 {dst}, {{%hh4, %hh5}};
+"
+    )
+}
+
+/// `d0, d1 = the two 32-bit words at the 2-byte aligned address [a]`: two 32-bit loads
+/// where `pal` (a is 4-byte aligned), else a 16-bit, a 32-bit and a 16-bit load (all
+/// inside the 8 bytes) put back together.
+fn ld2w(d0: &str, d1: &str, a: &str, pal: &str) -> String {
+    format!(
+        "    @{pal} ld.global.nc.b32 {d0}, [{a}];
+    @{pal} ld.global.nc.b32 {d1}, [{a}+4];
+    @!{pal} ld.global.nc.b16 %hh4, [{a}];
+    @!{pal} ld.global.nc.b32 %t15, [{a}+2];
+    @!{pal} ld.global.nc.b16 %hh5, [{a}+6];
+    @!{pal} mov.b32 {{%hh6, %hh7}}, %t15;
+    @!{pal} mov.b32 {d0}, {{%hh4, %hh6}};
+    @!{pal} mov.b32 {d1}, {{%hh7, %hh5}};
+"
+    )
+}
+
+/// `%pal = (the address in the b64 register a is 4-byte aligned)`.
+fn aligned4(a: &str) -> String {
+    format!(
+        "    cvt.u32.u64 %t14, {a};
+    and.b32 %t14, %t14, 3;
+    setp.eq.u32 %pal, %t14, 0;
+"
+    )
+}
+
+/// Spreads the 4 bits of `src` (bits 0..3) to bit 4 of the bytes of `dst`, ORed in.
+fn spread_fifth(dst: &str, src: &str) -> String {
+    format!(
+        "    and.b32 %t13, {src}, 15;
+    mul.lo.u32 %t13, %t13, 0x00204081;
+    and.b32 %t13, %t13, 0x01010101;
+    shl.b32 %t13, %t13, 4;
+    or.b32 {dst}, {dst}, %t13;
+"
+    )
+}
+
+/// Defaults of the chunk outputs most formats leave at their neutral value.
+const PLAIN_CHUNK: &str = "    mov.b32 %c0, 1;
+    mov.b32 %c1, 1;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+
+/// Loads block `%t0` (super-block index for k-quants) of `size` bytes of row `%rw`
+/// into `%rb`.
+fn block(size: u32) -> String {
+    format!(
+        "    mul.wide.u32 %rd0, %t0, {size};
+    add.u64 %rb, %rw, %rd0;
+"
+    )
+}
+
+/// Sub-block `%s = j & 7`, `%t0 = j >> 3` (super-block), `%sn = s >> 2`, `%st = s & 3`.
+const KQ_INDEX: &str = "    shr.u32 %t0, %j, 3;
+    and.b32 %s, %j, 7;
+    shr.u32 %sn, %s, 2;
+    and.b32 %st, %s, 3;
+";
+
+/// `%c0 = %c1 = (k < 2 ? sc0 : sc1)` for formats whose lane reads 8 consecutive
+/// values (lanes 0, 1: values 0..15; lanes 2, 3: values 16..31).
+const HALF_SCALE: &str = "    setp.lt.u32 %p1, %k, 2;
+    selp.b32 %c0, %sc0, %sc1, %p1;
+    mov.b32 %c1, %c0;
+";
+
+/// `%off0 = 8k`, `%off1 = 8k + 4`: the activation words of a lane that reads values
+/// 8k..8k+7.
+const LINEAR_OFFS: &str = "    shl.b32 %off0, %k, 3;
+    add.u32 %off1, %off0, 4;
+";
+
+/// `%off0 = 4k`, `%off1 = 16 + 4k`: the activation words of a lane that reads qs word k
+/// of a 32-value block (low nibbles: values 4k..4k+3, high nibbles: 16+4k..16+4k+3).
+const NIBBLE_OFFS: &str = "    shl.b32 %off0, %k, 2;
+    add.u32 %off1, %off0, 16;
+";
+
+/// Splits the 8 nibbles of `%W0` into `%U0` (low nibbles) and `%U1` (high nibbles).
+const SPLIT_NIBBLES: &str = "    and.b32 %U0, %W0, 0x0F0F0F0F;
+    shr.b32 %t1, %W0, 4;
+    and.b32 %U1, %t1, 0x0F0F0F0F;
+";
+
+/// The fragment of `dtype`: from the row address `%rw`, the chunk index `%j` and the
+/// lane's slice `%k` (0..3) of the chunk, computes the lane's two words of quants
+/// `%U0`, `%U1` (unsigned bytes), the activation word offsets `%off0`, `%off1` they
+/// pair with, their integer multipliers `%c0`, `%c1`, the zero-point terms `%zs0 = z *
+/// sc0`, `%zs1 = z * sc1`, and the chunk's `%dw`, `%mw`, `%dm` (f32) and `%m01` (Q2_K's
+/// mins, m0 | m1 << 16).
+fn fragment(dtype: &str) -> String {
+    let mut f = String::new();
+    match dtype {
+        "Q4_0" => {
+            // {d: f16, qs[16]} = 18 bytes, 2-byte aligned. Lane k: qs word k.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(18);
+            f += "    ld.global.nc.b16 %hh0, [%rb];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+";
+            f += NIBBLE_OFFS;
+            f += "    cvt.u64.u32 %rd1, %off0;
+    add.u64 %ra, %rb, %rd1;
+    add.u64 %ra, %ra, 2;
+";
+            f += &aligned4("%ra");
+            f += &ld1w("%W0", "%ra", "%pal");
+            f += SPLIT_NIBBLES;
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 8;
+    mov.b32 %zs1, 8;
+";
+        }
+        "Q4_1" => {
+            // {d, m: f16, qs[16]} = 20 bytes, 4-byte aligned.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(20);
+            f += "    ld.global.nc.b32 %t1, [%rb];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %mw, %hh1;
+";
+            f += NIBBLE_OFFS;
+            f += "    cvt.u64.u32 %rd1, %off0;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.b32 %W0, [%ra+4];
+";
+            f += SPLIT_NIBBLES;
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+";
+        }
+        "Q5_0" | "Q5_1" => {
+            // Q5_0: {d: f16, qh: u32, qs[16]} = 22 bytes, 2-byte aligned.
+            // Q5_1: {d, m: f16, qh: u32, qs[16]} = 24 bytes, 8-byte aligned.
+            // Bit i of qh is bit 4 of value i.
+            f += "    mov.b32 %t0, %j;\n";
+            f += NIBBLE_OFFS;
+            f += "    cvt.u64.u32 %rd1, %off0;\n";
+            if dtype == "Q5_0" {
+                f += &block(22);
+                f += "    ld.global.nc.b16 %hh0, [%rb];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    add.u64 %ra, %rb, 2;
+";
+                f += &aligned4("%ra");
+                f += &ld1w("%H0", "%ra", "%pal");
+                f += "    add.u64 %ra, %rb, %rd1;
+    add.u64 %ra, %ra, 6;
+";
+                f += &ld1w("%W0", "%ra", "%pal");
+                f += "    mov.b32 %zs0, 16;
+    mov.b32 %zs1, 16;
+";
+            } else {
+                f += &block(24);
+                f += "    ld.global.nc.v2.b32 {%t1, %H0}, [%rb];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %mw, %hh1;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.b32 %W0, [%ra+8];
+    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+";
+            }
+            f += SPLIT_NIBBLES;
+            f += "    shr.b32 %t2, %H0, %off0;\n";
+            f += &spread_fifth("%U0", "%t2");
+            f += "    shr.b32 %t2, %t2, 16;\n";
+            f += &spread_fifth("%U1", "%t2");
+            f += PLAIN_CHUNK;
+        }
+        "Q8_0" => {
+            // {d: f16, qs: i8[32]} = 34 bytes, 2-byte aligned. Lane k: values 8k..8k+7,
+            // u = q xor 0x80 (z = 128).
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(34);
+            f += "    ld.global.nc.b16 %hh0, [%rb];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+";
+            f += LINEAR_OFFS;
+            f += "    cvt.u64.u32 %rd1, %off0;
+    add.u64 %ra, %rb, %rd1;
+    add.u64 %ra, %ra, 2;
+";
+            f += &aligned4("%ra");
+            f += &ld2w("%W0", "%W1", "%ra", "%pal");
+            f += "    xor.b32 %U0, %W0, 0x80808080;
+    xor.b32 %U1, %W1, 0x80808080;
+";
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 128;
+    mov.b32 %zs1, 128;
+";
+        }
+        "Q2_K" => {
+            // {scales[16], qs[64], d, dmin: f16} = 84 bytes, 4-byte aligned. Sub-block s:
+            // u_i = (qs[32n + i] >> 2t) & 3; scales[2s], scales[2s + 1] hold scale (low
+            // nibble) and min (high nibble) of values 0..15 and 16..31.
+            f += KQ_INDEX;
+            f += &block(84);
+            f += "    ld.global.nc.b32 %t1, [%rb+80];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %dm, %hh1;
+    mov.f32 %mw, 0f00000000;
+    shl.b32 %t2, %s, 1;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.b16 %hh2, [%ra];
+    cvt.u32.u16 %t3, %hh2;
+    and.b32 %sc0, %t3, 15;
+    bfe.u32 %t4, %t3, 4, 4;
+    bfe.u32 %sc1, %t3, 8, 4;
+    bfe.u32 %t5, %t3, 12, 4;
+    shl.b32 %t5, %t5, 16;
+    or.b32 %m01, %t4, %t5;
+";
+            f += LINEAR_OFFS;
+            f += "    shl.b32 %t2, %sn, 5;
+    add.u32 %t2, %t2, %off0;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.b32 %W0, [%ra+16];
+    ld.global.nc.b32 %W1, [%ra+20];
+    shl.b32 %t2, %st, 1;
+    shr.b32 %W0, %W0, %t2;
+    and.b32 %U0, %W0, 0x03030303;
+    shr.b32 %W1, %W1, %t2;
+    and.b32 %U1, %W1, 0x03030303;
+    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+";
+            f += HALF_SCALE;
+        }
+        "Q3_K" => {
+            // {hmask[32], qs[64], scales[12], d: f16} = 110 bytes, 2-byte aligned.
+            // Sub-block s: u_i = (qs[32n + i] >> 2t) & 3 | ((hmask[i] >> s) & 1) << 2,
+            // z = 4; 6-bit scale k = (scales[k % 8] >> 4(k / 8)) & 15 |
+            // ((scales[8 + k % 4] >> 2(k / 4)) & 3) << 4, minus 32; sc0, sc1 = scales 2s,
+            // 2s + 1.
+            f += KQ_INDEX;
+            f += &block(110);
+            f += "    ld.global.nc.b16 %hh0, [%rb+108];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    shl.b32 %t2, %st, 1;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.u8 %t3, [%ra+96];
+    ld.global.nc.u8 %t4, [%ra+97];
+    shl.b32 %t5, %sn, 2;
+    shr.b32 %t3, %t3, %t5;
+    and.b32 %t3, %t3, 15;
+    shr.b32 %t4, %t4, %t5;
+    and.b32 %t4, %t4, 15;
+    and.b32 %t2, %st, 1;
+    shl.b32 %t2, %t2, 1;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.u8 %t6, [%ra+104];
+    ld.global.nc.u8 %t7, [%ra+105];
+    shr.u32 %t5, %s, 1;
+    shl.b32 %t5, %t5, 1;
+    shr.b32 %t6, %t6, %t5;
+    and.b32 %t6, %t6, 3;
+    shl.b32 %t6, %t6, 4;
+    or.b32 %t3, %t3, %t6;
+    sub.s32 %sc0, %t3, 32;
+    shr.b32 %t7, %t7, %t5;
+    and.b32 %t7, %t7, 3;
+    shl.b32 %t7, %t7, 4;
+    or.b32 %t4, %t4, %t7;
+    sub.s32 %sc1, %t4, 32;
+    mul.lo.s32 %zs0, %sc0, 4;
+    mul.lo.s32 %zs1, %sc1, 4;
+";
+            f += LINEAR_OFFS;
+            f += &aligned4("%rb");
+            f += "    shl.b32 %t2, %sn, 5;
+    add.u32 %t2, %t2, %off0;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    add.u64 %ra, %ra, 32;
+";
+            f += &ld2w("%W0", "%W1", "%ra", "%pal");
+            f += "    cvt.u64.u32 %rd1, %off0;
+    add.u64 %ra, %rb, %rd1;
+";
+            f += &ld2w("%H0", "%H1", "%ra", "%pal");
+            f += "    shl.b32 %t2, %st, 1;
+    shr.b32 %W0, %W0, %t2;
+    and.b32 %U0, %W0, 0x03030303;
+    shr.b32 %H0, %H0, %s;
+    and.b32 %H0, %H0, 0x01010101;
+    shl.b32 %H0, %H0, 2;
+    or.b32 %U0, %U0, %H0;
+    shr.b32 %W1, %W1, %t2;
+    and.b32 %U1, %W1, 0x03030303;
+    shr.b32 %H1, %H1, %s;
+    and.b32 %H1, %H1, 0x01010101;
+    shl.b32 %H1, %H1, 2;
+    or.b32 %U1, %U1, %H1;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+            f += HALF_SCALE;
+        }
+        "Q4_K" | "Q5_K" => {
+            // Q4_K: {d, dmin: f16, scales[12], qs[128]} = 144 bytes; Q5_K: {d, dmin,
+            // scales[12], qh[32], qs[128]} = 176 bytes; both 16-byte aligned. Sub-block
+            // s: values are the low (s even) or high (s odd) nibbles of qs[32(s/2)..],
+            // Q5_K adds bit s of qh[i] as bit 4; the 6-bit scale sc and min m of s (s < 4:
+            // q[s] & 63, q[s+4] & 63; else (q[s+4] & 15) | (q[s-4] >> 6) << 4 and
+            // (q[s+4] >> 4) | (q[s] >> 6) << 4, q = scales); dw = d, mw = -(dmin * m).
+            let (size, qs) = if dtype == "Q4_K" { (144, 16) } else { (176, 48) };
+            f += KQ_INDEX;
+            f += &block(size);
+            f += "    ld.global.nc.b32 %t1, [%rb];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %f0, %hh1;
+    cvt.u64.u32 %rd1, %s;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.u8 %t3, [%ra+4];
+    ld.global.nc.u8 %t4, [%ra+8];
+    ld.global.nc.u8 %t5, [%ra];
+    and.b32 %t6, %t3, 63;
+    and.b32 %t7, %t4, 63;
+    and.b32 %t8, %t4, 15;
+    shr.b32 %t9, %t5, 6;
+    shl.b32 %t9, %t9, 4;
+    or.b32 %t8, %t8, %t9;
+    shr.b32 %t10, %t4, 4;
+    shr.b32 %t9, %t3, 6;
+    shl.b32 %t9, %t9, 4;
+    or.b32 %t10, %t10, %t9;
+    setp.lt.u32 %p1, %s, 4;
+    selp.b32 %sc0, %t6, %t8, %p1;
+    selp.b32 %t7, %t7, %t10, %p1;
+    mov.b32 %sc1, %sc0;
+    cvt.rn.f32.u32 %f1, %t7;
+    mul.rn.f32 %f1, %f0, %f1;
+    neg.f32 %mw, %f1;
+    mov.b32 %c0, %sc0;
+    mov.b32 %c1, %sc0;
+    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+            f += LINEAR_OFFS;
+            f += &format!(
+                "    shr.u32 %t2, %s, 1;
+    shl.b32 %t2, %t2, 5;
+    add.u32 %t2, %t2, %off0;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.v2.b32 {{%W0, %W1}}, [%ra+{qs}];
+    and.b32 %t2, %s, 1;
+    shl.b32 %t2, %t2, 2;
+    shr.b32 %W0, %W0, %t2;
+    and.b32 %U0, %W0, 0x0F0F0F0F;
+    shr.b32 %W1, %W1, %t2;
+    and.b32 %U1, %W1, 0x0F0F0F0F;
+"
+            );
+            if dtype == "Q5_K" {
+                f += "    cvt.u64.u32 %rd1, %off0;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.v2.b32 {%H0, %H1}, [%ra+16];
+    shr.b32 %H0, %H0, %s;
+    and.b32 %H0, %H0, 0x01010101;
+    shl.b32 %H0, %H0, 4;
+    or.b32 %U0, %U0, %H0;
+    shr.b32 %H1, %H1, %s;
+    and.b32 %H1, %H1, 0x01010101;
+    shl.b32 %H1, %H1, 4;
+    or.b32 %U1, %U1, %H1;
+";
+            }
+        }
+        "Q6_K" => {
+            // {ql[128], qh[64], scales: i8[16], d: f16} = 210 bytes, 2-byte aligned.
+            // Sub-block s: low bits from ql[64n + 32(t & 1) + i] (nibble t / 2), high bits
+            // (qh[32n + i] >> 2t) & 3, z = 32, scales sc[8n + 2t], sc[8n + 2t + 1].
+            f += KQ_INDEX;
+            f += &block(210);
+            f += "    ld.global.nc.b16 %hh0, [%rb+208];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    shl.b32 %t2, %sn, 3;
+    shl.b32 %t3, %st, 1;
+    add.u32 %t2, %t2, %t3;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.s8 %sc0, [%ra+192];
+    ld.global.nc.s8 %sc1, [%ra+193];
+    shl.b32 %zs0, %sc0, 5;
+    shl.b32 %zs1, %sc1, 5;
+";
+            f += LINEAR_OFFS;
+            f += &aligned4("%rb");
+            f += "    shl.b32 %t2, %sn, 6;
+    and.b32 %t3, %st, 1;
+    shl.b32 %t3, %t3, 5;
+    add.u32 %t2, %t2, %t3;
+    add.u32 %t2, %t2, %off0;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+";
+            f += &ld2w("%W0", "%W1", "%ra", "%pal");
+            f += "    shl.b32 %t2, %sn, 5;
+    add.u32 %t2, %t2, %off0;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    add.u64 %ra, %ra, 128;
+";
+            f += &ld2w("%H0", "%H1", "%ra", "%pal");
+            f += "    shr.u32 %t2, %st, 1;
+    shl.b32 %t2, %t2, 2;
+    shl.b32 %t3, %st, 1;
+    shr.b32 %W0, %W0, %t2;
+    and.b32 %U0, %W0, 0x0F0F0F0F;
+    shr.b32 %H0, %H0, %t3;
+    and.b32 %H0, %H0, 0x03030303;
+    shl.b32 %H0, %H0, 4;
+    or.b32 %U0, %U0, %H0;
+    shr.b32 %W1, %W1, %t2;
+    and.b32 %U1, %W1, 0x0F0F0F0F;
+    shr.b32 %H1, %H1, %t3;
+    and.b32 %H1, %H1, 0x03030303;
+    shl.b32 %H1, %H1, 4;
+    or.b32 %U1, %U1, %H1;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+            f += HALF_SCALE;
+        }
+        other => panic!("no fragment for {other}"),
+    }
+    f
+}
+
+/// Stage B for one dtype: the CTA's quads (4 lanes) take (row r, chunk jt) pairs of the
+/// current group and K-tile, r-major; lane k of a quad takes 8 of the chunk's 32 values.
+/// Per column the quad adds its 4 partial dots (shfl.bfly 1, 2: integers, exact), lane 0
+/// subtracts the zero-point terms and stores sumi in S; lane 0 also stores the chunk's
+/// dw, mw, dm, m01 in W.
+const LOOP: &str = "
+B_@DT@:
+    mul.lo.u32 %t0, %gRg, %TCa;
+    shl.b32 %Q4, %t0, 2;
+    shr.u32 %t0, %thr, 2;
+    and.b32 %k, %thr, 3;
+    div.u32 %br, %t0, %TCa;
+    rem.u32 %bjt, %t0, %TCa;
+    mov.u32 %t1, 64;
+    div.u32 %dr, %t1, %TCa;
+    rem.u32 %djt, %t1, %TCa;
+    mov.u32 %base, 0;
+B_@DT@_LOOP:
+    setp.ge.u32 %p0, %base, %Q4;
+    @%p0 bra B_NEXT;
+    add.u32 %t0, %base, %thr;
+    setp.lt.u32 %pv, %t0, %Q4;
+    setp.eq.u32 %p1, %k, 0;
+    and.pred %plead, %pv, %p1;
+    add.u32 %t0, %gmb, %br;
+    sub.u32 %t1, %gM, 1;
+    min.u32 %t0, %t0, %t1;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rw, %rd0, %gnbw, %gw;
+    add.u32 %j, %tb, %bjt;
+@FRAG@
+    mov.u32 %n, 0;
+B_@DT@_COL:
+    setp.ge.u32 %p0, %n, %nv;
+    @%p0 bra B_@DT@_COLEND;
+    mad.lo.u32 %t0, %n, 32, %bjt;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %ra, %sA, %rd0;
+    cvt.u64.u32 %rd1, %off0;
+    add.u64 %rd2, %ra, %rd1;
+    ld.shared.b32 %a0, [%rd2+16];
+    cvt.u64.u32 %rd1, %off1;
+    add.u64 %rd2, %ra, %rd1;
+    ld.shared.b32 %a1, [%rd2+16];
+    dp4a.u32.s32 %x0, %U0, %a0, 0;
+    dp4a.u32.s32 %x1, %U1, %a1, 0;
+    mul.lo.s32 %pp, %x0, %c0;
+    mad.lo.s32 %pp, %x1, %c1, %pp;
+    shfl.sync.bfly.b32 %t0, %pp, 1, 31, 0xffffffff;
+    add.s32 %pp, %pp, %t0;
+    shfl.sync.bfly.b32 %t0, %pp, 2, 31, 0xffffffff;
+    add.s32 %pp, %pp, %t0;
+    @!%plead bra B_@DT@_COLNEXT;
+    ld.shared.v2.b32 {%slo, %shi}, [%ra+8];
+    mul.lo.s32 %t0, %zs0, %slo;
+    mad.lo.s32 %t0, %zs1, %shi, %t0;
+    sub.s32 %t0, %pp, %t0;
+    mad.lo.u32 %t1, %bjt, %NT, %n;
+    add.u32 %t2, %groff, %br;
+    mad.lo.u32 %t1, %t1, %R, %t2;
+    mul.wide.u32 %rd0, %t1, 4;
+    add.u64 %rd0, %sS, %rd0;
+    st.shared.b32 [%rd0], %t0;
+B_@DT@_COLNEXT:
+    add.u32 %n, %n, 1;
+    bra B_@DT@_COL;
+B_@DT@_COLEND:
+    @!%plead bra B_@DT@_ADVANCE;
+    add.u32 %t2, %groff, %br;
+    mad.lo.u32 %t1, %bjt, %R, %t2;
+    mul.wide.u32 %rd0, %t1, 16;
+    add.u64 %rd0, %sW, %rd0;
+    mov.b32 %t2, %dw;
+    mov.b32 %t3, %mw;
+    mov.b32 %t4, %dm;
+    st.shared.v4.b32 [%rd0], {%t2, %t3, %t4, %m01};
+B_@DT@_ADVANCE:
+    add.u32 %base, %base, 256;
+    add.u32 %bjt, %bjt, %djt;
+    add.u32 %br, %br, %dr;
+    setp.ge.u32 %p0, %bjt, %TCa;
+    @%p0 sub.u32 %bjt, %bjt, %TCa;
+    @%p0 add.u32 %br, %br, 1;
+    bra B_@DT@_LOOP;
+";
+
+/// The kernel around stage B.
+const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT with quantised weights for every
+// number of columns, MUL_MAT_ID, and the fused decode-class runs: RMS norm x weight in
+// the prologue, up to three products that share their activation, the residual add or
+// the gated activation in the epilogue).
+// GENERATED by `cargo xtask gen-ptx` from xtask/src/qmm_ptx.rs: edit that file, not this
+// one. PTX ISA 8.0, sm_80 and newer (JIT by the driver).
+//
+// Chunks and their unpacked form (u_i, z, sc0, sc1, dw, mw, m0, m1, dm) are those of
+// quant.ptx's header. Per output element y[m, n] the arithmetic is
+//     acc = 0
+//     for chunk j = 0, 1, ..., K/32 - 1, in this order:
+//         sumi = sc0 * sum_{i<16} (u_i - z) a_i + sc1 * sum_{i>=16} (u_i - z) a_i (int32)
+//         acc  = fma(dw * da, float(sumi), acc)
+//         acc  = fma(mw, sa, acc)
+//         if dm != 0:  mi = m0 * sum_{i<16} a_i + m1 * sum_{i>=16} a_i            (int32)
+//                      acc = fma(-(dm * da), float(mi), acc)
+//     y = acc
+// with {da, sa, a_i} the Q8_1 block j of the activation column, bit for bit as
+// quantize_q8_1 writes it (here computed in shared memory, never stored). The integer
+// sums are exact in any order (two's complement), so they are split over lanes freely;
+// the float part is ONE sequential chain per output, in chunk order. The result depends
+// on K and the data only: not on M, N, the tiling, the fusion or the grid, so every class
+// and every fused form gives the same bits (reference::mul_mat_q_dot).
+
+.version 8.0
+.target sm_80
+.address_size 64
+
+.extern .shared .align 16 .b8 qmm_smem[];
+
+// ---------------------------------------------------------------------------------
+// KERNEL qmm
+// out[m, n] = sum_k w[k, m] * a[k, n] for up to three quantised weight matrices that
+// read the same activation, in the per-output order of the file header.
+// Params:
+//   p_x       f32 activations [K, N, B2, B3] (ids mode: [K, B1, T]), element stride 4
+//   p_nbx1, p_nbx2, p_nbx3   activation byte strides of dims 1..3
+//   p_nchunks K / 32
+//   p_n       N (columns; ids mode: 1)
+//   p_nt      NT, columns per CTA (1..8): blockIdx.y takes columns y*NT .. y*NT+NT-1
+//   p_rows    R, rows per CTA (a multiple of 8, R * NT <= 256); GLU mode: R/2 rows of
+//             each of the two matrices
+//   p_b2      B2 (to split blockIdx.z into i2, i3); ids mode: B1
+//   p_r2, p_r3               broadcast ratios B2/A2 and B3/A3 of matrix 0
+//   p_flags   bit 0: RMS norm prologue; bits 1-2: epilogue (0 none, 1 residual add,
+//             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID)
+//   p_nw      norm weight, f32 [K] (norm prologue)
+//   p_eps     norm epsilon
+//   p_rms, p_mul             norm outputs [K, N] (x * scale, and that times p_nw),
+//                            written by CTA (0, 0, 0); column stride p_nbr1
+//   p_nbr1    byte stride of the columns of p_rms and p_mul
+//   p_w0, p_w1, p_w2         weight matrices [K, M_i] (matrix 0: [K, M0, A2, A3])
+//   p_dt0, p_dt1, p_dt2      their dtype codes (quant.ptx's header)
+//   p_m0, p_m1, p_m2         their rows M_i (0: no such matrix)
+//   p_nbw0, p_nbw1, p_nbw2   their row byte strides
+//   p_nbwb2, p_nbwb3         batch byte strides of matrix 0 (ids mode: expert stride)
+//   p_d0, p_d1, p_d2         f32 outputs [M_i, N] (output 0: [M0, N, B2, B3])
+//   p_nbd0, p_nbd1, p_nbd2   their column byte strides (ids mode, output 0: slot stride)
+//   p_nbdb2, p_nbdb3         batch byte strides of output 0 (ids mode: token stride)
+//   p_res, p_nbres           epilogue add: residual [M0, N] and its column stride
+//   p_e, p_nbe               epilogue output (add or GLU result) [M0, N], column stride
+//   p_ids     ids mode: i32 expert ids [n_used, T]
+//   p_nbi0, p_nbi1           id byte strides
+//   p_n_as    number of experts; an id outside 0..n_as sets *p_err = 1 and the CTA
+//             writes nothing
+//   p_err     u32 error word
+// Grid:   (CTAs over rows: sum over matrices of ceil(M_i / R) (GLU: ceil(M0 / (R/2))),
+//          ceil(N / NT) (ids mode: n_used), B2*B3 (ids mode: T))
+// Block:  (256, 1, 1)
+// Shared: NT*1536 + R*512 + R*NT*128 + 32 bytes: per 32-chunk K-tile the Q8_1
+//         activation blocks {da, sa, sum_lo, sum_hi, q[32]} (48 B per column and
+//         chunk), per (chunk, row) {dw, mw, dm, m01} (16 B), per (chunk, column, row)
+//         sumi (4 B), the norm scale per column.
+// Reduction: per output as the file header: integer dot products split over a quad of
+//   lanes (each 8 values) and added by shfl.bfly 1, 2; the f32 chain over chunks in
+//   increasing order by one thread per output (stage C). Activation quantisation as
+//   quantize_q8_1 (amax by max, sum by integer add: order-free). Norm prologue as
+//   rms_norm: lane l adds x_i^2 (fma) for i = l, l+32, ..., butterfly 16, 8, 4, 2, 1.
+// ---------------------------------------------------------------------------------
+.visible .entry qmm(
+    .param .u64 p_x,
+    .param .u64 p_nbx1,
+    .param .u64 p_nbx2,
+    .param .u64 p_nbx3,
+    .param .u32 p_nchunks,
+    .param .u32 p_n,
+    .param .u32 p_nt,
+    .param .u32 p_rows,
+    .param .u32 p_b2,
+    .param .u32 p_r2,
+    .param .u32 p_r3,
+    .param .u32 p_flags,
+    .param .u64 p_nw,
+    .param .f32 p_eps,
+    .param .u64 p_rms,
+    .param .u64 p_mul,
+    .param .u64 p_nbr1,
+    .param .u64 p_w0,
+    .param .u64 p_w1,
+    .param .u64 p_w2,
+    .param .u32 p_dt0,
+    .param .u32 p_dt1,
+    .param .u32 p_dt2,
+    .param .u32 p_m0,
+    .param .u32 p_m1,
+    .param .u32 p_m2,
+    .param .u64 p_nbw0,
+    .param .u64 p_nbw1,
+    .param .u64 p_nbw2,
+    .param .u64 p_nbwb2,
+    .param .u64 p_nbwb3,
+    .param .u64 p_d0,
+    .param .u64 p_d1,
+    .param .u64 p_d2,
+    .param .u64 p_nbd0,
+    .param .u64 p_nbd1,
+    .param .u64 p_nbd2,
+    .param .u64 p_nbdb2,
+    .param .u64 p_nbdb3,
+    .param .u64 p_res,
+    .param .u64 p_nbres,
+    .param .u64 p_e,
+    .param .u64 p_nbe,
+    .param .u64 p_ids,
+    .param .u64 p_nbi0,
+    .param .u64 p_nbi1,
+    .param .u32 p_n_as,
+    .param .u64 p_err
+)
+{
+    .reg .pred %p<4>;
+    .reg .pred %pnorm, %pglu, %pids, %pq2, %pv, %plead, %pal, %pwr, %pact, %pcol;
+    .reg .b16 %hh<8>;
+    .reg .b32 %t<16>;
+    .reg .b32 %thr, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
+    .reg .b32 %ga, %mb, %Ma, %dta, %M1, %dt1, %cn, %cr, %RH;
+    .reg .b32 %gdt, %gM, %gmb, %gRg, %groff;
+    .reg .b32 %Q4, %k, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st;
+    .reg .b32 %U0, %U1, %W0, %W1, %H0, %H1, %c0, %c1, %zs0, %zs1, %sc0, %sc1;
+    .reg .b32 %m01, %off0, %off1, %pp, %a0, %a1, %x0, %x1, %slo, %shi;
+    .reg .f32 %f<16>;
+    .reg .f32 %acc, %dw, %mw, %dm;
+    .reg .b64 %rd<8>;
+    .reg .b64 %sA, %sW, %sS, %sN, %xb, %nbx1, %rw, %rb, %ra;
+    .reg .b64 %gw, %gnbw, %wa, %nbwa, %w1, %nbw1, %da, %nbda, %d1, %nbd1;
+
+    mov.u32 %thr, %tid.x;
+    ld.param.u32 %R, [p_rows];
+    ld.param.u32 %NT, [p_nt];
+    ld.param.u32 %NK, [p_nchunks];
+    ld.param.u32 %N, [p_n];
+    ld.param.u32 %flags, [p_flags];
+    and.b32 %t0, %flags, 1;
+    setp.ne.u32 %pnorm, %t0, 0;
+    bfe.u32 %epi, %flags, 1, 2;
+    setp.ge.u32 %pglu, %epi, 2;
+    and.b32 %t0, %flags, 8;
+    setp.ne.u32 %pids, %t0, 0;
+    // Shared memory: A at 0, W after NT*1536 bytes, S after R*512 more, the norm scales
+    // after R*NT*128 more.
+    mov.u64 %sA, qmm_smem;
+    mul.wide.u32 %rd0, %NT, 1536;
+    add.u64 %sW, %sA, %rd0;
+    mul.wide.u32 %rd0, %R, 512;
+    add.u64 %sS, %sW, %rd0;
+    mul.lo.u32 %t0, %R, %NT;
+    mul.wide.u32 %rd0, %t0, 128;
+    add.u64 %sN, %sS, %rd0;
+
+    // Activation columns, matrix-0 batch offsets (%rd3 weights, %rd4 output).
+    ld.param.u64 %xb, [p_x];
+    cvta.to.global.u64 %xb, %xb;
+    ld.param.u64 %nbx1, [p_nbx1];
+    ld.param.u32 %t1, [p_b2];
+    @%pids bra SETUP_IDS;
+    mov.u32 %t2, %ctaid.z;
+    rem.u32 %t3, %t2, %t1;
+    div.u32 %t4, %t2, %t1;
+    mov.u32 %t5, %ctaid.y;
+    mul.lo.u32 %t5, %t5, %NT;
+    sub.u32 %nv, %N, %t5;
+    min.u32 %nv, %nv, %NT;
+    ld.param.u64 %rd0, [p_nbx2];
+    cvt.u64.u32 %rd1, %t3;
+    mad.lo.u64 %xb, %rd1, %rd0, %xb;
+    ld.param.u64 %rd0, [p_nbx3];
+    cvt.u64.u32 %rd1, %t4;
+    mad.lo.u64 %xb, %rd1, %rd0, %xb;
+    cvt.u64.u32 %rd1, %t5;
+    mad.lo.u64 %xb, %rd1, %nbx1, %xb;
+    ld.param.u32 %t6, [p_r2];
+    div.u32 %t6, %t3, %t6;
+    ld.param.u64 %rd0, [p_nbwb2];
+    cvt.u64.u32 %rd1, %t6;
+    mul.lo.u64 %rd3, %rd1, %rd0;
+    ld.param.u32 %t6, [p_r3];
+    div.u32 %t6, %t4, %t6;
+    ld.param.u64 %rd0, [p_nbwb3];
+    cvt.u64.u32 %rd1, %t6;
+    mad.lo.u64 %rd3, %rd1, %rd0, %rd3;
+    ld.param.u64 %rd0, [p_nbdb2];
+    cvt.u64.u32 %rd1, %t3;
+    mul.lo.u64 %rd4, %rd1, %rd0;
+    ld.param.u64 %rd0, [p_nbdb3];
+    cvt.u64.u32 %rd1, %t4;
+    mad.lo.u64 %rd4, %rd1, %rd0, %rd4;
+    ld.param.u64 %rd0, [p_nbd0];
+    cvt.u64.u32 %rd1, %t5;
+    mad.lo.u64 %rd4, %rd1, %rd0, %rd4;
+    bra SETUP_ROWS;
+SETUP_IDS:
+    // Slot e = ctaid.y, token t = ctaid.z: expert ids[e, t] (the whole CTA leaves on a
+    // bad one), activation row (e mod B1, t).
+    mov.u32 %t2, %ctaid.y;
+    mov.u32 %t3, %ctaid.z;
+    ld.param.u64 %rd0, [p_ids];
+    cvta.to.global.u64 %rd0, %rd0;
+    ld.param.u64 %rd1, [p_nbi0];
+    cvt.u64.u32 %rd2, %t2;
+    mad.lo.u64 %rd0, %rd2, %rd1, %rd0;
+    ld.param.u64 %rd1, [p_nbi1];
+    cvt.u64.u32 %rd2, %t3;
+    mad.lo.u64 %rd0, %rd2, %rd1, %rd0;
+    ld.global.u32 %t4, [%rd0];
+    ld.param.u32 %t5, [p_n_as];
+    setp.lt.u32 %p0, %t4, %t5;
+    @%p0 bra IDS_OK;
+    setp.ne.u32 %p1, %thr, 0;
+    @%p1 bra DONE;
+    ld.param.u64 %rd0, [p_err];
+    cvta.to.global.u64 %rd0, %rd0;
+    st.global.u32 [%rd0], 1;
+    bra DONE;
+IDS_OK:
+    mov.u32 %nv, 1;
+    rem.u32 %t5, %t2, %t1;
+    cvt.u64.u32 %rd1, %t5;
+    mad.lo.u64 %xb, %rd1, %nbx1, %xb;
+    ld.param.u64 %rd0, [p_nbx2];
+    cvt.u64.u32 %rd1, %t3;
+    mad.lo.u64 %xb, %rd1, %rd0, %xb;
+    ld.param.u64 %rd0, [p_nbwb2];
+    cvt.u64.u32 %rd1, %t4;
+    mul.lo.u64 %rd3, %rd1, %rd0;
+    ld.param.u64 %rd0, [p_nbd0];
+    cvt.u64.u32 %rd1, %t2;
+    mul.lo.u64 %rd4, %rd1, %rd0;
+    ld.param.u64 %rd0, [p_nbdb2];
+    cvt.u64.u32 %rd1, %t3;
+    mad.lo.u64 %rd4, %rd1, %rd0, %rd4;
+
+SETUP_ROWS:
+    // Rows: group a is (matrix %ga, rows %mb.. of it, in CTA rows 0..); in GLU mode a
+    // second group is matrix 1's same rows, in CTA rows R/2...
+    ld.param.u32 %Ma, [p_m0];
+    ld.param.u32 %M1, [p_m1];
+    ld.param.u32 %t2, [p_m2];
+    mov.u32 %t3, %ctaid.x;
+    shr.u32 %RH, %R, 1;
+    @%pglu bra SETUP_GLU;
+    mov.u32 %ngrp, 1;
+    sub.u32 %t4, %R, 1;
+    add.u32 %t5, %Ma, %t4;
+    div.u32 %t5, %t5, %R;
+    add.u32 %t6, %M1, %t4;
+    div.u32 %t6, %t6, %R;
+    add.u32 %t6, %t6, %t5;
+    mov.u32 %ga, 0;
+    mov.u32 %t7, %t3;
+    setp.ge.u32 %p0, %t3, %t5;
+    @%p0 mov.u32 %ga, 1;
+    @%p0 sub.u32 %t7, %t3, %t5;
+    setp.ge.u32 %p1, %t3, %t6;
+    @%p1 mov.u32 %ga, 2;
+    @%p1 sub.u32 %t7, %t3, %t6;
+    mul.lo.u32 %mb, %t7, %R;
+    bra SETUP_MATS;
+SETUP_GLU:
+    mov.u32 %ngrp, 2;
+    mov.u32 %ga, 0;
+    mul.lo.u32 %mb, %t3, %RH;
+SETUP_MATS:
+    // Matrix %ga's weights, dtype, rows, row stride, output and its column stride.
+    setp.eq.u32 %p0, %ga, 1;
+    setp.eq.u32 %p1, %ga, 2;
+    ld.param.u32 %dta, [p_dt0];
+    ld.param.u32 %dt1, [p_dt1];
+    ld.param.u32 %t4, [p_dt2];
+    @%p0 mov.u32 %dta, %dt1;
+    @%p1 mov.u32 %dta, %t4;
+    @%p0 mov.u32 %Ma, %M1;
+    @%p1 mov.u32 %Ma, %t2;
+    ld.param.u64 %wa, [p_w0];
+    ld.param.u64 %w1, [p_w1];
+    ld.param.u64 %rd0, [p_w2];
+    @%p0 mov.u64 %wa, %w1;
+    @%p1 mov.u64 %wa, %rd0;
+    cvta.to.global.u64 %wa, %wa;
+    cvta.to.global.u64 %w1, %w1;
+    ld.param.u64 %nbwa, [p_nbw0];
+    ld.param.u64 %nbw1, [p_nbw1];
+    ld.param.u64 %rd0, [p_nbw2];
+    @%p0 mov.u64 %nbwa, %nbw1;
+    @%p1 mov.u64 %nbwa, %rd0;
+    ld.param.u64 %da, [p_d0];
+    ld.param.u64 %d1, [p_d1];
+    ld.param.u64 %rd0, [p_d2];
+    @%p0 mov.u64 %da, %d1;
+    @%p1 mov.u64 %da, %rd0;
+    cvta.to.global.u64 %da, %da;
+    cvta.to.global.u64 %d1, %d1;
+    ld.param.u64 %nbda, [p_nbd0];
+    ld.param.u64 %nbd1, [p_nbd1];
+    ld.param.u64 %rd0, [p_nbd2];
+    @%p0 mov.u64 %nbda, %nbd1;
+    @%p1 mov.u64 %nbda, %rd0;
+    // Batch / expert / column offsets apply to matrix 0 and output 0 only (the fused
+    // forms have one batch and one column tile).
+    setp.eq.u32 %p2, %ga, 0;
+    @%p2 add.u64 %wa, %wa, %rd3;
+    @%p2 add.u64 %da, %da, %rd4;
+    // Stage C needs the Q2_K min terms only if a group is Q2_K.
+    setp.eq.u32 %p0, %dta, 10;
+    setp.eq.u32 %p1, %dt1, 10;
+    and.pred %p1, %p1, %pglu;
+    or.pred %pq2, %p0, %p1;
+
+    // Stage C's thread: output (row %cr of the CTA, column %cn of the tile).
+    div.u32 %cn, %thr, %R;
+    rem.u32 %cr, %thr, %R;
+    setp.lt.u32 %pact, %cn, %nv;
+    mov.f32 %acc, 0f00000000;
+
+    // Norm prologue: warp w < nv computes column w's scale exactly as rms_norm does.
+    @!%pnorm bra NORM_DONE;
+    shr.u32 %t0, %thr, 5;
+    and.b32 %t1, %thr, 31;
+    setp.ge.u32 %p0, %t0, %nv;
+    @%p0 bra NORM_DONE;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    shl.b32 %t2, %NK, 5;
+    mov.f32 %f0, 0f00000000;
+    mov.u32 %t3, %t1;
+NORM_SUM:
+    setp.ge.u32 %p1, %t3, %t2;
+    @%p1 bra NORM_REDUCE;
+    mul.wide.u32 %rd2, %t3, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.f32 %f1, [%rd2];
+    fma.rn.f32 %f0, %f1, %f1, %f0;
+    add.u32 %t3, %t3, 32;
+    bra NORM_SUM;
+NORM_REDUCE:
+    bar.warp.sync 0xffffffff;
+    shfl.sync.bfly.b32 %f1, %f0, 16, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 8, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 4, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 2, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 1, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    cvt.rn.f32.u32 %f2, %t2;
+    div.rn.f32 %f3, %f0, %f2;
+    ld.param.f32 %f4, [p_eps];
+    add.rn.f32 %f3, %f3, %f4;
+    sqrt.rn.f32 %f3, %f3;
+    div.rn.f32 %f5, 0f3F800000, %f3;
+    setp.ne.u32 %p1, %t1, 0;
+    @%p1 bra NORM_DONE;
+    mul.wide.u32 %rd2, %t0, 4;
+    add.u64 %rd2, %sN, %rd2;
+    st.shared.f32 [%rd2], %f5;
+NORM_DONE:
+    // CTA (0, 0, 0) writes the norm outputs.
+    mov.u32 %t0, %ctaid.x;
+    mov.u32 %t1, %ctaid.y;
+    or.b32 %t0, %t0, %t1;
+    mov.u32 %t1, %ctaid.z;
+    or.b32 %t0, %t0, %t1;
+    setp.eq.u32 %pwr, %t0, 0;
+    and.pred %pwr, %pwr, %pnorm;
+
+    mov.u32 %tb, 0;
+TILE:
+    setp.ge.u32 %p0, %tb, %NK;
+    @%p0 bra EPILOGUE;
+    sub.u32 %TCa, %NK, %tb;
+    min.u32 %TCa, %TCa, 32;
+    bar.sync 0;
+
+    // Stage A: the tile's Q8_1 blocks of each column, 8 lanes per block (4 values each),
+    // bit for bit as quantize_q8_1.
+    shr.u32 %t0, %thr, 3;
+    and.b32 %t1, %thr, 7;
+    mul.lo.u32 %t2, %nv, %TCa;
+    mov.u32 %base, 0;
+A_LOOP:
+    setp.ge.u32 %p0, %base, %t2;
+    @%p0 bra A_DONE;
+    add.u32 %t3, %base, %t0;
+    setp.lt.u32 %pv, %t3, %t2;
+    sub.u32 %t4, %t2, 1;
+    min.u32 %t3, %t3, %t4;
+    div.u32 %n, %t3, %TCa;
+    rem.u32 %j, %t3, %TCa;
+    // element index i0 = (tb + j)*32 + 4*lane8 of column n
+    add.u32 %t4, %tb, %j;
+    shl.b32 %t4, %t4, 5;
+    shl.b32 %t5, %t1, 2;
+    add.u32 %t4, %t4, %t5;
+    cvt.u64.u32 %rd0, %n;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    mul.wide.u32 %rd2, %t4, 4;
+    add.u64 %rd1, %rd1, %rd2;
+    ld.global.f32 %f0, [%rd1];
+    ld.global.f32 %f1, [%rd1+4];
+    ld.global.f32 %f2, [%rd1+8];
+    ld.global.f32 %f3, [%rd1+12];
+    @!%pnorm bra A_QUANT;
+    // x * scale (rms_norm), then times the weight (mul)
+    mul.wide.u32 %rd5, %n, 4;
+    add.u64 %rd5, %sN, %rd5;
+    ld.shared.f32 %f4, [%rd5];
+    mul.rn.f32 %f0, %f0, %f4;
+    mul.rn.f32 %f1, %f1, %f4;
+    mul.rn.f32 %f2, %f2, %f4;
+    mul.rn.f32 %f3, %f3, %f4;
+    ld.param.u64 %rd5, [p_nw];
+    cvta.to.global.u64 %rd5, %rd5;
+    add.u64 %rd5, %rd5, %rd2;
+    ld.global.f32 %f4, [%rd5];
+    ld.global.f32 %f5, [%rd5+4];
+    ld.global.f32 %f6, [%rd5+8];
+    ld.global.f32 %f7, [%rd5+12];
+    mul.rn.f32 %f4, %f0, %f4;
+    mul.rn.f32 %f5, %f1, %f5;
+    mul.rn.f32 %f6, %f2, %f6;
+    mul.rn.f32 %f7, %f3, %f7;
+    and.pred %p1, %pwr, %pv;
+    @!%p1 bra A_NORMED;
+    ld.param.u64 %rd5, [p_nbr1];
+    mul.lo.u64 %rd6, %rd0, %rd5;
+    add.u64 %rd6, %rd6, %rd2;
+    ld.param.u64 %rd5, [p_rms];
+    cvta.to.global.u64 %rd5, %rd5;
+    add.u64 %rd5, %rd5, %rd6;
+    st.global.f32 [%rd5], %f0;
+    st.global.f32 [%rd5+4], %f1;
+    st.global.f32 [%rd5+8], %f2;
+    st.global.f32 [%rd5+12], %f3;
+    ld.param.u64 %rd5, [p_mul];
+    cvta.to.global.u64 %rd5, %rd5;
+    add.u64 %rd5, %rd5, %rd6;
+    st.global.f32 [%rd5], %f4;
+    st.global.f32 [%rd5+4], %f5;
+    st.global.f32 [%rd5+8], %f6;
+    st.global.f32 [%rd5+12], %f7;
+A_NORMED:
+    mov.f32 %f0, %f4;
+    mov.f32 %f1, %f5;
+    mov.f32 %f2, %f6;
+    mov.f32 %f3, %f7;
+A_QUANT:
+    abs.f32 %f4, %f0;
+    abs.f32 %f5, %f1;
+    max.f32 %f4, %f4, %f5;
+    abs.f32 %f5, %f2;
+    max.f32 %f4, %f4, %f5;
+    abs.f32 %f5, %f3;
+    max.f32 %f4, %f4, %f5;
+    shfl.sync.bfly.b32 %f5, %f4, 1, 31, 0xffffffff;
+    max.f32 %f4, %f4, %f5;
+    shfl.sync.bfly.b32 %f5, %f4, 2, 31, 0xffffffff;
+    max.f32 %f4, %f4, %f5;
+    shfl.sync.bfly.b32 %f5, %f4, 4, 31, 0xffffffff;
+    max.f32 %f4, %f4, %f5;
+    div.rn.f32 %f6, %f4, 0f42FE0000;
+    setp.eq.f32 %p1, %f6, 0f00000000;
+    div.rn.f32 %f7, 0f3F800000, %f6;
+    selp.f32 %f7, 0f00000000, %f7, %p1;
+    // q = round half away from zero (x * id), as quantize_q8_1
+    mul.rn.f32 %f8, %f0, %f7;
+    cvt.rzi.s32.f32 %t5, %f8;
+    cvt.rn.f32.s32 %f9, %t5;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t5, %t5, %t9;
+    mul.rn.f32 %f8, %f1, %f7;
+    cvt.rzi.s32.f32 %t6, %f8;
+    cvt.rn.f32.s32 %f9, %t6;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t6, %t6, %t9;
+    mul.rn.f32 %f8, %f2, %f7;
+    cvt.rzi.s32.f32 %t7, %f8;
+    cvt.rn.f32.s32 %f9, %t7;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t7, %t7, %t9;
+    mul.rn.f32 %f8, %f3, %f7;
+    cvt.rzi.s32.f32 %t8, %f8;
+    cvt.rn.f32.s32 %f9, %t8;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t8, %t8, %t9;
+    // sums: 4 lanes per half, then both halves
+    add.s32 %t9, %t5, %t6;
+    add.s32 %t9, %t9, %t7;
+    add.s32 %t9, %t9, %t8;
+    shfl.sync.bfly.b32 %t10, %t9, 1, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 2, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 4, 31, 0xffffffff;
+    add.s32 %t10, %t9, %t10;
+    // pack the 4 quants into one word
+    and.b32 %t5, %t5, 255;
+    and.b32 %t6, %t6, 255;
+    shl.b32 %t6, %t6, 8;
+    or.b32 %t5, %t5, %t6;
+    and.b32 %t7, %t7, 255;
+    shl.b32 %t7, %t7, 16;
+    or.b32 %t5, %t5, %t7;
+    shl.b32 %t8, %t8, 24;
+    or.b32 %t5, %t5, %t8;
+    @!%pv bra A_NEXT;
+    mad.lo.u32 %t11, %n, 32, %j;
+    mul.wide.u32 %rd0, %t11, 48;
+    add.u64 %rd0, %sA, %rd0;
+    mul.wide.u32 %rd1, %t1, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.shared.b32 [%rd1+16], %t5;
+    setp.ne.u32 %p1, %t1, 0;
+    @%p1 bra A_NEXT;
+    // d and s = d * sum as f16, read back as f32 (what a Q8_1 block holds)
+    cvt.rn.f32.s32 %f8, %t10;
+    mul.rn.f32 %f8, %f6, %f8;
+    cvt.rn.f16.f32 %hh0, %f6;
+    cvt.rn.f16.f32 %hh1, %f8;
+    cvt.f32.f16 %f6, %hh0;
+    cvt.f32.f16 %f8, %hh1;
+    mov.b32 %t6, %f6;
+    mov.b32 %t7, %f8;
+    sub.s32 %t8, %t10, %t9;
+    st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
+A_NEXT:
+    add.u32 %base, %base, 32;
+    bra A_LOOP;
+A_DONE:
+    bar.sync 0;
+
+    // Stage B: integer dot products, per group, in the loop of its dtype.
+    mov.u32 %gi, 0;
+B_GROUP:
+    setp.ge.u32 %p0, %gi, %ngrp;
+    @%p0 bra B_END;
+    setp.eq.u32 %p1, %gi, 0;
+    selp.b32 %gdt, %dta, %dt1, %p1;
+    selp.b32 %gM, %Ma, %M1, %p1;
+    selp.b64 %gw, %wa, %w1, %p1;
+    selp.b64 %gnbw, %nbwa, %nbw1, %p1;
+    mov.u32 %gmb, %mb;
+    selp.b32 %gRg, %R, %RH, %p1;
+    @%pglu mov.u32 %gRg, %RH;
+    selp.b32 %groff, 0, %RH, %p1;
+@B_DISPATCH@
+    bra B_NEXT;
+@B_LOOPS@
+B_NEXT:
+    add.u32 %gi, %gi, 1;
+    bra B_GROUP;
+B_END:
+    bar.sync 0;
+
+    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order.
+    @!%pact bra C_DONE;
+    mov.u32 %j, 0;
+C_LOOP:
+    setp.ge.u32 %p0, %j, %TCa;
+    @%p0 bra C_DONE;
+    mad.lo.u32 %t0, %j, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 16;
+    add.u64 %rd0, %sW, %rd0;
+    ld.shared.v4.b32 {%t1, %t2, %t3, %t4}, [%rd0];
+    mad.lo.u32 %t0, %cn, 32, %j;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %rd0, %sA, %rd0;
+    ld.shared.v4.b32 {%t5, %t6, %t7, %t8}, [%rd0];
+    mad.lo.u32 %t0, %j, %NT, %cn;
+    mad.lo.u32 %t0, %t0, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    ld.shared.b32 %t9, [%rd0];
+    mov.b32 %f0, %t1;
+    mov.b32 %f1, %t2;
+    mov.b32 %f2, %t3;
+    mov.b32 %f3, %t5;
+    mov.b32 %f4, %t6;
+    mul.rn.f32 %f5, %f0, %f3;
+    cvt.rn.f32.s32 %f6, %t9;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+    fma.rn.f32 %acc, %f1, %f4, %acc;
+    @!%pq2 bra C_NEXT;
+    setp.eq.f32 %p1, %f2, 0f00000000;
+    @%p1 bra C_NEXT;
+    and.b32 %t10, %t4, 0xFFFF;
+    shr.u32 %t11, %t4, 16;
+    mul.lo.s32 %t10, %t10, %t7;
+    mad.lo.s32 %t10, %t11, %t8, %t10;
+    mul.rn.f32 %f5, %f2, %f3;
+    neg.f32 %f5, %f5;
+    cvt.rn.f32.s32 %f6, %t10;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+C_NEXT:
+    add.u32 %j, %j, 1;
+    bra C_LOOP;
+C_DONE:
+    add.u32 %tb, %tb, 32;
+    bra TILE;
+
+EPILOGUE:
+    @%pglu bra EPI_GLU;
+    // One matrix per CTA: y, and with the add epilogue y + residual.
+    @!%pact bra DONE;
+    add.u32 %t0, %mb, %cr;
+    setp.ge.u32 %p0, %t0, %Ma;
+    @%p0 bra DONE;
+    mul.wide.u32 %rd0, %t0, 4;
+    cvt.u64.u32 %rd1, %cn;
+    mad.lo.u64 %rd2, %rd1, %nbda, %da;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %acc;
+    setp.ne.u32 %p1, %epi, 1;
+    @%p1 bra DONE;
+    ld.param.u64 %rd2, [p_res];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.u64 %rd3, [p_nbres];
+    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
+    add.u64 %rd2, %rd2, %rd0;
+    ld.global.f32 %f0, [%rd2];
+    add.rn.f32 %f1, %acc, %f0;
+    ld.param.u64 %rd2, [p_e];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.u64 %rd3, [p_nbe];
+    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %f1;
+    bra DONE;
+EPI_GLU:
+    // Gate rows are CTA rows 0..R/2, up rows R/2..R: meet in shared memory (S, once
+    // every thread is done reading it).
+    bar.sync 0;
+    mad.lo.u32 %t0, %cn, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    @%pact st.shared.f32 [%rd0], %acc;
+    bar.sync 0;
+    @!%pact bra DONE;
+    setp.ge.u32 %p0, %cr, %RH;
+    @%p0 bra DONE;
+    add.u32 %t1, %mb, %cr;
+    setp.ge.u32 %p0, %t1, %Ma;
+    @%p0 bra DONE;
+    ld.shared.f32 %f0, [%rd0];
+    mul.wide.u32 %rd1, %RH, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    ld.shared.f32 %f3, [%rd1];
+    mul.wide.u32 %rd0, %t1, 4;
+    cvt.u64.u32 %rd1, %cn;
+    mad.lo.u64 %rd2, %rd1, %nbda, %da;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %f0;
+    mad.lo.u64 %rd2, %rd1, %nbd1, %d1;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %f3;
+    ld.param.u64 %rd2, [p_e];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.u64 %rd3, [p_nbe];
+    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
+    add.u64 %rd2, %rd2, %rd0;
+    setp.eq.u32 %p1, %epi, 3;
+    @%p1 bra EPI_GEGLU;
+    // swiglu: silu(g) * u, the instructions of unary.ptx's swiglu
+    mul.rn.f32 %f1, %f0, 0fBFB8AA3B;
+    ex2.approx.f32 %f1, %f1;
+    add.rn.f32 %f1, %f1, 0f3F800000;
+    div.rn.f32 %f2, %f0, %f1;
+    mul.rn.f32 %f4, %f2, %f3;
+    st.global.f32 [%rd2], %f4;
+    bra DONE;
+EPI_GEGLU:
+    // geglu: the instructions of unary.ptx's gelu_tab and geglu
+    cvt.rn.f16.f32 %hh0, %f0;
+    cvt.f32.f16 %f1, %hh0;
+    mul.rn.f32 %f2, %f1, 0f3D372713;
+    fma.rn.f32 %f2, %f2, %f1, 0f3F800000;
+    mul.rn.f32 %f4, %f1, 0f3F4C422A;
+    mul.rn.f32 %f4, %f4, %f2;
+    abs.f32 %f5, %f4;
+    mul.rn.f32 %f5, %f5, 0fC038AA3B;
+    ex2.approx.f32 %f5, %f5;
+    add.rn.f32 %f6, %f5, 0f3F800000;
+    add.rn.f32 %f7, %f5, %f5;
+    div.rn.f32 %f6, %f7, %f6;
+    sub.rn.f32 %f7, 0f3F800000, %f6;
+    setp.lt.f32 %p0, %f4, 0f00000000;
+    @%p0 neg.f32 %f7, %f7;
+    add.rn.f32 %f7, %f7, 0f3F800000;
+    mul.rn.f32 %f8, %f1, 0f3F000000;
+    mul.rn.f32 %f8, %f8, %f7;
+    cvt.rn.f16.f32 %hh1, %f8;
+    cvt.f32.f16 %f8, %hh1;
+    setp.ge.f32 %p0, %f0, 0f41200000;
+    selp.f32 %f8, %f0, %f8, %p0;
+    mul.rn.f32 %f9, %f8, %f3;
+    setp.le.f32 %p1, %f0, 0fC1200000;
+    selp.f32 %f9, 0f00000000, %f9, %p1;
+    st.global.f32 [%rd2], %f9;
+DONE:
+    ret;
+}
+";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checked_in_qmm_ptx_is_current() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let on_disk = std::fs::read_to_string(root.join(OUT)).expect("qmm.ptx exists");
+        assert!(
+            on_disk == generate(),
+            "{OUT} is stale: run `cargo xtask gen-ptx` and commit the result"
+        );
+    }
+
+    #[test]
+    fn every_dtype_has_one_loop() {
+        let text = generate();
+        for (name, id) in DTYPES {
+            assert_eq!(text.matches(&format!("\nB_{name}:\n")).count(), 1, "{name}");
+            assert!(text.contains(&format!("setp.eq.u32 %p0, %gdt, {id};")));
+        }
+        assert!(!text.contains('@') || !text.contains("@FRAG@"));
+        assert!(!text.contains("@B_"));
+    }
+}
