@@ -4,9 +4,9 @@
 //!   the same IEEE operations in the same order, or integer compares), and against the
 //!   host mirrors in `ggml_cuda::reference`;
 //! - MUL_MAT_ID against the CUDA MUL_MAT of each token's expert bit for bit (the kernels
-//!   share mul_mat's per-row dot), and against the CPU backend by NMSE at mul_mat's limit
-//!   (5e-4: the GPU quantises activations to Q8_1 where the CPU uses each format's own
-//!   dot type);
+//!   share mul_mat's per-output order); quantised experts against the host's
+//!   `reference::mul_mat_q_dot` bit for bit, float experts against the CPU backend by
+//!   NMSE at mul_mat's limit (5e-4);
 //! - a bad expert id is a `BadData` error naming the node, not a read out of bounds;
 //! - a whole MoE FFN (router, top-k, weights, experts, combine) against the CPU.
 
@@ -365,8 +365,9 @@ fn k_of(dtype: DType) -> usize {
 /// projections: one activation row per token) and B1 = n_used (the down projection: one
 /// per slot), ids with repeats. Each output column (e, t) must be, bit for bit, the CUDA
 /// MUL_MAT of expert ids[e, t] with activation row (e mod B1, t), computed in the same
-/// graph over all B1 * T rows (5 rows: the mmvq class, 10: mmq, identical by invariant
-/// 2). And the whole result is within mul_mat's NMSE limit of the CPU backend.
+/// graph over all B1 * T rows (5 rows: the matrix-vector class, 10: the tiled one,
+/// identical by invariant 2). Quantised: bit for bit the host's order; float: within
+/// mul_mat's NMSE limit of the CPU backend.
 #[rstest]
 fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
     #[values(
@@ -428,6 +429,30 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
             );
             assert_eq!(hb, wb, "{dtype} B1 {b1}: token {t} slot {e} (expert {id})");
         }
+    }
+    if dtype.is_quantized() {
+        // Quantised experts: bit for bit the host's sequential order.
+        let wb = bytes_of(dtype, &wv, k);
+        let rs = dtype.row_size(k).unwrap();
+        let mut q = vec![0u8; k / 32 * reference::Q8_1_BLOCK];
+        for t in 0..TOKENS {
+            for e in 0..N_USED {
+                let id = ids[t * N_USED + e] as usize;
+                let col = t * b1 + e % b1;
+                reference::quantize_q8_1(&xv[col * k..(col + 1) * k], &mut q);
+                for row in 0..m {
+                    let at = (id * m + row) * rs;
+                    let want = reference::mul_mat_q_dot(dtype, &wb[at..at + rs], &q, k / 32);
+                    let have = got[(t * N_USED + e) * m + row];
+                    assert_eq!(
+                        have.to_bits(),
+                        want.unwrap().to_bits(),
+                        "{dtype} B1 {b1}: token {t} slot {e} row {row} against the host"
+                    );
+                }
+            }
+        }
+        return;
     }
     let cpu_out = to_f32(DType::F32, &cpu[0]);
     assert!(
