@@ -13,9 +13,16 @@ use ggml_core::{Tensor, TensorId};
 
 use crate::CudaTuning;
 
+mod products;
+pub(crate) use products::{ProductRun, Tail};
+
 /// A run of nodes that one fused kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fusion {}
+pub(crate) enum Fusion {
+    /// Decode-class quantised products with their norm prologue, shared activation or
+    /// epilogue (one `qmm` launch).
+    Products(ProductRun),
+}
 
 /// One step of a split's execution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +45,7 @@ pub(crate) enum Step {
 type Matcher = fn(&[Tensor], &[TensorId], usize, &CudaTuning) -> Option<(Fusion, usize)>;
 
 /// Every fusion's matcher, tried in order at each node.
-const MATCHERS: &[Matcher] = &[];
+const MATCHERS: &[Matcher] = &[products::matcher];
 
 /// The steps that compute `nodes` with the fusions `tuning` allows.
 pub(crate) fn plan(tensors: &[Tensor], nodes: &[TensorId], tuning: &CudaTuning) -> Vec<Step> {

@@ -160,7 +160,9 @@ pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
     if nt == 0 || nt > QMM_MMQ_COLUMNS {
         return None;
     }
-    let fits = |r: usize| r * nt <= QMM_THREADS as usize && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize;
+    let fits = |r: usize| {
+        r * nt <= QMM_THREADS as usize && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize
+    };
     let mut r = 8;
     while r < 64 && fits(2 * r) && total_rows.div_ceil(2 * r) >= QMM_MIN_BLOCKS {
         r *= 2;

@@ -10,6 +10,8 @@ use crate::backend::{CudaBackend, State};
 use crate::kernels::KernelId;
 use crate::launch::{self, Args, LaunchDims, MulMatClass};
 use crate::qmm;
+
+mod products;
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
 
 /// Element type code of the elementwise kernels: 0 f32, 1 f16, 2 bf16, 3 i32.
@@ -347,7 +349,12 @@ impl Ctx<'_> {
     }
 
     fn src(&self, i: usize) -> BackendResult<Tensor> {
-        src(self.tensors, self.node, i).map_err(|d| self.fail(BackendErrorKind::InvalidArgument, d))
+        self.src_of(self.node, i)
+    }
+
+    /// Operand `i` of `t`.
+    fn src_of(&self, t: &Tensor, i: usize) -> BackendResult<Tensor> {
+        src(self.tensors, t, i).map_err(|d| self.fail(BackendErrorKind::InvalidArgument, d))
     }
 
     /// Device address of `t` with its whole byte span checked against its buffer.
@@ -769,13 +776,15 @@ pub(crate) fn run(
 ///
 /// [`fusion::plan`]: crate::fusion::plan
 pub(crate) fn run_fused(
-    _be: &CudaBackend,
-    _st: &mut State,
-    _tensors: &[Tensor],
-    _nodes: &[TensorId],
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    nodes: &[TensorId],
     fusion: crate::fusion::Fusion,
 ) -> BackendResult<()> {
-    match fusion {}
+    match fusion {
+        crate::fusion::Fusion::Products(r) => products::run_products(be, st, tensors, nodes, r),
+    }
 }
 
 fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {

@@ -339,7 +339,12 @@ fn mul_mat_quantised_is_the_sequential_order(
             let xn = ctx.view_2d(tx, k, n, 4 * k, 0).unwrap();
             outs.push(ctx.mul_mat(tw, xn).unwrap());
         }
-        let got = common::run_all(&be, &mut ctx, &[(tw, w.clone()), (tx, f32_bytes(&x))], &outs);
+        let got = common::run_all(
+            &be,
+            &mut ctx,
+            &[(tw, w.clone()), (tx, f32_bytes(&x))],
+            &outs,
+        );
         let want = mul_mat_q_ref(dt, &w, &x, [k, m, 17], [1, 1], [1, 1]);
         for (&n, g) in ns.iter().zip(&got) {
             assert_bits(&to_f32(g), &want[..m * n], &format!("{dt} K {k} N {n}"));
@@ -347,7 +352,11 @@ fn mul_mat_quantised_is_the_sequential_order(
     }
     let st = be.kernel_stats();
     assert!(st.mmq >= 1 && st.mmvq >= 3, "{st:?}");
-    assert_eq!(st.launches_of(ggml_cuda::KernelId::QuantizeQ8_1), 0, "{st:?}");
+    assert_eq!(
+        st.launches_of(ggml_cuda::KernelId::QuantizeQ8_1),
+        0,
+        "{st:?}"
+    );
 }
 
 /// Batched products with broadcast weights (r2 = 2, r3 = 3) and activation columns
@@ -376,7 +385,12 @@ fn mul_mat_quantised_broadcast_batches(#[case] dt: DType, #[case] n: usize) {
     let nb = ctx.tensors()[tp.index()].nb;
     let tx = ctx.view(tp, [k, n, b2, b3], nb, 0).unwrap();
     let out = ctx.mul_mat(tw, tx).unwrap();
-    let got = to_f32(&run(&be, &mut ctx, &[(tw, w.clone()), (tp, f32_bytes(&xp))], out));
+    let got = to_f32(&run(
+        &be,
+        &mut ctx,
+        &[(tw, w.clone()), (tp, f32_bytes(&xp))],
+        out,
+    ));
     let want = mul_mat_q_ref(dt, &w, &x, [k, m, n], [a2, a3], [b2, b3]);
     assert_bits(&got, &want, &format!("{dt} N {n}"));
 }
@@ -899,7 +913,11 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 27 + 24, "{st:?} for {outs:?}");
+    assert_eq!(
+        st.launches.iter().sum::<u64>(),
+        27 + 24,
+        "{st:?} for {outs:?}"
+    );
 }
 
 /// Op timing sums each kind of op (products by weight type), starts new sums on each

@@ -397,7 +397,11 @@ fn fragment(dtype: &str) -> String {
             // Q5_K adds bit s of qh[i] as bit 4; the 6-bit scale sc and min m of s (s < 4:
             // q[s] & 63, q[s+4] & 63; else (q[s+4] & 15) | (q[s-4] >> 6) << 4 and
             // (q[s+4] >> 4) | (q[s] >> 6) << 4, q = scales); dw = d, mw = -(dmin * m).
-            let (size, qs) = if dtype == "Q4_K" { (144, 16) } else { (176, 48) };
+            let (size, qs) = if dtype == "Q4_K" {
+                (144, 16)
+            } else {
+                (176, 48)
+            };
             f += KQ_INDEX;
             f += &block(size);
             f += "    ld.global.nc.b32 %t1, [%rb];
@@ -1377,7 +1381,8 @@ mod tests {
             assert_eq!(text.matches(&format!("\nB_{name}:\n")).count(), 1, "{name}");
             assert!(text.contains(&format!("setp.eq.u32 %p0, %gdt, {id};")));
         }
-        assert!(!text.contains('@') || !text.contains("@FRAG@"));
-        assert!(!text.contains("@B_"));
+        for marker in ["@FRAG@", "@DT@", "@B_"] {
+            assert!(!text.contains(marker), "{marker} left in the output");
+        }
     }
 }
