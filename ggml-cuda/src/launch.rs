@@ -127,8 +127,8 @@ pub fn mul_mat_id(m: usize, n_used: usize, tokens: usize) -> Option<LaunchDims> 
     })
 }
 
-/// Threads per block of `qmm`.
-pub const QMM_THREADS: u32 = 256;
+/// Most threads per block of `qmm`.
+pub const QMM_MAX_THREADS: usize = 512;
 /// Chunks of 32 values per K-tile of `qmm` (its shared memory holds one tile).
 pub const QMM_TILE: usize = 32;
 /// Columns per block of `qmm` in the tiled class (N >= [`MMQ_MIN_N`]); below it a block
@@ -154,15 +154,14 @@ pub fn qmm_columns(n: usize) -> usize {
 
 /// Rows per `qmm` block (8, 16, 32 or 64) for blocks of `nt` columns over `total_rows`
 /// rows: the largest that still gives [`QMM_MIN_BLOCKS`] blocks, within the block's
-/// 256 threads (one per output) and the default 48 KiB of shared memory. `None` when
-/// `nt` is 0 or above 8. Any choice gives the same bits.
+/// threads (one per output) and the default 48 KiB of shared memory. `None` when `nt` is
+/// 0 or above 8. Any choice gives the same bits.
 pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
     if nt == 0 || nt > QMM_MMQ_COLUMNS {
         return None;
     }
-    let fits = |r: usize| {
-        r * nt <= QMM_THREADS as usize && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize
-    };
+    let fits =
+        |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize;
     let mut r = 8;
     while r < 64 && fits(2 * r) && total_rows.div_ceil(2 * r) >= QMM_MIN_BLOCKS {
         r *= 2;
@@ -170,10 +169,25 @@ pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
     Some(r)
 }
 
+/// Threads per `qmm` block of `rows` rows and `nt` columns for K of `nchunks` chunks:
+/// one per (row, chunk) of a K-tile, up to [`QMM_MAX_THREADS`], and at least one per
+/// output.
+pub fn qmm_threads(rows: usize, nt: usize, nchunks: usize) -> usize {
+    let tasks = rows * nchunks.clamp(1, QMM_TILE);
+    (tasks.min(QMM_MAX_THREADS).max(rows * nt)).div_ceil(32) * 32
+}
+
 /// `qmm`: `ctas` blocks over the rows, `ny` over column tiles (or MUL_MAT_ID's slots),
-/// `nz` over batches (or tokens); `rows` x `nt` outputs per block.
-pub fn qmm(ctas: usize, ny: usize, nz: usize, rows: usize, nt: usize) -> Option<LaunchDims> {
-    if ctas == 0 || ny == 0 || nz == 0 || rows == 0 || nt == 0 {
+/// `nz` over batches (or tokens); `rows` x `nt` outputs per block, K of `nchunks` chunks.
+pub fn qmm(
+    ctas: usize,
+    ny: usize,
+    nz: usize,
+    rows: usize,
+    nt: usize,
+    nchunks: usize,
+) -> Option<LaunchDims> {
+    if ctas == 0 || ny == 0 || nz == 0 || rows == 0 || nt == 0 || nchunks == 0 {
         return None;
     }
     check(LaunchDims {
@@ -182,7 +196,7 @@ pub fn qmm(ctas: usize, ny: usize, nz: usize, rows: usize, nt: usize) -> Option<
             u32::try_from(ny).ok()?,
             u32::try_from(nz).ok()?,
         ),
-        block: (QMM_THREADS, 1, 1),
+        block: (qmm_threads(rows, nt, nchunks) as u32, 1, 1),
         shared: u32::try_from(qmm_shared(rows, nt)).ok()?,
     })
 }
@@ -446,13 +460,16 @@ mod tests {
         assert_eq!(qmm_rows(9, 10), None);
         for nt in 1..=8 {
             let r = qmm_rows(nt, 1 << 20).unwrap();
-            assert!(r * nt <= 256 && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize);
+            assert!(r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize);
         }
         assert_eq!(qmm_columns(7), 7);
         assert_eq!(qmm_columns(8), 8);
-        let d = qmm(72, 1, 1, 8, 1).unwrap();
-        assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (256, 1, 1), 5664));
-        assert!(qmm(1, 70_000, 1, 8, 1).is_none());
+        // One thread per (row, chunk) of a tile: K = 576 (18 chunks) at 8 rows.
+        let d = qmm(72, 1, 1, 8, 1, 18).unwrap();
+        assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6688));
+        assert_eq!(qmm_threads(64, 1, 18), 512);
+        assert_eq!(qmm_threads(16, 8, 1), 128);
+        assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl Call {
     /// Grid, block and shared memory, or `None` past the launch limits.
     pub fn dims(&self) -> Option<LaunchDims> {
         let (rows, ctas) = self.rows()?;
-        launch::qmm(ctas, self.ny, self.nz, rows, self.nt())
+        launch::qmm(ctas, self.ny, self.nz, rows, self.nt(), self.k / 32)
     }
 
     /// The arguments, in the order of the kernel's parameters.

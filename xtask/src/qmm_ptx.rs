@@ -61,33 +61,37 @@ pub fn generate() -> String {
         .replace("@B_LOOPS@\n", &loops)
 }
 
-/// `dst = the 32-bit word at the 2-byte aligned address [a]`: one 32-bit load where `pal`
-/// (a is 4-byte aligned), two 16-bit loads otherwise.
-fn ld1w(dst: &str, a: &str, pal: &str) -> String {
-    format!(
-        "    @{pal} ld.global.nc.b32 {dst}, [{a}];
-    @!{pal} ld.global.nc.b16 %hh4, [{a}];
-    @!{pal} ld.global.nc.b16 %hh5, [{a}+2];
-    @!{pal} mov.b32 {dst}, {{%hh4, %hh5}};
-"
-    )
-}
-
-/// `d0, d1 = the two 32-bit words at the 2-byte aligned address [a]`: two 32-bit loads
-/// where `pal` (a is 4-byte aligned), else a 16-bit, a 32-bit and a 16-bit load (all
-/// inside the 8 bytes) put back together.
-fn ld2w(d0: &str, d1: &str, a: &str, pal: &str) -> String {
-    format!(
-        "    @{pal} ld.global.nc.b32 {d0}, [{a}];
-    @{pal} ld.global.nc.b32 {d1}, [{a}+4];
-    @!{pal} ld.global.nc.b16 %hh4, [{a}];
-    @!{pal} ld.global.nc.b32 %t15, [{a}+2];
-    @!{pal} ld.global.nc.b16 %hh5, [{a}+6];
-    @!{pal} mov.b32 {{%hh6, %hh7}}, %t15;
-    @!{pal} mov.b32 {d0}, {{%hh4, %hh6}};
-    @!{pal} mov.b32 {d1}, {{%hh7, %hh5}};
-"
-    )
+/// `dst[i]`, i = 0..n, = the 32-bit words at the 2-byte aligned address `[a]`, `[a+4]`,
+/// ...: n 32-bit loads where `pal` (a is 4-byte aligned); else a 16-bit load, n - 1
+/// 32-bit loads and a 16-bit load, all inside the n words, put back together.
+fn ld_words(dst: &[&str], a: &str, pal: &str) -> String {
+    let n = dst.len();
+    let mut f = String::new();
+    for (i, d) in dst.iter().enumerate() {
+        f += &format!("    @{pal} ld.global.nc.b32 {d}, [{a}+{}];\n", 4 * i);
+    }
+    f += &format!("    @!{pal} ld.global.nc.b16 %hh4, [{a}];\n");
+    for i in 0..n - 1 {
+        f += &format!("    @!{pal} ld.global.nc.b32 %X{i}, [{a}+{}];\n", 2 + 4 * i);
+    }
+    f += &format!("    @!{pal} ld.global.nc.b16 %hh5, [{a}+{}];\n", 4 * n - 2);
+    for i in 0..n - 1 {
+        f += &format!("    @!{pal} mov.b32 {{%xl{i}, %xh{i}}}, %X{i};\n");
+    }
+    for (i, d) in dst.iter().enumerate() {
+        let lo = if i == 0 {
+            "%hh4".to_string()
+        } else {
+            format!("%xh{}", i - 1)
+        };
+        let hi = if i == n - 1 {
+            "%hh5".to_string()
+        } else {
+            format!("%xl{i}")
+        };
+        f += &format!("    @!{pal} mov.b32 {d}, {{{lo}, {hi}}};\n");
+    }
+    f
 }
 
 /// `%pal = (the address in the b64 register a is 4-byte aligned)`.
@@ -100,27 +104,88 @@ fn aligned4(a: &str) -> String {
     )
 }
 
-/// Spreads the 4 bits of `src` (bits 0..3) to bit 4 of the bytes of `dst`, ORed in.
-fn spread_fifth(dst: &str, src: &str) -> String {
-    format!(
-        "    and.b32 %t13, {src}, 15;
+/// Registers `%{p}0` .. `%{p}{n-1}`.
+fn regs(p: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("%{p}{i}")).collect()
+}
+
+/// [`ld_words`] into `%{p}0..%{p}{n-1}`.
+fn ld_regs(p: &str, n: usize, a: &str, pal: &str) -> String {
+    let r = regs(p, n);
+    let refs: Vec<&str> = r.iter().map(String::as_str).collect();
+    ld_words(&refs, a, pal)
+}
+
+/// `%U{i} = %W{i} & 0x0F0F0F0F` (values 4i..4i+3) and `%U{4+i} = (%W{i} >> 4) &
+/// 0x0F0F0F0F` (values 16+4i..), i = 0..4: the nibbles of a 16-byte qs array.
+fn split_nibbles() -> String {
+    let mut f = String::new();
+    for i in 0..4 {
+        f += &format!(
+            "    and.b32 %U{i}, %W{i}, 0x0F0F0F0F;
+    shr.b32 %t1, %W{i}, 4;
+    and.b32 %U{}, %t1, 0x0F0F0F0F;
+",
+            4 + i
+        );
+    }
+    f
+}
+
+/// ORs bit 4 of values i (bit i of `%H0`) into the bytes of `%U0..%U7`.
+fn fifth_bits() -> String {
+    let mut f = String::new();
+    for i in 0..8 {
+        f += &format!(
+            "    shr.b32 %t13, %H0, {};
+    and.b32 %t13, %t13, 15;
     mul.lo.u32 %t13, %t13, 0x00204081;
     and.b32 %t13, %t13, 0x01010101;
     shl.b32 %t13, %t13, 4;
-    or.b32 {dst}, {dst}, %t13;
+    or.b32 %U{i}, %U{i}, %t13;
+",
+            4 * i
+        );
+    }
+    f
+}
+
+/// `%U{i} = (%W{i} >> shift) & mask` for i = 0..8 (`shift` a register or a number).
+fn shift_mask(shift: &str, mask: &str) -> String {
+    (0..8)
+        .map(|i| {
+            format!(
+                "    shr.b32 %U{i}, %W{i}, {shift};
+    and.b32 %U{i}, %U{i}, {mask};
 "
-    )
+            )
+        })
+        .collect()
+}
+
+/// `%U{i} |= ((%H{i} >> shift) & mask) << up` for i = 0..8.
+fn or_high(shift: &str, mask: &str, up: u32) -> String {
+    (0..8)
+        .map(|i| {
+            format!(
+                "    shr.b32 %t1, %H{i}, {shift};
+    and.b32 %t1, %t1, {mask};
+    shl.b32 %t1, %t1, {up};
+    or.b32 %U{i}, %U{i}, %t1;
+"
+            )
+        })
+        .collect()
 }
 
 /// Defaults of the chunk outputs most formats leave at their neutral value.
-const PLAIN_CHUNK: &str = "    mov.b32 %c0, 1;
-    mov.b32 %c1, 1;
+const PLAIN_CHUNK: &str = "    mov.b32 %sc0, 1;
+    mov.b32 %sc1, 1;
     mov.f32 %dm, 0f00000000;
     mov.b32 %m01, 0;
 ";
 
-/// Loads block `%t0` (super-block index for k-quants) of `size` bytes of row `%rw`
-/// into `%rb`.
+/// The block `%t0` (super-block for k-quants) of `size` bytes of row `%rw`, in `%rb`.
 fn block(size: u32) -> String {
     format!(
         "    mul.wide.u32 %rd0, %t0, {size};
@@ -136,56 +201,27 @@ const KQ_INDEX: &str = "    shr.u32 %t0, %j, 3;
     and.b32 %st, %s, 3;
 ";
 
-/// `%c0 = %c1 = (k < 2 ? sc0 : sc1)` for formats whose lane reads 8 consecutive
-/// values (lanes 0, 1: values 0..15; lanes 2, 3: values 16..31).
-const HALF_SCALE: &str = "    setp.lt.u32 %p1, %k, 2;
-    selp.b32 %c0, %sc0, %sc1, %p1;
-    mov.b32 %c1, %c0;
-";
-
-/// `%off0 = 8k`, `%off1 = 8k + 4`: the activation words of a lane that reads values
-/// 8k..8k+7.
-const LINEAR_OFFS: &str = "    shl.b32 %off0, %k, 3;
-    add.u32 %off1, %off0, 4;
-";
-
-/// `%off0 = 4k`, `%off1 = 16 + 4k`: the activation words of a lane that reads qs word k
-/// of a 32-value block (low nibbles: values 4k..4k+3, high nibbles: 16+4k..16+4k+3).
-const NIBBLE_OFFS: &str = "    shl.b32 %off0, %k, 2;
-    add.u32 %off1, %off0, 16;
-";
-
-/// Splits the 8 nibbles of `%W0` into `%U0` (low nibbles) and `%U1` (high nibbles).
-const SPLIT_NIBBLES: &str = "    and.b32 %U0, %W0, 0x0F0F0F0F;
-    shr.b32 %t1, %W0, 4;
-    and.b32 %U1, %t1, 0x0F0F0F0F;
-";
-
-/// The fragment of `dtype`: from the row address `%rw`, the chunk index `%j` and the
-/// lane's slice `%k` (0..3) of the chunk, computes the lane's two words of quants
-/// `%U0`, `%U1` (unsigned bytes), the activation word offsets `%off0`, `%off1` they
-/// pair with, their integer multipliers `%c0`, `%c1`, the zero-point terms `%zs0 = z *
-/// sc0`, `%zs1 = z * sc1`, and the chunk's `%dw`, `%mw`, `%dm` (f32) and `%m01` (Q2_K's
+/// The fragment of `dtype`: from the row address `%rw` and the chunk index `%j`,
+/// computes the chunk's 32 unsigned quants `%U0..%U7` (value 4i+b in byte b of `%U{i}`),
+/// its integer scales `%sc0` (values 0..15), `%sc1` (16..31), the zero-point terms
+/// `%zs0 = z * sc0`, `%zs1 = z * sc1`, and `%dw`, `%mw`, `%dm` (f32) and `%m01` (Q2_K's
 /// mins, m0 | m1 << 16).
 fn fragment(dtype: &str) -> String {
     let mut f = String::new();
     match dtype {
         "Q4_0" => {
-            // {d: f16, qs[16]} = 18 bytes, 2-byte aligned. Lane k: qs word k.
+            // {d: f16, qs[16]} = 18 bytes, 2-byte aligned; value i = low nibble of qs[i],
+            // value 16+i = high nibble.
             f += "    mov.b32 %t0, %j;\n";
             f += &block(18);
             f += "    ld.global.nc.b16 %hh0, [%rb];
     cvt.f32.f16 %dw, %hh0;
     mov.f32 %mw, 0f00000000;
-";
-            f += NIBBLE_OFFS;
-            f += "    cvt.u64.u32 %rd1, %off0;
-    add.u64 %ra, %rb, %rd1;
-    add.u64 %ra, %ra, 2;
+    add.u64 %ra, %rb, 2;
 ";
             f += &aligned4("%ra");
-            f += &ld1w("%W0", "%ra", "%pal");
-            f += SPLIT_NIBBLES;
+            f += &ld_regs("W", 4, "%ra", "%pal");
+            f += &split_nibbles();
             f += PLAIN_CHUNK;
             f += "    mov.b32 %zs0, 8;
     mov.b32 %zs1, 8;
@@ -199,79 +235,68 @@ fn fragment(dtype: &str) -> String {
     mov.b32 {%hh0, %hh1}, %t1;
     cvt.f32.f16 %dw, %hh0;
     cvt.f32.f16 %mw, %hh1;
+    ld.global.nc.b32 %W0, [%rb+4];
+    ld.global.nc.b32 %W1, [%rb+8];
+    ld.global.nc.b32 %W2, [%rb+12];
+    ld.global.nc.b32 %W3, [%rb+16];
 ";
-            f += NIBBLE_OFFS;
-            f += "    cvt.u64.u32 %rd1, %off0;
-    add.u64 %ra, %rb, %rd1;
-    ld.global.nc.b32 %W0, [%ra+4];
-";
-            f += SPLIT_NIBBLES;
+            f += &split_nibbles();
             f += PLAIN_CHUNK;
             f += "    mov.b32 %zs0, 0;
     mov.b32 %zs1, 0;
 ";
         }
-        "Q5_0" | "Q5_1" => {
-            // Q5_0: {d: f16, qh: u32, qs[16]} = 22 bytes, 2-byte aligned.
-            // Q5_1: {d, m: f16, qh: u32, qs[16]} = 24 bytes, 8-byte aligned.
-            // Bit i of qh is bit 4 of value i.
+        "Q5_0" => {
+            // {d: f16, qh: u32, qs[16]} = 22 bytes, 2-byte aligned; bit i of qh is bit 4 of
+            // value i.
             f += "    mov.b32 %t0, %j;\n";
-            f += NIBBLE_OFFS;
-            f += "    cvt.u64.u32 %rd1, %off0;\n";
-            if dtype == "Q5_0" {
-                f += &block(22);
-                f += "    ld.global.nc.b16 %hh0, [%rb];
+            f += &block(22);
+            f += "    ld.global.nc.b16 %hh0, [%rb];
     cvt.f32.f16 %dw, %hh0;
     mov.f32 %mw, 0f00000000;
     add.u64 %ra, %rb, 2;
 ";
-                f += &aligned4("%ra");
-                f += &ld1w("%H0", "%ra", "%pal");
-                f += "    add.u64 %ra, %rb, %rd1;
-    add.u64 %ra, %ra, 6;
-";
-                f += &ld1w("%W0", "%ra", "%pal");
-                f += "    mov.b32 %zs0, 16;
+            f += &aligned4("%ra");
+            f += &ld_words(&["%H0", "%W0", "%W1", "%W2", "%W3"], "%ra", "%pal");
+            f += &split_nibbles();
+            f += &fifth_bits();
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 16;
     mov.b32 %zs1, 16;
 ";
-            } else {
-                f += &block(24);
-                f += "    ld.global.nc.v2.b32 {%t1, %H0}, [%rb];
+        }
+        "Q5_1" => {
+            // {d, m: f16, qh: u32, qs[16]} = 24 bytes, 8-byte aligned.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(24);
+            f += "    ld.global.nc.v2.b32 {%t1, %H0}, [%rb];
     mov.b32 {%hh0, %hh1}, %t1;
     cvt.f32.f16 %dw, %hh0;
     cvt.f32.f16 %mw, %hh1;
-    add.u64 %ra, %rb, %rd1;
-    ld.global.nc.b32 %W0, [%ra+8];
-    mov.b32 %zs0, 0;
+    ld.global.nc.v2.b32 {%W0, %W1}, [%rb+8];
+    ld.global.nc.v2.b32 {%W2, %W3}, [%rb+16];
+";
+            f += &split_nibbles();
+            f += &fifth_bits();
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 0;
     mov.b32 %zs1, 0;
 ";
-            }
-            f += SPLIT_NIBBLES;
-            f += "    shr.b32 %t2, %H0, %off0;\n";
-            f += &spread_fifth("%U0", "%t2");
-            f += "    shr.b32 %t2, %t2, 16;\n";
-            f += &spread_fifth("%U1", "%t2");
-            f += PLAIN_CHUNK;
         }
         "Q8_0" => {
-            // {d: f16, qs: i8[32]} = 34 bytes, 2-byte aligned. Lane k: values 8k..8k+7,
-            // u = q xor 0x80 (z = 128).
+            // {d: f16, qs: i8[32]} = 34 bytes, 2-byte aligned; u = q xor 0x80, z = 128.
             f += "    mov.b32 %t0, %j;\n";
             f += &block(34);
             f += "    ld.global.nc.b16 %hh0, [%rb];
     cvt.f32.f16 %dw, %hh0;
     mov.f32 %mw, 0f00000000;
-";
-            f += LINEAR_OFFS;
-            f += "    cvt.u64.u32 %rd1, %off0;
-    add.u64 %ra, %rb, %rd1;
-    add.u64 %ra, %ra, 2;
+    add.u64 %ra, %rb, 2;
 ";
             f += &aligned4("%ra");
-            f += &ld2w("%W0", "%W1", "%ra", "%pal");
-            f += "    xor.b32 %U0, %W0, 0x80808080;
-    xor.b32 %U1, %W1, 0x80808080;
-";
+            f += &ld_regs("W", 8, "%ra", "%pal");
+            for i in 0..8 {
+                f += &format!("    xor.b32 %U{i}, %W{i}, 0x80808080;\n");
+            }
             f += PLAIN_CHUNK;
             f += "    mov.b32 %zs0, 128;
     mov.b32 %zs1, 128;
@@ -299,23 +324,17 @@ fn fragment(dtype: &str) -> String {
     bfe.u32 %t5, %t3, 12, 4;
     shl.b32 %t5, %t5, 16;
     or.b32 %m01, %t4, %t5;
-";
-            f += LINEAR_OFFS;
-            f += "    shl.b32 %t2, %sn, 5;
-    add.u32 %t2, %t2, %off0;
-    cvt.u64.u32 %rd1, %t2;
-    add.u64 %ra, %rb, %rd1;
-    ld.global.nc.b32 %W0, [%ra+16];
-    ld.global.nc.b32 %W1, [%ra+20];
-    shl.b32 %t2, %st, 1;
-    shr.b32 %W0, %W0, %t2;
-    and.b32 %U0, %W0, 0x03030303;
-    shr.b32 %W1, %W1, %t2;
-    and.b32 %U1, %W1, 0x03030303;
     mov.b32 %zs0, 0;
     mov.b32 %zs1, 0;
+    shl.b32 %t2, %sn, 5;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
 ";
-            f += HALF_SCALE;
+            for i in 0..8 {
+                f += &format!("    ld.global.nc.b32 %W{i}, [%ra+{}];\n", 16 + 4 * i);
+            }
+            f += "    shl.b32 %t2, %st, 1;\n";
+            f += &shift_mask("%t2", "0x03030303");
         }
         "Q3_K" => {
             // {hmask[32], qs[64], scales[12], d: f16} = 110 bytes, 2-byte aligned.
@@ -358,37 +377,20 @@ fn fragment(dtype: &str) -> String {
     sub.s32 %sc1, %t4, 32;
     mul.lo.s32 %zs0, %sc0, 4;
     mul.lo.s32 %zs1, %sc1, 4;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
 ";
-            f += LINEAR_OFFS;
             f += &aligned4("%rb");
             f += "    shl.b32 %t2, %sn, 5;
-    add.u32 %t2, %t2, %off0;
     cvt.u64.u32 %rd1, %t2;
     add.u64 %ra, %rb, %rd1;
     add.u64 %ra, %ra, 32;
 ";
-            f += &ld2w("%W0", "%W1", "%ra", "%pal");
-            f += "    cvt.u64.u32 %rd1, %off0;
-    add.u64 %ra, %rb, %rd1;
-";
-            f += &ld2w("%H0", "%H1", "%ra", "%pal");
-            f += "    shl.b32 %t2, %st, 1;
-    shr.b32 %W0, %W0, %t2;
-    and.b32 %U0, %W0, 0x03030303;
-    shr.b32 %H0, %H0, %s;
-    and.b32 %H0, %H0, 0x01010101;
-    shl.b32 %H0, %H0, 2;
-    or.b32 %U0, %U0, %H0;
-    shr.b32 %W1, %W1, %t2;
-    and.b32 %U1, %W1, 0x03030303;
-    shr.b32 %H1, %H1, %s;
-    and.b32 %H1, %H1, 0x01010101;
-    shl.b32 %H1, %H1, 2;
-    or.b32 %U1, %U1, %H1;
-    mov.f32 %dm, 0f00000000;
-    mov.b32 %m01, 0;
-";
-            f += HALF_SCALE;
+            f += &ld_regs("W", 8, "%ra", "%pal");
+            f += &ld_regs("H", 8, "%rb", "%pal");
+            f += "    shl.b32 %t2, %st, 1;\n";
+            f += &shift_mask("%t2", "0x03030303");
+            f += &or_high("%s", "0x01010101", 2);
         }
         "Q4_K" | "Q5_K" => {
             // Q4_K: {d, dmin: f16, scales[12], qs[128]} = 144 bytes; Q5_K: {d, dmin,
@@ -430,42 +432,29 @@ fn fragment(dtype: &str) -> String {
     cvt.rn.f32.u32 %f1, %t7;
     mul.rn.f32 %f1, %f0, %f1;
     neg.f32 %mw, %f1;
-    mov.b32 %c0, %sc0;
-    mov.b32 %c1, %sc0;
     mov.b32 %zs0, 0;
     mov.b32 %zs1, 0;
     mov.f32 %dm, 0f00000000;
     mov.b32 %m01, 0;
 ";
-            f += LINEAR_OFFS;
             f += &format!(
                 "    shr.u32 %t2, %s, 1;
     shl.b32 %t2, %t2, 5;
-    add.u32 %t2, %t2, %off0;
     cvt.u64.u32 %rd1, %t2;
     add.u64 %ra, %rb, %rd1;
-    ld.global.nc.v2.b32 {{%W0, %W1}}, [%ra+{qs}];
+    ld.global.nc.v4.b32 {{%W0, %W1, %W2, %W3}}, [%ra+{qs}];
+    ld.global.nc.v4.b32 {{%W4, %W5, %W6, %W7}}, [%ra+{}];
     and.b32 %t2, %s, 1;
     shl.b32 %t2, %t2, 2;
-    shr.b32 %W0, %W0, %t2;
-    and.b32 %U0, %W0, 0x0F0F0F0F;
-    shr.b32 %W1, %W1, %t2;
-    and.b32 %U1, %W1, 0x0F0F0F0F;
-"
+",
+                qs + 16
             );
+            f += &shift_mask("%t2", "0x0F0F0F0F");
             if dtype == "Q5_K" {
-                f += "    cvt.u64.u32 %rd1, %off0;
-    add.u64 %ra, %rb, %rd1;
-    ld.global.nc.v2.b32 {%H0, %H1}, [%ra+16];
-    shr.b32 %H0, %H0, %s;
-    and.b32 %H0, %H0, 0x01010101;
-    shl.b32 %H0, %H0, 4;
-    or.b32 %U0, %U0, %H0;
-    shr.b32 %H1, %H1, %s;
-    and.b32 %H1, %H1, 0x01010101;
-    shl.b32 %H1, %H1, 4;
-    or.b32 %U1, %U1, %H1;
+                f += "    ld.global.nc.v4.b32 {%H0, %H1, %H2, %H3}, [%rb+16];
+    ld.global.nc.v4.b32 {%H4, %H5, %H6, %H7}, [%rb+32];
 ";
+                f += &or_high("%s", "0x01010101", 4);
             }
         }
         "Q6_K" => {
@@ -486,74 +475,55 @@ fn fragment(dtype: &str) -> String {
     ld.global.nc.s8 %sc1, [%ra+193];
     shl.b32 %zs0, %sc0, 5;
     shl.b32 %zs1, %sc1, 5;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
 ";
-            f += LINEAR_OFFS;
             f += &aligned4("%rb");
             f += "    shl.b32 %t2, %sn, 6;
     and.b32 %t3, %st, 1;
     shl.b32 %t3, %t3, 5;
     add.u32 %t2, %t2, %t3;
-    add.u32 %t2, %t2, %off0;
     cvt.u64.u32 %rd1, %t2;
     add.u64 %ra, %rb, %rd1;
 ";
-            f += &ld2w("%W0", "%W1", "%ra", "%pal");
+            f += &ld_regs("W", 8, "%ra", "%pal");
             f += "    shl.b32 %t2, %sn, 5;
-    add.u32 %t2, %t2, %off0;
     cvt.u64.u32 %rd1, %t2;
     add.u64 %ra, %rb, %rd1;
     add.u64 %ra, %ra, 128;
 ";
-            f += &ld2w("%H0", "%H1", "%ra", "%pal");
+            f += &ld_regs("H", 8, "%ra", "%pal");
             f += "    shr.u32 %t2, %st, 1;
     shl.b32 %t2, %t2, 2;
     shl.b32 %t3, %st, 1;
-    shr.b32 %W0, %W0, %t2;
-    and.b32 %U0, %W0, 0x0F0F0F0F;
-    shr.b32 %H0, %H0, %t3;
-    and.b32 %H0, %H0, 0x03030303;
-    shl.b32 %H0, %H0, 4;
-    or.b32 %U0, %U0, %H0;
-    shr.b32 %W1, %W1, %t2;
-    and.b32 %U1, %W1, 0x0F0F0F0F;
-    shr.b32 %H1, %H1, %t3;
-    and.b32 %H1, %H1, 0x03030303;
-    shl.b32 %H1, %H1, 4;
-    or.b32 %U1, %U1, %H1;
-    mov.f32 %dm, 0f00000000;
-    mov.b32 %m01, 0;
 ";
-            f += HALF_SCALE;
+            f += &shift_mask("%t2", "0x0F0F0F0F");
+            f += &or_high("%t3", "0x03030303", 4);
         }
         other => panic!("no fragment for {other}"),
     }
     f
 }
 
-/// Stage B for one dtype: the CTA's quads (4 lanes) take (row r, chunk jt) pairs of the
-/// current group and K-tile, r-major; lane k of a quad takes 8 of the chunk's 32 values.
-/// Per column the quad adds its 4 partial dots (shfl.bfly 1, 2: integers, exact), lane 0
-/// subtracts the zero-point terms and stores sumi in S; lane 0 also stores the chunk's
-/// dw, mw, dm, m01 in W.
+/// Stage B for one dtype: thread t takes tasks t, t + T, t + 2T, ... of the current group
+/// and K-tile, task = (row r, chunk jt), r-major, so a warp's lanes take neighbouring
+/// chunks of a row (and the next row's after the last). Per column the thread dots the
+/// chunk's 32 quants with the activation block (8 dp4a per half), subtracts the
+/// zero-point terms and stores sumi in S; it also stores the chunk's dw, mw, dm, m01 in W.
 const LOOP: &str = "
 B_@DT@:
-    mul.lo.u32 %t0, %gRg, %TCa;
-    shl.b32 %Q4, %t0, 2;
-    shr.u32 %t0, %thr, 2;
-    and.b32 %k, %thr, 3;
-    div.u32 %br, %t0, %TCa;
-    rem.u32 %bjt, %t0, %TCa;
-    mov.u32 %t1, 64;
-    div.u32 %dr, %t1, %TCa;
-    rem.u32 %djt, %t1, %TCa;
+    mul.lo.u32 %Q, %gRg, %TCa;
+    div.u32 %br, %thr, %TCa;
+    rem.u32 %bjt, %thr, %TCa;
+    div.u32 %dr, %T, %TCa;
+    rem.u32 %djt, %T, %TCa;
     mov.u32 %base, 0;
 B_@DT@_LOOP:
-    setp.ge.u32 %p0, %base, %Q4;
+    setp.ge.u32 %p0, %base, %Q;
     @%p0 bra B_NEXT;
     add.u32 %t0, %base, %thr;
-    setp.lt.u32 %pv, %t0, %Q4;
-    setp.eq.u32 %p1, %k, 0;
-    and.pred %plead, %pv, %p1;
+    setp.ge.u32 %p0, %t0, %Q;
+    @%p0 bra B_@DT@_ADVANCE;
     add.u32 %t0, %gmb, %br;
     sub.u32 %t1, %gM, 1;
     min.u32 %t0, %t0, %t1;
@@ -561,6 +531,7 @@ B_@DT@_LOOP:
     mad.lo.u64 %rw, %rd0, %gnbw, %gw;
     add.u32 %j, %tb, %bjt;
 @FRAG@
+    add.u32 %t2, %groff, %br;
     mov.u32 %n, 0;
 B_@DT@_COL:
     setp.ge.u32 %p0, %n, %nv;
@@ -568,46 +539,39 @@ B_@DT@_COL:
     mad.lo.u32 %t0, %n, 32, %bjt;
     mul.wide.u32 %rd0, %t0, 48;
     add.u64 %ra, %sA, %rd0;
-    cvt.u64.u32 %rd1, %off0;
-    add.u64 %rd2, %ra, %rd1;
-    ld.shared.b32 %a0, [%rd2+16];
-    cvt.u64.u32 %rd1, %off1;
-    add.u64 %rd2, %ra, %rd1;
-    ld.shared.b32 %a1, [%rd2+16];
-    dp4a.u32.s32 %x0, %U0, %a0, 0;
-    dp4a.u32.s32 %x1, %U1, %a1, 0;
-    mul.lo.s32 %pp, %x0, %c0;
-    mad.lo.s32 %pp, %x1, %c1, %pp;
-    shfl.sync.bfly.b32 %t0, %pp, 1, 31, 0xffffffff;
-    add.s32 %pp, %pp, %t0;
-    shfl.sync.bfly.b32 %t0, %pp, 2, 31, 0xffffffff;
-    add.s32 %pp, %pp, %t0;
-    @!%plead bra B_@DT@_COLNEXT;
+    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%ra+16];
+    ld.shared.v4.b32 {%a4, %a5, %a6, %a7}, [%ra+32];
     ld.shared.v2.b32 {%slo, %shi}, [%ra+8];
-    mul.lo.s32 %t0, %zs0, %slo;
-    mad.lo.s32 %t0, %zs1, %shi, %t0;
-    sub.s32 %t0, %pp, %t0;
+    dp4a.u32.s32 %x0, %U0, %a0, 0;
+    dp4a.u32.s32 %x0, %U1, %a1, %x0;
+    dp4a.u32.s32 %x0, %U2, %a2, %x0;
+    dp4a.u32.s32 %x0, %U3, %a3, %x0;
+    dp4a.u32.s32 %x1, %U4, %a4, 0;
+    dp4a.u32.s32 %x1, %U5, %a5, %x1;
+    dp4a.u32.s32 %x1, %U6, %a6, %x1;
+    dp4a.u32.s32 %x1, %U7, %a7, %x1;
+    mul.lo.s32 %t0, %sc0, %x0;
+    mad.lo.s32 %t0, %sc1, %x1, %t0;
+    mul.lo.s32 %t1, %zs0, %slo;
+    mad.lo.s32 %t1, %zs1, %shi, %t1;
+    sub.s32 %t0, %t0, %t1;
     mad.lo.u32 %t1, %bjt, %NT, %n;
-    add.u32 %t2, %groff, %br;
     mad.lo.u32 %t1, %t1, %R, %t2;
     mul.wide.u32 %rd0, %t1, 4;
     add.u64 %rd0, %sS, %rd0;
     st.shared.b32 [%rd0], %t0;
-B_@DT@_COLNEXT:
     add.u32 %n, %n, 1;
     bra B_@DT@_COL;
 B_@DT@_COLEND:
-    @!%plead bra B_@DT@_ADVANCE;
-    add.u32 %t2, %groff, %br;
     mad.lo.u32 %t1, %bjt, %R, %t2;
     mul.wide.u32 %rd0, %t1, 16;
     add.u64 %rd0, %sW, %rd0;
-    mov.b32 %t2, %dw;
-    mov.b32 %t3, %mw;
-    mov.b32 %t4, %dm;
-    st.shared.v4.b32 [%rd0], {%t2, %t3, %t4, %m01};
+    mov.b32 %t3, %dw;
+    mov.b32 %t4, %mw;
+    mov.b32 %t5, %dm;
+    st.shared.v4.b32 [%rd0], {%t3, %t4, %t5, %m01};
 B_@DT@_ADVANCE:
-    add.u32 %base, %base, 256;
+    add.u32 %base, %base, %T;
     add.u32 %bjt, %bjt, %djt;
     add.u32 %br, %br, %dr;
     setp.ge.u32 %p0, %bjt, %TCa;
@@ -657,7 +621,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //   p_nchunks K / 32
 //   p_n       N (columns; ids mode: 1)
 //   p_nt      NT, columns per CTA (1..8): blockIdx.y takes columns y*NT .. y*NT+NT-1
-//   p_rows    R, rows per CTA (a multiple of 8, R * NT <= 256); GLU mode: R/2 rows of
+//   p_rows    R, rows per CTA (a multiple of 8, R * NT <= T); GLU mode: R/2 rows of
 //             each of the two matrices
 //   p_b2      B2 (to split blockIdx.z into i2, i3); ids mode: B1
 //   p_r2, p_r3               broadcast ratios B2/A2 and B3/A3 of matrix 0
@@ -685,13 +649,13 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //   p_err     u32 error word
 // Grid:   (CTAs over rows: sum over matrices of ceil(M_i / R) (GLU: ceil(M0 / (R/2))),
 //          ceil(N / NT) (ids mode: n_used), B2*B3 (ids mode: T))
-// Block:  (256, 1, 1)
+// Block:  (T, 1, 1), T a multiple of 32, at most 512, and R * NT <= T
 // Shared: NT*1536 + R*512 + R*NT*128 + 32 bytes: per 32-chunk K-tile the Q8_1
 //         activation blocks {da, sa, sum_lo, sum_hi, q[32]} (48 B per column and
 //         chunk), per (chunk, row) {dw, mw, dm, m01} (16 B), per (chunk, column, row)
 //         sumi (4 B), the norm scale per column.
-// Reduction: per output as the file header: integer dot products split over a quad of
-//   lanes (each 8 values) and added by shfl.bfly 1, 2; the f32 chain over chunks in
+// Reduction: per output as the file header: one thread per (row, chunk) computes the
+//   chunk's integer dot product (stage B, 8 dp4a per half); the f32 chain over chunks in
 //   increasing order by one thread per output (stage C). Activation quantisation as
 //   quantize_q8_1 (amax by max, sum by integer add: order-free). Norm prologue as
 //   rms_norm: lane l adds x_i^2 (fma) for i = l, l+32, ..., butterfly 16, 8, 4, 2, 1.
@@ -746,17 +710,17 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .param .u32 p_n_as,
     .param .u64 p_err
 )
+.maxntid 512, 1, 1
 {
     .reg .pred %p<4>;
-    .reg .pred %pnorm, %pglu, %pids, %pq2, %pv, %plead, %pal, %pwr, %pact, %pcol;
-    .reg .b16 %hh<8>;
-    .reg .b32 %t<16>;
-    .reg .b32 %thr, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
+    .reg .pred %pnorm, %pglu, %pids, %pq2, %pv, %pal, %pwr, %pact;
+    .reg .b16 %hh<8>, %xl<7>, %xh<7>;
+    .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
+    .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
     .reg .b32 %ga, %mb, %Ma, %dta, %M1, %dt1, %cn, %cr, %RH;
     .reg .b32 %gdt, %gM, %gmb, %gRg, %groff;
-    .reg .b32 %Q4, %k, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st;
-    .reg .b32 %U0, %U1, %W0, %W1, %H0, %H1, %c0, %c1, %zs0, %zs1, %sc0, %sc1;
-    .reg .b32 %m01, %off0, %off1, %pp, %a0, %a1, %x0, %x1, %slo, %shi;
+    .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st;
+    .reg .b32 %sc0, %sc1, %zs0, %zs1, %m01, %x0, %x1, %slo, %shi;
     .reg .f32 %f<16>;
     .reg .f32 %acc, %dw, %mw, %dm;
     .reg .b64 %rd<8>;
@@ -764,6 +728,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .reg .b64 %gw, %gnbw, %wa, %nbwa, %w1, %nbw1, %da, %nbda, %d1, %nbd1;
 
     mov.u32 %thr, %tid.x;
+    mov.u32 %T, %ntid.x;
     ld.param.u32 %R, [p_rows];
     ld.param.u32 %NT, [p_nt];
     ld.param.u32 %NK, [p_nchunks];
@@ -950,10 +915,12 @@ SETUP_MATS:
     setp.lt.u32 %pact, %cn, %nv;
     mov.f32 %acc, 0f00000000;
 
-    // Norm prologue: warp w < nv computes column w's scale exactly as rms_norm does.
+    // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
+    // rms_norm does.
     @!%pnorm bra NORM_DONE;
     shr.u32 %t0, %thr, 5;
     and.b32 %t1, %thr, 31;
+NORM_COL:
     setp.ge.u32 %p0, %t0, %nv;
     @%p0 bra NORM_DONE;
     cvt.u64.u32 %rd0, %t0;
@@ -989,10 +956,12 @@ NORM_REDUCE:
     sqrt.rn.f32 %f3, %f3;
     div.rn.f32 %f5, 0f3F800000, %f3;
     setp.ne.u32 %p1, %t1, 0;
-    @%p1 bra NORM_DONE;
     mul.wide.u32 %rd2, %t0, 4;
     add.u64 %rd2, %sN, %rd2;
-    st.shared.f32 [%rd2], %f5;
+    @!%p1 st.shared.f32 [%rd2], %f5;
+    shr.u32 %t2, %T, 5;
+    add.u32 %t0, %t0, %t2;
+    bra NORM_COL;
 NORM_DONE:
     // CTA (0, 0, 0) writes the norm outputs.
     mov.u32 %t0, %ctaid.x;
@@ -1012,14 +981,19 @@ TILE:
     bar.sync 0;
 
     // Stage A: the tile's Q8_1 blocks of each column, 8 lanes per block (4 values each),
-    // bit for bit as quantize_q8_1.
+    // bit for bit as quantize_q8_1. A warp whose 4 blocks are all past the end skips
+    // the round (its shuffles stay within the warp).
     shr.u32 %t0, %thr, 3;
     and.b32 %t1, %thr, 7;
     mul.lo.u32 %t2, %nv, %TCa;
+    and.b32 %t12, %t0, 0xFFFFFFFC;
     mov.u32 %base, 0;
 A_LOOP:
     setp.ge.u32 %p0, %base, %t2;
     @%p0 bra A_DONE;
+    add.u32 %t3, %base, %t12;
+    setp.ge.u32 %p0, %t3, %t2;
+    @%p0 bra A_NEXT;
     add.u32 %t3, %base, %t0;
     setp.lt.u32 %pv, %t3, %t2;
     sub.u32 %t4, %t2, 1;
@@ -1183,7 +1157,8 @@ A_QUANT:
     sub.s32 %t8, %t10, %t9;
     st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
 A_NEXT:
-    add.u32 %base, %base, 32;
+    shr.u32 %t3, %T, 3;
+    add.u32 %base, %base, %t3;
     bra A_LOOP;
 A_DONE:
     bar.sync 0;
