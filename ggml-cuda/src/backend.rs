@@ -839,29 +839,46 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
+    fn fused_runs(
+        &self,
+        tensors: &[Tensor],
+        nodes: &[TensorId],
+        found: &mut dyn FnMut(usize, usize),
+    ) {
+        let tuning = lock(&self.state).tuning;
+        for step in fusion::plan(tensors, nodes, &tuning) {
+            if let Step::Fused { start, end, .. } = step {
+                found(start, end);
+            }
+        }
+    }
+
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         self.bind()?;
         let mut st = lock(&self.state);
-        // Timed nodes run one by one, so each has its own time.
-        let steps = match st.timer.is_some() {
-            true => (0..nodes.len()).map(Step::Node).collect(),
-            false => fusion::plan(tensors, nodes, &st.tuning),
-        };
-        for step in steps {
+        // With timing on, each step (a node, or a fused run as one) has its own time.
+        for step in fusion::plan(tensors, nodes, &st.tuning) {
+            let timed = st.timer.is_some();
             match step {
                 Step::Node(i) => {
                     let id = nodes[i];
-                    match st
-                        .timer
-                        .is_some()
-                        .then(|| ggml_core::OpTime::key_of(tensors, id))
-                    {
-                        Some(Some(key)) => self.run_timed(&mut st, tensors, id, key)?,
+                    match timed.then(|| ggml_core::OpTime::key_of(tensors, id)) {
+                        Some(Some(key)) => self.run_timed(&mut st, key, |be, st| {
+                            crate::ops::run(be, st, tensors, id)
+                        })?,
                         _ => crate::ops::run(self, &mut st, tensors, id)?,
                     }
                 }
                 Step::Fused { fusion, start, end } => {
-                    crate::ops::run_fused(self, &mut st, tensors, &nodes[start..end], fusion)?
+                    let run = &nodes[start..end];
+                    if timed {
+                        let key = fusion.key(tensors, run);
+                        self.run_timed(&mut st, key, |be, st| {
+                            crate::ops::run_fused(be, st, tensors, run, fusion)
+                        })?
+                    } else {
+                        crate::ops::run_fused(self, &mut st, tensors, run, fusion)?
+                    }
                 }
             }
         }
@@ -1023,13 +1040,12 @@ impl CudaBackend {
             .unwrap_or_default())
     }
 
-    /// Runs node `id` between two timed events.
+    /// Runs `step` (a node, or a fused run) between two timed events, counted as `key`.
     fn run_timed(
         &self,
         st: &mut State,
-        tensors: &[Tensor],
-        id: TensorId,
         key: ggml_core::OpKey,
+        step: impl FnOnce(&CudaBackend, &mut State) -> BackendResult<()>,
     ) -> BackendResult<()> {
         let api = self.dev.api;
         let timer = st.timer.as_mut().expect("called with timing on");
@@ -1037,7 +1053,7 @@ impl CudaBackend {
         let r = api
             .event_record(a, self.stream)
             .map_err(|e| self.cu(e))
-            .and_then(|()| crate::ops::run(self, st, tensors, id))
+            .and_then(|()| step(self, st))
             .and_then(|()| api.event_record(b, self.stream).map_err(|e| self.cu(e)));
         let timer = st.timer.as_mut().expect("called with timing on");
         match r {

@@ -24,6 +24,23 @@ pub(crate) enum Fusion {
     Products(ProductRun),
 }
 
+impl Fusion {
+    /// What op timing counts the run as: a name per shape of run (`RMS_NORM+MUL_MAT*3`:
+    /// the norm and three products) and the type of its first product's weights.
+    pub(crate) fn key(&self, tensors: &[Tensor], nodes: &[TensorId]) -> ggml_core::OpKey {
+        match self {
+            Fusion::Products(r) => {
+                let p = nodes.get(r.products[0] as usize);
+                let w = p
+                    .and_then(|p| tensors.get(p.index()))
+                    .and_then(|t| tensors.get(t.src[0]?.index()))
+                    .map(|w| w.dtype.name());
+                (products::op_name(r), w)
+            }
+        }
+    }
+}
+
 /// One step of a split's execution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Step {

@@ -51,6 +51,22 @@ pub(crate) struct ProductRun {
     pub tail: Tail,
 }
 
+/// The name op timing gives run `r`: its ops, products counted (the norm is RMS_NORM and
+/// its MUL).
+pub(crate) fn op_name(r: &ProductRun) -> &'static str {
+    match (r.norm.is_some(), r.n, r.tail) {
+        (true, 1, Tail::None) => "RMS_NORM+MUL_MAT",
+        (true, 1, Tail::Add(_)) => "RMS_NORM+MUL_MAT+ADD",
+        (true, 2, Tail::None) => "RMS_NORM+MUL_MAT*2",
+        (true, 2, Tail::Glu { .. }) => "RMS_NORM+MUL_MAT*2+GLU",
+        (true, _, _) => "RMS_NORM+MUL_MAT*3",
+        (false, 1, _) => "MUL_MAT+ADD",
+        (false, 2, Tail::Glu { .. }) => "MUL_MAT*2+GLU",
+        (false, 2, _) => "MUL_MAT*2",
+        (false, _, _) => "MUL_MAT*3",
+    }
+}
+
 /// The index of the first node at or after `i` that is not a view.
 fn skip_views(tensors: &[Tensor], nodes: &[TensorId], mut i: usize) -> usize {
     while i < nodes.len() && tensors[nodes[i].index()].op.is_view() {
