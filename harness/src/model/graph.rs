@@ -121,7 +121,11 @@ pub fn build_forward(
         layer: None,
     };
     let mut x = blocks::embeddings(&mut b, hp, model.tok_embd, inp.tokens)?;
-    let mut kv_writes = Vec::with_capacity(2 * hp.n_layer);
+    // The nodes expanded in this order before the logits: per layer the Q, K and V
+    // products, the rotated queries, then the cache writes, so that the products sharing
+    // the normed activation sit next to each other in the node order (one fused launch
+    // on CUDA), as do the rotations and the cache stores.
+    let mut anchors = Vec::with_capacity(6 * hp.n_layer);
     let mut layer_first = Vec::with_capacity(hp.n_layer);
     for (il, (lw, cache)) in model.layers.iter().zip(&caches).enumerate() {
         b.layer = Some(il);
@@ -134,18 +138,20 @@ pub fn build_forward(
         let k = b.node(k, "Kcur")?;
         let v = b.ctx.mul_mat(lw.wv, cur)?;
         let v = b.node(v, "Vcur")?;
+        anchors.extend([q, k, v]);
         let q = b.ctx.reshape(q, [hp.head_dim, hp.n_head, n, 1])?;
         let k = b.ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n, 1])?;
         let norms = (lw.attn_q_norm, lw.attn_k_norm);
         let (q, k, attn) = blocks::prepare_qk(&mut b, hp, il, (q, k), norms, inp.pos)?;
+        anchors.push(q);
 
         // Write this batch's keys and values into the F16 cache, at cells given at run
         // time (so one graph serves every micro-batch).
         let k_flat = b.ctx.reshape(k, [hp.n_embd_kv(), n, 1, 1])?;
         let k_write = b.ctx.set_rows(cache.k, k_flat, inp.kv_idxs)?;
-        kv_writes.push(b.node(k_write, "k_cache_write")?);
+        anchors.push(b.node(k_write, "k_cache_write")?);
         let v_write = b.ctx.set_rows(cache.v, v, inp.kv_idxs)?;
-        kv_writes.push(b.node(v_write, "v_cache_write")?);
+        anchors.push(b.node(v_write, "v_cache_write")?);
 
         // Attention over the first n_kv cells, heads as dimension 2.
         let qp = b.ctx.permute(q, [0, 2, 1, 3])?;
@@ -216,7 +222,7 @@ pub fn build_forward(
     let logits = b.node(logits, "result_output")?;
     ctx.set_flags(logits, TensorFlags::OUTPUT)?;
 
-    let ordered = order(ctx, &kv_writes, logits, cap)?;
+    let ordered = order(ctx, &anchors, logits, cap)?;
     Ok(ForwardGraph::assemble(
         storage,
         ordered,
@@ -303,19 +309,19 @@ impl Inputs {
     }
 }
 
-/// Orders the graph: the cache writes first, layer by layer (so that each layer's
-/// attention comes after its write), then the logits. Returns the nodes, the sorted
-/// leaves and the number of tensors.
+/// Orders the graph: the ancestors of each anchor in turn (the cache writes among them,
+/// layer by layer, so that each layer's attention comes after its write), then the
+/// logits. Returns the nodes, the sorted leaves and the number of tensors.
 pub(super) fn order(
     ctx: Context<'_>,
-    kv_writes: &[TensorId],
+    anchors: &[TensorId],
     logits: TensorId,
     cap: usize,
 ) -> Result<(Vec<TensorId>, Vec<TensorId>, usize)> {
     let mut ids = vec![TensorId(0); cap];
     let mut marks = vec![0u64; Graph::marks_len(cap)];
     let mut graph = Graph::new(&mut ids, &mut marks);
-    for w in kv_writes {
+    for w in anchors {
         graph.build_forward_expand(&ctx, *w)?;
     }
     graph.build_forward_expand(&ctx, logits)?;

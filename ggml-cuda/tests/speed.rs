@@ -1,0 +1,170 @@
+//! GPU time of SmolLM2-135M's decode-step products (30 layers of norm, Q/K/V, O +
+//! residual, norm, gate/up/SwiGLU, down + residual, then the output head; random Q4_1
+//! weights and a Q8_0 head of 49152 rows) for each generation of kernels and fusion
+//! setting. A measurement, not a check (ignored by default): on a GPU,
+//!
+//! ```text
+//! GGML_RS_REQUIRE_GPU=1 cargo test --release -p ggml-cuda --test speed -- --ignored --nocapture
+//! ```
+//!
+//! Op timing brackets every step (a node, or a fused run) with timed events; a long
+//! float product enqueued first keeps the stream busy while the host enqueues the token,
+//! so the times are the kernels' own, without the host's launch gaps.
+
+// Not every helper of the shared module is needed here.
+#[allow(dead_code)]
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{f32_bytes, gpu, Rng};
+use ggml_core::{Backend, Context, DType, DataRef, Tensor, TensorId};
+use ggml_cuda::CudaTuning;
+
+/// Random quantised rows with sane scales (the bytes of the quants are random).
+fn quant_rows(dt: DType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
+    let ts = dt.type_size();
+    let nb = k / dt.block_size() * rows;
+    let mut v: Vec<u8> = (0..nb * ts).map(|_| rng.next() as u8).collect();
+    let f16 = |x: f32| ggml_cuda::reference::f32_to_f16(x).to_le_bytes();
+    for blk in v.chunks_mut(ts) {
+        blk[0..2].copy_from_slice(&f16(0.01 + 0.005 * rng.f()));
+        if dt == DType::Q4_1 {
+            blk[2..4].copy_from_slice(&f16(0.01 * rng.f()));
+        }
+    }
+    v
+}
+
+#[test]
+#[ignore = "a measurement for a GPU: run with --ignored"]
+fn smollm2_decode_products() {
+    let be = gpu();
+    let (e, kv, ff, vocab, layers) = (576, 192, 1536, 49152, 30);
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 1024];
+    let mut ctx = Context::new(&mut s);
+    let mut r = Rng(1);
+    let mut inputs: Vec<(TensorId, Vec<u8>)> = Vec::new();
+    let mut nodes = Vec::new();
+    let mut x = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+    inputs.push((x, f32_bytes(&r.vec(e))));
+    let mut w = |ctx: &mut Context<'_>, inputs: &mut Vec<(TensorId, Vec<u8>)>, dt, k, m| {
+        let t = ctx.new_tensor(dt, [k, m, 1, 1]).unwrap();
+        inputs.push((t, quant_rows(dt, k, m, &mut r)));
+        t
+    };
+    let g = |ctx: &mut Context<'_>, inputs: &mut Vec<(TensorId, Vec<u8>)>| {
+        let t = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+        inputs.push((t, f32_bytes(&vec![1.0; e])));
+        t
+    };
+    for _ in 0..layers {
+        let (g1, g2) = (g(&mut ctx, &mut inputs), g(&mut ctx, &mut inputs));
+        let wq = w(&mut ctx, &mut inputs, DType::Q4_1, e, e);
+        let wk = w(&mut ctx, &mut inputs, DType::Q4_1, e, kv);
+        let wv = w(&mut ctx, &mut inputs, DType::Q4_1, e, kv);
+        let wo = w(&mut ctx, &mut inputs, DType::Q4_1, e, e);
+        let wg = w(&mut ctx, &mut inputs, DType::Q4_1, e, ff);
+        let wu = w(&mut ctx, &mut inputs, DType::Q4_1, e, ff);
+        let wd = w(&mut ctx, &mut inputs, DType::Q4_1, ff, e);
+        let rn = ctx.rms_norm(x, 1e-5).unwrap();
+        let cur = ctx.mul(rn, g1).unwrap();
+        let q = ctx.mul_mat(wq, cur).unwrap();
+        let k = ctx.mul_mat(wk, cur).unwrap();
+        let v = ctx.mul_mat(wv, cur).unwrap();
+        // The attention output stands in as Q (the attention is not measured here).
+        let o = ctx.mul_mat(wo, q).unwrap();
+        let h = ctx.add(o, x).unwrap();
+        let rn2 = ctx.rms_norm(h, 1e-5).unwrap();
+        let cur2 = ctx.mul(rn2, g2).unwrap();
+        let gate = ctx.mul_mat(wg, cur2).unwrap();
+        let up = ctx.mul_mat(wu, cur2).unwrap();
+        let act = ctx.swiglu(gate, up).unwrap();
+        let d = ctx.mul_mat(wd, act).unwrap();
+        let out = ctx.add(d, h).unwrap();
+        nodes.extend([rn, cur, q, k, v, o, h, rn2, cur2, gate, up, act, d, out]);
+        x = out;
+    }
+    let gf = g(&mut ctx, &mut inputs);
+    let head = w(&mut ctx, &mut inputs, DType::Q8_0, e, vocab);
+    let rn = ctx.rms_norm(x, 1e-5).unwrap();
+    let cur = ctx.mul(rn, gf).unwrap();
+    let logits = ctx.mul_mat(head, cur).unwrap();
+    nodes.extend([rn, cur, logits]);
+    // The float product that keeps the stream busy.
+    let big = ctx.new_tensor(DType::F32, [4096, 4096, 1, 1]).unwrap();
+    let bx = ctx.new_tensor(DType::F32, [4096, 256, 1, 1]).unwrap();
+    let busy: Vec<TensorId> = (0..12).map(|_| ctx.mul_mat(big, bx).unwrap()).collect();
+
+    // Every tensor in one buffer, apart.
+    let mut total = 0usize;
+    let mut offs = vec![0usize; ctx.len()];
+    for (i, t) in ctx.tensors().iter().enumerate() {
+        offs[i] = total;
+        total += t.nbytes().div_ceil(256) * 256;
+    }
+    let buf = be.alloc_buffer(total).unwrap();
+    be.buffer_clear(buf.id, 0).unwrap();
+    for (i, off) in offs.iter().enumerate() {
+        ctx.tensors_mut()[i].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + *off as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    for (id, bytes) in &inputs {
+        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
+    }
+    be.synchronize().unwrap();
+
+    let tunings = [
+        ("legacy (first products, unfused)", CudaTuning::legacy()),
+        ("qmm, unfused", CudaTuning::default().without_fusions()),
+        ("qmm, fused", CudaTuning::default()),
+    ];
+    let reps = 5;
+    println!(
+        "GPU: {} ({} reps; µs per token)",
+        be.device_name(),
+        reps
+    );
+    for (name, tuning) in tunings {
+        be.set_tuning(CudaTuning {
+            graphs: false,
+            ..tuning
+        });
+        be.graph_compute(ts, &nodes).unwrap();
+        be.synchronize().unwrap();
+        be.set_op_timing(true).unwrap();
+        let mut sums: BTreeMap<String, (u64, f64)> = BTreeMap::new();
+        for _ in 0..reps {
+            be.graph_compute(ts, &busy).unwrap();
+            be.graph_compute(ts, &nodes).unwrap();
+            be.synchronize().unwrap();
+            for t in be.take_op_times().unwrap() {
+                let k = t.to_string();
+                if k == "MUL_MAT f32" {
+                    continue;
+                }
+                let s = sums.entry(k).or_default();
+                s.0 += t.calls;
+                s.1 += t.ms;
+            }
+        }
+        be.set_op_timing(false).unwrap();
+        let total: f64 = sums.values().map(|v| v.1).sum::<f64>() * 1e3 / reps as f64;
+        let launches: u64 = sums.values().map(|v| v.0).sum::<u64>() / reps as u64;
+        println!("\n{name}: {total:.1} µs per token, {launches} steps");
+        let mut rows: Vec<_> = sums.into_iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        for (k, (calls, ms)) in rows {
+            let per = calls / reps as u64;
+            println!(
+                "  {k:32} {per:4} x {:7.2} µs = {:8.1} µs",
+                ms * 1e3 / calls as f64,
+                ms * 1e3 / reps as f64
+            );
+        }
+    }
+    be.free_buffer(buf.id).unwrap();
+}
