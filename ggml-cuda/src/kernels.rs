@@ -353,6 +353,7 @@ mod tests {
                     || t.starts_with(".address_size")
                     || t.starts_with(".param")
                     || t.starts_with(".maxntid")
+                    || t.starts_with(".maxnreg")
                     || t.starts_with(".func")
                     || t.starts_with(".visible");
                 assert!(ok, "{}: suspicious line '{t}'", m.file);

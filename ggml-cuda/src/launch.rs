@@ -128,7 +128,7 @@ pub fn mul_mat_id(m: usize, n_used: usize, tokens: usize) -> Option<LaunchDims> 
 }
 
 /// Most threads per block of `qmm`.
-pub const QMM_MAX_THREADS: usize = 512;
+pub const QMM_MAX_THREADS: usize = 256;
 /// Chunks of 32 values per K-tile of `qmm` (its shared memory holds one tile).
 pub const QMM_TILE: usize = 32;
 /// Columns per block of `qmm` in the tiled class (N >= [`MMQ_MIN_N`]); below it a block
@@ -152,6 +152,17 @@ pub fn qmm_columns(n: usize) -> usize {
     }
 }
 
+/// Rows per block that [`set_qmm_rows`] forces (0: none).
+static QMM_ROWS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Makes [`qmm_rows`] answer `rows` (8, 16, 32 or 64) wherever that fits the block's
+/// threads and shared memory, or go back to its own choice (`None`): a knob for speed
+/// measurements (any choice gives the same bits). Process-wide.
+pub fn set_qmm_rows(rows: Option<usize>) {
+    let r = rows.filter(|r| [8, 16, 32, 64].contains(r)).unwrap_or(0);
+    QMM_ROWS.store(r, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Rows per `qmm` block (8, 16, 32 or 64) for blocks of `nt` columns over `total_rows`
 /// rows: the largest that still gives [`QMM_MIN_BLOCKS`] blocks, within the block's
 /// threads (one per output) and the default 48 KiB of shared memory. `None` when `nt` is
@@ -162,6 +173,10 @@ pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
     }
     let fits =
         |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize;
+    let forced = QMM_ROWS.load(std::sync::atomic::Ordering::Relaxed);
+    if forced != 0 && fits(forced) {
+        return Some(forced);
+    }
     let mut r = 8;
     while r < 64 && fits(2 * r) && total_rows.div_ceil(2 * r) >= QMM_MIN_BLOCKS {
         r *= 2;
@@ -467,7 +482,7 @@ mod tests {
         // One thread per (row, chunk) of a tile: K = 576 (18 chunks) at 8 rows.
         let d = qmm(72, 1, 1, 8, 1, 18).unwrap();
         assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6688));
-        assert_eq!(qmm_threads(64, 1, 18), 512);
+        assert_eq!(qmm_threads(64, 1, 18), 256);
         assert_eq!(qmm_threads(16, 8, 1), 128);
         assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
     }

@@ -165,7 +165,8 @@ impl Call {
                 Epilogue::Glu { geglu: false, .. } => 4,
                 Epilogue::Glu { geglu: true, .. } => 6,
             }
-            | if self.ids.is_some() { 8 } else { 0 };
+            | if self.ids.is_some() { 8 } else { 0 }
+            | rows.trailing_zeros() << 8;
         a.u32((self.k / 32) as u32)
             .u32(self.n as u32)
             .u32(self.nt() as u32)

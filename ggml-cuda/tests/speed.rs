@@ -7,19 +7,22 @@
 //! GGML_RS_REQUIRE_GPU=1 cargo test --release -p ggml-cuda --test speed -- --ignored --nocapture
 //! ```
 //!
-//! Op timing brackets every step (a node, or a fused run) with timed events; a long
-//! float product enqueued first keeps the stream busy while the host enqueues the token,
-//! so the times are the kernels' own, without the host's launch gaps.
+//! A long float product enqueued first keeps the stream busy while the host enqueues the
+//! tokens, so the GPU runs them back to back: their time, less the product's, is the
+//! GPU's time per token without the host's launch gaps. Then op timing brackets every
+//! step (a node, or a fused run) with timed events for a breakdown (the events' own
+//! cost included).
 
 // Not every helper of the shared module is needed here.
 #[allow(dead_code)]
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use common::{f32_bytes, gpu, Rng};
 use ggml_core::{Backend, Context, DType, DataRef, Tensor, TensorId};
-use ggml_cuda::CudaTuning;
+use ggml_cuda::{CudaTuning, DriverKind};
 
 /// Random quantised rows with sane scales (the bytes of the quants are random).
 fn quant_rows(dt: DType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
@@ -40,7 +43,14 @@ fn quant_rows(dt: DType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
 #[ignore = "a measurement for a GPU: run with --ignored"]
 fn smollm2_decode_products() {
     let be = gpu();
-    let (e, kv, ff, vocab, layers) = (576, 192, 1536, 49152, 30);
+    // On cuda-sim (a check that the measurement runs) one small layer.
+    let sim = common::driver() == DriverKind::Sim;
+    let (e, kv, ff, vocab, layers) = if sim {
+        (576, 192, 1536, 1024, 1)
+    } else {
+        (576, 192, 1536, 49152, 30)
+    };
+    let (big_k, n_busy) = if sim { (64, 1) } else { (4096, 48) };
     let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 1024];
     let mut ctx = Context::new(&mut s);
     let mut r = Rng(1);
@@ -92,9 +102,9 @@ fn smollm2_decode_products() {
     let logits = ctx.mul_mat(head, cur).unwrap();
     nodes.extend([rn, cur, logits]);
     // The float product that keeps the stream busy.
-    let big = ctx.new_tensor(DType::F32, [4096, 4096, 1, 1]).unwrap();
-    let bx = ctx.new_tensor(DType::F32, [4096, 256, 1, 1]).unwrap();
-    let busy: Vec<TensorId> = (0..12).map(|_| ctx.mul_mat(big, bx).unwrap()).collect();
+    let big = ctx.new_tensor(DType::F32, [big_k, big_k, 1, 1]).unwrap();
+    let bx = ctx.new_tensor(DType::F32, [big_k, 256, 1, 1]).unwrap();
+    let busy: Vec<TensorId> = (0..n_busy).map(|_| ctx.mul_mat(big, bx).unwrap()).collect();
 
     // Every tensor in one buffer, apart.
     let mut total = 0usize;
@@ -118,23 +128,75 @@ fn smollm2_decode_products() {
     be.synchronize().unwrap();
 
     let tunings = [
-        ("legacy (first products, unfused)", CudaTuning::legacy()),
-        ("qmm, unfused", CudaTuning::default().without_fusions()),
-        ("qmm, fused", CudaTuning::default()),
+        (
+            "legacy (first products, unfused)",
+            CudaTuning::legacy(),
+            None,
+        ),
+        (
+            "qmm, unfused",
+            CudaTuning::default().without_fusions(),
+            None,
+        ),
+        ("qmm, fused", CudaTuning::default(), None),
+        (
+            "qmm, fused, 16 rows per block",
+            CudaTuning::default(),
+            Some(16),
+        ),
+        (
+            "qmm, fused, 32 rows per block",
+            CudaTuning::default(),
+            Some(32),
+        ),
     ];
     let reps = 5;
+    let tokens = 10;
+    let wall = |f: &dyn Fn()| {
+        let t = Instant::now();
+        f();
+        be.synchronize().unwrap();
+        t.elapsed().as_secs_f64() * 1e6
+    };
+    let busy_us = {
+        let mut v: Vec<f64> = (0..3)
+            .map(|_| wall(&|| be.graph_compute(ts, &busy).unwrap()))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[1]
+    };
     println!(
-        "GPU: {} ({} reps; µs per token)",
-        be.device_name(),
-        reps
+        "GPU: {}; the busy product: {busy_us:.0} µs",
+        be.device_name()
     );
-    for (name, tuning) in tunings {
+    for (name, tuning, rows) in tunings {
+        ggml_cuda::launch::set_qmm_rows(rows);
         be.set_tuning(CudaTuning {
             graphs: false,
             ..tuning
         });
         be.graph_compute(ts, &nodes).unwrap();
         be.synchronize().unwrap();
+        // GPU time per token: `tokens` tokens queued behind the busy product, less it.
+        let mut per_token = Vec::new();
+        let mut enqueue = 0f64;
+        for _ in 0..reps {
+            let t = Instant::now();
+            be.graph_compute(ts, &busy).unwrap();
+            for _ in 0..tokens {
+                be.graph_compute(ts, &nodes).unwrap();
+            }
+            enqueue = enqueue.max(t.elapsed().as_secs_f64() * 1e6);
+            be.synchronize().unwrap();
+            let total = t.elapsed().as_secs_f64() * 1e6;
+            per_token.push((total - busy_us) / tokens as f64);
+        }
+        per_token.sort_by(f64::total_cmp);
+        println!(
+            "\n{name}: {:.1} µs per token (median of {reps}; host enqueue {enqueue:.0} µs for {tokens})",
+            per_token[reps / 2]
+        );
+        // Per step, with a pair of timed events around each (their cost included).
         be.set_op_timing(true).unwrap();
         let mut sums: BTreeMap<String, (u64, f64)> = BTreeMap::new();
         for _ in 0..reps {
@@ -153,8 +215,8 @@ fn smollm2_decode_products() {
         }
         be.set_op_timing(false).unwrap();
         let total: f64 = sums.values().map(|v| v.1).sum::<f64>() * 1e3 / reps as f64;
-        let launches: u64 = sums.values().map(|v| v.0).sum::<u64>() / reps as u64;
-        println!("\n{name}: {total:.1} µs per token, {launches} steps");
+        let steps: u64 = sums.values().map(|v| v.0).sum::<u64>() / reps as u64;
+        println!("  timed step by step: {total:.1} µs, {steps} steps");
         let mut rows: Vec<_> = sums.into_iter().collect();
         rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
         for (k, (calls, ms)) in rows {
@@ -166,5 +228,6 @@ fn smollm2_decode_products() {
             );
         }
     }
+    ggml_cuda::launch::set_qmm_rows(None);
     be.free_buffer(buf.id).unwrap();
 }

@@ -28,25 +28,151 @@ pub fn gen_ptx(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The weight dtypes: label, ggml type id.
-const DTYPES: [(&str, u32); 10] = [
-    ("Q4_0", 2),
-    ("Q4_1", 3),
-    ("Q5_0", 6),
-    ("Q5_1", 7),
-    ("Q8_0", 8),
-    ("Q2_K", 10),
-    ("Q3_K", 11),
-    ("Q4_K", 12),
-    ("Q5_K", 13),
-    ("Q6_K", 14),
+/// The weight dtypes: label, ggml type id, bytes per block.
+const DTYPES: [(&str, u32, u32); 10] = [
+    ("Q4_0", 2, 18),
+    ("Q4_1", 3, 20),
+    ("Q5_0", 6, 22),
+    ("Q5_1", 7, 24),
+    ("Q8_0", 8, 34),
+    ("Q2_K", 10, 84),
+    ("Q3_K", 11, 110),
+    ("Q4_K", 12, 144),
+    ("Q5_K", 13, 176),
+    ("Q6_K", 14, 210),
 ];
+
+/// Selects group `%gi` (0: matrix `%ga`'s rows; 1, GLU only: matrix 1's) into `%gdt`,
+/// `%gM`, `%gw`, `%gnbw`, `%gmb`, `%gRg`, `%groff`, and its block geometry into `%gts`
+/// (bytes per block) and `%gsh` (log2 of chunks per block).
+fn select_group() -> String {
+    let mut f = String::from(
+        "    setp.eq.u32 %p1, %gi, 0;
+    selp.b32 %gdt, %dta, %dt1, %p1;
+    selp.b32 %gM, %Ma, %M1, %p1;
+    selp.b64 %gw, %wa, %w1, %p1;
+    selp.b64 %gnbw, %nbwa, %nbw1, %p1;
+    mov.u32 %gmb, %mb;
+    selp.b32 %gRg, %R, %RH, %p1;
+    @%pglu mov.u32 %gRg, %RH;
+    selp.b32 %groff, 0, %RH, %p1;
+    mov.u32 %gts, 0;
+",
+    );
+    for (_, id, ts) in DTYPES {
+        f += &format!(
+            "    setp.eq.u32 %p1, %gdt, {id};
+    @%p1 mov.u32 %gts, {ts};
+"
+        );
+    }
+    f += "    setp.ge.u32 %p1, %gdt, 10;
+    selp.b32 %gsh, 3, 0, %p1;
+";
+    f
+}
+
+/// Prefetches into L1 what the current K-tile (`%tb`, `%TCa` chunks) reads from global
+/// memory: the activation lines, the norm weight's, and the weight blocks of this
+/// thread's stage-B tasks in each group; on the first tile also the residual of this
+/// thread's output. Labels get `tag`.
+fn prefetch(tag: &str) -> String {
+    let mut f = format!(
+        "    // Prefetch what the tile reads (the loads come after the norm and stage A).
+    mul.lo.u32 %t2, %nv, %TCa;
+    setp.ge.u32 %p0, %thr, %t2;
+    @%p0 bra PF{tag}_NW;
+    add.u32 %t4, %bjt0, %tb;
+    cvt.u64.u32 %rd0, %br0;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    mul.wide.u32 %rd0, %t4, 128;
+    add.u64 %rd1, %rd1, %rd0;
+    prefetch.global.L1 [%rd1];
+PF{tag}_NW:
+    @!%pnorm bra PF{tag}_RES;
+    setp.ge.u32 %p0, %thr, %TCa;
+    @%p0 bra PF{tag}_RES;
+    add.u32 %t4, %thr, %tb;
+    ld.param.u64 %rd1, [p_nw];
+    cvta.to.global.u64 %rd1, %rd1;
+    mul.wide.u32 %rd0, %t4, 128;
+    add.u64 %rd1, %rd1, %rd0;
+    prefetch.global.L1 [%rd1];
+PF{tag}_RES:
+    setp.ne.u32 %p0, %epi, 1;
+    setp.ne.u32 %p1, %tb, 0;
+    or.pred %p0, %p0, %p1;
+    not.pred %p1, %pact;
+    or.pred %p0, %p0, %p1;
+    @%p0 bra PF{tag}_W;
+    add.u32 %t3, %mb, %cr;
+    sub.u32 %t4, %Ma, 1;
+    min.u32 %t3, %t3, %t4;
+    ld.param.u64 %rd1, [p_res];
+    cvta.to.global.u64 %rd1, %rd1;
+    ld.param.u64 %rd2, [p_nbres];
+    cvt.u64.u32 %rd0, %cn;
+    mad.lo.u64 %rd1, %rd0, %rd2, %rd1;
+    mul.wide.u32 %rd0, %t3, 4;
+    add.u64 %rd1, %rd1, %rd0;
+    prefetch.global.L1 [%rd1];
+PF{tag}_W:
+    mov.u32 %gi, 0;
+PF{tag}_GROUP:
+    setp.ge.u32 %p0, %gi, %ngrp;
+    @%p0 bra PF{tag}_DONE;
+"
+    );
+    f += &select_group();
+    f += &format!(
+        "    mul.lo.u32 %Q, %gRg, %TCa;
+    mov.u32 %br, %br0;
+    mov.u32 %bjt, %bjt0;
+    mov.u32 %base, 0;
+PF{tag}_LOOP:
+    setp.ge.u32 %p0, %base, %Q;
+    @%p0 bra PF{tag}_NEXT;
+    add.u32 %t0, %base, %thr;
+    setp.ge.u32 %p0, %t0, %Q;
+    @%p0 bra PF{tag}_ADVANCE;
+    add.u32 %t0, %gmb, %br;
+    sub.u32 %t1, %gM, 1;
+    min.u32 %t0, %t0, %t1;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rw, %rd0, %gnbw, %gw;
+    add.u32 %t0, %tb, %bjt;
+    shr.u32 %t0, %t0, %gsh;
+    mul.wide.u32 %rd0, %t0, %gts;
+    add.u64 %rb, %rw, %rd0;
+    prefetch.global.L1 [%rb];
+    sub.u32 %t1, %gts, 1;
+    cvt.u64.u32 %rd0, %t1;
+    add.u64 %rd0, %rb, %rd0;
+    prefetch.global.L1 [%rd0];
+    setp.gt.u32 %p0, %gts, 128;
+    @%p0 prefetch.global.L1 [%rb+128];
+PF{tag}_ADVANCE:
+    add.u32 %base, %base, %T;
+    add.u32 %bjt, %bjt, %djt;
+    add.u32 %br, %br, %dr;
+    setp.ge.u32 %p0, %bjt, %TCa;
+    @%p0 sub.u32 %bjt, %bjt, %TCa;
+    @%p0 add.u32 %br, %br, 1;
+    bra PF{tag}_LOOP;
+PF{tag}_NEXT:
+    add.u32 %gi, %gi, 1;
+    bra PF{tag}_GROUP;
+PF{tag}_DONE:
+"
+    );
+    f
+}
 
 /// The whole generated file.
 pub fn generate() -> String {
     let mut dispatch = String::new();
     let mut loops = String::new();
-    for (name, id) in DTYPES {
+    for (name, id, _) in DTYPES {
         dispatch.push_str(&format!(
             "    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra B_{name};\n"
         ));
@@ -57,6 +183,9 @@ pub fn generate() -> String {
         );
     }
     SKELETON
+        .replace("@SELECT_GROUP@\n", &select_group())
+        .replace("@PREFETCH_FIRST@\n", &prefetch("F"))
+        .replace("@PREFETCH_NEXT@\n", &prefetch("N"))
         .replace("@B_DISPATCH@\n", &dispatch)
         .replace("@B_LOOPS@\n", &loops)
 }
@@ -513,10 +642,8 @@ fn fragment(dtype: &str) -> String {
 const LOOP: &str = "
 B_@DT@:
     mul.lo.u32 %Q, %gRg, %TCa;
-    div.u32 %br, %thr, %TCa;
-    rem.u32 %bjt, %thr, %TCa;
-    div.u32 %dr, %T, %TCa;
-    rem.u32 %djt, %T, %TCa;
+    mov.u32 %br, %br0;
+    mov.u32 %bjt, %bjt0;
     mov.u32 %base, 0;
 B_@DT@_LOOP:
     setp.ge.u32 %p0, %base, %Q;
@@ -621,12 +748,12 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //   p_nchunks K / 32
 //   p_n       N (columns; ids mode: 1)
 //   p_nt      NT, columns per CTA (1..8): blockIdx.y takes columns y*NT .. y*NT+NT-1
-//   p_rows    R, rows per CTA (a multiple of 8, R * NT <= T); GLU mode: R/2 rows of
+//   p_rows    R, rows per CTA (8, 16, 32 or 64, R * NT <= T); GLU mode: R/2 rows of
 //             each of the two matrices
 //   p_b2      B2 (to split blockIdx.z into i2, i3); ids mode: B1
 //   p_r2, p_r3               broadcast ratios B2/A2 and B3/A3 of matrix 0
 //   p_flags   bit 0: RMS norm prologue; bits 1-2: epilogue (0 none, 1 residual add,
-//             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID)
+//             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID); bits 8-11: log2(R)
 //   p_nw      norm weight, f32 [K] (norm prologue)
 //   p_eps     norm epsilon
 //   p_rms, p_mul             norm outputs [K, N] (x * scale, and that times p_nw),
@@ -649,7 +776,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //   p_err     u32 error word
 // Grid:   (CTAs over rows: sum over matrices of ceil(M_i / R) (GLU: ceil(M0 / (R/2))),
 //          ceil(N / NT) (ids mode: n_used), B2*B3 (ids mode: T))
-// Block:  (T, 1, 1), T a multiple of 32, at most 512, and R * NT <= T
+// Block:  (T, 1, 1), T a multiple of 32, at most 512, R * NT <= T
 // Shared: NT*1536 + R*512 + R*NT*128 + 32 bytes: per 32-chunk K-tile the Q8_1
 //         activation blocks {da, sa, sum_lo, sum_hi, q[32]} (48 B per column and
 //         chunk), per (chunk, row) {dw, mw, dm, m01} (16 B), per (chunk, column, row)
@@ -711,6 +838,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .param .u64 p_err
 )
 .maxntid 512, 1, 1
+.maxnreg 84
 {
     .reg .pred %p<4>;
     .reg .pred %pnorm, %pglu, %pids, %pq2, %pv, %pal, %pwr, %pact;
@@ -718,8 +846,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
     .reg .b32 %ga, %mb, %Ma, %dta, %M1, %dt1, %cn, %cr, %RH;
-    .reg .b32 %gdt, %gM, %gmb, %gRg, %groff;
-    .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st;
+    .reg .b32 %gdt, %gM, %gmb, %gRg, %groff, %gts, %gsh;
+    .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st, %ITC, %br0, %bjt0, %lR;
     .reg .b32 %sc0, %sc1, %zs0, %zs1, %m01, %x0, %x1, %slo, %shi;
     .reg .f32 %f<16>;
     .reg .f32 %acc, %dw, %mw, %dm;
@@ -734,6 +862,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     ld.param.u32 %NK, [p_nchunks];
     ld.param.u32 %N, [p_n];
     ld.param.u32 %flags, [p_flags];
+    bfe.u32 %lR, %flags, 8, 4;
     and.b32 %t0, %flags, 1;
     setp.ne.u32 %pnorm, %t0, 0;
     bfe.u32 %epi, %flags, 1, 2;
@@ -758,8 +887,11 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     ld.param.u32 %t1, [p_b2];
     @%pids bra SETUP_IDS;
     mov.u32 %t2, %ctaid.z;
-    rem.u32 %t3, %t2, %t1;
-    div.u32 %t4, %t2, %t1;
+    mov.u32 %t3, 0;
+    mov.u32 %t4, 0;
+    setp.eq.u32 %p0, %t2, 0;
+    @!%p0 rem.u32 %t3, %t2, %t1;
+    @!%p0 div.u32 %t4, %t2, %t1;
     mov.u32 %t5, %ctaid.y;
     mul.lo.u32 %t5, %t5, %NT;
     sub.u32 %nv, %N, %t5;
@@ -773,12 +905,14 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     cvt.u64.u32 %rd1, %t5;
     mad.lo.u64 %xb, %rd1, %nbx1, %xb;
     ld.param.u32 %t6, [p_r2];
-    div.u32 %t6, %t3, %t6;
+    @!%p0 div.u32 %t6, %t3, %t6;
+    @%p0 mov.u32 %t6, 0;
     ld.param.u64 %rd0, [p_nbwb2];
     cvt.u64.u32 %rd1, %t6;
     mul.lo.u64 %rd3, %rd1, %rd0;
     ld.param.u32 %t6, [p_r3];
-    div.u32 %t6, %t4, %t6;
+    @!%p0 div.u32 %t6, %t4, %t6;
+    @%p0 mov.u32 %t6, 0;
     ld.param.u64 %rd0, [p_nbwb3];
     cvt.u64.u32 %rd1, %t6;
     mad.lo.u64 %rd3, %rd1, %rd0, %rd3;
@@ -845,9 +979,9 @@ SETUP_ROWS:
     mov.u32 %ngrp, 1;
     sub.u32 %t4, %R, 1;
     add.u32 %t5, %Ma, %t4;
-    div.u32 %t5, %t5, %R;
+    shr.u32 %t5, %t5, %lR;
     add.u32 %t6, %M1, %t4;
-    div.u32 %t6, %t6, %R;
+    shr.u32 %t6, %t6, %lR;
     add.u32 %t6, %t6, %t5;
     mov.u32 %ga, 0;
     mov.u32 %t7, %t3;
@@ -910,13 +1044,29 @@ SETUP_MATS:
     or.pred %pq2, %p0, %p1;
 
     // Stage C's thread: output (row %cr of the CTA, column %cn of the tile).
-    div.u32 %cn, %thr, %R;
-    rem.u32 %cr, %thr, %R;
+    shr.u32 %cn, %thr, %lR;
+    sub.u32 %t0, %R, 1;
+    and.b32 %cr, %thr, %t0;
     setp.lt.u32 %pact, %cn, %nv;
     mov.f32 %acc, 0f00000000;
 
+    mov.u32 %tb, 0;
+    min.u32 %TCa, %NK, 32;
+    // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
+    // (exact for numerators below 1024 and TCa <= 32).
+    add.u32 %t0, %TCa, 65535;
+    div.u32 %ITC, %t0, %TCa;
+    mul.lo.u32 %br0, %thr, %ITC;
+    shr.u32 %br0, %br0, 16;
+    mul.lo.u32 %bjt0, %br0, %TCa;
+    sub.u32 %bjt0, %thr, %bjt0;
+    mul.lo.u32 %dr, %T, %ITC;
+    shr.u32 %dr, %dr, 16;
+    mul.lo.u32 %djt, %dr, %TCa;
+    sub.u32 %djt, %T, %djt;
+@PREFETCH_FIRST@
     // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
-    // rms_norm does.
+    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 8 loads at a time).
     @!%pnorm bra NORM_DONE;
     shr.u32 %t0, %thr, 5;
     and.b32 %t1, %thr, 31;
@@ -928,6 +1078,30 @@ NORM_COL:
     shl.b32 %t2, %NK, 5;
     mov.f32 %f0, 0f00000000;
     mov.u32 %t3, %t1;
+NORM_SUM8:
+    add.u32 %t4, %t3, 224;
+    setp.ge.u32 %p1, %t4, %t2;
+    @%p1 bra NORM_SUM;
+    mul.wide.u32 %rd2, %t3, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.f32 %f1, [%rd2];
+    ld.global.f32 %f2, [%rd2+128];
+    ld.global.f32 %f3, [%rd2+256];
+    ld.global.f32 %f4, [%rd2+384];
+    ld.global.f32 %f5, [%rd2+512];
+    ld.global.f32 %f6, [%rd2+640];
+    ld.global.f32 %f7, [%rd2+768];
+    ld.global.f32 %f8, [%rd2+896];
+    fma.rn.f32 %f0, %f1, %f1, %f0;
+    fma.rn.f32 %f0, %f2, %f2, %f0;
+    fma.rn.f32 %f0, %f3, %f3, %f0;
+    fma.rn.f32 %f0, %f4, %f4, %f0;
+    fma.rn.f32 %f0, %f5, %f5, %f0;
+    fma.rn.f32 %f0, %f6, %f6, %f0;
+    fma.rn.f32 %f0, %f7, %f7, %f0;
+    fma.rn.f32 %f0, %f8, %f8, %f0;
+    add.u32 %t3, %t3, 256;
+    bra NORM_SUM8;
 NORM_SUM:
     setp.ge.u32 %p1, %t3, %t2;
     @%p1 bra NORM_REDUCE;
@@ -972,12 +1146,27 @@ NORM_DONE:
     setp.eq.u32 %pwr, %t0, 0;
     and.pred %pwr, %pwr, %pnorm;
 
-    mov.u32 %tb, 0;
 TILE:
     setp.ge.u32 %p0, %tb, %NK;
     @%p0 bra EPILOGUE;
+    setp.eq.u32 %p0, %tb, 0;
+    @%p0 bra TILE_FETCHED;
     sub.u32 %TCa, %NK, %tb;
     min.u32 %TCa, %TCa, 32;
+    // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
+    // (exact for numerators below 1024 and TCa <= 32).
+    add.u32 %t0, %TCa, 65535;
+    div.u32 %ITC, %t0, %TCa;
+    mul.lo.u32 %br0, %thr, %ITC;
+    shr.u32 %br0, %br0, 16;
+    mul.lo.u32 %bjt0, %br0, %TCa;
+    sub.u32 %bjt0, %thr, %bjt0;
+    mul.lo.u32 %dr, %T, %ITC;
+    shr.u32 %dr, %dr, 16;
+    mul.lo.u32 %djt, %dr, %TCa;
+    sub.u32 %djt, %T, %djt;
+@PREFETCH_NEXT@
+TILE_FETCHED:
     bar.sync 0;
 
     // Stage A: the tile's Q8_1 blocks of each column, 8 lanes per block (4 values each),
@@ -998,8 +1187,10 @@ A_LOOP:
     setp.lt.u32 %pv, %t3, %t2;
     sub.u32 %t4, %t2, 1;
     min.u32 %t3, %t3, %t4;
-    div.u32 %n, %t3, %TCa;
-    rem.u32 %j, %t3, %TCa;
+    mul.lo.u32 %n, %t3, %ITC;
+    shr.u32 %n, %n, 16;
+    mul.lo.u32 %j, %n, %TCa;
+    sub.u32 %j, %t3, %j;
     // element index i0 = (tb + j)*32 + 4*lane8 of column n
     add.u32 %t4, %tb, %j;
     shl.b32 %t4, %t4, 5;
@@ -1168,15 +1359,7 @@ A_DONE:
 B_GROUP:
     setp.ge.u32 %p0, %gi, %ngrp;
     @%p0 bra B_END;
-    setp.eq.u32 %p1, %gi, 0;
-    selp.b32 %gdt, %dta, %dt1, %p1;
-    selp.b32 %gM, %Ma, %M1, %p1;
-    selp.b64 %gw, %wa, %w1, %p1;
-    selp.b64 %gnbw, %nbwa, %nbw1, %p1;
-    mov.u32 %gmb, %mb;
-    selp.b32 %gRg, %R, %RH, %p1;
-    @%pglu mov.u32 %gRg, %RH;
-    selp.b32 %groff, 0, %RH, %p1;
+@SELECT_GROUP@
 @B_DISPATCH@
     bra B_NEXT;
 @B_LOOPS@
@@ -1186,48 +1369,121 @@ B_NEXT:
 B_END:
     bar.sync 0;
 
-    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order.
+    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order; two
+    // chunks' shared loads at a time, their chain steps one after the other.
     @!%pact bra C_DONE;
     mov.u32 %j, 0;
-C_LOOP:
+C_PAIR:
+    add.u32 %t12, %j, 1;
+    setp.ge.u32 %p0, %t12, %TCa;
+    @%p0 bra C_ONE;
+    mad.lo.u32 %t0, %j, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 16;
+    add.u64 %rd0, %sW, %rd0;
+    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd0];
+    mad.lo.u32 %t0, %cn, 32, %j;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %rd0, %sA, %rd0;
+    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd0];
+    mad.lo.u32 %t0, %j, %NT, %cn;
+    mad.lo.u32 %t0, %t0, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    ld.shared.b32 %x0, [%rd0];
+    mad.lo.u32 %t0, %t12, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 16;
+    add.u64 %rd0, %sW, %rd0;
+    ld.shared.v4.b32 {%H0, %H1, %H2, %H3}, [%rd0];
+    mad.lo.u32 %t0, %cn, 32, %t12;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %rd0, %sA, %rd0;
+    ld.shared.v4.b32 {%a4, %a5, %a6, %a7}, [%rd0];
+    mad.lo.u32 %t0, %t12, %NT, %cn;
+    mad.lo.u32 %t0, %t0, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    ld.shared.b32 %x1, [%rd0];
+    mov.b32 %f0, %W0;
+    mov.b32 %f1, %W1;
+    mov.b32 %f2, %W2;
+    mov.b32 %f3, %a0;
+    mov.b32 %f4, %a1;
+    mul.rn.f32 %f5, %f0, %f3;
+    cvt.rn.f32.s32 %f6, %x0;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+    fma.rn.f32 %acc, %f1, %f4, %acc;
+    @!%pq2 bra C_P0;
+    setp.eq.f32 %p1, %f2, 0f00000000;
+    @%p1 bra C_P0;
+    and.b32 %t10, %W3, 0xFFFF;
+    shr.u32 %t11, %W3, 16;
+    mul.lo.s32 %t10, %t10, %a2;
+    mad.lo.s32 %t10, %t11, %a3, %t10;
+    mul.rn.f32 %f5, %f2, %f3;
+    neg.f32 %f5, %f5;
+    cvt.rn.f32.s32 %f6, %t10;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+C_P0:
+    mov.b32 %f0, %H0;
+    mov.b32 %f1, %H1;
+    mov.b32 %f2, %H2;
+    mov.b32 %f3, %a4;
+    mov.b32 %f4, %a5;
+    mul.rn.f32 %f5, %f0, %f3;
+    cvt.rn.f32.s32 %f6, %x1;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+    fma.rn.f32 %acc, %f1, %f4, %acc;
+    @!%pq2 bra C_P1;
+    setp.eq.f32 %p1, %f2, 0f00000000;
+    @%p1 bra C_P1;
+    and.b32 %t10, %H3, 0xFFFF;
+    shr.u32 %t11, %H3, 16;
+    mul.lo.s32 %t10, %t10, %a6;
+    mad.lo.s32 %t10, %t11, %a7, %t10;
+    mul.rn.f32 %f5, %f2, %f3;
+    neg.f32 %f5, %f5;
+    cvt.rn.f32.s32 %f6, %t10;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+C_P1:
+    add.u32 %j, %j, 2;
+    bra C_PAIR;
+C_ONE:
     setp.ge.u32 %p0, %j, %TCa;
     @%p0 bra C_DONE;
     mad.lo.u32 %t0, %j, %R, %cr;
     mul.wide.u32 %rd0, %t0, 16;
     add.u64 %rd0, %sW, %rd0;
-    ld.shared.v4.b32 {%t1, %t2, %t3, %t4}, [%rd0];
+    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd0];
     mad.lo.u32 %t0, %cn, 32, %j;
     mul.wide.u32 %rd0, %t0, 48;
     add.u64 %rd0, %sA, %rd0;
-    ld.shared.v4.b32 {%t5, %t6, %t7, %t8}, [%rd0];
+    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd0];
     mad.lo.u32 %t0, %j, %NT, %cn;
     mad.lo.u32 %t0, %t0, %R, %cr;
     mul.wide.u32 %rd0, %t0, 4;
     add.u64 %rd0, %sS, %rd0;
-    ld.shared.b32 %t9, [%rd0];
-    mov.b32 %f0, %t1;
-    mov.b32 %f1, %t2;
-    mov.b32 %f2, %t3;
-    mov.b32 %f3, %t5;
-    mov.b32 %f4, %t6;
+    ld.shared.b32 %x0, [%rd0];
+    mov.b32 %f0, %W0;
+    mov.b32 %f1, %W1;
+    mov.b32 %f2, %W2;
+    mov.b32 %f3, %a0;
+    mov.b32 %f4, %a1;
     mul.rn.f32 %f5, %f0, %f3;
-    cvt.rn.f32.s32 %f6, %t9;
+    cvt.rn.f32.s32 %f6, %x0;
     fma.rn.f32 %acc, %f5, %f6, %acc;
     fma.rn.f32 %acc, %f1, %f4, %acc;
-    @!%pq2 bra C_NEXT;
+    @!%pq2 bra C_O0;
     setp.eq.f32 %p1, %f2, 0f00000000;
-    @%p1 bra C_NEXT;
-    and.b32 %t10, %t4, 0xFFFF;
-    shr.u32 %t11, %t4, 16;
-    mul.lo.s32 %t10, %t10, %t7;
-    mad.lo.s32 %t10, %t11, %t8, %t10;
+    @%p1 bra C_O0;
+    and.b32 %t10, %W3, 0xFFFF;
+    shr.u32 %t11, %W3, 16;
+    mul.lo.s32 %t10, %t10, %a2;
+    mad.lo.s32 %t10, %t11, %a3, %t10;
     mul.rn.f32 %f5, %f2, %f3;
     neg.f32 %f5, %f5;
     cvt.rn.f32.s32 %f6, %t10;
     fma.rn.f32 %acc, %f5, %f6, %acc;
-C_NEXT:
-    add.u32 %j, %j, 1;
-    bra C_LOOP;
+C_O0:
 C_DONE:
     add.u32 %tb, %tb, 32;
     bra TILE;
@@ -1352,11 +1608,11 @@ mod tests {
     #[test]
     fn every_dtype_has_one_loop() {
         let text = generate();
-        for (name, id) in DTYPES {
+        for (name, id, _) in DTYPES {
             assert_eq!(text.matches(&format!("\nB_{name}:\n")).count(), 1, "{name}");
             assert!(text.contains(&format!("setp.eq.u32 %p0, %gdt, {id};")));
         }
-        for marker in ["@FRAG@", "@DT@", "@B_"] {
+        for marker in ["@FRAG@", "@DT@", "@B_", "@SELECT", "@PREFETCH"] {
             assert!(!text.contains(marker), "{marker} left in the output");
         }
     }
