@@ -29,13 +29,14 @@ pub enum KernelId {
     GetRowsF,
     /// `quant.ptx`: get_rows of quantised rows.
     GetRowsQ,
-    /// `quant.ptx`: activations to Q8_1.
+    /// `quant.ptx`: activations to Q8_1 (for the first-generation products).
     QuantizeQ8_1,
-    /// `quant.ptx`: quantised mul_mat, matrix-vector class.
+    /// `quant.ptx`: quantised mul_mat, matrix-vector class, first generation.
     Mmvq,
-    /// `quant.ptx`: quantised mul_mat, tiled class.
+    /// `quant.ptx`: quantised mul_mat, tiled class, first generation.
     Mmq,
-    /// `quant.ptx`: quantised mul_mat_id (the matrix-vector class through the ids).
+    /// `quant.ptx`: quantised mul_mat_id, first generation (the matrix-vector class
+    /// through the ids).
     MmvqId,
     /// `qmm.ptx`: quantised products, second generation (mul_mat of every class,
     /// mul_mat_id, and the fused decode-class runs).

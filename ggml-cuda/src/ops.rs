@@ -826,7 +826,7 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
             mats: [
                 Some(qmm::Matrix {
                     w: wa,
-                    dtype: w.dtype.ggml_id(),
+                    dtype: w.dtype,
                     m,
                     nbw: w.nb[1],
                     d: ta,
@@ -940,7 +940,7 @@ fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
             mats: [
                 Some(qmm::Matrix {
                     w: wa,
-                    dtype: w.dtype.ggml_id(),
+                    dtype: w.dtype,
                     m,
                     nbw: w.nb[1],
                     d: ta,

@@ -6,12 +6,12 @@ use ggml_core::DType;
 use crate::launch::{self, Args, LaunchDims};
 
 /// One weight matrix of a `qmm` launch and the output it writes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Matrix {
     /// Weights (device address).
     pub w: u64,
-    /// ggml type id of the weights.
-    pub dtype: u32,
+    /// The weights' dtype.
+    pub dtype: DType,
     /// Rows (outputs per column).
     pub m: usize,
     /// Byte stride of the weight rows.
@@ -120,6 +120,19 @@ pub(crate) fn weight_alignment(dtype: DType) -> usize {
     1 << ts.trailing_zeros().min(4)
 }
 
+impl Default for Matrix {
+    fn default() -> Matrix {
+        Matrix {
+            w: 0,
+            dtype: DType::F32,
+            m: 0,
+            nbw: 0,
+            d: 0,
+            nbd: 0,
+        }
+    }
+}
+
 impl Call {
     /// Columns per block.
     fn nt(&self) -> usize {
@@ -192,7 +205,8 @@ impl Call {
             a.u64(m.w);
         }
         for m in &mats {
-            a.u32(m.dtype);
+            // The dtype code and, above it, the bytes per block (for the prefetches).
+            a.u32(m.dtype.ggml_id() | (m.dtype.type_size() as u32) << 8);
         }
         for m in &mats {
             a.u32(m.m as u32);
@@ -237,7 +251,7 @@ mod tests {
     fn call() -> Call {
         let mat = Matrix {
             w: 0x1000,
-            dtype: 3,
+            dtype: DType::Q4_1,
             m: 576,
             nbw: 360,
             d: 0x2000,

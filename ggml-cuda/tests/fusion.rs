@@ -366,3 +366,32 @@ fn weights_on_another_device_are_not_fused() {
     be.free_buffer(buf.id).unwrap();
     other.free_buffer(far.id).unwrap();
 }
+
+/// `fused_runs` reports the runs graph_compute fuses, from the nodes alone (no tensor
+/// has bytes yet when a scheduler asks), and none with the fusions off.
+#[test]
+fn fused_runs_are_reported_before_allocation() {
+    let be = gpu();
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    layer(&mut ctx, 1, [DType::Q4_1; 7], false, 1);
+    let ts = ctx.tensors();
+    let nodes: Vec<TensorId> = (0..ts.len() as u32)
+        .map(TensorId)
+        .filter(|id| ts[id.index()].op != Op::None)
+        .collect();
+    let runs = |tuning| {
+        be.set_tuning(tuning);
+        let mut v = Vec::new();
+        be.fused_runs(ts, &nodes, &mut |s, e| v.push((s, e)));
+        v
+    };
+    // rms, mul, Q, K, V | reshape, reshape | O, add | rms, mul, gate, up, swiglu |
+    // down, add.
+    assert_eq!(
+        runs(CudaTuning::default()),
+        [(0, 5), (7, 9), (9, 14), (14, 16)]
+    );
+    assert!(runs(CudaTuning::default().without_fusions()).is_empty());
+    assert!(runs(CudaTuning::legacy()).is_empty());
+}

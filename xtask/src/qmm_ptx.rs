@@ -28,25 +28,25 @@ pub fn gen_ptx(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The weight dtypes: label, ggml type id, bytes per block.
-const DTYPES: [(&str, u32, u32); 10] = [
-    ("Q4_0", 2, 18),
-    ("Q4_1", 3, 20),
-    ("Q5_0", 6, 22),
-    ("Q5_1", 7, 24),
-    ("Q8_0", 8, 34),
-    ("Q2_K", 10, 84),
-    ("Q3_K", 11, 110),
-    ("Q4_K", 12, 144),
-    ("Q5_K", 13, 176),
-    ("Q6_K", 14, 210),
+/// The weight dtypes: label, ggml type id.
+const DTYPES: [(&str, u32); 10] = [
+    ("Q4_0", 2),
+    ("Q4_1", 3),
+    ("Q5_0", 6),
+    ("Q5_1", 7),
+    ("Q8_0", 8),
+    ("Q2_K", 10),
+    ("Q3_K", 11),
+    ("Q4_K", 12),
+    ("Q5_K", 13),
+    ("Q6_K", 14),
 ];
 
 /// Selects group `%gi` (0: matrix `%ga`'s rows; 1, GLU only: matrix 1's) into `%gdt`,
 /// `%gM`, `%gw`, `%gnbw`, `%gmb`, `%gRg`, `%groff`, and its block geometry into `%gts`
 /// (bytes per block) and `%gsh` (log2 of chunks per block).
 fn select_group() -> String {
-    let mut f = String::from(
+    String::from(
         "    setp.eq.u32 %p1, %gi, 0;
     selp.b32 %gdt, %dta, %dt1, %p1;
     selp.b32 %gM, %Ma, %M1, %p1;
@@ -56,20 +56,12 @@ fn select_group() -> String {
     selp.b32 %gRg, %R, %RH, %p1;
     @%pglu mov.u32 %gRg, %RH;
     selp.b32 %groff, 0, %RH, %p1;
-    mov.u32 %gts, 0;
-",
-    );
-    for (_, id, ts) in DTYPES {
-        f += &format!(
-            "    setp.eq.u32 %p1, %gdt, {id};
-    @%p1 mov.u32 %gts, {ts};
-"
-        );
-    }
-    f += "    setp.ge.u32 %p1, %gdt, 10;
+    shr.u32 %gts, %gdt, 8;
+    and.b32 %gdt, %gdt, 255;
+    setp.ge.u32 %p1, %gdt, 10;
     selp.b32 %gsh, 3, 0, %p1;
-";
-    f
+",
+    )
 }
 
 /// Prefetches into L1 what the current K-tile (`%tb`, `%TCa` chunks) reads from global
@@ -172,7 +164,7 @@ PF{tag}_DONE:
 pub fn generate() -> String {
     let mut dispatch = String::new();
     let mut loops = String::new();
-    for (name, id, _) in DTYPES {
+    for (name, id) in DTYPES {
         dispatch.push_str(&format!(
             "    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra B_{name};\n"
         ));
@@ -760,7 +752,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //                            written by CTA (0, 0, 0); column stride p_nbr1
 //   p_nbr1    byte stride of the columns of p_rms and p_mul
 //   p_w0, p_w1, p_w2         weight matrices [K, M_i] (matrix 0: [K, M0, A2, A3])
-//   p_dt0, p_dt1, p_dt2      their dtype codes (quant.ptx's header)
+//   p_dt0, p_dt1, p_dt2      their dtype codes (quant.ptx's header), plus the bytes per
+//                            block times 256
 //   p_m0, p_m1, p_m2         their rows M_i (0: no such matrix)
 //   p_nbw0, p_nbw1, p_nbw2   their row byte strides
 //   p_nbwb2, p_nbwb3         batch byte strides of matrix 0 (ids mode: expert stride)
@@ -1038,8 +1031,10 @@ SETUP_MATS:
     @%p2 add.u64 %wa, %wa, %rd3;
     @%p2 add.u64 %da, %da, %rd4;
     // Stage C needs the Q2_K min terms only if a group is Q2_K.
-    setp.eq.u32 %p0, %dta, 10;
-    setp.eq.u32 %p1, %dt1, 10;
+    and.b32 %t0, %dta, 255;
+    setp.eq.u32 %p0, %t0, 10;
+    and.b32 %t0, %dt1, 255;
+    setp.eq.u32 %p1, %t0, 10;
     and.pred %p1, %p1, %pglu;
     or.pred %pq2, %p0, %p1;
 
@@ -1608,7 +1603,7 @@ mod tests {
     #[test]
     fn every_dtype_has_one_loop() {
         let text = generate();
-        for (name, id, _) in DTYPES {
+        for (name, id) in DTYPES {
             assert_eq!(text.matches(&format!("\nB_{name}:\n")).count(), 1, "{name}");
             assert!(text.contains(&format!("setp.eq.u32 %p0, %gdt, {id};")));
         }

@@ -116,7 +116,7 @@ fn plan(
         writes.push(span(pa, &p));
         *slot = Some(qmm::Matrix {
             w: wa,
-            dtype: w.dtype.ggml_id(),
+            dtype: w.dtype,
             m: w.ne[1],
             nbw: w.nb[1],
             d: pa,
