@@ -163,19 +163,33 @@ pub fn set_qmm_rows(rows: Option<usize>) {
     QMM_ROWS.store(r, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Most shared memory a `qmm` block of the tiled class asks for (it opts in past the
+/// default 48 KiB; every sm_80+ GPU allows more).
+pub const QMM_MAX_SHARED: usize = 96 * 1024;
+
 /// Rows per `qmm` block (8, 16, 32 or 64) for blocks of `nt` columns over `total_rows`
-/// rows: the largest that still gives [`QMM_MIN_BLOCKS`] blocks, within the block's
-/// threads (one per output) and the default 48 KiB of shared memory. `None` when `nt` is
-/// 0 or above 8. Any choice gives the same bits.
+/// rows. Fewer than 8 columns: the largest that still gives [`QMM_MIN_BLOCKS`] blocks
+/// within the default 48 KiB of shared memory (latency matters: many small blocks); the
+/// tiled class: 32 rows (one output per thread of 256, fewer and fuller blocks). Always
+/// within the block's threads (one per output). `None` when `nt` is 0 or above 8. Any
+/// choice gives the same bits.
 pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
     if nt == 0 || nt > QMM_MMQ_COLUMNS {
         return None;
     }
-    let fits =
-        |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize;
+    let tiled = nt == QMM_MMQ_COLUMNS;
+    let limit = if tiled {
+        QMM_MAX_SHARED
+    } else {
+        DEFAULT_MAX_SHARED as usize
+    };
+    let fits = |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= limit;
     let forced = QMM_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     if forced != 0 && fits(forced) {
         return Some(forced);
+    }
+    if tiled {
+        return Some(32);
     }
     let mut r = 8;
     while r < 64 && fits(2 * r) && total_rows.div_ceil(2 * r) >= QMM_MIN_BLOCKS {
@@ -468,12 +482,14 @@ mod tests {
         assert_eq!(qmm_rows(1, 192), Some(8));
         assert_eq!(qmm_rows(1, 1536), Some(8));
         assert_eq!(qmm_rows(1, 49152), Some(64));
-        // 8 columns: at most 16 rows (shared memory), 7 columns likewise.
-        assert_eq!(qmm_rows(8, 1 << 20), Some(16));
+        // The tiled class: 32 rows (its shared memory opts in past 48 KiB); 7 columns: at
+        // most 16 rows (48 KiB).
+        assert_eq!(qmm_rows(8, 1 << 20), Some(32));
+        assert!(qmm_shared(32, 8) <= QMM_MAX_SHARED);
         assert_eq!(qmm_rows(7, 1 << 20), Some(16));
         assert_eq!(qmm_rows(0, 10), None);
         assert_eq!(qmm_rows(9, 10), None);
-        for nt in 1..=8 {
+        for nt in 1..=7 {
             let r = qmm_rows(nt, 1 << 20).unwrap();
             assert!(r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize);
         }
@@ -483,7 +499,7 @@ mod tests {
         let d = qmm(72, 1, 1, 8, 1, 18).unwrap();
         assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6688));
         assert_eq!(qmm_threads(64, 1, 18), 256);
-        assert_eq!(qmm_threads(16, 8, 1), 128);
+        assert_eq!(qmm_threads(32, 8, 1), 256);
         assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
     }
 

@@ -813,9 +813,20 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     }
     let class = launch::mul_mat_class(n);
     if !c.st.tuning.legacy_products {
+        // The tiled class takes the activations quantised once by quantize_q8_1 (a
+        // block of it would quantise all its columns again, once per block of rows);
+        // the matrix-vector class quantises them in each block's prologue.
+        let (xq, nbx, prequant) = match class {
+            MulMatClass::Mmq => {
+                let (scratch, qnb) = quantize_to_scratch(c, &x, xa, [n, b2, b3])?;
+                (scratch, qnb, true)
+            }
+            MulMatClass::Mmvq => (xa, [x.nb[1], x.nb[2], x.nb[3]], false),
+        };
         let call = qmm::Call {
-            x: xa,
-            nbx: [x.nb[1], x.nb[2], x.nb[3]],
+            x: xq,
+            nbx,
+            prequant,
             k: w.ne[0],
             n,
             b2,
@@ -850,15 +861,7 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     // kernel.
     let k = w.ne[0];
     let nchunks = k / 32;
-    let row = nchunks * Q8_1_BLOCK;
-    let qnb = [row, row * n, row * n * b2];
-    let scratch = c.be.scratch(c.st, qnb[2] * b3)?;
-    let dq = dims(launch::quantize_q8_1(k, n, batch), c)?;
-    let mut a = Args::new();
-    a.u64(xa).u64(scratch).u32(nchunks as u32).u32(b2 as u32);
-    strides(&mut a, &x.nb[1..]);
-    strides(&mut a, &qnb);
-    c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
+    let (scratch, qnb) = quantize_to_scratch(c, &x, xa, [n, b2, b3])?;
 
     let d = dims(launch::mul_mat(Some(class), m, n, batch), c)?;
     let mut a = Args::new();
@@ -878,6 +881,29 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     c.launch(kid, d, &mut a)?;
     c.be.count_class(class);
     Ok(())
+}
+
+/// Quantises the f32 activations `x` (at `xa`, rows of K = `x.ne[0]` values, `rows`
+/// = [N, B2, B3] of them) to Q8_1 in scratch with `quantize_q8_1`: the scratch address
+/// and its byte strides of dims 1..3.
+fn quantize_to_scratch(
+    c: &mut Ctx<'_>,
+    x: &Tensor,
+    xa: u64,
+    [n, b2, b3]: [usize; 3],
+) -> BackendResult<(u64, [usize; 3])> {
+    let k = x.ne[0];
+    let nchunks = k / 32;
+    let row = nchunks * Q8_1_BLOCK;
+    let qnb = [row, row * n, row * n * b2];
+    let scratch = c.be.scratch(c.st, qnb[2] * b3)?;
+    let dq = dims(launch::quantize_q8_1(k, n, b2 * b3), c)?;
+    let mut a = Args::new();
+    a.u64(xa).u64(scratch).u32(nchunks as u32).u32(b2 as u32);
+    strides(&mut a, &x.nb[1..]);
+    strides(&mut a, &qnb);
+    c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
+    Ok((scratch, qnb))
 }
 
 /// `qmm` reads weight rows with loads as wide as their block size allows: their address
@@ -927,9 +953,18 @@ fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         return c.launch(KernelId::MulMatFId, d, &mut a);
     }
     if !c.st.tuning.legacy_products {
+        // From MMQ_MIN_N tokens on, quantise the activation rows once (as the tiled
+        // MUL_MAT does) rather than in each block of rows of each slot.
+        let (xq, nbx, prequant) = if tokens >= launch::MMQ_MIN_N {
+            let (scratch, qnb) = quantize_to_scratch(c, &x, xa, [b1, tokens, 1])?;
+            (scratch, qnb, true)
+        } else {
+            (xa, [x.nb[1], x.nb[2], 0], false)
+        };
         let call = qmm::Call {
-            x: xa,
-            nbx: [x.nb[1], x.nb[2], 0],
+            x: xq,
+            nbx,
+            prequant,
             k: w.ne[0],
             n: 1,
             b2: b1,

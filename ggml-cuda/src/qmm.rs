@@ -85,6 +85,9 @@ pub(crate) struct Call {
     pub x: u64,
     /// Their byte strides of dims 1..3 (ids mode: rows, tokens).
     pub nbx: [usize; 3],
+    /// Whether `x` holds the activations' Q8_1 blocks (quantize_q8_1's) rather than f32
+    /// values.
+    pub prequant: bool,
     /// K (a multiple of 32; of 256 for k-quants).
     pub k: usize,
     /// Columns N (ids mode: 1).
@@ -179,6 +182,7 @@ impl Call {
                 Epilogue::Glu { geglu: true, .. } => 6,
             }
             | if self.ids.is_some() { 8 } else { 0 }
+            | if self.prequant { 16 } else { 0 }
             | rows.trailing_zeros() << 8;
         a.u32((self.k / 32) as u32)
             .u32(self.n as u32)
@@ -260,6 +264,7 @@ mod tests {
         Call {
             x: 0x3000,
             nbx: [2304, 2304, 2304],
+            prequant: false,
             k: 576,
             n: 1,
             b2: 1,

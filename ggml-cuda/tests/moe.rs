@@ -632,3 +632,60 @@ fn moe_ffn_matches_the_cpu() {
     let eo = nmse(&go, &co);
     assert!(eo < 5e-4, "FFN output: NMSE {eo:e}");
 }
+
+/// MUL_MAT_ID over a prompt-sized batch (9 tokens: the activations are quantised once,
+/// as the tiled MUL_MAT does, not in each block): bit for bit the host's order.
+#[rstest]
+fn mul_mat_id_of_a_prompt_batch_is_the_host_order(
+    #[values(DType::Q4_1, DType::Q8_0, DType::Q6K)] dtype: DType,
+    #[values(1, N_USED)] b1: usize,
+) {
+    let (k, m, tokens) = (256, 7, 9);
+    let mut r = Rng(k as u64 + b1 as u64 + 77);
+    let wv = r.vec(k * m * N_AS);
+    let xv = r.vec(k * b1 * tokens);
+    let ids: Vec<i32> = (0..tokens * N_USED)
+        .map(|i| ((i * 5 + i / N_USED) % N_AS) as i32)
+        .collect();
+    let be = gpu();
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let w = ctx.new_tensor(dtype, [k, m, N_AS, 1]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [k, b1, tokens, 1]).unwrap();
+    let ti = ctx.new_tensor(DType::I32, [N_USED, tokens, 1, 1]).unwrap();
+    let out = ctx.mul_mat_id(w, x, ti).unwrap();
+    let wb = bytes_of(dtype, &wv, k);
+    let got = to_f32(
+        DType::F32,
+        &run_all(
+            &be,
+            &mut ctx,
+            &[(w, wb.clone()), (x, f32_bytes(&xv)), (ti, i32_bytes(&ids))],
+            &[out],
+        )[0],
+    );
+    let rs = dtype.row_size(k).unwrap();
+    let mut q = vec![0u8; k / 32 * reference::Q8_1_BLOCK];
+    for t in 0..tokens {
+        for e in 0..N_USED {
+            let id = ids[t * N_USED + e] as usize;
+            let col = t * b1 + e % b1;
+            reference::quantize_q8_1(&xv[col * k..(col + 1) * k], &mut q);
+            for row in 0..m {
+                let at = (id * m + row) * rs;
+                let want = reference::mul_mat_q_dot(dtype, &wb[at..at + rs], &q, k / 32).unwrap();
+                let have = got[(t * N_USED + e) * m + row];
+                assert_eq!(
+                    have.to_bits(),
+                    want.to_bits(),
+                    "{dtype} B1 {b1}: token {t} slot {e} row {row}"
+                );
+            }
+        }
+    }
+    assert!(
+        be.kernel_stats()
+            .launches_of(ggml_cuda::KernelId::QuantizeQ8_1)
+            >= 1
+    );
+}

@@ -231,3 +231,81 @@ fn smollm2_decode_products() {
     ggml_cuda::launch::set_qmm_rows(None);
     be.free_buffer(buf.id).unwrap();
 }
+
+/// GPU time of SmolLM2-135M's products for a prompt batch of 512 tokens (the tiled
+/// class; no fusion applies), first generation against qmm, with op timing (these
+/// kernels are long enough that the host's launches do not matter).
+#[test]
+#[ignore = "a measurement for a GPU: run with --ignored"]
+fn smollm2_prompt_products() {
+    let be = gpu();
+    let sim = common::driver() == DriverKind::Sim;
+    let (e, kv, ff, n, layers) = if sim {
+        (576, 192, 1536, 8, 1)
+    } else {
+        (576, 192, 1536, 512, 30)
+    };
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 1024];
+    let mut ctx = Context::new(&mut s);
+    let mut r = Rng(2);
+    let mut inputs: Vec<(TensorId, Vec<u8>)> = Vec::new();
+    let mut nodes = Vec::new();
+    let x = ctx.new_tensor(DType::F32, [e, n, 1, 1]).unwrap();
+    inputs.push((x, f32_bytes(&r.vec(e * n))));
+    let h = ctx.new_tensor(DType::F32, [ff, n, 1, 1]).unwrap();
+    inputs.push((h, f32_bytes(&r.vec(ff * n))));
+    for _ in 0..layers {
+        for (k, m) in [(e, e), (e, kv), (e, kv), (e, e), (e, ff), (e, ff), (ff, e)] {
+            let w = ctx.new_tensor(DType::Q4_1, [k, m, 1, 1]).unwrap();
+            inputs.push((w, quant_rows(DType::Q4_1, k, m, &mut r)));
+            nodes.push(ctx.mul_mat(w, if k == e { x } else { h }).unwrap());
+        }
+    }
+    let mut total = 0usize;
+    let mut offs = vec![0usize; ctx.len()];
+    for (i, t) in ctx.tensors().iter().enumerate() {
+        offs[i] = total;
+        total += t.nbytes().div_ceil(256) * 256;
+    }
+    let buf = be.alloc_buffer(total).unwrap();
+    for (i, off) in offs.iter().enumerate() {
+        ctx.tensors_mut()[i].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + *off as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    for (id, bytes) in &inputs {
+        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
+    }
+    be.synchronize().unwrap();
+    println!(
+        "GPU: {}; {n} tokens, {layers} layers of products",
+        be.device_name()
+    );
+    for (name, tuning) in [
+        ("legacy (quantize_q8_1 + mmq)", CudaTuning::legacy()),
+        ("qmm", CudaTuning::default()),
+    ] {
+        be.set_tuning(CudaTuning {
+            graphs: false,
+            ..tuning
+        });
+        be.graph_compute(ts, &nodes).unwrap();
+        be.synchronize().unwrap();
+        be.set_op_timing(true).unwrap();
+        let reps = 3;
+        for _ in 0..reps {
+            be.graph_compute(ts, &nodes).unwrap();
+        }
+        let times = be.take_op_times().unwrap();
+        be.set_op_timing(false).unwrap();
+        let ms: f64 = times.iter().map(|t| t.ms).sum::<f64>() / reps as f64;
+        println!(
+            "{name}: {:.3} ms per pass ({:.0} tokens/s of products)",
+            ms,
+            n as f64 / ms * 1e3
+        );
+    }
+    be.free_buffer(buf.id).unwrap();
+}

@@ -77,7 +77,8 @@ fn prefetch(tag: &str) -> String {
     add.u32 %t4, %bjt0, %tb;
     cvt.u64.u32 %rd0, %br0;
     mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
-    mul.wide.u32 %rd0, %t4, 128;
+    selp.b32 %t5, 36, 128, %pq8;
+    mul.wide.u32 %rd0, %t4, %t5;
     add.u64 %rd1, %rd1, %rd0;
     prefetch.global.L1 [%rd1];
 PF{tag}_NW:
@@ -168,8 +169,19 @@ pub fn generate() -> String {
         dispatch.push_str(&format!(
             "    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra B_{name};\n"
         ));
+        // Formats with a zero point subtract z * (sc0 * sum_lo + sc1 * sum_hi); for the
+        // others that is 0 and the instructions are left out.
+        let zp = if ["Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K"].contains(&name) {
+            "    ld.shared.v2.b32 {%slo, %shi}, [%ra+8];
+    mul.lo.s32 %t1, %zs0, %slo;
+    mad.lo.s32 %t1, %zs1, %shi, %t1;
+    sub.s32 %t0, %t0, %t1;"
+        } else {
+            "    // no zero point"
+        };
         loops.push_str(
             &LOOP
+                .replace("@ZP@", zp)
                 .replace("@DT@", name)
                 .replace("@FRAG@", fragment(name).trim_end_matches('\n')),
         );
@@ -660,7 +672,6 @@ B_@DT@_COL:
     add.u64 %ra, %sA, %rd0;
     ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%ra+16];
     ld.shared.v4.b32 {%a4, %a5, %a6, %a7}, [%ra+32];
-    ld.shared.v2.b32 {%slo, %shi}, [%ra+8];
     dp4a.u32.s32 %x0, %U0, %a0, 0;
     dp4a.u32.s32 %x0, %U1, %a1, %x0;
     dp4a.u32.s32 %x0, %U2, %a2, %x0;
@@ -671,9 +682,7 @@ B_@DT@_COL:
     dp4a.u32.s32 %x1, %U7, %a7, %x1;
     mul.lo.s32 %t0, %sc0, %x0;
     mad.lo.s32 %t0, %sc1, %x1, %t0;
-    mul.lo.s32 %t1, %zs0, %slo;
-    mad.lo.s32 %t1, %zs1, %shi, %t1;
-    sub.s32 %t0, %t0, %t1;
+@ZP@
     mad.lo.u32 %t1, %bjt, %NT, %n;
     mad.lo.u32 %t1, %t1, %R, %t2;
     mul.wide.u32 %rd0, %t1, 4;
@@ -735,7 +744,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 // out[m, n] = sum_k w[k, m] * a[k, n] for up to three quantised weight matrices that
 // read the same activation, in the per-output order of the file header.
 // Params:
-//   p_x       f32 activations [K, N, B2, B3] (ids mode: [K, B1, T]), element stride 4
+//   p_x       f32 activations [K, N, B2, B3] (ids mode: [K, B1, T]), element stride 4,
+//             or (flags bit 4) their Q8_1 blocks
 //   p_nbx1, p_nbx2, p_nbx3   activation byte strides of dims 1..3
 //   p_nchunks K / 32
 //   p_n       N (columns; ids mode: 1)
@@ -745,7 +755,9 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //   p_b2      B2 (to split blockIdx.z into i2, i3); ids mode: B1
 //   p_r2, p_r3               broadcast ratios B2/A2 and B3/A3 of matrix 0
 //   p_flags   bit 0: RMS norm prologue; bits 1-2: epilogue (0 none, 1 residual add,
-//             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID); bits 8-11: log2(R)
+//             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID); bit 4: p_x holds
+//             Q8_1 blocks (quantize_q8_1's, strides p_nbx*) instead of f32 values;
+//             bits 8-11: log2(R)
 //   p_nw      norm weight, f32 [K] (norm prologue)
 //   p_eps     norm epsilon
 //   p_rms, p_mul             norm outputs [K, N] (x * scale, and that times p_nw),
@@ -834,7 +846,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 .maxnreg 84
 {
     .reg .pred %p<4>;
-    .reg .pred %pnorm, %pglu, %pids, %pq2, %pv, %pal, %pwr, %pact;
+    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
@@ -862,6 +874,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     setp.ge.u32 %pglu, %epi, 2;
     and.b32 %t0, %flags, 8;
     setp.ne.u32 %pids, %t0, 0;
+    and.b32 %t0, %flags, 16;
+    setp.ne.u32 %pq8, %t0, 0;
     // Shared memory: A at 0, W after NT*1536 bytes, S after R*512 more, the norm scales
     // after R*NT*128 more.
     mov.u64 %sA, qmm_smem;
@@ -1186,6 +1200,7 @@ A_LOOP:
     shr.u32 %n, %n, 16;
     mul.lo.u32 %j, %n, %TCa;
     sub.u32 %j, %t3, %j;
+    @%pq8 bra A_COPY;
     // element index i0 = (tb + j)*32 + 4*lane8 of column n
     add.u32 %t4, %tb, %j;
     shl.b32 %t4, %t4, 5;
@@ -1336,6 +1351,43 @@ A_QUANT:
     mul.rn.f32 %f8, %f6, %f8;
     cvt.rn.f16.f32 %hh0, %f6;
     cvt.rn.f16.f32 %hh1, %f8;
+    cvt.f32.f16 %f6, %hh0;
+    cvt.f32.f16 %f8, %hh1;
+    mov.b32 %t6, %f6;
+    mov.b32 %t7, %f8;
+    sub.s32 %t8, %t10, %t9;
+    st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
+    bra A_NEXT;
+A_COPY:
+    // Activations already quantised (quantize_q8_1's blocks, 36 bytes): lane l of the
+    // 8 copies quants 4l..4l+3, lane 0 d and s; the sums per half by dp4a and shuffles.
+    cvt.u64.u32 %rd0, %n;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    add.u32 %t4, %tb, %j;
+    mul.wide.u32 %rd2, %t4, 36;
+    add.u64 %rd1, %rd1, %rd2;
+    mul.wide.u32 %rd2, %t1, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.b32 %t5, [%rd2+4];
+    mov.b32 %t6, 0x01010101;
+    dp4a.u32.s32 %t9, %t6, %t5, 0;
+    shfl.sync.bfly.b32 %t10, %t9, 1, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 2, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 4, 31, 0xffffffff;
+    add.s32 %t10, %t9, %t10;
+    @!%pv bra A_NEXT;
+    mad.lo.u32 %t11, %n, 32, %j;
+    mul.wide.u32 %rd0, %t11, 48;
+    add.u64 %rd0, %sA, %rd0;
+    mul.wide.u32 %rd2, %t1, 4;
+    add.u64 %rd2, %rd0, %rd2;
+    st.shared.b32 [%rd2+16], %t5;
+    setp.ne.u32 %p1, %t1, 0;
+    @%p1 bra A_NEXT;
+    ld.global.b32 %t5, [%rd1];
+    mov.b32 {%hh0, %hh1}, %t5;
     cvt.f32.f16 %f6, %hh0;
     cvt.f32.f16 %f8, %hh1;
     mov.b32 %t6, %f6;
@@ -1607,7 +1659,7 @@ mod tests {
             assert_eq!(text.matches(&format!("\nB_{name}:\n")).count(), 1, "{name}");
             assert!(text.contains(&format!("setp.eq.u32 %p0, %gdt, {id};")));
         }
-        for marker in ["@FRAG@", "@DT@", "@B_", "@SELECT", "@PREFETCH"] {
+        for marker in ["@FRAG@", "@DT@", "@ZP@", "@B_", "@SELECT", "@PREFETCH"] {
             assert!(!text.contains(marker), "{marker} left in the output");
         }
     }

@@ -166,6 +166,7 @@ fn plan(
     let call = qmm::Call {
         x: xa,
         nbx: [x.nb[1], x.nb[2], x.nb[3]],
+        prequant: false,
         k: act.ne[0],
         n: act.ne[1],
         b2: 1,
