@@ -175,3 +175,22 @@ fn unsupported_instructions_are_load_errors_with_their_line() {
     .unwrap_err();
     assert!(e.message.contains("unknown label"), "{e}");
 }
+
+#[test]
+fn prefetch_is_a_hint_that_never_faults() {
+    // A prefetch of a line past the allocation (a GPU drops it) and of a valid one, then
+    // a store: memcheck passes, and the store lands.
+    let body = format!(
+        "{REGS}    add.u64 %rd1, %rd0, 4096;\n    prefetch.global.L2 [%rd1];\n    prefetch.global.L1 [%rd0+64];\n    mul.wide.u32 %rd2, %r0, 4;\n    add.u64 %rd2, %rd0, %rd2;\n    st.global.u32 [%rd2], %r0;\n    ret;"
+    );
+    let m = module(&body, "");
+    let mem = FlatMemory::new(BASE, 256, false);
+    run(&m, [32, 1, 1], &mem, Checks::ALL).unwrap();
+    let mut word = [0u8; 4];
+    mem.read(BASE + 4 * 7, &mut word);
+    assert_eq!(u32::from_le_bytes(word), 7);
+    // Without a cache level the instruction is not one cuda-sim accepts.
+    let text = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k(.param .u64 p_out)\n{\n    .reg .b64 %rd<2>;\n    ld.param.u64 %rd0, [p_out];\n    prefetch.global [%rd0];\n    ret;\n}\n";
+    let e = Module::parse("k.ptx", text).unwrap_err();
+    assert!(e.to_string().contains("cache level"), "{e}");
+}

@@ -279,6 +279,21 @@ pub trait Backend: Send + Sync {
     /// runs it. Errors found later are reported by the next `synchronize`.
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()>;
 
+    /// Reports, through `found(start, end)`, the runs `nodes[start..end]` that
+    /// [`Backend::graph_compute`] would compute with one fused kernel (the default: none).
+    /// Such a kernel reads and writes the run's tensors in any order, so an allocator must
+    /// keep every tensor a run reads or writes in its own bytes until the run's last node:
+    /// no output of the run placed over bytes another node of the run still uses. The
+    /// answer depends only on the nodes' ops, shapes and dtypes (and the backend's
+    /// settings), not on where the tensors are.
+    fn fused_runs(
+        &self,
+        _tensors: &[Tensor],
+        _nodes: &[TensorId],
+        _found: &mut dyn FnMut(usize, usize),
+    ) {
+    }
+
     /// Keeps a copy of the tensor table `tensors` for [`Backend::graph_compute_table`],
     /// so that a caller running many graph parts over one table (a scheduler's splits)
     /// does not have `graph_compute` copy it for every part. `None` (the default): the

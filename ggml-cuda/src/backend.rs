@@ -14,6 +14,7 @@ use ggml_core::{
 use crate::driver::counted::Counted;
 use crate::driver::{self, Api, CuError, Device, DriverKind, Event, Stream};
 use crate::err_words::{first_set, Regions, Users, REGION_WORDS};
+use crate::fusion::{self, Step};
 use crate::graphs::{GraphCache, KeyBuilder, MAX_GRAPHS};
 use crate::host_counters::{Counters, HostCounters};
 use crate::kernels::KernelId;
@@ -38,10 +39,11 @@ pub const STAGING_LIMIT: usize = 64 << 20;
 /// Successful launches of each kernel since the backend was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelStats {
-    /// Launches of the quantised mul_mat's matrix-vector kernel `mmvq` (see
-    /// [`MulMatClass`]).
+    /// Quantised mul_mats run in the matrix-vector class (fewer than
+    /// [`MMQ_MIN_N`](crate::MMQ_MIN_N) columns: `mmvq`, or `qmm` with one column tile),
+    /// fused ones included (see [`MulMatClass`]).
     pub mmvq: u64,
-    /// Launches of the quantised mul_mat's tiled kernel `mmq`.
+    /// Quantised mul_mats run in the tiled class (`mmq`, or `qmm` with 8-column tiles).
     pub mmq: u64,
     /// Launches per kernel, indexed by `KernelId as usize`.
     pub launches: [u64; KernelId::COUNT],
@@ -121,6 +123,8 @@ pub struct CudaBackend {
     pub(crate) waiter: Waiter,
     pub(crate) state: Mutex<State>,
     pub(crate) launches: [AtomicU64; KernelId::COUNT],
+    /// Quantised products run in each class (both generations): matrix-vector, tiled.
+    pub(crate) class_launches: [AtomicU64; 2],
     pub(crate) last_class: Mutex<Option<MulMatClass>>,
     pub(crate) counters: Counters,
 }
@@ -254,6 +258,7 @@ impl CudaBackend {
                 attn_ctr: (0, 0),
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
+            class_launches: [AtomicU64::new(0), AtomicU64::new(0)],
             last_class: Mutex::new(None),
             counters,
         })
@@ -326,10 +331,20 @@ impl CudaBackend {
     pub fn kernel_stats(&self) -> KernelStats {
         let launches = std::array::from_fn(|k| self.launches[k].load(Ordering::Relaxed));
         KernelStats {
-            mmvq: launches[KernelId::Mmvq as usize],
-            mmq: launches[KernelId::Mmq as usize],
+            mmvq: self.class_launches[0].load(Ordering::Relaxed),
+            mmq: self.class_launches[1].load(Ordering::Relaxed),
             launches,
         }
+    }
+
+    /// Counts a quantised MUL_MAT of `class` and remembers it as the last one.
+    pub(crate) fn count_class(&self, class: MulMatClass) {
+        let i = match class {
+            MulMatClass::Mmvq => 0,
+            MulMatClass::Mmq => 1,
+        };
+        self.class_launches[i].fetch_add(1, Ordering::Relaxed);
+        *lock(&self.last_class) = Some(class);
     }
 
     /// Chooses the speed features (CUDA graphs, fusions, kernel generations) of the
@@ -1056,6 +1071,20 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
+    fn fused_runs(
+        &self,
+        tensors: &[Tensor],
+        nodes: &[TensorId],
+        found: &mut dyn FnMut(usize, usize),
+    ) {
+        let tuning = lock(&self.state).tuning;
+        for step in fusion::plan(tensors, nodes, &tuning) {
+            if let Step::Fused { start, end, .. } = step {
+                found(start, end);
+            }
+        }
+    }
+
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         let t0 = std::time::Instant::now();
         let r = self.compute_steps(tensors, nodes);
@@ -1237,13 +1266,12 @@ impl CudaBackend {
             .unwrap_or_default())
     }
 
-    /// Runs node `id` between two timed events.
+    /// Runs `step` (a node, or a fused run) between two timed events, counted as `key`.
     pub(crate) fn run_timed(
         &self,
         st: &mut State,
-        tensors: &[Tensor],
-        id: TensorId,
         key: ggml_core::OpKey,
+        step: impl FnOnce(&CudaBackend, &mut State) -> BackendResult<()>,
     ) -> BackendResult<()> {
         let api = self.api();
         let timer = st.timer.as_mut().expect("called with timing on");
@@ -1251,7 +1279,7 @@ impl CudaBackend {
         let r = api
             .event_record(a, self.stream)
             .map_err(|e| self.cu(e))
-            .and_then(|()| crate::ops::run(self, st, tensors, id))
+            .and_then(|()| step(self, st))
             .and_then(|()| api.event_record(b, self.stream).map_err(|e| self.cu(e)));
         let timer = st.timer.as_mut().expect("called with timing on");
         match r {

@@ -13,7 +13,9 @@ use ggml_core::{Tensor, TensorId};
 
 use crate::CudaTuning;
 
+mod products;
 mod rope_store;
+pub(crate) use products::{ProductRun, Tail};
 pub(crate) use rope_store::{Parts as RopeStoreParts, RopeStore};
 
 /// A run of nodes that one fused kernel computes.
@@ -21,6 +23,36 @@ pub(crate) use rope_store::{Parts as RopeStoreParts, RopeStore};
 pub(crate) enum Fusion {
     /// RoPE of K (and of Q) with the KV-cache stores of K (and of V): `rope_store`.
     RopeStore(RopeStore),
+    /// Decode-class quantised products with their norm prologue, shared activation or
+    /// epilogue (one `qmm` launch).
+    Products(ProductRun),
+}
+
+impl Fusion {
+    /// What op timing counts the run as: a name per shape of run (`RMS_NORM+MUL_MAT*3`:
+    /// the norm and three products) and, for products, the type of the first product's
+    /// weights.
+    pub(crate) fn key(&self, tensors: &[Tensor], nodes: &[TensorId]) -> ggml_core::OpKey {
+        match self {
+            Fusion::RopeStore(r) => {
+                let name = match (r.q_rope.is_some(), r.v_store.is_some()) {
+                    (true, true) => "ROPE*2+SET_ROWS*2",
+                    (true, false) => "ROPE*2+SET_ROWS",
+                    (false, true) => "ROPE+SET_ROWS*2",
+                    (false, false) => "ROPE+SET_ROWS",
+                };
+                (name, None)
+            }
+            Fusion::Products(r) => {
+                let p = nodes.get(r.products[0] as usize);
+                let w = p
+                    .and_then(|p| tensors.get(p.index()))
+                    .and_then(|t| tensors.get(t.src[0]?.index()))
+                    .map(|w| w.dtype.name());
+                (products::op_name(r), w)
+            }
+        }
+    }
 }
 
 /// One step of a split's execution.
@@ -44,7 +76,7 @@ pub(crate) enum Step {
 type Matcher = fn(&[Tensor], &[TensorId], usize, &CudaTuning) -> Option<(Fusion, usize)>;
 
 /// Every fusion's matcher, tried in order at each node.
-const MATCHERS: &[Matcher] = &[rope_store::matcher];
+const MATCHERS: &[Matcher] = &[rope_store::matcher, products::matcher];
 
 /// The steps that compute `nodes` with the fusions `tuning` allows.
 pub(crate) fn plan(tensors: &[Tensor], nodes: &[TensorId], tuning: &CudaTuning) -> Vec<Step> {

@@ -34,12 +34,12 @@ impl CudaBackend {
         self.bind()?;
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *guard;
-        if st.timer.is_some() {
-            // Timed nodes run one by one, so each has its own time; never captured.
-            self.flush_uploads(st, false)?;
-            return self.run_timed_nodes(st, tensors, nodes);
-        }
         let steps = fusion::plan(tensors, nodes, &st.tuning);
+        if st.timer.is_some() {
+            // Each step (a node, or a fused run as one) has its own time; never captured.
+            self.flush_uploads(st, false)?;
+            return self.run_timed_steps(st, tensors, nodes, &steps);
+        }
         let need = nodes
             .iter()
             .map(|&id| crate::ops::scratch_need(tensors, id))
@@ -109,16 +109,26 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn run_timed_nodes(
+    fn run_timed_steps(
         &self,
         st: &mut State,
         tensors: &[Tensor],
         nodes: &[TensorId],
+        steps: &[Step],
     ) -> BackendResult<()> {
-        for &id in nodes {
-            match ggml_core::OpTime::key_of(tensors, id) {
-                Some(key) => self.run_timed(st, tensors, id, key)?,
-                None => crate::ops::run(self, st, tensors, id)?,
+        for &step in steps {
+            match step {
+                Step::Node(i) => match ggml_core::OpTime::key_of(tensors, nodes[i]) {
+                    Some(key) => self
+                        .run_timed(st, key, |be, st| crate::ops::run(be, st, tensors, nodes[i]))?,
+                    None => crate::ops::run(self, st, tensors, nodes[i])?,
+                },
+                Step::Fused { fusion, start, end } => {
+                    let run = &nodes[start..end];
+                    self.run_timed(st, fusion.key(tensors, run), |be, st| {
+                        crate::ops::run_fused(be, st, tensors, run, fusion)
+                    })?
+                }
             }
         }
         Ok(())
@@ -160,6 +170,9 @@ impl CudaBackend {
             for &(k, n) in &c.kernels {
                 self.launches[k as usize].fetch_add(n, Ordering::Relaxed);
             }
+            for (l, n) in self.class_launches.iter().zip(c.classes) {
+                l.fetch_add(n, Ordering::Relaxed);
+            }
         }
         if let Some(class) = c.last_class {
             *lock_class(self) = Some(class);
@@ -189,6 +202,8 @@ impl CudaBackend {
             .iter()
             .map(|l| l.load(Ordering::Relaxed))
             .collect();
+        let classes_before: [u64; 2] =
+            std::array::from_fn(|i| self.class_launches[i].load(Ordering::Relaxed));
         if let Err(e) = api.stream_begin_capture(self.stream) {
             st.err.give_back(region);
             return Err(self.cu(e));
@@ -234,6 +249,9 @@ impl CudaBackend {
                 for (l, b) in self.launches.iter().zip(&before) {
                     l.store(*b, Ordering::Relaxed);
                 }
+                for (c, b) in self.class_launches.iter().zip(classes_before) {
+                    c.store(b, Ordering::Relaxed);
+                }
                 st.err.give_back(region);
                 return Err(match (run, ended) {
                     (Err(e), _) => e,
@@ -262,10 +280,19 @@ impl CudaBackend {
                 (n > 0).then_some((KernelId::ALL[k], n))
             })
             .collect();
+        let mut classes = [0; 2];
+        for ((n, c), b) in classes
+            .iter_mut()
+            .zip(&self.class_launches)
+            .zip(classes_before)
+        {
+            *n = c.load(Ordering::Relaxed) - b;
+        }
         st.graphs.entry(i).captured = Some(Captured {
             exec,
             tally,
             kernels,
+            classes,
             last_class: *lock_class(self),
             region,
             users,

@@ -224,6 +224,8 @@ pub(crate) struct Captured {
     pub tally: GraphTally,
     /// Launches per kernel per replay, for the kernel statistics.
     pub kernels: Vec<(KernelId, u64)>,
+    /// Quantised products per replay in each class (matrix-vector, tiled).
+    pub classes: [u64; 2],
     /// The class of the split's last quantised product, if any.
     pub last_class: Option<MulMatClass>,
     /// The error-word region its kernels write, and the op and node of each word.

@@ -29,14 +29,18 @@ pub enum KernelId {
     GetRowsF,
     /// `quant.ptx`: get_rows of quantised rows.
     GetRowsQ,
-    /// `quant.ptx`: activations to Q8_1.
+    /// `quant.ptx`: activations to Q8_1 (for the first-generation products).
     QuantizeQ8_1,
-    /// `quant.ptx`: quantised mul_mat, matrix-vector class.
+    /// `quant.ptx`: quantised mul_mat, matrix-vector class, first generation.
     Mmvq,
-    /// `quant.ptx`: quantised mul_mat, tiled class.
+    /// `quant.ptx`: quantised mul_mat, tiled class, first generation.
     Mmq,
-    /// `quant.ptx`: quantised mul_mat_id (the matrix-vector class through the ids).
+    /// `quant.ptx`: quantised mul_mat_id, first generation (the matrix-vector class
+    /// through the ids).
     MmvqId,
+    /// `qmm.ptx`: quantised products, second generation (mul_mat of every class,
+    /// mul_mat_id, and the fused decode-class runs).
+    Qmm,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat.
     MulMatF,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat_id.
@@ -83,6 +87,7 @@ impl KernelId {
         KernelId::Mmvq,
         KernelId::Mmq,
         KernelId::MmvqId,
+        KernelId::Qmm,
         KernelId::MulMatF,
         KernelId::MulMatFId,
         KernelId::RmsNorm,
@@ -145,7 +150,7 @@ pub struct Module {
 }
 
 /// All modules, in load order.
-pub const MODULES: [Module; 12] = [
+pub const MODULES: [Module; 13] = [
     Module {
         file: "binary.ptx",
         source: include_str!("../kernels/binary.ptx"),
@@ -187,6 +192,11 @@ pub const MODULES: [Module; 12] = [
             (KernelId::Mmq, "mmq"),
             (KernelId::MmvqId, "mmvq_id"),
         ],
+    },
+    Module {
+        file: "qmm.ptx",
+        source: include_str!("../kernels/qmm.ptx"),
+        kernels: &[(KernelId::Qmm, "qmm")],
     },
     Module {
         file: "mul_mat.ptx",
@@ -470,7 +480,8 @@ mod tests {
             .collect();
         // silu and swiglu use ex2.approx directly, gelu and geglu through gelu_tab, a
         // .func; scale and clamp share unary.ptx (and its comments naming ex2.approx)
-        // but call only ld_any / st_any.
+        // but call only ld_any / st_any. qmm has ex2.approx in its SwiGLU epilogue only
+        // (the bit-for-bit product tests check its other launches on either driver).
         assert_eq!(
             approx,
             [
@@ -478,6 +489,7 @@ mod tests {
                 KernelId::Swiglu,
                 KernelId::Gelu,
                 KernelId::Geglu,
+                KernelId::Qmm,
                 KernelId::SoftMax,
                 KernelId::FlashAttnExt,
                 KernelId::FlashAttnDec,
@@ -679,6 +691,8 @@ L1:
                     || t.starts_with(".target")
                     || t.starts_with(".address_size")
                     || t.starts_with(".param")
+                    || t.starts_with(".maxntid")
+                    || t.starts_with(".maxnreg")
                     || t.starts_with(".func")
                     || t.starts_with(".visible");
                 assert!(ok, "{}: suspicious line '{t}'", m.file);

@@ -127,6 +127,109 @@ pub fn mul_mat_id(m: usize, n_used: usize, tokens: usize) -> Option<LaunchDims> 
     })
 }
 
+/// Most threads per block of `qmm`.
+pub const QMM_MAX_THREADS: usize = 256;
+/// Chunks of 32 values per K-tile of `qmm` (its shared memory holds one tile).
+pub const QMM_TILE: usize = 32;
+/// Columns per block of `qmm` in the tiled class (N >= [`MMQ_MIN_N`]); below it a block
+/// takes all N columns.
+pub const QMM_MMQ_COLUMNS: usize = 8;
+/// Blocks `qmm` aims for at least, when choosing its rows per block: two per SM of an
+/// H100/H200 (132 SMs).
+const QMM_MIN_BLOCKS: usize = 264;
+
+/// Shared memory of a `qmm` block of `rows` rows and `nt` columns (see its PTX header).
+pub fn qmm_shared(rows: usize, nt: usize) -> usize {
+    nt * 1536 + rows * 512 + rows * nt * 128 + 32
+}
+
+/// Columns per `qmm` block for `n` columns: all of them below [`MMQ_MIN_N`], else
+/// [`QMM_MMQ_COLUMNS`].
+pub fn qmm_columns(n: usize) -> usize {
+    match mul_mat_class(n) {
+        MulMatClass::Mmvq => n,
+        MulMatClass::Mmq => QMM_MMQ_COLUMNS,
+    }
+}
+
+/// Rows per block that [`set_qmm_rows`] forces (0: none).
+static QMM_ROWS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Makes [`qmm_rows`] answer `rows` (8, 16, 32 or 64) wherever that fits the block's
+/// threads and shared memory, or go back to its own choice (`None`): a knob for speed
+/// measurements (any choice gives the same bits). Process-wide.
+pub fn set_qmm_rows(rows: Option<usize>) {
+    let r = rows.filter(|r| [8, 16, 32, 64].contains(r)).unwrap_or(0);
+    QMM_ROWS.store(r, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Most shared memory a `qmm` block of the tiled class asks for (it opts in past the
+/// default 48 KiB; every sm_80+ GPU allows more).
+pub const QMM_MAX_SHARED: usize = 96 * 1024;
+
+/// Rows per `qmm` block (8, 16, 32 or 64) for blocks of `nt` columns over `total_rows`
+/// rows. Fewer than 8 columns: the largest that still gives [`QMM_MIN_BLOCKS`] blocks
+/// within the default 48 KiB of shared memory (latency matters: many small blocks); the
+/// tiled class: 32 rows (one output per thread of 256, fewer and fuller blocks). Always
+/// within the block's threads (one per output). `None` when `nt` is 0 or above 8. Any
+/// choice gives the same bits.
+pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
+    if nt == 0 || nt > QMM_MMQ_COLUMNS {
+        return None;
+    }
+    let tiled = nt == QMM_MMQ_COLUMNS;
+    let limit = if tiled {
+        QMM_MAX_SHARED
+    } else {
+        DEFAULT_MAX_SHARED as usize
+    };
+    let fits = |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= limit;
+    let forced = QMM_ROWS.load(std::sync::atomic::Ordering::Relaxed);
+    if forced != 0 && fits(forced) {
+        return Some(forced);
+    }
+    if tiled {
+        return Some(32);
+    }
+    let mut r = 8;
+    while r < 64 && fits(2 * r) && total_rows.div_ceil(2 * r) >= QMM_MIN_BLOCKS {
+        r *= 2;
+    }
+    Some(r)
+}
+
+/// Threads per `qmm` block of `rows` rows and `nt` columns for K of `nchunks` chunks:
+/// one per (row, chunk) of a K-tile, up to [`QMM_MAX_THREADS`], and at least one per
+/// output.
+pub fn qmm_threads(rows: usize, nt: usize, nchunks: usize) -> usize {
+    let tasks = rows * nchunks.clamp(1, QMM_TILE);
+    (tasks.min(QMM_MAX_THREADS).max(rows * nt)).div_ceil(32) * 32
+}
+
+/// `qmm`: `ctas` blocks over the rows, `ny` over column tiles (or MUL_MAT_ID's slots),
+/// `nz` over batches (or tokens); `rows` x `nt` outputs per block, K of `nchunks` chunks.
+pub fn qmm(
+    ctas: usize,
+    ny: usize,
+    nz: usize,
+    rows: usize,
+    nt: usize,
+    nchunks: usize,
+) -> Option<LaunchDims> {
+    if ctas == 0 || ny == 0 || nz == 0 || rows == 0 || nt == 0 || nchunks == 0 {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (
+            u32::try_from(ctas).ok()?,
+            u32::try_from(ny).ok()?,
+            u32::try_from(nz).ok()?,
+        ),
+        block: (qmm_threads(rows, nt, nchunks) as u32, 1, 1),
+        shared: u32::try_from(qmm_shared(rows, nt)).ok()?,
+    })
+}
+
 /// sum_rows: one thread per row, [`SUM_ROWS_BLOCK`] per block.
 pub fn sum_rows(rows: usize) -> Option<LaunchDims> {
     if rows == 0 || rows > u32::MAX as usize {
@@ -373,7 +476,7 @@ impl Default for Args {
 
 impl Args {
     /// Most arguments of any kernel.
-    pub const MAX: usize = 40;
+    pub const MAX: usize = 64;
 
     /// An empty list.
     pub fn new() -> Args {
@@ -470,6 +573,33 @@ mod tests {
         assert_eq!(q.block, (32, 4, 1));
         assert!(mul_mat(None, 4, 70_000, 1).is_none());
         assert!(mul_mat(Some(MulMatClass::Mmq), 4, 70_000, 1).is_some());
+    }
+
+    #[test]
+    fn qmm_rows_per_block() {
+        // Small matrices: 8 rows per block (the most blocks); the output matrix: 64.
+        assert_eq!(qmm_rows(1, 192), Some(8));
+        assert_eq!(qmm_rows(1, 1536), Some(8));
+        assert_eq!(qmm_rows(1, 49152), Some(64));
+        // The tiled class: 32 rows (its shared memory opts in past 48 KiB); 7 columns: at
+        // most 16 rows (48 KiB).
+        assert_eq!(qmm_rows(8, 1 << 20), Some(32));
+        assert!(qmm_shared(32, 8) <= QMM_MAX_SHARED);
+        assert_eq!(qmm_rows(7, 1 << 20), Some(16));
+        assert_eq!(qmm_rows(0, 10), None);
+        assert_eq!(qmm_rows(9, 10), None);
+        for nt in 1..=7 {
+            let r = qmm_rows(nt, 1 << 20).unwrap();
+            assert!(r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize);
+        }
+        assert_eq!(qmm_columns(7), 7);
+        assert_eq!(qmm_columns(8), 8);
+        // One thread per (row, chunk) of a tile: K = 576 (18 chunks) at 8 rows.
+        let d = qmm(72, 1, 1, 8, 1, 18).unwrap();
+        assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6688));
+        assert_eq!(qmm_threads(64, 1, 18), 256);
+        assert_eq!(qmm_threads(32, 8, 1), 256);
+        assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
     }
 
     #[test]

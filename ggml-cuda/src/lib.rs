@@ -18,11 +18,13 @@
 //! of one warp, each lane accumulating in increasing index order, and combines the 32
 //! partials with a butterfly `shfl.xor` tree (offsets 16, 8, 4, 2, 1). The order depends
 //! only on the reduction length, never on the number of rows or tokens in a call, the
-//! grid, or how outputs are split across devices. Quantised mul_mat has two kernel
-//! classes ([`MulMatClass`]: `mmvq` below [`MMQ_MIN_N`] tokens, the tiled `mmq` from there
-//! on) with the *same* per-output order, so the class never changes the bits;
-//! [`CudaBackend::kernel_stats`] reports which ran. [`reference`](mod@reference) reproduces each order
-//! on the host.
+//! grid, or how outputs are split across devices. Quantised products are the exception
+//! in form, not in spirit: each output is one sequential f32 chain over the 32-value
+//! chunks of K in index order (each chunk's integer dot exact), the same in both kernel
+//! classes ([`MulMatClass`]: below [`MMQ_MIN_N`] tokens one column tile, from there on
+//! tiles of 8) and in every fused run, so neither changes the bits;
+//! [`CudaBackend::kernel_stats`] reports which class ran. [`reference`](mod@reference)
+//! reproduces each order on the host.
 //!
 //! # Example
 //!
@@ -55,6 +57,7 @@ pub mod kernels;
 pub mod launch;
 mod op_timing;
 mod ops;
+mod qmm;
 pub mod reference;
 mod replay;
 mod tuning;

@@ -10,6 +10,9 @@ use crate::backend::{CudaBackend, State};
 use crate::driver::Api;
 use crate::kernels::KernelId;
 use crate::launch::{self, Args, LaunchDims, MulMatClass, MMQ_MIN_N};
+use crate::qmm;
+
+mod products;
 use crate::reference::{is_kernel_quant, Q8_1_BLOCK};
 
 /// Element type code of the elementwise kernels: 0 f32, 1 f16, 2 bf16, 3 i32.
@@ -335,7 +338,12 @@ impl Ctx<'_> {
     }
 
     fn src(&self, i: usize) -> BackendResult<Tensor> {
-        src(self.tensors, self.node, i).map_err(|d| self.fail(BackendErrorKind::InvalidArgument, d))
+        self.src_of(self.node, i)
+    }
+
+    /// Operand `i` of `t`.
+    fn src_of(&self, t: &Tensor, i: usize) -> BackendResult<Tensor> {
+        src(self.tensors, t, i).map_err(|d| self.fail(BackendErrorKind::InvalidArgument, d))
     }
 
     /// Device address of `t` with its whole byte span checked against its buffer.
@@ -382,6 +390,20 @@ impl Ctx<'_> {
                 .record(k, (self.op(), weights), self.node.name, d, macs, args);
         }
         Ok(())
+    }
+}
+
+impl Ctx<'_> {
+    /// Launches `qmm` for `call`.
+    fn launch_qmm(&mut self, call: &qmm::Call) -> BackendResult<()> {
+        let d = dims(call.dims(), self)?;
+        let mut a = call.args().ok_or_else(|| {
+            self.fail(
+                BackendErrorKind::UnsupportedOp,
+                "shape outside the kernel's launch limits",
+            )
+        })?;
+        self.launch(KernelId::Qmm, d, &mut a)
     }
 }
 
@@ -840,6 +862,7 @@ pub(crate) fn run_fused(
 ) -> BackendResult<()> {
     match fusion {
         crate::fusion::Fusion::RopeStore(roles) => rope_store(be, st, tensors, nodes, roles),
+        crate::fusion::Fusion::Products(r) => products::run_products(be, st, tensors, nodes, r),
     }
 }
 
@@ -986,20 +1009,58 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         strides(&mut a, &t.nb[1..]);
         return c.launch(KernelId::MulMatF, d, &mut a);
     }
-    // Quantise the activations to Q8_1 in scratch, then the dp4a kernel.
+    let class = launch::mul_mat_class(n);
+    if !c.st.tuning.legacy_products {
+        // The tiled class takes the activations quantised once by quantize_q8_1 (a
+        // block of it would quantise all its columns again, once per block of rows);
+        // the matrix-vector class quantises them in each block's prologue.
+        let (xq, nbx, prequant) = match class {
+            MulMatClass::Mmq => {
+                let (scratch, qnb) = quantize_to_scratch(c, &x, xa, [n, b2, b3])?;
+                (scratch, qnb, true)
+            }
+            MulMatClass::Mmvq => (xa, [x.nb[1], x.nb[2], x.nb[3]], false),
+        };
+        let call = qmm::Call {
+            x: xq,
+            nbx,
+            prequant,
+            k: w.ne[0],
+            n,
+            b2,
+            r2: r2 as usize,
+            r3: r3 as usize,
+            ny: n.div_ceil(launch::qmm_columns(n)),
+            nz: batch,
+            mats: [
+                Some(qmm::Matrix {
+                    w: wa,
+                    dtype: w.dtype,
+                    m,
+                    nbw: w.nb[1],
+                    d: ta,
+                    nbd: t.nb[1],
+                }),
+                None,
+                None,
+            ],
+            nbwb: [w.nb[2], w.nb[3]],
+            nbdb: [t.nb[2], t.nb[3]],
+            norm: None,
+            epi: qmm::Epilogue::None,
+            ids: None,
+        };
+        check_weight_alignment(c, &w, wa)?;
+        c.launch_qmm(&call)?;
+        c.be.count_class(class);
+        return Ok(());
+    }
+    // First generation: quantise the activations to Q8_1 in scratch, then the dp4a
+    // kernel.
     let k = w.ne[0];
     let nchunks = k / 32;
-    let row = nchunks * Q8_1_BLOCK;
-    let qnb = [row, row * n, row * n * b2];
-    let scratch = c.be.scratch(c.st, qnb[2] * b3)?;
-    let dq = dims(launch::quantize_q8_1(k, n, batch), c)?;
-    let mut a = Args::new();
-    a.u64(xa).u64(scratch).u32(nchunks as u32).u32(b2 as u32);
-    strides(&mut a, &x.nb[1..]);
-    strides(&mut a, &qnb);
-    c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
+    let (scratch, qnb) = quantize_to_scratch(c, &x, xa, [n, b2, b3])?;
 
-    let class = launch::mul_mat_class(n);
     let d = dims(launch::mul_mat(Some(class), m, n, batch), c)?;
     let mut a = Args::new();
     a.u64(wa)
@@ -1016,8 +1077,46 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         MulMatClass::Mmq => KernelId::Mmq,
     };
     c.launch(kid, d, &mut a)?;
-    *c.be.last_class.lock().unwrap_or_else(|e| e.into_inner()) = Some(class);
+    c.be.count_class(class);
     Ok(())
+}
+
+/// Quantises the f32 activations `x` (at `xa`, rows of K = `x.ne[0]` values, `rows`
+/// = [N, B2, B3] of them) to Q8_1 in scratch with `quantize_q8_1`: the scratch address
+/// and its byte strides of dims 1..3.
+fn quantize_to_scratch(
+    c: &mut Ctx<'_>,
+    x: &Tensor,
+    xa: u64,
+    [n, b2, b3]: [usize; 3],
+) -> BackendResult<(u64, [usize; 3])> {
+    let k = x.ne[0];
+    let nchunks = k / 32;
+    let row = nchunks * Q8_1_BLOCK;
+    let qnb = [row, row * n, row * n * b2];
+    let scratch = c.be.scratch(c.st, qnb[2] * b3)?;
+    let dq = dims(launch::quantize_q8_1(k, n, b2 * b3), c)?;
+    let mut a = Args::new();
+    a.u64(xa).u64(scratch).u32(nchunks as u32).u32(b2 as u32);
+    strides(&mut a, &x.nb[1..]);
+    strides(&mut a, &qnb);
+    c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
+    Ok((scratch, qnb))
+}
+
+/// `qmm` reads weight rows with loads as wide as their block size allows: their address
+/// and strides must be multiples of it (GGUF and every ggml allocator align far more).
+fn check_weight_alignment(c: &Ctx<'_>, w: &Tensor, addr: u64) -> BackendResult<()> {
+    let a = qmm::weight_alignment(w.dtype);
+    let ok = addr % a as u64 == 0 && w.nb[1..].iter().all(|s| s % a == 0);
+    if ok {
+        Ok(())
+    } else {
+        Err(c.fail(
+            BackendErrorKind::InvalidArgument,
+            "quantised weight rows are not aligned to their block size (up to 16 bytes)",
+        ))
+    }
 }
 
 /// MUL_MAT_ID: for quantised experts the activation rows are quantised to Q8_1 as
@@ -1051,7 +1150,53 @@ fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         strides(&mut a, &t.nb[1..3]);
         return c.launch(KernelId::MulMatFId, d, &mut a);
     }
-    // Activations to Q8_1 in scratch: [K/32 blocks, B1, T].
+    if !c.st.tuning.legacy_products {
+        // From MMQ_MIN_N tokens on, quantise the activation rows once (as the tiled
+        // MUL_MAT does) rather than in each block of rows of each slot.
+        let (xq, nbx, prequant) = if tokens >= launch::MMQ_MIN_N {
+            let (scratch, qnb) = quantize_to_scratch(c, &x, xa, [b1, tokens, 1])?;
+            (scratch, qnb, true)
+        } else {
+            (xa, [x.nb[1], x.nb[2], 0], false)
+        };
+        let call = qmm::Call {
+            x: xq,
+            nbx,
+            prequant,
+            k: w.ne[0],
+            n: 1,
+            b2: b1,
+            r2: 1,
+            r3: 1,
+            ny: n_used,
+            nz: tokens,
+            mats: [
+                Some(qmm::Matrix {
+                    w: wa,
+                    dtype: w.dtype,
+                    m,
+                    nbw: w.nb[1],
+                    d: ta,
+                    nbd: t.nb[1],
+                }),
+                None,
+                None,
+            ],
+            nbwb: [w.nb[2], 0],
+            nbdb: [t.nb[2], 0],
+            norm: None,
+            epi: qmm::Epilogue::None,
+            ids: Some(qmm::Ids {
+                ids: ia,
+                nb: [ids.nb[0], ids.nb[1]],
+                n_as,
+                err: err_word,
+            }),
+        };
+        check_weight_alignment(c, &w, wa)?;
+        return c.launch_qmm(&call);
+    }
+    // First generation: activations to Q8_1 in scratch: [K/32 blocks, B1, T].
     let k = w.ne[0];
     let nchunks = k / 32;
     let row = nchunks * Q8_1_BLOCK;

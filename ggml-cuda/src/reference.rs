@@ -364,9 +364,24 @@ pub fn butterfly_sum(mut p: [f32; LANES]) -> f32 {
     p[0]
 }
 
-/// One output element of the quantised mul_mat (both `mmvq` and `mmq`): weight row `w`
-/// of `dtype` times the Q8_1 row `a`, over `nchunks` chunks of 32.
+/// One output element of every current quantised product (`qmm`: MUL_MAT for any number
+/// of columns, MUL_MAT_ID, and every fused form): weight row `w` of `dtype` times the
+/// Q8_1 row `a`, over `nchunks` chunks of 32, as ONE sequential chain: `acc = 0`, then
+/// [`chunk_fma`] for chunk 0, 1, 2, ... in this order.
 pub fn mul_mat_q_dot(dtype: DType, w: &[u8], a: &[u8], nchunks: usize) -> Option<f32> {
+    let mut acc = 0.0f32;
+    for j in 0..nchunks {
+        let c = unpack_chunk(dtype, w, j)?;
+        let ab = a.get(Q8_1_BLOCK * j..Q8_1_BLOCK * (j + 1))?;
+        acc = chunk_fma(&c, ab, acc);
+    }
+    Some(acc)
+}
+
+/// One output element of the first-generation quantised kernels (`mmvq`, `mmq`,
+/// `mmvq_id`, run with `CudaTuning::legacy_products`): chunk `j` feeds the partial of lane
+/// `j mod 32`, and the 32 partials meet in the butterfly tree.
+pub fn mul_mat_q_dot_legacy(dtype: DType, w: &[u8], a: &[u8], nchunks: usize) -> Option<f32> {
     let mut lanes = [0.0f32; LANES];
     for j in 0..nchunks {
         let c = unpack_chunk(dtype, w, j)?;
@@ -905,17 +920,49 @@ mod tests {
             dequantize_row(dt, &w, &mut wd).unwrap();
             let exact: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
             let got = mul_mat_q_dot(dt, &w, &xq, k / 32).unwrap() as f64;
+            let legacy = mul_mat_q_dot_legacy(dt, &w, &xq, k / 32).unwrap() as f64;
             let scale: f64 = wd
                 .iter()
                 .zip(&xd)
                 .map(|(a, b)| (*a as f64 * *b as f64).abs())
                 .sum();
             // The min terms use s = f16(d * Σq), hence the small tolerance.
-            assert!(
-                (got - exact).abs() <= 2e-3 * scale + 1e-6,
-                "{dt}: {got} vs {exact}"
-            );
+            for (order, v) in [("sequential", got), ("legacy", legacy)] {
+                assert!(
+                    (v - exact).abs() <= 2e-3 * scale + 1e-6,
+                    "{dt} {order}: {v} vs {exact}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn sequential_dot_adds_chunks_in_index_order() {
+        // Q8_0 row of 3 chunks against activations built so that chunk 0 contributes
+        // t0 = 16 * 32 * 127 * 127 = 8258048 (f32 ulp 0.5) and chunks 1, 2 contribute 0.25
+        // each: in index order each 0.25 is a tie that rounds back to t0; any other order
+        // adds 0.25 + 0.25 first and ends at t0 + 0.5.
+        let mut w = vec![0u8; 3 * 34];
+        let mut x = vec![0f32; 96];
+        for j in 0..3 {
+            w[34 * j..34 * j + 2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
+        }
+        w[2..34].fill(127);
+        x[..32].fill(127.0 * 16.0);
+        for j in 1..3 {
+            w[34 * j + 2] = 1;
+            w[34 * j + 3] = 1;
+            x[32 * j] = 127.0 / 512.0;
+            x[32 * j + 1] = 1.0 / 512.0;
+        }
+        let mut xq = vec![0u8; 3 * Q8_1_BLOCK];
+        quantize_q8_1(&x, &mut xq);
+        let got = mul_mat_q_dot(DType::Q8_0, &w, &xq, 3).unwrap();
+        assert_eq!(got, 8258048.0);
+        let reordered = 8258048.0f32 + (0.25f32 + 0.25);
+        assert_eq!(reordered, 8258048.5);
+        // A row too short for its chunks has no dot.
+        assert!(mul_mat_q_dot(DType::Q8_0, &w[..60], &xq, 3).is_none());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Shapes and dtypes chosen to hit the kernels' tails and edge paths, each compared with
 //! the CPU backend at test-backend-ops' NMSE limits (5e-4 for mul_mat and flash
-//! attention, 1e-7 for the rest), and the kernels without `.approx` instructions also
-//! bit for bit with their host mirrors (`ggml_cuda::reference`). Runs on cuda-sim, or on
-//! the GPU under `GGML_RS_REQUIRE_GPU`.
+//! attention, 1e-7 for the rest), the quantised products with the host's order bit for
+//! bit, and the kernels without `.approx` instructions also bit for bit with their host
+//! mirrors (`ggml_cuda::reference`). Runs on cuda-sim, or on the GPU under
+//! `GGML_RS_REQUIRE_GPU`.
 
 mod common;
 
@@ -60,27 +61,14 @@ fn gpu_vs_cpu(build: impl Fn(&mut Context<'_>) -> Case) -> f64 {
 #[case::f32_k1000_n9(DType::F32, 1000, 7, 9)]
 #[case::f16_k1000_n8(DType::F16, 1000, 13, 8)]
 #[case::f16_k1000_n512(DType::F16, 1000, 5, 512)]
-// Quantised weights: K = 576 + 32 (one chunk past a multiple of the lane loop).
-#[case::q4_0_n1(DType::Q4_0, 608, 7, 1)]
-#[case::q4_0_n7(DType::Q4_0, 608, 7, 7)]
-#[case::q4_0_n8(DType::Q4_0, 608, 7, 8)]
-#[case::q4_0_n9(DType::Q4_0, 608, 9, 9)]
-#[case::q4_0_n512(DType::Q4_0, 608, 3, 512)]
-#[case::q4_1_n9(DType::Q4_1, 608, 13, 9)]
-#[case::q5_0_n8(DType::Q5_0, 608, 5, 8)]
-#[case::q5_1_n1(DType::Q5_1, 608, 5, 1)]
-#[case::q8_0_n9(DType::Q8_0, 608, 7, 9)]
-#[case::q4_k_n9(DType::Q4K, 512, 7, 9)]
-#[case::q4_k_n1(DType::Q4K, 768, 3, 1)]
-#[case::q6_k_n8(DType::Q6K, 512, 5, 8)]
 #[case::bf16_k1000_n9(DType::BF16, 1000, 7, 9)]
 #[case::bf16_k1000_n1(DType::BF16, 1000, 5, 1)]
-#[case::q2_k_n1(DType::Q2K, 512, 7, 1)]
-#[case::q2_k_n9(DType::Q2K, 768, 5, 9)]
-#[case::q3_k_n8(DType::Q3K, 512, 7, 8)]
-#[case::q3_k_n1(DType::Q3K, 768, 3, 1)]
-#[case::q5_k_n9(DType::Q5K, 512, 7, 9)]
-#[case::q5_k_n1(DType::Q5K, 768, 5, 1)]
+// Quantised weights against the CPU's own dot types (the GPU quantises activations to
+// Q8_1): the tolerance covers that difference, `mul_mat_quantised` the exact order.
+#[case::q4_0_k608_n9(DType::Q4_0, 608, 9, 9)]
+#[case::q8_0_k608_n1(DType::Q8_0, 608, 7, 1)]
+#[case::q4_k_k512_n9(DType::Q4K, 512, 7, 9)]
+#[case::q6_k_k512_n8(DType::Q6K, 512, 5, 8)]
 fn mul_mat(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: usize) {
     let e = gpu_vs_cpu(|ctx| {
         let mut r = Rng(k as u64 * 31 + m as u64 * 7 + n as u64);
@@ -96,6 +84,57 @@ fn mul_mat(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: 
         }
     });
     assert!(e < 5e-4, "{dtype} K {k} M {m} N {n}: NMSE {e:e}");
+}
+
+#[rstest]
+// Quantised weights (quantised by ggml's own routines): K = 576 + 32 (one chunk past a
+// K-tile boundary of none, 19 chunks), 512 and 768 (two and three super-blocks), N on
+// both sides of the matrix-vector / tiled switch, and 512 columns (64 column tiles).
+#[case::q4_0_n1(DType::Q4_0, 608, 7, 1)]
+#[case::q4_0_n7(DType::Q4_0, 608, 7, 7)]
+#[case::q4_0_n8(DType::Q4_0, 608, 7, 8)]
+#[case::q4_0_n9(DType::Q4_0, 608, 9, 9)]
+#[case::q4_0_n512(DType::Q4_0, 608, 3, 512)]
+#[case::q4_1_n9(DType::Q4_1, 608, 13, 9)]
+#[case::q5_0_n8(DType::Q5_0, 608, 5, 8)]
+#[case::q5_1_n1(DType::Q5_1, 608, 5, 1)]
+#[case::q8_0_n9(DType::Q8_0, 608, 7, 9)]
+#[case::q4_k_n9(DType::Q4K, 512, 7, 9)]
+#[case::q4_k_n1(DType::Q4K, 768, 3, 1)]
+#[case::q6_k_n8(DType::Q6K, 512, 5, 8)]
+#[case::q2_k_n1(DType::Q2K, 512, 7, 1)]
+#[case::q2_k_n9(DType::Q2K, 768, 5, 9)]
+#[case::q3_k_n8(DType::Q3K, 512, 7, 8)]
+#[case::q3_k_n1(DType::Q3K, 768, 3, 1)]
+#[case::q5_k_n9(DType::Q5K, 512, 7, 9)]
+#[case::q5_k_n1(DType::Q5K, 768, 5, 1)]
+fn mul_mat_quantised(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: usize) {
+    let mut r = Rng(k as u64 * 31 + m as u64 * 7 + n as u64);
+    let w = bytes_of(dtype, &r.vec(k * m), k);
+    let x = r.vec(k * n);
+    let be = gpu();
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
+    let mut ctx = Context::new(&mut s);
+    let tw = ctx.new_tensor(dtype, [k, m, 1, 1]).unwrap();
+    let tx = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+    let out = ctx.mul_mat(tw, tx).unwrap();
+    let got = to_f32(
+        DType::F32,
+        &run(&be, &mut ctx, &[(tw, w.clone()), (tx, f32_bytes(&x))], out),
+    );
+    let rs = dtype.row_size(k).unwrap();
+    let mut q = vec![0u8; k / 32 * reference::Q8_1_BLOCK];
+    for col in 0..n {
+        reference::quantize_q8_1(&x[col * k..(col + 1) * k], &mut q);
+        for row in 0..m {
+            let want = reference::mul_mat_q_dot(dtype, &w[row * rs..(row + 1) * rs], &q, k / 32);
+            assert_eq!(
+                got[col * m + row].to_bits(),
+                want.unwrap().to_bits(),
+                "{dtype} K {k} M {m} N {n}: row {row} column {col}"
+            );
+        }
+    }
 }
 
 /// Float weights (`mul_mat_f`) with K = 1000 (a tail after the lane loop), odd M, N on

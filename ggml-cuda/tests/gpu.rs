@@ -1,7 +1,8 @@
 //! Every kernel against host references: bit for bit where the kernel has no `.approx`
 //! instruction (the mirrors in `ggml_cuda::reference` do its float operations in its
-//! order), by NMSE where it has (silu, swiglu, soft_max, flash attention: 1e-7, 5e-4),
-//! plus bit-identity checks of invariant 2, copies and events.
+//! order; the quantised products' per-output order is `reference::mul_mat_q_dot`'s), by
+//! NMSE where it has (silu, swiglu, soft_max, flash attention: 1e-7, 5e-4), plus
+//! bit-identity checks of invariant 2, copies and events.
 //!
 //! One test, two drivers: the tests run on cuda-sim's emulated GPU (kernels in its PTX
 //! interpreter with memcheck, racecheck, synccheck and initcheck on) unless
@@ -14,7 +15,7 @@ use ggml_core::{
     Tensor,
 };
 use ggml_cuda::reference::{self, nmse, BinaryOp, Q8_1_BLOCK};
-use ggml_cuda::{CudaBackend, MulMatClass};
+use ggml_cuda::{CudaBackend, CudaTuning};
 
 mod common;
 use common::{assert_bits, driver, f32_bytes, gpu, run, run_all, Rng};
@@ -312,11 +313,44 @@ fn binary_unary_norm() {
     assert!(nmse(&got, &want) < 1e-7, "{}", nmse(&got, &want));
 }
 
-#[test]
-fn mul_mat_quantised_both_classes_bit_identical() {
-    let be = gpu();
-    let mut rng = Rng(3);
-    for dt in [
+/// The host's MUL_MAT of quantised weight rows `w` ([k, m] per matrix, `a2 * a3`
+/// matrices, contiguous) and f32 activations `x` ([k, n, b2, b3], contiguous), in the
+/// sequential per-output order every current kernel uses: out [m, n, b2, b3].
+fn mul_mat_q_ref(
+    dt: DType,
+    w: &[u8],
+    x: &[f32],
+    [k, m, n]: [usize; 3],
+    [a2, a3]: [usize; 2],
+    [b2, b3]: [usize; 2],
+) -> Vec<f32> {
+    let rs = dt.row_size(k).unwrap();
+    let mut out = vec![0f32; m * n * b2 * b3];
+    let mut q = vec![0u8; k / 32 * Q8_1_BLOCK];
+    for i3 in 0..b3 {
+        for i2 in 0..b2 {
+            let wm = (i3 / (b3 / a3)) * a2 + i2 / (b2 / a2);
+            for col in 0..n {
+                let xc = ((i3 * b2 + i2) * n + col) * k;
+                reference::quantize_q8_1(&x[xc..xc + k], &mut q);
+                for row in 0..m {
+                    let at = (wm * m + row) * rs;
+                    let o = ((i3 * b2 + i2) * n + col) * m + row;
+                    out[o] = reference::mul_mat_q_dot(dt, &w[at..at + rs], &q, k / 32).unwrap();
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every quantised weight dtype, K from one chunk to SmolLM2's FFN width (1536, two
+/// K-tiles of the kernel), M (37 or 13) not a multiple of any block's rows, N = 1..7 (one
+/// column tile) and 8, 17 (8-column tiles, the last partial): bit for bit the host's
+/// sequential order, so the two classes agree wherever their columns do.
+#[rstest::rstest]
+fn mul_mat_quantised_is_the_sequential_order(
+    #[values(
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
@@ -326,56 +360,88 @@ fn mul_mat_quantised_both_classes_bit_identical() {
         DType::Q3K,
         DType::Q4K,
         DType::Q5K,
-        DType::Q6K,
-    ] {
-        let (k, m, n) = (512, 40, 17);
+        DType::Q6K
+    )]
+    dt: DType,
+) {
+    let be = gpu();
+    let mut rng = Rng(3 + dt.ggml_id() as u64);
+    for k in [32, 256, 576, 1536] {
+        if k % dt.block_size() != 0 {
+            continue;
+        }
+        let m = if k == 1536 { 13 } else { 37 };
+        let ns: &[usize] = if k == 256 {
+            &[1, 2, 3, 4, 5, 6, 7, 8, 17]
+        } else {
+            &[1, 7, 17]
+        };
         let w = quant_rows(dt, k, m, &mut rng);
-        let x = rng.vec(k * n);
+        let x = rng.vec(k * 17);
         let mut s = storage();
         let mut ctx = Context::new(&mut s);
         let tw = ctx.new_tensor(dt, [k, m, 1, 1]).unwrap();
-        let tx = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
-        let tx1 = ctx.view_2d(tx, k, 3, 4 * k, 0).unwrap();
-        let big = ctx.mul_mat(tw, tx).unwrap();
-        let small = ctx.mul_mat(tw, tx1).unwrap();
-        let cat = ctx.concat(big, small, 1).unwrap();
-        let got = to_f32(&run(
+        let tx = ctx.new_tensor(DType::F32, [k, 17, 1, 1]).unwrap();
+        let mut outs = Vec::new();
+        for &n in ns {
+            let xn = ctx.view_2d(tx, k, n, 4 * k, 0).unwrap();
+            outs.push(ctx.mul_mat(tw, xn).unwrap());
+        }
+        let got = common::run_all(
             &be,
             &mut ctx,
             &[(tw, w.clone()), (tx, f32_bytes(&x))],
-            cat,
-        ));
-        assert_eq!(be.last_mul_mat_class(), Some(MulMatClass::Mmvq));
-        let (bigv, smallv) = got.split_at(m * n);
-        // Invariant 2: tiled (N=17) and matrix-vector (N=3) kernels agree bit for bit.
-        assert_eq!(&bigv[..3 * m], smallv, "{dt}: mmq and mmvq differ");
-        let rs = dt.row_size(k).unwrap();
-        let mut want = vec![0f32; m * n];
-        let mut exact = vec![0f32; m * n];
-        let mut wd = vec![0f32; k];
-        for col in 0..n {
-            let mut q = vec![0u8; k / 32 * Q8_1_BLOCK];
-            reference::quantize_q8_1(&x[col * k..(col + 1) * k], &mut q);
-            for row in 0..m {
-                let wr = &w[row * rs..(row + 1) * rs];
-                want[col * m + row] = reference::mul_mat_q_dot(dt, wr, &q, k / 32).unwrap();
-                reference::dequantize_row(dt, wr, &mut wd).unwrap();
-                exact[col * m + row] = wd.iter().zip(&x[col * k..]).map(|(a, b)| a * b).sum();
-            }
+            &outs,
+        );
+        let want = mul_mat_q_ref(dt, &w, &x, [k, m, 17], [1, 1], [1, 1]);
+        for (&n, g) in ns.iter().zip(&got) {
+            assert_bits(&to_f32(g), &want[..m * n], &format!("{dt} K {k} N {n}"));
         }
-        assert!(
-            nmse(bigv, &want) < 1e-10,
-            "{dt} vs mirror: {}",
-            nmse(bigv, &want)
-        );
-        assert!(
-            nmse(bigv, &exact) < 5e-4,
-            "{dt} vs f32: {}",
-            nmse(bigv, &exact)
-        );
     }
     let st = be.kernel_stats();
-    assert!(st.mmq >= 10 && st.mmvq >= 10, "{st:?}");
+    assert!(st.mmq >= 1 && st.mmvq >= 3, "{st:?}");
+    // Only the tiled class quantises its activations in a launch of its own.
+    assert_eq!(
+        st.launches_of(ggml_cuda::KernelId::QuantizeQ8_1),
+        st.mmq,
+        "{st:?}"
+    );
+}
+
+/// Batched products with broadcast weights (r2 = 2, r3 = 3) and activation columns
+/// further apart than their length, in both classes: bit for bit the host's order.
+#[rstest::rstest]
+#[case::q4_1_decode(DType::Q4_1, 3)]
+#[case::q6_k_decode(DType::Q6K, 1)]
+#[case::q8_0_tiled(DType::Q8_0, 9)]
+#[case::q5_0_tiled(DType::Q5_0, 8)]
+fn mul_mat_quantised_broadcast_batches(#[case] dt: DType, #[case] n: usize) {
+    let be = gpu();
+    let mut rng = Rng(5);
+    let (k, m) = (256, 11);
+    let (a2, a3, b2, b3) = (2, 1, 4, 3);
+    let w = quant_rows(dt, k, m * a2 * a3, &mut rng);
+    // x: [k, n, b2, b3] inside a [2k, ...] parent (column stride 2k values).
+    let xp = rng.vec(2 * k * n * b2 * b3);
+    let mut x = Vec::with_capacity(k * n * b2 * b3);
+    for c in xp.chunks(2 * k) {
+        x.extend_from_slice(&c[..k]);
+    }
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tw = ctx.new_tensor(dt, [k, m, a2, a3]).unwrap();
+    let tp = ctx.new_tensor(DType::F32, [2 * k, n, b2, b3]).unwrap();
+    let nb = ctx.tensors()[tp.index()].nb;
+    let tx = ctx.view(tp, [k, n, b2, b3], nb, 0).unwrap();
+    let out = ctx.mul_mat(tw, tx).unwrap();
+    let got = to_f32(&run(
+        &be,
+        &mut ctx,
+        &[(tw, w.clone()), (tp, f32_bytes(&xp))],
+        out,
+    ));
+    let want = mul_mat_q_ref(dt, &w, &x, [k, m, n], [a2, a3], [b2, b3]);
+    assert_bits(&got, &want, &format!("{dt} N {n}"));
 }
 
 #[test]
@@ -866,8 +932,18 @@ fn every_kernel_launches_with_its_parameter_list() {
     let sums = ctx.sum_rows(logits).unwrap();
     let sums = ctx.clamp(sums, 1e-6, f32::INFINITY).unwrap();
     outs.push(ctx.div(logits, sums).unwrap());
-    // Two small uploads travel as one batch, scattered by upload_scatter.
+    // Once with each generation of quantised products: the first quantises activations
+    // in a kernel of its own before each of its 3 products, the second before its
+    // tiled-class ones. Two small uploads travel as one batch, scattered by upload_scatter.
+    be.set_tuning(CudaTuning {
+        legacy_products: true,
+        ..CudaTuning::default()
+    });
     let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];
+    run(&be, &mut ctx, &inputs, o);
+    let first = be.kernel_stats().launches.iter().sum::<u64>();
+    assert_eq!(first, 30);
+    be.set_tuning(CudaTuning::default());
     run(&be, &mut ctx, &inputs, o);
     let st = be.kernel_stats();
     let missing: Vec<_> = ggml_cuda::KernelId::ALL
@@ -876,11 +952,18 @@ fn every_kernel_launches_with_its_parameter_list() {
         .map(|k| k.entry())
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
-    assert_eq!(st.launches.iter().sum::<u64>(), 30, "{st:?} for {outs:?}");
+    // The second run: one launch less for the decode-class product (its prologue
+    // quantises), the same for the tiled one and for MUL_MAT_ID of 8 tokens.
+    assert_eq!(
+        st.launches.iter().sum::<u64>(),
+        first + 29,
+        "{st:?} for {outs:?}"
+    );
 }
 
-/// Op timing sums each kind of op (products by weight type), starts new sums on each
-/// read, stops when turned off, and never changes the bits.
+/// Op timing sums each kind of op (products by weight type, a fused run as one step of
+/// its own kind), starts new sums on each read, stops when turned off, and never changes
+/// the bits.
 #[test]
 fn op_timing_sums_each_kind_and_keeps_the_bits() {
     let be = gpu();
@@ -909,7 +992,9 @@ fn op_timing_sums_each_kind_and_keeps_the_bits() {
         v.sort();
         v
     };
-    let want = [("ADD", 1), ("MUL_MAT q4_0", 2), ("RMS_NORM", 1)].map(|(o, c)| (o.to_string(), c));
+    // The two products read one activation: one fused launch, timed as one.
+    let want =
+        [("ADD", 1), ("MUL_MAT*2 q4_0", 1), ("RMS_NORM", 1)].map(|(o, c)| (o.to_string(), c));
     assert_eq!(calls, want);
     assert!(times.iter().all(|t| t.ms >= 0.0), "{times:?}");
     assert!(

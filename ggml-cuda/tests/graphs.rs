@@ -159,7 +159,8 @@ fn graphs_replay_bit_for_bit_what_launches_give() {
     // Seen once: launched one by one. Twice: captured, then launched as a graph. After
     // that: the graph alone, no kernel launched from the host.
     let kernels = per_step[0].kernel_launches;
-    assert!(kernels >= 6, "{:?}", per_step[0]);
+    // get_rows, the norm + product + add as one fused qmm, set_rows, the upload scatter.
+    assert!(kernels >= 4, "{:?}", per_step[0]);
     assert_eq!(per_step[0].graph_launches, 0);
     assert_eq!(per_step[0].calls.launch, kernels);
     assert_eq!(

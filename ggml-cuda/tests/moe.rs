@@ -4,10 +4,10 @@
 //!   the same IEEE operations in the same order, or integer compares), and against the
 //!   host mirrors in `ggml_cuda::reference`;
 //! - MUL_MAT_ID against the CUDA MUL_MAT of each token's expert bit for bit (the kernels
-//!   share mul_mat's per-row dot), float experts also against the host mirror bit for
-//!   bit, and against the CPU backend by NMSE at mul_mat's limit
-//!   (5e-4: the GPU quantises activations to Q8_1 where the CPU uses each format's own
-//!   dot type);
+//!   share mul_mat's per-output order); quantised experts against the host's
+//!   `reference::mul_mat_q_dot` bit for bit, float experts against the host mirror bit
+//!   for bit and against the CPU backend by NMSE at mul_mat's limit (5e-4: the GPU
+//!   quantises activations to Q8_1 where the CPU uses each format's own dot type);
 //! - a bad expert id is a `BadData` error naming the node, not a read out of bounds;
 //! - a whole MoE FFN (router, top-k, weights, experts, combine) against the CPU.
 
@@ -366,8 +366,9 @@ fn k_of(dtype: DType) -> usize {
 /// projections: one activation row per token) and B1 = n_used (the down projection: one
 /// per slot), ids with repeats. Each output column (e, t) must be, bit for bit, the CUDA
 /// MUL_MAT of expert ids[e, t] with activation row (e mod B1, t), computed in the same
-/// graph over all B1 * T rows (5 rows: the mmvq class, 10: mmq, identical by invariant
-/// 2). And the whole result is within mul_mat's NMSE limit of the CPU backend.
+/// graph over all B1 * T rows (5 rows: the matrix-vector class, 10: the tiled one,
+/// identical by invariant 2). Quantised: bit for bit the host's order; float: within
+/// mul_mat's NMSE limit of the CPU backend.
 #[rstest]
 fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
     #[values(
@@ -429,6 +430,30 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
             );
             assert_eq!(hb, wb, "{dtype} B1 {b1}: token {t} slot {e} (expert {id})");
         }
+    }
+    if dtype.is_quantized() {
+        // Quantised experts: bit for bit the host's sequential order.
+        let wb = bytes_of(dtype, &wv, k);
+        let rs = dtype.row_size(k).unwrap();
+        let mut q = vec![0u8; k / 32 * reference::Q8_1_BLOCK];
+        for t in 0..TOKENS {
+            for e in 0..N_USED {
+                let id = ids[t * N_USED + e] as usize;
+                let col = t * b1 + e % b1;
+                reference::quantize_q8_1(&xv[col * k..(col + 1) * k], &mut q);
+                for row in 0..m {
+                    let at = (id * m + row) * rs;
+                    let want = reference::mul_mat_q_dot(dtype, &wb[at..at + rs], &q, k / 32);
+                    let have = got[(t * N_USED + e) * m + row];
+                    assert_eq!(
+                        have.to_bits(),
+                        want.unwrap().to_bits(),
+                        "{dtype} B1 {b1}: token {t} slot {e} row {row} against the host"
+                    );
+                }
+            }
+        }
+        return;
     }
     let cpu_out = to_f32(DType::F32, &cpu[0]);
     assert!(
@@ -622,4 +647,61 @@ fn moe_ffn_matches_the_cpu() {
     let (go, co) = (to_f32(DType::F32, &gpu[2]), to_f32(DType::F32, &cpu[2]));
     let eo = nmse(&go, &co);
     assert!(eo < 5e-4, "FFN output: NMSE {eo:e}");
+}
+
+/// MUL_MAT_ID over a prompt-sized batch (9 tokens: the activations are quantised once,
+/// as the tiled MUL_MAT does, not in each block): bit for bit the host's order.
+#[rstest]
+fn mul_mat_id_of_a_prompt_batch_is_the_host_order(
+    #[values(DType::Q4_1, DType::Q8_0, DType::Q6K)] dtype: DType,
+    #[values(1, N_USED)] b1: usize,
+) {
+    let (k, m, tokens) = (256, 7, 9);
+    let mut r = Rng(k as u64 + b1 as u64 + 77);
+    let wv = r.vec(k * m * N_AS);
+    let xv = r.vec(k * b1 * tokens);
+    let ids: Vec<i32> = (0..tokens * N_USED)
+        .map(|i| ((i * 5 + i / N_USED) % N_AS) as i32)
+        .collect();
+    let be = gpu();
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let w = ctx.new_tensor(dtype, [k, m, N_AS, 1]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [k, b1, tokens, 1]).unwrap();
+    let ti = ctx.new_tensor(DType::I32, [N_USED, tokens, 1, 1]).unwrap();
+    let out = ctx.mul_mat_id(w, x, ti).unwrap();
+    let wb = bytes_of(dtype, &wv, k);
+    let got = to_f32(
+        DType::F32,
+        &run_all(
+            &be,
+            &mut ctx,
+            &[(w, wb.clone()), (x, f32_bytes(&xv)), (ti, i32_bytes(&ids))],
+            &[out],
+        )[0],
+    );
+    let rs = dtype.row_size(k).unwrap();
+    let mut q = vec![0u8; k / 32 * reference::Q8_1_BLOCK];
+    for t in 0..tokens {
+        for e in 0..N_USED {
+            let id = ids[t * N_USED + e] as usize;
+            let col = t * b1 + e % b1;
+            reference::quantize_q8_1(&xv[col * k..(col + 1) * k], &mut q);
+            for row in 0..m {
+                let at = (id * m + row) * rs;
+                let want = reference::mul_mat_q_dot(dtype, &wb[at..at + rs], &q, k / 32).unwrap();
+                let have = got[(t * N_USED + e) * m + row];
+                assert_eq!(
+                    have.to_bits(),
+                    want.to_bits(),
+                    "{dtype} B1 {b1}: token {t} slot {e} row {row}"
+                );
+            }
+        }
+    }
+    assert!(
+        be.kernel_stats()
+            .launches_of(ggml_cuda::KernelId::QuantizeQ8_1)
+            >= 1
+    );
 }

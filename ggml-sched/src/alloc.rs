@@ -84,12 +84,15 @@ impl FreeList {
 }
 
 /// Lays out every backend's compute buffer for `part` (tensors of the caller's table
-/// `tensors`, alignments per backend, `n_copies` slots).
+/// `tensors`, alignments per backend, `n_copies` slots). Each of `fused` is a run of
+/// nodes a backend computes with one kernel ([`ggml_core::Backend::fused_runs`]): every
+/// tensor one of its nodes reads or writes keeps its bytes until the run's last node.
 pub(crate) fn layout(
     tensors: &[Tensor],
     part: &Partition,
     alignments: &[usize],
     n_copies: usize,
+    fused: &[Vec<TensorId>],
 ) -> Result<Layout> {
     let nb = alignments.len();
     let n = part.n_tensors;
@@ -167,6 +170,27 @@ pub(crate) fn layout(
         let r = root(cp.tensor).index();
         last_use[r] = last_use[r].max(at);
     }
+    if !fused.is_empty() {
+        let mut pos = vec![usize::MAX; n];
+        for (i, &id) in part.nodes.iter().enumerate() {
+            if id.index() < n {
+                pos[id.index()] = i;
+            }
+        }
+        for run in fused {
+            let at = |id: &TensorId| pos.get(id.index()).copied().filter(|&p| p != usize::MAX);
+            let Some(end) = run.iter().filter_map(at).max() else {
+                continue;
+            };
+            for id in run {
+                let t = &tensors[id.index()];
+                for s in t.src.iter().flatten().chain(std::iter::once(id)) {
+                    let r = root(*s).index();
+                    last_use[r] = last_use[r].max(end);
+                }
+            }
+        }
+    }
     let mut arenas: Vec<FreeList> = top
         .iter()
         .map(|&t| FreeList {
@@ -198,6 +222,48 @@ pub(crate) fn layout(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::partition::{partition, PartitionConfig};
+    use crate::testing::{SimBackend, SimOptions};
+    use ggml_core::{Backend, Context, DType, Graph};
+
+    /// x -> a = x + x -> b = a * a -> c = b + b -> d = c * c: without fused runs c takes
+    /// a's bytes (a is dead after b); with b, c one fused run a lives until c.
+    #[test]
+    fn fused_runs_keep_their_tensors_apart() {
+        let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 16];
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor(DType::F32, [64, 1, 1, 1]).unwrap();
+        ctx.set_flags(x, TensorFlags::INPUT).unwrap();
+        let a = ctx.add(x, x).unwrap();
+        let b = ctx.mul(a, a).unwrap();
+        let c = ctx.add(b, b).unwrap();
+        let d = ctx.mul(c, c).unwrap();
+        ctx.set_flags(d, TensorFlags::OUTPUT).unwrap();
+        let mut ids = [TensorId(0); 16];
+        let mut marks = [0u64; Graph::marks_len(16)];
+        let mut g = Graph::new(&mut ids, &mut marks);
+        g.build_forward_expand(&ctx, d).unwrap();
+        let sim = SimBackend::new(SimOptions::new("dev0"));
+        let refs: [&dyn Backend; 1] = [&*sim];
+        let cfg = PartitionConfig {
+            n_copies: 1,
+            input_backend: 0,
+            op_offload: false,
+            pins: vec![],
+            ring: false,
+        };
+        let leafs: Vec<TensorId> = g.leafs().collect();
+        let part = partition(ctx.tensors(), g.nodes(), &leafs, &refs, &cfg).unwrap();
+        let at = |l: &Layout, id: TensorId| l.place[0][id.index()].unwrap();
+        let plain = layout(ctx.tensors(), &part, &[256], 1, &[]).unwrap();
+        assert_eq!(at(&plain, c), at(&plain, a), "c reuses a's bytes");
+        let fused = layout(ctx.tensors(), &part, &[256], 1, &[vec![b, c]]).unwrap();
+        let placed = [a, b, c].map(|t| at(&fused, t));
+        assert!(
+            placed[0] != placed[1] && placed[1] != placed[2] && placed[0] != placed[2],
+            "{placed:?}"
+        );
+    }
 
     #[test]
     fn free_list_reuses_and_merges() {

@@ -753,6 +753,15 @@ impl Backend for CheckedBackend {
         Ok(true)
     }
 
+    fn fused_runs(
+        &self,
+        tensors: &[Tensor],
+        nodes: &[TensorId],
+        found: &mut dyn FnMut(usize, usize),
+    ) {
+        self.inner.fused_runs(tensors, nodes, found)
+    }
+
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         self.inner.graph_compute(tensors, nodes)?;
         self.record_graph(tensors, nodes);

@@ -323,6 +323,15 @@ impl Backend for FaultyBackend {
         self.inner
             .engine_cpy_tensor_async(unwrap(src_backend), src, unwrap(dst_backend), dst)
     }
+    fn fused_runs(
+        &self,
+        tensors: &[Tensor],
+        nodes: &[TensorId],
+        found: &mut dyn FnMut(usize, usize),
+    ) {
+        self.inner.fused_runs(tensors, nodes, found)
+    }
+
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         if self.hung() {
             return Ok(());

@@ -383,7 +383,17 @@ impl Scheduler {
             .iter()
             .map(|b| b.alignment().max(1).next_power_of_two())
             .collect();
-        let lay = layout(tensors, &part, &alignments, n_copies)?;
+        // Runs a backend computes with one fused kernel keep their tensors' bytes to
+        // themselves until the run's last node.
+        let mut fused = Vec::new();
+        for sp in &part.splits {
+            refs[sp.backend].fused_runs(tensors, &sp.nodes, &mut |s, e| {
+                if s < e && e <= sp.nodes.len() {
+                    fused.push(sp.nodes[s..e].to_vec());
+                }
+            });
+        }
+        let lay = layout(tensors, &part, &alignments, n_copies, &fused)?;
 
         // Buffers: keep those big enough, replace the others.
         for (b, &size) in lay.sizes.iter().enumerate() {

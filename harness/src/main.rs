@@ -1126,6 +1126,23 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         )?);
     }
     if a.n_gen > 0 {
+        let launches = || -> (u64, u64) {
+            let cuda = session.cuda_backends();
+            let k = cuda
+                .iter()
+                .map(|b| b.kernel_stats().launches.iter().sum::<u64>())
+                .sum();
+            let sim = cuda
+                .iter()
+                .any(|b| b.driver_kind() == ggml_cuda::DriverKind::Sim);
+            let w = if sim {
+                ggml_cuda::sim_driver().map_or(0, |d| d.warp_instructions())
+            } else {
+                0
+            };
+            (k, w)
+        };
+        let before = launches();
         results.push(harness::bench::bench_tg(
             &session.model,
             exec.as_mut(),
@@ -1134,6 +1151,23 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             a.reps,
             &session.cuda_backends(),
         )?);
+        let after = launches();
+        // Every generated token of the test, the warm-up run's included.
+        let tokens = ((a.reps + 1) * a.n_gen) as f64;
+        if on_gpu {
+            eprint!(
+                "tg{}: {:.1} CUDA kernel launches per token",
+                a.n_gen,
+                (after.0 - before.0) as f64 / tokens
+            );
+            if after.1 > before.1 {
+                eprint!(
+                    ", {:.0} warp instructions per token (cuda-sim)",
+                    (after.1 - before.1) as f64 / tokens
+                );
+            }
+            eprintln!(" (tuning: {})", config.cuda_tuning);
+        }
     }
     write_trace(exec.as_mut(), a.trace.as_deref())?;
     harness::faults::require_fired(&session)?;

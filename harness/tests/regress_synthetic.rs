@@ -42,7 +42,7 @@ fn settings(chaos: Option<u64>, weaken: Vec<ggml_sched::WeakenKnob>) -> RegressS
 #[case::chaos_2(Some(2))]
 fn cpu_matrix_is_bit_identical_and_race_free(#[case] chaos: Option<u64>) {
     let mut m = Matrix::cpu();
-    assert_eq!(m.cells.len(), 78);
+    assert_eq!(m.cells.len(), 80);
     let corpus = model().with_file_name(format!("corpus-{chaos:?}.txt"));
     std::fs::write(&corpus, text()).unwrap();
     m.settings.model = Source::Path(model());

@@ -7,6 +7,7 @@
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
 //! - `fetch-model [--model NAME]`: download a known GGUF (SmolLM2 by default, or
 //!   gemma3-270m) into the cache and print its path;
+//! - `gen-ptx`: write the generated PTX (`ggml-cuda/kernels/qmm.ptx`) from its generator;
 //! - `ptx-check`: assemble every PTX kernel with `ptxas` for sm_80 and sm_90;
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
@@ -19,6 +20,7 @@ mod fuzz;
 mod gen_ci;
 mod gpu;
 mod ptx;
+mod qmm_ptx;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -57,6 +59,8 @@ commands:
                  write .github/workflows from harness/matrices (a CPU job, and a
                  GPU job for each matrix with [ci] runs_on labels); --check fails
                  if the committed files differ, then lints them with actionlint
+  gen-ptx        write ggml-cuda/kernels/qmm.ptx (the quantised products, one loop per
+                 weight dtype) from xtask/src/qmm_ptx.rs; a test fails while it is stale
   ptx-check [--write]
                  assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
                  sm_80 and sm_90; fail if ggml-cuda/kernels/ptxas-resources.txt
@@ -65,7 +69,7 @@ commands:
   ppl [-- ARGS]  perplexity of the default model on the embedded corpus
                  (ARGS go to `ggml-harness perplexity`, see its --help)
   regress [-- ARGS]
-                 a regression matrix (default: the 78-cell CPU one; --matrix FILE
+                 a regression matrix (default: the 80-cell CPU one; --matrix FILE
                  for another, e.g. harness/matrices/cuda-1gpu.toml) on the real
                  model and corpus, with the race checker, compared with
                  harness/goldens.json (--bless records into it); ARGS go to
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         Some("gpu-test") => Shell::new()
             .map_err(|e| e.to_string())
             .and_then(|sh| gpu::gpu_test(&sh, &workspace_root(), &args[1..])),
+        Some("gen-ptx") => qmm_ptx::gen_ptx(&workspace_root()),
         Some("ptx-check") => Shell::new().map_err(|e| e.to_string()).and_then(|sh| {
             let write = match args.get(1).map(String::as_str) {
                 None => Ok(false),

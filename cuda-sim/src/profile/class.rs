@@ -306,7 +306,9 @@ impl InstrClass {
                 space: MemSpace::Global,
                 width: *size,
             },
-            Op::Fence
+            // A hint: issued, no bytes of its own (the load it serves counts them).
+            Op::Prefetch { .. }
+            | Op::Fence
             | Op::CpAsyncCommit
             | Op::CpAsyncWait { .. }
             | Op::BarWarpSync { .. }

@@ -95,6 +95,7 @@ fn sources(op: &Op, f: &mut impl FnMut(u16)) {
             }
         }
         Op::BarWarpSync { mask } => operand_regs(mask, f),
+        Op::Prefetch { addr } => addr_regs(addr, f),
         Op::Half { a, b, c, .. }
         | Op::Prmt { a, b, c, .. }
         | Op::Lop3 { a, b, c, .. }
@@ -167,6 +168,7 @@ fn destinations(op: &Op, f: &mut impl FnMut(u16)) {
         Op::Mma(m) => m.d.iter().for_each(|&r| f(r)),
         Op::Ldmatrix { d, .. } => d.iter().for_each(|&r| f(r)),
         Op::Fence
+        | Op::Prefetch { .. }
         | Op::CpAsync { .. }
         | Op::CpAsyncCommit
         | Op::CpAsyncWait { .. }

@@ -576,6 +576,10 @@ pub enum Op {
     CpAsyncWait { n: u32, all: bool },
     /// `bar.warp.sync membermask`.
     BarWarpSync { mask: Operand },
+    /// `prefetch{.global}.{L1,L2} [a]`: a hint to bring a line into a cache level. It
+    /// changes no state (a GPU drops a prefetch of an address it cannot read), so it
+    /// runs as a no-op; the address is decoded so that it must be well formed.
+    Prefetch { addr: Addr },
     /// `bar.sync 0` / `barrier.sync 0`.
     BarSync,
     /// `bra target` (instruction index).

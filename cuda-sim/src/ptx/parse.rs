@@ -1319,6 +1319,21 @@ fn decode(
                 mask: d.operand(g[4], Ty::U(32))?,
             }
         }
+        "prefetch" => {
+            known_flags(&["global", "L1", "L2", "local"])?;
+            if !(has("L1") || has("L2")) {
+                return unsupported("prefetch needs a cache level (.L1 or .L2)");
+            }
+            if has("local") {
+                return unsupported("only global prefetches");
+            }
+            want(1)?;
+            let (addr, sym) = d.addr(g[0])?;
+            if sym.is_some() {
+                return unsupported("a prefetch of a symbol (give an address register)");
+            }
+            Op::Prefetch { addr }
+        }
         "bar" | "barrier" => {
             if mods == ["warp", "sync"] {
                 want(1)?;

@@ -1,0 +1,325 @@
+//! The host side of `qmm` (kernels/qmm.ptx): what one launch computes, and its argument
+//! list in the order of the kernel's `.param`s.
+
+use ggml_core::DType;
+
+use crate::launch::{self, Args, LaunchDims};
+
+/// One weight matrix of a `qmm` launch and the output it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Matrix {
+    /// Weights (device address).
+    pub w: u64,
+    /// The weights' dtype.
+    pub dtype: DType,
+    /// Rows (outputs per column).
+    pub m: usize,
+    /// Byte stride of the weight rows.
+    pub nbw: usize,
+    /// Output (device address).
+    pub d: u64,
+    /// Byte stride of the output columns.
+    pub nbd: usize,
+}
+
+/// The RMS norm prologue: the activation is `x * scale * weight`, with `scale` of each
+/// column as rms_norm computes it; `rms` and `mul` receive `x * scale` and the product.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Norm {
+    /// Norm weight, f32 [K].
+    pub weight: u64,
+    /// Epsilon.
+    pub eps: f32,
+    /// rms_norm output [K, N].
+    pub rms: u64,
+    /// mul output [K, N].
+    pub mul: u64,
+    /// Column byte stride of both outputs.
+    pub nb1: usize,
+}
+
+/// What the epilogue does with the products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Epilogue {
+    /// Writes the products.
+    None,
+    /// Writes the product (one matrix) and `e = product + residual`.
+    Add {
+        /// Residual [M, N].
+        res: u64,
+        /// Its column byte stride.
+        nbres: usize,
+        /// The sum's output.
+        e: u64,
+        /// Its column byte stride.
+        nbe: usize,
+    },
+    /// Writes gate (matrix 0), up (matrix 1) and `e = act(gate) * up`.
+    Glu {
+        /// GeGLU (else SwiGLU).
+        geglu: bool,
+        /// The gated output.
+        e: u64,
+        /// Its column byte stride.
+        nbe: usize,
+    },
+}
+
+/// MUL_MAT_ID: the expert of (slot y, token z) from `ids`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ids {
+    /// i32 ids [n_used, T].
+    pub ids: u64,
+    /// Their byte strides.
+    pub nb: [usize; 2],
+    /// Number of experts.
+    pub n_as: usize,
+    /// Error word set on a bad id.
+    pub err: u64,
+}
+
+/// One `qmm` launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Call {
+    /// f32 activations.
+    pub x: u64,
+    /// Their byte strides of dims 1..3 (ids mode: rows, tokens).
+    pub nbx: [usize; 3],
+    /// Whether `x` holds the activations' Q8_1 blocks (quantize_q8_1's) rather than f32
+    /// values.
+    pub prequant: bool,
+    /// K (a multiple of 32; of 256 for k-quants).
+    pub k: usize,
+    /// Columns N (ids mode: 1).
+    pub n: usize,
+    /// B2 and the broadcast ratios r2, r3 of matrix 0 (ids mode: B1, 1, 1).
+    pub b2: usize,
+    /// Broadcast ratio r2.
+    pub r2: usize,
+    /// Broadcast ratio r3.
+    pub r3: usize,
+    /// Blocks in y and z: column tiles and batches (ids mode: slots and tokens).
+    pub ny: usize,
+    /// See `ny`.
+    pub nz: usize,
+    /// Up to three matrices.
+    pub mats: [Option<Matrix>; 3],
+    /// Batch byte strides of matrix 0 (ids mode: the expert stride, 0).
+    pub nbwb: [usize; 2],
+    /// Batch byte strides of output 0 (ids mode: the token stride, 0).
+    pub nbdb: [usize; 2],
+    /// Norm prologue.
+    pub norm: Option<Norm>,
+    /// Epilogue.
+    pub epi: Epilogue,
+    /// MUL_MAT_ID.
+    pub ids: Option<Ids>,
+}
+
+/// The byte alignment `qmm` needs of the weight rows of `dtype` (base and strides): the
+/// largest power of two that divides the block size, up to 16.
+pub(crate) fn weight_alignment(dtype: DType) -> usize {
+    let ts = dtype.type_size();
+    1 << ts.trailing_zeros().min(4)
+}
+
+impl Default for Matrix {
+    fn default() -> Matrix {
+        Matrix {
+            w: 0,
+            dtype: DType::F32,
+            m: 0,
+            nbw: 0,
+            d: 0,
+            nbd: 0,
+        }
+    }
+}
+
+impl Call {
+    /// Columns per block.
+    fn nt(&self) -> usize {
+        if self.ids.is_some() {
+            1
+        } else {
+            launch::qmm_columns(self.n)
+        }
+    }
+
+    /// Rows per block and the blocks over the rows.
+    fn rows(&self) -> Option<(usize, usize)> {
+        let nt = self.nt();
+        let ms = self.mats.iter().flatten().map(|m| m.m);
+        if matches!(self.epi, Epilogue::Glu { .. }) {
+            let m0 = self.mats[0]?.m;
+            let rows = launch::qmm_rows(nt, 2 * m0)?;
+            return Some((rows, m0.div_ceil(rows / 2)));
+        }
+        let total: usize = ms.clone().sum();
+        let rows = launch::qmm_rows(nt, total)?;
+        Some((rows, ms.map(|m| m.div_ceil(rows)).sum()))
+    }
+
+    /// Grid, block and shared memory, or `None` past the launch limits.
+    pub fn dims(&self) -> Option<LaunchDims> {
+        let (rows, ctas) = self.rows()?;
+        launch::qmm(ctas, self.ny, self.nz, rows, self.nt(), self.k / 32)
+    }
+
+    /// The arguments, in the order of the kernel's parameters.
+    pub fn args(&self) -> Option<Args> {
+        let (rows, _) = self.rows()?;
+        let mut a = Args::new();
+        a.u64(self.x);
+        for s in self.nbx {
+            a.usize(s);
+        }
+        let flags = u32::from(self.norm.is_some())
+            | match self.epi {
+                Epilogue::None => 0,
+                Epilogue::Add { .. } => 2,
+                Epilogue::Glu { geglu: false, .. } => 4,
+                Epilogue::Glu { geglu: true, .. } => 6,
+            }
+            | if self.ids.is_some() { 8 } else { 0 }
+            | if self.prequant { 16 } else { 0 }
+            | rows.trailing_zeros() << 8;
+        a.u32((self.k / 32) as u32)
+            .u32(self.n as u32)
+            .u32(self.nt() as u32)
+            .u32(rows as u32)
+            .u32(self.b2 as u32)
+            .u32(self.r2 as u32)
+            .u32(self.r3 as u32)
+            .u32(flags);
+        let norm = self.norm.unwrap_or(Norm {
+            weight: 0,
+            eps: 0.0,
+            rms: 0,
+            mul: 0,
+            nb1: 0,
+        });
+        a.u64(norm.weight)
+            .f32(norm.eps)
+            .u64(norm.rms)
+            .u64(norm.mul)
+            .usize(norm.nb1);
+        let mats = self.mats.map(Option::unwrap_or_default);
+        for m in &mats {
+            a.u64(m.w);
+        }
+        for m in &mats {
+            // The dtype code and, above it, the bytes per block (for the prefetches).
+            a.u32(m.dtype.ggml_id() | (m.dtype.type_size() as u32) << 8);
+        }
+        for m in &mats {
+            a.u32(m.m as u32);
+        }
+        for m in &mats {
+            a.usize(m.nbw);
+        }
+        a.usize(self.nbwb[0]).usize(self.nbwb[1]);
+        for m in &mats {
+            a.u64(m.d);
+        }
+        for m in &mats {
+            a.usize(m.nbd);
+        }
+        a.usize(self.nbdb[0]).usize(self.nbdb[1]);
+        let (res, nbres, e, nbe) = match self.epi {
+            Epilogue::None => (0, 0, 0, 0),
+            Epilogue::Add { res, nbres, e, nbe } => (res, nbres, e, nbe),
+            Epilogue::Glu { e, nbe, .. } => (0, 0, e, nbe),
+        };
+        a.u64(res).usize(nbres).u64(e).usize(nbe);
+        let ids = self.ids.unwrap_or(Ids {
+            ids: 0,
+            nb: [0, 0],
+            n_as: 0,
+            err: 0,
+        });
+        a.u64(ids.ids)
+            .usize(ids.nb[0])
+            .usize(ids.nb[1])
+            .u32(ids.n_as as u32)
+            .u64(ids.err);
+        Some(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{entries, KernelId};
+
+    fn call() -> Call {
+        let mat = Matrix {
+            w: 0x1000,
+            dtype: DType::Q4_1,
+            m: 576,
+            nbw: 360,
+            d: 0x2000,
+            nbd: 2304,
+        };
+        Call {
+            x: 0x3000,
+            nbx: [2304, 2304, 2304],
+            prequant: false,
+            k: 576,
+            n: 1,
+            b2: 1,
+            r2: 1,
+            r3: 1,
+            ny: 1,
+            nz: 1,
+            mats: [Some(mat), Some(Matrix { m: 192, ..mat }), None],
+            nbwb: [0, 0],
+            nbdb: [0, 0],
+            norm: None,
+            epi: Epilogue::None,
+            ids: None,
+        }
+    }
+
+    #[test]
+    fn args_match_the_kernel_parameters() {
+        let (file, name) = KernelId::Qmm.entry();
+        let m = crate::kernels::MODULES
+            .iter()
+            .find(|m| m.file == file)
+            .unwrap();
+        let e = entries(m.source)
+            .into_iter()
+            .find(|e| e.name == name)
+            .unwrap();
+        let a = call().args().unwrap();
+        assert_eq!(a.len(), e.params.len());
+    }
+
+    #[test]
+    fn blocks_cover_every_matrix() {
+        let c = call();
+        // 576 + 192 rows at 8 rows per block.
+        assert_eq!(c.dims().unwrap().grid, (72 + 24, 1, 1));
+        let glu = Call {
+            epi: Epilogue::Glu {
+                geglu: false,
+                e: 0x4000,
+                nbe: 6144,
+            },
+            mats: [c.mats[0], c.mats[0], None],
+            ..c
+        };
+        // Each block takes 4 rows of both matrices.
+        assert_eq!(glu.dims().unwrap().grid, (144, 1, 1));
+    }
+
+    #[test]
+    fn alignment_of_each_format() {
+        assert_eq!(weight_alignment(DType::Q4_0), 2);
+        assert_eq!(weight_alignment(DType::Q4_1), 4);
+        assert_eq!(weight_alignment(DType::Q5_1), 8);
+        assert_eq!(weight_alignment(DType::Q4K), 16);
+        assert_eq!(weight_alignment(DType::Q6K), 2);
+    }
+}

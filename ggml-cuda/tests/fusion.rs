@@ -1,0 +1,397 @@
+//! Fused decode-class runs against the unfused kernels, on cuda-sim (or the GPU under
+//! `GGML_RS_REQUIRE_GPU`): RMS norm x weight in the product's prologue, Q/K/V in one
+//! launch, gate + up + SwiGLU/GeGLU, and the residual add in the product's epilogue. A
+//! fused launch writes every node it replaces, with the bits of the unfused kernels, so
+//! every node of every graph here is read back and compared. Runs that cannot be fused
+//! (an output over bytes the run reads, a tensor on another device) go node by node.
+
+// Not every helper of the shared module is needed here.
+#[allow(dead_code)]
+mod common;
+
+use common::{f32_bytes, gpu, Rng};
+use ggml_core::quant::quantize_row;
+use ggml_core::{Backend, BackendErrorKind, Context, DType, DataRef, Op, Tensor, TensorId};
+use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
+use rstest::rstest;
+
+fn storage() -> Vec<Tensor> {
+    vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 64]
+}
+
+/// Random rows of `k` values stored as `dtype` by ggml's own quantisation.
+fn weights(dtype: DType, k: usize, m: usize, r: &mut Rng) -> Vec<u8> {
+    let v = r.vec(k * m);
+    let per_row = dtype.row_size(k).unwrap();
+    let mut out = vec![0u8; per_row * m];
+    for (src, dst) in v.chunks(k).zip(out.chunks_mut(per_row)) {
+        quantize_row(dtype, src, dst).unwrap();
+    }
+    out
+}
+
+/// Places every non-view tensor of `ctx` in one buffer of `be` filled with `fill` (so an
+/// output nobody writes shows), uploads `inputs`, computes every node in id order with
+/// `tuning`, and returns the bytes of every node. Also returns the launches it took.
+fn run_nodes(
+    be: &CudaBackend,
+    ctx: &mut Context<'_>,
+    inputs: &[(TensorId, Vec<u8>)],
+    tuning: CudaTuning,
+    fill: u8,
+) -> (Vec<Vec<u8>>, u64) {
+    be.set_tuning(tuning);
+    let n = ctx.len();
+    let mut offs = vec![0usize; n];
+    let mut total = 0usize;
+    for (i, t) in ctx.tensors().iter().enumerate() {
+        if t.view_src.is_none() {
+            offs[i] = total;
+            total += t.nbytes().div_ceil(256) * 256 + 256;
+        }
+    }
+    let buf = be.alloc_buffer(total).unwrap();
+    be.buffer_clear(buf.id, fill).unwrap();
+    for i in 0..n {
+        let t = ctx.tensors()[i];
+        let (root, extra) = match t.view_src {
+            Some(r) => (r.index(), t.view_offs),
+            None => (i, 0),
+        };
+        ctx.tensors_mut()[i].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + (offs[root] + extra) as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    for (id, bytes) in inputs {
+        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
+    }
+    let nodes: Vec<TensorId> = (0..n as u32)
+        .map(TensorId)
+        .filter(|id| ts[id.index()].op != Op::None)
+        .collect();
+    let before: u64 = be.kernel_stats().launches.iter().sum();
+    be.graph_compute(ts, &nodes).unwrap();
+    be.synchronize().unwrap();
+    let launches = be.kernel_stats().launches.iter().sum::<u64>() - before;
+    let outs = nodes
+        .iter()
+        .filter(|id| !ts[id.index()].op.is_view())
+        .map(|id| {
+            let t = ts[id.index()];
+            let mut b = vec![0u8; t.nbytes()];
+            be.get_tensor(&t, 0, &mut b).unwrap();
+            b
+        })
+        .collect();
+    be.free_buffer(buf.id).unwrap();
+    (outs, launches)
+}
+
+/// Fused (`tuning`) against unfused: every node's bytes equal, the fused run's buffer
+/// filled differently (0xff: NaN) so a node it left unwritten would differ. Returns the
+/// launches of both runs.
+fn fused_vs_unfused(
+    build: impl Fn(&mut Context<'_>) -> Vec<(TensorId, Vec<u8>)>,
+    tuning: CudaTuning,
+) -> (u64, u64) {
+    let be = gpu();
+    let mut s1 = storage();
+    let mut c1 = Context::new(&mut s1);
+    let inputs = build(&mut c1);
+    let (plain, n_plain) = run_nodes(&be, &mut c1, &inputs, tuning.without_fusions(), 0);
+    let mut s2 = storage();
+    let mut c2 = Context::new(&mut s2);
+    let inputs = build(&mut c2);
+    let (fused, n_fused) = run_nodes(&be, &mut c2, &inputs, tuning, 0xff);
+    assert_eq!(plain.len(), fused.len());
+    for (i, (a, b)) in plain.iter().zip(&fused).enumerate() {
+        assert!(a == b, "node {i}: fused and unfused bytes differ");
+    }
+    (n_plain, n_fused)
+}
+
+/// A llama layer's products as the harness orders them: norm, Q, K, V (Q reshaped into
+/// heads and back as the O product's input), O + residual, norm, gate, up, GLU, down +
+/// residual; `n` tokens, weights of `dts` (Q, K, V, O, gate, up, down).
+fn layer(
+    ctx: &mut Context<'_>,
+    n: usize,
+    dts: [DType; 7],
+    geglu: bool,
+    seed: u64,
+) -> Vec<(TensorId, Vec<u8>)> {
+    let (e, kv, ff) = (256, 64, 512);
+    let mut r = Rng(seed);
+    let mut inputs = Vec::new();
+    let x = ctx.new_tensor(DType::F32, [e, n, 1, 1]).unwrap();
+    inputs.push((x, f32_bytes(&r.vec(e * n))));
+    let g1 = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+    let g2 = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+    inputs.push((g1, f32_bytes(&r.vec(e))));
+    inputs.push((g2, f32_bytes(&r.vec(e))));
+    let mut w = |ctx: &mut Context<'_>, dt: DType, k: usize, m: usize| {
+        let t = ctx.new_tensor(dt, [k, m, 1, 1]).unwrap();
+        inputs.push((t, weights(dt, k, m, &mut r)));
+        t
+    };
+    let wq = w(ctx, dts[0], e, e);
+    let wk = w(ctx, dts[1], e, kv);
+    let wv = w(ctx, dts[2], e, kv);
+    let wo = w(ctx, dts[3], e, e);
+    let wg = w(ctx, dts[4], e, ff);
+    let wu = w(ctx, dts[5], e, ff);
+    let wd = w(ctx, dts[6], ff, e);
+    let rn = ctx.rms_norm(x, 1e-5).unwrap();
+    let cur = ctx.mul(rn, g1).unwrap();
+    let q = ctx.mul_mat(wq, cur).unwrap();
+    let _k = ctx.mul_mat(wk, cur).unwrap();
+    let _v = ctx.mul_mat(wv, cur).unwrap();
+    let q3 = ctx.reshape(q, [64, 4, n, 1]).unwrap();
+    let o = ctx.reshape(q3, [e, n, 1, 1]).unwrap();
+    let o = ctx.mul_mat(wo, o).unwrap();
+    let h = ctx.add(o, x).unwrap();
+    let rn2 = ctx.rms_norm(h, 1e-5).unwrap();
+    let cur2 = ctx.mul(rn2, g2).unwrap();
+    let gate = ctx.mul_mat(wg, cur2).unwrap();
+    let up = ctx.mul_mat(wu, cur2).unwrap();
+    let act = if geglu {
+        ctx.geglu(gate, up).unwrap()
+    } else {
+        ctx.swiglu(gate, up).unwrap()
+    };
+    let d = ctx.mul_mat(wd, act).unwrap();
+    ctx.add(h, d).unwrap();
+    inputs
+}
+
+/// The whole layer in 4 launches with every fusion on, for 1, 3 and 7 tokens, equal
+/// dtypes (SmolLM2's Q4_1) and mixed ones (a Q4_K_M-like mix with Q6_K V and down), and
+/// GeGLU.
+#[rstest]
+#[case::q4_1_one_token(1, [DType::Q4_1; 7], false)]
+#[case::q4_1_three_tokens(3, [DType::Q4_1; 7], false)]
+#[case::mixed_seven_tokens(
+    7,
+    [DType::Q4K, DType::Q4K, DType::Q6K, DType::Q4K, DType::Q4K, DType::Q4K, DType::Q6K],
+    false
+)]
+#[case::mixed_geglu(
+    2,
+    [DType::Q8_0, DType::Q5_0, DType::Q2K, DType::Q4_0, DType::Q3K, DType::Q5K, DType::Q5_1],
+    true
+)]
+fn a_layer_fused_is_the_layer_unfused(
+    #[case] n: usize,
+    #[case] dts: [DType; 7],
+    #[case] geglu: bool,
+) {
+    let (plain, fused) = fused_vs_unfused(
+        |ctx| layer(ctx, n, dts, geglu, 7 + n as u64),
+        CudaTuning::default(),
+    );
+    // rms, mul, 3 products, product, add, rms, mul, 2 products, GLU, product, add.
+    assert_eq!(plain, 14);
+    assert_eq!(fused, 4);
+}
+
+/// Each fusion alone (and each left out) gives the unfused bits.
+#[rstest]
+fn each_switch_alone_keeps_the_bits(
+    #[values(
+        "no-fuse-qkv,no-fuse-glu,no-fuse-add",
+        "no-fuse-norm,no-fuse-glu,no-fuse-add",
+        "no-fuse-norm,no-fuse-qkv,no-fuse-add",
+        "no-fuse-norm,no-fuse-qkv,no-fuse-glu",
+        "no-fuse-norm",
+        "no-fuse-qkv",
+        "no-fuse-glu",
+        "no-fuse-add"
+    )]
+    switches: &str,
+) {
+    let tuning: CudaTuning = switches.parse().unwrap();
+    let (plain, fused) = fused_vs_unfused(|ctx| layer(ctx, 2, [DType::Q4_1; 7], false, 3), tuning);
+    assert_eq!(plain, 14);
+    let want = match switches {
+        // norm + Q, K, V, O, add, norm + gate, up, GLU, down, add.
+        "no-fuse-qkv,no-fuse-glu,no-fuse-add" => 10,
+        // Q + K + V, O, add, gate + up, GLU, down, add (norms alone).
+        "no-fuse-norm,no-fuse-glu,no-fuse-add" => 11,
+        // 3 products, O, add, rms, mul, gate + up + GLU, down, add.
+        "no-fuse-norm,no-fuse-qkv,no-fuse-add" => 12,
+        // 3 products, O + add, rms, mul, 2 products, GLU, down + add.
+        "no-fuse-norm,no-fuse-qkv,no-fuse-glu" => 12,
+        "no-fuse-norm" => 8,
+        "no-fuse-qkv" => 6,
+        "no-fuse-glu" => 5,
+        "no-fuse-add" => 6,
+        _ => unreachable!(),
+    };
+    assert_eq!(fused, want, "{switches}");
+}
+
+/// The output head: norm x weight and one Q8_0 product of many rows (64 rows per block),
+/// fused, against unfused.
+#[test]
+fn norm_and_output_head() {
+    let (plain, fused) = fused_vs_unfused(
+        |ctx| {
+            let (e, vocab) = (128, 1200);
+            let mut r = Rng(5);
+            let x = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+            let g = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+            let w = ctx.new_tensor(DType::Q8_0, [e, vocab, 1, 1]).unwrap();
+            let rn = ctx.rms_norm(x, 1e-6).unwrap();
+            let cur = ctx.mul(rn, g).unwrap();
+            ctx.mul_mat(w, cur).unwrap();
+            vec![
+                (x, f32_bytes(&r.vec(e))),
+                (g, f32_bytes(&r.vec(e))),
+                (w, weights(DType::Q8_0, e, vocab, &mut r)),
+            ]
+        },
+        CudaTuning::default(),
+    );
+    assert_eq!((plain, fused), (3, 1));
+}
+
+/// Builds norm -> mul -> product by hand with the product's output placed over the
+/// norm's input (as a sequential allocator may): the run goes node by node, with the
+/// unfused bits.
+#[test]
+fn overlapping_bytes_run_node_by_node() {
+    let be = gpu();
+    let (k, m) = (64, 32);
+    let mut r = Rng(9);
+    let xv = r.vec(k);
+    let gv = r.vec(k);
+    let wv = weights(DType::Q4_0, k, m, &mut r);
+    let mut results = Vec::new();
+    for tuning in [
+        CudaTuning::default().without_fusions(),
+        CudaTuning::default(),
+    ] {
+        be.set_tuning(tuning);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+        let g = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+        let w = ctx.new_tensor(DType::Q4_0, [k, m, 1, 1]).unwrap();
+        let rn = ctx.rms_norm(x, 1e-5).unwrap();
+        let cur = ctx.mul(rn, g).unwrap();
+        let y = ctx.mul_mat(w, cur).unwrap();
+        let buf = be.alloc_buffer(8192).unwrap();
+        be.buffer_clear(buf.id, 0).unwrap();
+        // x at 0 and y at 0 too (x is dead once rms_norm read it), the rest apart.
+        for (id, at) in [
+            (x, 0),
+            (g, 1024),
+            (w, 2048),
+            (rn, 4096),
+            (cur, 5120),
+            (y, 0),
+        ] {
+            ctx.tensors_mut()[id.index()].data = Some(DataRef {
+                buffer: buf.id,
+                addr: buf.base + at,
+            });
+        }
+        let ts = ctx.tensors();
+        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
+            .unwrap();
+        be.set_tensor_async(&ts[g.index()], 0, &f32_bytes(&gv))
+            .unwrap();
+        be.set_tensor_async(&ts[w.index()], 0, &wv).unwrap();
+        let before = be.kernel_stats().launches_of(KernelId::RmsNorm);
+        be.graph_compute(ts, &[rn, cur, y]).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(be.kernel_stats().launches_of(KernelId::RmsNorm), before + 1);
+        let mut out = vec![0u8; 4 * m];
+        be.get_tensor(&ts[y.index()], 0, &mut out).unwrap();
+        results.push(out);
+        be.free_buffer(buf.id).unwrap();
+    }
+    assert_eq!(results[0], results[1]);
+}
+
+/// A product whose weights live on another device is no fused launch: the run goes node
+/// by node, which reports the misplaced tensor as the unfused path does.
+#[test]
+fn weights_on_another_device_are_not_fused() {
+    let be = gpu();
+    let other = CudaBackend::with_driver(common::driver(), 0, 1).unwrap();
+    let (k, m) = (64, 16);
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let x = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+    let g = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+    let w = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
+    let rn = ctx.rms_norm(x, 1e-5).unwrap();
+    let cur = ctx.mul(rn, g).unwrap();
+    let y = ctx.mul_mat(w, cur).unwrap();
+    let buf = be.alloc_buffer(8192).unwrap();
+    let far = other.alloc_buffer(4096).unwrap();
+    be.buffer_clear(buf.id, 0).unwrap();
+    for (id, at) in [(x, 0), (g, 1024), (rn, 2048), (cur, 3072), (y, 4096)] {
+        ctx.tensors_mut()[id.index()].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + at,
+        });
+    }
+    ctx.tensors_mut()[w.index()].data = Some(DataRef {
+        buffer: far.id,
+        addr: far.base,
+    });
+    let ts = ctx.tensors();
+    let before = be.kernel_stats();
+    let e = be.graph_compute(ts, &[rn, cur, y]).unwrap_err();
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+    assert!(
+        e.to_string().contains("not in this backend's memory"),
+        "{e}"
+    );
+    // rms_norm and mul ran on their own before the product failed.
+    let after = be.kernel_stats();
+    assert_eq!(
+        after.launches_of(KernelId::RmsNorm),
+        before.launches_of(KernelId::RmsNorm) + 1
+    );
+    assert_eq!(
+        after.launches_of(KernelId::Qmm),
+        before.launches_of(KernelId::Qmm)
+    );
+    be.synchronize().unwrap();
+    be.free_buffer(buf.id).unwrap();
+    other.free_buffer(far.id).unwrap();
+}
+
+/// `fused_runs` reports the runs graph_compute fuses, from the nodes alone (no tensor
+/// has bytes yet when a scheduler asks), and none with the fusions off.
+#[test]
+fn fused_runs_are_reported_before_allocation() {
+    let be = gpu();
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    layer(&mut ctx, 1, [DType::Q4_1; 7], false, 1);
+    let ts = ctx.tensors();
+    let nodes: Vec<TensorId> = (0..ts.len() as u32)
+        .map(TensorId)
+        .filter(|id| ts[id.index()].op != Op::None)
+        .collect();
+    let runs = |tuning| {
+        be.set_tuning(tuning);
+        let mut v = Vec::new();
+        be.fused_runs(ts, &nodes, &mut |s, e| v.push((s, e)));
+        v
+    };
+    // rms, mul, Q, K, V | reshape, reshape | O, add | rms, mul, gate, up, swiglu |
+    // down, add.
+    assert_eq!(
+        runs(CudaTuning::default()),
+        [(0, 5), (7, 9), (9, 14), (14, 16)]
+    );
+    assert!(runs(CudaTuning::default().without_fusions()).is_empty());
+    assert!(runs(CudaTuning::legacy()).is_empty());
+}

@@ -1,0 +1,1666 @@
+//! `cargo xtask gen-ptx`: writes `ggml-cuda/kernels/qmm.ptx`, the second generation of
+//! quantised product kernels, from the skeleton and the per-dtype fragments below.
+//!
+//! The kernel is one `.entry` (`qmm`) whose stage B (the integer dot products) has one
+//! specialised loop per weight dtype; everything else (activation quantisation, the RMS
+//! norm prologue, the f32 chain, the epilogues) is written once. The ten loops differ
+//! only in how a lane loads and unpacks its 8 quants of a chunk, so the loop is a
+//! template ([`LOOP`]) and each dtype gives a fragment ([`fragment`]). Edit this file,
+//! then run `cargo xtask gen-ptx`; the test below fails while the checked-in file is
+//! stale.
+
+use std::path::Path;
+
+/// Where the generated PTX goes, relative to the workspace root.
+pub const OUT: &str = "ggml-cuda/kernels/qmm.ptx";
+
+/// Writes [`OUT`] under `root`.
+pub fn gen_ptx(root: &Path) -> Result<(), String> {
+    let path = root.join(OUT);
+    let text = generate();
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    if old == text {
+        println!("gen-ptx: {OUT} is up to date");
+        return Ok(());
+    }
+    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("gen-ptx: wrote {OUT}");
+    Ok(())
+}
+
+/// The weight dtypes: label, ggml type id.
+const DTYPES: [(&str, u32); 10] = [
+    ("Q4_0", 2),
+    ("Q4_1", 3),
+    ("Q5_0", 6),
+    ("Q5_1", 7),
+    ("Q8_0", 8),
+    ("Q2_K", 10),
+    ("Q3_K", 11),
+    ("Q4_K", 12),
+    ("Q5_K", 13),
+    ("Q6_K", 14),
+];
+
+/// Selects group `%gi` (0: matrix `%ga`'s rows; 1, GLU only: matrix 1's) into `%gdt`,
+/// `%gM`, `%gw`, `%gnbw`, `%gmb`, `%gRg`, `%groff`, and its block geometry into `%gts`
+/// (bytes per block) and `%gsh` (log2 of chunks per block).
+fn select_group() -> String {
+    String::from(
+        "    setp.eq.u32 %p1, %gi, 0;
+    selp.b32 %gdt, %dta, %dt1, %p1;
+    selp.b32 %gM, %Ma, %M1, %p1;
+    selp.b64 %gw, %wa, %w1, %p1;
+    selp.b64 %gnbw, %nbwa, %nbw1, %p1;
+    mov.u32 %gmb, %mb;
+    selp.b32 %gRg, %R, %RH, %p1;
+    @%pglu mov.u32 %gRg, %RH;
+    selp.b32 %groff, 0, %RH, %p1;
+    shr.u32 %gts, %gdt, 8;
+    and.b32 %gdt, %gdt, 255;
+    setp.ge.u32 %p1, %gdt, 10;
+    selp.b32 %gsh, 3, 0, %p1;
+",
+    )
+}
+
+/// Prefetches into L1 what the current K-tile (`%tb`, `%TCa` chunks) reads from global
+/// memory: the activation lines, the norm weight's, and the weight blocks of this
+/// thread's stage-B tasks in each group; on the first tile also the residual of this
+/// thread's output. Labels get `tag`.
+fn prefetch(tag: &str) -> String {
+    let mut f = format!(
+        "    // Prefetch what the tile reads (the loads come after the norm and stage A).
+    mul.lo.u32 %t2, %nv, %TCa;
+    setp.ge.u32 %p0, %thr, %t2;
+    @%p0 bra PF{tag}_NW;
+    add.u32 %t4, %bjt0, %tb;
+    cvt.u64.u32 %rd0, %br0;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    selp.b32 %t5, 36, 128, %pq8;
+    mul.wide.u32 %rd0, %t4, %t5;
+    add.u64 %rd1, %rd1, %rd0;
+    prefetch.global.L1 [%rd1];
+PF{tag}_NW:
+    @!%pnorm bra PF{tag}_RES;
+    setp.ge.u32 %p0, %thr, %TCa;
+    @%p0 bra PF{tag}_RES;
+    add.u32 %t4, %thr, %tb;
+    ld.param.u64 %rd1, [p_nw];
+    cvta.to.global.u64 %rd1, %rd1;
+    mul.wide.u32 %rd0, %t4, 128;
+    add.u64 %rd1, %rd1, %rd0;
+    prefetch.global.L1 [%rd1];
+PF{tag}_RES:
+    setp.ne.u32 %p0, %epi, 1;
+    setp.ne.u32 %p1, %tb, 0;
+    or.pred %p0, %p0, %p1;
+    not.pred %p1, %pact;
+    or.pred %p0, %p0, %p1;
+    @%p0 bra PF{tag}_W;
+    add.u32 %t3, %mb, %cr;
+    sub.u32 %t4, %Ma, 1;
+    min.u32 %t3, %t3, %t4;
+    ld.param.u64 %rd1, [p_res];
+    cvta.to.global.u64 %rd1, %rd1;
+    ld.param.u64 %rd2, [p_nbres];
+    cvt.u64.u32 %rd0, %cn;
+    mad.lo.u64 %rd1, %rd0, %rd2, %rd1;
+    mul.wide.u32 %rd0, %t3, 4;
+    add.u64 %rd1, %rd1, %rd0;
+    prefetch.global.L1 [%rd1];
+PF{tag}_W:
+    mov.u32 %gi, 0;
+PF{tag}_GROUP:
+    setp.ge.u32 %p0, %gi, %ngrp;
+    @%p0 bra PF{tag}_DONE;
+"
+    );
+    f += &select_group();
+    f += &format!(
+        "    mul.lo.u32 %Q, %gRg, %TCa;
+    mov.u32 %br, %br0;
+    mov.u32 %bjt, %bjt0;
+    mov.u32 %base, 0;
+PF{tag}_LOOP:
+    setp.ge.u32 %p0, %base, %Q;
+    @%p0 bra PF{tag}_NEXT;
+    add.u32 %t0, %base, %thr;
+    setp.ge.u32 %p0, %t0, %Q;
+    @%p0 bra PF{tag}_ADVANCE;
+    add.u32 %t0, %gmb, %br;
+    sub.u32 %t1, %gM, 1;
+    min.u32 %t0, %t0, %t1;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rw, %rd0, %gnbw, %gw;
+    add.u32 %t0, %tb, %bjt;
+    shr.u32 %t0, %t0, %gsh;
+    mul.wide.u32 %rd0, %t0, %gts;
+    add.u64 %rb, %rw, %rd0;
+    prefetch.global.L1 [%rb];
+    sub.u32 %t1, %gts, 1;
+    cvt.u64.u32 %rd0, %t1;
+    add.u64 %rd0, %rb, %rd0;
+    prefetch.global.L1 [%rd0];
+    setp.gt.u32 %p0, %gts, 128;
+    @%p0 prefetch.global.L1 [%rb+128];
+PF{tag}_ADVANCE:
+    add.u32 %base, %base, %T;
+    add.u32 %bjt, %bjt, %djt;
+    add.u32 %br, %br, %dr;
+    setp.ge.u32 %p0, %bjt, %TCa;
+    @%p0 sub.u32 %bjt, %bjt, %TCa;
+    @%p0 add.u32 %br, %br, 1;
+    bra PF{tag}_LOOP;
+PF{tag}_NEXT:
+    add.u32 %gi, %gi, 1;
+    bra PF{tag}_GROUP;
+PF{tag}_DONE:
+"
+    );
+    f
+}
+
+/// The whole generated file.
+pub fn generate() -> String {
+    let mut dispatch = String::new();
+    let mut loops = String::new();
+    for (name, id) in DTYPES {
+        dispatch.push_str(&format!(
+            "    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra B_{name};\n"
+        ));
+        // Formats with a zero point subtract z * (sc0 * sum_lo + sc1 * sum_hi); for the
+        // others that is 0 and the instructions are left out.
+        let zp = if ["Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K"].contains(&name) {
+            "    ld.shared.v2.b32 {%slo, %shi}, [%ra+8];
+    mul.lo.s32 %t1, %zs0, %slo;
+    mad.lo.s32 %t1, %zs1, %shi, %t1;
+    sub.s32 %t0, %t0, %t1;"
+        } else {
+            "    // no zero point"
+        };
+        loops.push_str(
+            &LOOP
+                .replace("@ZP@", zp)
+                .replace("@DT@", name)
+                .replace("@FRAG@", fragment(name).trim_end_matches('\n')),
+        );
+    }
+    SKELETON
+        .replace("@SELECT_GROUP@\n", &select_group())
+        .replace("@PREFETCH_FIRST@\n", &prefetch("F"))
+        .replace("@PREFETCH_NEXT@\n", &prefetch("N"))
+        .replace("@B_DISPATCH@\n", &dispatch)
+        .replace("@B_LOOPS@\n", &loops)
+}
+
+/// `dst[i]`, i = 0..n, = the 32-bit words at the 2-byte aligned address `[a]`, `[a+4]`,
+/// ...: n 32-bit loads where `pal` (a is 4-byte aligned); else a 16-bit load, n - 1
+/// 32-bit loads and a 16-bit load, all inside the n words, put back together.
+fn ld_words(dst: &[&str], a: &str, pal: &str) -> String {
+    let n = dst.len();
+    let mut f = String::new();
+    for (i, d) in dst.iter().enumerate() {
+        f += &format!("    @{pal} ld.global.nc.b32 {d}, [{a}+{}];\n", 4 * i);
+    }
+    f += &format!("    @!{pal} ld.global.nc.b16 %hh4, [{a}];\n");
+    for i in 0..n - 1 {
+        f += &format!("    @!{pal} ld.global.nc.b32 %X{i}, [{a}+{}];\n", 2 + 4 * i);
+    }
+    f += &format!("    @!{pal} ld.global.nc.b16 %hh5, [{a}+{}];\n", 4 * n - 2);
+    for i in 0..n - 1 {
+        f += &format!("    @!{pal} mov.b32 {{%xl{i}, %xh{i}}}, %X{i};\n");
+    }
+    for (i, d) in dst.iter().enumerate() {
+        let lo = if i == 0 {
+            "%hh4".to_string()
+        } else {
+            format!("%xh{}", i - 1)
+        };
+        let hi = if i == n - 1 {
+            "%hh5".to_string()
+        } else {
+            format!("%xl{i}")
+        };
+        f += &format!("    @!{pal} mov.b32 {d}, {{{lo}, {hi}}};\n");
+    }
+    f
+}
+
+/// `%pal = (the address in the b64 register a is 4-byte aligned)`.
+fn aligned4(a: &str) -> String {
+    format!(
+        "    cvt.u32.u64 %t14, {a};
+    and.b32 %t14, %t14, 3;
+    setp.eq.u32 %pal, %t14, 0;
+"
+    )
+}
+
+/// Registers `%{p}0` .. `%{p}{n-1}`.
+fn regs(p: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("%{p}{i}")).collect()
+}
+
+/// [`ld_words`] into `%{p}0..%{p}{n-1}`.
+fn ld_regs(p: &str, n: usize, a: &str, pal: &str) -> String {
+    let r = regs(p, n);
+    let refs: Vec<&str> = r.iter().map(String::as_str).collect();
+    ld_words(&refs, a, pal)
+}
+
+/// `%U{i} = %W{i} & 0x0F0F0F0F` (values 4i..4i+3) and `%U{4+i} = (%W{i} >> 4) &
+/// 0x0F0F0F0F` (values 16+4i..), i = 0..4: the nibbles of a 16-byte qs array.
+fn split_nibbles() -> String {
+    let mut f = String::new();
+    for i in 0..4 {
+        f += &format!(
+            "    and.b32 %U{i}, %W{i}, 0x0F0F0F0F;
+    shr.b32 %t1, %W{i}, 4;
+    and.b32 %U{}, %t1, 0x0F0F0F0F;
+",
+            4 + i
+        );
+    }
+    f
+}
+
+/// ORs bit 4 of values i (bit i of `%H0`) into the bytes of `%U0..%U7`.
+fn fifth_bits() -> String {
+    let mut f = String::new();
+    for i in 0..8 {
+        f += &format!(
+            "    shr.b32 %t13, %H0, {};
+    and.b32 %t13, %t13, 15;
+    mul.lo.u32 %t13, %t13, 0x00204081;
+    and.b32 %t13, %t13, 0x01010101;
+    shl.b32 %t13, %t13, 4;
+    or.b32 %U{i}, %U{i}, %t13;
+",
+            4 * i
+        );
+    }
+    f
+}
+
+/// `%U{i} = (%W{i} >> shift) & mask` for i = 0..8 (`shift` a register or a number).
+fn shift_mask(shift: &str, mask: &str) -> String {
+    (0..8)
+        .map(|i| {
+            format!(
+                "    shr.b32 %U{i}, %W{i}, {shift};
+    and.b32 %U{i}, %U{i}, {mask};
+"
+            )
+        })
+        .collect()
+}
+
+/// `%U{i} |= ((%H{i} >> shift) & mask) << up` for i = 0..8.
+fn or_high(shift: &str, mask: &str, up: u32) -> String {
+    (0..8)
+        .map(|i| {
+            format!(
+                "    shr.b32 %t1, %H{i}, {shift};
+    and.b32 %t1, %t1, {mask};
+    shl.b32 %t1, %t1, {up};
+    or.b32 %U{i}, %U{i}, %t1;
+"
+            )
+        })
+        .collect()
+}
+
+/// Defaults of the chunk outputs most formats leave at their neutral value.
+const PLAIN_CHUNK: &str = "    mov.b32 %sc0, 1;
+    mov.b32 %sc1, 1;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+
+/// The block `%t0` (super-block for k-quants) of `size` bytes of row `%rw`, in `%rb`.
+fn block(size: u32) -> String {
+    format!(
+        "    mul.wide.u32 %rd0, %t0, {size};
+    add.u64 %rb, %rw, %rd0;
+"
+    )
+}
+
+/// Sub-block `%s = j & 7`, `%t0 = j >> 3` (super-block), `%sn = s >> 2`, `%st = s & 3`.
+const KQ_INDEX: &str = "    shr.u32 %t0, %j, 3;
+    and.b32 %s, %j, 7;
+    shr.u32 %sn, %s, 2;
+    and.b32 %st, %s, 3;
+";
+
+/// The fragment of `dtype`: from the row address `%rw` and the chunk index `%j`,
+/// computes the chunk's 32 unsigned quants `%U0..%U7` (value 4i+b in byte b of `%U{i}`),
+/// its integer scales `%sc0` (values 0..15), `%sc1` (16..31), the zero-point terms
+/// `%zs0 = z * sc0`, `%zs1 = z * sc1`, and `%dw`, `%mw`, `%dm` (f32) and `%m01` (Q2_K's
+/// mins, m0 | m1 << 16).
+fn fragment(dtype: &str) -> String {
+    let mut f = String::new();
+    match dtype {
+        "Q4_0" => {
+            // {d: f16, qs[16]} = 18 bytes, 2-byte aligned; value i = low nibble of qs[i],
+            // value 16+i = high nibble.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(18);
+            f += "    ld.global.nc.b16 %hh0, [%rb];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    add.u64 %ra, %rb, 2;
+";
+            f += &aligned4("%ra");
+            f += &ld_regs("W", 4, "%ra", "%pal");
+            f += &split_nibbles();
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 8;
+    mov.b32 %zs1, 8;
+";
+        }
+        "Q4_1" => {
+            // {d, m: f16, qs[16]} = 20 bytes, 4-byte aligned.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(20);
+            f += "    ld.global.nc.b32 %t1, [%rb];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %mw, %hh1;
+    ld.global.nc.b32 %W0, [%rb+4];
+    ld.global.nc.b32 %W1, [%rb+8];
+    ld.global.nc.b32 %W2, [%rb+12];
+    ld.global.nc.b32 %W3, [%rb+16];
+";
+            f += &split_nibbles();
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+";
+        }
+        "Q5_0" => {
+            // {d: f16, qh: u32, qs[16]} = 22 bytes, 2-byte aligned; bit i of qh is bit 4 of
+            // value i.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(22);
+            f += "    ld.global.nc.b16 %hh0, [%rb];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    add.u64 %ra, %rb, 2;
+";
+            f += &aligned4("%ra");
+            f += &ld_words(&["%H0", "%W0", "%W1", "%W2", "%W3"], "%ra", "%pal");
+            f += &split_nibbles();
+            f += &fifth_bits();
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 16;
+    mov.b32 %zs1, 16;
+";
+        }
+        "Q5_1" => {
+            // {d, m: f16, qh: u32, qs[16]} = 24 bytes, 8-byte aligned.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(24);
+            f += "    ld.global.nc.v2.b32 {%t1, %H0}, [%rb];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %mw, %hh1;
+    ld.global.nc.v2.b32 {%W0, %W1}, [%rb+8];
+    ld.global.nc.v2.b32 {%W2, %W3}, [%rb+16];
+";
+            f += &split_nibbles();
+            f += &fifth_bits();
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+";
+        }
+        "Q8_0" => {
+            // {d: f16, qs: i8[32]} = 34 bytes, 2-byte aligned; u = q xor 0x80, z = 128.
+            f += "    mov.b32 %t0, %j;\n";
+            f += &block(34);
+            f += "    ld.global.nc.b16 %hh0, [%rb];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    add.u64 %ra, %rb, 2;
+";
+            f += &aligned4("%ra");
+            f += &ld_regs("W", 8, "%ra", "%pal");
+            for i in 0..8 {
+                f += &format!("    xor.b32 %U{i}, %W{i}, 0x80808080;\n");
+            }
+            f += PLAIN_CHUNK;
+            f += "    mov.b32 %zs0, 128;
+    mov.b32 %zs1, 128;
+";
+        }
+        "Q2_K" => {
+            // {scales[16], qs[64], d, dmin: f16} = 84 bytes, 4-byte aligned. Sub-block s:
+            // u_i = (qs[32n + i] >> 2t) & 3; scales[2s], scales[2s + 1] hold scale (low
+            // nibble) and min (high nibble) of values 0..15 and 16..31.
+            f += KQ_INDEX;
+            f += &block(84);
+            f += "    ld.global.nc.b32 %t1, [%rb+80];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %dm, %hh1;
+    mov.f32 %mw, 0f00000000;
+    shl.b32 %t2, %s, 1;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.b16 %hh2, [%ra];
+    cvt.u32.u16 %t3, %hh2;
+    and.b32 %sc0, %t3, 15;
+    bfe.u32 %t4, %t3, 4, 4;
+    bfe.u32 %sc1, %t3, 8, 4;
+    bfe.u32 %t5, %t3, 12, 4;
+    shl.b32 %t5, %t5, 16;
+    or.b32 %m01, %t4, %t5;
+    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+    shl.b32 %t2, %sn, 5;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+";
+            for i in 0..8 {
+                f += &format!("    ld.global.nc.b32 %W{i}, [%ra+{}];\n", 16 + 4 * i);
+            }
+            f += "    shl.b32 %t2, %st, 1;\n";
+            f += &shift_mask("%t2", "0x03030303");
+        }
+        "Q3_K" => {
+            // {hmask[32], qs[64], scales[12], d: f16} = 110 bytes, 2-byte aligned.
+            // Sub-block s: u_i = (qs[32n + i] >> 2t) & 3 | ((hmask[i] >> s) & 1) << 2,
+            // z = 4; 6-bit scale k = (scales[k % 8] >> 4(k / 8)) & 15 |
+            // ((scales[8 + k % 4] >> 2(k / 4)) & 3) << 4, minus 32; sc0, sc1 = scales 2s,
+            // 2s + 1.
+            f += KQ_INDEX;
+            f += &block(110);
+            f += "    ld.global.nc.b16 %hh0, [%rb+108];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    shl.b32 %t2, %st, 1;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.u8 %t3, [%ra+96];
+    ld.global.nc.u8 %t4, [%ra+97];
+    shl.b32 %t5, %sn, 2;
+    shr.b32 %t3, %t3, %t5;
+    and.b32 %t3, %t3, 15;
+    shr.b32 %t4, %t4, %t5;
+    and.b32 %t4, %t4, 15;
+    and.b32 %t2, %st, 1;
+    shl.b32 %t2, %t2, 1;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.u8 %t6, [%ra+104];
+    ld.global.nc.u8 %t7, [%ra+105];
+    shr.u32 %t5, %s, 1;
+    shl.b32 %t5, %t5, 1;
+    shr.b32 %t6, %t6, %t5;
+    and.b32 %t6, %t6, 3;
+    shl.b32 %t6, %t6, 4;
+    or.b32 %t3, %t3, %t6;
+    sub.s32 %sc0, %t3, 32;
+    shr.b32 %t7, %t7, %t5;
+    and.b32 %t7, %t7, 3;
+    shl.b32 %t7, %t7, 4;
+    or.b32 %t4, %t4, %t7;
+    sub.s32 %sc1, %t4, 32;
+    mul.lo.s32 %zs0, %sc0, 4;
+    mul.lo.s32 %zs1, %sc1, 4;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+            f += &aligned4("%rb");
+            f += "    shl.b32 %t2, %sn, 5;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    add.u64 %ra, %ra, 32;
+";
+            f += &ld_regs("W", 8, "%ra", "%pal");
+            f += &ld_regs("H", 8, "%rb", "%pal");
+            f += "    shl.b32 %t2, %st, 1;\n";
+            f += &shift_mask("%t2", "0x03030303");
+            f += &or_high("%s", "0x01010101", 2);
+        }
+        "Q4_K" | "Q5_K" => {
+            // Q4_K: {d, dmin: f16, scales[12], qs[128]} = 144 bytes; Q5_K: {d, dmin,
+            // scales[12], qh[32], qs[128]} = 176 bytes; both 16-byte aligned. Sub-block
+            // s: values are the low (s even) or high (s odd) nibbles of qs[32(s/2)..],
+            // Q5_K adds bit s of qh[i] as bit 4; the 6-bit scale sc and min m of s (s < 4:
+            // q[s] & 63, q[s+4] & 63; else (q[s+4] & 15) | (q[s-4] >> 6) << 4 and
+            // (q[s+4] >> 4) | (q[s] >> 6) << 4, q = scales); dw = d, mw = -(dmin * m).
+            let (size, qs) = if dtype == "Q4_K" {
+                (144, 16)
+            } else {
+                (176, 48)
+            };
+            f += KQ_INDEX;
+            f += &block(size);
+            f += "    ld.global.nc.b32 %t1, [%rb];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %f0, %hh1;
+    cvt.u64.u32 %rd1, %s;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.u8 %t3, [%ra+4];
+    ld.global.nc.u8 %t4, [%ra+8];
+    ld.global.nc.u8 %t5, [%ra];
+    and.b32 %t6, %t3, 63;
+    and.b32 %t7, %t4, 63;
+    and.b32 %t8, %t4, 15;
+    shr.b32 %t9, %t5, 6;
+    shl.b32 %t9, %t9, 4;
+    or.b32 %t8, %t8, %t9;
+    shr.b32 %t10, %t4, 4;
+    shr.b32 %t9, %t3, 6;
+    shl.b32 %t9, %t9, 4;
+    or.b32 %t10, %t10, %t9;
+    setp.lt.u32 %p1, %s, 4;
+    selp.b32 %sc0, %t6, %t8, %p1;
+    selp.b32 %t7, %t7, %t10, %p1;
+    mov.b32 %sc1, %sc0;
+    cvt.rn.f32.u32 %f1, %t7;
+    mul.rn.f32 %f1, %f0, %f1;
+    neg.f32 %mw, %f1;
+    mov.b32 %zs0, 0;
+    mov.b32 %zs1, 0;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+            f += &format!(
+                "    shr.u32 %t2, %s, 1;
+    shl.b32 %t2, %t2, 5;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.v4.b32 {{%W0, %W1, %W2, %W3}}, [%ra+{qs}];
+    ld.global.nc.v4.b32 {{%W4, %W5, %W6, %W7}}, [%ra+{}];
+    and.b32 %t2, %s, 1;
+    shl.b32 %t2, %t2, 2;
+",
+                qs + 16
+            );
+            f += &shift_mask("%t2", "0x0F0F0F0F");
+            if dtype == "Q5_K" {
+                f += "    ld.global.nc.v4.b32 {%H0, %H1, %H2, %H3}, [%rb+16];
+    ld.global.nc.v4.b32 {%H4, %H5, %H6, %H7}, [%rb+32];
+";
+                f += &or_high("%s", "0x01010101", 4);
+            }
+        }
+        "Q6_K" => {
+            // {ql[128], qh[64], scales: i8[16], d: f16} = 210 bytes, 2-byte aligned.
+            // Sub-block s: low bits from ql[64n + 32(t & 1) + i] (nibble t / 2), high bits
+            // (qh[32n + i] >> 2t) & 3, z = 32, scales sc[8n + 2t], sc[8n + 2t + 1].
+            f += KQ_INDEX;
+            f += &block(210);
+            f += "    ld.global.nc.b16 %hh0, [%rb+208];
+    cvt.f32.f16 %dw, %hh0;
+    mov.f32 %mw, 0f00000000;
+    shl.b32 %t2, %sn, 3;
+    shl.b32 %t3, %st, 1;
+    add.u32 %t2, %t2, %t3;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    ld.global.nc.s8 %sc0, [%ra+192];
+    ld.global.nc.s8 %sc1, [%ra+193];
+    shl.b32 %zs0, %sc0, 5;
+    shl.b32 %zs1, %sc1, 5;
+    mov.f32 %dm, 0f00000000;
+    mov.b32 %m01, 0;
+";
+            f += &aligned4("%rb");
+            f += "    shl.b32 %t2, %sn, 6;
+    and.b32 %t3, %st, 1;
+    shl.b32 %t3, %t3, 5;
+    add.u32 %t2, %t2, %t3;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+";
+            f += &ld_regs("W", 8, "%ra", "%pal");
+            f += "    shl.b32 %t2, %sn, 5;
+    cvt.u64.u32 %rd1, %t2;
+    add.u64 %ra, %rb, %rd1;
+    add.u64 %ra, %ra, 128;
+";
+            f += &ld_regs("H", 8, "%ra", "%pal");
+            f += "    shr.u32 %t2, %st, 1;
+    shl.b32 %t2, %t2, 2;
+    shl.b32 %t3, %st, 1;
+";
+            f += &shift_mask("%t2", "0x0F0F0F0F");
+            f += &or_high("%t3", "0x03030303", 4);
+        }
+        other => panic!("no fragment for {other}"),
+    }
+    f
+}
+
+/// Stage B for one dtype: thread t takes tasks t, t + T, t + 2T, ... of the current group
+/// and K-tile, task = (row r, chunk jt), r-major, so a warp's lanes take neighbouring
+/// chunks of a row (and the next row's after the last). Per column the thread dots the
+/// chunk's 32 quants with the activation block (8 dp4a per half), subtracts the
+/// zero-point terms and stores sumi in S; it also stores the chunk's dw, mw, dm, m01 in W.
+const LOOP: &str = "
+B_@DT@:
+    mul.lo.u32 %Q, %gRg, %TCa;
+    mov.u32 %br, %br0;
+    mov.u32 %bjt, %bjt0;
+    mov.u32 %base, 0;
+B_@DT@_LOOP:
+    setp.ge.u32 %p0, %base, %Q;
+    @%p0 bra B_NEXT;
+    add.u32 %t0, %base, %thr;
+    setp.ge.u32 %p0, %t0, %Q;
+    @%p0 bra B_@DT@_ADVANCE;
+    add.u32 %t0, %gmb, %br;
+    sub.u32 %t1, %gM, 1;
+    min.u32 %t0, %t0, %t1;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rw, %rd0, %gnbw, %gw;
+    add.u32 %j, %tb, %bjt;
+@FRAG@
+    add.u32 %t2, %groff, %br;
+    mov.u32 %n, 0;
+B_@DT@_COL:
+    setp.ge.u32 %p0, %n, %nv;
+    @%p0 bra B_@DT@_COLEND;
+    mad.lo.u32 %t0, %n, 32, %bjt;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %ra, %sA, %rd0;
+    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%ra+16];
+    ld.shared.v4.b32 {%a4, %a5, %a6, %a7}, [%ra+32];
+    dp4a.u32.s32 %x0, %U0, %a0, 0;
+    dp4a.u32.s32 %x0, %U1, %a1, %x0;
+    dp4a.u32.s32 %x0, %U2, %a2, %x0;
+    dp4a.u32.s32 %x0, %U3, %a3, %x0;
+    dp4a.u32.s32 %x1, %U4, %a4, 0;
+    dp4a.u32.s32 %x1, %U5, %a5, %x1;
+    dp4a.u32.s32 %x1, %U6, %a6, %x1;
+    dp4a.u32.s32 %x1, %U7, %a7, %x1;
+    mul.lo.s32 %t0, %sc0, %x0;
+    mad.lo.s32 %t0, %sc1, %x1, %t0;
+@ZP@
+    mad.lo.u32 %t1, %bjt, %NT, %n;
+    mad.lo.u32 %t1, %t1, %R, %t2;
+    mul.wide.u32 %rd0, %t1, 4;
+    add.u64 %rd0, %sS, %rd0;
+    st.shared.b32 [%rd0], %t0;
+    add.u32 %n, %n, 1;
+    bra B_@DT@_COL;
+B_@DT@_COLEND:
+    mad.lo.u32 %t1, %bjt, %R, %t2;
+    mul.wide.u32 %rd0, %t1, 16;
+    add.u64 %rd0, %sW, %rd0;
+    mov.b32 %t3, %dw;
+    mov.b32 %t4, %mw;
+    mov.b32 %t5, %dm;
+    st.shared.v4.b32 [%rd0], {%t3, %t4, %t5, %m01};
+B_@DT@_ADVANCE:
+    add.u32 %base, %base, %T;
+    add.u32 %bjt, %bjt, %djt;
+    add.u32 %br, %br, %dr;
+    setp.ge.u32 %p0, %bjt, %TCa;
+    @%p0 sub.u32 %bjt, %bjt, %TCa;
+    @%p0 add.u32 %br, %br, 1;
+    bra B_@DT@_LOOP;
+";
+
+/// The kernel around stage B.
+const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT with quantised weights for every
+// number of columns, MUL_MAT_ID, and the fused decode-class runs: RMS norm x weight in
+// the prologue, up to three products that share their activation, the residual add or
+// the gated activation in the epilogue).
+// GENERATED by `cargo xtask gen-ptx` from xtask/src/qmm_ptx.rs: edit that file, not this
+// one. PTX ISA 8.0, sm_80 and newer (JIT by the driver).
+//
+// Chunks and their unpacked form (u_i, z, sc0, sc1, dw, mw, m0, m1, dm) are those of
+// quant.ptx's header. Per output element y[m, n] the arithmetic is
+//     acc = 0
+//     for chunk j = 0, 1, ..., K/32 - 1, in this order:
+//         sumi = sc0 * sum_{i<16} (u_i - z) a_i + sc1 * sum_{i>=16} (u_i - z) a_i (int32)
+//         acc  = fma(dw * da, float(sumi), acc)
+//         acc  = fma(mw, sa, acc)
+//         if dm != 0:  mi = m0 * sum_{i<16} a_i + m1 * sum_{i>=16} a_i            (int32)
+//                      acc = fma(-(dm * da), float(mi), acc)
+//     y = acc
+// with {da, sa, a_i} the Q8_1 block j of the activation column, bit for bit as
+// quantize_q8_1 writes it (here computed in shared memory, never stored). The integer
+// sums are exact in any order (two's complement), so they are split over lanes freely;
+// the float part is ONE sequential chain per output, in chunk order. The result depends
+// on K and the data only: not on M, N, the tiling, the fusion or the grid, so every class
+// and every fused form gives the same bits (reference::mul_mat_q_dot).
+
+.version 8.0
+.target sm_80
+.address_size 64
+
+.extern .shared .align 16 .b8 qmm_smem[];
+
+// ---------------------------------------------------------------------------------
+// KERNEL qmm
+// out[m, n] = sum_k w[k, m] * a[k, n] for up to three quantised weight matrices that
+// read the same activation, in the per-output order of the file header.
+// Params:
+//   p_x       f32 activations [K, N, B2, B3] (ids mode: [K, B1, T]), element stride 4,
+//             or (flags bit 4) their Q8_1 blocks
+//   p_nbx1, p_nbx2, p_nbx3   activation byte strides of dims 1..3
+//   p_nchunks K / 32
+//   p_n       N (columns; ids mode: 1)
+//   p_nt      NT, columns per CTA (1..8): blockIdx.y takes columns y*NT .. y*NT+NT-1
+//   p_rows    R, rows per CTA (8, 16, 32 or 64, R * NT <= T); GLU mode: R/2 rows of
+//             each of the two matrices
+//   p_b2      B2 (to split blockIdx.z into i2, i3); ids mode: B1
+//   p_r2, p_r3               broadcast ratios B2/A2 and B3/A3 of matrix 0
+//   p_flags   bit 0: RMS norm prologue; bits 1-2: epilogue (0 none, 1 residual add,
+//             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID); bit 4: p_x holds
+//             Q8_1 blocks (quantize_q8_1's, strides p_nbx*) instead of f32 values;
+//             bits 8-11: log2(R)
+//   p_nw      norm weight, f32 [K] (norm prologue)
+//   p_eps     norm epsilon
+//   p_rms, p_mul             norm outputs [K, N] (x * scale, and that times p_nw),
+//                            written by CTA (0, 0, 0); column stride p_nbr1
+//   p_nbr1    byte stride of the columns of p_rms and p_mul
+//   p_w0, p_w1, p_w2         weight matrices [K, M_i] (matrix 0: [K, M0, A2, A3])
+//   p_dt0, p_dt1, p_dt2      their dtype codes (quant.ptx's header), plus the bytes per
+//                            block times 256
+//   p_m0, p_m1, p_m2         their rows M_i (0: no such matrix)
+//   p_nbw0, p_nbw1, p_nbw2   their row byte strides
+//   p_nbwb2, p_nbwb3         batch byte strides of matrix 0 (ids mode: expert stride)
+//   p_d0, p_d1, p_d2         f32 outputs [M_i, N] (output 0: [M0, N, B2, B3])
+//   p_nbd0, p_nbd1, p_nbd2   their column byte strides (ids mode, output 0: slot stride)
+//   p_nbdb2, p_nbdb3         batch byte strides of output 0 (ids mode: token stride)
+//   p_res, p_nbres           epilogue add: residual [M0, N] and its column stride
+//   p_e, p_nbe               epilogue output (add or GLU result) [M0, N], column stride
+//   p_ids     ids mode: i32 expert ids [n_used, T]
+//   p_nbi0, p_nbi1           id byte strides
+//   p_n_as    number of experts; an id outside 0..n_as sets *p_err = 1 and the CTA
+//             writes nothing
+//   p_err     u32 error word
+// Grid:   (CTAs over rows: sum over matrices of ceil(M_i / R) (GLU: ceil(M0 / (R/2))),
+//          ceil(N / NT) (ids mode: n_used), B2*B3 (ids mode: T))
+// Block:  (T, 1, 1), T a multiple of 32, at most 512, R * NT <= T
+// Shared: NT*1536 + R*512 + R*NT*128 + 32 bytes: per 32-chunk K-tile the Q8_1
+//         activation blocks {da, sa, sum_lo, sum_hi, q[32]} (48 B per column and
+//         chunk), per (chunk, row) {dw, mw, dm, m01} (16 B), per (chunk, column, row)
+//         sumi (4 B), the norm scale per column.
+// Reduction: per output as the file header: one thread per (row, chunk) computes the
+//   chunk's integer dot product (stage B, 8 dp4a per half); the f32 chain over chunks in
+//   increasing order by one thread per output (stage C). Activation quantisation as
+//   quantize_q8_1 (amax by max, sum by integer add: order-free). Norm prologue as
+//   rms_norm: lane l adds x_i^2 (fma) for i = l, l+32, ..., butterfly 16, 8, 4, 2, 1.
+// ---------------------------------------------------------------------------------
+.visible .entry qmm(
+    .param .u64 p_x,
+    .param .u64 p_nbx1,
+    .param .u64 p_nbx2,
+    .param .u64 p_nbx3,
+    .param .u32 p_nchunks,
+    .param .u32 p_n,
+    .param .u32 p_nt,
+    .param .u32 p_rows,
+    .param .u32 p_b2,
+    .param .u32 p_r2,
+    .param .u32 p_r3,
+    .param .u32 p_flags,
+    .param .u64 p_nw,
+    .param .f32 p_eps,
+    .param .u64 p_rms,
+    .param .u64 p_mul,
+    .param .u64 p_nbr1,
+    .param .u64 p_w0,
+    .param .u64 p_w1,
+    .param .u64 p_w2,
+    .param .u32 p_dt0,
+    .param .u32 p_dt1,
+    .param .u32 p_dt2,
+    .param .u32 p_m0,
+    .param .u32 p_m1,
+    .param .u32 p_m2,
+    .param .u64 p_nbw0,
+    .param .u64 p_nbw1,
+    .param .u64 p_nbw2,
+    .param .u64 p_nbwb2,
+    .param .u64 p_nbwb3,
+    .param .u64 p_d0,
+    .param .u64 p_d1,
+    .param .u64 p_d2,
+    .param .u64 p_nbd0,
+    .param .u64 p_nbd1,
+    .param .u64 p_nbd2,
+    .param .u64 p_nbdb2,
+    .param .u64 p_nbdb3,
+    .param .u64 p_res,
+    .param .u64 p_nbres,
+    .param .u64 p_e,
+    .param .u64 p_nbe,
+    .param .u64 p_ids,
+    .param .u64 p_nbi0,
+    .param .u64 p_nbi1,
+    .param .u32 p_n_as,
+    .param .u64 p_err
+)
+.maxntid 512, 1, 1
+.maxnreg 84
+{
+    .reg .pred %p<4>;
+    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact;
+    .reg .b16 %hh<8>, %xl<7>, %xh<7>;
+    .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
+    .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
+    .reg .b32 %ga, %mb, %Ma, %dta, %M1, %dt1, %cn, %cr, %RH;
+    .reg .b32 %gdt, %gM, %gmb, %gRg, %groff, %gts, %gsh;
+    .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st, %ITC, %br0, %bjt0, %lR;
+    .reg .b32 %sc0, %sc1, %zs0, %zs1, %m01, %x0, %x1, %slo, %shi;
+    .reg .f32 %f<16>;
+    .reg .f32 %acc, %dw, %mw, %dm;
+    .reg .b64 %rd<8>;
+    .reg .b64 %sA, %sW, %sS, %sN, %xb, %nbx1, %rw, %rb, %ra;
+    .reg .b64 %gw, %gnbw, %wa, %nbwa, %w1, %nbw1, %da, %nbda, %d1, %nbd1;
+
+    mov.u32 %thr, %tid.x;
+    mov.u32 %T, %ntid.x;
+    ld.param.u32 %R, [p_rows];
+    ld.param.u32 %NT, [p_nt];
+    ld.param.u32 %NK, [p_nchunks];
+    ld.param.u32 %N, [p_n];
+    ld.param.u32 %flags, [p_flags];
+    bfe.u32 %lR, %flags, 8, 4;
+    and.b32 %t0, %flags, 1;
+    setp.ne.u32 %pnorm, %t0, 0;
+    bfe.u32 %epi, %flags, 1, 2;
+    setp.ge.u32 %pglu, %epi, 2;
+    and.b32 %t0, %flags, 8;
+    setp.ne.u32 %pids, %t0, 0;
+    and.b32 %t0, %flags, 16;
+    setp.ne.u32 %pq8, %t0, 0;
+    // Shared memory: A at 0, W after NT*1536 bytes, S after R*512 more, the norm scales
+    // after R*NT*128 more.
+    mov.u64 %sA, qmm_smem;
+    mul.wide.u32 %rd0, %NT, 1536;
+    add.u64 %sW, %sA, %rd0;
+    mul.wide.u32 %rd0, %R, 512;
+    add.u64 %sS, %sW, %rd0;
+    mul.lo.u32 %t0, %R, %NT;
+    mul.wide.u32 %rd0, %t0, 128;
+    add.u64 %sN, %sS, %rd0;
+
+    // Activation columns, matrix-0 batch offsets (%rd3 weights, %rd4 output).
+    ld.param.u64 %xb, [p_x];
+    cvta.to.global.u64 %xb, %xb;
+    ld.param.u64 %nbx1, [p_nbx1];
+    ld.param.u32 %t1, [p_b2];
+    @%pids bra SETUP_IDS;
+    mov.u32 %t2, %ctaid.z;
+    mov.u32 %t3, 0;
+    mov.u32 %t4, 0;
+    setp.eq.u32 %p0, %t2, 0;
+    @!%p0 rem.u32 %t3, %t2, %t1;
+    @!%p0 div.u32 %t4, %t2, %t1;
+    mov.u32 %t5, %ctaid.y;
+    mul.lo.u32 %t5, %t5, %NT;
+    sub.u32 %nv, %N, %t5;
+    min.u32 %nv, %nv, %NT;
+    ld.param.u64 %rd0, [p_nbx2];
+    cvt.u64.u32 %rd1, %t3;
+    mad.lo.u64 %xb, %rd1, %rd0, %xb;
+    ld.param.u64 %rd0, [p_nbx3];
+    cvt.u64.u32 %rd1, %t4;
+    mad.lo.u64 %xb, %rd1, %rd0, %xb;
+    cvt.u64.u32 %rd1, %t5;
+    mad.lo.u64 %xb, %rd1, %nbx1, %xb;
+    ld.param.u32 %t6, [p_r2];
+    @!%p0 div.u32 %t6, %t3, %t6;
+    @%p0 mov.u32 %t6, 0;
+    ld.param.u64 %rd0, [p_nbwb2];
+    cvt.u64.u32 %rd1, %t6;
+    mul.lo.u64 %rd3, %rd1, %rd0;
+    ld.param.u32 %t6, [p_r3];
+    @!%p0 div.u32 %t6, %t4, %t6;
+    @%p0 mov.u32 %t6, 0;
+    ld.param.u64 %rd0, [p_nbwb3];
+    cvt.u64.u32 %rd1, %t6;
+    mad.lo.u64 %rd3, %rd1, %rd0, %rd3;
+    ld.param.u64 %rd0, [p_nbdb2];
+    cvt.u64.u32 %rd1, %t3;
+    mul.lo.u64 %rd4, %rd1, %rd0;
+    ld.param.u64 %rd0, [p_nbdb3];
+    cvt.u64.u32 %rd1, %t4;
+    mad.lo.u64 %rd4, %rd1, %rd0, %rd4;
+    ld.param.u64 %rd0, [p_nbd0];
+    cvt.u64.u32 %rd1, %t5;
+    mad.lo.u64 %rd4, %rd1, %rd0, %rd4;
+    bra SETUP_ROWS;
+SETUP_IDS:
+    // Slot e = ctaid.y, token t = ctaid.z: expert ids[e, t] (the whole CTA leaves on a
+    // bad one), activation row (e mod B1, t).
+    mov.u32 %t2, %ctaid.y;
+    mov.u32 %t3, %ctaid.z;
+    ld.param.u64 %rd0, [p_ids];
+    cvta.to.global.u64 %rd0, %rd0;
+    ld.param.u64 %rd1, [p_nbi0];
+    cvt.u64.u32 %rd2, %t2;
+    mad.lo.u64 %rd0, %rd2, %rd1, %rd0;
+    ld.param.u64 %rd1, [p_nbi1];
+    cvt.u64.u32 %rd2, %t3;
+    mad.lo.u64 %rd0, %rd2, %rd1, %rd0;
+    ld.global.u32 %t4, [%rd0];
+    ld.param.u32 %t5, [p_n_as];
+    setp.lt.u32 %p0, %t4, %t5;
+    @%p0 bra IDS_OK;
+    setp.ne.u32 %p1, %thr, 0;
+    @%p1 bra DONE;
+    ld.param.u64 %rd0, [p_err];
+    cvta.to.global.u64 %rd0, %rd0;
+    st.global.u32 [%rd0], 1;
+    bra DONE;
+IDS_OK:
+    mov.u32 %nv, 1;
+    rem.u32 %t5, %t2, %t1;
+    cvt.u64.u32 %rd1, %t5;
+    mad.lo.u64 %xb, %rd1, %nbx1, %xb;
+    ld.param.u64 %rd0, [p_nbx2];
+    cvt.u64.u32 %rd1, %t3;
+    mad.lo.u64 %xb, %rd1, %rd0, %xb;
+    ld.param.u64 %rd0, [p_nbwb2];
+    cvt.u64.u32 %rd1, %t4;
+    mul.lo.u64 %rd3, %rd1, %rd0;
+    ld.param.u64 %rd0, [p_nbd0];
+    cvt.u64.u32 %rd1, %t2;
+    mul.lo.u64 %rd4, %rd1, %rd0;
+    ld.param.u64 %rd0, [p_nbdb2];
+    cvt.u64.u32 %rd1, %t3;
+    mad.lo.u64 %rd4, %rd1, %rd0, %rd4;
+
+SETUP_ROWS:
+    // Rows: group a is (matrix %ga, rows %mb.. of it, in CTA rows 0..); in GLU mode a
+    // second group is matrix 1's same rows, in CTA rows R/2...
+    ld.param.u32 %Ma, [p_m0];
+    ld.param.u32 %M1, [p_m1];
+    ld.param.u32 %t2, [p_m2];
+    mov.u32 %t3, %ctaid.x;
+    shr.u32 %RH, %R, 1;
+    @%pglu bra SETUP_GLU;
+    mov.u32 %ngrp, 1;
+    sub.u32 %t4, %R, 1;
+    add.u32 %t5, %Ma, %t4;
+    shr.u32 %t5, %t5, %lR;
+    add.u32 %t6, %M1, %t4;
+    shr.u32 %t6, %t6, %lR;
+    add.u32 %t6, %t6, %t5;
+    mov.u32 %ga, 0;
+    mov.u32 %t7, %t3;
+    setp.ge.u32 %p0, %t3, %t5;
+    @%p0 mov.u32 %ga, 1;
+    @%p0 sub.u32 %t7, %t3, %t5;
+    setp.ge.u32 %p1, %t3, %t6;
+    @%p1 mov.u32 %ga, 2;
+    @%p1 sub.u32 %t7, %t3, %t6;
+    mul.lo.u32 %mb, %t7, %R;
+    bra SETUP_MATS;
+SETUP_GLU:
+    mov.u32 %ngrp, 2;
+    mov.u32 %ga, 0;
+    mul.lo.u32 %mb, %t3, %RH;
+SETUP_MATS:
+    // Matrix %ga's weights, dtype, rows, row stride, output and its column stride.
+    setp.eq.u32 %p0, %ga, 1;
+    setp.eq.u32 %p1, %ga, 2;
+    ld.param.u32 %dta, [p_dt0];
+    ld.param.u32 %dt1, [p_dt1];
+    ld.param.u32 %t4, [p_dt2];
+    @%p0 mov.u32 %dta, %dt1;
+    @%p1 mov.u32 %dta, %t4;
+    @%p0 mov.u32 %Ma, %M1;
+    @%p1 mov.u32 %Ma, %t2;
+    ld.param.u64 %wa, [p_w0];
+    ld.param.u64 %w1, [p_w1];
+    ld.param.u64 %rd0, [p_w2];
+    @%p0 mov.u64 %wa, %w1;
+    @%p1 mov.u64 %wa, %rd0;
+    cvta.to.global.u64 %wa, %wa;
+    cvta.to.global.u64 %w1, %w1;
+    ld.param.u64 %nbwa, [p_nbw0];
+    ld.param.u64 %nbw1, [p_nbw1];
+    ld.param.u64 %rd0, [p_nbw2];
+    @%p0 mov.u64 %nbwa, %nbw1;
+    @%p1 mov.u64 %nbwa, %rd0;
+    ld.param.u64 %da, [p_d0];
+    ld.param.u64 %d1, [p_d1];
+    ld.param.u64 %rd0, [p_d2];
+    @%p0 mov.u64 %da, %d1;
+    @%p1 mov.u64 %da, %rd0;
+    cvta.to.global.u64 %da, %da;
+    cvta.to.global.u64 %d1, %d1;
+    ld.param.u64 %nbda, [p_nbd0];
+    ld.param.u64 %nbd1, [p_nbd1];
+    ld.param.u64 %rd0, [p_nbd2];
+    @%p0 mov.u64 %nbda, %nbd1;
+    @%p1 mov.u64 %nbda, %rd0;
+    // Batch / expert / column offsets apply to matrix 0 and output 0 only (the fused
+    // forms have one batch and one column tile).
+    setp.eq.u32 %p2, %ga, 0;
+    @%p2 add.u64 %wa, %wa, %rd3;
+    @%p2 add.u64 %da, %da, %rd4;
+    // Stage C needs the Q2_K min terms only if a group is Q2_K.
+    and.b32 %t0, %dta, 255;
+    setp.eq.u32 %p0, %t0, 10;
+    and.b32 %t0, %dt1, 255;
+    setp.eq.u32 %p1, %t0, 10;
+    and.pred %p1, %p1, %pglu;
+    or.pred %pq2, %p0, %p1;
+
+    // Stage C's thread: output (row %cr of the CTA, column %cn of the tile).
+    shr.u32 %cn, %thr, %lR;
+    sub.u32 %t0, %R, 1;
+    and.b32 %cr, %thr, %t0;
+    setp.lt.u32 %pact, %cn, %nv;
+    mov.f32 %acc, 0f00000000;
+
+    mov.u32 %tb, 0;
+    min.u32 %TCa, %NK, 32;
+    // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
+    // (exact for numerators below 1024 and TCa <= 32).
+    add.u32 %t0, %TCa, 65535;
+    div.u32 %ITC, %t0, %TCa;
+    mul.lo.u32 %br0, %thr, %ITC;
+    shr.u32 %br0, %br0, 16;
+    mul.lo.u32 %bjt0, %br0, %TCa;
+    sub.u32 %bjt0, %thr, %bjt0;
+    mul.lo.u32 %dr, %T, %ITC;
+    shr.u32 %dr, %dr, 16;
+    mul.lo.u32 %djt, %dr, %TCa;
+    sub.u32 %djt, %T, %djt;
+@PREFETCH_FIRST@
+    // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
+    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 8 loads at a time).
+    @!%pnorm bra NORM_DONE;
+    shr.u32 %t0, %thr, 5;
+    and.b32 %t1, %thr, 31;
+NORM_COL:
+    setp.ge.u32 %p0, %t0, %nv;
+    @%p0 bra NORM_DONE;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    shl.b32 %t2, %NK, 5;
+    mov.f32 %f0, 0f00000000;
+    mov.u32 %t3, %t1;
+NORM_SUM8:
+    add.u32 %t4, %t3, 224;
+    setp.ge.u32 %p1, %t4, %t2;
+    @%p1 bra NORM_SUM;
+    mul.wide.u32 %rd2, %t3, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.f32 %f1, [%rd2];
+    ld.global.f32 %f2, [%rd2+128];
+    ld.global.f32 %f3, [%rd2+256];
+    ld.global.f32 %f4, [%rd2+384];
+    ld.global.f32 %f5, [%rd2+512];
+    ld.global.f32 %f6, [%rd2+640];
+    ld.global.f32 %f7, [%rd2+768];
+    ld.global.f32 %f8, [%rd2+896];
+    fma.rn.f32 %f0, %f1, %f1, %f0;
+    fma.rn.f32 %f0, %f2, %f2, %f0;
+    fma.rn.f32 %f0, %f3, %f3, %f0;
+    fma.rn.f32 %f0, %f4, %f4, %f0;
+    fma.rn.f32 %f0, %f5, %f5, %f0;
+    fma.rn.f32 %f0, %f6, %f6, %f0;
+    fma.rn.f32 %f0, %f7, %f7, %f0;
+    fma.rn.f32 %f0, %f8, %f8, %f0;
+    add.u32 %t3, %t3, 256;
+    bra NORM_SUM8;
+NORM_SUM:
+    setp.ge.u32 %p1, %t3, %t2;
+    @%p1 bra NORM_REDUCE;
+    mul.wide.u32 %rd2, %t3, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.f32 %f1, [%rd2];
+    fma.rn.f32 %f0, %f1, %f1, %f0;
+    add.u32 %t3, %t3, 32;
+    bra NORM_SUM;
+NORM_REDUCE:
+    bar.warp.sync 0xffffffff;
+    shfl.sync.bfly.b32 %f1, %f0, 16, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 8, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 4, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 2, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    shfl.sync.bfly.b32 %f1, %f0, 1, 31, 0xffffffff;
+    add.rn.f32 %f0, %f0, %f1;
+    cvt.rn.f32.u32 %f2, %t2;
+    div.rn.f32 %f3, %f0, %f2;
+    ld.param.f32 %f4, [p_eps];
+    add.rn.f32 %f3, %f3, %f4;
+    sqrt.rn.f32 %f3, %f3;
+    div.rn.f32 %f5, 0f3F800000, %f3;
+    setp.ne.u32 %p1, %t1, 0;
+    mul.wide.u32 %rd2, %t0, 4;
+    add.u64 %rd2, %sN, %rd2;
+    @!%p1 st.shared.f32 [%rd2], %f5;
+    shr.u32 %t2, %T, 5;
+    add.u32 %t0, %t0, %t2;
+    bra NORM_COL;
+NORM_DONE:
+    // CTA (0, 0, 0) writes the norm outputs.
+    mov.u32 %t0, %ctaid.x;
+    mov.u32 %t1, %ctaid.y;
+    or.b32 %t0, %t0, %t1;
+    mov.u32 %t1, %ctaid.z;
+    or.b32 %t0, %t0, %t1;
+    setp.eq.u32 %pwr, %t0, 0;
+    and.pred %pwr, %pwr, %pnorm;
+
+TILE:
+    setp.ge.u32 %p0, %tb, %NK;
+    @%p0 bra EPILOGUE;
+    setp.eq.u32 %p0, %tb, 0;
+    @%p0 bra TILE_FETCHED;
+    sub.u32 %TCa, %NK, %tb;
+    min.u32 %TCa, %TCa, 32;
+    // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
+    // (exact for numerators below 1024 and TCa <= 32).
+    add.u32 %t0, %TCa, 65535;
+    div.u32 %ITC, %t0, %TCa;
+    mul.lo.u32 %br0, %thr, %ITC;
+    shr.u32 %br0, %br0, 16;
+    mul.lo.u32 %bjt0, %br0, %TCa;
+    sub.u32 %bjt0, %thr, %bjt0;
+    mul.lo.u32 %dr, %T, %ITC;
+    shr.u32 %dr, %dr, 16;
+    mul.lo.u32 %djt, %dr, %TCa;
+    sub.u32 %djt, %T, %djt;
+@PREFETCH_NEXT@
+TILE_FETCHED:
+    bar.sync 0;
+
+    // Stage A: the tile's Q8_1 blocks of each column, 8 lanes per block (4 values each),
+    // bit for bit as quantize_q8_1. A warp whose 4 blocks are all past the end skips
+    // the round (its shuffles stay within the warp).
+    shr.u32 %t0, %thr, 3;
+    and.b32 %t1, %thr, 7;
+    mul.lo.u32 %t2, %nv, %TCa;
+    and.b32 %t12, %t0, 0xFFFFFFFC;
+    mov.u32 %base, 0;
+A_LOOP:
+    setp.ge.u32 %p0, %base, %t2;
+    @%p0 bra A_DONE;
+    add.u32 %t3, %base, %t12;
+    setp.ge.u32 %p0, %t3, %t2;
+    @%p0 bra A_NEXT;
+    add.u32 %t3, %base, %t0;
+    setp.lt.u32 %pv, %t3, %t2;
+    sub.u32 %t4, %t2, 1;
+    min.u32 %t3, %t3, %t4;
+    mul.lo.u32 %n, %t3, %ITC;
+    shr.u32 %n, %n, 16;
+    mul.lo.u32 %j, %n, %TCa;
+    sub.u32 %j, %t3, %j;
+    @%pq8 bra A_COPY;
+    // element index i0 = (tb + j)*32 + 4*lane8 of column n
+    add.u32 %t4, %tb, %j;
+    shl.b32 %t4, %t4, 5;
+    shl.b32 %t5, %t1, 2;
+    add.u32 %t4, %t4, %t5;
+    cvt.u64.u32 %rd0, %n;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    mul.wide.u32 %rd2, %t4, 4;
+    add.u64 %rd1, %rd1, %rd2;
+    ld.global.f32 %f0, [%rd1];
+    ld.global.f32 %f1, [%rd1+4];
+    ld.global.f32 %f2, [%rd1+8];
+    ld.global.f32 %f3, [%rd1+12];
+    @!%pnorm bra A_QUANT;
+    // x * scale (rms_norm), then times the weight (mul)
+    mul.wide.u32 %rd5, %n, 4;
+    add.u64 %rd5, %sN, %rd5;
+    ld.shared.f32 %f4, [%rd5];
+    mul.rn.f32 %f0, %f0, %f4;
+    mul.rn.f32 %f1, %f1, %f4;
+    mul.rn.f32 %f2, %f2, %f4;
+    mul.rn.f32 %f3, %f3, %f4;
+    ld.param.u64 %rd5, [p_nw];
+    cvta.to.global.u64 %rd5, %rd5;
+    add.u64 %rd5, %rd5, %rd2;
+    ld.global.f32 %f4, [%rd5];
+    ld.global.f32 %f5, [%rd5+4];
+    ld.global.f32 %f6, [%rd5+8];
+    ld.global.f32 %f7, [%rd5+12];
+    mul.rn.f32 %f4, %f0, %f4;
+    mul.rn.f32 %f5, %f1, %f5;
+    mul.rn.f32 %f6, %f2, %f6;
+    mul.rn.f32 %f7, %f3, %f7;
+    and.pred %p1, %pwr, %pv;
+    @!%p1 bra A_NORMED;
+    ld.param.u64 %rd5, [p_nbr1];
+    mul.lo.u64 %rd6, %rd0, %rd5;
+    add.u64 %rd6, %rd6, %rd2;
+    ld.param.u64 %rd5, [p_rms];
+    cvta.to.global.u64 %rd5, %rd5;
+    add.u64 %rd5, %rd5, %rd6;
+    st.global.f32 [%rd5], %f0;
+    st.global.f32 [%rd5+4], %f1;
+    st.global.f32 [%rd5+8], %f2;
+    st.global.f32 [%rd5+12], %f3;
+    ld.param.u64 %rd5, [p_mul];
+    cvta.to.global.u64 %rd5, %rd5;
+    add.u64 %rd5, %rd5, %rd6;
+    st.global.f32 [%rd5], %f4;
+    st.global.f32 [%rd5+4], %f5;
+    st.global.f32 [%rd5+8], %f6;
+    st.global.f32 [%rd5+12], %f7;
+A_NORMED:
+    mov.f32 %f0, %f4;
+    mov.f32 %f1, %f5;
+    mov.f32 %f2, %f6;
+    mov.f32 %f3, %f7;
+A_QUANT:
+    abs.f32 %f4, %f0;
+    abs.f32 %f5, %f1;
+    max.f32 %f4, %f4, %f5;
+    abs.f32 %f5, %f2;
+    max.f32 %f4, %f4, %f5;
+    abs.f32 %f5, %f3;
+    max.f32 %f4, %f4, %f5;
+    shfl.sync.bfly.b32 %f5, %f4, 1, 31, 0xffffffff;
+    max.f32 %f4, %f4, %f5;
+    shfl.sync.bfly.b32 %f5, %f4, 2, 31, 0xffffffff;
+    max.f32 %f4, %f4, %f5;
+    shfl.sync.bfly.b32 %f5, %f4, 4, 31, 0xffffffff;
+    max.f32 %f4, %f4, %f5;
+    div.rn.f32 %f6, %f4, 0f42FE0000;
+    setp.eq.f32 %p1, %f6, 0f00000000;
+    div.rn.f32 %f7, 0f3F800000, %f6;
+    selp.f32 %f7, 0f00000000, %f7, %p1;
+    // q = round half away from zero (x * id), as quantize_q8_1
+    mul.rn.f32 %f8, %f0, %f7;
+    cvt.rzi.s32.f32 %t5, %f8;
+    cvt.rn.f32.s32 %f9, %t5;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t5, %t5, %t9;
+    mul.rn.f32 %f8, %f1, %f7;
+    cvt.rzi.s32.f32 %t6, %f8;
+    cvt.rn.f32.s32 %f9, %t6;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t6, %t6, %t9;
+    mul.rn.f32 %f8, %f2, %f7;
+    cvt.rzi.s32.f32 %t7, %f8;
+    cvt.rn.f32.s32 %f9, %t7;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t7, %t7, %t9;
+    mul.rn.f32 %f8, %f3, %f7;
+    cvt.rzi.s32.f32 %t8, %f8;
+    cvt.rn.f32.s32 %f9, %t8;
+    sub.rn.f32 %f9, %f8, %f9;
+    abs.f32 %f9, %f9;
+    setp.ge.f32 %p1, %f9, 0f3F000000;
+    mov.b32 %t9, %f8;
+    shr.s32 %t9, %t9, 31;
+    or.b32 %t9, %t9, 1;
+    @%p1 add.s32 %t8, %t8, %t9;
+    // sums: 4 lanes per half, then both halves
+    add.s32 %t9, %t5, %t6;
+    add.s32 %t9, %t9, %t7;
+    add.s32 %t9, %t9, %t8;
+    shfl.sync.bfly.b32 %t10, %t9, 1, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 2, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 4, 31, 0xffffffff;
+    add.s32 %t10, %t9, %t10;
+    // pack the 4 quants into one word
+    and.b32 %t5, %t5, 255;
+    and.b32 %t6, %t6, 255;
+    shl.b32 %t6, %t6, 8;
+    or.b32 %t5, %t5, %t6;
+    and.b32 %t7, %t7, 255;
+    shl.b32 %t7, %t7, 16;
+    or.b32 %t5, %t5, %t7;
+    shl.b32 %t8, %t8, 24;
+    or.b32 %t5, %t5, %t8;
+    @!%pv bra A_NEXT;
+    mad.lo.u32 %t11, %n, 32, %j;
+    mul.wide.u32 %rd0, %t11, 48;
+    add.u64 %rd0, %sA, %rd0;
+    mul.wide.u32 %rd1, %t1, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.shared.b32 [%rd1+16], %t5;
+    setp.ne.u32 %p1, %t1, 0;
+    @%p1 bra A_NEXT;
+    // d and s = d * sum as f16, read back as f32 (what a Q8_1 block holds)
+    cvt.rn.f32.s32 %f8, %t10;
+    mul.rn.f32 %f8, %f6, %f8;
+    cvt.rn.f16.f32 %hh0, %f6;
+    cvt.rn.f16.f32 %hh1, %f8;
+    cvt.f32.f16 %f6, %hh0;
+    cvt.f32.f16 %f8, %hh1;
+    mov.b32 %t6, %f6;
+    mov.b32 %t7, %f8;
+    sub.s32 %t8, %t10, %t9;
+    st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
+    bra A_NEXT;
+A_COPY:
+    // Activations already quantised (quantize_q8_1's blocks, 36 bytes): lane l of the
+    // 8 copies quants 4l..4l+3, lane 0 d and s; the sums per half by dp4a and shuffles.
+    cvt.u64.u32 %rd0, %n;
+    mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
+    add.u32 %t4, %tb, %j;
+    mul.wide.u32 %rd2, %t4, 36;
+    add.u64 %rd1, %rd1, %rd2;
+    mul.wide.u32 %rd2, %t1, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.b32 %t5, [%rd2+4];
+    mov.b32 %t6, 0x01010101;
+    dp4a.u32.s32 %t9, %t6, %t5, 0;
+    shfl.sync.bfly.b32 %t10, %t9, 1, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 2, 31, 0xffffffff;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 4, 31, 0xffffffff;
+    add.s32 %t10, %t9, %t10;
+    @!%pv bra A_NEXT;
+    mad.lo.u32 %t11, %n, 32, %j;
+    mul.wide.u32 %rd0, %t11, 48;
+    add.u64 %rd0, %sA, %rd0;
+    mul.wide.u32 %rd2, %t1, 4;
+    add.u64 %rd2, %rd0, %rd2;
+    st.shared.b32 [%rd2+16], %t5;
+    setp.ne.u32 %p1, %t1, 0;
+    @%p1 bra A_NEXT;
+    ld.global.b32 %t5, [%rd1];
+    mov.b32 {%hh0, %hh1}, %t5;
+    cvt.f32.f16 %f6, %hh0;
+    cvt.f32.f16 %f8, %hh1;
+    mov.b32 %t6, %f6;
+    mov.b32 %t7, %f8;
+    sub.s32 %t8, %t10, %t9;
+    st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
+A_NEXT:
+    shr.u32 %t3, %T, 3;
+    add.u32 %base, %base, %t3;
+    bra A_LOOP;
+A_DONE:
+    bar.sync 0;
+
+    // Stage B: integer dot products, per group, in the loop of its dtype.
+    mov.u32 %gi, 0;
+B_GROUP:
+    setp.ge.u32 %p0, %gi, %ngrp;
+    @%p0 bra B_END;
+@SELECT_GROUP@
+@B_DISPATCH@
+    bra B_NEXT;
+@B_LOOPS@
+B_NEXT:
+    add.u32 %gi, %gi, 1;
+    bra B_GROUP;
+B_END:
+    bar.sync 0;
+
+    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order; two
+    // chunks' shared loads at a time, their chain steps one after the other.
+    @!%pact bra C_DONE;
+    mov.u32 %j, 0;
+C_PAIR:
+    add.u32 %t12, %j, 1;
+    setp.ge.u32 %p0, %t12, %TCa;
+    @%p0 bra C_ONE;
+    mad.lo.u32 %t0, %j, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 16;
+    add.u64 %rd0, %sW, %rd0;
+    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd0];
+    mad.lo.u32 %t0, %cn, 32, %j;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %rd0, %sA, %rd0;
+    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd0];
+    mad.lo.u32 %t0, %j, %NT, %cn;
+    mad.lo.u32 %t0, %t0, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    ld.shared.b32 %x0, [%rd0];
+    mad.lo.u32 %t0, %t12, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 16;
+    add.u64 %rd0, %sW, %rd0;
+    ld.shared.v4.b32 {%H0, %H1, %H2, %H3}, [%rd0];
+    mad.lo.u32 %t0, %cn, 32, %t12;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %rd0, %sA, %rd0;
+    ld.shared.v4.b32 {%a4, %a5, %a6, %a7}, [%rd0];
+    mad.lo.u32 %t0, %t12, %NT, %cn;
+    mad.lo.u32 %t0, %t0, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    ld.shared.b32 %x1, [%rd0];
+    mov.b32 %f0, %W0;
+    mov.b32 %f1, %W1;
+    mov.b32 %f2, %W2;
+    mov.b32 %f3, %a0;
+    mov.b32 %f4, %a1;
+    mul.rn.f32 %f5, %f0, %f3;
+    cvt.rn.f32.s32 %f6, %x0;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+    fma.rn.f32 %acc, %f1, %f4, %acc;
+    @!%pq2 bra C_P0;
+    setp.eq.f32 %p1, %f2, 0f00000000;
+    @%p1 bra C_P0;
+    and.b32 %t10, %W3, 0xFFFF;
+    shr.u32 %t11, %W3, 16;
+    mul.lo.s32 %t10, %t10, %a2;
+    mad.lo.s32 %t10, %t11, %a3, %t10;
+    mul.rn.f32 %f5, %f2, %f3;
+    neg.f32 %f5, %f5;
+    cvt.rn.f32.s32 %f6, %t10;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+C_P0:
+    mov.b32 %f0, %H0;
+    mov.b32 %f1, %H1;
+    mov.b32 %f2, %H2;
+    mov.b32 %f3, %a4;
+    mov.b32 %f4, %a5;
+    mul.rn.f32 %f5, %f0, %f3;
+    cvt.rn.f32.s32 %f6, %x1;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+    fma.rn.f32 %acc, %f1, %f4, %acc;
+    @!%pq2 bra C_P1;
+    setp.eq.f32 %p1, %f2, 0f00000000;
+    @%p1 bra C_P1;
+    and.b32 %t10, %H3, 0xFFFF;
+    shr.u32 %t11, %H3, 16;
+    mul.lo.s32 %t10, %t10, %a6;
+    mad.lo.s32 %t10, %t11, %a7, %t10;
+    mul.rn.f32 %f5, %f2, %f3;
+    neg.f32 %f5, %f5;
+    cvt.rn.f32.s32 %f6, %t10;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+C_P1:
+    add.u32 %j, %j, 2;
+    bra C_PAIR;
+C_ONE:
+    setp.ge.u32 %p0, %j, %TCa;
+    @%p0 bra C_DONE;
+    mad.lo.u32 %t0, %j, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 16;
+    add.u64 %rd0, %sW, %rd0;
+    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd0];
+    mad.lo.u32 %t0, %cn, 32, %j;
+    mul.wide.u32 %rd0, %t0, 48;
+    add.u64 %rd0, %sA, %rd0;
+    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd0];
+    mad.lo.u32 %t0, %j, %NT, %cn;
+    mad.lo.u32 %t0, %t0, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    ld.shared.b32 %x0, [%rd0];
+    mov.b32 %f0, %W0;
+    mov.b32 %f1, %W1;
+    mov.b32 %f2, %W2;
+    mov.b32 %f3, %a0;
+    mov.b32 %f4, %a1;
+    mul.rn.f32 %f5, %f0, %f3;
+    cvt.rn.f32.s32 %f6, %x0;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+    fma.rn.f32 %acc, %f1, %f4, %acc;
+    @!%pq2 bra C_O0;
+    setp.eq.f32 %p1, %f2, 0f00000000;
+    @%p1 bra C_O0;
+    and.b32 %t10, %W3, 0xFFFF;
+    shr.u32 %t11, %W3, 16;
+    mul.lo.s32 %t10, %t10, %a2;
+    mad.lo.s32 %t10, %t11, %a3, %t10;
+    mul.rn.f32 %f5, %f2, %f3;
+    neg.f32 %f5, %f5;
+    cvt.rn.f32.s32 %f6, %t10;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+C_O0:
+C_DONE:
+    add.u32 %tb, %tb, 32;
+    bra TILE;
+
+EPILOGUE:
+    @%pglu bra EPI_GLU;
+    // One matrix per CTA: y, and with the add epilogue y + residual.
+    @!%pact bra DONE;
+    add.u32 %t0, %mb, %cr;
+    setp.ge.u32 %p0, %t0, %Ma;
+    @%p0 bra DONE;
+    mul.wide.u32 %rd0, %t0, 4;
+    cvt.u64.u32 %rd1, %cn;
+    mad.lo.u64 %rd2, %rd1, %nbda, %da;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %acc;
+    setp.ne.u32 %p1, %epi, 1;
+    @%p1 bra DONE;
+    ld.param.u64 %rd2, [p_res];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.u64 %rd3, [p_nbres];
+    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
+    add.u64 %rd2, %rd2, %rd0;
+    ld.global.f32 %f0, [%rd2];
+    add.rn.f32 %f1, %acc, %f0;
+    ld.param.u64 %rd2, [p_e];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.u64 %rd3, [p_nbe];
+    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %f1;
+    bra DONE;
+EPI_GLU:
+    // Gate rows are CTA rows 0..R/2, up rows R/2..R: meet in shared memory (S, once
+    // every thread is done reading it).
+    bar.sync 0;
+    mad.lo.u32 %t0, %cn, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd0, %sS, %rd0;
+    @%pact st.shared.f32 [%rd0], %acc;
+    bar.sync 0;
+    @!%pact bra DONE;
+    setp.ge.u32 %p0, %cr, %RH;
+    @%p0 bra DONE;
+    add.u32 %t1, %mb, %cr;
+    setp.ge.u32 %p0, %t1, %Ma;
+    @%p0 bra DONE;
+    ld.shared.f32 %f0, [%rd0];
+    mul.wide.u32 %rd1, %RH, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    ld.shared.f32 %f3, [%rd1];
+    mul.wide.u32 %rd0, %t1, 4;
+    cvt.u64.u32 %rd1, %cn;
+    mad.lo.u64 %rd2, %rd1, %nbda, %da;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %f0;
+    mad.lo.u64 %rd2, %rd1, %nbd1, %d1;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %f3;
+    ld.param.u64 %rd2, [p_e];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.u64 %rd3, [p_nbe];
+    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
+    add.u64 %rd2, %rd2, %rd0;
+    setp.eq.u32 %p1, %epi, 3;
+    @%p1 bra EPI_GEGLU;
+    // swiglu: silu(g) * u, the instructions of unary.ptx's swiglu
+    mul.rn.f32 %f1, %f0, 0fBFB8AA3B;
+    ex2.approx.f32 %f1, %f1;
+    add.rn.f32 %f1, %f1, 0f3F800000;
+    div.rn.f32 %f2, %f0, %f1;
+    mul.rn.f32 %f4, %f2, %f3;
+    st.global.f32 [%rd2], %f4;
+    bra DONE;
+EPI_GEGLU:
+    // geglu: the instructions of unary.ptx's gelu_tab and geglu
+    cvt.rn.f16.f32 %hh0, %f0;
+    cvt.f32.f16 %f1, %hh0;
+    mul.rn.f32 %f2, %f1, 0f3D372713;
+    fma.rn.f32 %f2, %f2, %f1, 0f3F800000;
+    mul.rn.f32 %f4, %f1, 0f3F4C422A;
+    mul.rn.f32 %f4, %f4, %f2;
+    abs.f32 %f5, %f4;
+    mul.rn.f32 %f5, %f5, 0fC038AA3B;
+    ex2.approx.f32 %f5, %f5;
+    add.rn.f32 %f6, %f5, 0f3F800000;
+    add.rn.f32 %f7, %f5, %f5;
+    div.rn.f32 %f6, %f7, %f6;
+    sub.rn.f32 %f7, 0f3F800000, %f6;
+    setp.lt.f32 %p0, %f4, 0f00000000;
+    @%p0 neg.f32 %f7, %f7;
+    add.rn.f32 %f7, %f7, 0f3F800000;
+    mul.rn.f32 %f8, %f1, 0f3F000000;
+    mul.rn.f32 %f8, %f8, %f7;
+    cvt.rn.f16.f32 %hh1, %f8;
+    cvt.f32.f16 %f8, %hh1;
+    setp.ge.f32 %p0, %f0, 0f41200000;
+    selp.f32 %f8, %f0, %f8, %p0;
+    mul.rn.f32 %f9, %f8, %f3;
+    setp.le.f32 %p1, %f0, 0fC1200000;
+    selp.f32 %f9, 0f00000000, %f9, %p1;
+    st.global.f32 [%rd2], %f9;
+DONE:
+    ret;
+}
+";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checked_in_qmm_ptx_is_current() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let on_disk = std::fs::read_to_string(root.join(OUT)).expect("qmm.ptx exists");
+        assert!(
+            on_disk == generate(),
+            "{OUT} is stale: run `cargo xtask gen-ptx` and commit the result"
+        );
+    }
+
+    #[test]
+    fn every_dtype_has_one_loop() {
+        let text = generate();
+        for (name, id) in DTYPES {
+            assert_eq!(text.matches(&format!("\nB_{name}:\n")).count(), 1, "{name}");
+            assert!(text.contains(&format!("setp.eq.u32 %p0, %gdt, {id};")));
+        }
+        for marker in ["@FRAG@", "@DT@", "@ZP@", "@B_", "@SELECT", "@PREFETCH"] {
+            assert!(!text.contains(marker), "{marker} left in the output");
+        }
+    }
+}
