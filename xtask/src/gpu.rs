@@ -568,7 +568,9 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
             .sum::<u64>()
             .div_ceil(1 << 20);
         let command = if i == last {
-            format!("bash {}", rel(&run))
+            format!("GPU_DEADLINE=<seconds> bash {}", rel(&run))
+        } else if i == 0 {
+            format!("bash {} --tests", rel(&run))
         } else {
             format!("bash {} --start-build", rel(&run))
         };
@@ -730,6 +732,8 @@ mod tests {
         assert!(s.contains(&format!("for t in {}; do", TUNINGS.join(" "))));
         assert!(s.contains("--sim) mode=sim"));
         assert!(s.contains("results.tgz"));
+        assert!(s.contains("--tests) only_tests=1"));
+        assert!(s.contains("deadline=${GPU_DEADLINE:-0}"));
         // A failing step is reported at the end instead of stopping the later ones.
         assert!(s.contains("set -uo pipefail"));
         assert!(s.contains("step \"regression matrix cuda-1gpu\""));

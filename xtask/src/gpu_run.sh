@@ -6,25 +6,39 @@
 #   run.sh --start-build   starts building llama.cpp's CUDA tools (with this machine's
 #                          nvcc, at low priority) in the background and returns: call it
 #                          while the model's last parts are still to come
-#   run.sh                 every step on cuda:0 (waits up to 5 minutes for that build
-#                          before the llama.cpp steps)
+#   run.sh --tests         starts that build, then runs the steps that need no model (the
+#                          kernel tests on the driver, the emulator comparison): the call
+#                          that carries the first model parts
+#   run.sh                 every step on cuda:0 (the tests only where --tests did not run
+#                          them); the llama.cpp steps where its build has finished by then
 #   run.sh --sim           every step on cuda-sim with a synthetic model and the smallest
 #                          sizes, no llama.cpp: a dry run where the kit was prepared, so a
 #                          broken step is found before a GPU is lent
 #
+# Steps run most valuable first: tests, calibration, speed, then the long regressions.
+# GPU_DEADLINE=S skips the steps that would start S seconds or more after the script
+# started (and names them), so the results are written before a call's time limit.
 # A failing step does not stop the later ones (a lent GPU is scarce: one run should show
 # everything); the script fails at the end, naming the steps that failed. Every file it
-# writes goes to work/results, packed at the end into $OUT/results.tgz (default
-# ./out/results.tgz); the log is what it prints.
+# writes goes to $OUT/results (default ./out/results) as it is written, so a run cut
+# short still returns what it measured, and is packed at the end into $OUT/results.tgz;
+# the log is what it prints.
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
 out="${OUT:-$here/out}"
 mkdir -p "$out" work
 failed=()
+skipped=()
+deadline=${GPU_DEADLINE:-0}
 step() {
   local name=$1 t0=$SECONDS
   shift
+  if [ "$deadline" -gt 0 ] && [ $SECONDS -ge "$deadline" ]; then
+    echo "== $name: skipped ($SECONDS s gone, GPU_DEADLINE=$deadline)"
+    skipped+=("$name")
+    return 0
+  fi
   echo "== $name"
   "$@" || { echo "!! FAILED: $name"; failed+=("$name"); }
   echo "-- $name: $((SECONDS - t0)) s"
@@ -55,24 +69,33 @@ start_build() {
 }
 
 mode=gpu
+only_tests=0
 case "${1:-}" in
   --start-build)
     start_build
     echo "llama.cpp: building in the background (work/llama/build.log)"
     exit 0
     ;;
+  --tests) only_tests=1 ;;
   --sim) mode=sim ;;
   "") ;;
-  *) echo "usage: run.sh [--start-build | --sim]"; exit 2 ;;
+  *) echo "usage: run.sh [--start-build | --tests | --sim]"; exit 2 ;;
 esac
 [ $mode = gpu ] && start_build
 
-rm -rf work/kit && mkdir -p work/kit && tar xJf kit.tar.xz -C work/kit || exit 1
-res=$here/work/results
-rm -rf "$res" && mkdir -p "$res"
+res=$out/results
+tests_done=$here/work/tests.done
+[ $only_tests = 1 ] && rm -f "$tests_done"
+if [ ! -e "$tests_done" ]; then
+  rm -rf work/kit && mkdir -p work/kit && tar xJf kit.tar.xz -C work/kit || exit 1
+  rm -rf "$res"
+fi
+mkdir -p "$res"
 cd work/kit
 H=bin/ggml-harness
-if [ $mode = gpu ]; then
+if [ $only_tests = 1 ]; then
+  nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv | tee "$res/gpu.txt"
+elif [ $mode = gpu ]; then
   cat ../../model/part-* > ../model.gguf
   echo "@MODEL_SHA256@  ../model.gguf" | sha256sum -c - || exit 1
   model=../model.gguf
@@ -93,6 +116,18 @@ fi
   sha256sum modelled-*.json; } | tee "$res/kit.txt"
 cp modelled-*.json "$res/"
 
+
+finish() {
+  tar czf "$out/results.tgz" -C "$res" . && echo "results: $out/results.tgz (and $res)"
+  [ ${#skipped[@]} -gt 0 ] && echo "gpu-test: ${#skipped[@]} step(s) skipped: ${skipped[*]}"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu-test: ${#failed[@]} step(s) failed: ${failed[*]}"
+    exit 1
+  fi
+  echo "gpu-test: all checks passed"
+  exit 0
+}
+
 run_tests() {
   local ok=0
   for t in @TESTS@; do
@@ -101,18 +136,65 @@ run_tests() {
   done
   return $ok
 }
-export @KERNEL_RESULTS_VAR@="$res/gpu-kernel-results.txt"
-rm -f "$@KERNEL_RESULTS_VAR@"
-if [ $mode = gpu ]; then
-  GGML_RS_REQUIRE_GPU=1 step "ggml-cuda tests on the driver" run_tests
+if [ ! -e "$tests_done" ]; then
+  export @KERNEL_RESULTS_VAR@="$res/gpu-kernel-results.txt"
+  rm -f "$@KERNEL_RESULTS_VAR@"
+  if [ $mode = gpu ]; then
+    GGML_RS_REQUIRE_GPU=1 step "ggml-cuda tests on the driver" run_tests
+  else
+    step "ggml-cuda tests on cuda-sim" run_tests
+  fi
+  unset @KERNEL_RESULTS_VAR@
+  step "emulator vs driver: exact outputs bit-identical" \
+    compare_digests sim-kernel-results.txt "$res/gpu-kernel-results.txt" "$res"
+  if [ $only_tests = 1 ]; then
+    [ ${#failed[@]} -gt 0 ] && printf '%s\n' "${failed[@]}" > "$tests_done"
+    touch "$tests_done"
+    finish
+  fi
 else
-  step "ggml-cuda tests on cuda-sim" run_tests
+  # The tests ran in an earlier call (--tests): their failures count here too.
+  while read -r f; do [ -n "$f" ] && failed+=("$f"); done < "$tests_done"
 fi
-unset @KERNEL_RESULTS_VAR@
 
-step "emulator vs driver: exact outputs bit-identical" \
-  compare_digests sim-kernel-results.txt "$res/gpu-kernel-results.txt" "$res"
+step "calibration: probes and every kernel alone" \
+  $H calibrate --model $model --devices $dev --out "$res" -p $cal_p $cal_args --commit @COMMIT@
 
+
+tunings() {
+  local t ok=0
+  for t in @TUNINGS@; do
+    echo "-- --cuda-tuning $t"
+    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $tune_r \
+      --cuda-tuning "$t" --json > "$res/tuning-$t.json" || ok=1
+    sed -n 's/.*"results":\(\[.*\]\),"read_probe.*/\1/p' "$res/tuning-$t.json" | head -c 600
+    echo
+  done
+  return $ok
+}
+step "each step's effect: bench per --cuda-tuning" tunings
+
+L=$here/work/llama
+if [ $mode = gpu ] && [ -e "$L/.started" ]; then
+  if [ -e "$L/build.done" ]; then tail -n 2 "$L/build.log"; else
+    echo "llama.cpp: its build has not finished; its steps are left out"; fi
+  cp "$L/build.log" "$res/llama-build.log" 2>/dev/null
+fi
+speed() {
+  local round extra ok=0
+  for round in 1 2; do
+    extra=""
+    [ $round = 1 ] && extra="--op-times"
+    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $bench_r $extra \
+      | tee "$res/bench-round$round.txt" || ok=1
+    if [ -x "$L/build/bin/llama-bench" ]; then
+      "$L/build/bin/llama-bench" -m $model -ngl 99 -p $bench_pp -n $bench_tg -r $bench_r \
+        | tee "$res/llama-bench-round$round.txt" || ok=1
+    fi
+  done
+  return $ok
+}
+step "speed: ggml-harness bench and llama-bench, alternated" speed
 ppl_check() {
   local cpu gpu
   cpu=$($H perplexity --model $model --devices cpu $ppl_args --json) || return 1
@@ -153,52 +235,10 @@ if [ $mode = gpu ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ]
   step "regression matrix cuda-2gpu" matrix matrices/cuda-2gpu.toml
 fi
 
-step "calibration: probes and every kernel alone" \
-  $H calibrate --model $model --devices $dev --out "$res" -p $cal_p $cal_args --commit @COMMIT@
-
-tunings() {
-  local t ok=0
-  for t in @TUNINGS@; do
-    echo "-- --cuda-tuning $t"
-    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $tune_r \
-      --cuda-tuning "$t" --json > "$res/tuning-$t.json" || ok=1
-    sed -n 's/.*"results":\(\[.*\]\),"read_probe.*/\1/p' "$res/tuning-$t.json" | head -c 600
-    echo
-  done
-  return $ok
-}
-step "each step's effect: bench per --cuda-tuning" tunings
-
-L=$here/work/llama
-if [ $mode = gpu ] && [ -e "$L/.started" ]; then
-  for _ in $(seq 300); do [ -e "$L/build.done" ] && break; sleep 1; done
-  tail -n 2 "$L/build.log"
-  cp "$L/build.log" "$res/llama-build.log"
-fi
-speed() {
-  local round extra ok=0
-  for round in 1 2; do
-    extra=""
-    [ $round = 1 ] && extra="--op-times"
-    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $bench_r $extra \
-      | tee "$res/bench-round$round.txt" || ok=1
-    if [ -x "$L/build/bin/llama-bench" ]; then
-      "$L/build/bin/llama-bench" -m $model -ngl 99 -p $bench_pp -n $bench_tg -r $bench_r \
-        | tee "$res/llama-bench-round$round.txt" || ok=1
-    fi
-  done
-  return $ok
-}
-step "speed: ggml-harness bench and llama-bench, alternated" speed
 if [ -x "$L/build/bin/llama-perplexity" ]; then
   step "llama-perplexity on CUDA (the same corpus, ctx 512)" bash -c \
     "'$L/build/bin/llama-perplexity' -m $model -f gpl-3.txt -c 512 -b 512 -ngl 99 2>&1 \
       | grep -E 'Final estimate' | tee '$res/llama-perplexity.txt'"
 fi
 
-tar czf "$out/results.tgz" -C "$res" . && echo "results: $out/results.tgz"
-if [ ${#failed[@]} -gt 0 ]; then
-  echo "gpu-test: ${#failed[@]} step(s) failed: ${failed[*]}"
-  exit 1
-fi
-echo "gpu-test: all checks passed"
+finish
