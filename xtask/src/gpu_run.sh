@@ -15,7 +15,8 @@
 #                          sizes, no llama.cpp: a dry run where the kit was prepared, so a
 #                          broken step is found before a GPU is lent
 #
-# Steps run most valuable first: tests, calibration, speed, then the long regressions.
+# Steps run most valuable first: tests, calibration, speed per tuning, PPL, the speed
+# beside llama.cpp (its build has had the longest by then), then the long regressions.
 # GPU_DEADLINE=S skips the steps that would start S seconds or more after the script
 # started (and names them), so the results are written before a call's time limit.
 # A failing step does not stop the later ones (a lent GPU is scarce: one run should show
@@ -174,6 +175,20 @@ tunings() {
 }
 step "each step's effect: bench per --cuda-tuning" tunings
 
+ppl_check() {
+  local cpu gpu
+  cpu=$($H perplexity --model $model --devices cpu $ppl_args --json) || return 1
+  gpu=$($H perplexity --model $model --devices $dev $ppl_args --json) || return 1
+  echo "cpu:  $cpu" | tee "$res/ppl.txt"
+  echo "$dev: $gpu" | tee -a "$res/ppl.txt"
+  ppl() { sed -n 's/.*"ppl":\([-0-9.eE+]*\).*/\1/p' <<<"$1"; }
+  awk -v a="$(ppl "$cpu")" -v b="$(ppl "$gpu")" -v tol=@PPL_TOLERANCE@ 'BEGIN {
+    d = (b - a) / a; if (d < 0) d = -d
+    printf "relative difference %.3e (limit %s)\n", d, tol
+    exit (d <= tol) ? 0 : 1 }'
+}
+step "perplexity: cpu vs $dev within @PPL_TOLERANCE@" ppl_check
+
 L=$here/work/llama
 if [ $mode = gpu ] && [ -e "$L/.started" ]; then
   if [ -e "$L/build.done" ]; then tail -n 2 "$L/build.log"; else
@@ -195,20 +210,6 @@ speed() {
   return $ok
 }
 step "speed: ggml-harness bench and llama-bench, alternated" speed
-ppl_check() {
-  local cpu gpu
-  cpu=$($H perplexity --model $model --devices cpu $ppl_args --json) || return 1
-  gpu=$($H perplexity --model $model --devices $dev $ppl_args --json) || return 1
-  echo "cpu:  $cpu" | tee "$res/ppl.txt"
-  echo "$dev: $gpu" | tee -a "$res/ppl.txt"
-  ppl() { sed -n 's/.*"ppl":\([-0-9.eE+]*\).*/\1/p' <<<"$1"; }
-  awk -v a="$(ppl "$cpu")" -v b="$(ppl "$gpu")" -v tol=@PPL_TOLERANCE@ 'BEGIN {
-    d = (b - a) / a; if (d < 0) d = -d
-    printf "relative difference %.3e (limit %s)\n", d, tol
-    exit (d <= tol) ? 0 : 1 }'
-}
-step "perplexity: cpu vs $dev within @PPL_TOLERANCE@" ppl_check
-
 matrix() {
   local file=$1 name
   name=$(basename "$file" .toml)
