@@ -86,7 +86,7 @@ impl CudaBackend {
         scatter: Option<Scatter>,
     ) -> BackendResult<()> {
         if let Some(s) = scatter {
-            self.launch_scatter(s)?;
+            self.launch_scatter(st, s)?;
         }
         self.run_steps(st, tensors, nodes, steps)
     }
@@ -135,7 +135,7 @@ impl CudaBackend {
     }
 
     /// Launches the scatter of a flushed upload batch.
-    pub(crate) fn launch_scatter(&self, s: Scatter) -> BackendResult<()> {
+    pub(crate) fn launch_scatter(&self, st: &mut State, s: Scatter) -> BackendResult<()> {
         let f = self.dev.kernels.get(KernelId::UploadScatter);
         let d = LaunchDims {
             grid: (s.n, s.chunks, 1),
@@ -144,11 +144,24 @@ impl CudaBackend {
         };
         let mut a = Args::new();
         a.u64(s.buf).u64(s.desc).u32(s.n);
+        // While recording, tagged and recorded like every node's launch (see ops).
+        let tag = st.recorded.as_ref().map(|r| r.len() as u64);
+        if tag.is_some() {
+            self.api().set_launch_tag(self.stream, tag);
+        }
         self.api().launch(f, &d, self.stream, &mut a).map_err(|e| {
             self.cu(e)
                 .at("set_tensor_async", Name::new("upload_scatter"))
         })?;
         self.launches[KernelId::UploadScatter as usize].fetch_add(1, Ordering::Relaxed);
+        st.record(
+            KernelId::UploadScatter,
+            ("UPLOAD_SCATTER", None),
+            Name::new("upload_scatter"),
+            d,
+            0,
+            &a,
+        );
         Ok(())
     }
 
@@ -213,7 +226,7 @@ impl CudaBackend {
         st.err.capturing = Some((region, Vec::new()));
         let run = (|| -> BackendResult<()> {
             if let Some(s) = scatter {
-                self.launch_scatter(s)?;
+                self.launch_scatter(st, s)?;
             }
             self.run_steps(st, tensors, nodes, steps)?;
             // The graph ends by copying its error words to their mirror.

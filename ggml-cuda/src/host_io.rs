@@ -86,7 +86,7 @@ impl CudaBackend {
         st.seq_enqueued += 1;
         st.uploads.sent(st.seq_enqueued);
         match (scatter, fold) {
-            (Some(s), false) => self.launch_scatter(s).map(|()| None),
+            (Some(s), false) => self.launch_scatter(st, s).map(|()| None),
             (s, _) => Ok(s),
         }
     }

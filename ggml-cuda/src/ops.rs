@@ -860,10 +860,25 @@ pub(crate) fn run_fused(
     nodes: &[TensorId],
     fusion: crate::fusion::Fusion,
 ) -> BackendResult<()> {
+    let recorded = st.recorded.as_ref().map(Vec::len);
     match fusion {
         crate::fusion::Fusion::RopeStore(roles) => rope_store(be, st, tensors, nodes, roles),
         crate::fusion::Fusion::Products(r) => products::run_products(be, st, tensors, nodes, r),
+    }?;
+    // A run that went as one launch is recorded as the run: op timing's key for it and
+    // the multiply-adds of all its nodes (a run that fell back to its nodes keeps theirs).
+    if let (Some(before), Some(rec)) = (recorded, st.recorded.as_mut()) {
+        if rec.len() == before + 1 {
+            let l = &mut rec[before];
+            l.op = fusion.key(tensors, nodes);
+            l.macs = nodes
+                .iter()
+                .filter_map(|id| tensors.get(id.index()))
+                .map(|t| crate::replay::node_macs(tensors, t, l.kernel))
+                .sum();
+        }
     }
+    Ok(())
 }
 
 /// `rope_store`: the ropes and cache stores of a run `fusion::plan` matched (see

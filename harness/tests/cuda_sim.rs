@@ -240,3 +240,54 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
         assert!(g.take_op_times().unwrap().is_empty(), "timing left on");
     }
 }
+
+/// `ggml-harness profile` on an emulated GPU: every launch of a prompt and of a decoded
+/// token (node kernels, fused runs and the scatter of batched uploads alike) is joined
+/// with the backend's record of it and priced, and the decoded token's products are
+/// fused runs.
+#[test]
+fn profile_joins_every_launch_with_its_record() {
+    use harness::profile::{profile_model, ProfileSettings};
+    let config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
+    let session = Session::open(&model(DType::Q4_1), config).unwrap();
+    let mut kv = session.kv_cache(16).unwrap();
+    let mut exec = session.executor().unwrap();
+    let settings = ProfileSettings {
+        gpu: ggml_cuda::cuda_sim::cost::GpuSpec::h100_sxm(),
+        sample_blocks: Some(2),
+        n_prompt: 8,
+        n_gen: 1,
+        launch: ggml_cuda::cuda_sim::cost::LaunchKind::Stream,
+    };
+    let launches = profile_model(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &session.cuda_backends(),
+        &settings,
+    )
+    .unwrap();
+    for pass in ["pp8", "tg"] {
+        let n = launches.iter().filter(|l| l.pass == pass).count();
+        assert!(n > 0, "{pass}: no launches");
+        assert!(
+            harness::profile::pass_seconds(&launches, pass) > 0.0,
+            "{pass}"
+        );
+    }
+    let tg: Vec<String> = launches
+        .iter()
+        .filter(|l| l.pass == "tg")
+        .map(|l| l.op_name())
+        .collect();
+    assert!(
+        tg.iter().any(|o| o.starts_with("RMS_NORM+MUL_MAT*3")),
+        "{tg:?}"
+    );
+    assert!(
+        launches
+            .iter()
+            .any(|l| l.kernel == ggml_cuda::KernelId::UploadScatter),
+        "no upload scatter profiled"
+    );
+}
