@@ -162,6 +162,7 @@ pub(crate) const GPU_TESTS: &[&str] = &[
     "graphs",
     "attn_decode",
     "rope_store",
+    "fusion",
 ];
 
 /// `--test NAME` for each of [`GPU_TESTS`].
@@ -697,6 +698,23 @@ fn set_executable(_: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_ggml_cuda_test_file_but_the_emulators_runs_on_the_gpu() {
+        let dir = crate::workspace_root().join("ggml-cuda/tests");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                name.strip_suffix(".rs").map(str::to_string)
+            })
+            .filter(|n| n != "sim")
+            .collect();
+        files.sort();
+        let mut listed: Vec<String> = GPU_TESTS.iter().map(|s| s.to_string()).collect();
+        listed.sort();
+        assert_eq!(files, listed, "GPU_TESTS must list every test file of ggml-cuda");
+    }
 
     #[test]
     fn reads_ppl_from_harness_json() {
