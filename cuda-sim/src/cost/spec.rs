@@ -207,57 +207,64 @@ fn hopper(l2_bytes: u64, dram_bytes_per_s: f64) -> Arch {
     }
 }
 
-/// The tunable constants of the H100 SXM (datasheet-only defaults, not yet fitted).
+/// The tunable constants of the H100 SXM, measured and fitted on one (see the note inside).
 pub mod h100_sxm {
-    /// 1.0: the peak of the H100 SXM5 datasheet (3.35 TB/s); a fit to measured
-    /// bandwidth replaces it.
-    pub const DRAM_EFFICIENCY: f64 = 1.0;
-    /// 5120 bytes per cycle: the L2 read bandwidth NVIDIA's A100 whitepaper states
-    /// (5120 B/clk); the H100 whitepaper gives none. To be fitted.
-    pub const L2_BYTES_PER_CLK: f64 = 5120.0;
-    /// 4 cycles: CUDA C++ Programming Guide, "Multiprocessor Level": most arithmetic
-    /// instructions have a latency of about 4 cycles on compute capability 7.x and later.
-    pub const ALU_LATENCY: f64 = 4.0;
-    /// 20 cycles: order of the MUFU latency measured by Luo et al., "Benchmarking and
-    /// Dissecting the Nvidia Hopper GPU Architecture" (arXiv:2402.13499). To be fitted.
-    pub const SPECIAL_LATENCY: f64 = 20.0;
-    /// 30 cycles: order of the shared-memory load latency of the same paper. To be
-    /// fitted.
+    // Measured on an NVIDIA H100 80GB HBM3 (driver 580.159.04) by the calibration kit of
+    // commit a5a7363: harness/reference/cuda-h100-a5a7363/ (probes.json, kernels.json;
+    // the fit: fit-h100-3.txt, `ggml-harness fit-cost-model --gpu h100 --dir ...
+    // --tunables l2-bytes-per-clk,alu-latency,special-latency`). The fitted latencies are
+    // effective values of this model's one dependent-latency term (they absorb issue
+    // stalls the model does not count), not the hardware's instruction latencies.
+
+    /// 0.928: the `dram_read` probe, 1 GiB read once with 16-byte loads at 3109 GB/s
+    /// against the datasheet's 3.35 TB/s.
+    pub const DRAM_EFFICIENCY: f64 = 0.928;
+    /// 556 bytes per cycle: fitted to the pp512 per-kernel times (kernels.json); the
+    /// `l2_read` probe (an 8 MiB buffer read 8 times) gave 1045.
+    pub const L2_BYTES_PER_CLK: f64 = 556.0;
+    /// 20.3 cycles: fitted as above (datasheet order: about 4 cycles, CUDA C++
+    /// Programming Guide, "Multiprocessor Level").
+    pub const ALU_LATENCY: f64 = 20.3;
+    /// 180 cycles: fitted as above (Luo et al., arXiv:2402.13499, measure MUFU latency of
+    /// the order of 20 cycles).
+    pub const SPECIAL_LATENCY: f64 = 180.0;
+    /// 30 cycles: order of the shared-memory load latency of Luo et al.; left out of the
+    /// fit, which drove it to 0 when free (fit-h100.txt).
     pub const SHARED_LATENCY: f64 = 30.0;
-    /// 600 cycles: order of the global (DRAM) load latency of the same paper. To be
-    /// fitted.
-    pub const GLOBAL_LATENCY: f64 = 600.0;
-    /// 4.0 µs: harness/reference/cuda-h200.md at 6b447ba9, tg128 table: the smallest
-    /// kernels (SWIGLU, SET_ROWS, ADD) take 4.0 to 4.3 µs per call launched on a stream,
-    /// an upper bound read off, not fitted.
-    pub const LAUNCH_STREAM_S: f64 = 4.0e-6;
-    /// 1.0 µs: harness/reference/cuda-h200.md at 6b447ba9: llama.cpp's tg step with
-    /// CUDA graphs takes 1.05 ms for several hundred kernel nodes, so a node costs at
-    /// most a few µs; 1 µs is a round guess below that, to be fitted by the calibration
-    /// kit's graph-of-empty-kernels benchmark.
-    pub const LAUNCH_GRAPH_NODE_S: f64 = 1.0e-6;
+    /// 287 cycles: the `dram_latency` probe (145 ns per dependent load at 1.98 GHz; its
+    /// chain stays in L2, as does most of a kernel's dependent traffic).
+    pub const GLOBAL_LATENCY: f64 = 287.0;
+    /// 3.6 µs: the `launch_stream` probe, 2000 empty kernels launched back to back on a
+    /// stream in 7.17 ms of GPU time.
+    pub const LAUNCH_STREAM_S: f64 = 3.6e-6;
+    /// 0.79 µs: the `launch_graph_node` probe, a CUDA graph of 2000 empty kernels in
+    /// 1.57 ms of GPU time.
+    pub const LAUNCH_GRAPH_NODE_S: f64 = 0.79e-6;
 }
 
-/// The tunable constants of the H200 (datasheet-only defaults, not yet fitted).
+/// The tunable constants of the H200: the H100's for the shared die, its own launch cost.
 pub mod h200 {
-    /// 1.0: the peak of the H200 datasheet (4.8 TB/s); a fit replaces it.
-    pub const DRAM_EFFICIENCY: f64 = 1.0;
-    /// 5120 bytes per cycle: as [`super::h100_sxm::L2_BYTES_PER_CLK`] (same GH100 L2).
-    pub const L2_BYTES_PER_CLK: f64 = 5120.0;
-    /// 4 cycles: as [`super::h100_sxm::ALU_LATENCY`] (same SM).
-    pub const ALU_LATENCY: f64 = 4.0;
-    /// 20 cycles: as [`super::h100_sxm::SPECIAL_LATENCY`] (same SM).
-    pub const SPECIAL_LATENCY: f64 = 20.0;
-    /// 30 cycles: as [`super::h100_sxm::SHARED_LATENCY`] (same SM).
-    pub const SHARED_LATENCY: f64 = 30.0;
-    /// 600 cycles: as [`super::h100_sxm::GLOBAL_LATENCY`] (HBM3e latency assumed
-    /// alike).
-    pub const GLOBAL_LATENCY: f64 = 600.0;
-    /// 4.0 µs: harness/reference/cuda-h200.md at 6b447ba9 (measured on this GPU), as
-    /// [`super::h100_sxm::LAUNCH_STREAM_S`].
+    // The same GH100 die as the H100 SXM: the SM and L2 constants are the H100's,
+    // measured and fitted there (see [`super::h100_sxm`]); not yet measured on an H200.
+
+    /// 0.928: as [`super::h100_sxm::DRAM_EFFICIENCY`], assumed for HBM3e (4.8 TB/s peak).
+    pub const DRAM_EFFICIENCY: f64 = 0.928;
+    /// As [`super::h100_sxm::L2_BYTES_PER_CLK`] (same L2).
+    pub const L2_BYTES_PER_CLK: f64 = super::h100_sxm::L2_BYTES_PER_CLK;
+    /// As [`super::h100_sxm::ALU_LATENCY`] (same SM).
+    pub const ALU_LATENCY: f64 = super::h100_sxm::ALU_LATENCY;
+    /// As [`super::h100_sxm::SPECIAL_LATENCY`] (same SM).
+    pub const SPECIAL_LATENCY: f64 = super::h100_sxm::SPECIAL_LATENCY;
+    /// As [`super::h100_sxm::SHARED_LATENCY`] (same SM).
+    pub const SHARED_LATENCY: f64 = super::h100_sxm::SHARED_LATENCY;
+    /// As [`super::h100_sxm::GLOBAL_LATENCY`] (same L2).
+    pub const GLOBAL_LATENCY: f64 = super::h100_sxm::GLOBAL_LATENCY;
+    /// 4.0 µs: harness/reference/cuda-h200.md at 6b447ba9, tg128 table: the smallest
+    /// kernels (SWIGLU, SET_ROWS, ADD) take 4.0 to 4.3 µs per call launched on a stream,
+    /// an upper bound read off on this GPU.
     pub const LAUNCH_STREAM_S: f64 = 4.0e-6;
-    /// 1.0 µs: as [`super::h100_sxm::LAUNCH_GRAPH_NODE_S`].
-    pub const LAUNCH_GRAPH_NODE_S: f64 = 1.0e-6;
+    /// As [`super::h100_sxm::LAUNCH_GRAPH_NODE_S`] (same driver path).
+    pub const LAUNCH_GRAPH_NODE_S: f64 = super::h100_sxm::LAUNCH_GRAPH_NODE_S;
 }
 
 impl GpuSpec {
