@@ -713,7 +713,10 @@ mod tests {
         files.sort();
         let mut listed: Vec<String> = GPU_TESTS.iter().map(|s| s.to_string()).collect();
         listed.sort();
-        assert_eq!(files, listed, "GPU_TESTS must list every test file of ggml-cuda");
+        assert_eq!(
+            files, listed,
+            "GPU_TESTS must list every test file of ggml-cuda"
+        );
     }
 
     #[test]

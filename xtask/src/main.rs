@@ -14,6 +14,7 @@
 
 mod all_gather;
 mod bench_vs_llama;
+mod calibrate;
 mod faults;
 mod fetch;
 mod fuzz;
@@ -59,6 +60,10 @@ commands:
                  write .github/workflows from harness/matrices (a CPU job, and a
                  GPU job for each matrix with [ci] runs_on labels); --check fails
                  if the committed files differ, then lints them with actionlint
+  calibrate DIR [-- ARGS]
+                 fit the cost model's constants to a GPU run's calibration folder
+                 (probes.json, kernels.json from `gpu-test`), profiling the same
+                 passes on cuda-sim; prints every row's error, writes DIR/fit.json
   gen-ptx        write ggml-cuda/kernels/qmm.ptx (the quantised products, one loop per
                  weight dtype) from xtask/src/qmm_ptx.rs; a test fails while it is stale
   ptx-check [--write]
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("all-gather") => all_gather::all_gather(&workspace_root(), &args[1..]),
         Some("bench-vs-llama") => bench_vs_llama::bench_vs_llama(&workspace_root(), &args[1..]),
+        Some("calibrate") => calibrate::calibrate(&workspace_root(), &args[1..]),
         Some("ci") => ci(),
         Some("ppl") => ppl(&args[1..]),
         Some("regress") => regress(&args[1..]),
