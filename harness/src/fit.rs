@@ -296,7 +296,44 @@ pub fn report(
         s.push_str(&format!("\nset from a probe: {n}"));
     }
     s.push('\n');
+    s.push_str(&guard_table(before, &pre));
     Ok(s)
+}
+
+/// The committed constants against these measurements, family by family: a family
+/// outside the band its calibration left, or never calibrated, has its modelled claims
+/// void until the constants are fitted again.
+fn guard_table(before: &GpuSpec, pre: &[cost::RowError]) -> String {
+    let Some(cal) = before.calibration() else {
+        return format!(
+            "\nno calibration for {}: every modelled claim for it is uncalibrated\n",
+            before.name
+        );
+    };
+    let observed: Vec<cost::Observation> = pre
+        .iter()
+        .map(|r| cost::Observation {
+            family: r.name.clone(),
+            measured_s: r.measured_s,
+            modelled_s: r.modelled_s,
+        })
+        .collect();
+    let mut s = format!(
+        "\nthe committed constants ({} at {}, {}) against this data:\n\n| family | measured/modelled | calibrated band | modelled claims |\n|---|---|---|---|\n",
+        cal.gpu, cal.commit, cal.file
+    );
+    for v in cost::check_drift(&cal, &observed) {
+        let band = v.allowed.map_or("none".to_string(), |e| {
+            format!("{:.2}..{:.2}", 1.0 / (1.0 + e), 1.0 + e)
+        });
+        s.push_str(&format!(
+            "| {} | {:.2} | {band} | {} |\n",
+            v.family,
+            v.ratio,
+            if v.void { "void" } else { "stand" }
+        ));
+    }
+    s
 }
 
 /// The fit as JSON.
@@ -325,6 +362,42 @@ pub fn report_json(before: &GpuSpec, fitted: &FitReport, notes: &[String], run: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed H100 calibration is the fit it cites: every fitted family of that
+    /// fit's report stands, a family drifted by 1.5x more is void, and an unfitted one is.
+    #[test]
+    fn the_h100_calibration_matches_the_fit_it_cites() {
+        let spec = GpuSpec::h100_sxm();
+        let cal = spec.calibration().expect("h100 calibrated");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("reference/cuda-h100-a5a7363/fit-h100-3.json");
+        let fit: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let rows = fit["rows"].as_array().unwrap();
+        let obs = |scale: f64| -> Vec<cost::Observation> {
+            rows.iter()
+                .filter(|r| r["fitted"].as_bool().unwrap())
+                .map(|r| cost::Observation {
+                    family: r["name"].as_str().unwrap().to_string(),
+                    measured_s: r["measured_ms"].as_f64().unwrap() * scale,
+                    modelled_s: r["modelled_ms"].as_f64().unwrap(),
+                })
+                .collect()
+        };
+        let fitted = obs(1.0);
+        assert_eq!(fitted.len(), cal.families.len());
+        for v in cost::check_drift(&cal, &fitted) {
+            assert!(!v.void, "{v:?}");
+        }
+        let drifted = cost::check_drift(&cal, &obs(1.5 * 3.8));
+        assert!(drifted.iter().all(|v| v.void), "{drifted:?}");
+        let tg = cost::Observation {
+            family: "tg MUL_MAT+ADD q4_1".into(),
+            measured_s: 1.0,
+            modelled_s: 1.0,
+        };
+        assert!(cost::check_drift(&cal, &[tg])[0].void);
+        assert!(GpuSpec::h200().calibration().is_none());
+    }
 
     #[test]
     fn op_tables_are_read_and_checked() {

@@ -1014,6 +1014,23 @@ fn run_profile(a: ProfileArgs) -> Result<()> {
             100.0 * profile::tensor_core_fraction(&launches, "tg")
         );
     }
+    match settings.gpu.calibration() {
+        Some(c) => {
+            let families: Vec<&str> = c.families.iter().map(|f| f.family.as_str()).collect();
+            println!(
+                "constants fitted on {} at {} ({}); calibrated families: {}; \
+                 the others' modelled times are uncalibrated",
+                c.gpu,
+                c.commit,
+                c.file,
+                families.join(", ")
+            );
+        }
+        None => println!(
+            "no calibration on {}: every modelled time above is uncalibrated",
+            settings.gpu.name
+        ),
+    }
     eprintln!("profile: {:.1} s on cuda-sim", t0.elapsed().as_secs_f64());
     Ok(())
 }

@@ -267,7 +267,45 @@ pub mod h200 {
     pub const LAUNCH_GRAPH_NODE_S: f64 = super::h100_sxm::LAUNCH_GRAPH_NODE_S;
 }
 
+/// The error each kernel family kept after the H100 fit (fit-h100-3.txt: measured /
+/// modelled within `[1 / (1 + e), 1 + e]`, rounded up), the families it was fitted on.
+const H100_FAMILIES: [(&str, f64); 11] = [
+    ("pp512 ADD", 0.41),
+    ("pp512 FLASH_ATTN_EXT", 0.20),
+    ("pp512 GET_ROWS", 0.49),
+    ("pp512 MUL", 0.37),
+    ("pp512 MUL_MAT q4_1", 0.09),
+    ("pp512 RMS_NORM", 0.99),
+    ("pp512 RMS_NORM+MUL_MAT q8_0", 0.61),
+    ("pp512 ROPE", 0.33),
+    ("pp512 SET_ROWS", 1.43),
+    ("pp512 SWIGLU", 0.24),
+    ("pp512 UPLOAD_SCATTER", 2.79),
+];
+
 impl GpuSpec {
+    /// Where this GPU's constants came from and the error each kernel family kept, for
+    /// [`check_drift`](super::check_drift): `None` where nothing was fitted on this GPU
+    /// (then every modelled claim for it is uncalibrated).
+    pub fn calibration(&self) -> Option<super::Calibration> {
+        match self.name {
+            "h100-sxm" => Some(super::Calibration {
+                gpu: self.name.to_string(),
+                commit: "a5a7363".to_string(),
+                file: "harness/reference/cuda-h100-a5a7363/fit-h100-3.txt".to_string(),
+                date: "2026-11-26".to_string(),
+                families: H100_FAMILIES
+                    .iter()
+                    .map(|&(f, e)| super::FamilyError {
+                        family: f.to_string(),
+                        error: e,
+                    })
+                    .collect(),
+            }),
+            _ => None,
+        }
+    }
+
     /// H100 SXM5: 132 SMs, 50 MB L2, HBM3 at 3.35 TB/s (H100 datasheet), 1.98 GHz.
     pub fn h100_sxm() -> GpuSpec {
         use h100_sxm::*;
