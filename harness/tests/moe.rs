@@ -147,7 +147,8 @@ fn synthetic_moe_tensor_reduce_is_close() {
 }
 
 /// The router, top-k, expert products and weighting on the CUDA backend (cuda-sim):
-/// within 0.5 % of the CPU. Each product is within mul_mat's CUDA tolerance of the CPU's
+/// within 0.43 % of the CPU (measured 2.14e-3 with the second-generation products at
+/// 39c1111, 1.13e-3 with the first; the limit is twice the measurement). Each product is within mul_mat's CUDA tolerance of the CPU's
 /// (see tests/cuda_sim.rs; the dense model agrees to 1e-4), and a near-tie in routing
 /// that flips amplifies that, as for tensor-reduce above.
 #[test]
@@ -166,7 +167,7 @@ fn synthetic_moe_on_cuda_sim_matches_the_cpu() {
     let rel = (gpu.ppl - cpu.ppl).abs() / cpu.ppl;
     eprintln!("cuda-sim vs cpu: {rel:.3e}");
     assert!(
-        rel < 5e-3,
+        rel < 4.3e-3,
         "cuda-sim {} vs cpu {} ({rel:.2e})",
         gpu.ppl,
         cpu.ppl
