@@ -1,10 +1,10 @@
-//! The harness's error type: one line that says what went wrong and where.
+//! The model runtime's error type: one line that says what went wrong and where.
 
 use thiserror::Error;
 
-/// Everything that can go wrong in the harness.
+/// Everything that can go wrong loading and running a model.
 #[derive(Debug, Error)]
-pub enum HarnessError {
+pub enum ModelError {
     /// A file could not be read.
     #[error("{path}: {source}")]
     Io {
@@ -37,7 +37,7 @@ pub enum HarnessError {
     /// A weight tensor is missing.
     #[error("missing tensor '{0}'")]
     MissingTensor(String),
-    /// The model is not something this harness can run.
+    /// The model is not something this crate can run.
     #[error("model: {0}")]
     Model(String),
     /// Building a graph failed.
@@ -49,45 +49,33 @@ pub enum HarnessError {
     /// The scheduler failed.
     #[error("{0}")]
     Sched(Box<ggml_sched::SchedError>),
-    /// Bad command-line or run settings.
+    /// Bad run settings or arguments; the message names a setting by its command-line
+    /// flag (`--threads`).
     #[error("{0}")]
     Usage(String),
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    /// A matrix file is not valid.
-    #[error("{path}:{line}: {reason}")]
-    Matrix {
-        /// The file.
-        path: String,
-        /// The line of the mistake (1-based).
-        line: usize,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A matrix run broke some of its rules (each is listed in the report).
-    #[error("{0} matrix rule violations")]
-    Violations(usize),
 }
 
 // The foreign errors are boxed so that `Result<T>` stays small on the happy path.
-impl From<ggml_core::Error> for HarnessError {
+impl From<ggml_core::Error> for ModelError {
     fn from(e: ggml_core::Error) -> Self {
-        HarnessError::Graph(Box::new(e))
+        ModelError::Graph(Box::new(e))
     }
 }
 
-impl From<ggml_core::BackendError> for HarnessError {
+impl From<ggml_core::BackendError> for ModelError {
     fn from(e: ggml_core::BackendError) -> Self {
-        HarnessError::Backend(Box::new(e))
+        ModelError::Backend(Box::new(e))
     }
 }
 
-impl From<ggml_sched::SchedError> for HarnessError {
+impl From<ggml_sched::SchedError> for ModelError {
     fn from(e: ggml_sched::SchedError) -> Self {
-        HarnessError::Sched(Box::new(e))
+        ModelError::Sched(Box::new(e))
     }
 }
 
-/// Result with [`HarnessError`].
-pub type Result<T> = std::result::Result<T, HarnessError>;
+/// Result with [`ModelError`].
+pub type Result<T> = std::result::Result<T, ModelError>;

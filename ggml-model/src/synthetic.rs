@@ -1,9 +1,12 @@
 //! Synthetic models: tiny, seeded, one variant per architecture and weight dtype, written
 //! as GGUF so that every test runs the real loading path without a download.
 
+use std::path::Path;
+
 use ggml_core::quant::quantize_row;
 use ggml_core::DType;
 
+use crate::error::ModelError;
 use crate::gguf_writer::{GgufWriter, MetaValue};
 use crate::model::Arch;
 use crate::tokenizer::gpt2_byte_to_char;
@@ -107,64 +110,45 @@ pub fn weight_dtype(name: &str) -> Result<DType, String> {
         })
 }
 
-/// The file of [`SyntheticSpec::tiny`]`(dtype)` in the model cache
-/// (`$GGML_RS_CACHE`, default `~/.cache/ggml-rs`), written there if it is missing or
-/// differs (the generator is deterministic, so the bytes are known).
-pub fn cached_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
-    cached_model_of(Arch::Llama, dtype)
-}
-
-/// The file of [`SyntheticSpec::tiny_of`]`(arch, dtype)` in the model cache, written
-/// there if it is missing or differs.
-pub fn cached_model_of(arch: Arch, dtype: DType) -> crate::error::Result<std::path::PathBuf> {
-    let stem = match arch {
-        Arch::Llama => format!("synthetic-{}", dtype.name()),
-        other => format!("synthetic-{}-{}", other.name(), dtype.name()),
-    };
-    cached_spec(&stem, &SyntheticSpec::tiny_of(arch, dtype))
-}
-
-/// The file of [`SyntheticSpec::tiny_moe`]`(dtype)` in the model cache, written there if
-/// it is missing or differs.
-pub fn cached_moe_model(dtype: DType) -> crate::error::Result<std::path::PathBuf> {
-    cached_spec(
-        &format!("synthetic-moe-{}", dtype.name()),
-        &SyntheticSpec::tiny_moe(dtype),
-    )
-}
-
-/// The model of `spec` in the cache as `{stem}.gguf`.
-fn cached_spec(stem: &str, spec: &SyntheticSpec) -> crate::error::Result<std::path::PathBuf> {
-    use crate::error::HarnessError;
-    let dir = crate::fetch::cache_dir().map_err(|e| HarnessError::Model(e.to_string()))?;
-    let path = dir.join(format!("{stem}.gguf"));
+/// Writes the model of `spec` to `path` (creating its folder) unless the file there
+/// already holds exactly these bytes: the generator is deterministic, so a model can be
+/// kept in a cache and rewritten only when the generator changed. The bytes are written
+/// aside (a name of this process and thread) and renamed, so a concurrent reader never
+/// sees half a file.
+pub fn write_synthetic(spec: &SyntheticSpec, path: &Path) -> crate::error::Result<()> {
     let bytes = synthetic_gguf(spec);
-    if std::fs::read(&path).is_ok_and(|old| old == bytes) {
-        return Ok(path);
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(());
     }
-    let io = |p: &std::path::Path| {
+    let io = |p: &Path| {
         let path = p.display().to_string();
-        move |source| HarnessError::Io { path, source }
+        move |source| ModelError::Io { path, source }
     };
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    // Written aside (a name of this process and thread) and renamed, so a concurrent
-    // reader never sees half a file.
-    let tmp = dir.join(format!(
-        "{stem}.gguf.{}.{:?}.tmp",
+    let name = path
+        .file_name()
+        .ok_or_else(|| ModelError::Usage(format!("{}: not a file name", path.display())))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    let tmp = path.with_file_name(format!(
+        "{}.{}.{:?}.tmp",
+        name.to_string_lossy(),
         std::process::id(),
         std::thread::current().id()
     ));
     std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    Ok(path)
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    Ok(())
 }
 
-/// splitmix64: a tiny, well-distributed seeded generator (also the sampler's).
+/// splitmix64: a tiny, well-distributed seeded generator (the synthetic weights', the
+/// sampler's and the harness's MoE upcycling's). The field is the state: `Rng(seed)`.
 #[derive(Clone, Debug)]
-pub(crate) struct Rng(pub(crate) u64);
+pub struct Rng(pub u64);
 
 impl Rng {
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
