@@ -125,7 +125,11 @@ pub fn time_model_kernels(
     kv.clear();
     let pp = time_pass(
         backends,
-        || exec.forward(model, kv, &prompt).map(|_| ()),
+        || {
+            exec.forward(model, kv, &prompt)
+                .map(|_| ())
+                .map_err(Into::into)
+        },
         reps,
         flush_bytes,
     )?;
@@ -137,7 +141,11 @@ pub fn time_model_kernels(
     one.push(crate::bench::bench_token(model, 0), 0, 0, true);
     let tg = time_pass(
         backends,
-        || exec.forward(model, kv, &one).map(|_| ()),
+        || {
+            exec.forward(model, kv, &one)
+                .map(|_| ())
+                .map_err(Into::into)
+        },
         reps,
         flush_bytes,
     )?;

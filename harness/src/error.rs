@@ -2,10 +2,16 @@
 
 use thiserror::Error;
 
-/// Everything that can go wrong in the harness.
+pub use ggml_model::error::ModelError;
+
+/// Everything that can go wrong in the harness: its own errors, and the model runtime's
+/// ([`ModelError`]) shown as they are.
 #[derive(Debug, Error)]
 pub enum HarnessError {
-    /// A file could not be read.
+    /// Loading or running a model failed.
+    #[error(transparent)]
+    Runtime(#[from] ModelError),
+    /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
         /// The file.
@@ -13,48 +19,12 @@ pub enum HarnessError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The GGUF file is malformed.
-    #[error("{path}: not a valid GGUF file: {detail}")]
-    Gguf {
-        /// The file.
-        path: String,
-        /// The parser's message (field and byte offset).
-        detail: String,
-    },
-    /// A metadata key is missing.
-    #[error("missing metadata key '{0}'")]
-    MissingKey(String),
-    /// A metadata key has the wrong type.
-    #[error("metadata key '{key}' has type {found}, expected {expected}")]
-    KeyType {
-        /// The key.
-        key: String,
-        /// Its type in the file.
-        found: String,
-        /// What was expected.
-        expected: &'static str,
-    },
-    /// A weight tensor is missing.
-    #[error("missing tensor '{0}'")]
-    MissingTensor(String),
-    /// The model is not something this harness can run.
+    /// The model is not something this harness can run (or make).
     #[error("model: {0}")]
     Model(String),
-    /// Building a graph failed.
-    #[error("graph: {0}")]
-    Graph(Box<ggml_core::Error>),
-    /// A backend operation failed.
-    #[error("{0}")]
-    Backend(Box<ggml_core::BackendError>),
-    /// The scheduler failed.
-    #[error("{0}")]
-    Sched(Box<ggml_sched::SchedError>),
     /// Bad command-line or run settings.
     #[error("{0}")]
     Usage(String),
-    /// The tokenizer failed.
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
     /// A matrix file is not valid.
     #[error("{path}:{line}: {reason}")]
     Matrix {
@@ -70,22 +40,23 @@ pub enum HarnessError {
     Violations(usize),
 }
 
-// The foreign errors are boxed so that `Result<T>` stays small on the happy path.
+// Through the runtime's error, so that a failing graph, backend or scheduler reads the
+// same wherever it failed.
 impl From<ggml_core::Error> for HarnessError {
     fn from(e: ggml_core::Error) -> Self {
-        HarnessError::Graph(Box::new(e))
+        HarnessError::Runtime(e.into())
     }
 }
 
 impl From<ggml_core::BackendError> for HarnessError {
     fn from(e: ggml_core::BackendError) -> Self {
-        HarnessError::Backend(Box::new(e))
+        HarnessError::Runtime(e.into())
     }
 }
 
 impl From<ggml_sched::SchedError> for HarnessError {
     fn from(e: ggml_sched::SchedError) -> Self {
-        HarnessError::Sched(Box::new(e))
+        HarnessError::Runtime(e.into())
     }
 }
 

@@ -6,6 +6,7 @@
 //! level before the run; and a new session afterwards must give the bits of a run
 //! without faults.
 
+use std::any::Any;
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
@@ -19,13 +20,12 @@ use ggml_sched::{FaultKind, FaultPlan, FaultyBackend};
 
 use crate::devices::DeviceSpec;
 
-use crate::error::{HarnessError, Result};
+use crate::error::{HarnessError, ModelError, Result};
 use crate::perplexity::perplexity;
 use crate::regress::{Cell, RegressSettings};
-use crate::session::Session;
+use crate::session::{FaultInjector, Session};
 
-/// The default `--wait-timeout`: longer than any pass of the models we run.
-pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(300);
+pub use crate::session::DEFAULT_WAIT_TIMEOUT;
 
 /// What goes wrong: a fault of the backend wrapper, on any device, or an error of
 /// cuda-sim's emulated driver under the CUDA backend.
@@ -104,9 +104,46 @@ impl FromStr for FaultSpec {
     }
 }
 
-/// Every backend of `backends` wrapped, device `spec.device` with the fault. A driver
-/// error on a device that is not a cuda-sim one is refused.
-pub fn wrap(backends: &[Arc<dyn Backend>], spec: FaultSpec) -> Result<Vec<Arc<FaultyBackend>>> {
+impl FaultSpec {
+    /// The spec as a session's [`RunConfig::inject_fault`](crate::session::RunConfig).
+    pub fn injector(self) -> Arc<dyn FaultInjector> {
+        Arc::new(self)
+    }
+
+    /// The spec a session was opened with, if any.
+    pub fn of(session: &Session) -> Option<FaultSpec> {
+        let f = session.config.inject_fault.as_ref()?;
+        f.as_any().downcast_ref::<FaultSpec>().copied()
+    }
+}
+
+impl FaultInjector for FaultSpec {
+    fn wrap(
+        &self,
+        backends: &[Arc<dyn Backend>],
+    ) -> ggml_model::error::Result<Vec<Arc<FaultyBackend>>> {
+        wrap(backends, *self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Every backend of `backends` wrapped, device `spec.device` with the fault. A device
+/// index past the devices, or a driver error on a device that is not a cuda-sim one, is
+/// refused.
+pub fn wrap(
+    backends: &[Arc<dyn Backend>],
+    spec: FaultSpec,
+) -> ggml_model::error::Result<Vec<Arc<FaultyBackend>>> {
+    if spec.device >= backends.len() {
+        return Err(ModelError::Usage(format!(
+            "--inject-fault {spec}: device {} of {} (--devices counts from 0)",
+            spec.device,
+            backends.len()
+        )));
+    }
     const NEVER: FaultPlan = FaultPlan {
         op: usize::MAX,
         kind: FaultKind::Kernel,
@@ -120,7 +157,7 @@ pub fn wrap(backends: &[Arc<dyn Backend>], spec: FaultSpec) -> Result<Vec<Arc<Fa
             }
             (true, InjectKind::Driver(error)) => {
                 let (drv, ordinal) = sim_device(&**b).ok_or_else(|| {
-                    HarnessError::Usage(format!(
+                    ModelError::Usage(format!(
                         "--inject-fault {spec}: {} is raised by cuda-sim's driver; device {i} is {}",
                         error.name(),
                         b.name()
@@ -222,7 +259,7 @@ pub fn run_with_fault(
     let mut config = cell.config();
     config.chaos = s.chaos;
     config.wait_timeout = Some(timeout);
-    config.inject_fault = Some(spec);
+    config.inject_fault = Some(spec.injector());
     let sim_level = SimMemory::of(cell);
     let t0 = Instant::now();
     let session = Session::open(model, config);
@@ -317,7 +354,7 @@ pub fn run_with_fault(
 /// armed but never raised (no matching driver call came after its node) is cancelled
 /// here, before a teardown's calls could raise it.
 pub fn fault_fired(session: &Session) -> Option<bool> {
-    let spec = session.config.inject_fault?;
+    let spec = FaultSpec::of(session)?;
     let mut fired = session.faulty.get(spec.device)?.fired();
     if let InjectKind::Driver(_) = spec.kind {
         if let Ok(drv) = ggml_cuda::sim_driver() {
@@ -334,7 +371,7 @@ pub fn fault_fired(session: &Session) -> Option<bool> {
 /// addresses nothing must not pass. It names what the device did have ("device 1 made 3
 /// allocations").
 pub fn require_fired(session: &Session) -> Result<()> {
-    let (Some(false), Some(spec)) = (fault_fired(session), session.config.inject_fault) else {
+    let (Some(false), Some(spec)) = (fault_fired(session), FaultSpec::of(session)) else {
         return Ok(());
     };
     let Some(f) = session.faulty.get(spec.device) else {

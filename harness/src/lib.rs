@@ -1,45 +1,50 @@
 //! The `ggml-harness` library: SmolLM2, Gemma 3 (and any llama or gemma3 GGUF) from file
-//! to perplexity and generated text.
+//! to perplexity and generated text, measured and regressed.
+//!
+//! The model runtime is the `ggml-model` crate; its modules are re-exported here under
+//! their old paths (`harness::session`, `harness::model`, ...):
 //!
 //! - [`gguf_file`]: a memory-mapped, validated GGUF file;
 //! - [`model`]: architectures, hyperparameters, weights and the forward graphs;
 //! - [`tokenizer`]: GPT-2 byte-level BPE with the smollm pre-tokenizer, and SentencePiece;
 //! - [`generate`]: greedy and sampled continuation of a prompt;
-//! - [`placement`], [`executor`]: weights and KV cache in backend memory, running passes;
+//! - [`placement`], [`executor`], [`session`]: weights and KV cache in backend memory,
+//!   running passes;
+//! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download
+//!   (here with their copies in the model cache).
+//!
+//! The harness's own:
+//!
 //! - [`perplexity`]: llama-perplexity's method, exactly;
 //! - [`kl`]: KL divergence against a llama-perplexity `--kl-divergence-base` file;
 //! - [`regress`], [`matrix`], [`golden`]: regression matrices from TOML files, goldens;
-//! - [`synthetic`]: tiny seeded models written as GGUF, for tests without a download;
+//! - [`faults`]: faults injected mid-graph (the session's [`session::FaultInjector`]) and
+//!   the sweep;
 //! - [`make_moe`]: sparse upcycling of a dense llama (SmolLM2) into a mixture of experts;
 //! - [`trace`]: Chrome trace files of scheduler runs and their summary;
 //! - [`calibrate`]: a GPU's microbenchmarks and per-kernel times, for the cost model;
 //! - [`profile`]: a model's passes on cuda-sim, counted and priced by the cost model.
 #![warn(missing_docs)]
 
-pub mod batch;
+pub use ggml_model::{
+    batch, devices, executor, generate, gguf_file, gguf_writer, model, placement, session,
+    tokenizer,
+};
+
 pub mod bench;
 pub mod calibrate;
 pub mod cost;
-pub mod devices;
 pub mod error;
-pub mod executor;
 pub mod faults;
 pub mod fit;
-pub mod generate;
-pub mod gguf_file;
-pub mod gguf_writer;
 pub mod golden;
 pub mod kl;
 pub mod make_moe;
 pub mod matrix;
-pub mod model;
 pub mod perplexity;
-pub mod placement;
 pub mod profile;
 pub mod regress;
-pub mod session;
 pub mod synthetic;
-pub mod tokenizer;
 pub mod trace;
 
 #[path = "../../xtask/src/fetch.rs"]

@@ -223,8 +223,8 @@ struct FaultSweepArgs {
     #[arg(long, default_value = "cpu:2")]
     devices: String,
     /// Split mode.
-    #[arg(long, value_enum, default_value_t = SplitMode::Layer)]
-    split_mode: SplitMode,
+    #[arg(long, value_enum, default_value_t = SplitModeArg::Layer)]
+    split_mode: SplitModeArg,
     /// Pipeline slots (2: another pass is in flight when the fault hits).
     #[arg(long, default_value_t = 2)]
     n_copies: usize,
@@ -470,8 +470,8 @@ struct RunArgs {
     #[arg(long, default_value = "cpu")]
     devices: String,
     /// How to spread the model over the devices.
-    #[arg(long, value_enum, default_value_t = SplitMode::None)]
-    split_mode: SplitMode,
+    #[arg(long, value_enum, default_value_t = SplitModeArg::None)]
+    split_mode: SplitModeArg,
     /// Pipeline slots (layer split).
     #[arg(long, default_value_t = 1)]
     n_copies: usize,
@@ -482,8 +482,8 @@ struct RunArgs {
     /// With --split-mode tensor: `ring` pipelines each all-gather with the product it
     /// feeds (token chunks, copies on a copy engine per device, forwarded round the ring of
     /// devices); bit-identical.
-    #[arg(long, value_enum, default_value_t = AllGather::Concat)]
-    all_gather: AllGather,
+    #[arg(long, value_enum, default_value_t = AllGatherArg::Concat)]
+    all_gather: AllGatherArg,
     /// Make device D (index in --devices) fail at the OP-th node of its part of the graph:
     /// KIND alloc (its OP-th buffer allocation), kernel (the op reports an error) or hang
     /// (its queue never completes; the run times out); on cuda-sim devices also the
@@ -534,6 +534,53 @@ struct RunArgs {
     weaken: Vec<String>,
 }
 
+/// `--split-mode`: [`SplitMode`] on the command line.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum SplitModeArg {
+    /// Everything on one device.
+    None,
+    /// Consecutive layers per device (pipeline parallelism).
+    Layer,
+    /// Tensor parallelism, bit-exact: matrices cut by output rows (attention by whole KV
+    /// heads), activations all-gathered.
+    Tensor,
+    /// Megatron-style tensor parallelism: the attention projection and the down matrix
+    /// cut by input columns, partial sums all-reduced (F32, or BF16 on the wire).
+    TensorReduce,
+}
+
+impl From<SplitModeArg> for SplitMode {
+    fn from(a: SplitModeArg) -> SplitMode {
+        match a {
+            SplitModeArg::None => SplitMode::None,
+            SplitModeArg::Layer => SplitMode::Layer,
+            SplitModeArg::Tensor => SplitMode::Tensor,
+            SplitModeArg::TensorReduce => SplitMode::TensorReduce,
+        }
+    }
+}
+
+/// `--all-gather`: [`AllGather`] on the command line.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum AllGatherArg {
+    /// Gather the whole tensor on every device, then multiply.
+    Concat,
+    /// Cut the tokens into one chunk per device and pipeline: each device multiplies
+    /// chunk c while chunk c + 1 crosses on a copy engine (a queue of its own per
+    /// device), forwarded round the ring of devices (device d receives from d - 1 only),
+    /// so copies hide behind compute. Bit-identical to `concat`.
+    Ring,
+}
+
+impl From<AllGatherArg> for AllGather {
+    fn from(a: AllGatherArg) -> AllGather {
+        match a {
+            AllGatherArg::Concat => AllGather::Concat,
+            AllGatherArg::Ring => AllGather::Ring,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum CopyQueueArg {
     /// On the source device's queue (CUDA style).
@@ -571,7 +618,7 @@ impl RunArgs {
         }
         Ok(RunConfig {
             devices: self.devices.parse()?,
-            split_mode: self.split_mode,
+            split_mode: self.split_mode.into(),
             n_copies: self.n_copies,
             threads: self.threads,
             chaos: self.chaos,
@@ -588,8 +635,8 @@ impl RunArgs {
                 None => 0,
             },
             reduce_bf16_min: self.reduce_bf16_min,
-            all_gather: self.all_gather,
-            inject_fault: self.inject_fault,
+            all_gather: self.all_gather.into(),
+            inject_fault: self.inject_fault.map(harness::faults::FaultSpec::injector),
             pin_threads: !self.no_pin,
             cuda_tuning: ggml_cuda::CudaTuning {
                 graphs: self.cuda_tuning.graphs && !self.no_cuda_graphs,
@@ -740,7 +787,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
             "chunks": r.chunks,
             "logits_sha256": r.logits_sha256,
             "devices": config.devices.to_string(),
-            "split_mode": config.split_mode,
+            "split_mode": config.split_mode.name(),
             "n_copies": config.n_copies,
             "seconds": seconds,
             "races": races,
@@ -1214,7 +1261,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             "model": name,
             "threads": config.threads,
             "devices": config.devices.to_string(),
-            "split_mode": config.split_mode,
+            "split_mode": config.split_mode.name(),
             "n_copies": config.n_copies,
             "results": results,
             "read_probe_bytes_per_s": probe,
@@ -1449,7 +1496,7 @@ fn run_fault_sweep(a: FaultSweepArgs) -> Result<()> {
     };
     let cell = harness::regress::Cell {
         devices: a.devices.parse()?,
-        split: a.split_mode,
+        split: a.split_mode.into(),
         n_copies: a.n_copies,
         threads: a.threads,
         n_ubatch: a.ubatch,
@@ -1550,7 +1597,8 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let mut kv = session.kv_cache(n_prompt + a.n_predict)?;
     let mut exec = session.executor()?;
     let mut stdout = std::io::stdout().lock();
-    let io = |source| HarnessError::Io {
+    // The runtime's error: the streaming callback returns it.
+    let io = |source| harness::error::ModelError::Io {
         path: "<stdout>".into(),
         source,
     };
@@ -1607,7 +1655,7 @@ fn run_tokenize(model: Option<PathBuf>, file: Option<PathBuf>) -> Result<()> {
     let path = harness::model_path(model.as_deref())?;
     let f = harness::gguf_file::GgufFile::open(&path)?;
     let tok = harness::tokenizer::Tokenizer::from_gguf(&f.gguf()?)
-        .map_err(|e| HarnessError::Tokenizer(e.to_string()))?;
+        .map_err(|e| harness::error::ModelError::Tokenizer(e.to_string()))?;
     // llama-tokenize keeps the text as is (the reference ids include the final newline).
     let text = match &file {
         Some(p) => std::fs::read_to_string(p).map_err(|source| HarnessError::Io {

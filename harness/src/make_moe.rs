@@ -20,7 +20,7 @@ use ggml_core::gguf::{Gguf, Value, ValueType};
 use ggml_core::quant::{dequantize_row, quantize_row};
 use ggml_core::DType;
 
-use crate::error::{HarnessError, Result};
+use crate::error::{HarnessError, ModelError, Result};
 use crate::gguf_file::GgufFile;
 use crate::gguf_writer::{GgufWriter, MetaValue};
 use crate::synthetic::Rng;
@@ -224,7 +224,7 @@ fn meta_value(key: &str, v: &Value<'_>) -> Result<MetaValue> {
 fn tensor_bytes<'a>(g: &Gguf<'a>, name: &str) -> Result<(DType, Vec<u64>, &'a [u8])> {
     let t = g
         .tensor(name)
-        .ok_or_else(|| HarnessError::MissingTensor(name.to_string()))?;
+        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
     let data = g
         .tensor_data(&t)
         .ok_or_else(|| HarnessError::Model(format!("tensor '{name}': data outside the file")))?;
@@ -309,7 +309,7 @@ fn expert_stack(
 ///
 /// Errors: bad options ([`HarnessError::Usage`]); a model that is not `llama`, already
 /// has experts, lacks a layer's FFN matrix or has FFN biases ([`HarnessError::Model`],
-/// [`HarnessError::MissingTensor`]); metadata of a type the writer cannot copy; I/O.
+/// [`ModelError::MissingTensor`]); metadata of a type the writer cannot copy; I/O.
 pub fn make_moe(src: &Path, opts: &MoeOptions, out: &Path) -> Result<MoeSummary> {
     let (bytes, summary) = make_moe_bytes(src, opts)?;
     write_atomically(out, &bytes)?;

@@ -190,7 +190,9 @@ pub fn profile_model(
         kv.clear();
         let name = format!("pp{}", settings.n_prompt);
         out.extend(profile_pass(backends, &name, settings, || {
-            exec.forward(model, kv, &prompt).map(|_| ())
+            exec.forward(model, kv, &prompt)
+                .map(|_| ())
+                .map_err(Into::into)
         })?);
     }
     if settings.n_gen > 0 {
@@ -198,7 +200,9 @@ pub fn profile_model(
         let mut one = Batch::default();
         one.push(crate::bench::bench_token(model, 0), 0, 0, true);
         out.extend(profile_pass(backends, "tg", settings, || {
-            exec.forward(model, kv, &one).map(|_| ())
+            exec.forward(model, kv, &one)
+                .map(|_| ())
+                .map_err(Into::into)
         })?);
     }
     Ok(out)

@@ -50,6 +50,7 @@ pub struct CellResult {
     /// Devices.
     pub devices: String,
     /// Split mode.
+    #[serde(serialize_with = "split_mode_name")]
     pub split_mode: SplitMode,
     /// Pipeline slots.
     pub n_copies: usize,
@@ -58,6 +59,7 @@ pub struct CellResult {
     /// Tokens per micro-batch (0: the whole batch).
     pub n_ubatch: usize,
     /// How activations are all-gathered (tensor split).
+    #[serde(serialize_with = "all_gather_name")]
     pub all_gather: AllGather,
     /// Perplexity.
     pub ppl: f64,
@@ -71,6 +73,22 @@ pub struct CellResult {
     pub host_syncs_per_forward: f64,
     /// Races the checker found (0 when not checking).
     pub races: usize,
+}
+
+/// A split mode in reports: its command-line name.
+fn split_mode_name<S: serde::Serializer>(
+    m: &SplitMode,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(m.name())
+}
+
+/// An all-gather in reports: its command-line name.
+fn all_gather_name<S: serde::Serializer>(
+    a: &AllGather,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(a.name())
 }
 
 /// Settings shared by every cell.

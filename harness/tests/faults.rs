@@ -90,7 +90,7 @@ fn a_fault_past_the_pass_never_fires() {
 fn a_fault_on_a_missing_device_is_refused() {
     let model = harness::synthetic::cached_model(DType::Q4_1).unwrap();
     let mut config = RunConfig::simple("cpu:2".parse().unwrap(), SplitMode::Layer, 1, 2);
-    config.inject_fault = Some("2:0:kernel".parse().unwrap());
+    config.inject_fault = Some("2:0:kernel".parse::<FaultSpec>().unwrap().injector());
     let e = Session::open(&model, config).unwrap_err().to_string();
     assert!(e.contains("device 2 of 2"), "{e}");
 }
@@ -140,7 +140,12 @@ fn each_driver_error_on_cuda_sim_is_reported_and_the_device_recovers() {
 fn a_driver_error_on_a_cpu_device_is_refused() {
     let model = harness::synthetic::cached_model(DType::Q4_1).unwrap();
     let mut config = RunConfig::simple("cpu:2".parse().unwrap(), SplitMode::Layer, 1, 2);
-    config.inject_fault = Some("1:0:illegal-address".parse().unwrap());
+    config.inject_fault = Some(
+        "1:0:illegal-address"
+            .parse::<FaultSpec>()
+            .unwrap()
+            .injector(),
+    );
     let e = Session::open(&model, config).unwrap_err().to_string();
     assert!(
         e.contains("raised by cuda-sim's driver") && e.contains("device 1 is cpu"),

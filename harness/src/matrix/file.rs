@@ -40,7 +40,7 @@ use toml::Spanned;
 
 use super::{CellOverrides, Matrix, MatrixCell, Rule, Settings, Source};
 use crate::devices::{DeviceList, DeviceSpec};
-use crate::error::{HarnessError, Result};
+use crate::error::{HarnessError, ModelError, Result};
 use crate::perplexity::PplSettings;
 use crate::regress::Cell;
 use crate::session::{AllGather, SplitMode};
@@ -198,7 +198,7 @@ impl Located<'_> {
     fn devices(&self, d: &Spanned<String>) -> Result<DeviceList> {
         d.get_ref()
             .parse()
-            .map_err(|e: HarnessError| self.at(d, format!("devices = {:?}: {e}", d.get_ref())))
+            .map_err(|e: ModelError| self.at(d, format!("devices = {:?}: {e}", d.get_ref())))
     }
 }
 

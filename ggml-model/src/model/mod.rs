@@ -16,7 +16,7 @@ pub use tp::TpShards;
 
 use ggml_core::{DType, Tensor, TensorFlags, TensorId};
 
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::gguf_file::GgufFile;
 
 /// Weight ids of one transformer block (indices into [`Model::weights`]).
@@ -56,7 +56,7 @@ pub struct LayerWeights {
     pub ffn_post_norm: Option<TensorId>,
 }
 
-/// Weight dtypes the harness accepts for matrices.
+/// Weight dtypes accepted for matrices.
 pub const MATRIX_DTYPES: [DType; 13] = [
     DType::F32,
     DType::F16,
@@ -187,10 +187,10 @@ impl Model {
     ) -> Result<TensorId> {
         let info = file
             .tensor_info(name)
-            .ok_or_else(|| HarnessError::MissingTensor(name.to_string()))?;
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let want = [ne3[0], ne3[1], ne3[2], 1];
         if info.ne != want {
-            return Err(HarnessError::Model(format!(
+            return Err(ModelError::Model(format!(
                 "tensor '{name}' has shape {:?}, expected {want:?}",
                 info.ne
             )));
@@ -201,7 +201,7 @@ impl Model {
             info.dtype == DType::F32
         };
         if !ok {
-            return Err(HarnessError::Model(format!(
+            return Err(ModelError::Model(format!(
                 "tensor '{name}' has unsupported dtype {} ({})",
                 info.dtype,
                 if matrix {
@@ -212,13 +212,13 @@ impl Model {
             )));
         }
         let mut t = Tensor::contiguous(info.dtype, want).ok_or_else(|| {
-            HarnessError::Model(format!(
+            ModelError::Model(format!(
                 "tensor '{name}': shape {want:?} does not fit its dtype {}",
                 info.dtype
             ))
         })?;
         if t.nbytes() != info.range.len() {
-            return Err(HarnessError::Model(format!(
+            return Err(ModelError::Model(format!(
                 "tensor '{name}': {} bytes in the file, shape needs {}",
                 info.range.len(),
                 t.nbytes()

@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::model::BatchShape;
 use crate::placement::KvCache;
 
@@ -85,10 +85,10 @@ pub struct GraphInputs {
 pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<GraphInputs>> {
     let n = batch.len();
     if n == 0 {
-        return Err(HarnessError::Usage("empty batch".into()));
+        return Err(ModelError::Usage("empty batch".into()));
     }
     if batch.n_outputs() == 0 {
-        return Err(HarnessError::Usage(
+        return Err(ModelError::Usage(
             "a batch must request at least one output".into(),
         ));
     }
@@ -98,7 +98,7 @@ pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<G
         .rposition(Option::is_some)
         .map_or(0, |i| i + 1);
     if kv_head + n > kv.size {
-        return Err(HarnessError::Usage(format!(
+        return Err(ModelError::Usage(format!(
             "KV cache full: {kv_head} cells used, {n} more needed, {} available",
             kv.size
         )));

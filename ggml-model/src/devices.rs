@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use ggml_cuda::DriverKind;
 
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 
 /// One entry of a device list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,11 +45,11 @@ impl DeviceList {
 }
 
 impl FromStr for DeviceList {
-    type Err = HarnessError;
+    type Err = ModelError;
 
     fn from_str(s: &str) -> Result<DeviceList> {
         let bad = |item: &str, why: &str| {
-            HarnessError::Usage(format!(
+            ModelError::Usage(format!(
                 "--devices: {item:?}: {why} (expected cpu, cpu:N, cuda:G, cuda:GxN, cuda-sim:G or cuda-sim:GxN, comma-separated)"
             ))
         };

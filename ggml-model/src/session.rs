@@ -1,22 +1,27 @@
 //! A loaded model ready to run: file, weights placed on devices, KV cache, executor.
 
+use std::any::Any;
+use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ggml_core::Backend;
 
 use crate::devices::{DeviceList, DeviceSpec};
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::executor::{Executor, SchedExecutor};
-use crate::faults;
 use crate::gguf_file::GgufFile;
 use crate::model::Model;
 use crate::placement::{place_weights, KvCache, LayerMap, OwnedBuffer};
 use crate::tokenizer::Tokenizer;
 
+/// The default [`RunConfig::wait_timeout`] (`--wait-timeout`): longer than any pass of
+/// the models we run.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// How the model is spread over devices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitMode {
     /// Everything on one device.
     None,
@@ -30,9 +35,20 @@ pub enum SplitMode {
     TensorReduce,
 }
 
+impl SplitMode {
+    /// The command-line and report name (`none`, `layer`, `tensor`, `tensor-reduce`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitMode::None => "none",
+            SplitMode::Layer => "layer",
+            SplitMode::Tensor => "tensor",
+            SplitMode::TensorReduce => "tensor-reduce",
+        }
+    }
+}
+
 /// How the exact tensor split gathers the activations that feed a matrix product.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AllGather {
     /// Gather the whole tensor on every device, then multiply.
     #[default]
@@ -42,6 +58,34 @@ pub enum AllGather {
     /// device), forwarded round the ring of devices (device d receives from d - 1 only),
     /// so copies hide behind compute. Bit-identical to `concat`.
     Ring,
+}
+
+impl AllGather {
+    /// The command-line and report name (`concat`, `ring`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AllGather::Concat => "concat",
+            AllGather::Ring => "ring",
+        }
+    }
+}
+
+/// Injects a fault into a session's devices as it opens ([`RunConfig::inject_fault`]).
+///
+/// The crate knows no kinds of fault: whoever runs the session (the harness's
+/// `--inject-fault D:OP:KIND`) supplies the plan. [`Session::open`] hands it the
+/// backends it created, in device order, and runs on the wrappers it returns; the
+/// session keeps them ([`Session::faulty`]) and releases them when it ends, so an
+/// injected hang does not outlive it.
+pub trait FaultInjector: fmt::Debug + fmt::Display + Send + Sync + 'static {
+    /// Every backend of `backends` wrapped in a [`ggml_sched::FaultyBackend`], the same
+    /// number in the same order, or an error that says why the fault cannot be injected
+    /// on these devices (no such device, a fault this kind of device cannot raise).
+    fn wrap(&self, backends: &[Arc<dyn Backend>]) -> Result<Vec<Arc<ggml_sched::FaultyBackend>>>;
+
+    /// The injector as [`Any`], so its owner can get its own type back from a session's
+    /// configuration.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// Settings that choose devices and how to use them.
@@ -74,8 +118,8 @@ pub struct RunConfig {
     /// engine per device).
     pub all_gather: AllGather,
     /// A fault to inject (`--inject-fault D:OP:KIND`): every device is wrapped in a
-    /// [`ggml_sched::FaultyBackend`], device `D` with this plan.
-    pub inject_fault: Option<crate::faults::FaultSpec>,
+    /// [`ggml_sched::FaultyBackend`] by the injector, one of them with the fault.
+    pub inject_fault: Option<Arc<dyn FaultInjector>>,
     /// How long the host waits for a device before the run fails with a timeout naming
     /// it (`--wait-timeout`); `None` waits for ever.
     pub wait_timeout: Option<std::time::Duration>,
@@ -110,7 +154,7 @@ impl RunConfig {
             reduce_bf16_min: None,
             all_gather: AllGather::Concat,
             inject_fault: None,
-            wait_timeout: Some(crate::faults::DEFAULT_WAIT_TIMEOUT),
+            wait_timeout: Some(DEFAULT_WAIT_TIMEOUT),
             pin_threads: false,
             cuda_tuning: ggml_cuda::CudaTuning::default(),
         }
@@ -296,10 +340,7 @@ impl Drop for Session {
         for f in &self.faulty {
             f.release();
         }
-        let t = self
-            .config
-            .wait_timeout
-            .unwrap_or(faults::DEFAULT_WAIT_TIMEOUT);
+        let t = self.config.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
         for b in self.backends.iter().chain(&self.engines) {
             if matches!(b.synchronize_timeout(t), Ok(false)) {
                 eprintln!(
@@ -317,10 +358,10 @@ impl Session {
     /// Opens `path`, checks the configuration and places the weights.
     pub fn open(path: &Path, config: RunConfig) -> Result<Session> {
         if config.threads == 0 {
-            return Err(HarnessError::Usage("--threads must be at least 1".into()));
+            return Err(ModelError::Usage("--threads must be at least 1".into()));
         }
         if !(1..=4).contains(&config.n_copies) {
-            return Err(HarnessError::Usage(format!(
+            return Err(ModelError::Usage(format!(
                 "--n-copies {}: must be 1 to 4",
                 config.n_copies
             )));
@@ -328,41 +369,41 @@ impl Session {
         let n_dev = config.devices.count();
         if let Some(ts) = &config.tensor_split {
             if ts.len() != n_dev {
-                return Err(HarnessError::Usage(format!(
+                return Err(ModelError::Usage(format!(
                     "--tensor-split has {} proportions for {n_dev} devices",
                     ts.len()
                 )));
             }
         }
         if config.all_gather == AllGather::Ring && config.split_mode != SplitMode::Tensor {
-            return Err(HarnessError::Usage(
+            return Err(ModelError::Usage(
                 "--all-gather ring applies to --split-mode tensor only".into(),
             ));
         }
         if config.reduce_bf16_min.is_some() && config.split_mode != SplitMode::TensorReduce {
-            return Err(HarnessError::Usage(
+            return Err(ModelError::Usage(
                 "--reduce-bf16-min applies to --split-mode tensor-reduce only".into(),
             ));
         }
         let file = GgufFile::open(path)?;
         let mut model = Model::from_gguf(&file)?;
         let tokenizer = Tokenizer::from_gguf(&file.gguf()?)
-            .map_err(|e| HarnessError::Tokenizer(e.to_string()))?;
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let mut backends = create_backends(&config)?;
         let mut engines = match config.all_gather {
             AllGather::Ring => create_copy_engines(&config, &backends)?,
             AllGather::Concat => Vec::new(),
         };
         let mut faulty = Vec::new();
-        if let Some(f) = config.inject_fault {
-            if f.device >= backends.len() {
-                return Err(HarnessError::Usage(format!(
-                    "--inject-fault {f}: device {} of {} (--devices counts from 0)",
-                    f.device,
+        if let Some(f) = &config.inject_fault {
+            faulty = f.wrap(&backends)?;
+            if faulty.len() != backends.len() {
+                return Err(ModelError::Usage(format!(
+                    "--inject-fault {f}: {} wrappers for {} devices",
+                    faulty.len(),
                     backends.len()
                 )));
             }
-            faulty = crate::faults::wrap(&backends, f)?;
             backends = faulty
                 .iter()
                 .map(|b| b.clone() as Arc<dyn Backend>)
@@ -416,7 +457,7 @@ impl Session {
     }
 
     /// The devices, in order, as backends that can time their nodes (all of the CPU and
-    /// CUDA backends this harness creates; none behind a fault injector).
+    /// CUDA backends this crate creates; none behind a fault injector).
     pub fn timed_backends(&self) -> Vec<TimedBackend<'_>> {
         self.backends
             .iter()

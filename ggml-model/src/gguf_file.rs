@@ -7,7 +7,7 @@ use ggml_core::gguf::{Gguf, Value};
 use ggml_core::DType;
 use memmap2::Mmap;
 
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 
 /// A tensor's entry in a GGUF file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,12 +43,12 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Maps and validates the file at `path`.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let io = |source| HarnessError::Io {
+        let io = |source| ModelError::Io {
             path: path.display().to_string(),
             source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: the file is opened read-only and the mapping is read-only; the harness
+        // SAFETY: the file is opened read-only and the mapping is read-only; this crate
         // never writes to it, and a concurrent writer would be outside this program's contract.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let mut f = GgufFile {
@@ -81,7 +81,7 @@ impl GgufFile {
 
     /// The parsed file (validated when opened, so this only fails if the file changed).
     pub fn gguf(&self) -> Result<Gguf<'_>> {
-        Gguf::parse(&self.map).map_err(|e| HarnessError::Gguf {
+        Gguf::parse(&self.map).map_err(|e| ModelError::Gguf {
             path: self.path.display().to_string(),
             detail: e.to_string(),
         })
@@ -116,8 +116,8 @@ impl GgufFile {
         let g = self.gguf()?;
         let v = g
             .get(key)
-            .ok_or_else(|| HarnessError::MissingKey(key.to_string()))?;
-        get(&v).ok_or_else(|| HarnessError::KeyType {
+            .ok_or_else(|| ModelError::MissingKey(key.to_string()))?;
+        get(&v).ok_or_else(|| ModelError::KeyType {
             key: key.to_string(),
             found: v.value_type().to_string(),
             expected,

@@ -7,7 +7,7 @@
 use ggml_core::RopeMode;
 
 use super::{optional, Features, FfnAct};
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::gguf_file::GgufFile;
 use crate::model::HParams;
 
@@ -42,7 +42,7 @@ pub(super) fn read(f: &GgufFile, hp: &mut HParams) -> Result<()> {
         hp.rope_freq_base_swa =
             optional(f.get_f32("gemma3.rope.freq_base_swa"))?.unwrap_or(ROPE_FREQ_BASE_SWA);
         if !(hp.rope_freq_base_swa > 0.0 && hp.rope_freq_base_swa.is_finite()) {
-            return Err(HarnessError::Model(
+            return Err(ModelError::Model(
                 "gemma3.rope.freq_base_swa: must be finite and > 0".into(),
             ));
         }
@@ -50,13 +50,13 @@ pub(super) fn read(f: &GgufFile, hp: &mut HParams) -> Result<()> {
     // Like llama.cpp: a scaling factor scales the global layers' positions linearly.
     let kind = optional(f.get_str("gemma3.rope.scaling.type"))?;
     if let Some(other) = kind.as_deref().filter(|k| !matches!(*k, "none" | "linear")) {
-        return Err(HarnessError::Model(format!(
+        return Err(ModelError::Model(format!(
             "gemma3.rope.scaling.type '{other}' is not supported (only linear)"
         )));
     }
     if let Some(factor) = optional(f.get_f32("gemma3.rope.scaling.factor"))? {
         if !(factor >= 0.0 && factor.is_finite()) {
-            return Err(HarnessError::Model(
+            return Err(ModelError::Model(
                 "gemma3.rope.scaling.factor: must be finite and >= 0".into(),
             ));
         }
@@ -66,7 +66,7 @@ pub(super) fn read(f: &GgufFile, hp: &mut HParams) -> Result<()> {
     }
     if let Some(cap) = optional(f.get_f32("gemma3.final_logit_softcapping"))? {
         if cap != 0.0 {
-            return Err(HarnessError::Model(format!(
+            return Err(ModelError::Model(format!(
                 "gemma3.final_logit_softcapping {cap}: a final logit soft-cap is not supported"
             )));
         }

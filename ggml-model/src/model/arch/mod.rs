@@ -1,4 +1,4 @@
-//! The architectures the harness builds, each a small module that says how its GGUF
+//! The architectures this crate builds, each a small module that says how its GGUF
 //! names things and which of the shared building blocks its layers use.
 //!
 //! Adding an architecture is local: a module here with its [`Features`] and its own
@@ -11,7 +11,7 @@ mod llama;
 
 use ggml_core::RopeMode;
 
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::gguf_file::GgufFile;
 
 /// A supported model architecture (`general.architecture`).
@@ -70,7 +70,7 @@ impl Arch {
             .find(|a| a.name() == name)
             .ok_or_else(|| {
                 let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
-                HarnessError::Model(format!(
+                ModelError::Model(format!(
                     "unsupported architecture '{name}' (general.architecture); supported: {}",
                     names.join(", ")
                 ))
@@ -104,7 +104,7 @@ impl std::fmt::Display for Arch {
 pub(super) fn optional<T>(r: Result<T>) -> Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
-        Err(HarnessError::MissingKey(_)) => Ok(None),
+        Err(ModelError::MissingKey(_)) => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ggml_core::{Backend, BufferId, BufferInfo, DType, DataRef, Tensor, TensorId};
 
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::gguf_file::GgufFile;
 use crate::model::Model;
 
@@ -115,9 +115,7 @@ impl LayerMap {
     pub fn proportional(n_layer: usize, shares: &[f32]) -> Result<LayerMap> {
         let n_devices = shares.len();
         if n_devices == 0 {
-            return Err(HarnessError::Usage(
-                "no devices to split layers over".into(),
-            ));
+            return Err(ModelError::Usage("no devices to split layers over".into()));
         }
         let ranges = ggml_sched::split_layers(n_layer, shares)?;
         let mut layer_device = vec![0; n_layer];
@@ -265,7 +263,7 @@ impl KvCache {
         }
         let hp = &model.hp;
         let proto = Tensor::contiguous(DType::F16, [hp.n_embd_kv(), size, 1, 1])
-            .ok_or_else(|| HarnessError::Usage(format!("KV cache of {size} cells is too large")))?;
+            .ok_or_else(|| ModelError::Usage(format!("KV cache of {size} cells is too large")))?;
         let bytes = proto.nbytes();
         let mut buffers = Vec::new();
         let mut layers = vec![(proto, proto); hp.n_layer];
@@ -308,7 +306,7 @@ impl KvCache {
         size: usize,
     ) -> Result<KvCache> {
         let hp = &model.hp;
-        let too_big = || HarnessError::Usage(format!("KV cache of {size} cells is too large"));
+        let too_big = || ModelError::Usage(format!("KV cache of {size} cells is too large"));
         let mut tp_layers = vec![Vec::with_capacity(tp.n_dev); hp.n_layer];
         let mut buffers = Vec::new();
         for (d, backend) in backends.iter().enumerate().take(tp.n_dev) {

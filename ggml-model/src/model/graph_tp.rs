@@ -111,7 +111,7 @@ impl Pinned<'_, '_> {
             for &p in parts {
                 let t = *self.ctx.get(p)?;
                 if t.ne[2] != 1 || t.ne[3] != 1 {
-                    return Err(crate::error::HarnessError::Usage(format!(
+                    return Err(crate::error::ModelError::Usage(format!(
                         "ring all-gather of '{}': expected a matrix, got {:?}",
                         t.name, t.ne
                     )));

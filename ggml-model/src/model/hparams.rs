@@ -3,7 +3,7 @@
 use ggml_core::RopeParams;
 
 use super::arch::{optional, Arch, Features};
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::gguf_file::GgufFile;
 
 /// The numbers that define a model's shapes and numerics, and its architecture's
@@ -71,7 +71,7 @@ impl HParams {
         let n_ctx_train = f.get_usize(&key("context_length"))?;
         let rope_freq_base = optional(f.get_f32(&key("rope.freq_base")))?.unwrap_or(10_000.0);
         let rms_eps = f.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
-        let bad = |k: &str, why: &str| HarnessError::Model(format!("{a}.{k}: {why}"));
+        let bad = |k: &str, why: &str| ModelError::Model(format!("{a}.{k}: {why}"));
         if n_layer == 0 || n_embd == 0 || n_ff == 0 || n_ctx_train == 0 {
             return Err(bad(
                 "*",
@@ -115,7 +115,7 @@ impl HParams {
         let n_vocab = f
             .tensor_info("token_embd.weight")
             .map(|t| t.ne[1])
-            .ok_or_else(|| HarnessError::MissingTensor("token_embd.weight".into()))?;
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
         let n_expert = optional(f.get_usize(&key("expert_count")))?.unwrap_or(0);
         let n_expert_used = optional(f.get_usize(&key("expert_used_count")))?.unwrap_or(0);
         if n_expert > 0 && !(1..=n_expert).contains(&n_expert_used) {

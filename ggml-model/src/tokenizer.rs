@@ -1,4 +1,4 @@
-//! llama.cpp's tokenizers for the two vocabulary types the harness runs, giving exactly
+//! llama.cpp's tokenizers for the two vocabulary types this crate runs, giving exactly
 //! its token ids (as `llama-tokenize` prints them with its default options):
 //!
 //! * **GPT-2 byte-level BPE** with the "smollm" pre-tokenizer (`tokenizer.ggml.model =

@@ -14,7 +14,7 @@ use std::ops::Range;
 use ggml_core::TensorId;
 
 use super::Model;
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 
 /// One device's shards of one layer (ids into [`Model::weights`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +118,7 @@ impl Model {
         let w = self.weights[id.index()];
         let bs = w.dtype.block_size();
         if cols.start % bs != 0 || cols.end % bs != 0 {
-            return Err(HarnessError::Usage(format!(
+            return Err(ModelError::Usage(format!(
                 "--split-mode tensor-reduce: columns {cols:?} of '{}' do not fall on {bs}-element blocks",
                 w.name.as_str()
             )));
@@ -148,14 +148,14 @@ impl Model {
     pub fn shard(&mut self, n_dev: usize, reduce: bool) -> Result<TpShards> {
         let hp = self.hp.clone();
         if n_dev == 0 {
-            return Err(HarnessError::Usage("tensor split over no devices".into()));
+            return Err(ModelError::Usage("tensor split over no devices".into()));
         }
         let group = hp.n_head / hp.n_head_kv;
         let kv_heads = even_ranges(hp.n_head_kv, n_dev);
         let embd_rows = even_ranges(hp.n_embd, n_dev);
         let ff_rows = even_ranges(hp.n_ff, n_dev);
         if embd_rows.iter().chain(&ff_rows).any(|r| r.is_empty()) {
-            return Err(HarnessError::Usage(format!(
+            return Err(ModelError::Usage(format!(
                 "--split-mode tensor over {n_dev} devices: some device would get no rows"
             )));
         }
@@ -296,7 +296,7 @@ pub fn reduce_points(model: &Model) -> Result<Vec<ReducePoint>> {
             .iter()
             .copied()
             .find(|n| g.tensors[n.index()].name.as_str() == name)
-            .ok_or_else(|| HarnessError::Model(format!("no node '{name}' in the graph")))
+            .ok_or_else(|| ModelError::Model(format!("no node '{name}' in the graph")))
     };
     let ffn = if hp.is_moe() {
         "ffn_moe_down"
@@ -369,7 +369,7 @@ pub fn check_reduce_points(model: &Model, tp: &TpShards) -> Result<()> {
             false => p.partial.clone(),
         };
         if p.at != want {
-            return Err(HarnessError::Model(format!(
+            return Err(ModelError::Model(format!(
                 "the all-reduce of '{}' belongs after '{}', which this graph builder does not do",
                 p.partial, p.at
             )));

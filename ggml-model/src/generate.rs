@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::batch::Batch;
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::executor::Executor;
 use crate::placement::KvCache;
 use crate::session::Session;
@@ -48,13 +48,13 @@ impl Sampler {
     /// `(0, 1]`.
     pub fn new(cfg: SamplerConfig) -> Result<Sampler> {
         if !(cfg.temp >= 0.0 && cfg.temp.is_finite()) {
-            return Err(HarnessError::Usage(format!(
+            return Err(ModelError::Usage(format!(
                 "--temp {}: must be finite and >= 0",
                 cfg.temp
             )));
         }
         if !(cfg.top_p > 0.0 && cfg.top_p <= 1.0) {
-            return Err(HarnessError::Usage(format!(
+            return Err(ModelError::Usage(format!(
                 "--top-p {}: must be in (0, 1]",
                 cfg.top_p
             )));
@@ -201,12 +201,12 @@ pub fn generate(
     let (model, tok) = (&session.model, &session.tokenizer);
     let ids = tok.encode(prompt);
     if ids.is_empty() {
-        return Err(HarnessError::Usage(
+        return Err(ModelError::Usage(
             "the prompt is empty and the vocabulary adds no BOS".into(),
         ));
     }
     if ids.len() + n_gen > kv.size {
-        return Err(HarnessError::Usage(format!(
+        return Err(ModelError::Usage(format!(
             "{} prompt tokens + {n_gen} to generate exceed the {} cache cells",
             ids.len(),
             kv.size

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ggml_core::Backend;
 
 use crate::batch::{prepare, Batch, GraphInputs};
-use crate::error::{HarnessError, Result};
+use crate::error::{ModelError, Result};
 use crate::model::{build_forward, build_forward_tp, ForwardGraph, Model};
 use crate::placement::KvCache;
 
@@ -56,8 +56,8 @@ pub trait Executor {
 }
 
 /// The error for a ticket that was never issued or already collected.
-fn unknown_ticket(ticket: u64) -> HarnessError {
-    HarnessError::Usage(format!(
+fn unknown_ticket(ticket: u64) -> ModelError {
+    ModelError::Usage(format!(
         "forward pass {ticket} was not submitted or was already collected"
     ))
 }
