@@ -12,7 +12,7 @@ use cuda_sim::fault::{Checks, FaultKind};
 use cuda_sim::mem::FlatMemory;
 use cuda_sim::profile::{InstrClass, ProfileOptions};
 use cuda_sim::ptx::Module;
-use cuda_sim::tensor::{error_bound, BlockRounding, MmaModel};
+use cuda_sim::tensor::{error_bound, AlignRef, BlockRounding, MmaModel};
 use rstest::rstest;
 
 const BASE: u64 = 0x1000_0000;
@@ -414,6 +414,7 @@ fn f16_model_truncates_as_parameterised() {
             mma: MmaModel {
                 block,
                 align_bits,
+                align_to: AlignRef::LeadingBit,
                 rounding: BlockRounding::TowardZero,
             },
             ..Checks::ALL

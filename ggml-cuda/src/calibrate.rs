@@ -715,7 +715,7 @@ mod tests {
         use cuda_sim::exec::{launch, LaunchConfig};
         use cuda_sim::fault::Checks;
         use cuda_sim::mem::FlatMemory;
-        use cuda_sim::tensor::{BlockRounding, MmaModel};
+        use cuda_sim::tensor::{AlignRef, BlockRounding, MmaModel};
 
         let module = cuda_sim::ptx::Module::parse("calibrate.ptx", CALIBRATE_PTX).unwrap();
         let cases = numerics_cases();
@@ -730,6 +730,7 @@ mod tests {
         let odd = MmaModel {
             block: 4,
             align_bits: 28,
+            align_to: AlignRef::LeadingBit,
             rounding: BlockRounding::NearestEven,
         };
         for model in [MmaModel::SM80, MmaModel::SM90, odd] {

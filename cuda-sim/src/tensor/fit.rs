@@ -68,8 +68,8 @@ impl FitResult {
             n => format!("{n} models reproduce all {} results", self.results),
         };
         format!(
-            "{what}; best: blocks of {}, {} aligned bits, {:?} ({bad} differ)",
-            m.block, m.align_bits, m.rounding
+            "{what}; best: blocks of {}, {} aligned bits from the {:?}, {:?} ({bad} differ)",
+            m.block, m.align_bits, m.align_to, m.rounding
         )
     }
 }
@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn every_candidate_is_recovered_from_its_own_outputs() {
         let table = candidate_outputs(&numerics_cases());
-        assert_eq!(table.len(), 64);
+        assert_eq!(table.len(), 104);
         for (m, out) in &table {
             let fit = fit_against(&table, out);
             assert_eq!(fit.exact, vec![*m], "{m:?}: {}", fit.summary());

@@ -14,4 +14,4 @@ pub mod model;
 
 pub use fit::{fit_f16_model, numerics_cases, FitResult, NumericsCase};
 pub use fragment::{fragment_coord, Matrix};
-pub use model::{error_bound, BlockRounding, HalfInput, MmaModel};
+pub use model::{error_bound, AlignRef, BlockRounding, HalfInput, MmaModel};

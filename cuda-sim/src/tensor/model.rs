@@ -13,10 +13,14 @@
 //! 2. the k products are taken in blocks of [`MmaModel::block`] consecutive ones, in
 //!    increasing k; each block is one fused addition of its products and the running
 //!    accumulator (`c` for the first block);
-//! 3. in a block, every addend is aligned to the largest exponent among them and
-//!    truncated (toward zero, each addend on its own) to [`MmaModel::align_bits`]
-//!    significant bits below and including that exponent's leading bit; the aligned
-//!    addends are summed exactly (carries kept);
+//! 3. in a block, every addend is aligned to the block's reference exponent and
+//!    truncated (toward zero, each addend on its own) to [`MmaModel::align_bits`] bits
+//!    below and including the reference exponent's bit; the aligned addends are summed
+//!    exactly (carries kept). The reference ([`MmaModel::align_to`]) is the largest
+//!    addend's leading bit ([`AlignRef::LeadingBit`]), or the largest exponent the
+//!    addends have before their significands are multiplied: `e_a + e_b` for a product,
+//!    C's own exponent ([`AlignRef::InputExponents`]; a product whose significands
+//!    multiply to 2 or more then has its leading bit one place above the reference);
 //! 4. the block's sum is normalised and rounded to f32 by [`MmaModel::rounding`]
 //!    (toward zero on the GPUs measured so far) and becomes the next accumulator;
 //! 5. with an f16 accumulator the final f32 value is rounded to f16 (nearest even).
@@ -35,14 +39,32 @@ pub enum BlockRounding {
     NearestEven,
 }
 
+/// The exponent a block's addends are aligned to (step 3 of the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AlignRef {
+    /// The leading bit of the block's largest addend (the accumulator's, or a product's
+    /// after its significands are multiplied).
+    LeadingBit,
+    /// The largest of the accumulator's exponent and the products' input exponent sums
+    /// `e_a + e_b`, taken before the significands are multiplied (as an adder that
+    /// computes its alignment shifts in parallel with the multipliers would): a product
+    /// whose significands multiply to 2 or more keeps one bit more than
+    /// [`MmaModel::align_bits`] from its leading bit. An input's exponent is that of its
+    /// leading bit (for a subnormal input too, which the H100 data does not pin: the
+    /// format's minimum exponent reproduces it as well).
+    InputExponents,
+}
+
 /// The parameters of the f16/bf16 accumulation model (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmaModel {
     /// Products added in one fused block with the accumulator (a divisor of k).
     pub block: u32,
-    /// Significant bits each aligned addend keeps, counted from the leading bit of the
-    /// block's largest addend (24 = f32's precision, no extra bit).
+    /// Bits each aligned addend keeps, counted from the block's reference exponent
+    /// ([`MmaModel::align_to`]; 24 = f32's precision, no extra bit).
     pub align_bits: u32,
+    /// What the block's addends are aligned to.
+    pub align_to: AlignRef,
     /// The rounding of each block's sum to f32.
     pub rounding: BlockRounding,
 }
@@ -55,32 +77,48 @@ impl MmaModel {
     pub const SM80: MmaModel = MmaModel {
         block: 8,
         align_bits: 24,
+        align_to: AlignRef::LeadingBit,
         rounding: BlockRounding::TowardZero,
     };
 
-    /// sm_90 (H100/H200): the literature's values, to be pinned by the calibration kit's
-    /// `mma_f16_numerics` probe: blocks of 16 products (FTTN, Li et al. 2024, and
-    /// Khattak and Mikaitis 2025 report larger fused blocks on Hopper than A100's 8),
-    /// 25 bits kept in the alignment (emulation_sys, H100: one bit more than A100),
-    /// truncated block sums.
+    /// sm_90 (H100/H200), measured: the only candidate that reproduces all 1024 raw
+    /// results of the calibration kit's `mma_f16_numerics` probe on an NVIDIA H100 80GB
+    /// HBM3 (`harness/reference/cuda-h100-a5a7363/probes.json`). One fused block of 16
+    /// products (as FTTN, Li et al. 2024, and Khattak and Mikaitis 2025 report for
+    /// Hopper), addends aligned to the largest input exponent sum (or C's exponent) and
+    /// truncated 26 bits below and including it, the block's sum truncated to f32. The
+    /// leading-bit alignment with 26 bits (the best of those) differs in 64 results, all
+    /// where the largest product's significands multiply to 2 or more: there the H100
+    /// keeps the 27th bit below that product's leading bit.
     pub const SM90: MmaModel = MmaModel {
         block: 16,
-        align_bits: 25,
+        align_bits: 26,
+        align_to: AlignRef::InputExponents,
         rounding: BlockRounding::TowardZero,
     };
 
     /// Every model [`crate::tensor::fit_f16_model`] considers: blocks of 2, 4, 8, 16,
-    /// 24 to 31 bits kept, either rounding (64 models). All obey [`error_bound`].
+    /// either rounding, aligned to the leading bit with 24 to 31 bits kept, or to the
+    /// input exponents with 24 to 28 (104 models). Wider input-exponent alignments are
+    /// left out: from 29 bits on, blocks of 2 to 8 give (almost) the same results as
+    /// the leading-bit alignment on [`crate::tensor::numerics_cases`], which could then
+    /// not tell the two apart. All obey [`error_bound`].
     pub fn candidates() -> Vec<MmaModel> {
         let mut v = Vec::new();
-        for block in [2, 4, 8, 16] {
-            for align_bits in 24..=31 {
-                for rounding in [BlockRounding::TowardZero, BlockRounding::NearestEven] {
-                    v.push(MmaModel {
-                        block,
-                        align_bits,
-                        rounding,
-                    });
+        for (align_to, widths) in [
+            (AlignRef::LeadingBit, 24..=31),
+            (AlignRef::InputExponents, 24..=28),
+        ] {
+            for block in [2, 4, 8, 16] {
+                for align_bits in widths.clone() {
+                    for rounding in [BlockRounding::TowardZero, BlockRounding::NearestEven] {
+                        v.push(MmaModel {
+                            block,
+                            align_bits,
+                            align_to,
+                            rounding,
+                        });
+                    }
                 }
             }
         }
@@ -169,6 +207,11 @@ pub(crate) struct Fin {
 }
 
 impl Fin {
+    /// The exponent of the leading bit (meaningless for zero, which no caller asks).
+    fn top(self) -> i32 {
+        self.e + 31 - self.m.leading_zeros() as i32
+    }
+
     /// The value as f64 (exact).
     pub(crate) fn value(self) -> f64 {
         let v = self.m as f64 * pow2(self.e);
@@ -263,6 +306,7 @@ impl MmaModel {
         let mut acc = c;
         let block = (self.block as usize).clamp(1, 32);
         let nearest = self.rounding == BlockRounding::NearestEven;
+        let inputs = self.align_to == AlignRef::InputExponents;
         // (negative, significand, exponent) of the accumulator and the block's products.
         let mut terms = [(false, 0u64, 0i32); 33];
         for (ka, kb) in a.chunks(block).zip(b.chunks(block)) {
@@ -270,18 +314,25 @@ impl MmaModel {
             let mut n = 0;
             let mut emax = i32::MIN;
             let mut all_neg_zero = accv.neg;
-            let mut push = |neg: bool, m: u64, e: i32| {
+            // `reference`: the addend's exponent for the alignment (step 3).
+            let mut push = |neg: bool, m: u64, e: i32, reference: i32| {
                 if m != 0 {
-                    emax = emax.max(e + 63 - m.leading_zeros() as i32);
+                    emax = emax.max(reference);
                     terms[n] = (neg, m, e);
                     n += 1;
                 }
             };
-            push(accv.neg, accv.m as u64, accv.e);
+            push(accv.neg, accv.m as u64, accv.e, accv.top());
             for (p, q) in ka.iter().zip(kb) {
                 let neg = p.neg != q.neg;
                 all_neg_zero &= neg;
-                push(neg, p.m as u64 * q.m as u64, p.e + q.e);
+                let (m, e) = (p.m as u64 * q.m as u64, p.e + q.e);
+                let reference = if inputs {
+                    p.top() + q.top()
+                } else {
+                    e + 63 - m.leading_zeros() as i32
+                };
+                push(neg, m, e, reference);
             }
             if n == 0 {
                 // Only zeros: -0 when every one is -0 (accumulator and products).
@@ -528,6 +579,7 @@ mod tests {
         let m = |block, align_bits| MmaModel {
             block,
             align_bits,
+            align_to: AlignRef::LeadingBit,
             rounding: BlockRounding::TowardZero,
         };
         let one = 1f32.to_bits();
@@ -542,6 +594,33 @@ mod tests {
             ..m(8, 27)
         };
         assert_eq!(rn.dot(HalfInput::F16, 0, &a, &b), one + 1);
+    }
+
+    #[test]
+    fn input_exponent_alignment_keeps_a_bit_more_below_a_carrying_product() {
+        // A large product and fifteen of 2^-25 (2^-12 * 2^-13), C = 0.
+        let sum = |large: u16, model: MmaModel| {
+            let mut a = vec![f16((-12f64).exp2()); 16];
+            let mut b = vec![f16((-13f64).exp2()); 16];
+            (a[0], b[0]) = (large, large);
+            f32::from_bits(model.dot(HalfInput::F16, 0, &a, &b))
+        };
+        let lead = MmaModel {
+            align_to: AlignRef::LeadingBit,
+            ..MmaModel::SM90
+        };
+        let two23 = (-23f64).exp2() as f32;
+        // 1 * 1: both references are 2^0, the grid 2^-25 keeps every small product:
+        // 1 + 15 * 2^-25 = 1 + 3.75 units of 2^-23, truncated to 3.
+        assert_eq!(sum(ONE, MmaModel::SM90), 1.0 + 3.0 * two23);
+        assert_eq!(sum(ONE, lead), 1.0 + 3.0 * two23);
+        // 1.5 * 1.5 = 2.25 has its leading bit at 2^1 but its input exponents sum to 0:
+        // aligned to the inputs the grid stays 2^-25 (15 * 2^-25 = 1.875 units of
+        // 2^-22, truncated to 1); aligned to the leading bit it is 2^-24, and every small
+        // product is dropped.
+        let big = f16(1.5);
+        assert_eq!(sum(big, MmaModel::SM90), 2.25 + 2.0 * two23);
+        assert_eq!(sum(big, lead), 2.25);
     }
 
     #[test]
