@@ -29,7 +29,9 @@ pub struct CpuBackendOptions {
     /// copy on the source CPU backend's queue and makes this queue wait for a copy-done
     /// marker; [`CopyQueue::Destination`] enqueues it on this backend's queue.
     pub copy_queue: CopyQueue,
-    /// Forces an instruction-set level (it must be available); `None` picks the best.
+    /// Forces an instruction-set level (it must be available); `None` takes the one that
+    /// `$GGML_RS_ISA` names (an error if it names an unknown or unavailable level), or
+    /// else the best.
     pub isa: Option<Isa>,
     /// Seed of random sleeps of 0-200 µs before and after each queued item, to shake out
     /// missing synchronisation (the scheduler's chaos mode). `None` disables them.
@@ -119,7 +121,12 @@ impl CpuBackend {
         let instance = INSTANCES.fetch_add(1, Ordering::Relaxed);
         let name = ggml_core::name!("cpu#{instance}");
         let err = |kind, detail| BackendError::new(kind, name, detail);
-        let isa = options.isa.unwrap_or_else(Isa::detect);
+        let isa = match options.isa {
+            Some(isa) => isa,
+            None => Isa::from_env()
+                .map_err(|detail| err(BackendErrorKind::InvalidArgument, detail))?
+                .unwrap_or_else(Isa::detect),
+        };
         if !isa.is_available() {
             return Err(err(
                 BackendErrorKind::InvalidArgument,

@@ -11,10 +11,10 @@
 //! Every kernel follows the reduction order defined by the scalar [`reference`](mod@reference) module:
 //! fixed lanes per element index combined by a fixed tree (16 lanes for f32 reductions,
 //! 8 block lanes for quantised dots), no fused multiply-add, one shared exp polynomial
-//! and one scalar sin/cos routine. The AVX-512, AVX2, NEON and scalar levels ([`Isa`])
-//! therefore produce bit-identical results, independent of the thread count, of the
-//! number of rows or tokens in a call, and of the tiling of the output. See
-//! [`reference`](mod@reference) for the exact definitions.
+//! and one scalar sin/cos routine. The AVX-512, AVX2, NEON (with dotprod and i8mm) and
+//! scalar levels ([`Isa`]) therefore produce bit-identical results, independent of the
+//! thread count, of the number of rows or tokens in a call, and of the tiling of the
+//! output. See [`reference`](mod@reference) for the exact definitions.
 //!
 //! # Example
 //!

@@ -550,8 +550,10 @@ pub struct KBlock {
     pub has_min: bool,
 }
 
+/// The 6-bit scale and min of 32-value chunk `j` of a Q4_K/Q5_K super-block's packed
+/// `scales` (ggml's `get_scale_min_k4`).
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (i32, i32) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (i32, i32) {
     if j < 4 {
         (i32::from(q[j] & 63), i32::from(q[j + 4] & 63))
     } else {

@@ -1,6 +1,8 @@
 //! `cargo xtask <command>`: the project's automation, in Rust so it runs wherever cargo does.
 //!
 //! Commands:
+//! - `aarch64`: ggml-cpu's tests cross-built for aarch64 and run under qemu-user, once
+//!   per emulated CPU model (NEON, dotprod, i8mm);
 //! - `all-gather`: the exact tensor split with whole and ring all-gathers side by side;
 //! - `bench-vs-llama`: ggml-harness bench against llama.cpp's llama-bench, alternately;
 //! - `faults`: the fault sweep on CPU and emulated GPUs;
@@ -12,6 +14,7 @@
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
 
+mod aarch64;
 mod all_gather;
 mod bench_vs_llama;
 mod calibrate;
@@ -33,6 +36,11 @@ use fetch::Result;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
+  aarch64 [--cpu MODEL]... [-- TEST_FILTER...]
+                 ggml-cpu's tests cross-built for aarch64-unknown-linux-gnu and run
+                 under qemu-aarch64, once per CPU model (cortex-a53: neon, cortex-a76:
+                 dotprod, max: i8mm), each failing if one of its levels did not run;
+                 needs gcc-aarch64-linux-gnu and qemu-user (.ci/run installs them)
   all-gather [--devices cpu:2,cpu:3] [--threads N] [--chunks C] [--rounds K]
                  the exact tensor split with --all-gather concat and ring side by
                  side: wall time, copy time per pass exposed and hidden, same bits
@@ -83,6 +91,10 @@ commands:
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("aarch64") => Shell::new().map_err(|e| e.to_string()).and_then(|sh| {
+            sh.change_dir(workspace_root());
+            aarch64::aarch64(&sh, &args[1..])
+        }),
         Some("all-gather") => all_gather::all_gather(&workspace_root(), &args[1..]),
         Some("bench-vs-llama") => bench_vs_llama::bench_vs_llama(&workspace_root(), &args[1..]),
         Some("calibrate") => calibrate::calibrate(&workspace_root(), &args[1..]),

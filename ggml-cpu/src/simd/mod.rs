@@ -178,6 +178,10 @@ impl Kernels {
             Isa::Avx512Vnni => &avx512::KERNELS_VNNI,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => &neon::KERNELS,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDotprod => &neon::KERNELS_DOTPROD,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonI8mm => &neon::KERNELS_I8MM,
             _ => &scalar::KERNELS,
         }
     }

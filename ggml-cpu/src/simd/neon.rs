@@ -1,66 +1,199 @@
-//! AArch64 NEON level: f32 reductions in four 4-lane registers (lanes 0-3, 4-7, 8-11,
-//! 12-15, exactly the reference's 16 lanes); everything else is the portable code, which
-//! the compiler vectorises with NEON (a baseline feature of aarch64).
+//! AArch64 levels: NEON (baseline), NEON with the dot-product extension (`sdot`), and
+//! NEON with the 8-bit integer matrix multiply (`smmla`).
+//!
+//! Float kernels (shared by the three levels) keep the reference's 16 lanes of f32
+//! reductions in four 4-lane registers (lanes 0-3, 4-7, 8-11, 12-15) with separate
+//! multiplies and adds, and combine them by [`r::tree16`]; elementwise kernels run the
+//! reference's operations 4 elements at a time.
+//!
+//! Quantised tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) put up to 4 outputs (pairs
+//! of a weight row and an activation row) in the 4 lanes of a register: per block, each
+//! lane's exact integer dot (widening multiplies on NEON, `sdot` with dotprod, one
+//! `smmla` per 8 bytes for a 2 × 2 pair of rows and columns with i8mm), then the format's
+//! float formula of [`r::block_value`] lane-wise; block `j` feeds accumulator `j % 8`, and the 8
+//! accumulators combine lane-wise as [`r::tree8`]. The activations are the standard
+//! Q8_0/Q8_1/Q8_K rows. The K-quants take `sdot` at most (`smmla` would need their
+//! per-group scales split off the 2 × 2 sums); the other K-quants run the portable tile.
+//!
+//! `sdot` and `smmla` are emitted with `asm!` (their intrinsics are not stable Rust);
+//! the tables that use them are installed only where the CPU reports the extension.
 
 use std::arch::aarch64::*;
 
-use super::Kernels;
+use ggml_core::DType;
+
+use super::{as_f32, as_u16, Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
 
+/// NEON (baseline on aarch64).
 pub(crate) static KERNELS: Kernels = Kernels {
     isa: Isa::Neon,
     dot_f32,
     sum_sq,
-    ..super::scalar::KERNELS
+    max,
+    exp_shift_sum,
+    silu,
+    swiglu,
+    f32_to_f16,
+    axpy_f32,
+    dots_f16,
+    dots_f16_heads: Some(dots_f16_heads),
+    axpy_f16_rows,
+    quantize,
+    mm: mm_neon,
+    pack: super::scalar::pack,
+    gemv: super::no_gemv,
+    unpacked: super::no_unpacked,
 };
 
+/// NEON with FEAT_DotProd: the quantised tiles' integer dots by `sdot`.
+pub(crate) static KERNELS_DOTPROD: Kernels = Kernels {
+    isa: Isa::NeonDotprod,
+    mm: mm_dotprod,
+    ..KERNELS
+};
+
+/// NEON with FEAT_DotProd and FEAT_I8MM: tiles of 2 or more rows and columns by `smmla`.
+pub(crate) static KERNELS_I8MM: Kernels = Kernels {
+    isa: Isa::NeonI8mm,
+    mm: mm_i8mm,
+    ..KERNELS
+};
+
+/// Table entries: safe functions over the `#[target_feature(enable = "neon")]` kernels.
+macro_rules! safe {
+    ($(fn $name:ident($($a:ident: $t:ty),*) $(-> $ret:ty)? = $imp:ident;)*) => {$(
+        fn $name($($a: $t),*) $(-> $ret)? {
+            // SAFETY: NEON is baseline on aarch64.
+            unsafe { $imp($($a),*) }
+        }
+    )*};
+}
+
+safe! {
+    fn dot_f32(x: &[f32], y: &[f32]) -> f32 = dot_f32_imp;
+    fn sum_sq(x: &[f32]) -> f32 = sum_sq_imp;
+    fn max(x: &[f32]) -> f32 = max_imp;
+    fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 = exp_shift_sum_imp;
+    fn silu(x: &[f32], out: &mut [f32]) = silu_imp;
+    fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) = swiglu_imp;
+    fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
+    fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
+    fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
+    fn dots_f16_heads(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) = dots_f16_heads_imp;
+    fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
+    fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
+    fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
+}
+
+// ---------------------------------------------------------------------------------------
+// f32 reductions
+
+#[inline]
+#[target_feature(enable = "neon")]
 fn lanes(a: [float32x4_t; 4]) -> [f32; 16] {
     let mut l = [0f32; 16];
     for (i, v) in a.iter().enumerate() {
-        // SAFETY: 4 floats of room at 4i; NEON is baseline on aarch64.
+        // SAFETY: 4 floats of room at 4i.
         unsafe { vst1q_f32(l.as_mut_ptr().add(4 * i), *v) };
     }
     l
 }
 
-fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
-    let n = x.len().min(y.len());
-    // SAFETY: NEON is baseline on aarch64.
-    let mut a = [unsafe { vdupq_n_f32(0.0) }; 4];
-    let mut i = 0;
-    while i + 16 <= n {
-        for (k, acc) in a.iter_mut().enumerate() {
-            // SAFETY: 4 floats at i + 4k in both rows; separate multiply and add.
-            unsafe {
-                let p = vmulq_f32(
-                    vld1q_f32(x.as_ptr().add(i + 4 * k)),
-                    vld1q_f32(y.as_ptr().add(i + 4 * k)),
-                );
-                *acc = vaddq_f32(*acc, p);
-            }
-        }
-        i += 16;
-    }
-    let mut l = lanes(a);
-    for j in i..n {
-        l[j - i] += x[j] * y[j];
-    }
-    r::tree16(l)
+/// 4 f16 values (bits) at `p` as f32 (exact), by `fcvtl` (in `asm!`: the f16 vector
+/// intrinsics need Rust 1.94, above this crate's minimum).
+///
+/// # Safety
+/// 4 readable u16 at `p`.
+#[inline(always)]
+unsafe fn ld_f16(p: *const u16) -> float32x4_t {
+    // SAFETY: caller's contract.
+    let h = unsafe { vld1_u16(p) };
+    let out: float32x4_t;
+    // SAFETY: register operands only; fcvtl is base AArch64 SIMD.
+    unsafe {
+        core::arch::asm!(
+            "fcvtl {o:v}.4s, {h:v}.4h",
+            o = lateout(vreg) out,
+            h = in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    out
 }
 
-fn sum_sq(x: &[f32]) -> f32 {
+/// 4 f32 values as f16 bits by `fcvtn`, rounding to nearest even (the FPCR mode Linux
+/// runs programs with), as the reference.
+#[inline]
+#[target_feature(enable = "neon")]
+fn to_f16(x: float32x4_t) -> uint16x4_t {
+    let out: uint16x4_t;
+    // SAFETY: register operands only; fcvtn is base AArch64 SIMD.
+    unsafe {
+        core::arch::asm!(
+            "fcvtn {o:v}.4h, {x:v}.4s",
+            o = lateout(vreg) out,
+            x = in(vreg) x,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    out
+}
+
+/// 4 f32 values at `p`.
+///
+/// # Safety
+/// 4 readable f32 at `p`.
+#[inline(always)]
+unsafe fn ld_f32(p: *const f32) -> float32x4_t {
+    // SAFETY: caller's contract.
+    unsafe { vld1q_f32(p) }
+}
+
+macro_rules! dot_impl {
+    ($name:ident, $t:ty, $ld:ident, $conv:expr) => {
+        /// Dot in 16 lanes (element `i` in lane `i % 16`), then [`r::tree16`].
+        #[target_feature(enable = "neon")]
+        fn $name(x: &[$t], y: &[$t]) -> f32 {
+            let n = x.len().min(y.len());
+            let mut a = [vdupq_n_f32(0.0); 4];
+            let mut i = 0;
+            while i + 16 <= n {
+                for (k, acc) in a.iter_mut().enumerate() {
+                    // SAFETY: 4 values at i + 4k in both rows; separate multiply and add.
+                    let p = unsafe {
+                        vmulq_f32(
+                            $ld(x.as_ptr().add(i + 4 * k)),
+                            $ld(y.as_ptr().add(i + 4 * k)),
+                        )
+                    };
+                    *acc = vaddq_f32(*acc, p);
+                }
+                i += 16;
+            }
+            let mut l = lanes(a);
+            for j in i..n {
+                l[j - i] += $conv(x[j]) * $conv(y[j]);
+            }
+            r::tree16(l)
+        }
+    };
+}
+
+dot_impl!(dot_f32_imp, f32, ld_f32, |v: f32| v);
+dot_impl!(dot_f16_imp, u16, ld_f16, r::f16_to_f32);
+
+#[target_feature(enable = "neon")]
+fn sum_sq_imp(x: &[f32]) -> f32 {
     let n = x.len();
-    // SAFETY: NEON is baseline on aarch64.
-    let mut a = [unsafe { vdupq_n_f32(0.0) }; 4];
+    let mut a = [vdupq_n_f32(0.0); 4];
     let mut i = 0;
     while i + 16 <= n {
         for (k, acc) in a.iter_mut().enumerate() {
             // SAFETY: 4 floats at i + 4k.
-            unsafe {
-                let v = vld1q_f32(x.as_ptr().add(i + 4 * k));
-                *acc = vaddq_f32(*acc, vmulq_f32(v, v));
-            }
+            let v = unsafe { ld_f32(x.as_ptr().add(i + 4 * k)) };
+            *acc = vaddq_f32(*acc, vmulq_f32(v, v));
         }
         i += 16;
     }
@@ -69,4 +202,884 @@ fn sum_sq(x: &[f32]) -> f32 {
         l[j - i] += x[j] * x[j];
     }
     r::tree16(l)
+}
+
+/// [`r::fmax`] lane-wise: `x > m ? x : m` (NEON's `fmax` differs on NaN and ±0).
+#[inline]
+#[target_feature(enable = "neon")]
+fn fmax4(x: float32x4_t, m: float32x4_t) -> float32x4_t {
+    vbslq_f32(vcgtq_f32(x, m), x, m)
+}
+
+#[target_feature(enable = "neon")]
+fn max_imp(x: &[f32]) -> f32 {
+    let n = x.len();
+    let mut a = [vdupq_n_f32(f32::NEG_INFINITY); 4];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (k, acc) in a.iter_mut().enumerate() {
+            // SAFETY: 4 floats at i + 4k.
+            *acc = fmax4(unsafe { ld_f32(x.as_ptr().add(i + 4 * k)) }, *acc);
+        }
+        i += 16;
+    }
+    let mut l = lanes(a);
+    for j in i..n {
+        l[j - i] = r::fmax(x[j], l[j - i]);
+    }
+    r::tree16_max(l)
+}
+
+// ---------------------------------------------------------------------------------------
+// exp and the elementwise kernels
+
+/// [`r::exp`] on 4 lanes: the same operations in the same order.
+#[inline]
+#[target_feature(enable = "neon")]
+fn exp4(x: float32x4_t) -> float32x4_t {
+    let s = vdupq_n_f32;
+    // fmax/fmin propagate NaN, as the reference's comparisons keep a NaN x; the bounds
+    // are nonzero, so ±0 never decides.
+    let x = vmaxq_f32(s(r::EXP_LO), x);
+    let x = vminq_f32(s(r::EXP_HI), x);
+    let magic = s(r::MAGIC);
+    let k = vaddq_f32(vmulq_f32(x, s(r::LOG2E)), magic);
+    let n = vsubq_f32(k, magic);
+    let ni = vsubq_s32(
+        vreinterpretq_s32_f32(k),
+        vdupq_n_s32(r::MAGIC.to_bits() as i32),
+    );
+    let rr = vsubq_f32(x, vmulq_f32(n, s(r::LN2_HI)));
+    let rr = vsubq_f32(rr, vmulq_f32(n, s(r::LN2_LO)));
+    let z = vmulq_f32(rr, rr);
+    let mut p = vaddq_f32(vmulq_f32(s(r::P0), rr), s(r::P1));
+    p = vaddq_f32(vmulq_f32(p, rr), s(r::P2));
+    p = vaddq_f32(vmulq_f32(p, rr), s(r::P3));
+    p = vaddq_f32(vmulq_f32(p, rr), s(r::P4));
+    p = vaddq_f32(vmulq_f32(p, rr), s(r::P5));
+    p = vaddq_f32(vaddq_f32(vmulq_f32(p, z), rr), s(1.0));
+    let n1 = vshrq_n_s32::<1>(ni);
+    let n2 = vsubq_s32(ni, n1);
+    let bias = vdupq_n_s32(127);
+    let s1 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n1, bias)));
+    let s2 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n2, bias)));
+    vmulq_f32(vmulq_f32(p, s1), s2)
+}
+
+/// [`r::silu`] on 4 lanes.
+#[inline]
+#[target_feature(enable = "neon")]
+fn silu4(x: float32x4_t) -> float32x4_t {
+    vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), exp4(vnegq_f32(x))))
+}
+
+#[target_feature(enable = "neon")]
+fn exp_shift_sum_imp(x: &mut [f32], m: f32) -> f32 {
+    let n = x.len();
+    let mv = vdupq_n_f32(m);
+    let mut a = [vdupq_n_f32(0.0); 4];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (k, acc) in a.iter_mut().enumerate() {
+            // SAFETY: 4 floats at i + 4k.
+            unsafe {
+                let p = x.as_mut_ptr().add(i + 4 * k);
+                let e = exp4(vsubq_f32(ld_f32(p), mv));
+                vst1q_f32(p, e);
+                *acc = vaddq_f32(*acc, e);
+            }
+        }
+        i += 16;
+    }
+    let mut l = lanes(a);
+    for j in i..n {
+        x[j] = r::exp(x[j] - m);
+        l[j - i] += x[j];
+    }
+    r::tree16(l)
+}
+
+#[target_feature(enable = "neon")]
+fn silu_imp(x: &[f32], out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    let mut i = 0;
+    while i + 4 <= n {
+        // SAFETY: 4 floats at i in both.
+        unsafe { vst1q_f32(out.as_mut_ptr().add(i), silu4(ld_f32(x.as_ptr().add(i)))) };
+        i += 4;
+    }
+    for j in i..n {
+        out[j] = r::silu(x[j]);
+    }
+}
+
+#[target_feature(enable = "neon")]
+fn swiglu_imp(a: &[f32], b: &[f32], out: &mut [f32]) {
+    let n = a.len().min(b.len()).min(out.len());
+    let mut i = 0;
+    while i + 4 <= n {
+        // SAFETY: 4 floats at i in all three.
+        unsafe {
+            let s = silu4(ld_f32(a.as_ptr().add(i)));
+            vst1q_f32(
+                out.as_mut_ptr().add(i),
+                vmulq_f32(s, ld_f32(b.as_ptr().add(i))),
+            );
+        }
+        i += 4;
+    }
+    for j in i..n {
+        out[j] = r::silu(a[j]) * b[j];
+    }
+}
+
+#[target_feature(enable = "neon")]
+fn f32_to_f16_imp(x: &[f32], out: &mut [u16]) {
+    let n = x.len().min(out.len());
+    let mut i = 0;
+    while i + 4 <= n {
+        // SAFETY: 4 values at i in both.
+        unsafe { vst1_u16(out.as_mut_ptr().add(i), to_f16(ld_f32(x.as_ptr().add(i)))) };
+        i += 4;
+    }
+    for j in i..n {
+        out[j] = r::f32_to_f16(x[j]);
+    }
+}
+
+#[target_feature(enable = "neon")]
+fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
+    let n = acc.len().min(v.len());
+    let wv = vdupq_n_f32(w);
+    let mut i = 0;
+    while i + 4 <= n {
+        // SAFETY: 4 floats at i in both.
+        unsafe {
+            let p = acc.as_mut_ptr().add(i);
+            vst1q_f32(
+                p,
+                vaddq_f32(ld_f32(p), vmulq_f32(wv, ld_f32(v.as_ptr().add(i)))),
+            );
+        }
+        i += 4;
+    }
+    for j in i..n {
+        acc[j] += w * v[j];
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention rows
+
+#[target_feature(enable = "neon")]
+fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
+    let d = q.len();
+    assert!(
+        k.len() >= super::rows_span(out.len(), stride, d),
+        "key rows out of bounds"
+    );
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_f16_imp(q, &k[j * stride..j * stride + d]);
+    }
+}
+
+/// Several queries against the same key rows, up to 4 at a time, each row converted once
+/// for them: per query and row, [`dot_f16_imp`]'s 16 lanes and tree (rows whose length is not
+/// a multiple of 16 take [`dots_f16`] per query).
+#[target_feature(enable = "neon")]
+fn dots_f16_heads_imp(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) {
+    let d = qs.first().map_or(0, |q| q.len());
+    let n = outs.first().map_or(0, |o| o.len());
+    assert!(
+        qs.iter().all(|q| q.len() == d) && outs.iter().all(|o| o.len() == n),
+        "queries or outputs of different lengths"
+    );
+    assert!(
+        k.len() >= super::rows_span(n, stride, d),
+        "key rows out of bounds"
+    );
+    if !d.is_multiple_of(16) {
+        for (q, o) in qs.iter().zip(outs.iter_mut()) {
+            dots_f16_imp(q, k, stride, o);
+        }
+        return;
+    }
+    for (qg, og) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+        for j in 0..n {
+            let row = &k[j * stride..j * stride + d];
+            let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
+            let mut i = 0;
+            while i < d {
+                // SAFETY: 16 values at i in the row and in every query (lengths d, a
+                // multiple of 16).
+                unsafe {
+                    let rv: [float32x4_t; 4] =
+                        core::array::from_fn(|g| ld_f16(row.as_ptr().add(i + 4 * g)));
+                    for (q, ah) in qg.iter().zip(acc.iter_mut()) {
+                        for (g, a) in ah.iter_mut().enumerate() {
+                            *a = vaddq_f32(*a, vmulq_f32(ld_f16(q.as_ptr().add(i + 4 * g)), rv[g]));
+                        }
+                    }
+                }
+                i += 16;
+            }
+            for (o, ah) in og.iter_mut().zip(acc) {
+                o[j] = r::tree16(lanes(ah));
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "neon")]
+fn axpy_f16_rows_imp(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) {
+    for (acc, w) in accs.iter_mut().zip(ws) {
+        let (d, n) = (acc.len(), w.len());
+        assert!(
+            v.len() >= super::rows_span(n, stride, d),
+            "value rows out of bounds"
+        );
+        // Rows in order for every element (the reference's order per element).
+        for (j, &wj) in w.iter().enumerate() {
+            let row = &v[j * stride..j * stride + d];
+            let wv = vdupq_n_f32(wj);
+            let mut c = 0;
+            while c + 4 <= d {
+                // SAFETY: 4 values at c in the accumulator and the row (both d long).
+                unsafe {
+                    let p = acc.as_mut_ptr().add(c);
+                    let x = ld_f16(row.as_ptr().add(c));
+                    vst1q_f32(p, vaddq_f32(ld_f32(p), vmulq_f32(wv, x)));
+                }
+                c += 4;
+            }
+            for (a, &h) in acc[c..].iter_mut().zip(&row[c..]) {
+                *a += wj * r::f16_to_f32(h);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Activation quantisers
+
+fn quantize(d: DType, x: &[f32], out: &mut [u8]) {
+    // SAFETY: NEON is baseline on aarch64.
+    match d {
+        DType::Q8_0 => unsafe { quantize_q8_imp(x, out, false) },
+        DType::Q8_1 => unsafe { quantize_q8_imp(x, out, true) },
+        _ => super::scalar::quantize(d, x, out),
+    }
+}
+
+/// Q8_0 (`with_sum` false) or Q8_1 blocks as ggml's reference quantisers:
+/// `q = (int)roundf(x·id)` truncated to i8, where out-of-range and NaN products give
+/// C's `INT_MIN` as the reference's conversion does (`fcvtas` alone would saturate).
+#[target_feature(enable = "neon")]
+fn quantize_q8_imp(x: &[f32], out: &mut [u8], with_sum: bool) {
+    let (bs, qoff) = if with_sum { (36, 4) } else { (34, 2) };
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(bs)) {
+        // SAFETY: 32 floats in xb.
+        let v: [float32x4_t; 8] =
+            core::array::from_fn(|i| unsafe { ld_f32(xb.as_ptr().add(4 * i)) });
+        let mut m = vabsq_f32(v[0]);
+        for vi in &v[1..] {
+            m = vmaxq_f32(m, vabsq_f32(*vi));
+        }
+        // The maximum of the magnitudes (order-free for non-NaN values).
+        let amax = vmaxvq_f32(m);
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let (idv, lim, min) = (
+            vdupq_n_f32(id),
+            vdupq_n_f32(2_147_483_648.0),
+            vdupq_n_s32(i32::MIN),
+        );
+        let q32: [int32x4_t; 8] = core::array::from_fn(|i| {
+            let t = vmulq_f32(v[i], idv);
+            vbslq_s32(vcaltq_f32(t, lim), vcvtaq_s32_f32(t), min)
+        });
+        // Truncating narrows: `as i8`.
+        let q16: [int16x8_t; 4] = core::array::from_fn(|i| {
+            vcombine_s16(vmovn_s32(q32[2 * i]), vmovn_s32(q32[2 * i + 1]))
+        });
+        let q8 = [
+            vcombine_s8(vmovn_s16(q16[0]), vmovn_s16(q16[1])),
+            vcombine_s8(vmovn_s16(q16[2]), vmovn_s16(q16[3])),
+        ];
+        assert!(ob.len() >= qoff + 32);
+        // SAFETY: 32 bytes of room at qoff (asserted).
+        unsafe {
+            vst1q_s8(ob.as_mut_ptr().add(qoff) as *mut i8, q8[0]);
+            vst1q_s8(ob.as_mut_ptr().add(qoff + 16) as *mut i8, q8[1]);
+        }
+        ob[0..2].copy_from_slice(&r::f32_to_f16(d).to_le_bytes());
+        if with_sum {
+            let sum = i32::from(vaddlvq_s8(q8[0])) + i32::from(vaddlvq_s8(q8[1]));
+            ob[2..4].copy_from_slice(&r::f32_to_f16(sum as f32 * d).to_le_bytes());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// mul_mat tiles
+
+fn mm_neon(w: DType) -> Option<MmTile> {
+    mm_with(w, tile_quant_neon)
+}
+
+fn mm_dotprod(w: DType) -> Option<MmTile> {
+    mm_with(w, tile_quant_dotprod)
+}
+
+fn mm_i8mm(w: DType) -> Option<MmTile> {
+    mm_with(w, tile_quant_i8mm)
+}
+
+/// The float tiles, and `quant` for the legacy formats; the K-quants run the portable
+/// tile.
+fn mm_with(w: DType, quant: MmTile) -> Option<MmTile> {
+    Some(match w {
+        DType::F32 => tile_f32,
+        DType::F16 => tile_f16,
+        DType::BF16 => super::scalar::tile_bf16,
+        DType::Q4_0
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q5_1
+        | DType::Q8_0
+        | DType::Q4K
+        | DType::Q6K => quant,
+        d if crate::ops::mul_mat::quant_supported(d) => super::scalar::tile_quant,
+        _ => return None,
+    })
+}
+
+#[target_feature(enable = "neon")]
+fn tile_f32_imp(_w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+    for (ri, ar) in a.iter().enumerate() {
+        for (ci, br) in b.iter().enumerate() {
+            out[ri * 4 + ci] = dot_f32_imp(&as_f32(ar)[..k], &as_f32(br)[..k]);
+        }
+    }
+}
+
+#[target_feature(enable = "neon")]
+fn tile_f16_imp(_w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+    for (ri, ar) in a.iter().enumerate() {
+        for (ci, br) in b.iter().enumerate() {
+            out[ri * 4 + ci] = dot_f16_imp(&as_u16(ar)[..k], &as_u16(br)[..k]);
+        }
+    }
+}
+
+/// How a tile computes its integer block dots.
+const NEON: u8 = 0;
+const DOTPROD: u8 = 1;
+/// Lanes `(r0, c0), (r0, c1), (r1, c0), (r1, c1)` by `smmla`.
+const I8MM: u8 = 2;
+
+/// Legacy formats as const parameters.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+const Q4K: u8 = 5;
+const Q6K: u8 = 6;
+
+/// Whether format `F` is a K-quant (super-blocks of 256 against Q8_K activations).
+const fn is_k(f: u8) -> bool {
+    matches!(f, Q4K | Q6K)
+}
+
+/// Values per weight block of format `F`.
+const fn block_len(f: u8) -> usize {
+    if is_k(f) {
+        256
+    } else {
+        32
+    }
+}
+
+/// Bytes of a weight block of format `F`.
+const fn x_bytes(f: u8) -> usize {
+    match f {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        Q4K => 144,
+        Q6K => 210,
+        _ => 34,
+    }
+}
+
+/// Bytes of an activation block for format `F` (Q8_K, Q8_1 or Q8_0).
+const fn y_bytes(f: u8) -> usize {
+    if is_k(f) {
+        292
+    } else if has_min(f) {
+        36
+    } else {
+        34
+    }
+}
+
+/// Whether format `F` has a min (`m·s` term) and Q8_1 activations.
+const fn has_min(f: u8) -> bool {
+    matches!(f, Q4_1 | Q5_1)
+}
+
+/// `sdot`: `acc` plus, per 32-bit lane, the dot of its 4 i8 of `a` and of `b`.
+///
+/// # Safety
+/// The CPU has FEAT_DotProd.
+#[inline(always)]
+unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: caller's contract; register operands only.
+    unsafe {
+        core::arch::asm!(
+            ".arch_extension dotprod",
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    acc
+}
+
+/// `smmla`: `acc` plus the 2 × 2 dots of `a`'s two 8-byte rows with `b`'s two 8-byte
+/// rows (lane `2i + j`: row i of `a` with row j of `b`).
+///
+/// # Safety
+/// The CPU has FEAT_I8MM.
+#[inline(always)]
+unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: caller's contract; register operands only.
+    unsafe {
+        core::arch::asm!(
+            ".arch_extension i8mm",
+            "smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    acc
+}
+
+/// The 32 quants of the weight block at `p` as i8 with the format's offset applied
+/// (values 0-15 and 16-31), exactly the reference's integers.
+///
+/// # Safety
+/// A block of format `F` at `p`.
+#[inline(always)]
+unsafe fn unpack<const F: u8>(p: *const u8) -> (int8x16_t, int8x16_t) {
+    // SAFETY: caller's contract (every read is inside the block).
+    unsafe {
+        match F {
+            Q8_0 => (
+                vld1q_s8(p.add(2) as *const i8),
+                vld1q_s8(p.add(18) as *const i8),
+            ),
+            _ => {
+                let qs = p.add(match F {
+                    Q4_0 => 2,
+                    Q4_1 => 4,
+                    Q5_0 => 6,
+                    _ => 8,
+                });
+                let q = vld1q_u8(qs);
+                let mut lo = vandq_u8(q, vdupq_n_u8(15));
+                let mut hi = vshrq_n_u8::<4>(q);
+                if matches!(F, Q5_0 | Q5_1) {
+                    // Bit l of qh is value l's fifth bit (bit 16 + l: value 16 + l's).
+                    let qh = (p.add(if F == Q5_0 { 2 } else { 4 }) as *const u32).read_unaligned();
+                    let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+                    let fifth = |h: u32| {
+                        let b = vcombine_u8(vdup_n_u8(h as u8), vdup_n_u8((h >> 8) as u8));
+                        vandq_u8(vtstq_u8(b, bit), vdupq_n_u8(16))
+                    };
+                    lo = vorrq_u8(lo, fifth(qh));
+                    hi = vorrq_u8(hi, fifth(qh >> 16));
+                }
+                let (lo, hi) = (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi));
+                match F {
+                    Q4_0 => (vsubq_s8(lo, vdupq_n_s8(8)), vsubq_s8(hi, vdupq_n_s8(8))),
+                    Q5_0 => (vsubq_s8(lo, vdupq_n_s8(16)), vsubq_s8(hi, vdupq_n_s8(16))),
+                    _ => (lo, hi),
+                }
+            }
+        }
+    }
+}
+
+/// The 32 quants of the activation block at `p` (Q8_1 for formats with a min, else
+/// Q8_0).
+///
+/// # Safety
+/// An activation block at `p`.
+#[inline(always)]
+unsafe fn act<const F: u8>(p: *const u8) -> (int8x16_t, int8x16_t) {
+    let o = if has_min(F) { 4 } else { 2 };
+    // SAFETY: caller's contract.
+    unsafe {
+        (
+            vld1q_s8(p.add(o) as *const i8),
+            vld1q_s8(p.add(o + 16) as *const i8),
+        )
+    }
+}
+
+/// Partial sums (exact, 4 lanes) of the dot of 32 i8 pairs.
+///
+/// # Safety
+/// With `L == DOTPROD`, the CPU has FEAT_DotProd.
+#[inline(always)]
+unsafe fn dot32<const L: u8>(x: (int8x16_t, int8x16_t), y: (int8x16_t, int8x16_t)) -> int32x4_t {
+    if L == NEON {
+        // i8·i8 fits i16 (|q| <= 128); two of them would not, so widen pairwise at once.
+        let a = vpaddlq_s16(vmull_s8(vget_low_s8(x.0), vget_low_s8(y.0)));
+        let a = vpadalq_s16(a, vmull_high_s8(x.0, y.0));
+        let a = vpadalq_s16(a, vmull_s8(vget_low_s8(x.1), vget_low_s8(y.1)));
+        vpadalq_s16(a, vmull_high_s8(x.1, y.1))
+    } else {
+        // SAFETY: caller's contract.
+        unsafe { sdot(sdot(vdupq_n_s32(0), x.0, y.0), x.1, y.1) }
+    }
+}
+
+/// The f16 words at byte `at` of the blocks at the 4 lanes' pointers, as f32.
+///
+/// # Safety
+/// 2 readable bytes at `p[t] + at` for every lane.
+#[inline(always)]
+unsafe fn words(p: &[*const u8; 4], at: usize) -> float32x4_t {
+    // SAFETY: caller's contract.
+    let w = p.map(|q| unsafe { (q.add(at) as *const u16).read_unaligned() });
+    // SAFETY: 4 u16 in `w`.
+    unsafe { ld_f16(w.as_ptr()) }
+}
+
+/// 4 outputs at once, lane `t` the dot of the weight row at `xp[t]` with the activation
+/// row at `yp[t]` over `nb` blocks (with `L == I8MM`, the lanes are `(r0, c0), (r0, c1),
+/// (r1, c0), (r1, c1)`: `xp = [r0, r0, r1, r1]`, `yp = [c0, c1, c0, c1]`). Per block, the
+/// exact integer dot, then lane-wise `(dx·dy)·sumi (+ mx·sy)` as [`r::block_value`], into
+/// accumulator `j % 8`; the accumulators combine as [`r::tree8`].
+///
+/// # Safety
+/// `nb` blocks at every pointer; the CPU has the extension `L` needs.
+#[inline(always)]
+unsafe fn quant_lanes<const L: u8, const F: u8>(
+    nb: usize,
+    xp: [*const u8; 4],
+    yp: [*const u8; 4],
+) -> [f32; 4] {
+    let (xb, yb) = (x_bytes(F), y_bytes(F));
+    let mut acc = [vdupq_n_f32(0.0); 8];
+    for j in 0..nb {
+        let xj = xp.map(|p| p.wrapping_add(j * xb));
+        let yj = yp.map(|p| p.wrapping_add(j * yb));
+        // SAFETY (unpacking, loads, words): block j < nb at every pointer (caller).
+        let sumi = unsafe {
+            if L == I8MM {
+                let (x0, x1) = (unpack::<F>(xj[0]), unpack::<F>(xj[2]));
+                let (y0, y1) = (act::<F>(yj[0]), act::<F>(yj[1]));
+                // 8 bytes of row 0 beside the same 8 of row 1: one 2 × 8 operand.
+                let rows = |a: int8x16_t, b: int8x16_t, hi: bool| {
+                    let (a, b) = (vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b));
+                    vreinterpretq_s8_s64(if hi {
+                        vzip2q_s64(a, b)
+                    } else {
+                        vzip1q_s64(a, b)
+                    })
+                };
+                let mut s = vdupq_n_s32(0);
+                for (xa, xb2, ya, yb2) in [(x0.0, x1.0, y0.0, y1.0), (x0.1, x1.1, y0.1, y1.1)] {
+                    for hi in [false, true] {
+                        s = smmla(s, rows(xa, xb2, hi), rows(ya, yb2, hi));
+                    }
+                }
+                s
+            } else {
+                let p: [int32x4_t; 4] =
+                    core::array::from_fn(|t| dot32::<L>(unpack::<F>(xj[t]), act::<F>(yj[t])));
+                vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]))
+            }
+        };
+        // SAFETY: the blocks' f16 words (as above).
+        let v = unsafe {
+            let v = vmulq_f32(vmulq_f32(words(&xj, 0), words(&yj, 0)), vcvtq_f32_s32(sumi));
+            if has_min(F) {
+                vaddq_f32(v, vmulq_f32(words(&xj, 2), words(&yj, 2)))
+            } else {
+                v
+            }
+        };
+        acc[j % 8] = vaddq_f32(acc[j % 8], v);
+    }
+    tree8_lanes(acc)
+}
+
+/// The exact dot of 16 i8 pairs.
+///
+/// # Safety
+/// With `L == DOTPROD`, the CPU has FEAT_DotProd.
+#[inline(always)]
+unsafe fn dot16<const L: u8>(x: int8x16_t, y: int8x16_t) -> i32 {
+    if L == NEON {
+        let a = vpaddlq_s16(vmull_s8(vget_low_s8(x), vget_low_s8(y)));
+        vaddvq_s32(vpadalq_s16(a, vmull_high_s8(x, y)))
+    } else {
+        // SAFETY: caller's contract.
+        vaddvq_s32(unsafe { sdot(vdupq_n_s32(0), x, y) })
+    }
+}
+
+/// The i16 block sum of group `g` of the Q8_K block at `y`.
+///
+/// # Safety
+/// A Q8_K block at `y`.
+#[inline(always)]
+unsafe fn bsum(y: *const u8, g: usize) -> i32 {
+    // SAFETY: caller's contract (bsums at bytes 260..292).
+    i32::from(unsafe { (y.add(260 + 2 * g) as *const i16).read_unaligned() })
+}
+
+/// The integers of [`r::block_value`] for a Q4_K super-block at `x` and a Q8_K block at
+/// `y`: `Σ_g scale_g·Σ q·y` and `Σ_g min_g·bsum_g` (exact, so in any order).
+///
+/// # Safety
+/// The blocks at `x` and `y`; with `L == DOTPROD`, the CPU has FEAT_DotProd.
+#[inline(always)]
+unsafe fn q4k_ints<const L: u8>(x: *const u8, y: *const u8) -> (i32, i32) {
+    // SAFETY: caller's contract (scales at 4..16, quants at 16..144; Q8_K quants at
+    // 4..260).
+    unsafe {
+        let sc = core::slice::from_raw_parts(x.add(4), 12);
+        let (mut sumi, mut summins) = (0i32, 0i32);
+        for jj in 0..4 {
+            let q = [vld1q_u8(x.add(16 + 32 * jj)), vld1q_u8(x.add(32 + 32 * jj))];
+            // Chunk 2jj: the low nibbles; chunk 2jj + 1: the high ones.
+            for (half, j) in [2 * jj, 2 * jj + 1].into_iter().enumerate() {
+                let (s, m) = r::scale_min_k4(j, sc);
+                let mut dot = 0;
+                for (t, &qt) in q.iter().enumerate() {
+                    let v = match half {
+                        0 => vandq_u8(qt, vdupq_n_u8(15)),
+                        _ => vshrq_n_u8::<4>(qt),
+                    };
+                    let yv = vld1q_s8(y.add(4 + 32 * j + 16 * t) as *const i8);
+                    dot += dot16::<L>(vreinterpretq_s8_u8(v), yv);
+                }
+                sumi += s * dot;
+                summins += m * (bsum(y, 2 * j) + bsum(y, 2 * j + 1));
+            }
+        }
+        (sumi, summins)
+    }
+}
+
+/// `Σ_g scale_g·Σ q·y` of [`r::block_value`] for a Q6_K super-block at `x` and a Q8_K
+/// block at `y`.
+///
+/// # Safety
+/// As [`q4k_ints`].
+#[inline(always)]
+unsafe fn q6k_ints<const L: u8>(x: *const u8, y: *const u8) -> i32 {
+    // SAFETY: caller's contract (ql at 0..128, qh at 128..192, scales at 192..208).
+    unsafe {
+        let mut sumi = 0i32;
+        for h in 0..2 {
+            let ld2 = |o: usize| [vld1q_u8(x.add(o)), vld1q_u8(x.add(o + 16))];
+            let (ql0, ql1, qh) = (ld2(64 * h), ld2(64 * h + 32), ld2(128 + 32 * h));
+            for kk in 0..4 {
+                let src = if kk % 2 == 0 { ql0 } else { ql1 };
+                for (t, (&st, &ht)) in src.iter().zip(&qh).enumerate() {
+                    let nib = match kk {
+                        0 | 1 => vandq_u8(st, vdupq_n_u8(15)),
+                        _ => vshrq_n_u8::<4>(st),
+                    };
+                    // (qh >> 2kk) & 3 (a negative count shifts right).
+                    let hi = vandq_u8(vshlq_u8(ht, vdupq_n_s8(-2 * kk as i8)), vdupq_n_u8(3));
+                    let q = vreinterpretq_s8_u8(vorrq_u8(nib, vshlq_n_u8::<4>(hi)));
+                    let q = vsubq_s8(q, vdupq_n_s8(32));
+                    let e = 128 * h + 32 * kk + 16 * t;
+                    let yv = vld1q_s8(y.add(4 + e) as *const i8);
+                    let scale = i32::from(*x.add(192 + e / 16) as i8);
+                    sumi += scale * dot16::<L>(q, yv);
+                }
+            }
+        }
+        sumi
+    }
+}
+
+/// [`quant_lanes`] for the K-quants: per super-block the exact integers of each lane,
+/// then lane-wise `(d·dy)·sumi − (dmin·dy)·summins` (Q4_K) or `(d·dy)·sumi` (Q6_K) as
+/// [`r::block_value`], block `j` into accumulator `j % 8`, combined as [`r::tree8`].
+///
+/// # Safety
+/// `nb` super-blocks at every pointer; with `L == DOTPROD`, the CPU has FEAT_DotProd.
+#[inline(always)]
+unsafe fn kquant_lanes<const L: u8, const F: u8>(
+    nb: usize,
+    xp: [*const u8; 4],
+    yp: [*const u8; 4],
+) -> [f32; 4] {
+    let mut acc = [vdupq_n_f32(0.0); 8];
+    for j in 0..nb {
+        let xj = xp.map(|p| p.wrapping_add(j * x_bytes(F)));
+        let yj = yp.map(|p| p.wrapping_add(j * 292));
+        let (mut si, mut sm) = ([0i32; 4], [0i32; 4]);
+        // SAFETY (integers, scales): super-block j < nb at every pointer (caller).
+        let v = unsafe {
+            for (t, (s, m)) in si.iter_mut().zip(&mut sm).enumerate() {
+                if F == Q4K {
+                    (*s, *m) = q4k_ints::<L>(xj[t], yj[t]);
+                } else {
+                    *s = q6k_ints::<L>(xj[t], yj[t]);
+                }
+            }
+            let dy = vld1q_f32(yj.map(|p| (p as *const f32).read_unaligned()).as_ptr());
+            let d = vmulq_f32(words(&xj, if F == Q4K { 0 } else { 208 }), dy);
+            let v = vmulq_f32(d, vcvtq_f32_s32(vld1q_s32(si.as_ptr())));
+            if F == Q4K {
+                let dmin = vmulq_f32(words(&xj, 2), dy);
+                vsubq_f32(v, vmulq_f32(dmin, vcvtq_f32_s32(vld1q_s32(sm.as_ptr()))))
+            } else {
+                v
+            }
+        };
+        acc[j % 8] = vaddq_f32(acc[j % 8], v);
+    }
+    tree8_lanes(acc)
+}
+
+/// [`r::tree8`] lane-wise.
+#[inline]
+#[target_feature(enable = "neon")]
+fn tree8_lanes(acc: [float32x4_t; 8]) -> [f32; 4] {
+    let a0 = vaddq_f32(acc[0], acc[4]);
+    let a1 = vaddq_f32(acc[1], acc[5]);
+    let a2 = vaddq_f32(acc[2], acc[6]);
+    let a3 = vaddq_f32(acc[3], acc[7]);
+    let s = vaddq_f32(vaddq_f32(a0, a2), vaddq_f32(a1, a3));
+    let mut l = [0f32; 4];
+    // SAFETY: 4 floats of room.
+    unsafe { vst1q_f32(l.as_mut_ptr(), s) };
+    l
+}
+
+/// A tile of format `F`: its outputs (row-major pairs) 4 at a time in the lanes of
+/// [`quant_lanes`] (a short last group repeats its last pair, not stored); with
+/// `L == I8MM` and at least 2 rows and columns, in 2 × 2 blocks of rows and columns
+/// (a missing row or column repeats the last one), otherwise as `DOTPROD`.
+///
+/// # Safety
+/// With `L` above `NEON`, the CPU has its extension (FEAT_I8MM implies FEAT_DotProd on
+/// this level).
+#[inline(always)]
+unsafe fn tile_f<const L: u8, const F: u8>(
+    k: usize,
+    a: &[&[u8]],
+    b: &[&[u8]],
+    out: &mut [f32; 16],
+) {
+    let nb = k / block_len(F);
+    for ar in a {
+        assert!(ar.len() >= nb * x_bytes(F), "weight row too short");
+    }
+    for br in b {
+        assert!(br.len() >= nb * y_bytes(F), "activation row too short");
+    }
+    let (nr, nc) = (a.len(), b.len());
+    if L == I8MM && !is_k(F) && nr >= 2 && nc >= 2 {
+        for r0 in (0..nr).step_by(2) {
+            let r1 = (r0 + 1).min(nr - 1);
+            for c0 in (0..nc).step_by(2) {
+                let c1 = (c0 + 1).min(nc - 1);
+                let xp = [r0, r0, r1, r1].map(|i| a[i].as_ptr());
+                let yp = [c0, c1, c0, c1].map(|i| b[i].as_ptr());
+                // SAFETY: rows of nb blocks (asserted); caller's contract.
+                let s = unsafe { quant_lanes::<I8MM, F>(nb, xp, yp) };
+                for (t, &(ri, ci)) in [(r0, c0), (r0, c1), (r1, c0), (r1, c1)].iter().enumerate() {
+                    out[ri * 4 + ci] = s[t];
+                }
+            }
+        }
+        return;
+    }
+    let n = nr * nc;
+    let mut o0 = 0;
+    while o0 < n {
+        let cnt = (n - o0).min(4);
+        let pair = |t: usize| {
+            let o = o0 + t.min(cnt - 1);
+            (o / nc, o % nc)
+        };
+        let xp = [0, 1, 2, 3].map(|t| a[pair(t).0].as_ptr());
+        let yp = [0, 1, 2, 3].map(|t| b[pair(t).1].as_ptr());
+        // SAFETY: rows of nb blocks (asserted); caller's contract.
+        let s = unsafe {
+            match (L == NEON, is_k(F)) {
+                (true, false) => quant_lanes::<NEON, F>(nb, xp, yp),
+                (false, false) => quant_lanes::<DOTPROD, F>(nb, xp, yp),
+                (true, true) => kquant_lanes::<NEON, F>(nb, xp, yp),
+                (false, true) => kquant_lanes::<DOTPROD, F>(nb, xp, yp),
+            }
+        };
+        for (t, &v) in s.iter().enumerate().take(cnt) {
+            let (ri, ci) = pair(t);
+            out[ri * 4 + ci] = v;
+        }
+        o0 += cnt;
+    }
+}
+
+/// The tile of level `L` for the formats it has (see [`mm_with`]).
+///
+/// # Safety
+/// As [`tile_f`].
+#[inline(always)]
+unsafe fn tile_quant<const L: u8>(
+    w: DType,
+    k: usize,
+    a: &[&[u8]],
+    b: &[&[u8]],
+    out: &mut [f32; 16],
+) {
+    // SAFETY: caller's contract.
+    unsafe {
+        match w {
+            DType::Q4_0 => tile_f::<L, Q4_0>(k, a, b, out),
+            DType::Q4_1 => tile_f::<L, Q4_1>(k, a, b, out),
+            DType::Q5_0 => tile_f::<L, Q5_0>(k, a, b, out),
+            DType::Q5_1 => tile_f::<L, Q5_1>(k, a, b, out),
+            DType::Q8_0 => tile_f::<L, Q8_0>(k, a, b, out),
+            DType::Q4K => tile_f::<L, Q4K>(k, a, b, out),
+            DType::Q6K => tile_f::<L, Q6K>(k, a, b, out),
+            _ => unreachable!("offered only for the formats above"),
+        }
+    }
+}
+
+fn tile_quant_neon(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+    // SAFETY: NEON is baseline on aarch64.
+    unsafe { tile_quant::<NEON>(w, k, a, b, out) }
+}
+
+fn tile_quant_dotprod(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+    // SAFETY: this table is installed only where FEAT_DotProd was detected.
+    unsafe { tile_quant::<DOTPROD>(w, k, a, b, out) }
+}
+
+fn tile_quant_i8mm(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+    // SAFETY: this table is installed only where FEAT_DotProd and FEAT_I8MM were detected.
+    unsafe { tile_quant::<I8MM>(w, k, a, b, out) }
 }

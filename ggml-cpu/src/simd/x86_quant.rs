@@ -332,9 +332,14 @@ macro_rules! x86_quant {
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let idv = _mm256_set1_ps(id);
             let mut qi = [_mm256_setzero_si256(); 4];
+            let indefinite = _mm256_set1_epi32(i32::MIN);
             for i in 0..4 {
                 // SAFETY: same features.
-                qi[i] = _mm256_cvtps_epi32(unsafe { round_away(_mm256_mul_ps(v[i], idv)) });
+                let q = _mm256_cvtps_epi32(unsafe { round_away(_mm256_mul_ps(v[i], idv)) });
+                // Out of range (x·id infinite when 1/d overflows) or NaN: C's (int) gives
+                // INT_MIN, whose low byte, the reference's i8, is 0 (the packs below would
+                // saturate it to -128).
+                qi[i] = _mm256_andnot_si256(_mm256_cmpeq_epi32(q, indefinite), q);
             }
             let s = _mm256_add_epi32(
                 _mm256_add_epi32(qi[0], qi[1]),

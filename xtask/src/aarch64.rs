@@ -1,0 +1,252 @@
+//! `cargo xtask aarch64`: ggml-cpu's tests cross-built for aarch64 Linux and run under
+//! qemu-user, once per emulated CPU model, each model with the instruction-set levels it
+//! must run (`GGML_RS_REQUIRE_ISA`) and the best one detection must pick
+//! (`GGML_RS_EXPECT_ISA`), so that a level whose kernels did not run fails the run.
+//!
+//! Needs the Rust target `aarch64-unknown-linux-gnu`, a cross linker
+//! (`aarch64-linux-gnu-gcc`, Debian's `gcc-aarch64-linux-gnu`, whose C library under
+//! `/usr/aarch64-linux-gnu` qemu loads the binaries with) and `qemu-aarch64` (Debian's
+//! `qemu-user`); `.ci/run` installs them.
+
+use std::time::Instant;
+
+use xshell::{cmd, Shell};
+
+use crate::fetch::Result;
+
+/// The Rust target.
+const TARGET: &str = "aarch64-unknown-linux-gnu";
+/// The cross linker.
+const LINKER: &str = "aarch64-linux-gnu-gcc";
+/// The user-mode emulator.
+const QEMU: &str = "qemu-aarch64";
+/// The target's C library (dynamic loader and libc), for qemu's `-L`.
+const SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// An emulated CPU and the levels ggml-cpu must find on it.
+#[derive(Debug, PartialEq)]
+pub struct CpuModel {
+    /// qemu's `-cpu` name.
+    pub qemu_cpu: &'static str,
+    /// Every level it must run, lowest first (the last is the one detection picks).
+    pub levels: &'static [&'static str],
+}
+
+/// One model per aarch64 level: Armv8.0 (NEON only), Armv8.2 with the dot product, and
+/// qemu's `max` (Armv9 with the 8-bit matrix multiply).
+pub const MODELS: [CpuModel; 3] = [
+    CpuModel {
+        qemu_cpu: "cortex-a53",
+        levels: &["scalar", "neon"],
+    },
+    CpuModel {
+        qemu_cpu: "cortex-a76",
+        levels: &["scalar", "neon", "dotprod"],
+    },
+    CpuModel {
+        qemu_cpu: "max",
+        levels: &["scalar", "neon", "dotprod", "i8mm"],
+    },
+];
+
+const USAGE: &str = "usage: cargo xtask aarch64 [--cpu MODEL]... [-- TEST_FILTER...]
+  MODEL: cortex-a53 (neon), cortex-a76 (dotprod) or max (i8mm); default: all three";
+
+/// The parsed command line: the models to run and the arguments for the test binaries.
+#[derive(Debug, PartialEq)]
+struct Args {
+    models: Vec<&'static CpuModel>,
+    test_args: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut models = Vec::new();
+    let mut it = args.iter();
+    let mut test_args = Vec::new();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--cpu" => {
+                let name = it.next().ok_or(format!("--cpu needs a model\n{USAGE}"))?;
+                let m = MODELS
+                    .iter()
+                    .find(|m| m.qemu_cpu == name)
+                    .ok_or(format!("unknown CPU model '{name}'\n{USAGE}"))?;
+                if !models.contains(&m) {
+                    models.push(m);
+                }
+            }
+            "--" => {
+                test_args = it.by_ref().cloned().collect();
+            }
+            other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
+        }
+    }
+    if models.is_empty() {
+        models = MODELS.iter().collect();
+    }
+    Ok(Args { models, test_args })
+}
+
+/// Whether `tool` runs (`tool --version`).
+fn have_tool(sh: &Shell, tool: &str) -> bool {
+    cmd!(sh, "{tool} --version")
+        .quiet()
+        .ignore_stdout()
+        .ignore_stderr()
+        .run()
+        .is_ok()
+}
+
+/// The number of tests `cargo test`'s output says passed and failed.
+fn count_tests(out: &str) -> (usize, usize) {
+    let mut passed = 0;
+    let mut failed = 0;
+    for line in out.lines() {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            continue;
+        };
+        for part in rest.split(['.', ';']) {
+            let mut w = part.split_whitespace();
+            if let (Some(n), Some(what)) = (w.next(), w.next()) {
+                let n: usize = n.parse().unwrap_or(0);
+                match what {
+                    "passed" => passed += n,
+                    "failed" => failed += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    (passed, failed)
+}
+
+/// Entry point.
+pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
+    let args = parse(args)?;
+    let mut missing = Vec::new();
+    if !crate::have_target(sh, TARGET) {
+        missing.push(format!(
+            "the Rust target {TARGET} (rustup target add {TARGET})"
+        ));
+    }
+    if !have_tool(sh, LINKER) {
+        missing.push(format!(
+            "the linker {LINKER} (apt-get install gcc-aarch64-linux-gnu)"
+        ));
+    }
+    if !have_tool(sh, QEMU) {
+        missing.push(format!("{QEMU} (apt-get install qemu-user)"));
+    }
+    if !std::path::Path::new(SYSROOT).join("lib").is_dir() {
+        missing.push(format!(
+            "the aarch64 C library in {SYSROOT} (apt-get install gcc-aarch64-linux-gnu)"
+        ));
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "cannot run the aarch64 tests; missing: {}",
+            missing.join("; ")
+        ));
+    }
+    let _linker = sh.push_env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", LINKER);
+    // The tests choose their levels themselves; a level forced from outside would not
+    // change them, but keep backends created with defaults on the detected one.
+    let _isa = sh.push_env("GGML_RS_ISA", "");
+    crate::step("build ggml-cpu's tests for aarch64", || {
+        cmd!(
+            sh,
+            "cargo test -p ggml-cpu --locked --target {TARGET} --no-run"
+        )
+        .run()
+        .map_err(|e| e.to_string())
+    })?;
+    let mut summary = Vec::new();
+    for m in &args.models {
+        let cpu = m.qemu_cpu;
+        let runner = format!("{QEMU} -L {SYSROOT} -cpu {cpu}");
+        let _runner = sh.push_env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER", &runner);
+        let _require = sh.push_env("GGML_RS_REQUIRE_ISA", m.levels.join(","));
+        let best = m.levels.last().copied().unwrap_or("scalar");
+        let _expect = sh.push_env("GGML_RS_EXPECT_ISA", best);
+        let test_args = &args.test_args;
+        let t = Instant::now();
+        let mut counts = (0, 0);
+        crate::step(
+            &format!(
+                "ggml-cpu tests on qemu -cpu {cpu} (levels {})",
+                m.levels.join(", ")
+            ),
+            || {
+                let out = cmd!(
+                    sh,
+                    "cargo test -p ggml-cpu --locked --target {TARGET} -- {test_args...}"
+                )
+                .ignore_status()
+                .output()
+                .map_err(|e| e.to_string())?;
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                print!("{stdout}");
+                eprint!("{}", String::from_utf8_lossy(&out.stderr));
+                counts = count_tests(&stdout);
+                match (out.status.success(), counts.0) {
+                    (true, 0) => Err("no test ran".to_string()),
+                    (true, _) => Ok(()),
+                    (false, _) => Err(format!("{} tests failed ({})", counts.1, out.status)),
+                }
+            },
+        )?;
+        summary.push(format!(
+            "  qemu -cpu {cpu:<10} levels {:<28} {} tests passed in {:.0} s",
+            m.levels.join(","),
+            counts.0,
+            t.elapsed().as_secs_f64()
+        ));
+    }
+    eprintln!("\nxtask aarch64: all passed\n{}", summary.join("\n"));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_models_and_test_args() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.models.len(), 3);
+        assert!(a.test_args.is_empty());
+        let a = parse(&strings(&["--cpu", "max", "--", "simd::", "--nocapture"])).unwrap();
+        assert_eq!(a.models, vec![&MODELS[2]]);
+        assert_eq!(a.test_args, strings(&["simd::", "--nocapture"]));
+        assert!(parse(&strings(&["--cpu", "cortex-x9"])).is_err());
+        assert!(parse(&strings(&["--cpu"])).is_err());
+        assert!(parse(&strings(&["--fast"])).is_err());
+    }
+
+    /// Each model's levels are the aarch64 chain's prefix up to its best level.
+    #[test]
+    fn models_cover_every_level_once() {
+        let chain = ["scalar", "neon", "dotprod", "i8mm"];
+        for (i, m) in MODELS.iter().enumerate() {
+            assert_eq!(m.levels, &chain[..i + 2], "{}", m.qemu_cpu);
+        }
+    }
+
+    #[test]
+    fn counts_cargo_test_results() {
+        let out = [
+            "running 3 tests",
+            "test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; \
+             finished in 0.5s",
+            "test result: FAILED. 10 passed; 2 failed; 1 ignored; 0 measured; 4 filtered out",
+        ]
+        .join("\n");
+        let out = out.as_str();
+        assert_eq!(count_tests(out), (13, 2));
+        assert_eq!(count_tests("nothing"), (0, 0));
+    }
+}
