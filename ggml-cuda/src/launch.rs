@@ -168,7 +168,7 @@ pub fn set_qmm_rows(rows: Option<usize>) {
 pub const QMM_MAX_SHARED: usize = 96 * 1024;
 
 /// Rows per `qmm` block (8, 16, 32 or 64) for blocks of `nt` columns over `total_rows`
-/// rows. Fewer than 8 columns: the largest that still gives [`QMM_MIN_BLOCKS`] blocks
+/// rows. Fewer than 8 columns: the largest that still gives `QMM_MIN_BLOCKS` blocks
 /// within the default 48 KiB of shared memory (latency matters: many small blocks); the
 /// tiled class: 32 rows (one output per thread of 256, fewer and fuller blocks). Always
 /// within the block's threads (one per output). `None` when `nt` is 0 or above 8. Any
