@@ -52,11 +52,9 @@ pub fn calibrate(root: &Path, args: &[String]) -> Result<()> {
 
 /// The cost model's name for the GPU a `probes.json` names (`"device": "NVIDIA H100 ..."`).
 fn gpu_of(probes: &str) -> Result<&'static str> {
-    let device = probes
-        .split("\"device\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').nth(1))
-        .ok_or("probes.json names no device")?;
+    let v: serde_json::Value =
+        serde_json::from_str(probes).map_err(|e| format!("probes.json: {e}"))?;
+    let device = v["device"].as_str().ok_or("probes.json names no device")?;
     if device.contains("H200") {
         Ok("h200")
     } else if device.contains("H100") {
