@@ -1,0 +1,5 @@
+//! The commands of `ggml-harness`: one module per command, each with its flags (a clap
+//! `Args` struct) and a `run` function; `main.rs` only parses and dispatches.
+
+pub mod common;
+pub mod run_args;
