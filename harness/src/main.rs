@@ -1,21 +1,19 @@
 //! `ggml-harness`: perplexity, generation and tokenization on GGUF models (llama, gemma3).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 mod cli;
-use cli::common::{check_tflops, report_races, write_trace};
+use cli::common::check_tflops;
 use cli::run_args::{parse_weaken, RunArgs, SplitModeArg};
-use harness::default_corpus;
 use harness::error::{HarnessError, Result};
 use harness::golden::GoldenSet;
 use harness::matrix::report::GoldenStatus;
 use harness::matrix::run::RunOptions;
 use harness::matrix::{Matrix, Source};
-use harness::perplexity::{perplexity, PplSettings};
 use harness::session::{AllGather, Session, SplitMode};
 
 /// Perplexity, generation and tokenization on GGUF models (llama, gemma3), on CPU and CUDA
@@ -30,21 +28,14 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Perplexity of a model over a text, as llama-perplexity computes it.
-    Perplexity(PplArgs),
+    Perplexity(cli::perplexity::PplArgs),
     /// Prints the token ids of a text, one per line.
-    Tokenize {
-        /// GGUF model (default: the cached SmolLM2, downloaded if missing).
-        #[arg(long)]
-        model: Option<PathBuf>,
-        /// Text file (default: the embedded GPL-3 corpus).
-        #[arg(long)]
-        file: Option<PathBuf>,
-    },
+    Tokenize(cli::tokenize::TokenizeArgs),
     /// Runs a regression matrix (a TOML file of cells and rules; default: the CPU matrix)
     /// and fails if any rule breaks or any cell moves from its golden.
     Regress(RegressArgs),
     /// Prompt-processing and generation speed, like llama-bench.
-    Bench(BenchArgs),
+    Bench(cli::bench::BenchArgs),
     /// Measures a CUDA device for the cost model: microbenchmarks (probes.json) and every
     /// kernel of a prompt pass and a generated token timed alone (kernels.json).
     Calibrate(CalibrateArgs),
@@ -68,7 +59,7 @@ enum Command {
     CostModel(CostModelArgs),
     /// Continues a prompt: greedy by default (as llama-simple), or sampled with
     /// --temp/--top-k/--top-p/--seed; streams the text, then prints tokens per second.
-    Generate(GenerateArgs),
+    Generate(cli::generate::GenerateArgs),
     /// Downloads a known model (default: SmolLM2) into the cache and prints its path.
     FetchModel {
         /// Which model: smollm2-135m or gemma3-270m.
@@ -275,35 +266,6 @@ struct CostModelArgs {
 }
 
 #[derive(Args, Debug)]
-struct BenchArgs {
-    /// GGUF model (default: the cached SmolLM2, downloaded if missing).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Prompt tokens of the pp test (0 skips it).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
-    n_prompt: usize,
-    /// Generated tokens of the tg test (0 skips it).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    n_gen: usize,
-    /// Repetitions of each test (after one warm-up).
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
-    reps: usize,
-    #[command(flatten)]
-    run: RunArgs,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-    /// Write a Chrome trace-event timeline of every queue and host action to FILE (see
-    /// `trace-summary`).
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// After the benchmark, one more pp and tg run with every node timed: prints the time
-    /// per kind of op and device (MUL_MAT by weight type; on GPUs from timed events).
-    #[arg(long)]
-    op_times: bool,
-}
-
-#[derive(Args, Debug)]
 struct CalibrateArgs {
     /// GGUF model whose kernels are timed (default: the cached SmolLM2).
     #[arg(long)]
@@ -396,220 +358,6 @@ struct FitArgs {
     out: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
-}
-
-#[derive(Args, Debug)]
-struct GenerateArgs {
-    /// GGUF model or a known model's name (default: the cached SmolLM2).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// The prompt (BOS is added where the vocabulary adds it).
-    #[arg(short = 'p', long)]
-    prompt: String,
-    /// Tokens to generate at most (stops early at end of generation).
-    #[arg(short = 'n', long, default_value_t = 64)]
-    n_predict: usize,
-    /// Temperature (0: greedy, the default).
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
-    /// Keep the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Keep the most likely tokens up to this probability mass (1: all).
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Seed of the random draws.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Print the generated token ids (one JSON object) instead of streaming text.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    run: RunArgs,
-}
-
-#[derive(Args, Debug)]
-struct PplArgs {
-    /// GGUF model (default: the cached SmolLM2, downloaded if missing).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Text file (default: the embedded GPL-3 corpus).
-    #[arg(long)]
-    file: Option<PathBuf>,
-    /// Tokens per chunk.
-    #[arg(long, default_value_t = 512)]
-    ctx: usize,
-    /// Tokens per decode call.
-    #[arg(long, default_value_t = 512)]
-    batch: usize,
-    #[command(flatten)]
-    run: RunArgs,
-    /// Process at most this many chunks.
-    #[arg(long)]
-    chunks: Option<usize>,
-    /// Print one JSON object instead of llama-perplexity's text.
-    #[arg(long)]
-    json: bool,
-    /// Write a Chrome trace-event timeline of every queue and host action to FILE (see
-    /// `trace-summary`).
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Also compare our logits with the base model's log-probabilities in FILE, written by
-    /// `llama-perplexity --kl-divergence-base FILE` over the same text and --ctx, and print
-    /// llama-perplexity --kl-divergence's table and statistics (KL divergence, Δp, same
-    /// top token).
-    #[arg(long, value_name = "FILE")]
-    kl_divergence_base: Option<PathBuf>,
-}
-
-fn run_perplexity(a: PplArgs) -> Result<()> {
-    let t0 = Instant::now();
-    let settings = PplSettings {
-        n_ctx: a.ctx,
-        n_batch: a.batch,
-        max_chunks: a.chunks,
-    };
-    // Before the model loads: a bad flag fails at once.
-    settings.check()?;
-    let config = a.run.config()?;
-    let session = Session::open(&harness::model_path(a.model.as_deref())?, config.clone())?;
-    let text = harness::corpus_text(a.file.as_deref())?;
-    // As common_tokenize(add_special = true): BOS first when the vocabulary adds it.
-    let tokens = session.tokenizer.encode(&text);
-    let bos = session
-        .tokenizer
-        .add_bos()
-        .then(|| session.tokenizer.bos())
-        .flatten();
-    let n_seq = (a.batch / a.ctx).max(1);
-    let mut kv = session.kv_cache(a.ctx * n_seq)?;
-    let mut exec = session.executor()?;
-    if a.trace.is_some() {
-        exec.enable_trace();
-    }
-    let show_bar = !a.json && std::io::stderr().is_terminal();
-    let bar = show_bar.then(|| {
-        let b = indicatif::ProgressBar::new(0);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} chunks, {elapsed} elapsed, eta {eta}",
-            )
-            .expect("valid template"),
-        );
-        b
-    });
-    if !a.json {
-        let n_chunk = (tokens.len() / a.ctx).min(a.chunks.unwrap_or(usize::MAX));
-        eprintln!(
-            "perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={}, batch_size={}, n_seq={n_seq}",
-            a.ctx,
-            a.batch.min(a.ctx * n_seq)
-        );
-    }
-    let mut kl = match &a.kl_divergence_base {
-        Some(p) => Some(harness::kl::KlRun::new(harness::kl::KlBase::open(p)?)),
-        None => None,
-    };
-    // Progress after each chunk: llama-perplexity's `[i]ppl,` or, with a base file, a row
-    // of its --kl-divergence table.
-    let progress = |i: usize, n: usize, p: f64, st: Option<&harness::kl::KlStats>| {
-        if let Some(b) = &bar {
-            b.set_length(n as u64);
-            b.set_position(i as u64 + 1);
-        }
-        if !a.json {
-            let s = match st {
-                None => format!("[{}]{p:.4},", i + 1),
-                Some(st) if i == 0 => {
-                    format!(
-                        "{}\n{}",
-                        harness::kl::KlStats::TABLE_HEADER,
-                        st.chunk_line(i)
-                    )
-                }
-                Some(st) => st.chunk_line(i),
-            };
-            if let Some(b) = &bar {
-                b.println(&s);
-            } else if st.is_some() {
-                println!("{s}");
-            } else {
-                print!("{s}");
-                let _ = std::io::stdout().flush();
-            }
-        }
-    };
-    let r = match kl.as_mut() {
-        None => perplexity(
-            &session.model,
-            exec.as_mut(),
-            &mut kv,
-            &tokens,
-            bos,
-            settings,
-            |i, n, p| progress(i, n, p, None),
-        )?,
-        Some(kl) => harness::perplexity::perplexity_kl(
-            &session.model,
-            exec.as_mut(),
-            &mut kv,
-            &tokens,
-            bos,
-            settings,
-            kl,
-            |i, n, p, st| progress(i, n, p, Some(st)),
-        )?,
-    };
-    let kl_report = kl.as_ref().and_then(|k| k.stats.report());
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    harness::faults::require_fired(&session)?;
-    let seconds = t0.elapsed().as_secs_f64();
-    write_trace(exec.as_mut(), a.trace.as_deref())?;
-    let races = report_races(&session)?;
-    if a.json {
-        let mut v = serde_json::json!({
-            "ppl": r.ppl,
-            "ppl_f64_bits": format!("{:016x}", r.ppl.to_bits()),
-            "ppl_stderr": r.ppl_stderr,
-            "nll_sum": r.nll_sum,
-            "n_scored": r.n_scored,
-            "chunks": r.chunks,
-            "logits_sha256": r.logits_sha256,
-            "devices": config.devices.to_string(),
-            "split_mode": config.split_mode.name(),
-            "n_copies": config.n_copies,
-            "seconds": seconds,
-            "races": races,
-        });
-        if let Some(k) = &kl_report {
-            v["kl_divergence"] = serde_json::to_value(k).expect("serialisable");
-        }
-        println!("{v}");
-    } else {
-        println!();
-        println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.ppl_stderr);
-        if let Some(k) = &kl_report {
-            if k.count < 100 {
-                // llama-perplexity prints no statistics over so few values.
-                eprintln!(
-                    "kl-divergence: only {} tokens scored; llama-perplexity prints no statistics under 100",
-                    k.count
-                );
-            } else {
-                println!();
-                print!("{k}");
-            }
-        }
-        eprintln!("({} tokens scored in {seconds:.1} s)", r.n_scored);
-    }
-    if races > 0 {
-        return Err(HarnessError::Usage(format!(
-            "the happens-before checker found {races} races"
-        )));
-    }
-    Ok(())
 }
 
 fn tunable_named(name: &str) -> Result<ggml_cuda::cuda_sim::cost::Tunable> {
@@ -940,128 +688,6 @@ fn run_calibrate(a: CalibrateArgs) -> Result<()> {
     )
 }
 
-fn run_bench(a: BenchArgs) -> Result<()> {
-    let config = a.run.config()?;
-    let path = harness::model_path(a.model.as_deref())?;
-    let session = Session::open(&path, config.clone())?;
-    let mut kv = session.kv_cache(a.n_prompt.max(a.n_gen).max(1))?;
-    let on_gpu = !session.cuda_backends().is_empty();
-    let mut exec = session.executor()?;
-    if a.trace.is_some() {
-        exec.enable_trace();
-    }
-    let mut results = Vec::new();
-    if a.n_prompt > 0 {
-        results.push(harness::bench::bench_pp(
-            &session.model,
-            exec.as_mut(),
-            &mut kv,
-            a.n_prompt,
-            a.reps,
-            &session.cuda_backends(),
-        )?);
-    }
-    if a.n_gen > 0 {
-        let launches = || -> (u64, u64) {
-            let cuda = session.cuda_backends();
-            let k = cuda
-                .iter()
-                .map(|b| b.kernel_stats().launches.iter().sum::<u64>())
-                .sum();
-            let sim = cuda
-                .iter()
-                .any(|b| b.driver_kind() == ggml_cuda::DriverKind::Sim);
-            let w = if sim {
-                ggml_cuda::sim_driver().map_or(0, |d| d.warp_instructions())
-            } else {
-                0
-            };
-            (k, w)
-        };
-        let before = launches();
-        results.push(harness::bench::bench_tg(
-            &session.model,
-            exec.as_mut(),
-            &mut kv,
-            a.n_gen,
-            a.reps,
-            &session.cuda_backends(),
-        )?);
-        let after = launches();
-        // Every generated token of the test, the warm-up run's included.
-        let tokens = ((a.reps + 1) * a.n_gen) as f64;
-        if on_gpu {
-            eprint!(
-                "tg{}: {:.1} CUDA kernel launches per token",
-                a.n_gen,
-                (after.0 - before.0) as f64 / tokens
-            );
-            if after.1 > before.1 {
-                eprint!(
-                    ", {:.0} warp instructions per token (cuda-sim)",
-                    (after.1 - before.1) as f64 / tokens
-                );
-            }
-            eprintln!(" (tuning: {})", config.cuda_tuning);
-        }
-    }
-    write_trace(exec.as_mut(), a.trace.as_deref())?;
-    harness::faults::require_fired(&session)?;
-    let profiles = if a.op_times {
-        harness::bench::op_profile(
-            &session.model,
-            exec.as_mut(),
-            &mut kv,
-            &session.timed_backends(),
-            a.n_prompt,
-            a.n_gen,
-        )?
-    } else {
-        Vec::new()
-    };
-    drop(exec);
-    drop(kv);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    // After the runs, so that it does not evict the weights from the caches first; only
-    // where the weights are in host memory (the CPU devices).
-    let probe = (a.n_gen > 0 && !on_gpu).then(|| harness::bench::read_bandwidth(config.threads));
-    if a.json {
-        let v = serde_json::json!({
-            "model": name,
-            "threads": config.threads,
-            "devices": config.devices.to_string(),
-            "split_mode": config.split_mode.name(),
-            "n_copies": config.n_copies,
-            "results": results,
-            "read_probe_bytes_per_s": probe,
-            "op_times": profiles.iter().map(|p| serde_json::json!({
-                "test": p.test,
-                "device": p.device,
-                "wall_ms": p.wall_ms,
-                "ops": p.ops.iter().map(|o| serde_json::json!({
-                    "op": o.to_string(), "calls": o.calls, "ms": o.ms,
-                })).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        });
-        println!("{v}");
-    } else {
-        print!(
-            "{}",
-            harness::bench::table(&name, config.threads, &config.devices.to_string(), &results)
-        );
-        print!(
-            "{}",
-            harness::bench::bandwidth_lines(&results, probe, config.threads)
-        );
-        print!("{}", harness::bench::host_counter_lines(&results));
-        print!("{}", harness::bench::op_profile_table(&profiles));
-    }
-    Ok(())
-}
-
 /// The matrix of `regress`, with the command line's settings on top of the file's.
 fn regress_matrix(a: &RegressArgs) -> Result<Matrix> {
     let mut m = match (&a.matrix, a.devices_matrix.as_deref()) {
@@ -1346,102 +972,12 @@ fn run_cost_model(a: CostModelArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_generate(a: GenerateArgs) -> Result<()> {
-    let config = a.run.config()?;
-    let session = Session::open(&harness::model_path(a.model.as_deref())?, config)?;
-    let mut sampler = harness::generate::Sampler::new(harness::generate::SamplerConfig {
-        temp: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-    })?;
-    let n_prompt = session.tokenizer.encode(&a.prompt).len();
-    let mut kv = session.kv_cache(n_prompt + a.n_predict)?;
-    let mut exec = session.executor()?;
-    let mut stdout = std::io::stdout().lock();
-    // The runtime's error: the streaming callback returns it.
-    let io = |source| harness::error::ModelError::Io {
-        path: "<stdout>".into(),
-        source,
-    };
-    if !a.json {
-        stdout.write_all(a.prompt.as_bytes()).map_err(io)?;
-        stdout.flush().map_err(io)?;
-    }
-    let g = harness::generate::generate(
-        &session,
-        exec.as_mut(),
-        &mut kv,
-        &a.prompt,
-        a.n_predict,
-        &mut sampler,
-        |_, bytes| {
-            if !a.json {
-                stdout.write_all(bytes).map_err(io)?;
-                stdout.flush().map_err(io)?;
-            }
-            Ok(())
-        },
-    )?;
-    let races = report_races(&session)?;
-    if a.json {
-        let v = serde_json::json!({
-            "prompt_tokens": g.prompt,
-            "tokens": g.tokens,
-            "text": String::from_utf8_lossy(&session.tokenizer.decode_bytes(&g.tokens)),
-            "ended": g.ended,
-            "prompt_tps": g.prompt_tokens_per_second(),
-            "gen_tps": g.tokens_per_second(),
-        });
-        writeln!(stdout, "{v}").map_err(io)?;
-    } else {
-        writeln!(stdout).map_err(io)?;
-        eprintln!(
-            "prompt: {} tokens, {:.2} t/s; generated: {} tokens{}, {:.2} t/s",
-            g.prompt.len(),
-            g.prompt_tokens_per_second(),
-            g.tokens.len(),
-            if g.ended { " (end of generation)" } else { "" },
-            g.tokens_per_second()
-        );
-    }
-    if races > 0 {
-        return Err(HarnessError::Usage(format!(
-            "the happens-before checker found {races} races"
-        )));
-    }
-    Ok(())
-}
-
-fn run_tokenize(model: Option<PathBuf>, file: Option<PathBuf>) -> Result<()> {
-    let path = harness::model_path(model.as_deref())?;
-    let f = harness::gguf_file::GgufFile::open(&path)?;
-    let tok = harness::tokenizer::Tokenizer::from_gguf(&f.gguf()?)
-        .map_err(|e| harness::error::ModelError::Tokenizer(e.to_string()))?;
-    // llama-tokenize keeps the text as is (the reference ids include the final newline).
-    let text = match &file {
-        Some(p) => std::fs::read_to_string(p).map_err(|source| HarnessError::Io {
-            path: p.display().to_string(),
-            source,
-        })?,
-        None => default_corpus().to_string(),
-    };
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for id in tok.encode(&text) {
-        writeln!(out, "{id}").map_err(|source| HarnessError::Io {
-            path: "<stdout>".into(),
-            source,
-        })?;
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Perplexity(a) => run_perplexity(a),
-        Command::Tokenize { model, file } => run_tokenize(model, file),
-        Command::Bench(a) => run_bench(a),
+        Command::Perplexity(a) => cli::perplexity::run(a),
+        Command::Tokenize(a) => cli::tokenize::run(a),
+        Command::Bench(a) => cli::bench::run(a),
         Command::Calibrate(a) => run_calibrate(a),
         Command::Profile(a) => run_profile(a),
         Command::FitCostModel(a) => run_fit(a),
@@ -1449,7 +985,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => run_plan(a),
         Command::CostModel(a) => run_cost_model(a),
         Command::FaultSweep(a) => run_fault_sweep(a),
-        Command::Generate(a) => run_generate(a),
+        Command::Generate(a) => cli::generate::run(a),
         Command::FetchModel { model } => harness::model_path(Some(std::path::Path::new(&model)))
             .map(|p| println!("{}", p.display())),
         Command::SynthModel {
