@@ -2,8 +2,11 @@
 //! `Args` struct) and a `run` function; `main.rs` only parses and dispatches.
 
 pub mod bench;
+pub mod calibrate;
 pub mod common;
+pub mod fit_cost_model;
 pub mod generate;
 pub mod perplexity;
+pub mod profile;
 pub mod run_args;
 pub mod tokenize;

@@ -1,0 +1,189 @@
+//! `ggml-harness fit-cost-model`: the cost model's constants fitted to measurements.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use harness::error::{HarnessError, Result};
+use harness::session::Session;
+
+use super::run_args::RunArgs;
+
+/// The flags of `ggml-harness fit-cost-model`.
+#[derive(Args, Debug)]
+pub struct FitArgs {
+    /// GGUF model the measurements were made with (default: the cached SmolLM2).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The GPU whose constants are fitted: h100-sxm (or h100) or h200.
+    #[arg(long)]
+    gpu: String,
+    /// A `ggml-harness calibrate` folder (probes.json, kernels.json).
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "op_table",
+        required_unless_present = "op_table"
+    )]
+    dir: Option<PathBuf>,
+    /// A per-op table: `pass<TAB>op<TAB>calls<TAB>ms` lines (e.g.
+    /// harness/reference/cuda-h200-op-times.tsv).
+    #[arg(long, value_name = "FILE")]
+    op_table: Option<PathBuf>,
+    /// Passes whose rows the fit uses (the others are reported): default, every prompt
+    /// pass (a generated token's op times include waits for the host).
+    #[arg(long, value_delimiter = ',')]
+    fit_pass: Vec<String>,
+    /// Constants to fit (default: l2-bytes-per-clk, alu-latency, shared-latency,
+    /// global-latency, special-latency; probes set others directly).
+    #[arg(long, value_delimiter = ',')]
+    tunables: Vec<String>,
+    /// Interpret at most N blocks of each launch (0: all).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    sample_blocks: u64,
+    /// How the measured kernels were launched: on a stream (op times of a run without
+    /// CUDA graphs) or as graph nodes (a calibration folder's replays, default).
+    #[arg(long)]
+    stream_launches: bool,
+    /// Write the JSON report to FILE too.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// The cost-model constant named `name` in kebab case (`l2-bytes-per-clk`).
+fn tunable_named(name: &str) -> Result<ggml_cuda::cuda_sim::cost::Tunable> {
+    use ggml_cuda::cuda_sim::cost::Tunable;
+    Tunable::ALL
+        .into_iter()
+        .find(|t| {
+            let kebab: String = format!("{t:?}")
+                .chars()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    let dash = (i > 0 && c.is_ascii_uppercase()).then_some('-');
+                    dash.into_iter().chain(std::iter::once(c.to_ascii_lowercase()))
+                })
+                .collect();
+            kebab == name
+        })
+        .ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "--tunables {name}: expected dram-efficiency, l2-bytes-per-clk, alu-latency, special-latency, shared-latency, global-latency, launch-stream or launch-graph-node"
+            ))
+        })
+}
+
+/// Runs `ggml-harness fit-cost-model`.
+pub fn run(a: FitArgs) -> Result<()> {
+    use ggml_cuda::cuda_sim::cost::{self, GpuSpec, LaunchKind, Tunable};
+    use harness::{fit, profile};
+    let mut spec = GpuSpec::named(&a.gpu).ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "--gpu {}: expected one of {}",
+            a.gpu,
+            GpuSpec::NAMES.join(", ")
+        ))
+    })?;
+    let tunables = if a.tunables.is_empty() {
+        vec![
+            Tunable::L2BytesPerClk,
+            Tunable::AluLatency,
+            Tunable::SharedLatency,
+            Tunable::GlobalLatency,
+            Tunable::SpecialLatency,
+        ]
+    } else {
+        a.tunables
+            .iter()
+            .map(|t| tunable_named(t))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let table = a.op_table.as_deref().map(fit::read_op_table).transpose()?;
+    // The prompt length the measurements used: the first ppN pass.
+    let n_prompt = match (&table, &a.dir) {
+        (Some(t), _) => t
+            .iter()
+            .find_map(|r| r.pass.strip_prefix("pp")?.parse().ok()),
+        (None, Some(d)) => {
+            let p = d.join("kernels.json");
+            let text = std::fs::read_to_string(&p).map_err(|source| HarnessError::Io {
+                path: p.display().to_string(),
+                source,
+            })?;
+            serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["n_prompt"].as_u64())
+                .map(|n| n as usize)
+        }
+        (None, None) => None,
+    }
+    .unwrap_or(512);
+    let notes = match &a.dir {
+        Some(d) => fit::apply_probes(&mut spec, &d.join("probes.json"))?,
+        None => Vec::new(),
+    };
+    let launch = if a.stream_launches || a.dir.is_none() {
+        LaunchKind::Stream
+    } else {
+        LaunchKind::GraphNode
+    };
+    let config = a.run.config()?;
+    let settings = profile::ProfileSettings {
+        gpu: spec.clone(),
+        sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
+        n_prompt,
+        n_gen: 1,
+        launch,
+    };
+    let path = harness::model_path(a.model.as_deref())?;
+    let session = Session::open(&path, config.clone())?;
+    let mut kv = session.kv_cache(n_prompt)?;
+    let mut exec = session.executor()?;
+    eprintln!(
+        "fit-cost-model: profiling pp{n_prompt} and a generated token on {}",
+        config.devices
+    );
+    let launches = profile::profile_model(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &session.cuda_backends(),
+        &settings,
+    )?;
+    let measured = match (table, &a.dir) {
+        (Some(t), _) => t,
+        (None, Some(d)) => fit::rows_from_kernels(&d.join("kernels.json"), &launches)?,
+        (None, None) => unreachable!("clap requires --dir or --op-table"),
+    };
+    let fit_passes: Vec<String> = if a.fit_pass.is_empty() {
+        measured
+            .iter()
+            .filter(|r| r.pass.starts_with("pp"))
+            .map(|r| r.pass.clone())
+            .collect()
+    } else {
+        a.fit_pass.clone()
+    };
+    let rows = fit::fit_rows(&launches, &measured, &fit_passes, launch)?;
+    let fitted =
+        cost::fit(&spec, &rows, &tunables).map_err(|e| HarnessError::Model(e.to_string()))?;
+    print!("{}", fit::report(&spec, &rows, &fitted, &notes)?);
+    if let Some(out) = &a.out {
+        let run = serde_json::json!({
+            "model": path.file_name().map(|n| n.to_string_lossy().to_string()),
+            "devices": config.devices.to_string(),
+            "tuning": config.cuda_tuning.to_string(),
+            "measured": a.dir.as_ref().or(a.op_table.as_ref()).map(|p| p.display().to_string()),
+            "sample_blocks": settings.sample_blocks,
+        });
+        let v = fit::report_json(&spec, &fitted, &notes, run);
+        std::fs::write(out, serde_json::to_string_pretty(&v).expect("JSON") + "\n").map_err(
+            |source| HarnessError::Io {
+                path: out.display().to_string(),
+                source,
+            },
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! `ggml-harness profile`: a model's passes on cuda-sim, priced by the cost model.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use harness::error::{HarnessError, Result};
+use harness::session::Session;
+
+use super::run_args::RunArgs;
+
+/// The flags of `ggml-harness profile`.
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    /// GGUF model (default: the cached SmolLM2).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The GPU the cost model prices: h100-sxm (or h100) or h200.
+    #[arg(long, default_value = "h200")]
+    gpu: String,
+    /// Prompt tokens of the prompt pass (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens the generation figure is named after (0 skips the generated
+    /// token); each token is modelled as one decode at 256 KV cells.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Interpret at most N evenly spaced blocks of each launch and scale the counts
+    /// (0: every block; minutes per pass on the real model).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    sample_blocks: u64,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// Runs `ggml-harness profile`.
+pub fn run(a: ProfileArgs) -> Result<()> {
+    use harness::profile;
+    let gpu = ggml_cuda::cuda_sim::cost::GpuSpec::named(&a.gpu).ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "--gpu {}: expected one of {}",
+            a.gpu,
+            ggml_cuda::cuda_sim::cost::GpuSpec::NAMES.join(", ")
+        ))
+    })?;
+    let config = a.run.config()?;
+    let settings = profile::ProfileSettings {
+        gpu,
+        sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
+        n_prompt: a.n_prompt,
+        n_gen: a.n_gen,
+        launch: if config.cuda_tuning.graphs {
+            ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode
+        } else {
+            ggml_cuda::cuda_sim::cost::LaunchKind::Stream
+        },
+    };
+    let path = harness::model_path(a.model.as_deref())?;
+    let session = Session::open(&path, config.clone())?;
+    let mut kv = session.kv_cache(a.n_prompt.max(1))?;
+    let mut exec = session.executor()?;
+    let t0 = Instant::now();
+    let launches = profile::profile_model(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &session.cuda_backends(),
+        &settings,
+    )?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    if a.json {
+        let run = serde_json::json!({
+            "model": name,
+            "devices": config.devices.to_string(),
+            "tuning": config.cuda_tuning.to_string(),
+            "seconds": t0.elapsed().as_secs_f64(),
+        });
+        println!("{}", profile::json(&launches, &settings, run));
+        return Ok(());
+    }
+    println!(
+        "{name} on {} priced for {} (MODELLED, not measured; {}; {})",
+        config.devices,
+        settings.gpu.name,
+        match settings.sample_blocks {
+            Some(n) => format!("at most {n} blocks of each launch interpreted, counts scaled"),
+            None => "every block interpreted".into(),
+        },
+        match settings.launch {
+            ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode => "kernels as graph nodes",
+            ggml_cuda::cuda_sim::cost::LaunchKind::Stream => "kernels launched on a stream",
+        }
+    );
+    let pp = format!("pp{}", a.n_prompt);
+    for pass in [pp.as_str(), "tg"] {
+        if launches.iter().any(|l| l.pass == pass) {
+            println!();
+            print!("{}", profile::table(&launches, pass));
+        }
+    }
+    let pp_s = profile::pass_seconds(&launches, &pp);
+    let tg_s = profile::pass_seconds(&launches, "tg");
+    println!();
+    if pp_s > 0.0 {
+        println!(
+            "modelled pp{}: {:.0} t/s (tensor-core share of multiply-adds {:.1} %)",
+            a.n_prompt,
+            a.n_prompt as f64 / pp_s,
+            100.0 * profile::tensor_core_fraction(&launches, &pp)
+        );
+    }
+    if tg_s > 0.0 {
+        println!(
+            "modelled tg{}: {:.0} t/s (tensor-core share {:.1} %)",
+            a.n_gen,
+            1.0 / tg_s,
+            100.0 * profile::tensor_core_fraction(&launches, "tg")
+        );
+    }
+    match settings.gpu.calibration() {
+        Some(c) => {
+            let families: Vec<&str> = c.families.iter().map(|f| f.family.as_str()).collect();
+            println!(
+                "constants fitted on {} at {} ({}); calibrated families: {}; \
+                 the others' modelled times are uncalibrated",
+                c.gpu,
+                c.commit,
+                c.file,
+                families.join(", ")
+            );
+        }
+        None => println!(
+            "no calibration on {}: every modelled time above is uncalibrated",
+            settings.gpu.name
+        ),
+    }
+    eprintln!("profile: {:.1} s on cuda-sim", t0.elapsed().as_secs_f64());
+    Ok(())
+}
