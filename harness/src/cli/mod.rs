@@ -4,9 +4,13 @@
 pub mod bench;
 pub mod calibrate;
 pub mod common;
+pub mod cost_model;
+pub mod fault_sweep;
 pub mod fit_cost_model;
 pub mod generate;
 pub mod perplexity;
+pub mod plan;
 pub mod profile;
+pub mod regress;
 pub mod run_args;
 pub mod tokenize;
