@@ -1,17 +1,17 @@
 //! AArch64 levels: NEON (baseline), NEON with the dot-product extension (`sdot`), and
 //! NEON with the 8-bit integer matrix multiply (`smmla`).
 //!
-//! Float kernels (shared by the three levels; F32, F16 and BF16 dots) keep the reference's 16 lanes of f32
-//! reductions in four 4-lane registers (lanes 0-3, 4-7, 8-11, 12-15) with separate
-//! multiplies and adds, and combine them by [`r::tree16`]; elementwise kernels run the
-//! reference's operations 4 elements at a time.
+//! Float kernels (shared by the three levels; F32, F16 and BF16 dots) keep the
+//! reference's 16 lanes of f32 reductions in four 4-lane registers (lanes 0-3, 4-7, 8-11,
+//! 12-15) with separate multiplies and adds, and combine them by [`r::tree16`];
+//! elementwise kernels run the reference's operations 4 elements at a time.
 //!
 //! Quantised tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K) put up to 4 outputs (pairs
 //! of a weight row and an activation row) in the 4 lanes of a register: per block, each
 //! lane's exact integer dot (widening multiplies on NEON, `sdot` with dotprod, one
 //! `smmla` per 8 bytes for a 2 × 2 pair of rows and columns with i8mm), then the format's
-//! float formula of [`r::block_value`] lane-wise; block `j` feeds accumulator `j % 8`, and the 8
-//! accumulators combine lane-wise as [`r::tree8`]. The activations are the standard
+//! float formula of [`r::block_value`] lane-wise; block `j` feeds accumulator `j % 8`,
+//! and the 8 accumulators combine lane-wise as [`r::tree8`]. The activations are the standard
 //! Q8_0/Q8_1/Q8_K rows, quantised by this level (Q8_0, Q8_1, Q8_K) exactly as ggml-core.
 //! The K-quants' integers are in [`kquant`] (with i8mm, the 2 × 2 group sums of `smmla`
 //! times each row's group scales).
