@@ -47,8 +47,8 @@ fn every_activation_type_has_a_neon_quantiser() {
 }
 
 /// Q8_K at the edges the shared test does not reach: NaN and infinite inputs, a maximum
-/// repeated with both signs, values that round to ±127.5, a block of zeros beside a
-/// nonzero one.
+/// repeated with both signs, values that round to ±127.5, subnormal maxima, a block of
+/// zeros beside a nonzero one.
 #[test]
 fn q8k_quantiser_matches_core_at_edges() {
     let mut rng = Rng::new(40);
@@ -70,6 +70,10 @@ fn q8k_quantiser_matches_core_at_edges() {
     let mut halves: Vec<f32> = (0..n).map(|i| (i % 255) as f32 - 127.0 + 0.5).collect();
     halves[0] = -127.0;
     cases.push(halves);
+    // Subnormal maxima: iscale overflows to ±∞, so iscale·x is ±∞ or NaN.
+    let mut tiny = rng.vec(n, 1e-40);
+    tiny[5] = 0.0;
+    cases.push(tiny);
     let mut zeros = rng.vec(n, 1e-3);
     zeros[256..512].fill(0.0);
     zeros[300] = -0.0;
