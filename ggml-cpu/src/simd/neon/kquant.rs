@@ -144,7 +144,7 @@ unsafe fn quants<const F: u8>(x: *const u8, g4: usize) -> [int8x16_t; 4] {
                 let (h, j) = (g / 8, (g % 8) / 2);
                 let base = if F == Q2K { 16 } else { 32 };
                 let qs = vld1q_u8(x.add(base + 32 * h + 16 * t));
-                let q = vandq_u8(vshlq_u8(qs, vdupq_n_s8(-2 * j as i8)), vdupq_n_u8(3));
+                let q = vandq_u8(shr_2x(qs, j), vdupq_n_u8(3));
                 if F == Q2K {
                     vreinterpretq_s8_u8(q)
                 } else {
@@ -183,12 +183,24 @@ unsafe fn quants<const F: u8>(x: *const u8, g4: usize) -> [int8x16_t; 4] {
                     vshrq_n_u8::<4>(ql)
                 };
                 let qh = vld1q_u8(x.add(128 + 32 * h + 16 * t));
-                let hi = vandq_u8(vshlq_u8(qh, vdupq_n_s8(-2 * kk as i8)), vdupq_n_u8(3));
+                let hi = vandq_u8(shr_2x(qh, kk), vdupq_n_u8(3));
                 let q = vreinterpretq_s8_u8(vorrq_u8(nib, vshlq_n_u8::<4>(hi)));
                 vsubq_s8(q, vdupq_n_s8(32))
             }
         }
     })
+}
+
+/// `v >> 2n` per byte (`n < 4`), by an immediate shift.
+#[inline]
+#[target_feature(enable = "neon")]
+fn shr_2x(v: uint8x16_t, n: usize) -> uint8x16_t {
+    match n {
+        0 => v,
+        1 => vshrq_n_u8::<2>(v),
+        2 => vshrq_n_u8::<4>(v),
+        _ => vshrq_n_u8::<6>(v),
+    }
 }
 
 /// Partial sums (exact, 4 lanes) of the dot of 16 i8 pairs.
