@@ -1,19 +1,20 @@
 //! AArch64 levels: NEON (baseline), NEON with the dot-product extension (`sdot`), and
 //! NEON with the 8-bit integer matrix multiply (`smmla`).
 //!
-//! Float kernels (shared by the three levels) keep the reference's 16 lanes of f32
-//! reductions in four 4-lane registers (lanes 0-3, 4-7, 8-11, 12-15) with separate
-//! multiplies and adds, and combine them by [`r::tree16`]; elementwise kernels run the
-//! reference's operations 4 elements at a time.
+//! Float kernels (shared by the three levels; F32, F16 and BF16 dots) keep the
+//! reference's 16 lanes of f32 reductions in four 4-lane registers (lanes 0-3, 4-7, 8-11,
+//! 12-15) with separate multiplies and adds, and combine them by [`r::tree16`];
+//! elementwise kernels run the reference's operations 4 elements at a time.
 //!
-//! Quantised tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) put up to 4 outputs (pairs
+//! Quantised tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K) put up to 4 outputs (pairs
 //! of a weight row and an activation row) in the 4 lanes of a register: per block, each
 //! lane's exact integer dot (widening multiplies on NEON, `sdot` with dotprod, one
 //! `smmla` per 8 bytes for a 2 × 2 pair of rows and columns with i8mm), then the format's
-//! float formula of [`r::block_value`] lane-wise; block `j` feeds accumulator `j % 8`, and the 8
-//! accumulators combine lane-wise as [`r::tree8`]. The activations are the standard
-//! Q8_0/Q8_1/Q8_K rows. The K-quants take `sdot` at most (`smmla` would need their
-//! per-group scales split off the 2 × 2 sums); the other K-quants run the portable tile.
+//! float formula of [`r::block_value`] lane-wise; block `j` feeds accumulator `j % 8`,
+//! and the 8 accumulators combine lane-wise as [`r::tree8`]. The activations are the standard
+//! Q8_0/Q8_1/Q8_K rows, quantised by this level (Q8_0, Q8_1, Q8_K) exactly as ggml-core.
+//! The K-quants' integers are in [`kquant`] (with i8mm, the 2 × 2 group sums of `smmla`
+//! times each row's group scales).
 //!
 //! `sdot` and `smmla` are emitted with `asm!` (their intrinsics are not stable Rust);
 //! the tables that use them are installed only where the CPU reports the extension.
@@ -25,6 +26,10 @@ use ggml_core::DType;
 use super::{as_f32, as_u16, Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
+
+mod kquant;
+#[cfg(test)]
+mod tests;
 
 /// NEON (baseline on aarch64).
 pub(crate) static KERNELS: Kernels = Kernels {
@@ -85,6 +90,7 @@ safe! {
     fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
     fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
     fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
+    fn tile_bf16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_bf16_imp;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -121,6 +127,16 @@ unsafe fn ld_f16(p: *const u16) -> float32x4_t {
         )
     };
     out
+}
+
+/// 4 bf16 values (bits) at `p` as f32 (exact: the bits shifted into the high half).
+///
+/// # Safety
+/// 4 readable u16 at `p`.
+#[inline(always)]
+unsafe fn ld_bf16(p: *const u16) -> float32x4_t {
+    // SAFETY: caller's contract.
+    vreinterpretq_f32_u32(vshll_n_u16::<16>(unsafe { vld1_u16(p) }))
 }
 
 /// 4 f32 values as f16 bits by `fcvtn`, rounding to nearest even (the FPCR mode Linux
@@ -183,6 +199,7 @@ macro_rules! dot_impl {
 
 dot_impl!(dot_f32_imp, f32, ld_f32, |v: f32| v);
 dot_impl!(dot_f16_imp, u16, ld_f16, r::f16_to_f32);
+dot_impl!(dot_bf16_imp, u16, ld_bf16, r::bf16_to_f32);
 
 #[target_feature(enable = "neon")]
 fn sum_sq_imp(x: &[f32]) -> f32 {
@@ -462,13 +479,41 @@ fn axpy_f16_rows_imp(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: 
 // ---------------------------------------------------------------------------------------
 // Activation quantisers
 
-fn quantize(d: DType, x: &[f32], out: &mut [u8]) {
-    // SAFETY: NEON is baseline on aarch64.
-    match d {
-        DType::Q8_0 => unsafe { quantize_q8_imp(x, out, false) },
-        DType::Q8_1 => unsafe { quantize_q8_imp(x, out, true) },
-        _ => super::scalar::quantize(d, x, out),
+/// A NEON activation quantiser.
+type Quantiser = fn(&[f32], &mut [u8]);
+
+/// The NEON quantiser of an activation dtype, if this level has one.
+fn quantiser(d: DType) -> Option<Quantiser> {
+    safe! {
+        fn q8_0(x: &[f32], out: &mut [u8]) = quantize_q8_0_imp;
+        fn q8_1(x: &[f32], out: &mut [u8]) = quantize_q8_1_imp;
+        fn q8_k(x: &[f32], out: &mut [u8]) = quantize_q8k_imp;
     }
+    Some(match d {
+        DType::Q8_0 => q8_0,
+        DType::Q8_1 => q8_1,
+        DType::Q8K => q8_k,
+        _ => return None,
+    })
+}
+
+/// [`quantiser`]'s kernel, or the portable code for a dtype that is no activation type
+/// of a quantised product.
+fn quantize(d: DType, x: &[f32], out: &mut [u8]) {
+    match quantiser(d) {
+        Some(q) => q(x, out),
+        None => super::scalar::quantize(d, x, out),
+    }
+}
+
+#[target_feature(enable = "neon")]
+fn quantize_q8_0_imp(x: &[f32], out: &mut [u8]) {
+    quantize_q8_imp(x, out, false)
+}
+
+#[target_feature(enable = "neon")]
+fn quantize_q8_1_imp(x: &[f32], out: &mut [u8]) {
+    quantize_q8_imp(x, out, true)
 }
 
 /// Q8_0 (`with_sum` false) or Q8_1 blocks as ggml's reference quantisers:
@@ -520,6 +565,57 @@ fn quantize_q8_imp(x: &[f32], out: &mut [u8], with_sum: bool) {
     }
 }
 
+/// Q8_K blocks as ggml-core's `quantize_block_q8_k` (ggml's `quantize_row_q8_K_ref`):
+/// the first value of the largest magnitude (NaN never wins) sets `iscale = −127/max`;
+/// `q = min(nearest_int(iscale·x), 127)` truncated to i8, with `nearest_int`'s
+/// magic-number rounding done on the bits as the reference does; `bsums` the group sums
+/// of `q`; an all-zero block is all zero bytes.
+#[target_feature(enable = "neon")]
+fn quantize_q8k_imp(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
+        let mut m = vdupq_n_f32(0.0);
+        for c in 0..64 {
+            // SAFETY: 4 floats at 4c < 256.
+            let a = vabsq_f32(unsafe { ld_f32(xb.as_ptr().add(4 * c)) });
+            // `a > m`: NaN never replaces the running maximum, as in the reference.
+            m = vbslq_f32(vcgtq_f32(a, m), a, m);
+        }
+        // Lanes hold no NaN, so their maximum is order-free.
+        let amax = vmaxvq_f32(m);
+        if amax == 0.0 {
+            ob.fill(0);
+            continue;
+        }
+        // The reference keeps the first value whose magnitude is the final maximum.
+        let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+        let iscale = -127.0 / max;
+        let (iv, magic) = (vdupq_n_f32(iscale), vdupq_n_f32(12_582_912.0));
+        let (mant, half, cap) = (
+            vdupq_n_s32(0x007F_FFFF),
+            vdupq_n_s32(0x0040_0000),
+            vdupq_n_s32(127),
+        );
+        for g in 0..16 {
+            let q32: [int32x4_t; 4] = core::array::from_fn(|i| {
+                // SAFETY: 4 floats at 16g + 4i < 256.
+                let v = unsafe { ld_f32(xb.as_ptr().add(16 * g + 4 * i)) };
+                let bits = vreinterpretq_s32_f32(vaddq_f32(vmulq_f32(iv, v), magic));
+                vminq_s32(vsubq_s32(vandq_s32(bits, mant), half), cap)
+            });
+            // Truncating narrows: `as i8`.
+            let q8 = vcombine_s8(
+                vmovn_s16(vcombine_s16(vmovn_s32(q32[0]), vmovn_s32(q32[1]))),
+                vmovn_s16(vcombine_s16(vmovn_s32(q32[2]), vmovn_s32(q32[3]))),
+            );
+            // SAFETY: 16 bytes of room at 4 + 16g < 260 (ob is 292 bytes).
+            unsafe { vst1q_s8(ob.as_mut_ptr().add(4 + 16 * g) as *mut i8, q8) };
+            let bsum = vaddlvq_s8(q8);
+            ob[260 + 2 * g..262 + 2 * g].copy_from_slice(&bsum.to_le_bytes());
+        }
+        ob[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // mul_mat tiles
 
@@ -535,22 +631,44 @@ fn mm_i8mm(w: DType) -> Option<MmTile> {
     mm_with(w, tile_quant_i8mm)
 }
 
-/// The float tiles, and `quant` for the legacy formats; the K-quants run the portable
-/// tile.
-fn mm_with(w: DType, quant: MmTile) -> Option<MmTile> {
+/// The kinds of NEON tile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum TileKind {
+    F32,
+    F16,
+    Bf16,
+    /// [`tile_quant`] at the table's level.
+    Quant,
+}
+
+/// The NEON tile for weights of dtype `w`, if mul_mat takes them (none of the tables
+/// falls back to the portable tiles).
+fn tile_kind(w: DType) -> Option<TileKind> {
     Some(match w {
-        DType::F32 => tile_f32,
-        DType::F16 => tile_f16,
-        DType::BF16 => super::scalar::tile_bf16,
+        DType::F32 => TileKind::F32,
+        DType::F16 => TileKind::F16,
+        DType::BF16 => TileKind::Bf16,
         DType::Q4_0
         | DType::Q4_1
         | DType::Q5_0
         | DType::Q5_1
         | DType::Q8_0
+        | DType::Q2K
+        | DType::Q3K
         | DType::Q4K
-        | DType::Q6K => quant,
-        d if crate::ops::mul_mat::quant_supported(d) => super::scalar::tile_quant,
+        | DType::Q5K
+        | DType::Q6K => TileKind::Quant,
         _ => return None,
+    })
+}
+
+/// The float tiles, and `quant` for the quantised formats.
+fn mm_with(w: DType, quant: MmTile) -> Option<MmTile> {
+    Some(match tile_kind(w)? {
+        TileKind::F32 => tile_f32,
+        TileKind::F16 => tile_f16,
+        TileKind::Bf16 => tile_bf16,
+        TileKind::Quant => quant,
     })
 }
 
@@ -572,13 +690,22 @@ fn tile_f16_imp(_w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 1
     }
 }
 
+#[target_feature(enable = "neon")]
+fn tile_bf16_imp(_w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) {
+    for (ri, ar) in a.iter().enumerate() {
+        for (ci, br) in b.iter().enumerate() {
+            out[ri * 4 + ci] = dot_bf16_imp(&as_u16(ar)[..k], &as_u16(br)[..k]);
+        }
+    }
+}
+
 /// How a tile computes its integer block dots.
 const NEON: u8 = 0;
 const DOTPROD: u8 = 1;
 /// Lanes `(r0, c0), (r0, c1), (r1, c0), (r1, c1)` by `smmla`.
 const I8MM: u8 = 2;
 
-/// Legacy formats as const parameters.
+/// Formats as const parameters.
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
@@ -586,10 +713,13 @@ const Q5_1: u8 = 3;
 const Q8_0: u8 = 4;
 const Q4K: u8 = 5;
 const Q6K: u8 = 6;
+const Q2K: u8 = 7;
+const Q3K: u8 = 8;
+const Q5K: u8 = 9;
 
 /// Whether format `F` is a K-quant (super-blocks of 256 against Q8_K activations).
 const fn is_k(f: u8) -> bool {
-    matches!(f, Q4K | Q6K)
+    matches!(f, Q2K | Q3K | Q4K | Q5K | Q6K)
 }
 
 /// Values per weight block of format `F`.
@@ -608,7 +738,10 @@ const fn x_bytes(f: u8) -> usize {
         Q4_1 => 20,
         Q5_0 => 22,
         Q5_1 => 24,
+        Q2K => 84,
+        Q3K => 110,
         Q4K => 144,
+        Q5K => 176,
         Q6K => 210,
         _ => 34,
     }
@@ -826,106 +959,15 @@ unsafe fn quant_lanes<const L: u8, const F: u8>(
     tree8_lanes(acc)
 }
 
-/// The exact dot of 16 i8 pairs.
+/// [`quant_lanes`] for the K-quants (the same lanes): per super-block the exact integers of
+/// each lane ([`kquant::kquant_ints`], or [`kquant::kquant_ints_i8mm`] for a 2 × 2 block
+/// with `L == I8MM`), then lane-wise `(d·dy)·sumi − (dmin·dy)·summins` (formats
+/// with mins) or `(d·dy)·sumi` as [`r::block_value`], block `j` into accumulator `j % 8`,
+/// combined as [`r::tree8`].
 ///
 /// # Safety
-/// With `L == DOTPROD`, the CPU has FEAT_DotProd.
-#[inline(always)]
-unsafe fn dot16<const L: u8>(x: int8x16_t, y: int8x16_t) -> i32 {
-    if L == NEON {
-        let a = vpaddlq_s16(vmull_s8(vget_low_s8(x), vget_low_s8(y)));
-        vaddvq_s32(vpadalq_s16(a, vmull_high_s8(x, y)))
-    } else {
-        // SAFETY: caller's contract.
-        vaddvq_s32(unsafe { sdot(vdupq_n_s32(0), x, y) })
-    }
-}
-
-/// The i16 block sum of group `g` of the Q8_K block at `y`.
-///
-/// # Safety
-/// A Q8_K block at `y`.
-#[inline(always)]
-unsafe fn bsum(y: *const u8, g: usize) -> i32 {
-    // SAFETY: caller's contract (bsums at bytes 260..292).
-    i32::from(unsafe { (y.add(260 + 2 * g) as *const i16).read_unaligned() })
-}
-
-/// The integers of [`r::block_value`] for a Q4_K super-block at `x` and a Q8_K block at
-/// `y`: `Σ_g scale_g·Σ q·y` and `Σ_g min_g·bsum_g` (exact, so in any order).
-///
-/// # Safety
-/// The blocks at `x` and `y`; with `L == DOTPROD`, the CPU has FEAT_DotProd.
-#[inline(always)]
-unsafe fn q4k_ints<const L: u8>(x: *const u8, y: *const u8) -> (i32, i32) {
-    // SAFETY: caller's contract (scales at 4..16, quants at 16..144; Q8_K quants at
-    // 4..260).
-    unsafe {
-        let sc = core::slice::from_raw_parts(x.add(4), 12);
-        let (mut sumi, mut summins) = (0i32, 0i32);
-        for jj in 0..4 {
-            let q = [vld1q_u8(x.add(16 + 32 * jj)), vld1q_u8(x.add(32 + 32 * jj))];
-            // Chunk 2jj: the low nibbles; chunk 2jj + 1: the high ones.
-            for (half, j) in [2 * jj, 2 * jj + 1].into_iter().enumerate() {
-                let (s, m) = r::scale_min_k4(j, sc);
-                let mut dot = 0;
-                for (t, &qt) in q.iter().enumerate() {
-                    let v = match half {
-                        0 => vandq_u8(qt, vdupq_n_u8(15)),
-                        _ => vshrq_n_u8::<4>(qt),
-                    };
-                    let yv = vld1q_s8(y.add(4 + 32 * j + 16 * t) as *const i8);
-                    dot += dot16::<L>(vreinterpretq_s8_u8(v), yv);
-                }
-                sumi += s * dot;
-                summins += m * (bsum(y, 2 * j) + bsum(y, 2 * j + 1));
-            }
-        }
-        (sumi, summins)
-    }
-}
-
-/// `Σ_g scale_g·Σ q·y` of [`r::block_value`] for a Q6_K super-block at `x` and a Q8_K
-/// block at `y`.
-///
-/// # Safety
-/// As [`q4k_ints`].
-#[inline(always)]
-unsafe fn q6k_ints<const L: u8>(x: *const u8, y: *const u8) -> i32 {
-    // SAFETY: caller's contract (ql at 0..128, qh at 128..192, scales at 192..208).
-    unsafe {
-        let mut sumi = 0i32;
-        for h in 0..2 {
-            let ld2 = |o: usize| [vld1q_u8(x.add(o)), vld1q_u8(x.add(o + 16))];
-            let (ql0, ql1, qh) = (ld2(64 * h), ld2(64 * h + 32), ld2(128 + 32 * h));
-            for kk in 0..4 {
-                let src = if kk % 2 == 0 { ql0 } else { ql1 };
-                for (t, (&st, &ht)) in src.iter().zip(&qh).enumerate() {
-                    let nib = match kk {
-                        0 | 1 => vandq_u8(st, vdupq_n_u8(15)),
-                        _ => vshrq_n_u8::<4>(st),
-                    };
-                    // (qh >> 2kk) & 3 (a negative count shifts right).
-                    let hi = vandq_u8(vshlq_u8(ht, vdupq_n_s8(-2 * kk as i8)), vdupq_n_u8(3));
-                    let q = vreinterpretq_s8_u8(vorrq_u8(nib, vshlq_n_u8::<4>(hi)));
-                    let q = vsubq_s8(q, vdupq_n_s8(32));
-                    let e = 128 * h + 32 * kk + 16 * t;
-                    let yv = vld1q_s8(y.add(4 + e) as *const i8);
-                    let scale = i32::from(*x.add(192 + e / 16) as i8);
-                    sumi += scale * dot16::<L>(q, yv);
-                }
-            }
-        }
-        sumi
-    }
-}
-
-/// [`quant_lanes`] for the K-quants: per super-block the exact integers of each lane,
-/// then lane-wise `(d·dy)·sumi − (dmin·dy)·summins` (Q4_K) or `(d·dy)·sumi` (Q6_K) as
-/// [`r::block_value`], block `j` into accumulator `j % 8`, combined as [`r::tree8`].
-///
-/// # Safety
-/// `nb` super-blocks at every pointer; with `L == DOTPROD`, the CPU has FEAT_DotProd.
+/// `nb` super-blocks at every pointer; the CPU has the extension `L` needs (FEAT_I8MM
+/// implies FEAT_DotProd on this level).
 #[inline(always)]
 unsafe fn kquant_lanes<const L: u8, const F: u8>(
     nb: usize,
@@ -935,22 +977,24 @@ unsafe fn kquant_lanes<const L: u8, const F: u8>(
     let mut acc = [vdupq_n_f32(0.0); 8];
     for j in 0..nb {
         let xj = xp.map(|p| p.wrapping_add(j * x_bytes(F)));
-        let yj = yp.map(|p| p.wrapping_add(j * 292));
+        let yj = yp.map(|p| p.wrapping_add(j * kquant::Q8K_BYTES));
         let (mut si, mut sm) = ([0i32; 4], [0i32; 4]);
         // SAFETY (integers, scales): super-block j < nb at every pointer (caller).
         let v = unsafe {
-            for (t, (s, m)) in si.iter_mut().zip(&mut sm).enumerate() {
-                if F == Q4K {
-                    (*s, *m) = q4k_ints::<L>(xj[t], yj[t]);
-                } else {
-                    *s = q6k_ints::<L>(xj[t], yj[t]);
+            if L == I8MM {
+                let (s, m) = kquant::kquant_ints_i8mm::<F>([xj[0], xj[2]], [yj[0], yj[1]]);
+                vst1q_s32(si.as_mut_ptr(), s);
+                vst1q_s32(sm.as_mut_ptr(), m);
+            } else {
+                for (t, (s, m)) in si.iter_mut().zip(&mut sm).enumerate() {
+                    (*s, *m) = kquant::kquant_ints::<L, F>(xj[t], yj[t]);
                 }
             }
             let dy = vld1q_f32(yj.map(|p| (p as *const f32).read_unaligned()).as_ptr());
-            let d = vmulq_f32(words(&xj, if F == Q4K { 0 } else { 208 }), dy);
+            let d = vmulq_f32(words(&xj, kquant::d_at(F)), dy);
             let v = vmulq_f32(d, vcvtq_f32_s32(vld1q_s32(si.as_ptr())));
-            if F == Q4K {
-                let dmin = vmulq_f32(words(&xj, 2), dy);
+            if kquant::has_mins(F) {
+                let dmin = vmulq_f32(words(&xj, kquant::dmin_at(F)), dy);
                 vsubq_f32(v, vmulq_f32(dmin, vcvtq_f32_s32(vld1q_s32(sm.as_ptr()))))
             } else {
                 v
@@ -999,7 +1043,7 @@ unsafe fn tile_f<const L: u8, const F: u8>(
         assert!(br.len() >= nb * y_bytes(F), "activation row too short");
     }
     let (nr, nc) = (a.len(), b.len());
-    if L == I8MM && !is_k(F) && nr >= 2 && nc >= 2 {
+    if L == I8MM && nr >= 2 && nc >= 2 {
         for r0 in (0..nr).step_by(2) {
             let r1 = (r0 + 1).min(nr - 1);
             for c0 in (0..nc).step_by(2) {
@@ -1007,7 +1051,13 @@ unsafe fn tile_f<const L: u8, const F: u8>(
                 let xp = [r0, r0, r1, r1].map(|i| a[i].as_ptr());
                 let yp = [c0, c1, c0, c1].map(|i| b[i].as_ptr());
                 // SAFETY: rows of nb blocks (asserted); caller's contract.
-                let s = unsafe { quant_lanes::<I8MM, F>(nb, xp, yp) };
+                let s = unsafe {
+                    if is_k(F) {
+                        kquant_lanes::<I8MM, F>(nb, xp, yp)
+                    } else {
+                        quant_lanes::<I8MM, F>(nb, xp, yp)
+                    }
+                };
                 for (t, &(ri, ci)) in [(r0, c0), (r0, c1), (r1, c0), (r1, c1)].iter().enumerate() {
                     out[ri * 4 + ci] = s[t];
                 }
@@ -1062,7 +1112,10 @@ unsafe fn tile_quant<const L: u8>(
             DType::Q5_0 => tile_f::<L, Q5_0>(k, a, b, out),
             DType::Q5_1 => tile_f::<L, Q5_1>(k, a, b, out),
             DType::Q8_0 => tile_f::<L, Q8_0>(k, a, b, out),
+            DType::Q2K => tile_f::<L, Q2K>(k, a, b, out),
+            DType::Q3K => tile_f::<L, Q3K>(k, a, b, out),
             DType::Q4K => tile_f::<L, Q4K>(k, a, b, out),
+            DType::Q5K => tile_f::<L, Q5K>(k, a, b, out),
             DType::Q6K => tile_f::<L, Q6K>(k, a, b, out),
             _ => unreachable!("offered only for the formats above"),
         }
