@@ -18,7 +18,7 @@ pub mod temp;
 pub mod tolerance;
 
 pub use dtypes::{QUANT_DTYPES, WEIGHT_DTYPES};
-pub use quant::{lcg_quant_rows, xorshift_dot_blocks, xorshift_quant_blocks};
+pub use quant::{lcg_quant_rows, quantize_rows, xorshift_dot_blocks, xorshift_quant_blocks};
 pub use rng::{Lcg, Xorshift};
 pub use temp::{TempDir, TempFile};
 pub use tolerance::{max_ulps, nmse, ulps};

@@ -95,6 +95,19 @@ pub fn lcg_quant_rows(dtype: DType, n: usize, rng: &mut Lcg, d_spread: f32) -> V
     row
 }
 
+/// `values` stored as `dtype` in rows of `row` values, each row by ggml-core's
+/// [`quantize_row`](ggml_core::quant::quantize_row) (floats: converted, to nearest even).
+/// Panics when `row` does not fit the dtype's blocks or `values` is not whole rows.
+pub fn quantize_rows(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
+    let per_row = dtype.row_size(row).expect("row fits the dtype's blocks");
+    assert_eq!(values.len() % row, 0, "{} values are not whole rows of {row}", values.len());
+    let mut out = vec![0u8; per_row * (values.len() / row)];
+    for (src, dst) in values.chunks(row).zip(out.chunks_mut(per_row)) {
+        ggml_core::quant::quantize_row(dtype, src, dst).expect("quantisable row");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +119,20 @@ mod tests {
                 let v = half::f16::from_bits(u16::from_le_bytes([b[o], b[o + 1]]));
                 assert!(v.to_f32().abs() <= 0.05, "{dtype}: scale {v}");
             }
+        }
+    }
+
+    #[test]
+    fn quantised_rows_are_ggml_cores() {
+        let v = Lcg(2).vec(3 * 256);
+        for dt in [DType::F32, DType::F16, DType::Q4_0, DType::Q6K] {
+            let row = dt.block_size().max(64);
+            let got = quantize_rows(dt, &v, row);
+            let per_row = dt.row_size(row).unwrap();
+            assert_eq!(got.len() % per_row, 0);
+            let mut want = vec![0u8; per_row];
+            ggml_core::quant::quantize_row(dt, &v[..row], &mut want).unwrap();
+            assert_eq!(got[..per_row], want, "{dt}");
         }
     }
 
