@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{f32s, place};
-use ggml_test_kit::{xorshift_quant_blocks, Xorshift};
 use ggml_core::{
     Backend, BackendErrorKind, Context, CopyQueue, DType, DataRef, EventRef, Tensor, TensorId,
 };
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
+use ggml_test_kit::{xorshift_quant_blocks, Xorshift};
 use rstest::rstest;
 
 fn bytes(v: &[f32]) -> Vec<u8> {
