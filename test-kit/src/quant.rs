@@ -100,7 +100,12 @@ pub fn lcg_quant_rows(dtype: DType, n: usize, rng: &mut Lcg, d_spread: f32) -> V
 /// Panics when `row` does not fit the dtype's blocks or `values` is not whole rows.
 pub fn quantize_rows(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
     let per_row = dtype.row_size(row).expect("row fits the dtype's blocks");
-    assert_eq!(values.len() % row, 0, "{} values are not whole rows of {row}", values.len());
+    assert_eq!(
+        values.len() % row,
+        0,
+        "{} values are not whole rows of {row}",
+        values.len()
+    );
     let mut out = vec![0u8; per_row * (values.len() / row)];
     for (src, dst) in values.chunks(row).zip(out.chunks_mut(per_row)) {
         ggml_core::quant::quantize_row(dtype, src, dst).expect("quantisable row");

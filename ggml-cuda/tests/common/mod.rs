@@ -14,6 +14,8 @@
 use ggml_core::{Backend, Context, DType, DataRef, Op, TensorId};
 use ggml_cuda::reference;
 use ggml_cuda::{CudaBackend, DriverKind, KernelId};
+pub use ggml_test_kit::bytes::f32_bytes;
+pub use ggml_test_kit::Lcg;
 
 /// The driver under test: libcuda where a GPU is required (`GGML_RS_REQUIRE_GPU`, as
 /// `cargo xtask gpu-test` sets), cuda-sim otherwise.
@@ -30,35 +32,6 @@ pub fn gpu() -> CudaBackend {
     let kind = driver();
     CudaBackend::with_driver(kind, 0, 0)
         .unwrap_or_else(|e| panic!("no {} device 0: {e}", kind.prefix()))
-}
-
-/// A small seeded LCG: the same inputs on every run and host.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 31 random bits.
-    pub fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn f(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-    }
-
-    /// `n` values of [`f`](Rng::f).
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-/// The bytes of `v` as little-endian f32.
-pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// `bytes` of a tensor of `dtype` (f32, f16 or bf16) as f32 values.
