@@ -9,7 +9,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{f32_bytes, gpu, Lcg};
+use common::{f32_bytes, gpu, place_and_upload, Lcg};
 use ggml_core::{Backend, BackendErrorKind, Context, DType, DataRef, Op, Tensor, TensorId};
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
 use ggml_test_kit::quantize_rows;
@@ -30,36 +30,8 @@ fn run_nodes(
     fill: u8,
 ) -> (Vec<Vec<u8>>, u64) {
     be.set_tuning(tuning);
-    let n = ctx.len();
-    let mut offs = vec![0usize; n];
-    let mut total = 0usize;
-    for (i, t) in ctx.tensors().iter().enumerate() {
-        if t.view_src.is_none() {
-            offs[i] = total;
-            total += t.nbytes().div_ceil(256) * 256 + 256;
-        }
-    }
-    let buf = be.alloc_buffer(total).unwrap();
-    be.buffer_clear(buf.id, fill).unwrap();
-    for i in 0..n {
-        let t = ctx.tensors()[i];
-        let (root, extra) = match t.view_src {
-            Some(r) => (r.index(), t.view_offs),
-            None => (i, 0),
-        };
-        ctx.tensors_mut()[i].data = Some(DataRef {
-            buffer: buf.id,
-            addr: buf.base + (offs[root] + extra) as u64,
-        });
-    }
+    let (buf, nodes) = place_and_upload(be, ctx, inputs, fill);
     let ts = ctx.tensors();
-    for (id, bytes) in inputs {
-        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
-    }
-    let nodes: Vec<TensorId> = (0..n as u32)
-        .map(TensorId)
-        .filter(|id| ts[id.index()].op != Op::None)
-        .collect();
     let before: u64 = be.kernel_stats().launches.iter().sum();
     be.graph_compute(ts, &nodes).unwrap();
     be.synchronize().unwrap();
