@@ -8,25 +8,25 @@ use cuda_sim::driver::{
 };
 use cuda_sim::{ErrorCode, FaultKind};
 
-const PTX: &str = r#"
-.version 8.0
-.target sm_80
-.address_size 64
-
-// p[i] += v for i < n
-.visible .entry add_value(
-	.param .u64 add_value_p,
-	.param .u32 add_value_n,
-	.param .u32 add_value_v
+/// `.entry NAME(p, n, v)`: `p[i] = p[i] OP v` for i < n, with `OP` the 32-bit integer
+/// instruction `op` (both kernels of the module have this one body).
+fn update_kernel(name: &str, what: &str, op: &str) -> String {
+    format!(
+        r#"
+// p[i] {what} v for i < n
+.visible .entry {name}(
+	.param .u64 {name}_p,
+	.param .u32 {name}_n,
+	.param .u32 {name}_v
 )
-{
+{{
 	.reg .pred 	%p<2>;
 	.reg .b32 	%r<8>;
 	.reg .b64 	%rd<4>;
 
-	ld.param.u64 	%rd1, [add_value_p];
-	ld.param.u32 	%r2, [add_value_n];
-	ld.param.u32 	%r3, [add_value_v];
+	ld.param.u64 	%rd1, [{name}_p];
+	ld.param.u32 	%r2, [{name}_n];
+	ld.param.u32 	%r3, [{name}_v];
 	mov.u32 	%r4, %ctaid.x;
 	mov.u32 	%r5, %ntid.x;
 	mov.u32 	%r6, %tid.x;
@@ -37,42 +37,22 @@ const PTX: &str = r#"
 	mul.wide.u32 	%rd3, %r1, 4;
 	add.s64 	%rd2, %rd2, %rd3;
 	ld.global.u32 	%r7, [%rd2];
-	add.s32 	%r7, %r7, %r3;
+	{op} 	%r7, %r7, %r3;
 	st.global.u32 	[%rd2], %r7;
 DONE:
 	ret;
+}}
+"#
+    )
 }
 
-// p[i] *= v for i < n
-.visible .entry mul_value(
-	.param .u64 mul_value_p,
-	.param .u32 mul_value_n,
-	.param .u32 mul_value_v
-)
-{
-	.reg .pred 	%p<2>;
-	.reg .b32 	%r<8>;
-	.reg .b64 	%rd<4>;
-
-	ld.param.u64 	%rd1, [mul_value_p];
-	ld.param.u32 	%r2, [mul_value_n];
-	ld.param.u32 	%r3, [mul_value_v];
-	mov.u32 	%r4, %ctaid.x;
-	mov.u32 	%r5, %ntid.x;
-	mov.u32 	%r6, %tid.x;
-	mad.lo.s32 	%r1, %r4, %r5, %r6;
-	setp.ge.u32 	%p1, %r1, %r2;
-	@%p1 bra 	DONE;
-	cvta.to.global.u64 	%rd2, %rd1;
-	mul.wide.u32 	%rd3, %r1, 4;
-	add.s64 	%rd2, %rd2, %rd3;
-	ld.global.u32 	%r7, [%rd2];
-	mul.lo.s32 	%r7, %r7, %r3;
-	st.global.u32 	[%rd2], %r7;
-DONE:
-	ret;
+/// The test module: `add_value` (p[i] += v) and `mul_value` (p[i] *= v).
+fn ptx() -> String {
+    let header = "\n.version 8.0\n.target sm_80\n.address_size 64\n";
+    let add = update_kernel("add_value", "+=", "add.s32");
+    let mul = update_kernel("mul_value", "*=", "mul.lo.s32");
+    format!("{header}{add}{mul}")
 }
-"#;
 
 const N: u32 = 64;
 
@@ -90,7 +70,7 @@ fn setup() -> Setup {
         exec_threads: 1,
         ..SimConfig::default()
     });
-    let m = drv.module_load(0, "graph_test.ptx", PTX).unwrap();
+    let m = drv.module_load(0, "graph_test.ptx", &ptx()).unwrap();
     let add = drv.module_function(m, "add_value").unwrap();
     let mul = drv.module_function(m, "mul_value").unwrap();
     let s = drv.stream_create(0, true).unwrap();

@@ -9,9 +9,12 @@
 
 mod common;
 
-use common::{backends, check, f32s, place, Rng, Spec};
+use common::{backends, check, f32s, place, Spec};
+use ggml_core::DType::{BF16, F16, F32, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use ggml_core::{Backend, BackendErrorKind, Context, DType, Tensor, TensorId};
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
+use ggml_test_kit::bytes::{f32_bytes, i32_bytes};
+use ggml_test_kit::{xorshift_quant_blocks, Xorshift, WEIGHT_DTYPES};
 use proptest::prelude::*;
 use rstest::{fixture, rstest};
 use std::sync::OnceLock;
@@ -26,23 +29,6 @@ fn bes() -> &'static [CpuBackend] {
     static B: OnceLock<Vec<CpuBackend>> = OnceLock::new();
     B.get_or_init(|| backends(&THREADS))
 }
-
-/// Every weight dtype mul_mat takes.
-const WEIGHTS: [DType; 13] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2K,
-    DType::Q3K,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
 
 /// The smallest row length of a weight dtype, times `mult`.
 fn k_of(w: DType, mult: usize) -> usize {
@@ -61,7 +47,7 @@ enum Route {
 }
 
 fn route(kind: Route, n_as: usize, n_used: usize, n_tok: usize, seed: u64) -> Vec<i32> {
-    let mut rng = Rng::new(seed);
+    let mut rng = Xorshift::new(seed);
     let mut ids = Vec::with_capacity(n_used * n_tok);
     for _ in 0..n_tok {
         match kind {
@@ -114,22 +100,7 @@ fn mmid(w: DType, kmult: usize, shape: Shape, seed: u64) -> impl Fn(&mut Context
 fn mul_mat_id(
     bes: &[CpuBackend],
     #[case] shape: Shape,
-    #[values(
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K
-    )]
-    w: DType,
+    #[values(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] w: DType,
 ) {
     // Odd row lengths where the dtype allows them.
     let kmult = if w.is_quantized() { 1 } else { 3 };
@@ -235,14 +206,6 @@ fn run_node(
     r.map(|_| got)
 }
 
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// An id outside `0..n_as` (or negative) is a BadData error of the backend, on every
 /// level and thread count, and the backend keeps working afterwards. The backends are
 /// this test's own: a backend's error goes to whoever synchronises it first, and
@@ -301,17 +264,17 @@ proptest! {
     /// whose other tokens are routed any way, and for any thread count.
     #[test]
     fn mul_mat_id_token_alone_or_in_batch(
-        wi in 0..WEIGHTS.len(),
+        wi in 0..WEIGHT_DTYPES.len(),
         n_tok in 2usize..24,
         n_used in 1usize..4,
         b1_is_n_used: bool,
         seed: u64,
         threads in 1usize..5,
     ) {
-        let w = WEIGHTS[wi];
+        let w = WEIGHT_DTYPES[wi];
         let (k, m, n_as) = (k_of(w, 1), 19, 4);
         let b1 = if b1_is_n_used { n_used } else { 1 };
-        let mut rng = Rng::new(seed);
+        let mut rng = Xorshift::new(seed);
         let j = (rng.next() as usize) % n_tok;
         let ids_v = route(Route::Repeats, n_as, n_used, n_tok, seed ^ 1);
         let wt = Tensor::contiguous(w, [k, m, n_as, 1]).unwrap();
@@ -323,7 +286,7 @@ proptest! {
             DType::BF16 => (0..k * m * n_as)
                 .flat_map(|_| half::bf16::from_f32(rng.f()).to_bits().to_le_bytes())
                 .collect(),
-            _ => common::random_quant(w, wt.nbytes() / w.type_size(), &mut rng),
+            _ => xorshift_quant_blocks(w, wt.nbytes() / w.type_size(), &mut rng),
         };
         let b_vals: Vec<f32> = (0..k * b1 * n_tok).map(|_| rng.f() * 3.0).collect();
         let be = CpuBackend::new(CpuBackendOptions::with_threads(threads)).unwrap();
@@ -365,7 +328,7 @@ proptest! {
 #[case([1000, 2, 1, 1], 1000)]
 fn argsort_top_k(bes: &[CpuBackend], #[case] ne: [usize; 4], #[case] k: usize) {
     let n: usize = ne.iter().product();
-    let mut rng = Rng::new(5);
+    let mut rng = Xorshift::new(5);
     // Few distinct values (many ties), both zeros, infinities and NaNs.
     let vals: Vec<f32> = (0..n)
         .map(|i| match rng.next() % 16 {

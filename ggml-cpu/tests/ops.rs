@@ -7,6 +7,7 @@
 mod common;
 
 use common::{backends, check, f32s, Spec};
+use ggml_core::DType::{Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8K, Q8_0, Q8_1};
 use ggml_core::{AttnParams, Context, DType, RopeMode, RopeParams};
 use ggml_cpu::CpuBackend;
 use rstest::{fixture, rstest};
@@ -284,19 +285,7 @@ fn mul_mat_float(
 #[rstest]
 fn mul_mat_quant(
     bes: &[CpuBackend],
-    #[values(
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K
-    )]
-    w: DType,
+    #[values(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] w: DType,
     #[values(1, 5, 37)] n: usize,
 ) {
     let k = if w.block_size() == 32 { 288 } else { 512 };
@@ -568,21 +557,7 @@ fn flash_attn_padding_invariance() {
 #[rstest]
 fn get_rows_quantised(
     bes: &[CpuBackend],
-    #[values(
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q8_1,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-        DType::Q8K
-    )]
-    dt: DType,
+    #[values(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K)] dt: DType,
 ) {
     check(bes, 23, |ctx| {
         let a = f(dt, [256, 6, 1, 1])(ctx);
@@ -596,19 +571,7 @@ fn get_rows_quantised(
 #[rstest]
 fn cpy_to_quantised(
     bes: &[CpuBackend],
-    #[values(
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K
-    )]
-    dt: DType,
+    #[values(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dt: DType,
 ) {
     check(bes, 24, |ctx| {
         let x = f(DType::F32, [256, 3, 1, 1])(ctx);

@@ -11,6 +11,7 @@ use ggml_core::{
     Backend, BackendErrorKind, Context, CopyQueue, DType, DataRef, EventRef, Tensor, TensorId,
 };
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
+use ggml_test_kit::{xorshift_quant_blocks, Xorshift};
 use rstest::rstest;
 
 fn bytes(v: &[f32]) -> Vec<u8> {
@@ -498,7 +499,7 @@ fn pinned_threads_run_on_cpus_of_their_own_and_compute_the_same() {
 #[case::three_threads(3)]
 fn op_timing_counts_each_node_and_keeps_the_bits(#[case] threads: usize) {
     let be = cpu(threads, CopyQueue::Source);
-    let mut rng = common::Rng::new(5);
+    let mut rng = Xorshift::new(5);
     let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 16];
     let mut ctx = Context::new(&mut storage);
     let w = ctx.new_tensor(DType::Q4_0, [64, 8, 1, 1]).unwrap();
@@ -512,7 +513,7 @@ fn op_timing_counts_each_node_and_keeps_the_bits(#[case] threads: usize) {
     be.set_tensor_async(
         &tensors[w.index()],
         0,
-        &common::random_quant(DType::Q4_0, 16, &mut rng),
+        &xorshift_quant_blocks(DType::Q4_0, 16, &mut rng),
     )
     .unwrap();
     let xs: Vec<f32> = (0..128).map(|_| rng.f()).collect();

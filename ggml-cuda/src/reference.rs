@@ -660,53 +660,7 @@ pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A tiny deterministic generator for test data.
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) as u32
-        }
-        fn f(&mut self) -> f32 {
-            self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
-    }
-
-    fn set_f16(b: &mut [u8], at: usize, v: f32) {
-        b[at..at + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
-    }
-
-    /// Random quantised row of `n` values with sane scales.
-    fn random_row(dtype: DType, n: usize, rng: &mut Lcg) -> Vec<u8> {
-        let nb = n / dtype.block_size();
-        let ts = dtype.type_size();
-        let mut row = rng.bytes(nb * ts);
-        for b in 0..nb {
-            let blk = &mut row[b * ts..(b + 1) * ts];
-            match dtype {
-                DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => set_f16(blk, 0, 0.01 + 0.01 * rng.f()),
-                DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => {
-                    set_f16(blk, 0, 0.01 + 0.005 * rng.f());
-                    set_f16(blk, 2, 0.02 * rng.f());
-                }
-                DType::Q2K => {
-                    set_f16(blk, 80, 0.01 + 0.005 * rng.f());
-                    set_f16(blk, 82, 0.02 * rng.f());
-                }
-                DType::Q3K => set_f16(blk, 108, 0.002 + 0.001 * rng.f()),
-                DType::Q6K => set_f16(blk, 208, 0.001 + 0.0005 * rng.f()),
-                _ => {}
-            }
-        }
-        row
-    }
+    use ggml_test_kit::{lcg_quant_rows, Lcg, QUANT_DTYPES};
 
     /// ggml's own dequantisation loops (ggml-quants.c), written independently of
     /// `unpack_chunk` (Q2_K, Q3_K and Q5_K: ggml-core's port of them), for cross-checking the
@@ -832,24 +786,11 @@ mod tests {
         y
     }
 
-    const QUANTS: [DType; 10] = [
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-    ];
-
     #[test]
     fn chunks_match_ggml_dequantisation() {
         let mut rng = Lcg(7);
-        for dt in QUANTS {
-            let row = random_row(dt, 512, &mut rng);
+        for dt in QUANT_DTYPES {
+            let row = lcg_quant_rows(dt, 512, &mut rng, 0.01);
             let want = ggml_dequant(dt, &row, 512);
             let mut got = vec![0f32; 512];
             dequantize_row(dt, &row, &mut got).unwrap();
@@ -914,8 +855,8 @@ mod tests {
                 xd[32 * j + i] = blk[4 + i] as i8 as f32 * d;
             }
         }
-        for dt in QUANTS {
-            let w = random_row(dt, k, &mut rng);
+        for dt in QUANT_DTYPES {
+            let w = lcg_quant_rows(dt, k, &mut rng, 0.01);
             let mut wd = vec![0f32; k];
             dequantize_row(dt, &w, &mut wd).unwrap();
             let exact: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();

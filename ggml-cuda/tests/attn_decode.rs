@@ -14,7 +14,8 @@ use ggml_cuda::reference::{self, nmse, AttnDecode};
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
 
 mod common;
-use common::{driver, f32_bytes, run_all, Rng};
+use common::{driver, f32_bytes, run_all, Lcg};
+use ggml_test_kit::bytes::bits;
 
 /// cuda-sim with every check but the approx one (see the module doc).
 fn backend() -> CudaBackend {
@@ -86,7 +87,7 @@ impl Problem {
         mask: Option<DType>,
         params: AttnParams,
     ) -> Problem {
-        let mut r = Rng(seed);
+        let mut r = Lcg(seed);
         let q = r.vec(d * n_q * h * ne3);
         let round = |v: Vec<f32>| if kv == DType::F16 { f16_round(&v) } else { v };
         let k = round(r.vec(d * n_kv * h_kv * ne3));
@@ -224,10 +225,6 @@ fn assert_matches(got: &[f32], want: &[f32], what: &str) {
         let e = nmse(got, want);
         assert!(e < 1e-7, "{what}: NMSE {e:e}");
     }
-}
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
 }
 
 const SMOL: (usize, usize) = (9, 3);
@@ -385,7 +382,7 @@ fn decode_attention_ignores_padding_batching_and_reruns() {
     for n_kv in [512, 300, 1024] {
         let mut p = base.clone();
         p.n_kv = n_kv;
-        let widen = |x: &[f32], width: usize, r: &mut Rng| {
+        let widen = |x: &[f32], width: usize, r: &mut Lcg| {
             let mut y = f16_round(&r.vec(width * n_kv * base.h_kv));
             for hk in 0..base.h_kv {
                 for j in 0..base.n_kv {
@@ -395,7 +392,7 @@ fn decode_attention_ignores_padding_batching_and_reruns() {
             }
             y
         };
-        let mut r = Rng(99);
+        let mut r = Lcg(99);
         p.k = widen(&base.k, d, &mut r);
         p.v = widen(&base.v, d, &mut r);
         p.m = vec![f32::NEG_INFINITY; n_kv * n_q];

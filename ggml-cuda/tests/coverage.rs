@@ -7,27 +7,17 @@
 
 mod common;
 
-use common::{assert_bits, f32_bytes, gpu, run, to_f32, Rng};
-use ggml_core::quant::quantize_row;
+use common::{assert_bits, f32_bytes, gpu, run, to_f32, Lcg};
 use ggml_core::{AttnParams, Backend, Context, DType, RopeMode, RopeParams, Tensor, TensorId};
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
 use ggml_cuda::reference::{self, nmse, BinaryOp, RopeConsts};
+use ggml_test_kit::quantize_rows;
 use rstest::rstest;
 
 /// A graph and its inputs, built the same way for each backend.
 struct Case {
     inputs: Vec<(TensorId, Vec<u8>)>,
     out: TensorId,
-}
-
-/// `values` stored as `dtype` (f32, f16, bf16 or a quantised type: rows of `row` values).
-fn bytes_of(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
-    let per_row = dtype.row_size(row).expect("row fits the dtype's blocks");
-    let mut out = vec![0u8; per_row * values.len() / row];
-    for (src, dst) in values.chunks(row).zip(out.chunks_mut(per_row)) {
-        quantize_row(dtype, src, dst).expect("quantisable row");
-    }
-    out
 }
 
 /// Runs `build` on the CPU backend and on the GPU; returns both outputs, CPU first.
@@ -71,13 +61,13 @@ fn gpu_vs_cpu(build: impl Fn(&mut Context<'_>) -> Case) -> f64 {
 #[case::q6_k_k512_n8(DType::Q6K, 512, 5, 8)]
 fn mul_mat(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: usize) {
     let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(k as u64 * 31 + m as u64 * 7 + n as u64);
+        let mut r = Lcg(k as u64 * 31 + m as u64 * 7 + n as u64);
         let w = ctx.new_tensor(dtype, [k, m, 1, 1]).unwrap();
         let x = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
         let out = ctx.mul_mat(w, x).unwrap();
         Case {
             inputs: vec![
-                (w, bytes_of(dtype, &r.vec(k * m), k)),
+                (w, quantize_rows(dtype, &r.vec(k * m), k)),
                 (x, f32_bytes(&r.vec(k * n))),
             ],
             out,
@@ -109,8 +99,8 @@ fn mul_mat(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: 
 #[case::q5_k_n9(DType::Q5K, 512, 7, 9)]
 #[case::q5_k_n1(DType::Q5K, 768, 5, 1)]
 fn mul_mat_quantised(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #[case] n: usize) {
-    let mut r = Rng(k as u64 * 31 + m as u64 * 7 + n as u64);
-    let w = bytes_of(dtype, &r.vec(k * m), k);
+    let mut r = Lcg(k as u64 * 31 + m as u64 * 7 + n as u64);
+    let w = quantize_rows(dtype, &r.vec(k * m), k);
     let x = r.vec(k * n);
     let be = gpu();
     let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
@@ -148,8 +138,8 @@ fn mul_mat_quantised(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #
 #[case::bf16_n1(DType::BF16, 5, 1)]
 fn mul_mat_float_bit_for_bit(#[case] dtype: DType, #[case] m: usize, #[case] n: usize) {
     let k = 1000;
-    let mut r = Rng(k as u64 + m as u64 * 7 + n as u64);
-    let w = bytes_of(dtype, &r.vec(k * m), k);
+    let mut r = Lcg(k as u64 + m as u64 * 7 + n as u64);
+    let w = quantize_rows(dtype, &r.vec(k * m), k);
     let x = r.vec(k * n);
     let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 8];
     let mut ctx = Context::new(&mut s);
@@ -188,7 +178,7 @@ fn rms_norm_rows(x: &[f32], n: usize, eps: f32) -> Vec<f32> {
 /// Rows whose length leaves a tail after the warp's 32-wide loop.
 #[rstest]
 fn rms_norm_with_a_tail(#[values(100, 1000, 4097)] n: usize) {
-    let xv = Rng(n as u64).vec(n * 3);
+    let xv = Lcg(n as u64).vec(n * 3);
     let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(DType::F32, [n, 3, 1, 1]).unwrap();
         let out = ctx.rms_norm(x, 1e-6).unwrap();
@@ -210,11 +200,11 @@ fn add_mul_half_precision_with_broadcasting(
     #[values(true, false)] mul: bool,
     #[values([100, 1, 2, 1], [100, 6, 1, 1])] b_shape: [usize; 4],
 ) {
-    let mut r = Rng(3);
+    let mut r = Lcg(3);
     let nb: usize = b_shape.iter().product();
     let (ab, bb) = (
-        bytes_of(a_dtype, &r.vec(1200), 100),
-        bytes_of(b_dtype, &r.vec(nb), 100),
+        quantize_rows(a_dtype, &r.vec(1200), 100),
+        quantize_rows(b_dtype, &r.vec(nb), 100),
     );
     let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let a = ctx.new_tensor(a_dtype, [100, 6, 2, 1]).unwrap();
@@ -288,7 +278,7 @@ fn rope_f16_and_yarn(
         p.n_ctx_orig = 4096;
     }
     let pos = [0i32, 1, 5, 100, 1000, 7000, 16000];
-    let xb = bytes_of(dtype, &Rng(4).vec(64 * 4 * 7), 64);
+    let xb = quantize_rows(dtype, &Lcg(4).vec(64 * 4 * 7), 64);
     let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(dtype, [64, 4, 7, 1]).unwrap();
         let tp = ctx.new_tensor(DType::I32, [7, 1, 1, 1]).unwrap();
@@ -314,7 +304,7 @@ fn soft_max_alibi_and_masks(
     #[values(100, 1000)] n: usize,
 ) {
     let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(5);
+        let mut r = Lcg(5);
         let x = ctx.new_tensor(DType::F32, [n, 6, 4, 1]).unwrap();
         let mut inputs = vec![(x, f32_bytes(&r.vec(n * 24)))];
         let m = mask.map(|dt| {
@@ -328,7 +318,7 @@ fn soft_max_alibi_and_masks(
                     }
                 })
                 .collect();
-            inputs.push((m, bytes_of(dt, &v, n)));
+            inputs.push((m, quantize_rows(dt, &v, n)));
             m
         });
         let out = ctx.soft_max(x, m, 0.7, max_bias).unwrap();
@@ -362,14 +352,14 @@ fn flash_attn(
     let nq = 3;
     let h = hkv * gqa;
     let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(d as u64 + nkv as u64);
+        let mut r = Lcg(d as u64 + nkv as u64);
         let q = ctx.new_tensor(DType::F32, [d, nq, h, 1]).unwrap();
         let k = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
         let v = ctx.new_tensor(DType::F16, [d, nkv, hkv, 1]).unwrap();
         let mut inputs = vec![
             (q, f32_bytes(&r.vec(d * nq * h))),
-            (k, bytes_of(DType::F16, &r.vec(d * nkv * hkv), d)),
-            (v, bytes_of(DType::F16, &r.vec(d * nkv * hkv), d)),
+            (k, quantize_rows(DType::F16, &r.vec(d * nkv * hkv), d)),
+            (v, quantize_rows(DType::F16, &r.vec(d * nkv * hkv), d)),
         ];
         let mask = with_mask.then(|| {
             let m = ctx.new_tensor(DType::F16, [nkv, nq, 1, 1]).unwrap();
@@ -382,7 +372,7 @@ fn flash_attn(
                     }
                 })
                 .collect();
-            inputs.push((m, bytes_of(DType::F16, &mv, nkv)));
+            inputs.push((m, quantize_rows(DType::F16, &mv, nkv)));
             m
         });
         let p = AttnParams {
@@ -405,7 +395,7 @@ fn flash_attn(
 fn flash_attn_gemma3_layout(#[values(1, 5)] n_tok: usize) {
     let (d, h, cache, nkv) = (256, 4, 64, 37);
     let e = gpu_vs_cpu(|ctx| {
-        let mut r = Rng(11 + n_tok as u64);
+        let mut r = Lcg(11 + n_tok as u64);
         let q0 = ctx.new_tensor(DType::F32, [d, h, n_tok, 1]).unwrap();
         let q = ctx.permute(q0, [0, 2, 1, 3]).unwrap();
         let kc = ctx.new_tensor(DType::F16, [d, cache, 1, 1]).unwrap();
@@ -426,9 +416,9 @@ fn flash_attn_gemma3_layout(#[values(1, 5)] n_tok: usize) {
         Case {
             inputs: vec![
                 (q0, f32_bytes(&r.vec(d * h * n_tok))),
-                (kc, bytes_of(DType::F16, &r.vec(d * cache), d)),
-                (vc, bytes_of(DType::F16, &r.vec(d * cache), d)),
-                (m, bytes_of(DType::F16, &mv, nkv)),
+                (kc, quantize_rows(DType::F16, &r.vec(d * cache), d)),
+                (vc, quantize_rows(DType::F16, &r.vec(d * cache), d)),
+                (m, quantize_rows(DType::F16, &mv, nkv)),
             ],
             out,
         }
@@ -440,7 +430,7 @@ fn flash_attn_gemma3_layout(#[values(1, 5)] n_tok: usize) {
 /// `[256]` weight broadcast over heads and tokens.
 #[rstest]
 fn rms_norm_then_row_weight(#[values(1, 7)] n_tok: usize) {
-    let mut r = Rng(12 + n_tok as u64);
+    let mut r = Lcg(12 + n_tok as u64);
     let (xv, wv) = (r.vec(256 * 4 * n_tok), r.vec(256));
     let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(DType::F32, [256, 4, n_tok, 1]).unwrap();
@@ -472,7 +462,7 @@ fn rope_neox_head_256(
     let mut p = RopeParams::llama(256, base);
     p.mode = RopeMode::Neox;
     let pos = [0i32, 1, 7, 100, 4095, 32767];
-    let xb = bytes_of(dtype, &Rng(13).vec(256 * 4 * 6), 256);
+    let xb = quantize_rows(dtype, &Lcg(13).vec(256 * 4 * 6), 256);
     let [cpu, gpu] = cpu_and_gpu(|ctx| {
         let x = ctx.new_tensor(dtype, [256, 4, 6, 1]).unwrap();
         let tp = ctx.new_tensor(DType::I32, [6, 1, 1, 1]).unwrap();
@@ -574,7 +564,7 @@ fn gelu_geglu_within_an_f16_place_of_the_cpu(
         GeluInput::Strided => ([6, 17, 3, 1], [17, 6, 3, 1]),
     };
     let n: usize = ne.iter().product();
-    let mut r = Rng(7 + n as u64);
+    let mut r = Lcg(7 + n as u64);
     let gate_storage = match input {
         GeluInput::AllF16 => all_f16_gates(),
         _ => r.vec(n).iter().map(|v| v * 12.0).collect(),

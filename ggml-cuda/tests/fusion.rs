@@ -9,25 +9,14 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{f32_bytes, gpu, Rng};
-use ggml_core::quant::quantize_row;
+use common::{f32_bytes, gpu, place_and_upload, Lcg};
 use ggml_core::{Backend, BackendErrorKind, Context, DType, DataRef, Op, Tensor, TensorId};
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
+use ggml_test_kit::quantize_rows;
 use rstest::rstest;
 
 fn storage() -> Vec<Tensor> {
     vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 64]
-}
-
-/// Random rows of `k` values stored as `dtype` by ggml's own quantisation.
-fn weights(dtype: DType, k: usize, m: usize, r: &mut Rng) -> Vec<u8> {
-    let v = r.vec(k * m);
-    let per_row = dtype.row_size(k).unwrap();
-    let mut out = vec![0u8; per_row * m];
-    for (src, dst) in v.chunks(k).zip(out.chunks_mut(per_row)) {
-        quantize_row(dtype, src, dst).unwrap();
-    }
-    out
 }
 
 /// Places every non-view tensor of `ctx` in one buffer of `be` filled with `fill` (so an
@@ -41,36 +30,8 @@ fn run_nodes(
     fill: u8,
 ) -> (Vec<Vec<u8>>, u64) {
     be.set_tuning(tuning);
-    let n = ctx.len();
-    let mut offs = vec![0usize; n];
-    let mut total = 0usize;
-    for (i, t) in ctx.tensors().iter().enumerate() {
-        if t.view_src.is_none() {
-            offs[i] = total;
-            total += t.nbytes().div_ceil(256) * 256 + 256;
-        }
-    }
-    let buf = be.alloc_buffer(total).unwrap();
-    be.buffer_clear(buf.id, fill).unwrap();
-    for i in 0..n {
-        let t = ctx.tensors()[i];
-        let (root, extra) = match t.view_src {
-            Some(r) => (r.index(), t.view_offs),
-            None => (i, 0),
-        };
-        ctx.tensors_mut()[i].data = Some(DataRef {
-            buffer: buf.id,
-            addr: buf.base + (offs[root] + extra) as u64,
-        });
-    }
+    let (buf, nodes) = place_and_upload(be, ctx, inputs, fill);
     let ts = ctx.tensors();
-    for (id, bytes) in inputs {
-        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
-    }
-    let nodes: Vec<TensorId> = (0..n as u32)
-        .map(TensorId)
-        .filter(|id| ts[id.index()].op != Op::None)
-        .collect();
     let before: u64 = be.kernel_stats().launches.iter().sum();
     be.graph_compute(ts, &nodes).unwrap();
     be.synchronize().unwrap();
@@ -123,7 +84,7 @@ fn layer(
     seed: u64,
 ) -> Vec<(TensorId, Vec<u8>)> {
     let (e, kv, ff) = (256, 64, 512);
-    let mut r = Rng(seed);
+    let mut r = Lcg(seed);
     let mut inputs = Vec::new();
     let x = ctx.new_tensor(DType::F32, [e, n, 1, 1]).unwrap();
     inputs.push((x, f32_bytes(&r.vec(e * n))));
@@ -133,7 +94,7 @@ fn layer(
     inputs.push((g2, f32_bytes(&r.vec(e))));
     let mut w = |ctx: &mut Context<'_>, dt: DType, k: usize, m: usize| {
         let t = ctx.new_tensor(dt, [k, m, 1, 1]).unwrap();
-        inputs.push((t, weights(dt, k, m, &mut r)));
+        inputs.push((t, quantize_rows(dt, &r.vec(k * m), k)));
         t
     };
     let wq = w(ctx, dts[0], e, e);
@@ -239,7 +200,7 @@ fn norm_and_output_head() {
     let (plain, fused) = fused_vs_unfused(
         |ctx| {
             let (e, vocab) = (128, 1200);
-            let mut r = Rng(5);
+            let mut r = Lcg(5);
             let x = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
             let g = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
             let w = ctx.new_tensor(DType::Q8_0, [e, vocab, 1, 1]).unwrap();
@@ -249,7 +210,7 @@ fn norm_and_output_head() {
             vec![
                 (x, f32_bytes(&r.vec(e))),
                 (g, f32_bytes(&r.vec(e))),
-                (w, weights(DType::Q8_0, e, vocab, &mut r)),
+                (w, quantize_rows(DType::Q8_0, &r.vec(e * vocab), e)),
             ]
         },
         CudaTuning::default(),
@@ -264,10 +225,10 @@ fn norm_and_output_head() {
 fn overlapping_bytes_run_node_by_node() {
     let be = gpu();
     let (k, m) = (64, 32);
-    let mut r = Rng(9);
+    let mut r = Lcg(9);
     let xv = r.vec(k);
     let gv = r.vec(k);
-    let wv = weights(DType::Q4_0, k, m, &mut r);
+    let wv = quantize_rows(DType::Q4_0, &r.vec(k * m), k);
     let mut results = Vec::new();
     for tuning in [
         CudaTuning::default().without_fusions(),

@@ -10,6 +10,7 @@
 //! real GPU through libcuda and fail if there is none. Nothing is skipped.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
+use ggml_core::DType::{Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use ggml_core::{
     AttnParams, Backend, BackendErrorKind, Context, DType, DataRef, EventRef, RopeMode, RopeParams,
     Tensor,
@@ -18,50 +19,12 @@ use ggml_cuda::reference::{self, nmse, BinaryOp, Q8_1_BLOCK};
 use ggml_cuda::{CudaBackend, CudaTuning};
 
 mod common;
-use common::{assert_bits, driver, f32_bytes, gpu, run, run_all, Rng};
+use common::{assert_bits, driver, f32_bytes, gpu, run, run_all, Lcg};
+use ggml_test_kit::bytes::{bf16_bytes, f16_bytes, i32_bytes};
+use ggml_test_kit::lcg_quant_rows;
 
-fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|x| reference::f32_to_f16(*x).to_le_bytes())
-        .collect()
-}
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|x| reference::f32_to_bf16(*x).to_le_bytes())
-        .collect()
-}
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
 fn to_f32(b: &[u8]) -> Vec<f32> {
     common::to_f32(DType::F32, b)
-}
-
-/// Random quantised rows with sane scales.
-fn quant_rows(dt: DType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
-    let ts = dt.type_size();
-    let nb = k / dt.block_size() * rows;
-    let mut v: Vec<u8> = (0..nb * ts).map(|_| rng.next() as u8).collect();
-    let put = |b: &mut [u8], at: usize, x: f32| {
-        b[at..at + 2].copy_from_slice(&reference::f32_to_f16(x).to_le_bytes())
-    };
-    for blk in v.chunks_mut(ts) {
-        match dt {
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => put(blk, 0, 0.01 + 0.005 * rng.f()),
-            DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => {
-                put(blk, 0, 0.01 + 0.005 * rng.f());
-                put(blk, 2, 0.02 * rng.f());
-            }
-            DType::Q2K => {
-                put(blk, 80, 0.01 + 0.005 * rng.f());
-                put(blk, 82, 0.02 * rng.f());
-            }
-            DType::Q3K => put(blk, 108, 0.002 + 0.001 * rng.f()),
-            DType::Q6K => put(blk, 208, 0.001 + 0.0005 * rng.f()),
-            _ => {}
-        }
-    }
-    v
 }
 
 fn storage() -> Vec<Tensor> {
@@ -71,7 +34,7 @@ fn storage() -> Vec<Tensor> {
 #[test]
 fn get_rows_all_dtypes() {
     let be = gpu();
-    let mut rng = Rng(1);
+    let mut rng = Lcg(1);
     for dt in [
         DType::F32,
         DType::F16,
@@ -91,7 +54,7 @@ fn get_rows_all_dtypes() {
             DType::F32 => f32_bytes(&rng.vec(k * rows)),
             DType::F16 => f16_bytes(&rng.vec(k * rows)),
             DType::BF16 => bf16_bytes(&rng.vec(k * rows)),
-            _ => quant_rows(dt, k, rows, &mut rng),
+            _ => lcg_quant_rows(dt, k * rows, &mut rng, 0.005),
         };
         let idx = [3i32, 0, 9, 3];
         let mut s = storage();
@@ -118,7 +81,7 @@ fn get_rows_all_dtypes() {
 #[test]
 fn set_rows_writes_named_rows_exactly() {
     let be = gpu();
-    let mut rng = Rng(2);
+    let mut rng = Lcg(2);
     let (n, rows) = (64, 12);
     let cache = rng.vec(n * rows);
     let src = rng.vec(n * 3);
@@ -222,7 +185,7 @@ fn set_rows_bad_index_names_the_op_and_node() {
 #[test]
 fn norm_mul_add_scale_bit_for_bit() {
     let be = gpu();
-    let mut rng = Rng(12);
+    let mut rng = Lcg(12);
     let (x, g, y) = (rng.vec(576 * 6), rng.vec(576), rng.vec(576 * 6));
     let h: Vec<f32> = rng.vec(300).iter().map(|v| v * 1000.0).collect();
     let mut s = storage();
@@ -274,7 +237,7 @@ fn norm_mul_add_scale_bit_for_bit() {
 #[test]
 fn binary_unary_norm() {
     let be = gpu();
-    let mut rng = Rng(2);
+    let mut rng = Lcg(2);
     let (x, g, y) = (rng.vec(576 * 6), rng.vec(576), rng.vec(576 * 6));
     let mut s = storage();
     let mut ctx = Context::new(&mut s);
@@ -350,22 +313,10 @@ fn mul_mat_q_ref(
 /// sequential order, so the two classes agree wherever their columns do.
 #[rstest::rstest]
 fn mul_mat_quantised_is_the_sequential_order(
-    #[values(
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K
-    )]
-    dt: DType,
+    #[values(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dt: DType,
 ) {
     let be = gpu();
-    let mut rng = Rng(3 + dt.ggml_id() as u64);
+    let mut rng = Lcg(3 + dt.ggml_id() as u64);
     for k in [32, 256, 576, 1536] {
         if k % dt.block_size() != 0 {
             continue;
@@ -376,7 +327,7 @@ fn mul_mat_quantised_is_the_sequential_order(
         } else {
             &[1, 7, 17]
         };
-        let w = quant_rows(dt, k, m, &mut rng);
+        let w = lcg_quant_rows(dt, k * m, &mut rng, 0.005);
         let x = rng.vec(k * 17);
         let mut s = storage();
         let mut ctx = Context::new(&mut s);
@@ -417,10 +368,10 @@ fn mul_mat_quantised_is_the_sequential_order(
 #[case::q5_0_tiled(DType::Q5_0, 8)]
 fn mul_mat_quantised_broadcast_batches(#[case] dt: DType, #[case] n: usize) {
     let be = gpu();
-    let mut rng = Rng(5);
+    let mut rng = Lcg(5);
     let (k, m) = (256, 11);
     let (a2, a3, b2, b3) = (2, 1, 4, 3);
-    let w = quant_rows(dt, k, m * a2 * a3, &mut rng);
+    let w = lcg_quant_rows(dt, k * m * a2 * a3, &mut rng, 0.005);
     // x: [k, n, b2, b3] inside a [2k, ...] parent (column stride 2k values).
     let xp = rng.vec(2 * k * n * b2 * b3);
     let mut x = Vec::with_capacity(k * n * b2 * b3);
@@ -447,7 +398,7 @@ fn mul_mat_quantised_broadcast_batches(#[case] dt: DType, #[case] n: usize) {
 #[test]
 fn mul_mat_float_with_broadcast() {
     let be = gpu();
-    let mut rng = Rng(4);
+    let mut rng = Lcg(4);
     for dt in [DType::F32, DType::F16, DType::BF16] {
         let (k, m, n) = (64, 32, 5);
         let a = rng.vec(k * m * 3);
@@ -487,7 +438,7 @@ fn mul_mat_float_with_broadcast() {
 #[test]
 fn rope_normal_and_neox() {
     let be = gpu();
-    let mut rng = Rng(5);
+    let mut rng = Lcg(5);
     let ne = [64, 9, 7];
     let x = rng.vec(64 * 9 * 7);
     let pos = [0i32, 1, 2, 100, 1000, 4000, 7];
@@ -517,7 +468,7 @@ fn rope_normal_and_neox() {
 #[test]
 fn soft_max_with_f16_mask() {
     let be = gpu();
-    let mut rng = Rng(6);
+    let mut rng = Lcg(6);
     let (n, rows) = (100, 6);
     let x = rng.vec(n * rows);
     let mask: Vec<f32> = (0..n * rows)
@@ -557,7 +508,7 @@ fn soft_max_with_f16_mask() {
 #[test]
 fn cpy_cont_concat() {
     let be = gpu();
-    let mut rng = Rng(7);
+    let mut rng = Lcg(7);
     let x = rng.vec(8 * 6 * 4);
     let mut s = storage();
     let mut ctx = Context::new(&mut s);
@@ -696,11 +647,11 @@ fn flash_attn_on_gpu(
 #[test]
 fn flash_attn_matches_and_ignores_masked_padding() {
     let be = gpu();
-    let mut rng = Rng(8);
+    let mut rng = Lcg(8);
     let (d, nq, h, hkv) = (64, 5, 6, 2);
     let mut results = Vec::new();
     // Positions 0..40 are the same in both runs; 40..72 are masked padding.
-    let mut r2 = Rng(9);
+    let mut r2 = Lcg(9);
     let q: Vec<f32> = (0..d * nq * h).map(|_| r2.f()).collect();
     let kb: Vec<f32> = (0..d * 40 * hkv).map(|_| r2.f()).collect();
     let vb: Vec<f32> = (0..d * 40 * hkv).map(|_| r2.f()).collect();
@@ -822,7 +773,7 @@ fn q8_1_activation_ties_round_away_from_zero() {
 #[case::cap_50(50.0)]
 fn flash_attn_soft_cap_with_large_logits(#[case] softcap: f32) {
     let be = gpu();
-    let mut r = Rng(21);
+    let mut r = Lcg(21);
     let (d, nq, nkv, h, hkv) = (64, 4, 48, 4, 2);
     // q.k * scale spans about -80..80: most scores sit in tanh's flat tails.
     let q: Vec<f32> = (0..d * nq * h).map(|_| 12.0 * r.f()).collect();
@@ -967,9 +918,9 @@ fn every_kernel_launches_with_its_parameter_list() {
 #[test]
 fn op_timing_sums_each_kind_and_keeps_the_bits() {
     let be = gpu();
-    let mut rng = Rng(11);
+    let mut rng = Lcg(11);
     let (k, m, n) = (256, 24, 3);
-    let w = quant_rows(DType::Q4_0, k, m, &mut rng);
+    let w = lcg_quant_rows(DType::Q4_0, k * m, &mut rng, 0.005);
     let x = rng.vec(k * n);
     let mut s = storage();
     let mut ctx = Context::new(&mut s);
@@ -1086,7 +1037,7 @@ fn recorded_launches_replay_timed() {
         });
     }
     let ts = ctx.tensors();
-    be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&Rng(7).vec(3000)))
+    be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&Lcg(7).vec(3000)))
         .unwrap();
     be.record_launches(true);
     be.graph_compute(ts, &[y, z]).unwrap();

@@ -8,12 +8,13 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{f32_bytes, gpu, Rng};
-use ggml_core::quant::quantize_row;
+use common::{f32_bytes, gpu, Lcg};
 use ggml_core::{
     Backend, BackendErrorKind, BufferInfo, Context, DType, DataRef, Op, Tensor, TensorId,
 };
 use ggml_cuda::{CudaBackend, CudaTuning, HostCounters};
+use ggml_test_kit::bytes::i32_bytes;
+use ggml_test_kit::quantize_rows;
 
 /// Places every non-view tensor of `ts` in one new zeroed buffer of `be` (views at their
 /// roots).
@@ -52,10 +53,6 @@ fn read(be: &CudaBackend, t: &Tensor) -> Vec<u8> {
     let mut out = vec![0u8; t.nbytes()];
     be.get_tensor(t, 0, &mut out).unwrap();
     out
-}
-
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// A decoder-layer-like split: embedding rows by token id, RMS norm, a Q4_0 product (so
@@ -99,18 +96,12 @@ fn layer(tokens: usize) -> Layer {
 /// The layer placed on `be` with seeded weights.
 fn setup(be: &CudaBackend, l: &mut Layer) -> BufferInfo {
     let buf = place(be, &mut l.ts);
-    let mut rng = Rng(7);
+    let mut rng = Lcg(7);
     let emb = l.ts[l.emb.index()];
     be.set_tensor_async(&emb, 0, &f32_bytes(&rng.vec(emb.nelements())))
         .unwrap();
     let w = l.ts[l.w.index()];
-    let mut q = vec![0u8; w.nbytes()];
-    let row = w.ne[0];
-    let per_row = DType::Q4_0.row_size(row).unwrap();
-    let vals = rng.vec(w.nelements());
-    for (src, dst) in vals.chunks(row).zip(q.chunks_mut(per_row)) {
-        quantize_row(DType::Q4_0, src, dst).unwrap();
-    }
+    let q = quantize_rows(DType::Q4_0, &rng.vec(w.nelements()), w.ne[0]);
     be.set_tensor_async(&w, 0, &q).unwrap();
     be.synchronize().unwrap();
     buf
@@ -292,7 +283,7 @@ fn small_uploads_travel_in_one_copy_and_keep_their_order() {
     let d = ctx.new_tensor(DType::F32, [40000, 1, 1, 1]).unwrap();
     let mut ts = ctx.tensors().to_vec();
     place(&be, &mut ts);
-    let mut rng = Rng(3);
+    let mut rng = Lcg(3);
     let va = f32_bytes(&rng.vec(1000));
     let vb = f32_bytes(&rng.vec(10000));
     let vd = f32_bytes(&rng.vec(40000));

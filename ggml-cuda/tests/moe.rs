@@ -13,11 +13,13 @@
 
 mod common;
 
-use common::{assert_bits, f32_bytes, gpu, run_all, to_f32, Rng};
-use ggml_core::quant::quantize_row;
+use common::{assert_bits, f32_bytes, gpu, run_all, to_f32, Lcg};
+use ggml_core::DType::{BF16, F16, F32, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use ggml_core::{Backend, BackendErrorKind, Context, DType, DataRef, Tensor, TensorId};
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
 use ggml_cuda::reference::{self, nmse};
+use ggml_test_kit::bytes::i32_bytes;
+use ggml_test_kit::quantize_rows;
 use rstest::rstest;
 
 /// A graph's inputs and the outputs to read back.
@@ -45,20 +47,6 @@ fn cpu_and_gpu(build: impl Fn(&mut Context<'_>) -> Case) -> [Vec<Vec<u8>>; 2] {
     [res.pop().expect("two runs"), g]
 }
 
-/// `values` stored as `dtype` (f32, f16, bf16 or a quantised type: rows of `row` values).
-fn bytes_of(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
-    let per_row = dtype.row_size(row).expect("row fits the dtype's blocks");
-    let mut out = vec![0u8; per_row * values.len() / row];
-    for (src, dst) in values.chunks(row).zip(out.chunks_mut(per_row)) {
-        quantize_row(dtype, src, dst).expect("quantisable row");
-    }
-    out
-}
-
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 fn to_i32(b: &[u8]) -> Vec<i32> {
     b.chunks_exact(4)
         .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
@@ -82,7 +70,7 @@ fn assert_same_floats(got: &[f32], want: &[f32], what: &str) {
 
 /// Random values with the edge cases mixed in at fixed places: signed zeros, infinities,
 /// NaN with two payloads, subnormals, and values that repeat.
-fn with_specials(r: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+fn with_specials(r: &mut Lcg, n: usize, scale: f32) -> Vec<f32> {
     let mut v: Vec<f32> = r.vec(n).iter().map(|x| x * scale).collect();
     // -0 before +0, so that an order telling them apart would put them the other way.
     let specials = [
@@ -126,7 +114,7 @@ fn div_matches_the_cpu_bit_for_bit(
     #[case] b_ne: [usize; 4],
 ) {
     let (na, nb) = (a_ne.iter().product(), b_ne.iter().product());
-    let mut r = Rng(na as u64 * 3 + nb as u64);
+    let mut r = Lcg(na as u64 * 3 + nb as u64);
     let av = with_specials(&mut r, na, 4.0);
     let bv = with_specials(&mut r, nb, 2.0);
     let [cpu, gpu] = cpu_and_gpu(|ctx| {
@@ -135,8 +123,8 @@ fn div_matches_the_cpu_bit_for_bit(
         let out = ctx.div(a, b).unwrap();
         Case {
             inputs: vec![
-                (a, bytes_of(a_dtype, &av, a_ne[0])),
-                (b, bytes_of(b_dtype, &bv, b_ne[0])),
+                (a, quantize_rows(a_dtype, &av, a_ne[0])),
+                (b, quantize_rows(b_dtype, &bv, b_ne[0])),
             ],
             outs: vec![out],
         }
@@ -165,7 +153,7 @@ fn clamp_matches_the_cpu_bit_for_bit(
 ) {
     let storage_ne = [19, 6, 3, 1];
     let n = 19 * 6 * 3;
-    let mut r = Rng(17);
+    let mut r = Lcg(17);
     let mut x = with_specials(&mut r, n, 2.0);
     x[50] = lo;
     x[51] = hi;
@@ -215,7 +203,7 @@ fn clamp_matches_the_cpu_bit_for_bit(
 #[case::transposed([6, 40, 1, 1], true)]
 fn sum_rows_matches_the_cpu_bit_for_bit(#[case] ne: [usize; 4], #[case] transposed: bool) {
     let n: usize = ne.iter().product();
-    let mut r = Rng(n as u64 + 5);
+    let mut r = Lcg(n as u64 + 5);
     let mut x: Vec<f32> = (0..n)
         .map(|_| {
             let e = (r.next() % 17) as i32 - 8;
@@ -286,7 +274,7 @@ fn argsort_top_k_matches_the_cpu_exactly(
     #[values(false, true)] transposed: bool,
 ) {
     let total = n * rows * 2;
-    let mut r = Rng(n as u64 * 13 + k as u64);
+    let mut r = Lcg(n as u64 * 13 + k as u64);
     let x: Vec<f32> = match values {
         Values::Random => r.vec(total),
         Values::Ties => (0..total)
@@ -371,26 +359,11 @@ fn k_of(dtype: DType) -> usize {
 /// mul_mat's NMSE limit of the CPU backend.
 #[rstest]
 fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
-    #[values(
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K
-    )]
-    dtype: DType,
+    #[values(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dtype: DType,
     #[values(1, N_USED)] b1: usize,
 ) {
     let (k, m) = (k_of(dtype), 7);
-    let mut r = Rng(k as u64 * 7 + b1 as u64);
+    let mut r = Lcg(k as u64 * 7 + b1 as u64);
     let wv = r.vec(k * m * N_AS);
     let xv = r.vec(k * b1 * TOKENS);
     let ids = expert_ids();
@@ -409,7 +382,7 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
         }
         Case {
             inputs: vec![
-                (w, bytes_of(dtype, &wv, k)),
+                (w, quantize_rows(dtype, &wv, k)),
                 (x, f32_bytes(&xv)),
                 (ti, i32_bytes(&ids)),
             ],
@@ -433,7 +406,7 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
     }
     if dtype.is_quantized() {
         // Quantised experts: bit for bit the host's sequential order.
-        let wb = bytes_of(dtype, &wv, k);
+        let wb = quantize_rows(dtype, &wv, k);
         let rs = dtype.row_size(k).unwrap();
         let mut q = vec![0u8; k / 32 * reference::Q8_1_BLOCK];
         for t in 0..TOKENS {
@@ -472,7 +445,7 @@ fn mul_mat_id_float_experts_take_strided_activations(
     #[values(DType::F32, DType::F16, DType::BF16)] dtype: DType,
 ) {
     let (k, m) = (100, 5);
-    let mut r = Rng(41);
+    let mut r = Lcg(41);
     let wv = r.vec(k * m * N_AS);
     let xv = r.vec(k * N_USED * TOKENS);
     let ids = expert_ids();
@@ -488,7 +461,7 @@ fn mul_mat_id_float_experts_take_strided_activations(
         let dense = ctx.mul_mat_id(w, xc, ti).unwrap();
         Case {
             inputs: vec![
-                (w, bytes_of(dtype, &wv, k)),
+                (w, quantize_rows(dtype, &wv, k)),
                 (x0, f32_bytes(&xv)),
                 (ti, i32_bytes(&ids)),
             ],
@@ -499,7 +472,7 @@ fn mul_mat_id_float_experts_take_strided_activations(
         gpu[0], gpu[1],
         "{dtype}: strided and contiguous activations differ"
     );
-    let wf = to_f32(dtype, &bytes_of(dtype, &wv, k));
+    let wf = to_f32(dtype, &quantize_rows(dtype, &wv, k));
     let mut want = vec![0f32; m * N_USED * TOKENS];
     for t in 0..TOKENS {
         for e in 0..N_USED {
@@ -576,7 +549,7 @@ fn mul_mat_id_bad_expert_id_is_bad_data(
 #[test]
 fn moe_ffn_matches_the_cpu() {
     let (n_embd, n_ff, n_expert, n_used, n_tok) = (64, 96, 8, 2, 6);
-    let mut r = Rng(99);
+    let mut r = Lcg(99);
     // Per token a permutation of 8 levels 0.4 apart, plus small noise.
     let mut logits = Vec::new();
     for t in 0..n_tok {
@@ -629,9 +602,9 @@ fn moe_ffn_matches_the_cpu() {
             inputs: vec![
                 (tl, f32_bytes(&logits)),
                 (tx, f32_bytes(&x)),
-                (tu, bytes_of(DType::Q4_0, &up, n_embd)),
-                (tg, bytes_of(DType::Q4_0, &gate, n_embd)),
-                (td, bytes_of(DType::Q8_0, &down, n_ff)),
+                (tu, quantize_rows(DType::Q4_0, &up, n_embd)),
+                (tg, quantize_rows(DType::Q4_0, &gate, n_embd)),
+                (td, quantize_rows(DType::Q8_0, &down, n_ff)),
             ],
             outs: vec![ids, wn, out],
         }
@@ -657,7 +630,7 @@ fn mul_mat_id_of_a_prompt_batch_is_the_host_order(
     #[values(1, N_USED)] b1: usize,
 ) {
     let (k, m, tokens) = (256, 7, 9);
-    let mut r = Rng(k as u64 + b1 as u64 + 77);
+    let mut r = Lcg(k as u64 + b1 as u64 + 77);
     let wv = r.vec(k * m * N_AS);
     let xv = r.vec(k * b1 * tokens);
     let ids: Vec<i32> = (0..tokens * N_USED)
@@ -670,7 +643,7 @@ fn mul_mat_id_of_a_prompt_batch_is_the_host_order(
     let x = ctx.new_tensor(DType::F32, [k, b1, tokens, 1]).unwrap();
     let ti = ctx.new_tensor(DType::I32, [N_USED, tokens, 1, 1]).unwrap();
     let out = ctx.mul_mat_id(w, x, ti).unwrap();
-    let wb = bytes_of(dtype, &wv, k);
+    let wb = quantize_rows(dtype, &wv, k);
     let got = to_f32(
         DType::F32,
         &run_all(

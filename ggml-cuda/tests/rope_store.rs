@@ -10,7 +10,7 @@ use ggml_core::{
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
 
 mod common;
-use common::{f32_bytes, gpu, Rng};
+use common::{f32_bytes, gpu, Lcg};
 
 /// One decode step's attention inputs as a model graph orders them.
 #[derive(Clone, Copy, Debug)]
@@ -59,8 +59,8 @@ fn run(be: &CudaBackend, s: Step, idx: &[i32], tuning: CudaTuning) -> Outcome {
     ctx.set_name(kw, "k_cache_write-0").unwrap();
     let vw = with_v.then(|| ctx.set_rows(vcache, vc, rows).unwrap());
 
-    let mut r = Rng(d as u64 * 31 + n as u64);
-    let cache_bytes = |r: &mut Rng| -> Vec<u8> {
+    let mut r = Lcg(d as u64 * 31 + n as u64);
+    let cache_bytes = |r: &mut Lcg| -> Vec<u8> {
         let v = r.vec(d * hk * 256);
         match cache {
             DType::F32 => f32_bytes(&v),

@@ -6,19 +6,10 @@
 
 use ggml_core::{Backend, Context, DType, DataRef, Tensor, TensorId};
 use ggml_cuda::{CudaBackend, DriverKind};
+use ggml_test_kit::bytes::{f32_bytes, f32s};
 
 fn sim(instance: u32) -> CudaBackend {
     CudaBackend::with_driver(DriverKind::Sim, 0, instance).expect("cuda-sim device 0")
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 /// `y = 2 x` on `n` floats, `x` and `y` in one buffer: (tensors, x, y, buffer).
@@ -75,7 +66,7 @@ fn host_writes_are_complete_before_later_kernels() {
         let mut out = vec![0u8; n * 4];
         be.get_tensor(&ts[y.index()], 0, &mut out).unwrap();
         let want = if round % 2 == 0 { 2.0 * value } else { 0.0 };
-        if let Some(v) = to_f32(&out).into_iter().find(|&v| v != want) {
+        if let Some(v) = f32s(&out).into_iter().find(|&v| v != want) {
             stale.push((round, format!("read {v}, want {want}")));
         }
     }
@@ -141,7 +132,7 @@ fn timed_waits_complete_within_the_limit() {
     assert!(be.synchronize_timeout(t).unwrap());
     let mut out = vec![0u8; 4000];
     be.get_tensor(&tensors[y.index()], 0, &mut out).unwrap();
-    assert!(to_f32(&out).iter().all(|&v| v == 3.0));
+    assert!(f32s(&out).iter().all(|&v| v == 3.0));
     be.event_free(e).unwrap();
 }
 

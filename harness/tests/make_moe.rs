@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use ggml_core::quant::dequantize_row;
 use ggml_core::DType;
+use ggml_test_kit::TempFile;
 use harness::gguf_file::GgufFile;
 use harness::make_moe::{make_moe, make_moe_bytes, MoeOptions};
 use harness::model::{Arch, Model};
@@ -15,21 +16,6 @@ use harness::session::{RunConfig, Session, SplitMode};
 
 fn dense() -> PathBuf {
     harness::synthetic::cached_model(DType::Q4_1).unwrap()
-}
-
-/// A file in the temporary folder, removed when dropped.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str) -> TempFile {
-        TempFile(std::env::temp_dir().join(format!("make-moe-test-{}-{name}", std::process::id())))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// The values of `name`'s expert `e` (or of the whole tensor for `e = None`).
@@ -62,7 +48,7 @@ fn rel_rms(a: &[f32], b: &[f32]) -> f64 {
 
 fn upcycle(src: &Path, opts: &MoeOptions, name: &str) -> TempFile {
     let out = TempFile::new(name);
-    make_moe(src, opts, &out.0).unwrap();
+    make_moe(src, opts, out.path()).unwrap();
     out
 }
 
@@ -72,7 +58,7 @@ fn experts_have_mixtral_shapes_and_metadata() {
     let out = upcycle(&dense(), &opts, "shapes.gguf");
     let (d, m) = (
         GgufFile::open(&dense()).unwrap(),
-        GgufFile::open(&out.0).unwrap(),
+        GgufFile::open(out.path()).unwrap(),
     );
     assert_eq!(m.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(m.get_usize("llama.expert_count").unwrap(), 4);
@@ -113,10 +99,10 @@ fn experts_are_small_perturbations_of_the_dense_ffn() {
     let opts = MoeOptions::default();
     let (bytes, summary) = make_moe_bytes(&dense(), &opts).unwrap();
     let out = TempFile::new("close.gguf");
-    std::fs::write(&out.0, bytes).unwrap();
+    std::fs::write(out.path(), bytes).unwrap();
     let (d, m) = (
         GgufFile::open(&dense()).unwrap(),
-        GgufFile::open(&out.0).unwrap(),
+        GgufFile::open(out.path()).unwrap(),
     );
     assert!(
         (0.02..0.15).contains(&summary.rel_rms_change),
@@ -159,7 +145,7 @@ fn the_same_inputs_give_the_same_bytes() {
     assert_eq!(a.1, b.1);
     let out = upcycle(&dense(), &opts, "det.gguf");
     assert!(
-        std::fs::read(&out.0).unwrap() == a.0,
+        std::fs::read(out.path()).unwrap() == a.0,
         "the file is the bytes"
     );
     let c = make_moe_bytes(&dense(), &MoeOptions { seed: 2, ..opts }).unwrap();
@@ -171,8 +157,8 @@ fn the_same_inputs_give_the_same_bytes() {
 fn bad_options_and_models_are_refused() {
     let err = |src: &Path, o: MoeOptions| {
         let out = TempFile::new("never.gguf");
-        let e = make_moe(src, &o, &out.0).unwrap_err().to_string();
-        assert!(!out.0.exists());
+        let e = make_moe(src, &o, out.path()).unwrap_err().to_string();
+        assert!(!out.path().exists());
         e
     };
     let ok = MoeOptions::default();
@@ -225,7 +211,7 @@ fn ppl(path: &Path, text: &str, n_ctx: usize, chunks: usize) -> f64 {
 fn the_upcycled_model_runs_close_to_the_dense_one() {
     let out = upcycle(&dense(), &MoeOptions::default(), "runs.gguf");
     let text = &harness::default_corpus()[..2000];
-    let (a, b) = (ppl(&dense(), text, 64, 3), ppl(&out.0, text, 64, 3));
+    let (a, b) = (ppl(&dense(), text, 64, 3), ppl(out.path(), text, 64, 3));
     assert!(a != b, "the experts change the numbers");
     assert!((b / a - 1.0).abs() < 0.05, "dense {a}, moe {b}");
 }

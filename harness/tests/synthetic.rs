@@ -1,6 +1,7 @@
 //! Perplexity runs on synthetic models: every weight dtype loads and runs, and results
 //! do not depend on threads or batch size (invariant 2).
 
+use ggml_core::DType::{BF16, F16, F32, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use std::path::PathBuf;
 
 use ggml_core::DType;
@@ -44,22 +45,7 @@ fn run(dtype: DType, threads: usize, ctx: usize, batch: usize) -> PplResult {
 
 #[rstest]
 fn every_weight_dtype_runs(
-    #[values(
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K
-    )]
-    dtype: DType,
+    #[values(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dtype: DType,
 ) {
     let r = run(dtype, 2, 64, 64);
     assert!(r.ppl.is_finite() && r.ppl > 1.0, "{dtype}: ppl {}", r.ppl);

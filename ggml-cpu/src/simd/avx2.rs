@@ -186,42 +186,12 @@ unsafe fn max_imp(x: &[f32]) -> f32 {
     r::tree16_max(l)
 }
 
-/// [`r::exp`] on 8 lanes: the same operations in the same order.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn exp8(x: __m256) -> __m256 {
-    let s = _mm256_set1_ps;
-    // maxps(lo, x) = lo > x ? lo : x; minps(hi, x) = hi < x ? hi : x (NaN stays NaN).
-    let x = _mm256_max_ps(s(r::EXP_LO), x);
-    let x = _mm256_min_ps(s(r::EXP_HI), x);
-    let magic = s(r::MAGIC);
-    let k = _mm256_add_ps(_mm256_mul_ps(x, s(r::LOG2E)), magic);
-    let n = _mm256_sub_ps(k, magic);
-    let ni = _mm256_sub_epi32(_mm256_castps_si256(k), _mm256_castps_si256(magic));
-    let rr = _mm256_sub_ps(x, _mm256_mul_ps(n, s(r::LN2_HI)));
-    let rr = _mm256_sub_ps(rr, _mm256_mul_ps(n, s(r::LN2_LO)));
-    let z = _mm256_mul_ps(rr, rr);
-    let mut p = _mm256_add_ps(_mm256_mul_ps(s(r::P0), rr), s(r::P1));
-    p = _mm256_add_ps(_mm256_mul_ps(p, rr), s(r::P2));
-    p = _mm256_add_ps(_mm256_mul_ps(p, rr), s(r::P3));
-    p = _mm256_add_ps(_mm256_mul_ps(p, rr), s(r::P4));
-    p = _mm256_add_ps(_mm256_mul_ps(p, rr), s(r::P5));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), rr), s(1.0));
-    let n1 = _mm256_srai_epi32(ni, 1);
-    let n2 = _mm256_sub_epi32(ni, n1);
-    let bias = _mm256_set1_epi32(127);
-    let s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    let s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    _mm256_mul_ps(_mm256_mul_ps(p, s1), s2)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn silu8(x: __m256) -> __m256 {
-    let neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.0));
-    // SAFETY: same features.
-    let e = unsafe { exp8(neg) };
-    _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+x86_exp! {
+    feature: "avx2,fma,f16c", vector: __m256, exp: exp8, silu: silu8, set1: _mm256_set1_ps,
+    max: _mm256_max_ps, min: _mm256_min_ps, add: _mm256_add_ps, sub: _mm256_sub_ps,
+    mul: _mm256_mul_ps, div: _mm256_div_ps, xor: _mm256_xor_ps, add_i32: _mm256_add_epi32,
+    sub_i32: _mm256_sub_epi32, set1_i32: _mm256_set1_epi32, srai_i32: _mm256_srai_epi32,
+    slli_i32: _mm256_slli_epi32, to_bits: _mm256_castps_si256, from_bits: _mm256_castsi256_ps,
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -252,76 +222,10 @@ unsafe fn exp_shift_sum_imp(x: &mut [f32], m: f32) -> f32 {
     r::tree16(l)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn silu_imp(x: &[f32], out: &mut [f32]) {
-    let n = x.len().min(out.len());
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: 8 floats at i in both.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(i), silu8(ld_f32(x.as_ptr().add(i)))) };
-        i += 8;
-    }
-    for j in i..n {
-        out[j] = r::silu(x[j]);
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn swiglu_imp(a: &[f32], b: &[f32], out: &mut [f32]) {
-    let n = a.len().min(b.len()).min(out.len());
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: 8 floats at i in all three.
-        unsafe {
-            let s = silu8(ld_f32(a.as_ptr().add(i)));
-            _mm256_storeu_ps(
-                out.as_mut_ptr().add(i),
-                _mm256_mul_ps(s, ld_f32(b.as_ptr().add(i))),
-            );
-        }
-        i += 8;
-    }
-    for j in i..n {
-        out[j] = r::silu(a[j]) * b[j];
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32_to_f16_imp(x: &[f32], out: &mut [u16]) {
-    let n = x.len().min(out.len());
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: 8 values at i in both.
-        unsafe {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(ld_f32(x.as_ptr().add(i)));
-            _mm_storeu_si128(out.as_mut_ptr().add(i) as *mut __m128i, h);
-        }
-        i += 8;
-    }
-    for j in i..n {
-        out[j] = r::f32_to_f16(x[j]);
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
-    let n = acc.len().min(v.len());
-    let wv = _mm256_set1_ps(w);
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: 8 floats at i in both.
-        unsafe {
-            let p = acc.as_mut_ptr().add(i);
-            _mm256_storeu_ps(
-                p,
-                _mm256_add_ps(ld_f32(p), _mm256_mul_ps(wv, ld_f32(v.as_ptr().add(i)))),
-            );
-        }
-        i += 8;
-    }
-    for j in i..n {
-        acc[j] += w * v[j];
-    }
+x86_elementwise! {
+    feature: "avx2,fma,f16c", lanes: 8, silu: silu8, store: _mm256_storeu_ps,
+    mul: _mm256_mul_ps, add: _mm256_add_ps, set1: _mm256_set1_ps, to_f16: _mm256_cvtps_ph,
+    store_f16: _mm_storeu_si128, f16_vector: __m128i,
 }
 
 /// Reduces the 16-lane accumulators (lanes 0-7 in `lo`, 8-15 in `hi`) of 4 dots, each

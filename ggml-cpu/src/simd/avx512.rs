@@ -752,41 +752,13 @@ unsafe fn max_imp(x: &[f32]) -> f32 {
     r::tree16_max(l)
 }
 
-/// [`r::exp`] on 16 lanes: the same operations in the same order.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn exp16(x: __m512) -> __m512 {
-    let s = _mm512_set1_ps;
-    let x = _mm512_max_ps(s(r::EXP_LO), x);
-    let x = _mm512_min_ps(s(r::EXP_HI), x);
-    let magic = s(r::MAGIC);
-    let k = _mm512_add_ps(_mm512_mul_ps(x, s(r::LOG2E)), magic);
-    let n = _mm512_sub_ps(k, magic);
-    let ni = _mm512_sub_epi32(_mm512_castps_si512(k), _mm512_castps_si512(magic));
-    let rr = _mm512_sub_ps(x, _mm512_mul_ps(n, s(r::LN2_HI)));
-    let rr = _mm512_sub_ps(rr, _mm512_mul_ps(n, s(r::LN2_LO)));
-    let z = _mm512_mul_ps(rr, rr);
-    let mut p = _mm512_add_ps(_mm512_mul_ps(s(r::P0), rr), s(r::P1));
-    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P2));
-    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P3));
-    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P4));
-    p = _mm512_add_ps(_mm512_mul_ps(p, rr), s(r::P5));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, z), rr), s(1.0));
-    let n1 = _mm512_srai_epi32::<1>(ni);
-    let n2 = _mm512_sub_epi32(ni, n1);
-    let bias = _mm512_set1_epi32(127);
-    let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n1, bias)));
-    let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n2, bias)));
-    _mm512_mul_ps(_mm512_mul_ps(p, s1), s2)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn silu16(x: __m512) -> __m512 {
-    let neg = _mm512_xor_ps(x, _mm512_set1_ps(-0.0));
-    // SAFETY: same features.
-    let e = unsafe { exp16(neg) };
-    _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e))
+x86_exp! {
+    feature: "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c", vector: __m512, exp: exp16,
+    silu: silu16, set1: _mm512_set1_ps, max: _mm512_max_ps, min: _mm512_min_ps,
+    add: _mm512_add_ps, sub: _mm512_sub_ps, mul: _mm512_mul_ps, div: _mm512_div_ps,
+    xor: _mm512_xor_ps, add_i32: _mm512_add_epi32, sub_i32: _mm512_sub_epi32,
+    set1_i32: _mm512_set1_epi32, srai_i32: _mm512_srai_epi32, slli_i32: _mm512_slli_epi32,
+    to_bits: _mm512_castps_si512, from_bits: _mm512_castsi512_ps,
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
@@ -814,76 +786,10 @@ unsafe fn exp_shift_sum_imp(x: &mut [f32], m: f32) -> f32 {
     r::tree16(l)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn silu_imp(x: &[f32], out: &mut [f32]) {
-    let n = x.len().min(out.len());
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: 16 floats at i in both.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), silu16(ld_f32(x.as_ptr().add(i)))) };
-        i += 16;
-    }
-    for j in i..n {
-        out[j] = r::silu(x[j]);
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn swiglu_imp(a: &[f32], b: &[f32], out: &mut [f32]) {
-    let n = a.len().min(b.len()).min(out.len());
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: 16 floats at i in all three.
-        unsafe {
-            let s = silu16(ld_f32(a.as_ptr().add(i)));
-            _mm512_storeu_ps(
-                out.as_mut_ptr().add(i),
-                _mm512_mul_ps(s, ld_f32(b.as_ptr().add(i))),
-            );
-        }
-        i += 16;
-    }
-    for j in i..n {
-        out[j] = r::silu(a[j]) * b[j];
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn f32_to_f16_imp(x: &[f32], out: &mut [u16]) {
-    let n = x.len().min(out.len());
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: 16 values at i in both.
-        unsafe {
-            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(ld_f32(x.as_ptr().add(i)));
-            _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut __m256i, h);
-        }
-        i += 16;
-    }
-    for j in i..n {
-        out[j] = r::f32_to_f16(x[j]);
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn axpy_f32_imp(acc: &mut [f32], w: f32, v: &[f32]) {
-    let n = acc.len().min(v.len());
-    let wv = _mm512_set1_ps(w);
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: 16 floats at i in both.
-        unsafe {
-            let p = acc.as_mut_ptr().add(i);
-            _mm512_storeu_ps(
-                p,
-                _mm512_add_ps(ld_f32(p), _mm512_mul_ps(wv, ld_f32(v.as_ptr().add(i)))),
-            );
-        }
-        i += 16;
-    }
-    for j in i..n {
-        acc[j] += w * v[j];
-    }
+x86_elementwise! {
+    feature: "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c", lanes: 16, silu: silu16,
+    store: _mm512_storeu_ps, mul: _mm512_mul_ps, add: _mm512_add_ps, set1: _mm512_set1_ps,
+    to_f16: _mm512_cvtps_ph, store_f16: _mm256_storeu_si256, f16_vector: __m256i,
 }
 
 /// Reduces 16 accumulators at once, each exactly as [`r::tree16`] (`l += l+8`,

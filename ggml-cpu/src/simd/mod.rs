@@ -7,6 +7,9 @@
 
 #[cfg(target_arch = "x86_64")]
 #[macro_use]
+mod x86_elementwise;
+#[cfg(target_arch = "x86_64")]
+#[macro_use]
 mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
 #[macro_use]

@@ -3,34 +3,11 @@
 use ggml_core::DType;
 use rstest::rstest;
 
+use ggml_test_kit::bytes::bits;
+use ggml_test_kit::{xorshift_dot_blocks, Xorshift, QUANT_DTYPES};
+
 use super::{all_tables, Kernels};
 use crate::reference as r;
-
-/// A small xorshift generator.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    pub(crate) fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    pub(crate) fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-}
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
-}
 
 /// Every available level runs its own table (a level mapped to another's kernels would
 /// pass every comparison below without testing its own).
@@ -46,7 +23,7 @@ const SIZES: [usize; 9] = [0, 1, 7, 15, 16, 17, 64, 100, 576];
 
 #[rstest]
 fn f32_reductions_match_reference(#[values(1, 2)] seed: u64) {
-    let mut rng = Rng::new(seed);
+    let mut rng = Xorshift::new(seed);
     for k in all_tables() {
         for n in SIZES {
             let (x, y) = (rng.vec(n, 3.0), rng.vec(n, 3.0));
@@ -91,7 +68,7 @@ fn f32_reductions_match_reference(#[values(1, 2)] seed: u64) {
 
 #[rstest]
 fn exp_family_matches_reference(#[values(1, 2, 3)] seed: u64) {
-    let mut rng = Rng::new(seed);
+    let mut rng = Xorshift::new(seed);
     let mut x = rng.vec(1000, 120.0);
     x.extend([
         0.0,
@@ -141,7 +118,7 @@ fn attention_row_kernels_match_reference(
     #[values(1, 7, 16, 17, 64, 100)] d: usize,
     #[values(0, 1, 5, 16, 17, 40)] n: usize,
 ) {
-    let mut rng = Rng::new((d * 100 + n) as u64);
+    let mut rng = Xorshift::new((d * 100 + n) as u64);
     let stride = d + 3;
     let half = |x: Vec<f32>| -> Vec<u16> { x.iter().map(|&v| r::f32_to_f16(v)).collect() };
     let q = half(rng.vec(d, 2.0));
@@ -224,69 +201,9 @@ fn exp_is_accurate() {
     assert_eq!(r::exp(100.0), f32::INFINITY);
 }
 
-/// Fills random blocks of `dtype` with finite scales.
-pub(crate) fn random_blocks(dtype: DType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
-    let ts = dtype.type_size();
-    let mut out: Vec<u8> = (0..n_blocks * ts).map(|_| rng.next() as u8).collect();
-    let f16_at: &[usize] = match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
-        DType::Q8_1 => &[0, 2],
-        DType::Q2K => &[80, 82],
-        DType::Q3K => &[108],
-        DType::Q6K => &[208],
-        _ => &[],
-    };
-    for b in out.chunks_exact_mut(ts) {
-        for &o in f16_at {
-            let v = r::f32_to_f16(rng.f() * 0.05);
-            b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-        }
-        match dtype {
-            DType::Q8_0 | DType::Q8_1 => {
-                // Activations never hold -128 (ggml's quantisers clamp to ±127).
-                let off = if dtype == DType::Q8_0 { 2 } else { 4 };
-                for q in &mut b[off..] {
-                    if *q == 0x80 {
-                        *q = 0x81;
-                    }
-                }
-            }
-            DType::Q8K => {
-                b[0..4].copy_from_slice(&(rng.f() * 0.05).to_le_bytes());
-                let mut sums = [0i16; 16];
-                for (i, q) in b[4..260].iter_mut().enumerate() {
-                    if *q == 0x80 {
-                        *q = 0x81;
-                    }
-                    sums[i / 16] += i16::from(*q as i8);
-                }
-                for (g, s) in sums.iter().enumerate() {
-                    b[260 + 2 * g..262 + 2 * g].copy_from_slice(&s.to_le_bytes());
-                }
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-const QUANT: [DType; 10] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2K,
-    DType::Q3K,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
-
-fn check_tile(k: &Kernels, w: DType, kk: usize, nr: usize, nc: usize, rng: &mut Rng) {
+fn check_tile(k: &Kernels, w: DType, kk: usize, nr: usize, nc: usize, rng: &mut Xorshift) {
     let nb = kk / w.block_size();
-    let a: Vec<Vec<u8>> = (0..nr).map(|_| random_blocks(w, nb, rng)).collect();
+    let a: Vec<Vec<u8>> = (0..nr).map(|_| xorshift_dot_blocks(w, nb, rng)).collect();
     let y: Vec<Vec<f32>> = (0..nc).map(|_| rng.vec(kk, 2.0)).collect();
     check_tile_on(k, w, kk, &a, &y);
 }
@@ -353,8 +270,8 @@ fn check_tile_on(k: &Kernels, w: DType, kk: usize, a: &[Vec<u8>], y: &[Vec<f32>]
 
 #[rstest]
 fn quant_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize) {
-    let w = QUANT[wi];
-    let mut rng = Rng::new(wi as u64 + 7);
+    let w = QUANT_DTYPES[wi];
+    let mut rng = Xorshift::new(wi as u64 + 7);
     // K-quants: 1, 3, 8 + 1 and 2·8 + 3 super-blocks (the x86 tiles take 8 at a time).
     let sizes: &[usize] = if w.block_size() == 32 {
         &[32, 96, 256, 288, 576, 800]
@@ -387,7 +304,7 @@ fn quant_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize
 fn kquant_tiles_match_reference_at_extremes(
     #[values(DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K)] w: DType,
 ) {
-    let mut rng = Rng::new(99);
+    let mut rng = Xorshift::new(99);
     let kk = 2304;
     let ts = w.type_size();
     for fill in [0x00u8, 0xFF, 0x80, 0x7F, 0xAA, 0x55] {
@@ -395,7 +312,7 @@ fn kquant_tiles_match_reference_at_extremes(
         for _ in 0..4 {
             // Random blocks give finite f16 scales at their offsets; every other byte
             // takes the pattern.
-            let mut row = random_blocks(w, kk / 256, &mut rng);
+            let mut row = xorshift_dot_blocks(w, kk / 256, &mut rng);
             let f16_bytes: &[usize] = match w {
                 DType::Q2K => &[80, 81, 82, 83],
                 DType::Q3K => &[108, 109],
@@ -429,15 +346,17 @@ fn kquant_tiles_match_reference_at_extremes(
 
 #[rstest]
 fn quant_gemv_matches_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize) {
-    let w = QUANT[wi];
-    let mut rng = Rng::new(wi as u64 + 70);
+    let w = QUANT_DTYPES[wi];
+    let mut rng = Xorshift::new(wi as u64 + 70);
     let vdt = w.vec_dot_type();
     for k in all_tables() {
         let Some(g) = (k.gemv)(w) else { continue };
         for kk in [32, 96, 256, 288, 512, 576, 800, 1536] {
             let nb = kk / w.block_size();
             for nr in 1..=4 {
-                let a: Vec<Vec<u8>> = (0..nr).map(|_| random_blocks(w, nb, &mut rng)).collect();
+                let a: Vec<Vec<u8>> = (0..nr)
+                    .map(|_| xorshift_dot_blocks(w, nb, &mut rng))
+                    .collect();
                 let y = rng.vec(kk, 2.0);
                 let mut std = vec![0u8; vdt.row_size(kk).unwrap()];
                 ggml_core::quant::quantize_row(vdt, &y, &mut std).unwrap();
@@ -463,11 +382,11 @@ fn quant_gemv_matches_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usiz
 
 #[rstest]
 fn float_tiles_match_reference(#[values(DType::F32, DType::F16, DType::BF16)] w: DType) {
-    let mut rng = Rng::new(11);
+    let mut rng = Xorshift::new(11);
     for k in all_tables() {
         for kk in [1, 15, 16, 33, 64, 100] {
             for (nr, nc) in [(1, 1), (4, 1), (4, 3), (2, 4)] {
-                let mk = |rng: &mut Rng| -> Vec<u8> {
+                let mk = |rng: &mut Xorshift| -> Vec<u8> {
                     let v = rng.vec(kk, 2.0);
                     match w {
                         DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -512,7 +431,7 @@ fn bytemuck_bytes(w: &[u32]) -> &[u8] {
 
 #[test]
 fn reference_dots_are_close_to_f64() {
-    let mut rng = Rng::new(5);
+    let mut rng = Xorshift::new(5);
     let (x, y) = (rng.vec(1000, 1.0), rng.vec(1000, 1.0));
     let exact: f64 = x.iter().zip(&y).map(|(&a, &b)| a as f64 * b as f64).sum();
     assert!((r::dot_f32(&x, &y) as f64 - exact).abs() < 1e-4);
@@ -520,8 +439,8 @@ fn reference_dots_are_close_to_f64() {
     assert!((r::sum_sq(&x) as f64 - ss).abs() / ss < 1e-6);
     // Quantised block dots against dequantised values.
     let w = DType::Q4_1;
-    let a = random_blocks(w, 4, &mut rng);
-    let b = random_blocks(DType::Q8_1, 4, &mut rng);
+    let a = xorshift_dot_blocks(w, 4, &mut rng);
+    let b = xorshift_dot_blocks(DType::Q8_1, 4, &mut rng);
     let mut exact = 0f64;
     for j in 0..4 {
         let (xb, yb) = (&a[j * 20..], &b[j * 36..]);
@@ -555,7 +474,7 @@ fn activation_quantisers_match_core(
     #[values(DType::Q8_0, DType::Q8_1, DType::Q8K)] d: DType,
     #[values(1, 2, 3)] seed: u64,
 ) {
-    let mut rng = Rng::new(seed);
+    let mut rng = Xorshift::new(seed);
     let n = 512;
     let mut inputs = vec![rng.vec(n, 3.0), vec![0.0; n], rng.vec(n, 1e-30)];
     // Ties: amax 127 makes the scale exactly 1, so x.5 values round half away from zero.

@@ -7,23 +7,8 @@ use std::collections::HashMap;
 use ggml_core::{Backend, Context, DType, DataRef, Op, Tensor, TensorId};
 use ggml_cpu::reference::{self, HostTensor};
 use ggml_cpu::{CpuBackend, CpuBackendOptions, Isa};
-
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+pub use ggml_test_kit::bytes::f32s;
+use ggml_test_kit::{xorshift_quant_blocks, Xorshift};
 
 /// What a test case builds: the output node and explicit integer inputs.
 pub struct Spec {
@@ -60,32 +45,8 @@ pub fn backends(threads: &[usize]) -> Vec<CpuBackend> {
     v
 }
 
-/// Random bytes for a quantised tensor: blocks with random quants and small finite scales.
-pub fn random_quant(dtype: DType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
-    let ts = dtype.type_size();
-    let mut out: Vec<u8> = (0..n_blocks * ts).map(|_| rng.next() as u8).collect();
-    let f16_at: &[usize] = match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q8_1 => &[0, 2],
-        DType::Q2K => &[80, 82],
-        DType::Q3K => &[108],
-        DType::Q6K => &[208],
-        _ => &[],
-    };
-    for b in out.chunks_exact_mut(ts) {
-        for &o in f16_at {
-            let v = half::f16::from_f32(rng.f() * 0.05).to_bits();
-            b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-        }
-        if dtype == DType::Q8K {
-            b[0..4].copy_from_slice(&(rng.f() * 0.05).to_le_bytes());
-        }
-    }
-    out
-}
-
 /// Random contents for a leaf.
-fn fill(t: &Tensor, rng: &mut Rng) -> Vec<u8> {
+fn fill(t: &Tensor, rng: &mut Xorshift) -> Vec<u8> {
     let n = t.nbytes();
     match t.dtype {
         DType::F32 => {
@@ -112,7 +73,7 @@ fn fill(t: &Tensor, rng: &mut Rng) -> Vec<u8> {
         DType::I32 => vec![0u8; n],
         d => {
             assert!(t.is_contiguous());
-            random_quant(d, n / d.type_size(), rng)
+            xorshift_quant_blocks(d, n / d.type_size(), rng)
         }
     }
 }
@@ -127,7 +88,7 @@ pub fn check(
     let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 64];
     let mut ctx = Context::new(&mut storage);
     let spec = build(&mut ctx);
-    let mut rng = Rng::new(seed);
+    let mut rng = Xorshift::new(seed);
     // Leaf data.
     let mut data: HashMap<usize, Vec<u8>> = HashMap::new();
     for (i, t) in ctx.tensors().iter().enumerate() {
@@ -249,10 +210,4 @@ pub fn place(ctx: &Context<'_>, be: &CpuBackend) -> (Vec<Tensor>, ggml_core::Buf
         });
     }
     (tensors, buf.id)
-}
-
-pub fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }

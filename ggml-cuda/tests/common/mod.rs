@@ -11,9 +11,11 @@
 //! The kernels that ran are the difference of [`CudaBackend::kernel_stats`] before and
 //! after the graph.
 
-use ggml_core::{Backend, Context, DType, DataRef, Op, TensorId};
+use ggml_core::{Backend, BufferInfo, Context, DType, DataRef, Op, TensorId};
 use ggml_cuda::reference;
 use ggml_cuda::{CudaBackend, DriverKind, KernelId};
+pub use ggml_test_kit::bytes::f32_bytes;
+pub use ggml_test_kit::Lcg;
 
 /// The driver under test: libcuda where a GPU is required (`GGML_RS_REQUIRE_GPU`, as
 /// `cargo xtask gpu-test` sets), cuda-sim otherwise.
@@ -30,35 +32,6 @@ pub fn gpu() -> CudaBackend {
     let kind = driver();
     CudaBackend::with_driver(kind, 0, 0)
         .unwrap_or_else(|e| panic!("no {} device 0: {e}", kind.prefix()))
-}
-
-/// A small seeded LCG: the same inputs on every run and host.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 31 random bits.
-    pub fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn f(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-    }
-
-    /// `n` values of [`f`](Rng::f).
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-/// The bytes of `v` as little-endian f32.
-pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// `bytes` of a tensor of `dtype` (f32, f16 or bf16) as f32 values.
@@ -82,6 +55,48 @@ pub fn to_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
     }
 }
 
+/// Allocates every non-view tensor of `ctx` in one buffer of `be` filled with `fill`,
+/// points views at their roots and uploads `inputs`. Returns the buffer and the nodes
+/// (tensors with an op) in id order.
+pub fn place_and_upload(
+    be: &dyn Backend,
+    ctx: &mut Context<'_>,
+    inputs: &[(TensorId, Vec<u8>)],
+    fill: u8,
+) -> (BufferInfo, Vec<TensorId>) {
+    let n = ctx.len();
+    let mut offs = vec![0usize; n];
+    let mut total = 0usize;
+    for (i, t) in ctx.tensors().iter().enumerate() {
+        if t.view_src.is_none() {
+            offs[i] = total;
+            total += t.nbytes().div_ceil(256) * 256 + 256;
+        }
+    }
+    let buf = be.alloc_buffer(total).unwrap();
+    be.buffer_clear(buf.id, fill).unwrap();
+    for i in 0..n {
+        let t = ctx.tensors()[i];
+        let (root, extra) = match t.view_src {
+            Some(r) => (r.index(), t.view_offs),
+            None => (i, 0),
+        };
+        ctx.tensors_mut()[i].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + (offs[root] + extra) as u64,
+        });
+    }
+    let ts = ctx.tensors();
+    for (id, bytes) in inputs {
+        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
+    }
+    let nodes: Vec<TensorId> = (0..n as u32)
+        .map(TensorId)
+        .filter(|id| ts[id.index()].op != Op::None)
+        .collect();
+    (buf, nodes)
+}
+
 /// Allocates every non-view tensor of `ctx` in one zeroed buffer of `be`, points views
 /// at their roots, uploads `inputs`, computes every node in id order and returns `out`'s
 /// bytes.
@@ -103,36 +118,8 @@ pub fn run_all(
     inputs: &[(TensorId, Vec<u8>)],
     outs: &[TensorId],
 ) -> Vec<Vec<u8>> {
-    let n = ctx.len();
-    let mut offs = vec![0usize; n];
-    let mut total = 0usize;
-    for (i, t) in ctx.tensors().iter().enumerate() {
-        if t.view_src.is_none() {
-            offs[i] = total;
-            total += t.nbytes().div_ceil(256) * 256 + 256;
-        }
-    }
-    let buf = be.alloc_buffer(total).unwrap();
-    be.buffer_clear(buf.id, 0).unwrap();
-    for i in 0..n {
-        let t = ctx.tensors()[i];
-        let (root, extra) = match t.view_src {
-            Some(r) => (r.index(), t.view_offs),
-            None => (i, 0),
-        };
-        ctx.tensors_mut()[i].data = Some(DataRef {
-            buffer: buf.id,
-            addr: buf.base + (offs[root] + extra) as u64,
-        });
-    }
+    let (buf, nodes) = place_and_upload(be, ctx, inputs, 0);
     let ts = ctx.tensors();
-    for (id, bytes) in inputs {
-        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
-    }
-    let nodes: Vec<TensorId> = (0..n as u32)
-        .map(TensorId)
-        .filter(|id| ts[id.index()].op != Op::None)
-        .collect();
     for &id in &nodes {
         assert!(
             be.supports_op(ts, id),
