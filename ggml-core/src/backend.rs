@@ -227,7 +227,12 @@ pub trait Backend: Send + Sync {
     /// copy. The caller does not write the range until that read. `Ok(false)` (the
     /// default): the backend keeps no such copy (too large, no host memory of its own),
     /// and `buffer_get` reads as usual.
-    fn buffer_prefetch(&self, _buffer: BufferId, _offset: usize, _len: usize) -> BackendResult<bool> {
+    fn buffer_prefetch(
+        &self,
+        _buffer: BufferId,
+        _offset: usize,
+        _len: usize,
+    ) -> BackendResult<bool> {
         Ok(false)
     }
 

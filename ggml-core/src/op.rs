@@ -480,7 +480,12 @@ impl Context<'_> {
         let ta = *self.get(a)?;
         require("argmax", &ta, DType::F32, "f32")?;
         if ta.ne[0] == 0 {
-            return Err(shape_err("argmax", "rows of at least one value", &ta, ta.ne));
+            return Err(shape_err(
+                "argmax",
+                "rows of at least one value",
+                &ta,
+                ta.ne,
+            ));
         }
         self.push_op(
             Op::Argmax,

@@ -145,10 +145,9 @@ impl Readbacks {
     /// Drops unread copies that overlap `offset..offset + len` of `buffer`.
     fn forget_range(&mut self, buffer: BufferId, offset: usize, len: usize) {
         for s in &mut self.slots {
-            if s
-                .pending
-                .is_some_and(|p| p.buffer == buffer && p.offset < offset + len && offset < p.offset + p.len)
-            {
+            if s.pending.is_some_and(|p| {
+                p.buffer == buffer && p.offset < offset + len && offset < p.offset + p.len
+            }) {
                 s.pending = None;
             }
         }

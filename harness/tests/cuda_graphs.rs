@@ -188,7 +188,10 @@ fn greedy_tokens_are_the_same_with_the_argmax_on_the_device(
     let (host, host_counts, host_races, n_vocab) = greedy_tokens(devices, split, n_copies, false);
     let (dev, dev_counts, dev_races, _) = greedy_tokens(devices, split, n_copies, true);
     assert_eq!((host_races, dev_races), (0, 0));
-    assert_eq!(dev, host, "{devices}: greedy tokens differ with the device argmax");
+    assert_eq!(
+        dev, host,
+        "{devices}: greedy tokens differ with the device argmax"
+    );
     let per_token = |x: u64| x as f64 / STEADY as f64;
     if devices == "cuda-sim:0" {
         println!(
@@ -227,10 +230,18 @@ fn generate_streams_the_same_text_with_the_device_argmax(#[case] devices: &str) 
     let mut run = |cfg: SamplerConfig| {
         let mut sampler = Sampler::new(cfg).unwrap();
         let mut text = Vec::new();
-        let g = generate(&session, &mut *exec, &mut kv, "Hi, GPU", 12, &mut sampler, |_, b| {
-            text.extend_from_slice(b);
-            Ok(())
-        })
+        let g = generate(
+            &session,
+            &mut *exec,
+            &mut kv,
+            "Hi, GPU",
+            12,
+            &mut sampler,
+            |_, b| {
+                text.extend_from_slice(b);
+                Ok(())
+            },
+        )
         .unwrap();
         (g.tokens, g.ended, text)
     };
