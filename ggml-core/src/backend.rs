@@ -219,6 +219,23 @@ pub trait Backend: Send + Sync {
     /// (not ordered after work already queued: the caller synchronises first).
     fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()>;
 
+    /// Enqueues a copy of the `len` bytes at byte `offset` of `buffer` into host memory
+    /// the backend keeps (pinned memory on a GPU), after everything already enqueued, so
+    /// that the result comes back with a single wait: the next [`Backend::buffer_get`] of
+    /// exactly that range, made after the host waited for an event recorded here after
+    /// this call (or for the whole queue), returns those bytes without another wait or
+    /// copy. The caller does not write the range until that read. `Ok(false)` (the
+    /// default): the backend keeps no such copy (too large, no host memory of its own),
+    /// and `buffer_get` reads as usual.
+    fn buffer_prefetch(
+        &self,
+        _buffer: BufferId,
+        _offset: usize,
+        _len: usize,
+    ) -> BackendResult<bool> {
+        Ok(false)
+    }
+
     /// Blocking fill of the whole `buffer` with `value`, complete when it returns (as
     /// [`Backend::buffer_set`]).
     fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()>;

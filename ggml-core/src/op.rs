@@ -115,6 +115,8 @@ pub enum Op {
     },
     /// See [`Context::sum_rows`].
     SumRows,
+    /// See [`Context::argmax`].
+    Argmax,
     /// See [`Context::clamp`].
     Clamp {
         /// Lower bound.
@@ -187,6 +189,7 @@ impl Op {
             Op::MulMatId => "MUL_MAT_ID",
             Op::ArgsortTopK { .. } => "ARGSORT_TOP_K",
             Op::SumRows => "SUM_ROWS",
+            Op::Argmax => "ARGMAX",
             Op::Clamp { .. } => "CLAMP",
             Op::Rope(_) => "ROPE",
             Op::SoftMax { .. } => "SOFT_MAX",
@@ -460,6 +463,33 @@ impl Context<'_> {
         self.push_op(
             Op::SumRows,
             DType::F32,
+            [1, ta.ne[1], ta.ne[2], ta.ne[3]],
+            &[a],
+        )
+    }
+
+    /// `ARGMAX`: for each row of `a` (F32 `[n, rows, ne2, ne3]`, `n >= 1`), the index of
+    /// its largest value: I32 `[1, rows, ne2, ne3]` (ggml's `ggml_argmax`, for any rows).
+    ///
+    /// The meaning is a scan from the first element that moves to element `i` only when
+    /// `a[i] > a[best]`: equal values keep the lowest index (`-0.0` equals `+0.0`), a NaN
+    /// never wins, and a row whose first element is NaN gives 0. This is exactly
+    /// greedy sampling's `argmax` over logits, so a backend computing it returns the token
+    /// greedy generation would pick from the whole row.
+    pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
+        let ta = *self.get(a)?;
+        require("argmax", &ta, DType::F32, "f32")?;
+        if ta.ne[0] == 0 {
+            return Err(shape_err(
+                "argmax",
+                "rows of at least one value",
+                &ta,
+                ta.ne,
+            ));
+        }
+        self.push_op(
+            Op::Argmax,
+            DType::I32,
             [1, ta.ne[1], ta.ne[2], ta.ne[3]],
             &[a],
         )
@@ -1121,6 +1151,21 @@ mod tests {
         ));
         let sums = ctx.sum_rows(logits).unwrap();
         assert_eq!(ctx.get(sums).unwrap().ne, [1, 5, 1, 1]);
+        let best = ctx.argmax(logits).unwrap();
+        let t = *ctx.get(best).unwrap();
+        assert_eq!(
+            (t.op.name(), t.dtype, t.ne),
+            ("ARGMAX", DType::I32, [1, 5, 1, 1])
+        );
+        assert!(matches!(
+            ctx.argmax(ids),
+            Err(Error::DType { op: "argmax", .. })
+        ));
+        let empty_rows = ctx.new_tensor(DType::F32, [0, 2, 1, 1]).unwrap();
+        assert!(matches!(
+            ctx.argmax(empty_rows),
+            Err(Error::Shape { op: "argmax", .. })
+        ));
         let c = ctx
             .clamp(sums, half::f16::MIN_POSITIVE.to_f32(), f32::INFINITY)
             .unwrap();

@@ -258,6 +258,13 @@ pub(crate) fn supports(tensors: &[Tensor], node: TensorId) -> Result<(), &'stati
             src(0)?.dtype == DType::F32 && t.dtype == DType::F32 && t.ne[0] == 1,
             "sum_rows: f32 only",
         ),
+        Op::Argmax => ok(
+            src(0)?.dtype == DType::F32
+                && src(0)?.ne[0] > 0
+                && t.dtype == DType::I32
+                && t.ne[0] == 1,
+            "argmax: f32 rows to an i32 column",
+        ),
         Op::ArgsortTopK { k } => {
             let a = src(0)?;
             ok(

@@ -437,6 +437,19 @@ pub fn argsort_top_k_row(x: &[f32], out: &mut [i32]) {
     }
 }
 
+/// The index of the largest value of `x` as [`Op::Argmax`] defines it: a scan from
+/// element 0 that moves to `i` only when `x[i] > x[best]`, so ties keep the lowest index,
+/// a NaN never wins and a NaN first element gives 0 (greedy sampling's `argmax`).
+pub fn argmax_row(x: &[f32]) -> i32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as i32
+}
+
 // ---------------------------------------------------------------------------------------
 // Quantised dot products
 
@@ -904,6 +917,12 @@ pub fn compute(node: &Tensor, src: &[HostTensor<'_>], out: &mut [u8]) -> Result<
                     [0, i1, i2, i3],
                     sum_row(&src[0].row(i1, i2, i3)),
                 );
+            }
+        }
+        Op::Argmax => {
+            for (r, (i1, i2, i3)) in rows(ne).enumerate() {
+                let v = argmax_row(&src[0].row(i1, i2, i3));
+                out[4 * r..4 * r + 4].copy_from_slice(&v.to_le_bytes());
             }
         }
         Op::ArgsortTopK { k } => {

@@ -1,4 +1,4 @@
-//! The mixture-of-experts ops (MUL_MAT_ID, ARGSORT_TOP_K, SUM_ROWS, DIV, CLAMP) on every
+//! The mixture-of-experts ops (MUL_MAT_ID, ARGSORT_TOP_K, SUM_ROWS, DIV, CLAMP) and ARGMAX on every
 //! ISA level and thread counts 1-4, bit-identical to the scalar reference; routing
 //! independence of MUL_MAT_ID; bad expert ids as errors.
 
@@ -408,6 +408,68 @@ fn sum_rows(bes: &[CpuBackend], #[case] ne: [usize; 4]) {
         s.floats.push((x, vals.clone()));
         s
     });
+}
+
+/// ARGMAX of random rows, of rows full of ties (values from a set of 5) and of a
+/// transposed view, on every level and thread count.
+#[rstest]
+#[case([1, 1, 1, 1])]
+#[case([7, 3, 1, 1])]
+#[case([8, 2, 1, 1])]
+#[case([37, 5, 3, 2])]
+#[case([1000, 2, 1, 1])]
+#[case([49152, 1, 1, 1])]
+fn argmax(bes: &[CpuBackend], #[case] ne: [usize; 4]) {
+    check(bes, 70, |ctx| {
+        let x = ctx.new_tensor(DType::F32, ne).unwrap();
+        Spec::new(ctx.argmax(x).unwrap())
+    });
+    let n: usize = ne.iter().product();
+    let mut rng = Rng::new(71);
+    let tied: Vec<f32> = (0..n).map(|_| (rng.next() % 5) as f32 - 2.0).collect();
+    check(bes, 72, |ctx| {
+        let x = ctx.new_tensor(DType::F32, ne).unwrap();
+        let mut s = Spec::new(ctx.argmax(x).unwrap());
+        s.floats.push((x, tied.clone()));
+        s
+    });
+    check(bes, 73, |ctx| {
+        let x = ctx.new_tensor(DType::F32, [ne[1], ne[0], 1, 1]).unwrap();
+        let t = ctx.transpose(x).unwrap();
+        let mut s = Spec::new(ctx.argmax(t).unwrap());
+        s.floats.push((x, tied[..ne[0] * ne[1]].to_vec()));
+        s
+    });
+}
+
+/// Greedy sampling's scan: ties keep the lowest index (across the kernel's lanes too),
+/// `-0 == +0`, a NaN never wins, a NaN first element gives 0, infinities are values.
+#[rstest]
+#[case(&[1.0, 3.0, 3.0, 2.0, 3.0], 1)]
+#[case(&[f32::NAN, 5.0, 7.0], 0)]
+#[case(&[1.0, f32::NAN, 7.0, 7.0], 2)]
+#[case(&[-0.0, 0.0, -0.0], 0)]
+#[case(&[0.0, -0.0, 0.0], 0)]
+#[case(&[-1.0, -0.0, 0.0], 1)]
+#[case(&[f32::NEG_INFINITY; 19], 0)]
+#[case(&[f32::NAN; 11], 0)]
+#[case(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY], 0)]
+#[case(&[-3.0, f32::NAN, f32::NAN, f32::NAN, f32::NAN, f32::NAN, f32::NAN, f32::NAN, f32::NAN, -4.0], 0)]
+#[case(&[0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0], 1)]
+#[case(&[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0], 17)]
+#[case(&[2.0, f32::INFINITY, f32::NAN, f32::INFINITY], 1)]
+#[case(&[f32::MAX, f32::INFINITY], 1)]
+#[case(&[4.0], 0)]
+#[case(&[f32::NAN], 0)]
+fn argmax_ties_and_nan(bes: &[CpuBackend], #[case] x: &'static [f32], #[case] want: i32) {
+    assert_eq!(ggml_cpu::reference::argmax_row(x), want);
+    let got = check(bes, 74, |ctx| {
+        let t = ctx.new_tensor(DType::F32, [x.len(), 1, 1, 1]).unwrap();
+        let mut s = Spec::new(ctx.argmax(t).unwrap());
+        s.floats.push((t, x.to_vec()));
+        s
+    });
+    assert_eq!(got, i32_bytes(&[want]));
 }
 
 /// The f64 sum: `1e8 + 1 - 1e8` is 1 (f32 running sums give 0), `[1, 2^-30]` rounds to 1.

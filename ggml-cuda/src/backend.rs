@@ -100,6 +100,8 @@ pub(crate) struct State {
     /// Decode attention's u32 counters (address, count): zeroed when allocated, and every
     /// launch leaves the ones it used at 0 again.
     pub(crate) attn_ctr: (u64, usize),
+    /// Pinned copies of results enqueued for a read with one wait (`buffer_prefetch`).
+    pub(crate) readback: crate::readback::Readbacks,
 }
 
 /// A CUDA backend instance: one non-blocking stream on GPU `ordinal`.
@@ -254,6 +256,7 @@ impl CudaBackend {
                 seq_enqueued: 0,
                 seq_completed: 0,
                 event_seq: HashMap::new(),
+                readback: Default::default(),
                 attn_part: (0, 0),
                 attn_ctr: (0, 0),
             }),
@@ -745,6 +748,9 @@ impl Drop for CudaBackend {
             api.event_destroy(s.event);
             let _ = api.mem_free_host(ctx, s.ptr);
         }
+        for p in st.readback.drain_ptrs() {
+            let _ = api.mem_free_host(ctx, p);
+        }
         for p in st.retired.drain(..) {
             let _ = api.mem_free(ctx, p);
         }
@@ -839,6 +845,7 @@ impl Backend for CudaBackend {
         // Graphs may hold addresses in it (a later buffer may get the same ones).
         self.clear_graphs(&mut st);
         let (p, _) = st.buffers.remove(&buffer.index).unwrap_or((0, 0));
+        st.readback.forget(buffer);
         // The caller guarantees no queued use.
         let freed = self.api().mem_free(self.dev.ctx, p);
         match healthy {
@@ -872,12 +879,19 @@ impl Backend for CudaBackend {
         self.bind()?;
         let mut st = lock(&self.state);
         let src = self.buffer_range(&st, buffer, offset, out.len())?;
-        if out.is_empty() {
+        if out.is_empty() || self.take_prefetched(&mut st, buffer, offset, out) {
             return Ok(());
         }
         // Ordered on our stream (see buffer_set), through pinned memory.
         self.flush_uploads(&mut st, false)?;
         self.read_pinned(&mut st, src, out)
+    }
+
+    fn buffer_prefetch(&self, buffer: BufferId, offset: usize, len: usize) -> BackendResult<bool> {
+        self.bind()?;
+        let mut st = lock(&self.state);
+        let src = self.buffer_range(&st, buffer, offset, len)?;
+        self.prefetch(&mut st, buffer, offset, src, len)
     }
 
     fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {

@@ -70,6 +70,7 @@ impl KeyBuilder {
             Op::MulMatId => w.push(8),
             Op::ArgsortTopK { k } => w.extend([9, k as u64]),
             Op::SumRows => w.push(10),
+            Op::Argmax => w.push(27),
             Op::Clamp { min, max } => {
                 w.push(11);
                 self.f(min);

@@ -63,11 +63,13 @@ pub enum KernelId {
     ArgsortTopK,
     /// `upload.ptx`: the scatter of a batched host upload.
     UploadScatter,
+    /// `argmax.ptx`: argmax (greedy sampling's token on the device).
+    Argmax,
 }
 
 impl KernelId {
     /// Number of kernels.
-    pub const COUNT: usize = KernelId::UploadScatter as usize + 1;
+    pub const COUNT: usize = KernelId::Argmax as usize + 1;
 
     /// Every kernel, in declaration order (`ALL[k as usize] == k`).
     pub const ALL: [KernelId; KernelId::COUNT] = [
@@ -99,6 +101,7 @@ impl KernelId {
         KernelId::SumRows,
         KernelId::ArgsortTopK,
         KernelId::UploadScatter,
+        KernelId::Argmax,
     ];
 
     /// Whether the kernel, or a `.func` it calls (directly or through others), contains
@@ -150,7 +153,7 @@ pub struct Module {
 }
 
 /// All modules, in load order.
-pub const MODULES: [Module; 13] = [
+pub const MODULES: [Module; 14] = [
     Module {
         file: "binary.ptx",
         source: include_str!("../kernels/binary.ptx"),
@@ -244,6 +247,11 @@ pub const MODULES: [Module; 13] = [
         file: "upload.ptx",
         source: include_str!("../kernels/upload.ptx"),
         kernels: &[(KernelId::UploadScatter, "upload_scatter")],
+    },
+    Module {
+        file: "argmax.ptx",
+        source: include_str!("../kernels/argmax.ptx"),
+        kernels: &[(KernelId::Argmax, "argmax")],
     },
 ];
 

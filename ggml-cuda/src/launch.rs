@@ -242,6 +242,21 @@ pub fn sum_rows(rows: usize) -> Option<LaunchDims> {
     })
 }
 
+/// Threads per block of argmax (one block per row).
+pub const ARGMAX_BLOCK: u32 = 256;
+
+/// argmax: one block of [`ARGMAX_BLOCK`] threads per row.
+pub fn argmax(rows: usize) -> Option<LaunchDims> {
+    if rows == 0 {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (u32::try_from(rows).ok()?, 1, 1),
+        block: (ARGMAX_BLOCK, 1, 1),
+        shared: 0,
+    })
+}
+
 /// argsort_top_k: one block per row of `n` values, `min(256, n rounded up to 32)`
 /// threads, `8 n` bytes of shared memory for the sort keys. `None` past
 /// [`ARGSORT_MAX_N`].
@@ -658,6 +673,9 @@ mod tests {
         assert!(mul_mat_id(4, 2, 70_000).is_none());
         assert!(mul_mat_id(0, 2, 1).is_none());
         assert_eq!(sum_rows(257).unwrap().grid, (2, 1, 1));
+        assert_eq!(argmax(3).unwrap().grid, (3, 1, 1));
+        assert_eq!(argmax(3).unwrap().block, (ARGMAX_BLOCK, 1, 1));
+        assert!(argmax(0).is_none());
         let a = argsort_top_k(4, 9).unwrap();
         assert_eq!((a.grid, a.block, a.shared), ((9, 1, 1), (32, 1, 1), 32));
         let a = argsort_top_k(ARGSORT_MAX_N, 1).unwrap();

@@ -58,6 +58,7 @@ pub mod launch;
 mod op_timing;
 mod ops;
 mod qmm;
+mod readback;
 pub mod reference;
 mod replay;
 mod tuning;

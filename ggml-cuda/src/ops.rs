@@ -101,6 +101,18 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 .map(|_| ())
                 .ok_or("sum_rows: too many rows")
         }
+        Op::Argmax => {
+            let a = src(tensors, t, 0)?;
+            if a.dtype != DType::F32 || t.dtype != DType::I32 || t.ne[0] != 1 || a.ne[0] == 0 {
+                return Err("argmax: f32 rows of at least one value to an i32 column");
+            }
+            if a.ne[1..] != t.ne[1..] || !fits_u32(&a) {
+                return Err("argmax: result shape must be [1, a.ne[1], a.ne[2], a.ne[3]]");
+            }
+            launch::argmax(t.nrows())
+                .map(|_| ())
+                .ok_or("argmax: too many rows")
+        }
         Op::ArgsortTopK { k } => {
             let a = src(tensors, t, 0)?;
             let k = k as usize;
@@ -546,6 +558,17 @@ pub(crate) fn run(
             strides(&mut a, &x.nb);
             strides(&mut a, &t.nb[1..]);
             c.launch(KernelId::SumRows, d, &mut a)
+        }
+        Op::Argmax => {
+            let x = c.src(0)?;
+            let d = dims(launch::argmax(t.nrows()), &c)?;
+            a.u64(c.addr(&x)?).u64(c.addr(&t)?);
+            a.u32(x.ne[0] as u32)
+                .u32(t.ne[1] as u32)
+                .u32(t.ne[2] as u32);
+            strides(&mut a, &x.nb);
+            strides(&mut a, &t.nb[1..]);
+            c.launch(KernelId::Argmax, d, &mut a)
         }
         Op::ArgsortTopK { k } => {
             let x = c.src(0)?;

@@ -19,6 +19,24 @@ pub trait Executor {
         self.collect(ticket)
     }
 
+    /// Decodes `batch` as [`forward`](Executor::forward) does and returns, for each token
+    /// whose output was requested, greedy sampling's token: the index of its highest
+    /// logit, the first on ties ([`crate::generate::argmax`] exactly). An executor that
+    /// can compute it where the logits are reads back 4 bytes per token, not a row of
+    /// logits; the default computes it from the logits on the host.
+    fn forward_greedy(
+        &mut self,
+        model: &Model,
+        kv: &mut KvCache,
+        batch: &Batch,
+    ) -> Result<Vec<u32>> {
+        let logits = self.forward(model, kv, batch)?;
+        Ok(logits
+            .chunks(model.hp.n_vocab)
+            .map(crate::generate::argmax)
+            .collect())
+    }
+
     /// Enqueues the forward pass of `batch` without waiting for it and returns a ticket
     /// for [`collect`](Executor::collect). Passes run in submission order; up to
     /// [`max_in_flight`](Executor::max_in_flight) may overlap (a pipeline keeps every
@@ -79,6 +97,9 @@ pub struct SchedExecutor {
     next_ticket: u64,
     /// Room for a staged output whose trailing rows nobody asked for.
     spare: Vec<u8>,
+    /// The passes being submitted compute greedy tokens (ARGMAX on the logits) and
+    /// stage those instead of the logits.
+    greedy: bool,
 }
 
 impl std::fmt::Debug for SchedExecutor {
@@ -112,6 +133,7 @@ impl SchedExecutor {
             tickets: Default::default(),
             next_ticket: 0,
             spare: Vec::new(),
+            greedy: false,
         })
     }
 
@@ -128,10 +150,11 @@ impl SchedExecutor {
     }
 
     fn ensure_graph(&mut self, model: &Model, kv: &KvCache, inputs: &GraphInputs) -> Result<()> {
+        let greedy = self.greedy;
         if self
             .current
             .as_ref()
-            .is_some_and(|g| g.shape == inputs.shape)
+            .is_some_and(|g| g.shape == inputs.shape && g.argmax.is_some() == greedy)
         {
             return Ok(());
         }
@@ -156,6 +179,7 @@ impl SchedExecutor {
                 g
             }
         };
+        let g = if greedy { g.with_argmax()? } else { g };
         self.sched.alloc_nodes(&g.tensors, &g.nodes, &g.leafs)?;
         self.current = Some(g);
         Ok(())
@@ -185,7 +209,11 @@ impl SchedExecutor {
         }
         self.sched.compute_with(&feeds)?;
         if inputs.wanted_rows > 0 {
-            let staged = self.sched.stage_output(g.logits)?;
+            let out = match g.argmax {
+                Some(best) if self.greedy => best,
+                _ => g.logits,
+            };
+            let staged = self.sched.stage_output(out)?;
             let keep = staged.nbytes() / inputs.shape.n_outputs * inputs.wanted_rows;
             Ok(Some((staged, keep)))
         } else {
@@ -195,6 +223,20 @@ impl SchedExecutor {
 }
 
 impl Executor for SchedExecutor {
+    fn forward_greedy(
+        &mut self,
+        model: &Model,
+        kv: &mut KvCache,
+        batch: &Batch,
+    ) -> Result<Vec<u32>> {
+        self.greedy = true;
+        let ticket = self.submit(model, kv, batch);
+        self.greedy = false;
+        // The staged rows are I32 token ids, read into f32 storage bit for bit.
+        let ids = self.collect(ticket?)?;
+        Ok(ids.iter().map(|x| x.to_bits()).collect())
+    }
+
     fn submit(&mut self, model: &Model, kv: &mut KvCache, batch: &Batch) -> Result<u64> {
         let inputs = prepare(kv, batch, self.n_ubatch)?;
         let ticket = self.next_ticket;

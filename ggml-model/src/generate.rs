@@ -65,6 +65,13 @@ impl Sampler {
         })
     }
 
+    /// Whether the sampler is greedy (temperature 0): its token is [`argmax`] of the
+    /// logits, which an executor can compute where the logits are
+    /// ([`Executor::forward_greedy`]).
+    pub fn is_greedy(&self) -> bool {
+        self.cfg.temp == 0.0
+    }
+
     /// Uniform in `[0, 1)`.
     fn uniform(&mut self) -> f64 {
         (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
@@ -72,7 +79,7 @@ impl Sampler {
 
     /// The next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.cfg.temp == 0.0 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         let mut cand: Vec<(u32, f32)> = logits
@@ -110,6 +117,12 @@ impl Sampler {
         }
         cand.last().map_or(0, |c| c.0)
     }
+}
+
+/// What a pass gives the sampler: the greedy token, or the logits to sample from.
+enum Next {
+    Token(u32),
+    Logits(Vec<f32>),
 }
 
 /// The index of the highest logit, the first one on ties (llama.cpp's greedy sampler).
@@ -218,13 +231,25 @@ pub fn generate(
     for (i, &t) in ids.iter().enumerate() {
         batch.push(t, i as i32, 0, i + 1 == ids.len());
     }
-    let mut logits = exec.forward(model, kv, &batch)?;
+    // Greedy decoding needs only each pass's best token: the executor computes it where
+    // the logits are (a GPU returns 4 bytes per token). Sampling needs the logits.
+    let greedy = sampler.is_greedy();
+    let pass = |exec: &mut dyn Executor, kv: &mut KvCache, b: &Batch| -> Result<Next> {
+        Ok(match greedy {
+            true => Next::Token(exec.forward_greedy(model, kv, b)?[0]),
+            false => Next::Logits(exec.forward(model, kv, b)?),
+        })
+    };
+    let mut next_of = pass(exec, kv, &batch)?;
     let prompt_time = t0.elapsed();
     let t1 = Instant::now();
     let mut out = Vec::with_capacity(n_gen);
     let mut ended = false;
     for i in 0..n_gen {
-        let next = sampler.sample(&logits[..model.hp.n_vocab]);
+        let next = match &next_of {
+            Next::Token(t) => *t,
+            Next::Logits(l) => sampler.sample(&l[..model.hp.n_vocab]),
+        };
         if is_end_of_generation(tok, next) {
             ended = true;
             break;
@@ -236,7 +261,7 @@ pub fn generate(
         }
         let mut b = Batch::default();
         b.push(next, (ids.len() + i) as i32, 0, true);
-        logits = exec.forward(model, kv, &b)?;
+        next_of = pass(exec, kv, &b)?;
     }
     Ok(Generation {
         prompt: ids,

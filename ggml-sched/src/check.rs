@@ -641,6 +641,25 @@ impl Backend for CheckedBackend {
         Ok(())
     }
 
+    fn buffer_prefetch(&self, buffer: BufferId, offset: usize, len: usize) -> BackendResult<bool> {
+        let kept = self.inner.buffer_prefetch(buffer, offset, len)?;
+        if kept {
+            // The copy to host memory reads the range on the queue.
+            let lo = self.buf(buffer).map_or(0, |(base, _)| base) + offset as u64;
+            let mut s = self.log.lock();
+            s.enqueue(self.agent);
+            s.access(
+                self.agent,
+                buffer,
+                lo,
+                lo + len as u64,
+                Role::CopyRead,
+                format!("<{}+{offset}>", buffer.index),
+            );
+        }
+        Ok(kept)
+    }
+
     fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {
         self.inner.buffer_clear(buffer, value)?;
         if let Some((_, size)) = self.buf(buffer) {

@@ -279,6 +279,9 @@ impl Backend for FaultyBackend {
     fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()> {
         self.inner.buffer_get(buffer, offset, out)
     }
+    fn buffer_prefetch(&self, buffer: BufferId, offset: usize, len: usize) -> BackendResult<bool> {
+        self.inner.buffer_prefetch(buffer, offset, len)
+    }
     fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {
         self.inner.buffer_clear(buffer, value)
     }

@@ -60,6 +60,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         Op::MulMatId => moe::mul_mat_id(c, th, phase),
         Op::ArgsortTopK { k } => moe::argsort_top_k(c, th, k as usize),
         Op::SumRows => moe::sum_rows(c, th),
+        Op::Argmax => moe::argmax(c, th),
         Op::Cpy | Op::Cont => copy::cpy(c, th),
         Op::SetRows => copy::set_rows(c, th),
         Op::Concat { dim } => copy::concat(c, th, dim as usize),

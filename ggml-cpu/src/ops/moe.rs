@@ -1,4 +1,5 @@
-//! Mixture-of-experts ops: MUL_MAT_ID, ARGSORT_TOP_K, SUM_ROWS.
+//! Mixture-of-experts ops: MUL_MAT_ID, ARGSORT_TOP_K, SUM_ROWS; and ARGMAX, the
+//! per-row selection greedy sampling runs on the logits.
 //!
 //! MUL_MAT_ID works as ggml's. Phase 0 converts every row of `b` once to the weights'
 //! dot type, in the layout mul_mat's kernels read, and thread 0 groups the
@@ -319,6 +320,76 @@ pub(crate) fn sum_rows(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
         let v = r::sum_row(x);
         // SAFETY: element (0, i1, i2, i3) of the resolved F32 destination, this thread's.
         unsafe { dst.set(dst.row_ptr(i1, i2, i3), 0, v) };
+    }
+    Ok(())
+}
+
+/// Lanes of [`argmax_lanes`]: element `i` is scanned by lane `i % ARGMAX_LANES`.
+const ARGMAX_LANES: usize = 8;
+
+/// Whether candidate `(v, i)` beats `(bv, bi)` in [`r::argmax_row`]'s order: a larger
+/// value, or an equal one at a lower index. NaN compares false, so it never beats
+/// anything; `-0 == +0`, so zeros of both signs tie.
+#[inline]
+fn argmax_beats(v: f32, i: usize, bv: f32, bi: usize) -> bool {
+    v > bv || (v == bv && i < bi)
+}
+
+/// [`r::argmax_row`] with [`ARGMAX_LANES`] independent lanes, then a combine. Every
+/// non-NaN element is a candidate and the order of [`argmax_beats`] is total on
+/// them, so the winner is the lowest index of the maximum whatever the combine order:
+/// the scan's result unless `x[0]` is NaN (then the scan never moves: 0).
+pub(crate) fn argmax_lanes(x: &[f32]) -> i32 {
+    let mut bv = [f32::NEG_INFINITY; ARGMAX_LANES];
+    let mut bi = [usize::MAX; ARGMAX_LANES];
+    let mut chunks = x.chunks_exact(ARGMAX_LANES);
+    for (c, chunk) in chunks.by_ref().enumerate() {
+        for l in 0..ARGMAX_LANES {
+            let i = c * ARGMAX_LANES + l;
+            if argmax_beats(chunk[l], i, bv[l], bi[l]) {
+                (bv[l], bi[l]) = (chunk[l], i);
+            }
+        }
+    }
+    let tail0 = x.len() - chunks.remainder().len();
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        if argmax_beats(v, tail0 + l, bv[l], bi[l]) {
+            (bv[l], bi[l]) = (v, tail0 + l);
+        }
+    }
+    let (mut v, mut i) = (bv[0], bi[0]);
+    for l in 1..ARGMAX_LANES {
+        if argmax_beats(bv[l], bi[l], v, i) {
+            (v, i) = (bv[l], bi[l]);
+        }
+    }
+    // No candidate (all NaN) or a NaN first element: the scan stays at 0.
+    if i == usize::MAX || x.first().is_some_and(|f| f.is_nan()) {
+        0
+    } else {
+        i as i32
+    }
+}
+
+/// ARGMAX: [`argmax_lanes`] of each row into the I32 column.
+pub(crate) fn argmax(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
+    let (dst, a) = (c.dst, c.src[0]);
+    let xs = c.scratch_f32();
+    let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
+    for row in r0..r1 {
+        let (i1, i2, i3) = dst.row_index(row);
+        // SAFETY: a row of the resolved source, which nobody writes during this node
+        // unless it shares bytes with the destination (then it is copied first).
+        let x: &[f32] = match unsafe { a.row_f32(i1, i2, i3) } {
+            Some(s) if !c.alias[0] => s,
+            _ => {
+                unsafe { a.read_row(i1, i2, i3, xs) };
+                &xs[..a.ne[0]]
+            }
+        };
+        let v = argmax_lanes(x);
+        // SAFETY: element (0, i1, i2, i3) of the resolved I32 destination, this thread's.
+        unsafe { (dst.row_ptr(i1, i2, i3) as *mut i32).write_unaligned(v) };
     }
     Ok(())
 }

@@ -50,6 +50,9 @@ pub struct ForwardGraph {
     pub inp_out_ids: TensorId,
     /// F32 `[n_vocab, n_outputs]` logits.
     pub logits: TensorId,
+    /// I32 `[1, n_outputs]`: each row's highest logit, the first on ties (greedy
+    /// sampling's token), where the graph computes it ([`ForwardGraph::with_argmax`]).
+    pub argmax: Option<TensorId>,
     /// Per layer: the first tensor of the layer (for assigning layers to devices).
     pub layer_first: Vec<TensorId>,
     /// Nodes that must run on a given device (tensor parallelism), by device index.
@@ -253,10 +256,33 @@ impl ForwardGraph {
             kq_mask_swa: inp.mask_swa,
             inp_out_ids: inp.out_ids,
             logits,
+            argmax: None,
             layer_first,
             pins,
             shape,
         }
+    }
+
+    /// The graph with one more node, ARGMAX of the logits (an output), so that greedy
+    /// generation reads back 4 bytes per token instead of a row of logits. Its value is
+    /// `generate::argmax` of each row exactly (the op's definition).
+    pub fn with_argmax(mut self) -> Result<ForwardGraph> {
+        if self.argmax.is_some() {
+            return Ok(self);
+        }
+        let mut storage = self.tensors.clone();
+        storage.push(self.tensors[self.logits.index()]);
+        let mut ctx = Context::new(&mut storage);
+        for t in &self.tensors {
+            ctx.push(*t)?;
+        }
+        let best = ctx.argmax(self.logits)?;
+        ctx.set_name(best, "result_argmax")?;
+        ctx.set_flags(best, TensorFlags::OUTPUT)?;
+        self.tensors = storage;
+        self.nodes.push(best);
+        self.argmax = Some(best);
+        Ok(self)
     }
 }
 

@@ -146,6 +146,13 @@ impl Scheduler {
             self.staging.push(spare);
             return self.read_now(run, id, nbytes);
         }
+        // Where the backend can, the bytes go on to its host memory right behind the copy
+        // (pinned memory on a GPU): the host's one wait for the event below then covers
+        // the read too, and `read_staged` makes no second wait.
+        if let Err(e) = b.buffer_prefetch(spare.buffer.id, 0, nbytes) {
+            self.staging.push(spare);
+            return Err(e.into());
+        }
         if let Err(e) = b.event_record(spare.event) {
             self.staging.push(spare);
             return Err(e.into());
