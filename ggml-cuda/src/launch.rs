@@ -325,7 +325,10 @@ pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Opti
         return None;
     }
     // The inputs, then the theta table (ne0 / 2 values).
-    let values = (hq + hk).checked_mul(ne0)?.checked_add(nv)?.checked_add(ne0 / 2)?;
+    let values = (hq + hk)
+        .checked_mul(ne0)?
+        .checked_add(nv)?
+        .checked_add(ne0 / 2)?;
     let shared = u32::try_from(values.checked_mul(4)?).ok()?;
     if shared > DEFAULT_MAX_SHARED {
         return None;

@@ -1125,39 +1125,40 @@ SETUP_GLU:
     mul.lo.u32 %mb, %t3, %RH;
 SETUP_MATS:
     // Matrix %ga's weights, dtype, rows, row stride, output and its column stride.
-    setp.eq.u32 %p0, %ga, 1;
-    setp.eq.u32 %p1, %ga, 2;
+    // (every parameter load first, then the selections)
     ld.param.u32 %dta, [p_dt0];
     ld.param.u32 %dt1, [p_dt1];
     ld.param.u32 %t4, [p_dt2];
-    @%p0 mov.u32 %dta, %dt1;
-    @%p1 mov.u32 %dta, %t4;
-    @%p0 mov.u32 %Ma, %M1;
-    @%p1 mov.u32 %Ma, %t2;
     ld.param.u64 %wa, [p_w0];
     ld.param.u64 %w1, [p_w1];
     ld.param.u64 %rd0, [p_w2];
-    @%p0 mov.u64 %wa, %w1;
-    @%p1 mov.u64 %wa, %rd0;
-    cvta.to.global.u64 %wa, %wa;
-    cvta.to.global.u64 %w1, %w1;
     ld.param.u64 %nbwa, [p_nbw0];
     ld.param.u64 %nbw1, [p_nbw1];
-    ld.param.u64 %rd0, [p_nbw2];
-    @%p0 mov.u64 %nbwa, %nbw1;
-    @%p1 mov.u64 %nbwa, %rd0;
+    ld.param.u64 %rd1, [p_nbw2];
     ld.param.u64 %da, [p_d0];
     ld.param.u64 %d1, [p_d1];
-    ld.param.u64 %rd0, [p_d2];
-    @%p0 mov.u64 %da, %d1;
-    @%p1 mov.u64 %da, %rd0;
-    cvta.to.global.u64 %da, %da;
-    cvta.to.global.u64 %d1, %d1;
+    ld.param.u64 %rd2, [p_d2];
     ld.param.u64 %nbda, [p_nbd0];
     ld.param.u64 %nbd1, [p_nbd1];
-    ld.param.u64 %rd0, [p_nbd2];
+    ld.param.u64 %rd5, [p_nbd2];
+    setp.eq.u32 %p0, %ga, 1;
+    setp.eq.u32 %p1, %ga, 2;
+    @%p0 mov.u32 %dta, %dt1;
+    @%p0 mov.u32 %Ma, %M1;
+    @%p0 mov.u64 %wa, %w1;
+    @%p0 mov.u64 %nbwa, %nbw1;
+    @%p0 mov.u64 %da, %d1;
     @%p0 mov.u64 %nbda, %nbd1;
-    @%p1 mov.u64 %nbda, %rd0;
+    @%p1 mov.u32 %dta, %t4;
+    @%p1 mov.u32 %Ma, %t2;
+    @%p1 mov.u64 %wa, %rd0;
+    @%p1 mov.u64 %nbwa, %rd1;
+    @%p1 mov.u64 %da, %rd2;
+    @%p1 mov.u64 %nbda, %rd5;
+    cvta.to.global.u64 %wa, %wa;
+    cvta.to.global.u64 %w1, %w1;
+    cvta.to.global.u64 %da, %da;
+    cvta.to.global.u64 %d1, %d1;
     // Batch / expert / column offsets apply to matrix 0 and output 0 only (the fused
     // forms have one batch and one column tile).
     setp.eq.u32 %p2, %ga, 0;
