@@ -963,6 +963,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 .maxnreg 84
 {
     .reg .pred %p<4>;
+    .reg .pred %pn<8>;
     .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
@@ -984,6 +985,11 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     ld.param.u32 %R, [p_rows];
     ld.param.u32 %NT, [p_nt];
     ld.param.u32 %NK, [p_nchunks];
+    // The first tile's chunks and 2^16 / TCa rounded up (see below), the division
+    // issued first so that its latency overlaps the setup.
+    min.u32 %TCa, %NK, 32;
+    add.u32 %ITC, %TCa, 65535;
+    div.u32 %ITC, %ITC, %TCa;
     ld.param.u32 %N, [p_n];
     ld.param.u32 %flags, [p_flags];
     bfe.u32 %lR, %flags, 8, 4;
@@ -1015,9 +1021,19 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     mov.u32 %t2, %ctaid.z;
     mov.u32 %t3, 0;
     mov.u32 %t4, 0;
+    ld.param.u32 %t8, [p_r2];
+    ld.param.u32 %t9, [p_r3];
+    // (batch 0 branches past the divisions: a predicated-off one still holds up its
+    // result's readers in the cost model's scoreboard)
+    mov.u32 %t6, 0;
+    mov.u32 %t7, 0;
     setp.eq.u32 %p0, %t2, 0;
-    @!%p0 rem.u32 %t3, %t2, %t1;
-    @!%p0 div.u32 %t4, %t2, %t1;
+    @%p0 bra BATCH0;
+    rem.u32 %t3, %t2, %t1;
+    div.u32 %t4, %t2, %t1;
+    div.u32 %t6, %t3, %t8;
+    div.u32 %t7, %t4, %t9;
+BATCH0:
     mov.u32 %t5, %ctaid.y;
     mul.lo.u32 %t5, %t5, %NT;
     sub.u32 %nv, %N, %t5;
@@ -1030,17 +1046,11 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     mad.lo.u64 %xb, %rd1, %rd0, %xb;
     cvt.u64.u32 %rd1, %t5;
     mad.lo.u64 %xb, %rd1, %nbx1, %xb;
-    ld.param.u32 %t6, [p_r2];
-    @!%p0 div.u32 %t6, %t3, %t6;
-    @%p0 mov.u32 %t6, 0;
     ld.param.u64 %rd0, [p_nbwb2];
     cvt.u64.u32 %rd1, %t6;
     mul.lo.u64 %rd3, %rd1, %rd0;
-    ld.param.u32 %t6, [p_r3];
-    @!%p0 div.u32 %t6, %t4, %t6;
-    @%p0 mov.u32 %t6, 0;
     ld.param.u64 %rd0, [p_nbwb3];
-    cvt.u64.u32 %rd1, %t6;
+    cvt.u64.u32 %rd1, %t7;
     mad.lo.u64 %rd3, %rd1, %rd0, %rd3;
     ld.param.u64 %rd0, [p_nbdb2];
     cvt.u64.u32 %rd1, %t3;
@@ -1180,11 +1190,8 @@ SETUP_MATS:
     mov.f32 %acc, 0f00000000;
 
     mov.u32 %tb, 0;
-    min.u32 %TCa, %NK, 32;
     // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
     // (exact for numerators below 1024 and TCa <= 32).
-    add.u32 %t0, %TCa, 65535;
-    div.u32 %ITC, %t0, %TCa;
     mul.lo.u32 %br0, %thr, %ITC;
     shr.u32 %br0, %br0, 16;
     mul.lo.u32 %bjt0, %br0, %TCa;
@@ -1195,7 +1202,8 @@ SETUP_MATS:
     sub.u32 %djt, %T, %djt;
 @PREFETCH_FIRST@
     // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
-    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 8 loads at a time).
+    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 16, then 8 loads at
+    // a time, then the last ones predicated).
     @!%pnorm bra NORM_DONE;
     shr.u32 %t0, %thr, 5;
     and.b32 %t1, %thr, 31;
@@ -1207,6 +1215,46 @@ NORM_COL:
     shl.b32 %t2, %NK, 5;
     mov.f32 %f0, 0f00000000;
     mov.u32 %t3, %t1;
+NORM_SUM16:
+    add.u32 %t4, %t3, 480;
+    setp.ge.u32 %p1, %t4, %t2;
+    @%p1 bra NORM_SUM8;
+    mul.wide.u32 %rd2, %t3, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.f32 %cf0, [%rd2+0];
+    ld.global.f32 %cf1, [%rd2+128];
+    ld.global.f32 %cf2, [%rd2+256];
+    ld.global.f32 %cf3, [%rd2+384];
+    ld.global.f32 %cf4, [%rd2+512];
+    ld.global.f32 %cf5, [%rd2+640];
+    ld.global.f32 %cf6, [%rd2+768];
+    ld.global.f32 %cf7, [%rd2+896];
+    ld.global.f32 %cg0, [%rd2+1024];
+    ld.global.f32 %cg1, [%rd2+1152];
+    ld.global.f32 %cg2, [%rd2+1280];
+    ld.global.f32 %cg3, [%rd2+1408];
+    ld.global.f32 %cg4, [%rd2+1536];
+    ld.global.f32 %cg5, [%rd2+1664];
+    ld.global.f32 %cg6, [%rd2+1792];
+    ld.global.f32 %cg7, [%rd2+1920];
+    fma.rn.f32 %f0, %cf0, %cf0, %f0;
+    fma.rn.f32 %f0, %cf1, %cf1, %f0;
+    fma.rn.f32 %f0, %cf2, %cf2, %f0;
+    fma.rn.f32 %f0, %cf3, %cf3, %f0;
+    fma.rn.f32 %f0, %cf4, %cf4, %f0;
+    fma.rn.f32 %f0, %cf5, %cf5, %f0;
+    fma.rn.f32 %f0, %cf6, %cf6, %f0;
+    fma.rn.f32 %f0, %cf7, %cf7, %f0;
+    fma.rn.f32 %f0, %cg0, %cg0, %f0;
+    fma.rn.f32 %f0, %cg1, %cg1, %f0;
+    fma.rn.f32 %f0, %cg2, %cg2, %f0;
+    fma.rn.f32 %f0, %cg3, %cg3, %f0;
+    fma.rn.f32 %f0, %cg4, %cg4, %f0;
+    fma.rn.f32 %f0, %cg5, %cg5, %f0;
+    fma.rn.f32 %f0, %cg6, %cg6, %f0;
+    fma.rn.f32 %f0, %cg7, %cg7, %f0;
+    add.u32 %t3, %t3, 512;
+    bra NORM_SUM16;
 NORM_SUM8:
     add.u32 %t4, %t3, 224;
     setp.ge.u32 %p1, %t4, %t2;
@@ -1232,13 +1280,44 @@ NORM_SUM8:
     add.u32 %t3, %t3, 256;
     bra NORM_SUM8;
 NORM_SUM:
+    // the last values, up to 8, predicated
     setp.ge.u32 %p1, %t3, %t2;
     @%p1 bra NORM_REDUCE;
     mul.wide.u32 %rd2, %t3, 4;
     add.u64 %rd2, %rd1, %rd2;
-    ld.global.f32 %f1, [%rd2];
-    fma.rn.f32 %f0, %f1, %f1, %f0;
-    add.u32 %t3, %t3, 32;
+    add.u32 %t4, %t3, 0;
+    setp.lt.u32 %pn0, %t4, %t2;
+    add.u32 %t4, %t3, 32;
+    setp.lt.u32 %pn1, %t4, %t2;
+    add.u32 %t4, %t3, 64;
+    setp.lt.u32 %pn2, %t4, %t2;
+    add.u32 %t4, %t3, 96;
+    setp.lt.u32 %pn3, %t4, %t2;
+    add.u32 %t4, %t3, 128;
+    setp.lt.u32 %pn4, %t4, %t2;
+    add.u32 %t4, %t3, 160;
+    setp.lt.u32 %pn5, %t4, %t2;
+    add.u32 %t4, %t3, 192;
+    setp.lt.u32 %pn6, %t4, %t2;
+    add.u32 %t4, %t3, 224;
+    setp.lt.u32 %pn7, %t4, %t2;
+    @%pn0 ld.global.f32 %cf0, [%rd2+0];
+    @%pn1 ld.global.f32 %cf1, [%rd2+128];
+    @%pn2 ld.global.f32 %cf2, [%rd2+256];
+    @%pn3 ld.global.f32 %cf3, [%rd2+384];
+    @%pn4 ld.global.f32 %cf4, [%rd2+512];
+    @%pn5 ld.global.f32 %cf5, [%rd2+640];
+    @%pn6 ld.global.f32 %cf6, [%rd2+768];
+    @%pn7 ld.global.f32 %cf7, [%rd2+896];
+    @%pn0 fma.rn.f32 %f0, %cf0, %cf0, %f0;
+    @%pn1 fma.rn.f32 %f0, %cf1, %cf1, %f0;
+    @%pn2 fma.rn.f32 %f0, %cf2, %cf2, %f0;
+    @%pn3 fma.rn.f32 %f0, %cf3, %cf3, %f0;
+    @%pn4 fma.rn.f32 %f0, %cf4, %cf4, %f0;
+    @%pn5 fma.rn.f32 %f0, %cf5, %cf5, %f0;
+    @%pn6 fma.rn.f32 %f0, %cf6, %cf6, %f0;
+    @%pn7 fma.rn.f32 %f0, %cf7, %cf7, %f0;
+    add.u32 %t3, %t3, 256;
     bra NORM_SUM;
 NORM_REDUCE:
     bar.warp.sync 0xffffffff;
