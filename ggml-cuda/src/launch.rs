@@ -140,7 +140,7 @@ const QMM_MIN_BLOCKS: usize = 264;
 
 /// Shared memory of a `qmm` block of `rows` rows and `nt` columns (see its PTX header).
 pub fn qmm_shared(rows: usize, nt: usize) -> usize {
-    nt * 1536 + rows * 512 + rows * nt * 128 + 32
+    nt * 1536 + rows * 528 + rows * nt * 144 + 32
 }
 
 /// Columns per `qmm` block for `n` columns: all of them below [`MMQ_MIN_N`], else
@@ -331,14 +331,19 @@ pub fn rope(ne: [usize; 4]) -> Option<LaunchDims> {
 pub const ROPE_STORE_THREADS: u32 = 256;
 
 /// rope_store: one block of [`ROPE_STORE_THREADS`] per token, with its `hq` Q heads and
-/// `hk` K heads of `ne0` values and its `nv` V values as f32 in shared memory. `None`
+/// `hk` K heads of `ne0` values and its `nv` V values as f32 in shared memory, then the
+/// `ne0 / 2` rotation angles of its position. `None`
 /// without K heads, for an odd or zero head size, or when the inputs do not fit the
 /// default 48 KiB.
 pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Option<LaunchDims> {
     if hk == 0 || ne0 == 0 || ne0 % 2 != 0 || n == 0 {
         return None;
     }
-    let values = (hq + hk).checked_mul(ne0)?.checked_add(nv)?;
+    // The inputs, then the theta table (ne0 / 2 values).
+    let values = (hq + hk)
+        .checked_mul(ne0)?
+        .checked_add(nv)?
+        .checked_add(ne0 / 2)?;
     let shared = u32::try_from(values.checked_mul(4)?).ok()?;
     if shared > DEFAULT_MAX_SHARED {
         return None;
@@ -611,7 +616,7 @@ mod tests {
         assert_eq!(qmm_columns(8), 8);
         // One thread per (row, chunk) of a tile: K = 576 (18 chunks) at 8 rows.
         let d = qmm(72, 1, 1, 8, 1, 18).unwrap();
-        assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6688));
+        assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6944));
         assert_eq!(qmm_threads(64, 1, 18), 256);
         assert_eq!(qmm_threads(32, 8, 1), 256);
         assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
@@ -659,7 +664,7 @@ mod tests {
         assert_eq!(rope([256, 2, 3, 1]).unwrap().block, (128, 1, 1));
         let rs = rope_store(64, 9, 3, 192, 1).unwrap();
         assert_eq!((rs.grid, rs.block), ((1, 1, 1), (256, 1, 1)));
-        assert_eq!(rs.shared, 4 * (12 * 64 + 192));
+        assert_eq!(rs.shared, 4 * (12 * 64 + 192 + 32));
         assert_eq!(rope_store(256, 0, 1, 256, 7).unwrap().grid, (7, 1, 1));
         assert!(rope_store(64, 9, 0, 0, 1).is_none());
         assert!(rope_store(128, 64, 32, 4096, 1).is_none(), "past 48 KiB");

@@ -192,6 +192,124 @@ pub fn generate() -> String {
         .replace("@PREFETCH_NEXT@\n", &prefetch("N"))
         .replace("@B_DISPATCH@\n", &dispatch)
         .replace("@B_LOOPS@\n", &loops)
+        .replace("@STAGE_C@\n", &stage_c())
+}
+
+/// Chunks per unrolled group of stage C.
+const C_GROUP: usize = 8;
+
+/// Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order. The
+/// thread's chunk records lie at fixed strides from three pointers (W: 16 bytes, A: 48
+/// bytes, S: 4 bytes per chunk), so a group of [`C_GROUP`] chunks issues all its shared
+/// loads at once, then the products dw * da and float(sumi) (off the chain), then the
+/// chain's two fma per chunk back to back. The chunks left over, and every chunk when a
+/// group is Q2_K, go one at a time.
+fn stage_c() -> String {
+    let g = C_GROUP;
+    let mut f = String::from(
+        "    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order.
+    @!%pact bra C_DONE;
+    mul.wide.u32 %rd0, %cr, 528;
+    add.u64 %rd5, %sW, %rd0;
+    mul.wide.u32 %rd0, %cn, 1536;
+    add.u64 %rd6, %sA, %rd0;
+    mad.lo.u32 %t0, %cn, %R, %cr;
+    mul.wide.u32 %rd0, %t0, 144;
+    add.u64 %rd7, %sS, %rd0;
+    mov.u32 %j, 0;
+    @%pq2 bra C_ONE;
+C_GROUP:
+",
+    );
+    f += &format!(
+        "    add.u32 %t12, %j, {g};
+    setp.gt.u32 %p0, %t12, %TCa;
+    @%p0 bra C_ONE;
+"
+    );
+    for k in 0..g {
+        f += &format!(
+            "    ld.shared.v2.b32 {{%cw{k}, %cm{k}}}, [%rd5+{}];
+    ld.shared.v2.b32 {{%ca{k}, %cb{k}}}, [%rd6+{}];
+",
+            16 * k,
+            48 * k
+        );
+    }
+    for q in 0..g / 4 {
+        f += &format!(
+            "    ld.shared.v4.b32 {{%cs{}, %cs{}, %cs{}, %cs{}}}, [%rd7+{}];
+",
+            4 * q,
+            4 * q + 1,
+            4 * q + 2,
+            4 * q + 3,
+            16 * q
+        );
+    }
+    for k in 0..g {
+        f += &format!(
+            "    mov.b32 %f0, %cw{k};
+    mov.b32 %f1, %ca{k};
+    mul.rn.f32 %cf{k}, %f0, %f1;
+    cvt.rn.f32.s32 %cg{k}, %cs{k};
+"
+        );
+    }
+    for k in 0..g {
+        f += &format!(
+            "    fma.rn.f32 %acc, %cf{k}, %cg{k}, %acc;
+    mov.b32 %f0, %cm{k};
+    mov.b32 %f1, %cb{k};
+    fma.rn.f32 %acc, %f0, %f1, %acc;
+"
+        );
+    }
+    f += &format!(
+        "    mov.u32 %j, %t12;
+    add.u64 %rd5, %rd5, {};
+    add.u64 %rd6, %rd6, {};
+    add.u64 %rd7, %rd7, {};
+    bra C_GROUP;
+",
+        16 * g,
+        48 * g,
+        4 * g
+    );
+    f += "C_ONE:
+    setp.ge.u32 %p0, %j, %TCa;
+    @%p0 bra C_DONE;
+    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd5];
+    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd6];
+    ld.shared.b32 %x0, [%rd7];
+    mov.b32 %f0, %W0;
+    mov.b32 %f1, %W1;
+    mov.b32 %f2, %W2;
+    mov.b32 %f3, %a0;
+    mov.b32 %f4, %a1;
+    mul.rn.f32 %f5, %f0, %f3;
+    cvt.rn.f32.s32 %f6, %x0;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+    fma.rn.f32 %acc, %f1, %f4, %acc;
+    @!%pq2 bra C_O0;
+    setp.eq.f32 %p1, %f2, 0f00000000;
+    @%p1 bra C_O0;
+    and.b32 %t10, %W3, 0xFFFF;
+    shr.u32 %t11, %W3, 16;
+    mul.lo.s32 %t10, %t10, %a2;
+    mad.lo.s32 %t10, %t11, %a3, %t10;
+    mul.rn.f32 %f5, %f2, %f3;
+    neg.f32 %f5, %f5;
+    cvt.rn.f32.s32 %f6, %t10;
+    fma.rn.f32 %acc, %f5, %f6, %acc;
+C_O0:
+    add.u32 %j, %j, 1;
+    add.u64 %rd5, %rd5, 16;
+    add.u64 %rd6, %rd6, 48;
+    add.u64 %rd7, %rd7, 4;
+    bra C_ONE;
+";
+    f
 }
 
 /// `dst[i]`, i = 0..n, = the 32-bit words at the 2-byte aligned address `[a]`, `[a+4]`,
@@ -348,12 +466,11 @@ fn fragment(dtype: &str) -> String {
             f += "    mov.b32 %t0, %j;\n";
             f += &block(18);
             f += "    ld.global.nc.b16 %hh0, [%rb];
-    cvt.f32.f16 %dw, %hh0;
-    mov.f32 %mw, 0f00000000;
     add.u64 %ra, %rb, 2;
 ";
             f += &aligned4("%ra");
             f += &ld_regs("W", 4, "%ra", "%pal");
+            f += "    cvt.f32.f16 %dw, %hh0;\n    mov.f32 %mw, 0f00000000;\n";
             f += &split_nibbles();
             f += PLAIN_CHUNK;
             f += "    mov.b32 %zs0, 8;
@@ -365,13 +482,13 @@ fn fragment(dtype: &str) -> String {
             f += "    mov.b32 %t0, %j;\n";
             f += &block(20);
             f += "    ld.global.nc.b32 %t1, [%rb];
-    mov.b32 {%hh0, %hh1}, %t1;
-    cvt.f32.f16 %dw, %hh0;
-    cvt.f32.f16 %mw, %hh1;
     ld.global.nc.b32 %W0, [%rb+4];
     ld.global.nc.b32 %W1, [%rb+8];
     ld.global.nc.b32 %W2, [%rb+12];
     ld.global.nc.b32 %W3, [%rb+16];
+    mov.b32 {%hh0, %hh1}, %t1;
+    cvt.f32.f16 %dw, %hh0;
+    cvt.f32.f16 %mw, %hh1;
 ";
             f += &split_nibbles();
             f += PLAIN_CHUNK;
@@ -385,12 +502,11 @@ fn fragment(dtype: &str) -> String {
             f += "    mov.b32 %t0, %j;\n";
             f += &block(22);
             f += "    ld.global.nc.b16 %hh0, [%rb];
-    cvt.f32.f16 %dw, %hh0;
-    mov.f32 %mw, 0f00000000;
     add.u64 %ra, %rb, 2;
 ";
             f += &aligned4("%ra");
             f += &ld_words(&["%H0", "%W0", "%W1", "%W2", "%W3"], "%ra", "%pal");
+            f += "    cvt.f32.f16 %dw, %hh0;\n    mov.f32 %mw, 0f00000000;\n";
             f += &split_nibbles();
             f += &fifth_bits();
             f += PLAIN_CHUNK;
@@ -403,11 +519,11 @@ fn fragment(dtype: &str) -> String {
             f += "    mov.b32 %t0, %j;\n";
             f += &block(24);
             f += "    ld.global.nc.v2.b32 {%t1, %H0}, [%rb];
+    ld.global.nc.v2.b32 {%W0, %W1}, [%rb+8];
+    ld.global.nc.v2.b32 {%W2, %W3}, [%rb+16];
     mov.b32 {%hh0, %hh1}, %t1;
     cvt.f32.f16 %dw, %hh0;
     cvt.f32.f16 %mw, %hh1;
-    ld.global.nc.v2.b32 {%W0, %W1}, [%rb+8];
-    ld.global.nc.v2.b32 {%W2, %W3}, [%rb+16];
 ";
             f += &split_nibbles();
             f += &fifth_bits();
@@ -421,12 +537,11 @@ fn fragment(dtype: &str) -> String {
             f += "    mov.b32 %t0, %j;\n";
             f += &block(34);
             f += "    ld.global.nc.b16 %hh0, [%rb];
-    cvt.f32.f16 %dw, %hh0;
-    mov.f32 %mw, 0f00000000;
     add.u64 %ra, %rb, 2;
 ";
             f += &aligned4("%ra");
             f += &ld_regs("W", 8, "%ra", "%pal");
+            f += "    cvt.f32.f16 %dw, %hh0;\n    mov.f32 %mw, 0f00000000;\n";
             for i in 0..8 {
                 f += &format!("    xor.b32 %U{i}, %W{i}, 0x80808080;\n");
             }
@@ -668,30 +783,30 @@ B_@DT@_COL:
     setp.ge.u32 %p0, %n, %nv;
     @%p0 bra B_@DT@_COLEND;
     mad.lo.u32 %t0, %n, 32, %bjt;
+    mad.lo.u32 %t1, %n, %R, %t2;
     mul.wide.u32 %rd0, %t0, 48;
+    mad.lo.u32 %t1, %t1, 36, %bjt;
     add.u64 %ra, %sA, %rd0;
+    mul.wide.u32 %rd1, %t1, 4;
     ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%ra+16];
     ld.shared.v4.b32 {%a4, %a5, %a6, %a7}, [%ra+32];
+    add.u64 %rd1, %sS, %rd1;
     dp4a.u32.s32 %x0, %U0, %a0, 0;
-    dp4a.u32.s32 %x0, %U1, %a1, %x0;
-    dp4a.u32.s32 %x0, %U2, %a2, %x0;
-    dp4a.u32.s32 %x0, %U3, %a3, %x0;
     dp4a.u32.s32 %x1, %U4, %a4, 0;
+    dp4a.u32.s32 %x0, %U1, %a1, %x0;
     dp4a.u32.s32 %x1, %U5, %a5, %x1;
+    dp4a.u32.s32 %x0, %U2, %a2, %x0;
     dp4a.u32.s32 %x1, %U6, %a6, %x1;
+    dp4a.u32.s32 %x0, %U3, %a3, %x0;
     dp4a.u32.s32 %x1, %U7, %a7, %x1;
     mul.lo.s32 %t0, %sc0, %x0;
     mad.lo.s32 %t0, %sc1, %x1, %t0;
 @ZP@
-    mad.lo.u32 %t1, %bjt, %NT, %n;
-    mad.lo.u32 %t1, %t1, %R, %t2;
-    mul.wide.u32 %rd0, %t1, 4;
-    add.u64 %rd0, %sS, %rd0;
-    st.shared.b32 [%rd0], %t0;
+    st.shared.b32 [%rd1], %t0;
     add.u32 %n, %n, 1;
     bra B_@DT@_COL;
 B_@DT@_COLEND:
-    mad.lo.u32 %t1, %bjt, %R, %t2;
+    mad.lo.u32 %t1, %t2, 33, %bjt;
     mul.wide.u32 %rd0, %t1, 16;
     add.u64 %rd0, %sW, %rd0;
     mov.b32 %t3, %dw;
@@ -782,10 +897,12 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 // Grid:   (CTAs over rows: sum over matrices of ceil(M_i / R) (GLU: ceil(M0 / (R/2))),
 //          ceil(N / NT) (ids mode: n_used), B2*B3 (ids mode: T))
 // Block:  (T, 1, 1), T a multiple of 32, at most 512, R * NT <= T
-// Shared: NT*1536 + R*512 + R*NT*128 + 32 bytes: per 32-chunk K-tile the Q8_1
+// Shared: NT*1536 + R*528 + R*NT*144 + 32 bytes: per 32-chunk K-tile the Q8_1
 //         activation blocks {da, sa, sum_lo, sum_hi, q[32]} (48 B per column and
-//         chunk), per (chunk, row) {dw, mw, dm, m01} (16 B), per (chunk, column, row)
-//         sumi (4 B), the norm scale per column.
+//         chunk, at (column*32 + chunk)*48), per (row, chunk) {dw, mw, dm, m01} (16 B,
+//         at (row*33 + chunk)*16), per (column, row, chunk) sumi (4 B, at
+//         ((column*R + row)*36 + chunk)*4: each output's chunks contiguous, rows 4 banks
+//         apart), the norm scale per column.
 // Reduction: per output as the file header: one thread per (row, chunk) computes the
 //   chunk's integer dot product (stage B, 8 dp4a per half); the f32 chain over chunks in
 //   increasing order by one thread per output (stage C). Activation quantisation as
@@ -846,6 +963,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 .maxnreg 84
 {
     .reg .pred %p<4>;
+    .reg .pred %pn<8>;
     .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
@@ -856,6 +974,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .reg .b32 %sc0, %sc1, %zs0, %zs1, %m01, %x0, %x1, %slo, %shi;
     .reg .f32 %f<16>;
     .reg .f32 %acc, %dw, %mw, %dm;
+    .reg .b32 %cw<8>, %cm<8>, %ca<8>, %cb<8>, %cs<8>;
+    .reg .f32 %cf<8>, %cg<8>;
     .reg .b64 %rd<8>;
     .reg .b64 %sA, %sW, %sS, %sN, %xb, %nbx1, %rw, %rb, %ra;
     .reg .b64 %gw, %gnbw, %wa, %nbwa, %w1, %nbw1, %da, %nbda, %d1, %nbd1;
@@ -865,6 +985,11 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     ld.param.u32 %R, [p_rows];
     ld.param.u32 %NT, [p_nt];
     ld.param.u32 %NK, [p_nchunks];
+    // The first tile's chunks and 2^16 / TCa rounded up (see below), the division
+    // issued first so that its latency overlaps the setup.
+    min.u32 %TCa, %NK, 32;
+    add.u32 %ITC, %TCa, 65535;
+    div.u32 %ITC, %ITC, %TCa;
     ld.param.u32 %N, [p_n];
     ld.param.u32 %flags, [p_flags];
     bfe.u32 %lR, %flags, 8, 4;
@@ -876,15 +1001,15 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     setp.ne.u32 %pids, %t0, 0;
     and.b32 %t0, %flags, 16;
     setp.ne.u32 %pq8, %t0, 0;
-    // Shared memory: A at 0, W after NT*1536 bytes, S after R*512 more, the norm scales
-    // after R*NT*128 more.
+    // Shared memory: A at 0, W after NT*1536 bytes, S after R*528 more, the norm scales
+    // after R*NT*144 more.
     mov.u64 %sA, qmm_smem;
     mul.wide.u32 %rd0, %NT, 1536;
     add.u64 %sW, %sA, %rd0;
-    mul.wide.u32 %rd0, %R, 512;
+    mul.wide.u32 %rd0, %R, 528;
     add.u64 %sS, %sW, %rd0;
     mul.lo.u32 %t0, %R, %NT;
-    mul.wide.u32 %rd0, %t0, 128;
+    mul.wide.u32 %rd0, %t0, 144;
     add.u64 %sN, %sS, %rd0;
 
     // Activation columns, matrix-0 batch offsets (%rd3 weights, %rd4 output).
@@ -896,9 +1021,19 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     mov.u32 %t2, %ctaid.z;
     mov.u32 %t3, 0;
     mov.u32 %t4, 0;
+    ld.param.u32 %t8, [p_r2];
+    ld.param.u32 %t9, [p_r3];
+    // (batch 0 branches past the divisions: a predicated-off one still holds up its
+    // result's readers in the cost model's scoreboard)
+    mov.u32 %t6, 0;
+    mov.u32 %t7, 0;
     setp.eq.u32 %p0, %t2, 0;
-    @!%p0 rem.u32 %t3, %t2, %t1;
-    @!%p0 div.u32 %t4, %t2, %t1;
+    @%p0 bra BATCH0;
+    rem.u32 %t3, %t2, %t1;
+    div.u32 %t4, %t2, %t1;
+    div.u32 %t6, %t3, %t8;
+    div.u32 %t7, %t4, %t9;
+BATCH0:
     mov.u32 %t5, %ctaid.y;
     mul.lo.u32 %t5, %t5, %NT;
     sub.u32 %nv, %N, %t5;
@@ -911,17 +1046,11 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     mad.lo.u64 %xb, %rd1, %rd0, %xb;
     cvt.u64.u32 %rd1, %t5;
     mad.lo.u64 %xb, %rd1, %nbx1, %xb;
-    ld.param.u32 %t6, [p_r2];
-    @!%p0 div.u32 %t6, %t3, %t6;
-    @%p0 mov.u32 %t6, 0;
     ld.param.u64 %rd0, [p_nbwb2];
     cvt.u64.u32 %rd1, %t6;
     mul.lo.u64 %rd3, %rd1, %rd0;
-    ld.param.u32 %t6, [p_r3];
-    @!%p0 div.u32 %t6, %t4, %t6;
-    @%p0 mov.u32 %t6, 0;
     ld.param.u64 %rd0, [p_nbwb3];
-    cvt.u64.u32 %rd1, %t6;
+    cvt.u64.u32 %rd1, %t7;
     mad.lo.u64 %rd3, %rd1, %rd0, %rd3;
     ld.param.u64 %rd0, [p_nbdb2];
     cvt.u64.u32 %rd1, %t3;
@@ -1006,39 +1135,40 @@ SETUP_GLU:
     mul.lo.u32 %mb, %t3, %RH;
 SETUP_MATS:
     // Matrix %ga's weights, dtype, rows, row stride, output and its column stride.
-    setp.eq.u32 %p0, %ga, 1;
-    setp.eq.u32 %p1, %ga, 2;
+    // (every parameter load first, then the selections)
     ld.param.u32 %dta, [p_dt0];
     ld.param.u32 %dt1, [p_dt1];
     ld.param.u32 %t4, [p_dt2];
-    @%p0 mov.u32 %dta, %dt1;
-    @%p1 mov.u32 %dta, %t4;
-    @%p0 mov.u32 %Ma, %M1;
-    @%p1 mov.u32 %Ma, %t2;
     ld.param.u64 %wa, [p_w0];
     ld.param.u64 %w1, [p_w1];
     ld.param.u64 %rd0, [p_w2];
-    @%p0 mov.u64 %wa, %w1;
-    @%p1 mov.u64 %wa, %rd0;
-    cvta.to.global.u64 %wa, %wa;
-    cvta.to.global.u64 %w1, %w1;
     ld.param.u64 %nbwa, [p_nbw0];
     ld.param.u64 %nbw1, [p_nbw1];
-    ld.param.u64 %rd0, [p_nbw2];
-    @%p0 mov.u64 %nbwa, %nbw1;
-    @%p1 mov.u64 %nbwa, %rd0;
+    ld.param.u64 %rd1, [p_nbw2];
     ld.param.u64 %da, [p_d0];
     ld.param.u64 %d1, [p_d1];
-    ld.param.u64 %rd0, [p_d2];
-    @%p0 mov.u64 %da, %d1;
-    @%p1 mov.u64 %da, %rd0;
-    cvta.to.global.u64 %da, %da;
-    cvta.to.global.u64 %d1, %d1;
+    ld.param.u64 %rd2, [p_d2];
     ld.param.u64 %nbda, [p_nbd0];
     ld.param.u64 %nbd1, [p_nbd1];
-    ld.param.u64 %rd0, [p_nbd2];
+    ld.param.u64 %rd5, [p_nbd2];
+    setp.eq.u32 %p0, %ga, 1;
+    setp.eq.u32 %p1, %ga, 2;
+    @%p0 mov.u32 %dta, %dt1;
+    @%p0 mov.u32 %Ma, %M1;
+    @%p0 mov.u64 %wa, %w1;
+    @%p0 mov.u64 %nbwa, %nbw1;
+    @%p0 mov.u64 %da, %d1;
     @%p0 mov.u64 %nbda, %nbd1;
-    @%p1 mov.u64 %nbda, %rd0;
+    @%p1 mov.u32 %dta, %t4;
+    @%p1 mov.u32 %Ma, %t2;
+    @%p1 mov.u64 %wa, %rd0;
+    @%p1 mov.u64 %nbwa, %rd1;
+    @%p1 mov.u64 %da, %rd2;
+    @%p1 mov.u64 %nbda, %rd5;
+    cvta.to.global.u64 %wa, %wa;
+    cvta.to.global.u64 %w1, %w1;
+    cvta.to.global.u64 %da, %da;
+    cvta.to.global.u64 %d1, %d1;
     // Batch / expert / column offsets apply to matrix 0 and output 0 only (the fused
     // forms have one batch and one column tile).
     setp.eq.u32 %p2, %ga, 0;
@@ -1060,11 +1190,8 @@ SETUP_MATS:
     mov.f32 %acc, 0f00000000;
 
     mov.u32 %tb, 0;
-    min.u32 %TCa, %NK, 32;
     // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
     // (exact for numerators below 1024 and TCa <= 32).
-    add.u32 %t0, %TCa, 65535;
-    div.u32 %ITC, %t0, %TCa;
     mul.lo.u32 %br0, %thr, %ITC;
     shr.u32 %br0, %br0, 16;
     mul.lo.u32 %bjt0, %br0, %TCa;
@@ -1075,7 +1202,8 @@ SETUP_MATS:
     sub.u32 %djt, %T, %djt;
 @PREFETCH_FIRST@
     // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
-    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 8 loads at a time).
+    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 16, then 8 loads at
+    // a time, then the last ones predicated).
     @!%pnorm bra NORM_DONE;
     shr.u32 %t0, %thr, 5;
     and.b32 %t1, %thr, 31;
@@ -1087,6 +1215,46 @@ NORM_COL:
     shl.b32 %t2, %NK, 5;
     mov.f32 %f0, 0f00000000;
     mov.u32 %t3, %t1;
+NORM_SUM16:
+    add.u32 %t4, %t3, 480;
+    setp.ge.u32 %p1, %t4, %t2;
+    @%p1 bra NORM_SUM8;
+    mul.wide.u32 %rd2, %t3, 4;
+    add.u64 %rd2, %rd1, %rd2;
+    ld.global.f32 %cf0, [%rd2+0];
+    ld.global.f32 %cf1, [%rd2+128];
+    ld.global.f32 %cf2, [%rd2+256];
+    ld.global.f32 %cf3, [%rd2+384];
+    ld.global.f32 %cf4, [%rd2+512];
+    ld.global.f32 %cf5, [%rd2+640];
+    ld.global.f32 %cf6, [%rd2+768];
+    ld.global.f32 %cf7, [%rd2+896];
+    ld.global.f32 %cg0, [%rd2+1024];
+    ld.global.f32 %cg1, [%rd2+1152];
+    ld.global.f32 %cg2, [%rd2+1280];
+    ld.global.f32 %cg3, [%rd2+1408];
+    ld.global.f32 %cg4, [%rd2+1536];
+    ld.global.f32 %cg5, [%rd2+1664];
+    ld.global.f32 %cg6, [%rd2+1792];
+    ld.global.f32 %cg7, [%rd2+1920];
+    fma.rn.f32 %f0, %cf0, %cf0, %f0;
+    fma.rn.f32 %f0, %cf1, %cf1, %f0;
+    fma.rn.f32 %f0, %cf2, %cf2, %f0;
+    fma.rn.f32 %f0, %cf3, %cf3, %f0;
+    fma.rn.f32 %f0, %cf4, %cf4, %f0;
+    fma.rn.f32 %f0, %cf5, %cf5, %f0;
+    fma.rn.f32 %f0, %cf6, %cf6, %f0;
+    fma.rn.f32 %f0, %cf7, %cf7, %f0;
+    fma.rn.f32 %f0, %cg0, %cg0, %f0;
+    fma.rn.f32 %f0, %cg1, %cg1, %f0;
+    fma.rn.f32 %f0, %cg2, %cg2, %f0;
+    fma.rn.f32 %f0, %cg3, %cg3, %f0;
+    fma.rn.f32 %f0, %cg4, %cg4, %f0;
+    fma.rn.f32 %f0, %cg5, %cg5, %f0;
+    fma.rn.f32 %f0, %cg6, %cg6, %f0;
+    fma.rn.f32 %f0, %cg7, %cg7, %f0;
+    add.u32 %t3, %t3, 512;
+    bra NORM_SUM16;
 NORM_SUM8:
     add.u32 %t4, %t3, 224;
     setp.ge.u32 %p1, %t4, %t2;
@@ -1112,13 +1280,44 @@ NORM_SUM8:
     add.u32 %t3, %t3, 256;
     bra NORM_SUM8;
 NORM_SUM:
+    // the last values, up to 8, predicated
     setp.ge.u32 %p1, %t3, %t2;
     @%p1 bra NORM_REDUCE;
     mul.wide.u32 %rd2, %t3, 4;
     add.u64 %rd2, %rd1, %rd2;
-    ld.global.f32 %f1, [%rd2];
-    fma.rn.f32 %f0, %f1, %f1, %f0;
-    add.u32 %t3, %t3, 32;
+    add.u32 %t4, %t3, 0;
+    setp.lt.u32 %pn0, %t4, %t2;
+    add.u32 %t4, %t3, 32;
+    setp.lt.u32 %pn1, %t4, %t2;
+    add.u32 %t4, %t3, 64;
+    setp.lt.u32 %pn2, %t4, %t2;
+    add.u32 %t4, %t3, 96;
+    setp.lt.u32 %pn3, %t4, %t2;
+    add.u32 %t4, %t3, 128;
+    setp.lt.u32 %pn4, %t4, %t2;
+    add.u32 %t4, %t3, 160;
+    setp.lt.u32 %pn5, %t4, %t2;
+    add.u32 %t4, %t3, 192;
+    setp.lt.u32 %pn6, %t4, %t2;
+    add.u32 %t4, %t3, 224;
+    setp.lt.u32 %pn7, %t4, %t2;
+    @%pn0 ld.global.f32 %cf0, [%rd2+0];
+    @%pn1 ld.global.f32 %cf1, [%rd2+128];
+    @%pn2 ld.global.f32 %cf2, [%rd2+256];
+    @%pn3 ld.global.f32 %cf3, [%rd2+384];
+    @%pn4 ld.global.f32 %cf4, [%rd2+512];
+    @%pn5 ld.global.f32 %cf5, [%rd2+640];
+    @%pn6 ld.global.f32 %cf6, [%rd2+768];
+    @%pn7 ld.global.f32 %cf7, [%rd2+896];
+    @%pn0 fma.rn.f32 %f0, %cf0, %cf0, %f0;
+    @%pn1 fma.rn.f32 %f0, %cf1, %cf1, %f0;
+    @%pn2 fma.rn.f32 %f0, %cf2, %cf2, %f0;
+    @%pn3 fma.rn.f32 %f0, %cf3, %cf3, %f0;
+    @%pn4 fma.rn.f32 %f0, %cf4, %cf4, %f0;
+    @%pn5 fma.rn.f32 %f0, %cf5, %cf5, %f0;
+    @%pn6 fma.rn.f32 %f0, %cf6, %cf6, %f0;
+    @%pn7 fma.rn.f32 %f0, %cf7, %cf7, %f0;
+    add.u32 %t3, %t3, 256;
     bra NORM_SUM;
 NORM_REDUCE:
     bar.warp.sync 0xffffffff;
@@ -1201,7 +1400,8 @@ A_LOOP:
     mul.lo.u32 %j, %n, %TCa;
     sub.u32 %j, %t3, %j;
     @%pq8 bra A_COPY;
-    // element index i0 = (tb + j)*32 + 4*lane8 of column n
+    // element index i0 = (tb + j)*32 + 4*lane8 of column n; every global load (the
+    // values, the norm weight) issued before the first use.
     add.u32 %t4, %tb, %j;
     shl.b32 %t4, %t4, 5;
     shl.b32 %t5, %t1, 2;
@@ -1215,14 +1415,6 @@ A_LOOP:
     ld.global.f32 %f2, [%rd1+8];
     ld.global.f32 %f3, [%rd1+12];
     @!%pnorm bra A_QUANT;
-    // x * scale (rms_norm), then times the weight (mul)
-    mul.wide.u32 %rd5, %n, 4;
-    add.u64 %rd5, %sN, %rd5;
-    ld.shared.f32 %f4, [%rd5];
-    mul.rn.f32 %f0, %f0, %f4;
-    mul.rn.f32 %f1, %f1, %f4;
-    mul.rn.f32 %f2, %f2, %f4;
-    mul.rn.f32 %f3, %f3, %f4;
     ld.param.u64 %rd5, [p_nw];
     cvta.to.global.u64 %rd5, %rd5;
     add.u64 %rd5, %rd5, %rd2;
@@ -1230,42 +1422,50 @@ A_LOOP:
     ld.global.f32 %f5, [%rd5+4];
     ld.global.f32 %f6, [%rd5+8];
     ld.global.f32 %f7, [%rd5+12];
-    mul.rn.f32 %f4, %f0, %f4;
-    mul.rn.f32 %f5, %f1, %f5;
-    mul.rn.f32 %f6, %f2, %f6;
-    mul.rn.f32 %f7, %f3, %f7;
-    and.pred %p1, %pwr, %pv;
-    @!%p1 bra A_NORMED;
+    mul.wide.u32 %rd5, %n, 4;
+    add.u64 %rd5, %sN, %rd5;
+    ld.shared.f32 %f8, [%rd5];
+    // the norm outputs' addresses while the loads are in flight
     ld.param.u64 %rd5, [p_nbr1];
     mul.lo.u64 %rd6, %rd0, %rd5;
     add.u64 %rd6, %rd6, %rd2;
     ld.param.u64 %rd5, [p_rms];
     cvta.to.global.u64 %rd5, %rd5;
     add.u64 %rd5, %rd5, %rd6;
-    st.global.f32 [%rd5], %f0;
-    st.global.f32 [%rd5+4], %f1;
-    st.global.f32 [%rd5+8], %f2;
-    st.global.f32 [%rd5+12], %f3;
-    ld.param.u64 %rd5, [p_mul];
-    cvta.to.global.u64 %rd5, %rd5;
-    add.u64 %rd5, %rd5, %rd6;
-    st.global.f32 [%rd5], %f4;
-    st.global.f32 [%rd5+4], %f5;
-    st.global.f32 [%rd5+8], %f6;
-    st.global.f32 [%rd5+12], %f7;
-A_NORMED:
+    ld.param.u64 %rd2, [p_mul];
+    cvta.to.global.u64 %rd2, %rd2;
+    add.u64 %rd6, %rd2, %rd6;
+    and.pred %p1, %pwr, %pv;
+    // x * scale (rms_norm), then times the weight (mul)
+    mul.rn.f32 %f0, %f0, %f8;
+    mul.rn.f32 %f1, %f1, %f8;
+    mul.rn.f32 %f2, %f2, %f8;
+    mul.rn.f32 %f3, %f3, %f8;
+    mul.rn.f32 %f4, %f0, %f4;
+    mul.rn.f32 %f5, %f1, %f5;
+    mul.rn.f32 %f6, %f2, %f6;
+    mul.rn.f32 %f7, %f3, %f7;
+    @%p1 st.global.f32 [%rd5], %f0;
+    @%p1 st.global.f32 [%rd5+4], %f1;
+    @%p1 st.global.f32 [%rd5+8], %f2;
+    @%p1 st.global.f32 [%rd5+12], %f3;
+    @%p1 st.global.f32 [%rd6], %f4;
+    @%p1 st.global.f32 [%rd6+4], %f5;
+    @%p1 st.global.f32 [%rd6+8], %f6;
+    @%p1 st.global.f32 [%rd6+12], %f7;
     mov.f32 %f0, %f4;
     mov.f32 %f1, %f5;
     mov.f32 %f2, %f6;
     mov.f32 %f3, %f7;
 A_QUANT:
+    // amax (max is exact in any order), d = amax / 127, id = 1/d (0 for d = 0)
     abs.f32 %f4, %f0;
     abs.f32 %f5, %f1;
+    abs.f32 %f6, %f2;
+    abs.f32 %f7, %f3;
     max.f32 %f4, %f4, %f5;
-    abs.f32 %f5, %f2;
-    max.f32 %f4, %f4, %f5;
-    abs.f32 %f5, %f3;
-    max.f32 %f4, %f4, %f5;
+    max.f32 %f6, %f6, %f7;
+    max.f32 %f4, %f4, %f6;
     shfl.sync.bfly.b32 %f5, %f4, 1, 31, 0xffffffff;
     max.f32 %f4, %f4, %f5;
     shfl.sync.bfly.b32 %f5, %f4, 2, 31, 0xffffffff;
@@ -1275,87 +1475,88 @@ A_QUANT:
     div.rn.f32 %f6, %f4, 0f42FE0000;
     setp.eq.f32 %p1, %f6, 0f00000000;
     div.rn.f32 %f7, 0f3F800000, %f6;
-    selp.f32 %f7, 0f00000000, %f7, %p1;
-    // q = round half away from zero (x * id), as quantize_q8_1
-    mul.rn.f32 %f8, %f0, %f7;
-    cvt.rzi.s32.f32 %t5, %f8;
-    cvt.rn.f32.s32 %f9, %t5;
-    sub.rn.f32 %f9, %f8, %f9;
-    abs.f32 %f9, %f9;
-    setp.ge.f32 %p1, %f9, 0f3F000000;
-    mov.b32 %t9, %f8;
-    shr.s32 %t9, %t9, 31;
-    or.b32 %t9, %t9, 1;
-    @%p1 add.s32 %t5, %t5, %t9;
-    mul.rn.f32 %f8, %f1, %f7;
-    cvt.rzi.s32.f32 %t6, %f8;
-    cvt.rn.f32.s32 %f9, %t6;
-    sub.rn.f32 %f9, %f8, %f9;
-    abs.f32 %f9, %f9;
-    setp.ge.f32 %p1, %f9, 0f3F000000;
-    mov.b32 %t9, %f8;
-    shr.s32 %t9, %t9, 31;
-    or.b32 %t9, %t9, 1;
-    @%p1 add.s32 %t6, %t6, %t9;
-    mul.rn.f32 %f8, %f2, %f7;
-    cvt.rzi.s32.f32 %t7, %f8;
-    cvt.rn.f32.s32 %f9, %t7;
-    sub.rn.f32 %f9, %f8, %f9;
-    abs.f32 %f9, %f9;
-    setp.ge.f32 %p1, %f9, 0f3F000000;
-    mov.b32 %t9, %f8;
-    shr.s32 %t9, %t9, 31;
-    or.b32 %t9, %t9, 1;
-    @%p1 add.s32 %t7, %t7, %t9;
-    mul.rn.f32 %f8, %f3, %f7;
-    cvt.rzi.s32.f32 %t8, %f8;
-    cvt.rn.f32.s32 %f9, %t8;
-    sub.rn.f32 %f9, %f8, %f9;
-    abs.f32 %f9, %f9;
-    setp.ge.f32 %p1, %f9, 0f3F000000;
-    mov.b32 %t9, %f8;
-    shr.s32 %t9, %t9, 31;
-    or.b32 %t9, %t9, 1;
-    @%p1 add.s32 %t8, %t8, %t9;
-    // sums: 4 lanes per half, then both halves
-    add.s32 %t9, %t5, %t6;
-    add.s32 %t9, %t9, %t7;
-    add.s32 %t9, %t9, %t8;
-    shfl.sync.bfly.b32 %t10, %t9, 1, 31, 0xffffffff;
-    add.s32 %t9, %t9, %t10;
-    shfl.sync.bfly.b32 %t10, %t9, 2, 31, 0xffffffff;
-    add.s32 %t9, %t9, %t10;
-    shfl.sync.bfly.b32 %t10, %t9, 4, 31, 0xffffffff;
-    add.s32 %t10, %t9, %t10;
-    // pack the 4 quants into one word
-    and.b32 %t5, %t5, 255;
-    and.b32 %t6, %t6, 255;
-    shl.b32 %t6, %t6, 8;
-    or.b32 %t5, %t5, %t6;
-    and.b32 %t7, %t7, 255;
-    shl.b32 %t7, %t7, 16;
-    or.b32 %t5, %t5, %t7;
-    shl.b32 %t8, %t8, 24;
-    or.b32 %t5, %t5, %t8;
-    @!%pv bra A_NEXT;
+    cvt.rn.f16.f32 %hh0, %f6;
+    // the block's shared address while the divisions run
     mad.lo.u32 %t11, %n, 32, %j;
     mul.wide.u32 %rd0, %t11, 48;
     add.u64 %rd0, %sA, %rd0;
     mul.wide.u32 %rd1, %t1, 4;
     add.u64 %rd1, %rd0, %rd1;
-    st.shared.b32 [%rd1+16], %t5;
-    setp.ne.u32 %p1, %t1, 0;
-    @%p1 bra A_NEXT;
+    setp.ne.u32 %p2, %t1, 0;
+    selp.f32 %f7, 0f00000000, %f7, %p1;
+    // q = round half away from zero (x * id), as quantize_q8_1: the four values side
+    // by side
+    mul.rn.f32 %f8, %f0, %f7;
+    mul.rn.f32 %f9, %f1, %f7;
+    mul.rn.f32 %f10, %f2, %f7;
+    mul.rn.f32 %f11, %f3, %f7;
+    cvt.rzi.s32.f32 %t5, %f8;
+    cvt.rzi.s32.f32 %t6, %f9;
+    cvt.rzi.s32.f32 %t7, %f10;
+    cvt.rzi.s32.f32 %t8, %f11;
+    mov.b32 %X0, %f8;
+    mov.b32 %X1, %f9;
+    mov.b32 %X2, %f10;
+    mov.b32 %X3, %f11;
+    cvt.rn.f32.s32 %f12, %t5;
+    cvt.rn.f32.s32 %f13, %t6;
+    cvt.rn.f32.s32 %f14, %t7;
+    cvt.rn.f32.s32 %f15, %t8;
+    shr.s32 %X0, %X0, 31;
+    shr.s32 %X1, %X1, 31;
+    shr.s32 %X2, %X2, 31;
+    shr.s32 %X3, %X3, 31;
+    sub.rn.f32 %f12, %f8, %f12;
+    sub.rn.f32 %f13, %f9, %f13;
+    sub.rn.f32 %f14, %f10, %f14;
+    sub.rn.f32 %f15, %f11, %f15;
+    or.b32 %X0, %X0, 1;
+    or.b32 %X1, %X1, 1;
+    or.b32 %X2, %X2, 1;
+    or.b32 %X3, %X3, 1;
+    abs.f32 %f12, %f12;
+    abs.f32 %f13, %f13;
+    abs.f32 %f14, %f14;
+    abs.f32 %f15, %f15;
+    setp.ge.f32 %p0, %f12, 0f3F000000;
+    setp.ge.f32 %p1, %f13, 0f3F000000;
+    setp.ge.f32 %p3, %f14, 0f3F000000;
+    @%p0 add.s32 %t5, %t5, %X0;
+    setp.ge.f32 %p0, %f15, 0f3F000000;
+    @%p1 add.s32 %t6, %t6, %X1;
+    @%p3 add.s32 %t7, %t7, %X2;
+    @%p0 add.s32 %t8, %t8, %X3;
+    // sums: 4 lanes per half, then both halves; the 4 quants packed into one word
+    add.s32 %t9, %t5, %t6;
+    add.s32 %t10, %t7, %t8;
+    and.b32 %t5, %t5, 255;
+    and.b32 %t6, %t6, 255;
+    and.b32 %t7, %t7, 255;
+    shl.b32 %t8, %t8, 24;
+    add.s32 %t9, %t9, %t10;
+    shl.b32 %t6, %t6, 8;
+    shl.b32 %t7, %t7, 16;
+    shfl.sync.bfly.b32 %t10, %t9, 1, 31, 0xffffffff;
+    or.b32 %t5, %t5, %t6;
+    or.b32 %t7, %t7, %t8;
+    add.s32 %t9, %t9, %t10;
+    or.b32 %t5, %t5, %t7;
+    shfl.sync.bfly.b32 %t10, %t9, 2, 31, 0xffffffff;
+    @%pv st.shared.b32 [%rd1+16], %t5;
+    add.s32 %t9, %t9, %t10;
+    shfl.sync.bfly.b32 %t10, %t9, 4, 31, 0xffffffff;
+    add.s32 %t10, %t9, %t10;
+    @!%pv bra A_NEXT;
+    @%p2 bra A_NEXT;
     // d and s = d * sum as f16, read back as f32 (what a Q8_1 block holds)
     cvt.rn.f32.s32 %f8, %t10;
     mul.rn.f32 %f8, %f6, %f8;
-    cvt.rn.f16.f32 %hh0, %f6;
-    cvt.rn.f16.f32 %hh1, %f8;
     cvt.f32.f16 %f6, %hh0;
-    cvt.f32.f16 %f8, %hh1;
+    cvt.rn.f16.f32 %hh1, %f8;
     mov.b32 %t6, %f6;
-    mov.b32 %t7, %f8;
     sub.s32 %t8, %t10, %t9;
+    cvt.f32.f16 %f8, %hh1;
+    mov.b32 %t7, %f8;
     st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
     bra A_NEXT;
 A_COPY:
@@ -1416,121 +1617,7 @@ B_NEXT:
 B_END:
     bar.sync 0;
 
-    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order; two
-    // chunks' shared loads at a time, their chain steps one after the other.
-    @!%pact bra C_DONE;
-    mov.u32 %j, 0;
-C_PAIR:
-    add.u32 %t12, %j, 1;
-    setp.ge.u32 %p0, %t12, %TCa;
-    @%p0 bra C_ONE;
-    mad.lo.u32 %t0, %j, %R, %cr;
-    mul.wide.u32 %rd0, %t0, 16;
-    add.u64 %rd0, %sW, %rd0;
-    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd0];
-    mad.lo.u32 %t0, %cn, 32, %j;
-    mul.wide.u32 %rd0, %t0, 48;
-    add.u64 %rd0, %sA, %rd0;
-    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd0];
-    mad.lo.u32 %t0, %j, %NT, %cn;
-    mad.lo.u32 %t0, %t0, %R, %cr;
-    mul.wide.u32 %rd0, %t0, 4;
-    add.u64 %rd0, %sS, %rd0;
-    ld.shared.b32 %x0, [%rd0];
-    mad.lo.u32 %t0, %t12, %R, %cr;
-    mul.wide.u32 %rd0, %t0, 16;
-    add.u64 %rd0, %sW, %rd0;
-    ld.shared.v4.b32 {%H0, %H1, %H2, %H3}, [%rd0];
-    mad.lo.u32 %t0, %cn, 32, %t12;
-    mul.wide.u32 %rd0, %t0, 48;
-    add.u64 %rd0, %sA, %rd0;
-    ld.shared.v4.b32 {%a4, %a5, %a6, %a7}, [%rd0];
-    mad.lo.u32 %t0, %t12, %NT, %cn;
-    mad.lo.u32 %t0, %t0, %R, %cr;
-    mul.wide.u32 %rd0, %t0, 4;
-    add.u64 %rd0, %sS, %rd0;
-    ld.shared.b32 %x1, [%rd0];
-    mov.b32 %f0, %W0;
-    mov.b32 %f1, %W1;
-    mov.b32 %f2, %W2;
-    mov.b32 %f3, %a0;
-    mov.b32 %f4, %a1;
-    mul.rn.f32 %f5, %f0, %f3;
-    cvt.rn.f32.s32 %f6, %x0;
-    fma.rn.f32 %acc, %f5, %f6, %acc;
-    fma.rn.f32 %acc, %f1, %f4, %acc;
-    @!%pq2 bra C_P0;
-    setp.eq.f32 %p1, %f2, 0f00000000;
-    @%p1 bra C_P0;
-    and.b32 %t10, %W3, 0xFFFF;
-    shr.u32 %t11, %W3, 16;
-    mul.lo.s32 %t10, %t10, %a2;
-    mad.lo.s32 %t10, %t11, %a3, %t10;
-    mul.rn.f32 %f5, %f2, %f3;
-    neg.f32 %f5, %f5;
-    cvt.rn.f32.s32 %f6, %t10;
-    fma.rn.f32 %acc, %f5, %f6, %acc;
-C_P0:
-    mov.b32 %f0, %H0;
-    mov.b32 %f1, %H1;
-    mov.b32 %f2, %H2;
-    mov.b32 %f3, %a4;
-    mov.b32 %f4, %a5;
-    mul.rn.f32 %f5, %f0, %f3;
-    cvt.rn.f32.s32 %f6, %x1;
-    fma.rn.f32 %acc, %f5, %f6, %acc;
-    fma.rn.f32 %acc, %f1, %f4, %acc;
-    @!%pq2 bra C_P1;
-    setp.eq.f32 %p1, %f2, 0f00000000;
-    @%p1 bra C_P1;
-    and.b32 %t10, %H3, 0xFFFF;
-    shr.u32 %t11, %H3, 16;
-    mul.lo.s32 %t10, %t10, %a6;
-    mad.lo.s32 %t10, %t11, %a7, %t10;
-    mul.rn.f32 %f5, %f2, %f3;
-    neg.f32 %f5, %f5;
-    cvt.rn.f32.s32 %f6, %t10;
-    fma.rn.f32 %acc, %f5, %f6, %acc;
-C_P1:
-    add.u32 %j, %j, 2;
-    bra C_PAIR;
-C_ONE:
-    setp.ge.u32 %p0, %j, %TCa;
-    @%p0 bra C_DONE;
-    mad.lo.u32 %t0, %j, %R, %cr;
-    mul.wide.u32 %rd0, %t0, 16;
-    add.u64 %rd0, %sW, %rd0;
-    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd0];
-    mad.lo.u32 %t0, %cn, 32, %j;
-    mul.wide.u32 %rd0, %t0, 48;
-    add.u64 %rd0, %sA, %rd0;
-    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd0];
-    mad.lo.u32 %t0, %j, %NT, %cn;
-    mad.lo.u32 %t0, %t0, %R, %cr;
-    mul.wide.u32 %rd0, %t0, 4;
-    add.u64 %rd0, %sS, %rd0;
-    ld.shared.b32 %x0, [%rd0];
-    mov.b32 %f0, %W0;
-    mov.b32 %f1, %W1;
-    mov.b32 %f2, %W2;
-    mov.b32 %f3, %a0;
-    mov.b32 %f4, %a1;
-    mul.rn.f32 %f5, %f0, %f3;
-    cvt.rn.f32.s32 %f6, %x0;
-    fma.rn.f32 %acc, %f5, %f6, %acc;
-    fma.rn.f32 %acc, %f1, %f4, %acc;
-    @!%pq2 bra C_O0;
-    setp.eq.f32 %p1, %f2, 0f00000000;
-    @%p1 bra C_O0;
-    and.b32 %t10, %W3, 0xFFFF;
-    shr.u32 %t11, %W3, 16;
-    mul.lo.s32 %t10, %t10, %a2;
-    mad.lo.s32 %t10, %t11, %a3, %t10;
-    mul.rn.f32 %f5, %f2, %f3;
-    neg.f32 %f5, %f5;
-    cvt.rn.f32.s32 %f6, %t10;
-    fma.rn.f32 %acc, %f5, %f6, %acc;
-C_O0:
+@STAGE_C@
 C_DONE:
     add.u32 %tb, %tb, 32;
     bra TILE;
