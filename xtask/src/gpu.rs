@@ -163,6 +163,7 @@ pub(crate) const GPU_TESTS: &[&str] = &[
     "attn_decode",
     "rope_store",
     "fusion",
+    "argmax",
 ];
 
 /// `--test NAME` for each of [`GPU_TESTS`].
