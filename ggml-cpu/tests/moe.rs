@@ -425,7 +425,7 @@ fn argmax(bes: &[CpuBackend], #[case] ne: [usize; 4]) {
         Spec::new(ctx.argmax(x).unwrap())
     });
     let n: usize = ne.iter().product();
-    let mut rng = Rng::new(71);
+    let mut rng = Xorshift::new(71);
     let tied: Vec<f32> = (0..n).map(|_| (rng.next() % 5) as f32 - 2.0).collect();
     check(bes, 72, |ctx| {
         let x = ctx.new_tensor(DType::F32, ne).unwrap();

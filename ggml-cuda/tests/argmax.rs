@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{f32_bytes, gpu, run_all, Rng};
+use common::{f32_bytes, gpu, run_all, Lcg};
 use ggml_core::{Backend, Context, DType, Tensor, TensorId};
 use ggml_cpu::reference::argmax_row;
 use ggml_cpu::{CpuBackend, CpuBackendOptions};
@@ -54,7 +54,7 @@ enum Values {
 }
 
 fn values(kind: Values, n: usize, row: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng(seed);
+    let mut r = Lcg(seed);
     match kind {
         Values::Random => r.vec(n),
         Values::Ties => (0..n).map(|_| (r.next() % 5) as f32 - 2.0).collect(),
@@ -131,7 +131,7 @@ fn argmax_ties_and_nan(#[case] x: &'static [f32], #[case] want: i32) {
 #[case::lane_zero_last(600, &[512, 256])]
 #[case::warp_seven_first(2048, &[224, 2047, 0])]
 fn argmax_lowest_index_across_the_block(#[case] n: usize, #[case] at: &'static [usize]) {
-    let mut r = Rng(n as u64);
+    let mut r = Lcg(n as u64);
     let mut x: Vec<f32> = (0..n).map(|_| r.f()).collect();
     for &i in at {
         x[i] = 5.0;
