@@ -883,6 +883,8 @@ fn every_kernel_launches_with_its_parameter_list() {
     let sums = ctx.sum_rows(logits).unwrap();
     let sums = ctx.clamp(sums, 1e-6, f32::INFINITY).unwrap();
     outs.push(ctx.div(logits, sums).unwrap());
+    // Greedy sampling's argmax over rows.
+    outs.push(ctx.argmax(x).unwrap());
     // Once with each generation of quantised products: the first quantises activations
     // in a kernel of its own before each of its 3 products, the second before its
     // tiled-class ones. Two small uploads travel as one batch, scattered by upload_scatter.
@@ -893,7 +895,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];
     run(&be, &mut ctx, &inputs, o);
     let first = be.kernel_stats().launches.iter().sum::<u64>();
-    assert_eq!(first, 30);
+    assert_eq!(first, 31);
     be.set_tuning(CudaTuning::default());
     run(&be, &mut ctx, &inputs, o);
     let st = be.kernel_stats();
@@ -907,7 +909,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     // quantises), the same for the tiled one and for MUL_MAT_ID of 8 tokens.
     assert_eq!(
         st.launches.iter().sum::<u64>(),
-        first + 29,
+        first + 30,
         "{st:?} for {outs:?}"
     );
 }

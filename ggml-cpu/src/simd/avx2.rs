@@ -228,6 +228,13 @@ x86_elementwise! {
     store_f16: _mm_storeu_si128, f16_vector: __m128i,
 }
 
+// The attention dots are written apart from avx512.rs's on purpose (issue 36 item 4): the
+// reference reduces 16 f32 lanes by a fixed tree, which AVX2 holds in two registers and
+// reduces 4 dots at a time (`tree16_x4`, 128-bit permutes), while AVX-512 holds it in one and
+// reduces 16 dots at once (`tree16_x16`, a 4x4 transpose). Shared code over the width would
+// have to pick one blocking and lose the other's. The elementwise kernels are shared
+// (x86_elementwise.rs).
+
 /// Reduces the 16-lane accumulators (lanes 0-7 in `lo`, 8-15 in `hi`) of 4 dots, each
 /// exactly as [`r::tree16`]: `l += l+8`, `l += l+4`, `l += l+2`, `l0 + l1`, the same
 /// additions of the same operands.
