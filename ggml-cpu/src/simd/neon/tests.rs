@@ -6,7 +6,7 @@ use ggml_core::DType;
 
 use super::{quantiser, tile_kind, TileKind};
 use crate::simd::scalar;
-use crate::simd::tests::Rng;
+use ggml_test_kit::Xorshift as Rng;
 
 /// Every dtype the portable level has a mul_mat tile for.
 fn tiled_dtypes() -> Vec<DType> {
