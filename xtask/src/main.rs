@@ -23,6 +23,7 @@ mod fetch;
 mod fuzz;
 mod gen_ci;
 mod gpu;
+mod mutants;
 mod ptx;
 mod qmm_ptx;
 
@@ -64,6 +65,11 @@ commands:
   fuzz --minutes N
                  every cargo-fuzz target (GGUF parser, matrix files, --devices,
                  tokenizer text, GGUF writer round trip) for N minutes in all
+  mutants [--only GROUP]... [--shard K/N] [--in-place] [--report-only]
+                 cargo-mutants on the exactness-critical files (cuda-sim arith and
+                 engine, ggml-core quant, ggml-cpu reference, ggml-sched plan and
+                 check): caught / missed / timeout / unviable and score per file, fails
+                 under 90 %; hours on two cores, not in CI (--shard samples)
   gen-ci [--check]
                  write .github/workflows from harness/matrices (a CPU job, and a
                  GPU job for each matrix with [ci] runs_on labels); --check fails
@@ -114,6 +120,7 @@ fn main() -> ExitCode {
             ptx::ptx_check(&sh, &workspace_root(), write)
         }),
         Some("fuzz") => fuzz::fuzz(&workspace_root(), &args[1..]),
+        Some("mutants") => mutants::mutants(&workspace_root(), &args[1..]),
         Some("faults") => faults::faults(&workspace_root(), &args[1..]),
         Some("gen-ci") => gen_ci::gen_ci(&workspace_root(), &args[1..]),
         Some("fetch-model") => fetch_model_cmd(&args[1..]),
