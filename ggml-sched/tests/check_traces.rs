@@ -262,3 +262,120 @@ fn a_report_says_who_raced_where() {
     }
     assert_eq!(r[0].range, (d.buf_a.base + 1024, d.buf_a.base + 1024 + 256));
 }
+
+/// `n` f32 values named `name` at `off` bytes into `buf`, and `scale(it)` at `out_off`
+/// into `out`: a node whose run reads the first tensor's bytes and writes the second's.
+fn placed_pair(
+    ctx: &mut Context,
+    name: &str,
+    n: usize,
+    (buf, off): (&BufferInfo, u64),
+    (out, out_off): (&BufferInfo, u64),
+) -> (TensorId, TensorId) {
+    let src = ctx.new_tensor(DType::F32, [n, 1, 1, 1]).unwrap();
+    let dst = ctx.scale(src, 2.0).unwrap();
+    ctx.set_name(src, name).unwrap();
+    ctx.set_name(dst, &format!("{name}2")).unwrap();
+    let t = ctx.tensors_mut();
+    t[src.index()].data = Some(DataRef {
+        buffer: buf.id,
+        addr: buf.base + off,
+    });
+    t[dst.index()].data = Some(DataRef {
+        buffer: out.id,
+        addr: out.base + out_off,
+    });
+    (src, dst)
+}
+
+/// `is_clean`, `race_count` and `summary` follow the races found, and `clear_races`
+/// forgets them.
+#[test]
+fn the_log_reports_what_it_found() {
+    let d = devices(CopyQueue::Destination);
+    let g = graph(&d);
+    d.a.graph_compute(&g.tensors, &[g.p]).unwrap();
+    assert!(d.log.is_clean());
+    assert_eq!(d.log.summary(4), "0 races (0 distinct)\n");
+    copy_p_to_s(&d, &g);
+    assert!(!d.log.is_clean());
+    assert_eq!(d.log.race_count(), 1);
+    let s = d.log.summary(4);
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines.len(), 2, "{s}");
+    assert_eq!(lines[0], "1 races (1 distinct)");
+    assert_eq!(lines[1], format!("  {}", d.log.races()[0]));
+    assert_eq!(d.log.summary(0), "1 races (1 distinct)\n");
+    d.log.clear_races();
+    assert!(d.log.is_clean());
+}
+
+/// A write at an offset into a tensor races on its own bytes only: reported with the
+/// range it wrote, and not at all where it misses the earlier reader's bytes.
+#[test]
+fn a_partial_write_races_on_the_bytes_it_writes() {
+    for (offset, len) in [(128usize, 64usize), (0, 64), (192, 64)] {
+        let d = devices(CopyQueue::Destination);
+        let g = graph(&d);
+        d.a.graph_compute(&g.tensors, &[g.p]).unwrap();
+        wait_for(&d.b, &d.a);
+        copy_p_to_s(&d, &g); // B reads all of p
+        d.a.set_tensor_async(g.t(g.p), offset, &vec![0u8; len])
+            .unwrap();
+        let r = d.log.races();
+        assert_eq!(r.len(), 1, "offset {offset}");
+        let lo = d.buf_a.base + 1024 + offset as u64;
+        assert_eq!(r[0].range, (lo, lo + len as u64), "offset {offset}");
+    }
+    // Bytes of x (read by A's node before, on the same queue) are no race at all, at any
+    // offset: one queue is ordered with itself.
+    let d = devices(CopyQueue::Destination);
+    let g = graph(&d);
+    d.a.graph_compute(&g.tensors, &[g.p]).unwrap();
+    d.a.set_tensor_async(g.t(g.x), 192, &[0u8; 64]).unwrap();
+    assert!(d.log.is_clean());
+}
+
+/// An unordered write over another queue's write does not make the earlier write
+/// forgotten: a second write by the same queue races with it again.
+#[test]
+fn an_unordered_covering_write_keeps_the_earlier_access() {
+    let d = devices(CopyQueue::Destination);
+    let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+    let mut ctx = Context::new(&mut storage);
+    // A writes o (bytes 1024..1280 of A's buffer); B's node writes the same bytes.
+    let (_, oa) = placed_pair(&mut ctx, "i", 64, (&d.buf_a, 0), (&d.buf_a, 1024));
+    let (_, ob) = placed_pair(&mut ctx, "j", 64, (&d.buf_b, 0), (&d.buf_a, 1024));
+    let t = ctx.tensors().to_vec();
+    d.a.graph_compute(&t, &[oa]).unwrap();
+    d.b.graph_compute(&t, &[ob]).unwrap();
+    assert_eq!(d.log.race_count(), 1);
+    d.b.graph_compute(&t, &[ob]).unwrap();
+    assert_eq!(d.log.race_count(), 2, "{}", d.log.summary(4));
+    // Once B waits for A, A's write is ordered before B's: no more races.
+    wait_for(&d.b, &d.a);
+    d.b.graph_compute(&t, &[ob]).unwrap();
+    assert_eq!(d.log.race_count(), 2, "{}", d.log.summary(4));
+}
+
+/// A queue's read is forgotten only for an identical later read (same bytes), not for a
+/// read that ends at the same byte: a write into the bytes only the first read covered
+/// still races with it.
+#[test]
+fn only_identical_reads_replace_each_other() {
+    let d = devices(CopyQueue::Destination);
+    let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 4];
+    let mut ctx = Context::new(&mut storage);
+    // B reads w (A's bytes 1024..1280), then u (A's bytes 1152..1280).
+    let (w, zw) = placed_pair(&mut ctx, "w", 64, (&d.buf_a, 1024), (&d.buf_b, 2048));
+    let (_u, zu) = placed_pair(&mut ctx, "u", 32, (&d.buf_a, 1152), (&d.buf_b, 4096));
+    let t = ctx.tensors().to_vec();
+    d.b.graph_compute(&t, &[zw]).unwrap();
+    d.b.graph_compute(&t, &[zu]).unwrap();
+    // A rewrites w's first half without waiting for B: only B's read of w saw it.
+    d.a.set_tensor_async(&t[w.index()], 0, &[0u8; 128]).unwrap();
+    let r = d.log.races();
+    assert_eq!(r.len(), 1, "{}", d.log.summary(4));
+    assert_eq!(r[0].earlier.tensor, "w");
+    assert_eq!(r[0].range, (d.buf_a.base + 1024, d.buf_a.base + 1152));
+}
