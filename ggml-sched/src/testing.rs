@@ -782,6 +782,10 @@ pub struct SimOptions {
     pub foreign_waits: bool,
     /// ggml names of ops it refuses.
     pub unsupported: Vec<&'static str>,
+    /// Whether `buffer_prefetch` keeps a host copy (as a GPU's pinned readback).
+    pub prefetch: bool,
+    /// Whether `offload_op` asks for every node (as a GPU for large batches).
+    pub offload: bool,
 }
 
 impl SimOptions {
@@ -793,6 +797,8 @@ impl SimOptions {
             events: true,
             foreign_waits: true,
             unsupported: Vec::new(),
+            prefetch: false,
+            offload: false,
         }
     }
 }
@@ -888,6 +894,19 @@ impl Backend for SimBackend {
 
     fn buffer_clear(&self, _buffer: BufferId, _value: u8) -> BackendResult<()> {
         Ok(())
+    }
+
+    fn buffer_prefetch(
+        &self,
+        _buffer: BufferId,
+        _offset: usize,
+        _len: usize,
+    ) -> BackendResult<bool> {
+        Ok(self.opts.prefetch)
+    }
+
+    fn offload_op(&self, _tensors: &[Tensor], _node: TensorId) -> bool {
+        self.opts.offload
     }
 
     fn supports_op(&self, tensors: &[Tensor], node: TensorId) -> bool {

@@ -379,3 +379,58 @@ fn only_identical_reads_replace_each_other() {
     assert_eq!(r[0].earlier.tensor, "w");
     assert_eq!(r[0].range, (d.buf_a.base + 1024, d.buf_a.base + 1152));
 }
+
+/// What the wrapper does not record it passes through unchanged: name, alignment,
+/// domain, op support and offload wishes of the backend it wraps.
+#[test]
+fn the_wrapper_answers_as_the_backend_it_wraps() {
+    for offload in [false, true] {
+        let log = RaceLog::new();
+        let inner = SimBackend::new(SimOptions {
+            offload,
+            unsupported: vec!["SCALE"],
+            ..SimOptions::new("G")
+        });
+        let w = CheckedBackend::new(inner.clone(), &log);
+        let d = devices(CopyQueue::Destination);
+        let g = graph(&d);
+        assert_eq!(w.name(), inner.name());
+        assert_eq!(w.alignment(), inner.alignment());
+        assert_eq!(w.domain(), inner.domain());
+        assert_eq!(w.offload_op(&g.tensors, g.p), offload);
+        assert!(!w.supports_op(&g.tensors, g.p));
+        assert!(w.supports_op(&g.tensors, g.x));
+    }
+}
+
+/// A prefetch the backend keeps is a read of the range on its queue, at the offset
+/// asked: a write by another queue into those bytes, not ordered after it, races.
+#[test]
+fn a_kept_prefetch_reads_its_range_on_the_queue() {
+    for (prefetch, offset) in [(true, 1024usize + 64), (true, 1024), (false, 1024)] {
+        let log = RaceLog::new();
+        let a = CheckedBackend::new(SimBackend::new(SimOptions::new("A")), &log);
+        let b = CheckedBackend::new(
+            SimBackend::new(SimOptions {
+                prefetch,
+                ..SimOptions::new("B")
+            }),
+            &log,
+        );
+        let buf_a = a.alloc_buffer(1 << 16).unwrap();
+        let buf_b = b.alloc_buffer(1 << 16).unwrap();
+        let mut storage = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 2];
+        let mut ctx = Context::new(&mut storage);
+        // A writes o: B's buffer bytes 1024..1280.
+        let (_, o) = placed_pair(&mut ctx, "i", 64, (&buf_a, 0), (&buf_b, 1024));
+        let t = ctx.tensors().to_vec();
+        assert_eq!(b.buffer_prefetch(buf_b.id, offset, 64).unwrap(), prefetch);
+        a.graph_compute(&t, &[o]).unwrap();
+        let r = log.races();
+        assert_eq!(r.len(), usize::from(prefetch), "{}", log.summary(4));
+        if prefetch {
+            let lo = buf_b.base + offset as u64;
+            assert_eq!(r[0].range, (lo, lo + 64));
+        }
+    }
+}
