@@ -324,6 +324,70 @@ fn recording_checker_finds_no_race_in_minimal_plans() {
     }
 }
 
+/// The compact shape of a plan: its pattern, then each wait, host wait and host sync as
+/// its listing line (who waits for which event, and why), one per line.
+fn plan_shape(plan: &ggml_sched::Plan) -> String {
+    let pattern = plan.pattern();
+    assert_eq!(plan.queue_waits(), pattern.matches('w').count(), "{plan}");
+    assert_eq!(plan.host_syncs(), pattern.matches(['s', 'c']).count(), "{plan}");
+    let mut out = format!("  {pattern}\n");
+    for line in plan.to_string().lines() {
+        let l = line.trim_start();
+        if l.starts_with("wait ") || l.starts_with("host-") {
+            out.push_str(&format!(
+                "    {}\n",
+                l.split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
+        }
+    }
+    out
+}
+
+/// Every plan of every configuration, minimal and naive, against the listing committed in
+/// `tests/data/plan_shapes.txt`: a planner change that adds, drops or retargets a wait
+/// shows as a diff to review, not only when it breaks an order (the checker's side) —
+/// a wait too many passes every race test. `GGML_RS_BLESS=1` rewrites the file.
+#[test]
+fn plan_shapes_match_the_committed_listing() {
+    let mut got = String::new();
+    for setup in Setup::all() {
+        for layers in [vec![0, 1], vec![0, 0, 1, 1, 0, 1]] {
+            let layers: Vec<usize> = if setup.n_backends > 2 {
+                (0..2 * setup.n_backends).map(|l| l / 2).collect()
+            } else {
+                layers
+            };
+            for style in [PlanStyle::Minimal, PlanStyle::Naive] {
+                let mut c = chain(4, &layers);
+                let s = c.scheduler(setup.sims(), setup.opts(style, &[]));
+                got.push_str(&format!("{setup:?} {layers:?} {style:?}\n"));
+                for k in 0..setup.n_copies {
+                    got.push_str(&plan_shape(s.plan(k).unwrap()));
+                }
+            }
+        }
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan_shapes.txt");
+    if std::env::var_os("GGML_RS_BLESS").is_some() {
+        std::fs::write(&path, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    if got != want {
+        let first = got
+            .lines()
+            .zip(want.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.lines().count().min(want.lines().count()));
+        panic!(
+            "plans differ from {} from line {}: got {:?}, want {:?} (GGML_RS_BLESS=1 rewrites it after review)",
+            path.display(),
+            first + 1,
+            got.lines().nth(first),
+            want.lines().nth(first)
+        );
+    }
+}
+
 #[test]
 fn recording_checker_flags_naive_destination_queue_as_hb1() {
     let setup = Setup {
