@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use super::lock;
 use super::memory::device_of;
-use super::ops::{HostDst, HostSrc, Op};
+use super::ops::{DeviceCopy, Fill, HostDst, HostSrc, Op};
 use super::pinned::HostPtr;
 use super::stream::StreamShared;
 use super::{Driver, InjectedError, StreamHandle};
@@ -156,12 +156,12 @@ impl Driver {
         }
         let dev = self.device_range(dst, len, API)?;
         let legacy = Arc::clone(&self.shared.contexts[dev].legacy);
-        let op = Op::Memset {
+        let op = Op::Memset(Fill {
             dst,
             value,
             len,
             api: API,
-        };
+        });
         self.enqueue(&legacy, Vec::new(), op).map(|_| ())
     }
 
@@ -297,7 +297,7 @@ impl Driver {
             .flatten();
         match injected {
             Some(e) => Op::Fail(e),
-            None => Op::DtoD { dst, src, len, api },
+            None => Op::DtoD(DeviceCopy { dst, src, len, api }),
         }
     }
 
@@ -346,12 +346,12 @@ impl Driver {
             return Ok(());
         }
         self.device_range(dst, len, API)?;
-        let op = Op::Memset {
+        let op = Op::Memset(Fill {
             dst,
             value,
             len,
             api: API,
-        };
+        });
         self.enqueue(&st, Vec::new(), op).map(|_| ())
     }
 }
