@@ -723,47 +723,45 @@ const fn has_min(f: u8) -> bool {
     matches!(f, Q4_1 | Q5_1)
 }
 
-/// `sdot`: `acc` plus, per 32-bit lane, the dot of its 4 i8 of `a` and of `b`.
-///
-/// # Safety
-/// The CPU has FEAT_DotProd.
-#[inline(always)]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    let mut acc = acc;
-    // SAFETY: caller's contract; register operands only.
-    unsafe {
-        core::arch::asm!(
-            ".arch_extension dotprod",
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        )
+/// An integer-dot instruction `$ins` of the architecture extension `$ext` as a function
+/// `$name(acc, a, b)`: `$ins acc.4s, a.16b, b.16b`.
+macro_rules! int8_dot_instruction {
+    ($(#[$doc:meta])* $name:ident = $ext:literal $ins:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        unsafe fn $name(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+            let mut acc = acc;
+            // SAFETY: caller's contract; register operands only.
+            unsafe {
+                core::arch::asm!(
+                    concat!(".arch_extension ", $ext),
+                    concat!($ins, " {acc:v}.4s, {a:v}.16b, {b:v}.16b"),
+                    acc = inout(vreg) acc,
+                    a = in(vreg) a,
+                    b = in(vreg) b,
+                    options(pure, nomem, nostack, preserves_flags),
+                )
+            };
+            acc
+        }
     };
-    acc
 }
 
-/// `smmla`: `acc` plus the 2 × 2 dots of `a`'s two 8-byte rows with `b`'s two 8-byte
-/// rows (lane `2i + j`: row i of `a` with row j of `b`).
-///
-/// # Safety
-/// The CPU has FEAT_I8MM.
-#[inline(always)]
-unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    let mut acc = acc;
-    // SAFETY: caller's contract; register operands only.
-    unsafe {
-        core::arch::asm!(
-            ".arch_extension i8mm",
-            "smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        )
-    };
-    acc
+int8_dot_instruction! {
+    /// `sdot`: `acc` plus, per 32-bit lane, the dot of its 4 i8 of `a` and of `b`.
+    ///
+    /// # Safety
+    /// The CPU has FEAT_DotProd.
+    sdot = "dotprod" "sdot"
+}
+
+int8_dot_instruction! {
+    /// `smmla`: `acc` plus the 2 × 2 dots of `a`'s two 8-byte rows with `b`'s two 8-byte
+    /// rows (lane `2i + j`: row i of `a` with row j of `b`).
+    ///
+    /// # Safety
+    /// The CPU has FEAT_I8MM.
+    smmla = "i8mm" "smmla"
 }
 
 /// The 32 quants of the weight block at `p` as i8 with the format's offset applied
