@@ -8,10 +8,12 @@
 
 #![allow(clippy::result_large_err)]
 
-use cuda_sim::exec::{launch, launch_profiled, LaunchConfig, LaunchError};
+mod common;
+
+use cuda_sim::exec::{launch, LaunchConfig, LaunchError};
 use cuda_sim::fault::{Checks, FaultKind, KernelFault};
 use cuda_sim::mem::FlatMemory;
-use cuda_sim::profile::{InstrClass, MemSpace, ProfileOptions};
+use cuda_sim::profile::{InstrClass, MemSpace};
 use cuda_sim::ptx::Module;
 use rstest::rstest;
 
@@ -114,22 +116,8 @@ fn ldmatrix(n: usize, trans: bool, rows: &[u32]) -> (Vec<u32>, cuda_sim::profile
     put(&mem, BASE, rows);
     put(&mem, BASE + 1024, &[0; 128]);
     let args: [&[u8]; 2] = [&BASE.to_le_bytes(), &(BASE + 1024).to_le_bytes()];
-    let cfg = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        dynamic_shared: 0,
-    };
-    let (_, c) = launch_profiled(
-        &m,
-        "k",
-        &cfg,
-        &args,
-        &mem,
-        Checks::ALL,
-        1,
-        &ProfileOptions::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e:?}"));
+    let c =
+        common::profile_k(&m, 1, 32, &args, &mem, Checks::ALL).unwrap_or_else(|e| panic!("{e:?}"));
     (words(&mem, BASE + 1024, 128), c)
 }
 
@@ -365,22 +353,7 @@ fn cp_async_counts_as_global_load_and_shared_store() {
     );
     let mem = FlatMemory::new(BASE, 4096, false);
     let args: [&[u8]; 2] = [&BASE.to_le_bytes(), &(BASE + 2048).to_le_bytes()];
-    let cfg = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [64, 1, 1],
-        dynamic_shared: 0,
-    };
-    let (_, c) = launch_profiled(
-        &m,
-        "k",
-        &cfg,
-        &args,
-        &mem,
-        Checks::ALL,
-        1,
-        &ProfileOptions::default(),
-    )
-    .unwrap();
+    let c = common::profile_k(&m, 1, 64, &args, &mem, Checks::ALL).unwrap();
     let ld16 = InstrClass::Load {
         space: MemSpace::Global,
         width: 16,

@@ -7,10 +7,12 @@
 //! The f16 model's truncation, and the approx check's distance from the exact sum, are
 //! checked on designed inputs; and the profiler counts the tensor multiply-adds.
 
-use cuda_sim::exec::{launch, launch_profiled, LaunchConfig, LaunchError};
+mod common;
+
+use cuda_sim::exec::{launch, LaunchConfig, LaunchError};
 use cuda_sim::fault::{Checks, FaultKind};
 use cuda_sim::mem::FlatMemory;
-use cuda_sim::profile::{InstrClass, ProfileOptions};
+use cuda_sim::profile::InstrClass;
 use cuda_sim::ptx::Module;
 use cuda_sim::tensor::{error_bound, AlignRef, BlockRounding, MmaModel};
 use rstest::rstest;
@@ -541,22 +543,7 @@ fn profiler_counts_tensor_multiply_adds() {
         &(BASE + 3072).to_le_bytes(),
         &32u32.to_le_bytes(),
     ];
-    let cfg = LaunchConfig {
-        grid: [3, 1, 1],
-        block: [64, 1, 1],
-        dynamic_shared: 0,
-    };
-    let (_, c) = launch_profiled(
-        &m,
-        "k",
-        &cfg,
-        &args,
-        &mem,
-        Checks::NONE,
-        1,
-        &ProfileOptions::default(),
-    )
-    .unwrap();
+    let c = common::profile_k(&m, 3, 64, &args, &mem, Checks::NONE).unwrap();
     // Warp 1 of each block branches around it: 3 warps execute an mma.
     assert_eq!(c.classes.get(InstrClass::TensorCore), 3);
     assert_eq!(c.tensor_macs, 3 * 16 * 8 * 32);

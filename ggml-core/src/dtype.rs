@@ -129,6 +129,12 @@ impl DType {
         self.block_size() > 1
     }
 
+    /// Whether this is a quantised type weights are stored in: every quantised type but
+    /// Q8_1 and Q8_K, which hold activations quantised for dot products.
+    pub const fn is_weight_quant(self) -> bool {
+        self.is_quantized() && !matches!(self, DType::Q8_1 | DType::Q8K)
+    }
+
     /// Whether this is a floating-point scalar type (F32, F16, BF16).
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
@@ -215,5 +221,14 @@ mod tests {
         assert_eq!(DType::Q4_1.row_size(33), None);
         assert_eq!(DType::Q6K.row_size(512), Some(420));
         assert_eq!(DType::F32.row_size(usize::MAX), None);
+    }
+
+    #[test]
+    fn weight_quants_are_the_quantised_types_but_the_activation_ones() {
+        use DType::*;
+        let weights = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K];
+        for d in ALL_DTYPES {
+            assert_eq!(d.is_weight_quant(), weights.contains(&d), "{}", d.name());
+        }
     }
 }

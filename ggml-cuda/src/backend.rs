@@ -148,6 +148,30 @@ pub(crate) fn cu_err(name: Name, kind: BackendErrorKind, e: CuError) -> BackendE
     BackendError::new(kind, name, e.what).with_code(e.code)
 }
 
+/// The source and destination device addresses and the bytes of a plain copy of `src`
+/// (held by `sb`) to `dst` (held by `db`), or `None` where the two differ in size or
+/// dtype or either is not contiguous (the scheduler then copies another way); `api`
+/// names the caller in errors.
+fn copy_ranges(
+    sb: &CudaBackend,
+    src: &Tensor,
+    db: &CudaBackend,
+    dst: &Tensor,
+    api: &'static str,
+) -> BackendResult<Option<(u64, u64, usize)>> {
+    let n = src.nbytes();
+    if n != dst.nbytes() || !src.is_contiguous() || !dst.is_contiguous() || src.dtype != dst.dtype {
+        return Ok(None);
+    }
+    let s_addr = sb
+        .tensor_range(&lock(&sb.state), src, 0, n)
+        .map_err(|e| e.at(api, src.name))?;
+    let d_addr = db
+        .tensor_range(&lock(&db.state), dst, 0, n)
+        .map_err(|e| e.at(api, dst.name))?;
+    Ok(Some((s_addr, d_addr, n)))
+}
+
 /// `b` as a CUDA backend on driver `kind`.
 fn same_driver(b: &dyn Backend, kind: DriverKind) -> Option<&CudaBackend> {
     b.as_any()
@@ -992,20 +1016,9 @@ impl Backend for CudaBackend {
         else {
             return Ok(false);
         };
-        let n = src.nbytes();
-        if n != dst.nbytes()
-            || !src.is_contiguous()
-            || !dst.is_contiguous()
-            || src.dtype != dst.dtype
-        {
+        let Some((s_addr, d_addr, n)) = copy_ranges(sb, src, self, dst, "cpy_tensor_async")? else {
             return Ok(false);
-        }
-        let s_addr = sb
-            .tensor_range(&lock(&sb.state), src, 0, n)
-            .map_err(|e| e.at("cpy_tensor_async", src.name))?;
-        let d_addr = self
-            .tensor_range(&lock(&self.state), dst, 0, n)
-            .map_err(|e| e.at("cpy_tensor_async", dst.name))?;
+        };
         if n == 0 {
             return Ok(true);
         }
@@ -1054,20 +1067,10 @@ impl Backend for CudaBackend {
         ) else {
             return Ok(false);
         };
-        let n = src.nbytes();
-        if n != dst.nbytes()
-            || !src.is_contiguous()
-            || !dst.is_contiguous()
-            || src.dtype != dst.dtype
-        {
+        let Some((s_addr, d_addr, n)) = copy_ranges(sb, src, db, dst, "engine_cpy_tensor_async")?
+        else {
             return Ok(false);
-        }
-        let s_addr = sb
-            .tensor_range(&lock(&sb.state), src, 0, n)
-            .map_err(|e| e.at("engine_cpy_tensor_async", src.name))?;
-        let d_addr = db
-            .tensor_range(&lock(&db.state), dst, 0, n)
-            .map_err(|e| e.at("engine_cpy_tensor_async", dst.name))?;
+        };
         if n == 0 {
             return Ok(true);
         }

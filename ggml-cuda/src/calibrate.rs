@@ -340,6 +340,28 @@ fn repeat(
     })
 }
 
+/// Pushes the GPU-time probe `p` of a launch call (`api`), with the host time of one
+/// call added to its detail, and the probe `name` (in `unit`) of that host time.
+fn push_with_host_time(
+    probes: &mut Vec<Probe>,
+    mut p: Probe,
+    (api, name, unit): (&str, &'static str, &'static str),
+    host_seconds: f64,
+    detail: String,
+) {
+    p.detail
+        .push_str(&format!("; host {:.3} us per {api}", host_seconds * 1e6));
+    probes.push(p);
+    probes.push(Probe {
+        name,
+        unit,
+        work: 1.0,
+        seconds: host_seconds,
+        samples: vec![host_seconds],
+        detail,
+    });
+}
+
 /// A single cycle through `n` u32 indices that jumps far on every step (a stride
 /// co-prime with `n`, well above a page), so each load depends on the one before and
 /// misses whatever the previous ones brought in.
@@ -382,7 +404,7 @@ impl CudaBackend {
         let empty = kit.func("cal_empty").map_err(fail)?;
         let launches = s.launches;
         let host = std::cell::Cell::new(0.0f64);
-        let mut p = repeat(
+        let p = repeat(
             "launch_stream",
             "launches",
             launches as f64,
@@ -401,25 +423,19 @@ impl CudaBackend {
         )
         .map_err(fail)?;
         let host_per_launch = host.get() / ((s.reps + 1) * launches) as f64;
-        p.detail.push_str(&format!(
-            "; host {:.3} us per cuLaunchKernel",
-            host_per_launch * 1e6
-        ));
-        probes.push(p);
-        probes.push(Probe {
-            name: "launch_host",
-            unit: "launches",
-            work: 1.0,
-            seconds: host_per_launch,
-            samples: vec![host_per_launch],
-            detail: "host time of one launch call, averaged over launch_stream".into(),
-        });
+        push_with_host_time(
+            &mut probes,
+            p,
+            ("cuLaunchKernel", "launch_host", "launches"),
+            host_per_launch,
+            "host time of one launch call, averaged over launch_stream".into(),
+        );
 
         // The same empty kernels as nodes of one CUDA graph: GPU time per node, and the
         // host time of one graph launch.
         let graph_host = std::cell::Cell::new(0.0f64);
         let exec = kit.graph_of_empty(empty, launches).map_err(fail)?;
-        let mut p = repeat(
+        let p = repeat(
             "launch_graph_node",
             "launches",
             launches as f64,
@@ -436,21 +452,15 @@ impl CudaBackend {
         )
         .map_err(fail)?;
         let host_per_graph = graph_host.get() / (s.reps + 1) as f64;
-        p.detail.push_str(&format!(
-            "; host {:.3} us per cuGraphLaunch",
-            host_per_graph * 1e6
-        ));
-        probes.push(p);
-        probes.push(Probe {
-            name: "launch_graph_host",
-            unit: "graph_launches",
-            work: 1.0,
-            seconds: host_per_graph,
-            samples: vec![host_per_graph],
-            detail: format!(
+        push_with_host_time(
+            &mut probes,
+            p,
+            ("cuGraphLaunch", "launch_graph_host", "graph_launches"),
+            host_per_graph,
+            format!(
                 "host time of one graph launch of {launches} nodes, averaged over launch_graph_node"
             ),
-        });
+        );
 
         // A logits-sized read back into pinned host memory, host wall time from the
         // copy's enqueue to the stream's completion (the per-token read of generation).

@@ -152,107 +152,48 @@ pub struct Module {
     pub kernels: &'static [(KernelId, &'static str)],
 }
 
+/// A [`Module`] for `kernels/<file>.ptx` with its kernels' ids and `.entry` names.
+macro_rules! ptx_module {
+    ($file:literal: $($id:ident = $entry:literal),+ $(,)?) => {
+        Module {
+            file: concat!($file, ".ptx"),
+            source: include_str!(concat!("../kernels/", $file, ".ptx")),
+            kernels: &[$((KernelId::$id, $entry)),+],
+        }
+    };
+}
+
 /// All modules, in load order.
 pub const MODULES: [Module; 14] = [
-    Module {
-        file: "binary.ptx",
-        source: include_str!("../kernels/binary.ptx"),
-        kernels: &[(KernelId::Binary, "binary")],
-    },
-    Module {
-        file: "unary.ptx",
-        source: include_str!("../kernels/unary.ptx"),
-        kernels: &[
-            (KernelId::Scale, "scale"),
-            (KernelId::Silu, "silu"),
-            (KernelId::Swiglu, "swiglu"),
-            (KernelId::Gelu, "gelu"),
-            (KernelId::Geglu, "geglu"),
-            (KernelId::Clamp, "clamp"),
-        ],
-    },
-    Module {
-        file: "cpy.ptx",
-        source: include_str!("../kernels/cpy.ptx"),
-        kernels: &[
-            (KernelId::Cpy, "cpy"),
-            (KernelId::Concat, "concat"),
-            (KernelId::SetRows, "set_rows"),
-        ],
-    },
-    Module {
-        file: "getrows.ptx",
-        source: include_str!("../kernels/getrows.ptx"),
-        kernels: &[(KernelId::GetRowsF, "get_rows_f")],
-    },
-    Module {
-        file: "quant.ptx",
-        source: include_str!("../kernels/quant.ptx"),
-        kernels: &[
-            (KernelId::GetRowsQ, "get_rows_q"),
-            (KernelId::QuantizeQ8_1, "quantize_q8_1"),
-            (KernelId::Mmvq, "mmvq"),
-            (KernelId::Mmq, "mmq"),
-            (KernelId::MmvqId, "mmvq_id"),
-        ],
-    },
-    Module {
-        file: "qmm.ptx",
-        source: include_str!("../kernels/qmm.ptx"),
-        kernels: &[(KernelId::Qmm, "qmm")],
-    },
-    Module {
-        file: "mul_mat.ptx",
-        source: include_str!("../kernels/mul_mat.ptx"),
-        kernels: &[
-            (KernelId::MulMatF, "mul_mat_f"),
-            (KernelId::MulMatFId, "mul_mat_f_id"),
-        ],
-    },
-    Module {
-        file: "norm.ptx",
-        source: include_str!("../kernels/norm.ptx"),
-        kernels: &[(KernelId::RmsNorm, "rms_norm")],
-    },
-    Module {
-        file: "softmax.ptx",
-        source: include_str!("../kernels/softmax.ptx"),
-        kernels: &[(KernelId::SoftMax, "soft_max")],
-    },
-    Module {
-        file: "rope.ptx",
-        source: include_str!("../kernels/rope.ptx"),
-        kernels: &[
-            (KernelId::Rope, "rope"),
-            (KernelId::RopeStore, "rope_store"),
-        ],
-    },
-    Module {
-        file: "flash_attn.ptx",
-        source: include_str!("../kernels/flash_attn.ptx"),
-        kernels: &[
-            (KernelId::FlashAttnExt, "flash_attn_ext"),
-            (KernelId::FlashAttnDec, "flash_attn_dec"),
-        ],
-    },
-    Module {
-        file: "rows.ptx",
-        source: include_str!("../kernels/rows.ptx"),
-        kernels: &[
-            (KernelId::SumRows, "sum_rows"),
-            (KernelId::ArgsortTopK, "argsort_top_k"),
-        ],
-    },
-    Module {
-        file: "upload.ptx",
-        source: include_str!("../kernels/upload.ptx"),
-        kernels: &[(KernelId::UploadScatter, "upload_scatter")],
-    },
-    Module {
-        file: "argmax.ptx",
-        source: include_str!("../kernels/argmax.ptx"),
-        kernels: &[(KernelId::Argmax, "argmax")],
-    },
+    ptx_module!("binary": Binary = "binary"),
+    ptx_module!(
+        "unary":
+        Scale = "scale",
+        Silu = "silu",
+        Swiglu = "swiglu",
+        Gelu = "gelu",
+        Geglu = "geglu",
+        Clamp = "clamp",
+    ),
+    ptx_module!("cpy": Cpy = "cpy", Concat = "concat", SetRows = "set_rows"),
+    ptx_module!("getrows": GetRowsF = "get_rows_f"),
+    ptx_module!(
+        "quant":
+        GetRowsQ = "get_rows_q",
+        QuantizeQ8_1 = "quantize_q8_1",
+        Mmvq = "mmvq",
+        Mmq = "mmq",
+        MmvqId = "mmvq_id",
+    ),
+    ptx_module!("qmm": Qmm = "qmm"),
+    ptx_module!("mul_mat": MulMatF = "mul_mat_f", MulMatFId = "mul_mat_f_id"),
+    ptx_module!("norm": RmsNorm = "rms_norm"),
+    ptx_module!("softmax": SoftMax = "soft_max"),
+    ptx_module!("rope": Rope = "rope", RopeStore = "rope_store"),
+    ptx_module!("flash_attn": FlashAttnExt = "flash_attn_ext", FlashAttnDec = "flash_attn_dec"),
+    ptx_module!("rows": SumRows = "sum_rows", ArgsortTopK = "argsort_top_k"),
+    ptx_module!("upload": UploadScatter = "upload_scatter"),
+    ptx_module!("argmax": Argmax = "argmax"),
 ];
 
 /// A `.visible .entry` of a PTX text: its name, its parameter names and the comment

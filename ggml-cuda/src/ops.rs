@@ -1070,18 +1070,7 @@ fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
             r3: r3 as usize,
             ny: n.div_ceil(launch::qmm_columns(n)),
             nz: batch,
-            mats: [
-                Some(qmm::Matrix {
-                    w: wa,
-                    dtype: w.dtype,
-                    m,
-                    nbw: w.nb[1],
-                    d: ta,
-                    nbd: t.nb[1],
-                }),
-                None,
-                None,
-            ],
+            mats: one_matrix(&w, wa, m, t, ta),
             nbwb: [w.nb[2], w.nb[3]],
             nbdb: [t.nb[2], t.nb[3]],
             norm: None,
@@ -1140,6 +1129,20 @@ fn quantize_to_scratch(
     strides(&mut a, &qnb);
     c.launch(KernelId::QuantizeQ8_1, dq, &mut a)?;
     Ok((scratch, qnb))
+}
+
+/// The matrices of a product call with one weight matrix: the `m` rows of `w` (at
+/// `wa`) into `t` (at `ta`).
+fn one_matrix(w: &Tensor, wa: u64, m: usize, t: &Tensor, ta: u64) -> [Option<qmm::Matrix>; 3] {
+    let mat = qmm::Matrix {
+        w: wa,
+        dtype: w.dtype,
+        m,
+        nbw: w.nb[1],
+        d: ta,
+        nbd: t.nb[1],
+    };
+    [Some(mat), None, None]
 }
 
 /// `qmm` reads weight rows with loads as wide as their block size allows: their address
@@ -1208,18 +1211,7 @@ fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
             r3: 1,
             ny: n_used,
             nz: tokens,
-            mats: [
-                Some(qmm::Matrix {
-                    w: wa,
-                    dtype: w.dtype,
-                    m,
-                    nbw: w.nb[1],
-                    d: ta,
-                    nbd: t.nb[1],
-                }),
-                None,
-                None,
-            ],
+            mats: one_matrix(&w, wa, m, t, ta),
             nbwb: [w.nb[2], 0],
             nbdb: [t.nb[2], 0],
             norm: None,

@@ -96,19 +96,7 @@ pub struct Chunk {
 
 /// Whether the quantised mul_mat and get_rows kernels handle `dtype`.
 pub fn is_kernel_quant(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q8_0
-            | DType::Q2K
-            | DType::Q3K
-            | DType::Q4K
-            | DType::Q5K
-            | DType::Q6K
-    )
+    dtype.is_weight_quant()
 }
 
 /// Chunk `j` (values `32j..32j+32`) of the quantised row `row`, or `None` for a dtype the

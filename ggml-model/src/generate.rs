@@ -125,15 +125,11 @@ enum Next {
     Logits(Vec<f32>),
 }
 
-/// The index of the highest logit, the first one on ties (llama.cpp's greedy sampler).
+/// The index of the highest logit, the first one on ties (llama.cpp's greedy sampler):
+/// the CPU backend's ARGMAX scan, [`ggml_cpu::reference::argmax_row`] (a NaN never wins;
+/// 0 for no logits).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    ggml_cpu::reference::argmax_row(logits) as u32
 }
 
 /// Probabilities of sorted candidates at temperature `temp`.
@@ -279,6 +275,10 @@ mod tests {
     #[test]
     fn greedy_takes_the_first_highest() {
         assert_eq!(argmax(&[0.0, 2.0, 1.0, 2.0]), 1);
+        // A NaN never wins; a NaN first holds the scan at 0; no logits give 0.
+        assert_eq!(argmax(&[1.0, f32::NAN, 3.0, f32::NAN]), 2);
+        assert_eq!(argmax(&[f32::NAN, 5.0]), 0);
+        assert_eq!(argmax(&[]), 0);
         let mut s = Sampler::new(SamplerConfig::default()).unwrap();
         assert_eq!(s.sample(&[-1.0, -0.5, -3.0]), 1);
     }

@@ -383,6 +383,36 @@ impl TestBackend {
         Ok(())
     }
 
+    /// The copy of `src` (in `sb`'s memory) to `dst` (in `db`'s) as a job for a queue,
+    /// once both are found to have data of the same size; `self` reports what is wrong.
+    fn copy_job(
+        &self,
+        sb: &TestBackend,
+        src: &Tensor,
+        db: &TestBackend,
+        dst: &Tensor,
+    ) -> BackendResult<impl FnOnce() + Send + 'static> {
+        let n = src.nbytes();
+        if dst.nbytes() != n {
+            return Err(self.shared.err(
+                BackendErrorKind::InvalidArgument,
+                "copy between tensors of different sizes",
+            ));
+        }
+        let missing = || {
+            self.shared.err(
+                BackendErrorKind::InvalidArgument,
+                "copy of a tensor without data",
+            )
+        };
+        let (smem, soff) = sb.own_mem(src.data.ok_or_else(missing)?, src.name, n)?;
+        let (dmem, doff) = db.own_mem(dst.data.ok_or_else(missing)?, dst.name, n)?;
+        Ok(move || {
+            let bytes = lock(&smem.bytes)[soff..soff + n].to_vec();
+            lock(&dmem.bytes)[doff..doff + n].copy_from_slice(&bytes);
+        })
+    }
+
     fn own_mem(&self, d: DataRef, name: Name, len: usize) -> BackendResult<(Arc<Mem>, usize)> {
         if d.buffer.domain != self.shared.domain {
             return Err(self.shared.err(
@@ -558,25 +588,7 @@ impl Backend for TestBackend {
         if !self.shared.opts.async_copy {
             return Ok(false);
         }
-        let n = src.nbytes();
-        if dst.nbytes() != n {
-            return Err(self.shared.err(
-                BackendErrorKind::InvalidArgument,
-                "copy between tensors of different sizes",
-            ));
-        }
-        let missing = || {
-            self.shared.err(
-                BackendErrorKind::InvalidArgument,
-                "copy of a tensor without data",
-            )
-        };
-        let (smem, soff) = sb.own_mem(src.data.ok_or_else(missing)?, src.name, n)?;
-        let (dmem, doff) = self.own_mem(dst.data.ok_or_else(missing)?, dst.name, n)?;
-        let job = move || {
-            let bytes = lock(&smem.bytes)[soff..soff + n].to_vec();
-            lock(&dmem.bytes)[doff..doff + n].copy_from_slice(&bytes);
-        };
+        let job = self.copy_job(sb, src, self, dst)?;
         match self.shared.opts.copy_queue {
             CopyQueue::Destination => self.enqueue(Box::new(move || {
                 job();
@@ -613,24 +625,9 @@ impl Backend for TestBackend {
         ) else {
             return Ok(false);
         };
-        let n = src.nbytes();
-        if dst.nbytes() != n {
-            return Err(self.shared.err(
-                BackendErrorKind::InvalidArgument,
-                "copy between tensors of different sizes",
-            ));
-        }
-        let missing = || {
-            self.shared.err(
-                BackendErrorKind::InvalidArgument,
-                "copy of a tensor without data",
-            )
-        };
-        let (smem, soff) = sb.own_mem(src.data.ok_or_else(missing)?, src.name, n)?;
-        let (dmem, doff) = db.own_mem(dst.data.ok_or_else(missing)?, dst.name, n)?;
+        let job = self.copy_job(sb, src, db, dst)?;
         self.enqueue(Box::new(move || {
-            let bytes = lock(&smem.bytes)[soff..soff + n].to_vec();
-            lock(&dmem.bytes)[doff..doff + n].copy_from_slice(&bytes);
+            job();
             Ok(())
         }))?;
         Ok(true)

@@ -55,14 +55,7 @@ fn minimal_plan_is_exact_and_race_free_under_delays() {
 #[test]
 fn staged_outputs_outlive_their_slots() {
     for queues in 0..2 {
-        let setup = Setup {
-            n_backends: 3,
-            queues,
-            events: true,
-            foreign_waits: true,
-            async_copy: true,
-            n_copies: 2,
-        };
+        let setup = Setup::with_events(3, queues, true, 2);
         let tests = setup.tests(Some(11), 150);
         let (b, log) = checked(dyns(tests.clone()));
         let mut c = chain(8, &[0, 0, 1, 1, 2, 2]);
@@ -84,14 +77,7 @@ fn staged_outputs_outlive_their_slots() {
 #[test]
 fn declined_copies_fall_back_to_blocking_and_stay_exact() {
     for queues in 0..2 {
-        let setup = Setup {
-            n_backends: 3,
-            queues,
-            events: true,
-            foreign_waits: true,
-            async_copy: false,
-            n_copies: 2,
-        };
+        let setup = Setup::with_events(3, queues, false, 2);
         let (b, log) = checked(dyns(setup.tests(Some(7), 100)));
         let mut c = chain(8, &layers_for(3));
         let mut s = c.scheduler(b, setup.opts(PlanStyle::Minimal, &[]));
@@ -104,14 +90,7 @@ fn declined_copies_fall_back_to_blocking_and_stay_exact() {
 
 #[test]
 fn naive_plan_is_exact_without_pipelining() {
-    let setup = Setup {
-        n_backends: 3,
-        queues: 0,
-        events: true,
-        foreign_waits: true,
-        async_copy: true,
-        n_copies: 1,
-    };
+    let setup = Setup::with_events(3, 0, true, 1);
     let (b, log) = checked(dyns(setup.tests(Some(3), 100)));
     let mut c = chain(8, &layers_for(3));
     let mut s = c.scheduler(b, setup.opts(PlanStyle::Naive, &[]));
@@ -134,45 +113,33 @@ struct KnobCase {
     input_on_b: bool,
 }
 
+/// (knob, specs, n_copies, reuse, input_on_b) per case.
 fn knob_cases() -> Vec<KnobCase> {
     use CopyQueue::*;
-    vec![
+    #[rustfmt::skip] // one case a line
+    let cases = [
         // Destination-queue copies with a slow producer: waiting on B's own event lets
         // B copy x before A wrote it.
-        KnobCase {
-            knob: WeakenKnob::OwnEvent,
-            specs: [(Destination, 1500), (Destination, 0)],
-            n_copies: 2,
-            reuse: false,
-            input_on_b: false,
-        },
+        (WeakenKnob::OwnEvent, [(Destination, 1500), (Destination, 0)], 2, false, false),
         // Source-queue copies, a fast producer and a slow consumer with runs in flight:
         // without the slot-release wait A overwrites the slot B still has to read.
-        KnobCase {
-            knob: WeakenKnob::NoSlotWait,
-            specs: [(Source, 0), (Source, 1500)],
-            n_copies: 2,
-            reuse: false,
-            input_on_b: false,
-        },
+        (WeakenKnob::NoSlotWait, [(Source, 0), (Source, 1500)], 2, false, false),
         // The input lives on A and is copied on B's (slow) queue: without the final
         // host wait the caller's next write lands before the copy read it.
-        KnobCase {
-            knob: WeakenKnob::AsyncUserInput,
-            specs: [(Destination, 0), (Destination, 1500)],
-            n_copies: 2,
-            reuse: false,
-            input_on_b: true,
-        },
+        (WeakenKnob::AsyncUserInput, [(Destination, 0), (Destination, 1500)], 2, false, true),
         // Destination-queue copy of x on a slow B while A reuses x's bytes for z.
-        KnobCase {
-            knob: WeakenKnob::NoAllocWait,
-            specs: [(Destination, 0), (Destination, 1500)],
-            n_copies: 1,
-            reuse: true,
-            input_on_b: false,
-        },
-    ]
+        (WeakenKnob::NoAllocWait, [(Destination, 0), (Destination, 1500)], 1, true, false),
+    ];
+    cases
+        .into_iter()
+        .map(|(knob, specs, n_copies, reuse, input_on_b)| KnobCase {
+            knob,
+            specs,
+            n_copies,
+            reuse,
+            input_on_b,
+        })
+        .collect()
 }
 
 /// Each weakened rule is reported by the checker (with the rule it breaks) and, with

@@ -390,14 +390,7 @@ fn plan_shapes_match_the_committed_listing() {
 
 #[test]
 fn recording_checker_flags_naive_destination_queue_as_hb1() {
-    let setup = Setup {
-        n_backends: 2,
-        queues: 1,
-        events: true,
-        foreign_waits: true,
-        async_copy: true,
-        n_copies: 2,
-    };
+    let setup = Setup::with_events(2, 1, true, 2);
     let (b, log) = checked(setup.sims());
     let mut c = chain(4, &[0, 1]);
     let mut s = c.scheduler(b, setup.opts(PlanStyle::Naive, &[]));
@@ -422,14 +415,7 @@ fn recording_checker_flags_naive_destination_queue_as_hb1() {
 #[test]
 fn naive_source_queue_without_pipelining_is_clean() {
     for n_backends in 2..=3 {
-        let setup = Setup {
-            n_backends,
-            queues: 0,
-            events: true,
-            foreign_waits: true,
-            async_copy: true,
-            n_copies: 1,
-        };
+        let setup = Setup::with_events(n_backends, 0, true, 1);
         let (b, log) = checked(setup.sims());
         let mut c = chain(4, &(0..2 * n_backends).map(|l| l / 2).collect::<Vec<_>>());
         let mut s = c.scheduler(b, setup.opts(PlanStyle::Naive, &[]));

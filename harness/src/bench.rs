@@ -348,6 +348,41 @@ fn tokens(n: usize, n_vocab: usize) -> impl Iterator<Item = u32> {
     (0..n).map(move |i| ((i * 7919 + 13) % n_vocab) as u32)
 }
 
+/// Runs `pass` (`n_tokens` tokens into an emptied cache) once to warm up and then
+/// `reps` times: the timed passes' tokens per second, and the scheduler's statistics
+/// and the CUDA devices' host counters from before the first timed pass. Both counts
+/// must be at least 1 (each comes with its command-line flag, for the error).
+fn timed_reps(
+    exec: &mut dyn Executor,
+    kv: &mut KvCache,
+    (reps, reps_flag): (usize, &str),
+    (n_tokens, tokens_flag): (usize, &str),
+    cuda: &[&ggml_cuda::CudaBackend],
+    mut pass: impl FnMut(&mut dyn Executor, &mut KvCache) -> Result<()>,
+) -> Result<(Vec<f64>, Option<ggml_sched::Stats>, ggml_cuda::HostCounters)> {
+    if n_tokens == 0 || reps == 0 {
+        return Err(HarnessError::Usage(format!(
+            "{tokens_flag} and {reps_flag} must be at least 1"
+        )));
+    }
+    let mut samples = Vec::with_capacity(reps);
+    let mut before = None;
+    let mut host_before = ggml_cuda::HostCounters::default();
+    for rep in 0..=reps {
+        kv.clear();
+        if rep == 1 {
+            before = exec.sched_stats();
+            host_before = host_counters(cuda);
+        }
+        let t = Instant::now();
+        pass(exec, kv)?;
+        if rep > 0 {
+            samples.push(n_tokens as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok((samples, before, host_before))
+}
+
 /// Prompt processing: one batch of `n_prompt` tokens into an empty cache, `reps` times
 /// after one warm-up run. `cuda` (the session's CUDA devices) gives the host counters
 /// per pass.
@@ -359,25 +394,18 @@ pub fn bench_pp(
     reps: usize,
     cuda: &[&ggml_cuda::CudaBackend],
 ) -> Result<BenchResult> {
-    if n_prompt == 0 || reps == 0 {
-        return Err(HarnessError::Usage("-p and -r must be at least 1".into()));
-    }
     let batch = prompt_batch(model, n_prompt);
-    let mut samples = Vec::with_capacity(reps);
-    let mut before = None;
-    let mut host_before = ggml_cuda::HostCounters::default();
-    for rep in 0..=reps {
-        kv.clear();
-        if rep == 1 {
-            before = exec.sched_stats();
-            host_before = host_counters(cuda);
-        }
-        let t = Instant::now();
-        exec.forward(model, kv, &batch)?;
-        if rep > 0 {
-            samples.push(n_prompt as f64 / t.elapsed().as_secs_f64());
-        }
-    }
+    let (samples, before, host_before) = timed_reps(
+        exec,
+        kv,
+        (reps, "-r"),
+        (n_prompt, "-p"),
+        cuda,
+        |exec, kv| {
+            exec.forward(model, kv, &batch)?;
+            Ok(())
+        },
+    )?;
     let mut r = summarize(format!("pp{n_prompt}"), n_prompt, samples);
     (r.bytes_moved_per_token, r.host_syncs_per_token) =
         per_token(before, exec.sched_stats(), n_prompt * reps);
@@ -397,29 +425,16 @@ pub fn bench_tg(
     reps: usize,
     cuda: &[&ggml_cuda::CudaBackend],
 ) -> Result<BenchResult> {
-    if n_gen == 0 || reps == 0 {
-        return Err(HarnessError::Usage("-n and -r must be at least 1".into()));
-    }
     let toks: Vec<u32> = tokens(n_gen, model.hp.n_vocab).collect();
-    let mut samples = Vec::with_capacity(reps);
-    let mut before = None;
-    let mut host_before = ggml_cuda::HostCounters::default();
-    for rep in 0..=reps {
-        kv.clear();
-        if rep == 1 {
-            before = exec.sched_stats();
-            host_before = host_counters(cuda);
-        }
-        let t = Instant::now();
-        for (i, &tok) in toks.iter().enumerate() {
-            let mut b = Batch::default();
-            b.push(tok, i as i32, 0, true);
-            exec.forward(model, kv, &b)?;
-        }
-        if rep > 0 {
-            samples.push(n_gen as f64 / t.elapsed().as_secs_f64());
-        }
-    }
+    let (samples, before, host_before) =
+        timed_reps(exec, kv, (reps, "-r"), (n_gen, "-n"), cuda, |exec, kv| {
+            for (i, &tok) in toks.iter().enumerate() {
+                let mut b = Batch::default();
+                b.push(tok, i as i32, 0, true);
+                exec.forward(model, kv, &b)?;
+            }
+            Ok(())
+        })?;
     let mut r = summarize(format!("tg{n_gen}"), n_gen, samples);
     r.weight_bytes_per_token = model.weight_bytes_per_token() as f64;
     (r.bytes_moved_per_token, r.host_syncs_per_token) =

@@ -122,33 +122,25 @@ pub fn time_model_kernels(
     }
     let mut rows = Vec::new();
     let prompt = crate::bench::prompt_batch(model, n_prompt);
-    kv.clear();
-    let pp = time_pass(
-        backends,
-        || {
-            exec.forward(model, kv, &prompt)
-                .map(|_| ())
-                .map_err(Into::into)
-        },
-        reps,
-        flush_bytes,
-    )?;
-    for (dev, t) in &pp {
+    let mut time = |batch: &Batch| {
+        kv.clear();
+        time_pass(
+            backends,
+            || {
+                exec.forward(model, kv, batch)
+                    .map(|_| ())
+                    .map_err(Into::into)
+            },
+            reps,
+            flush_bytes,
+        )
+    };
+    for (dev, t) in &time(&prompt)? {
         rows.extend(launch_rows(&format!("pp{n_prompt}"), dev, t));
     }
-    kv.clear();
     let mut one = Batch::default();
     one.push(crate::bench::bench_token(model, 0), 0, 0, true);
-    let tg = time_pass(
-        backends,
-        || {
-            exec.forward(model, kv, &one)
-                .map(|_| ())
-                .map_err(Into::into)
-        },
-        reps,
-        flush_bytes,
-    )?;
+    let tg = time(&one)?;
     for (dev, t) in &tg {
         rows.extend(launch_rows("tg", dev, t));
     }

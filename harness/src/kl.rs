@@ -652,36 +652,19 @@ pub struct KlReport {
 impl fmt::Display for KlReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "====== Perplexity statistics ======")?;
-        writeln!(
-            f,
-            "Mean PPL(Q)                   : {:10.6} ± {:10.6}",
-            self.ppl.0, self.ppl.1
-        )?;
-        writeln!(
-            f,
-            "Mean PPL(base)                : {:10.6} ± {:10.6}",
-            self.ppl_base.0, self.ppl_base.1
-        )?;
+        let ppl_row = |f: &mut fmt::Formatter<'_>, label: &str, (v, e): (f64, f64)| {
+            writeln!(f, "{label:<30}: {v:10.6} ± {e:10.6}")
+        };
+        ppl_row(f, "Mean PPL(Q)", self.ppl)?;
+        ppl_row(f, "Mean PPL(base)", self.ppl_base)?;
         writeln!(
             f,
             "Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2}%",
             100.0 * self.ln_ppl_cor
         )?;
-        writeln!(
-            f,
-            "Mean ln(PPL(Q)/PPL(base))     : {:10.6} ± {:10.6}",
-            self.ln_ppl_ratio.0, self.ln_ppl_ratio.1
-        )?;
-        writeln!(
-            f,
-            "Mean PPL(Q)/PPL(base)         : {:10.6} ± {:10.6}",
-            self.ppl_ratio.0, self.ppl_ratio.1
-        )?;
-        writeln!(
-            f,
-            "Mean PPL(Q)-PPL(base)         : {:10.6} ± {:10.6}",
-            self.ppl_diff.0, self.ppl_diff.1
-        )?;
+        ppl_row(f, "Mean ln(PPL(Q)/PPL(base))", self.ln_ppl_ratio)?;
+        ppl_row(f, "Mean PPL(Q)/PPL(base)", self.ppl_ratio)?;
+        ppl_row(f, "Mean PPL(Q)-PPL(base)", self.ppl_diff)?;
         writeln!(f)?;
         writeln!(f, "====== KL divergence statistics ======")?;
         writeln!(f, "Mean    KLD: {:10.6} ± {:10.6}", self.kld.0, self.kld.1)?;

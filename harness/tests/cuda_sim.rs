@@ -6,8 +6,11 @@
 
 use std::path::PathBuf;
 
+mod common;
+
+use common::cell;
 use ggml_core::DType;
-use harness::perplexity::{perplexity, PplSettings};
+use harness::perplexity::perplexity;
 use harness::regress::{run_cell, Cell, CellResult, RegressSettings};
 use harness::session::{RunConfig, Session, SplitMode};
 use rstest::rstest;
@@ -23,28 +26,7 @@ fn text() -> &'static str {
 /// One pass of two sequences of 64 tokens: with micro-batches of 32, four runs through
 /// two pipeline slots, so every slot is reused.
 fn settings(chaos: Option<u64>, weaken: Vec<ggml_sched::WeakenKnob>) -> RegressSettings {
-    RegressSettings {
-        ppl: PplSettings {
-            n_ctx: 64,
-            n_batch: 128,
-            max_chunks: Some(2),
-        },
-        check_races: true,
-        chaos,
-        weaken,
-    }
-}
-
-fn cell(devices: &str, split: SplitMode, n_copies: usize, n_ubatch: usize) -> Cell {
-    Cell {
-        devices: devices.parse().unwrap(),
-        split,
-        n_copies,
-        threads: 2,
-        n_ubatch,
-        reduce_bf16_min: None,
-        all_gather: Default::default(),
-    }
+    common::regress_settings(64, 128, 2, chaos, weaken)
 }
 
 fn run_with(dtype: DType, c: &Cell, s: &RegressSettings) -> CellResult {

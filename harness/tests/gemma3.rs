@@ -4,45 +4,18 @@
 //! numbers measured with llama.cpp; greedy generation against `llama-simple` on both
 //! real models.
 
+mod common;
+
+use common::{cell, two_chunks_of_48 as settings};
 use ggml_core::DType;
 use harness::generate::{generate, Sampler, SamplerConfig};
-use harness::golden::GoldenSet;
-use harness::matrix::run::{run, RunOptions};
-use harness::matrix::Matrix;
 use harness::model::Arch;
-use harness::perplexity::{perplexity, PplSettings};
-use harness::regress::{run_cell, Cell, RegressSettings};
+use harness::regress::RegressSettings;
 use harness::session::{RunConfig, Session, SplitMode};
 use rstest::rstest;
 
 fn synthetic() -> std::path::PathBuf {
     harness::synthetic::cached_model_of(Arch::Gemma3, DType::Q4_1).unwrap()
-}
-
-fn cell(devices: &str, split: SplitMode, n_copies: usize, n_ubatch: usize) -> Cell {
-    Cell {
-        devices: devices.parse().unwrap(),
-        split,
-        n_copies,
-        threads: 2,
-        n_ubatch,
-        reduce_bf16_min: None,
-        all_gather: Default::default(),
-    }
-}
-
-/// Two chunks of 48 tokens: positions beyond the window of 8, in micro-batches too.
-fn settings() -> RegressSettings {
-    RegressSettings {
-        ppl: PplSettings {
-            n_ctx: 48,
-            n_batch: 96,
-            max_chunks: Some(2),
-        },
-        check_races: true,
-        chaos: Some(3),
-        weaken: Vec::new(),
-    }
 }
 
 #[test]
@@ -68,79 +41,33 @@ fn synthetic_gemma3_loads_as_gemma3() {
 /// Every exact split of the synthetic Gemma 3 gives the logits of one CPU, bit for bit,
 /// under chaos and the race checker.
 #[rstest]
-#[case::layer("cpu:2", SplitMode::Layer, 2, 0)]
-#[case::layer_ubatch("cpu:3", SplitMode::Layer, 2, 16)]
-#[case::tensor("cpu:2", SplitMode::Tensor, 1, 0)]
-#[case::tensor_c2("cpu:2", SplitMode::Tensor, 2, 32)]
-fn synthetic_gemma3_splits_give_the_bits_of_one_device(
-    #[case] devices: &str,
-    #[case] split: SplitMode,
-    #[case] n_copies: usize,
-    #[case] n_ubatch: usize,
-) {
+#[case::layer(cell("cpu:2", SplitMode::Layer, 2, 0))]
+#[case::layer_ubatch(cell("cpu:3", SplitMode::Layer, 2, 16))]
+#[case::tensor(cell("cpu:2", SplitMode::Tensor, 1, 0))]
+#[case::tensor_c2(cell("cpu:2", SplitMode::Tensor, 2, 32))]
+fn synthetic_gemma3_splits_give_the_bits_of_one_device(#[case] c: harness::regress::Cell) {
     let text = &harness::default_corpus()[..1500];
-    let s = settings();
-    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
-    let split = run_cell(
-        &synthetic(),
-        text,
-        &cell(devices, split, n_copies, n_ubatch),
-        &s,
-    )
-    .unwrap();
-    assert_eq!(
-        split.logits_sha256, one.logits_sha256,
-        "{devices} {split:?}"
-    );
-    assert_eq!(split.races, 0);
+    let (one, _) =
+        common::assert_split_gives_the_bits_of("cpu", &synthetic(), text, &c, &settings());
     assert!(one.ppl.is_finite() && one.ppl > 1.0);
 }
 
-/// Tensor-reduce sums partial products in another order: within 0.1 %.
-#[test]
-fn synthetic_gemma3_tensor_reduce_is_close() {
+/// Within 1e-3 of one CPU: tensor-reduce, which sums partial products in another order,
+/// and the GELU, q/k-norm, scale and sliding-window paths on the CUDA backend (cuda-sim;
+/// Q4_1 weights, see tests/cuda_sim.rs for why not closer), the latter without chaos.
+#[rstest]
+#[case::tensor_reduce(cell("cpu:2", SplitMode::TensorReduce, 1, 0), Some(3))]
+#[case::cuda_sim(cell("cuda-sim:0", SplitMode::None, 1, 0), None)]
+fn synthetic_gemma3_is_close_to_one_cpu(
+    #[case] c: harness::regress::Cell,
+    #[case] chaos: Option<u64>,
+) {
+    let s = RegressSettings {
+        chaos,
+        ..settings()
+    };
     let text = &harness::default_corpus()[..1500];
-    let s = settings();
-    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
-    let red = run_cell(
-        &synthetic(),
-        text,
-        &cell("cpu:2", SplitMode::TensorReduce, 1, 0),
-        &s,
-    )
-    .unwrap();
-    let rel = (red.ppl - one.ppl).abs() / one.ppl;
-    assert!(
-        rel < 1e-3,
-        "tensor-reduce {} vs {} ({rel:.2e})",
-        red.ppl,
-        one.ppl
-    );
-}
-
-/// The GELU, q/k-norm, scale and sliding-window paths on the CUDA backend (cuda-sim):
-/// within 1e-3 of the CPU (Q4_1 weights; see tests/cuda_sim.rs for why not closer).
-#[test]
-fn synthetic_gemma3_on_cuda_sim_matches_the_cpu() {
-    let text = &harness::default_corpus()[..1500];
-    let mut s = settings();
-    s.chaos = None;
-    let cpu = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
-    let gpu = run_cell(
-        &synthetic(),
-        text,
-        &cell("cuda-sim:0", SplitMode::None, 1, 0),
-        &s,
-    )
-    .unwrap();
-    let rel = (gpu.ppl - cpu.ppl).abs() / cpu.ppl;
-    assert!(
-        rel < 1e-3,
-        "cuda-sim {} vs cpu {} ({rel:.2e})",
-        gpu.ppl,
-        cpu.ppl
-    );
-    assert_eq!(gpu.races, 0);
+    common::assert_close_to_one_cpu(&synthetic(), text, &c, &s, 1e-3);
 }
 
 /// The sliding window is honoured: the same text with every layer global gives other
@@ -229,71 +156,17 @@ const REFERENCE_CHUNKS: [f64; 14] = [
 #[test]
 fn gemma3_whole_corpus_tracks_llama_cpp() {
     let path = harness::gemma3_model_path().unwrap();
-    let config = RunConfig::simple("cpu".parse().unwrap(), SplitMode::None, 1, 2);
-    let s = Session::open(&path, config).unwrap();
-    let mut text = harness::default_corpus().to_string();
-    text.pop();
-    let tokens = s.tokenizer.encode(&text);
-    let mut kv = s.kv_cache(512).unwrap();
-    let mut exec = s.executor().unwrap();
-    let settings = PplSettings {
-        n_ctx: 512,
-        n_batch: 512,
-        max_chunks: None,
-    };
+    let (s, _, r) = common::whole_corpus_on_one_cpu(&path);
     // As llama-perplexity: each chunk starts with BOS, which Gemma's vocabulary adds.
-    let bos = s.tokenizer.add_bos().then(|| s.tokenizer.bos()).flatten();
-    assert!(bos.is_some());
-    let r = perplexity(
-        &s.model,
-        exec.as_mut(),
-        &mut kv,
-        &tokens,
-        bos,
-        settings,
-        |_, _, _| {},
-    )
-    .unwrap();
-    assert_eq!(r.chunks.len(), REFERENCE_CHUNKS.len());
-    for (i, (ours, theirs)) in r.chunks.iter().zip(REFERENCE_CHUNKS).enumerate() {
-        let rel = (ours - theirs).abs() / theirs;
-        eprintln!(
-            "[{}] ours {ours:.4} llama.cpp {theirs:.4} (rel diff {rel:.2e})",
-            i + 1
-        );
-        assert!(rel < 1.5e-2, "chunk {}: {ours} vs {theirs}", i + 1);
-    }
-    let last = REFERENCE_CHUNKS[13];
-    let rel = (r.ppl - last).abs() / last;
-    assert!(rel < 2e-3, "final PPL {} vs {last} ({rel:.2e})", r.ppl);
+    assert!(s.tokenizer.add_bos() && s.tokenizer.bos().is_some());
+    common::assert_tracks(&r, &REFERENCE_CHUNKS, 1.5e-2, 2e-3);
 }
 
 /// The Gemma 3 CPU matrix: layer and tensor splits and micro-batches bit-identical to
 /// one device, race-checked, equal to the golden.
 #[test]
 fn gemma3_matrix_is_bit_identical_race_free_and_golden() {
-    let m = Matrix::builtin("gemma3").unwrap();
-    let opts = RunOptions {
-        check_races: true,
-        chaos_seeds: vec![None],
-        weaken: Vec::new(),
-        goldens: GoldenSet::parse(harness::golden::EMBEDDED).unwrap(),
-        bless: false,
-        require_golden: true,
-    };
-    let report = run(&m, &opts, |_| {}).unwrap();
-    assert!(report.passed(), "{:?}", report.violations);
-    for r in &report.rows {
-        assert_eq!(r.result.races, 0, "{}", r.name);
-        if !r.name.contains("reduce") {
-            assert_eq!(
-                r.golden,
-                harness::matrix::report::GoldenStatus::Equal,
-                "{}: no golden or a different one",
-                r.name
-            );
-        }
-    }
+    common::assert_builtin_matrix_is_golden("gemma3");
 }
 
 /// Greedy continuations of a few prompts, 64 tokens, as llama-simple printed them.

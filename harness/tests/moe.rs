@@ -2,10 +2,12 @@
 //! every split mode, tensor parallelism over experts with its single all-reduce per FFN,
 //! and cuda-sim.
 
+mod common;
+
+use common::{cell, two_chunks_of_48 as settings};
 use ggml_core::{DType, Op};
 use harness::model::{build_forward, BatchShape, Model};
-use harness::perplexity::PplSettings;
-use harness::regress::{run_cell, Cell, RegressSettings};
+use harness::regress::RegressSettings;
 use harness::session::SplitMode;
 use rstest::rstest;
 
@@ -16,31 +18,6 @@ fn synthetic() -> std::path::PathBuf {
 fn model() -> Model {
     let f = harness::gguf_file::GgufFile::open(&synthetic()).unwrap();
     Model::from_gguf(&f).unwrap()
-}
-
-fn cell(devices: &str, split: SplitMode, n_copies: usize, n_ubatch: usize) -> Cell {
-    Cell {
-        devices: devices.parse().unwrap(),
-        split,
-        n_copies,
-        threads: 2,
-        n_ubatch,
-        reduce_bf16_min: None,
-        all_gather: Default::default(),
-    }
-}
-
-fn settings() -> RegressSettings {
-    RegressSettings {
-        ppl: PplSettings {
-            n_ctx: 48,
-            n_batch: 96,
-            max_chunks: Some(2),
-        },
-        check_races: true,
-        chaos: Some(3),
-        weaken: Vec::new(),
-    }
 }
 
 #[test]
@@ -89,89 +66,43 @@ fn the_moe_graph_routes_every_layer() {
 /// parallelism over experts on 2 and 3 devices) gives the logits of one CPU, bit for bit,
 /// under chaos and the race checker.
 #[rstest]
-#[case::layer_c2("cpu:2", SplitMode::Layer, 2, 0)]
-#[case::layer_ubatch("cpu:3", SplitMode::Layer, 2, 16)]
-#[case::tensor2("cpu:2", SplitMode::Tensor, 1, 0)]
-#[case::tensor3_c2("cpu:3", SplitMode::Tensor, 2, 32)]
-fn synthetic_moe_splits_give_the_bits_of_one_device(
-    #[case] devices: &str,
-    #[case] split: SplitMode,
-    #[case] n_copies: usize,
-    #[case] n_ubatch: usize,
-) {
+#[case::layer_c2(cell("cpu:2", SplitMode::Layer, 2, 0))]
+#[case::layer_ubatch(cell("cpu:3", SplitMode::Layer, 2, 16))]
+#[case::tensor2(cell("cpu:2", SplitMode::Tensor, 1, 0))]
+#[case::tensor3_c2(cell("cpu:3", SplitMode::Tensor, 2, 32))]
+fn synthetic_moe_splits_give_the_bits_of_one_device(#[case] c: harness::regress::Cell) {
     let text = &harness::default_corpus()[..1500];
-    let s = settings();
-    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
-    let split = run_cell(
-        &synthetic(),
-        text,
-        &cell(devices, split, n_copies, n_ubatch),
-        &s,
-    )
-    .unwrap();
-    assert_eq!(
-        split.logits_sha256, one.logits_sha256,
-        "{devices} {split:?}"
-    );
-    assert_eq!(split.races, 0);
+    let (one, _) =
+        common::assert_split_gives_the_bits_of("cpu", &synthetic(), text, &c, &settings());
     assert!(one.ppl.is_finite() && one.ppl > 1.0);
 }
 
-/// Tensor-reduce over experts sums partial products in another order: within 2.4e-3,
-/// twice what it measured (1.202e-3 on 2026-11-26; routing is a discrete choice, so a last-bit difference in the
-/// router's input can flip a near-tie between two experts, and the real model shows the
-/// same order of sensitivity with and without routing, see matrices/moe.toml). (`cpu:3` cannot cut `n_ff` = 512
-/// on 32-element blocks; the exact cells cover three devices.)
-#[test]
-fn synthetic_moe_tensor_reduce_is_close() {
-    let devices = "cpu:2";
+/// Two paths close to one CPU, each within twice what it measured:
+/// - tensor-reduce over experts sums partial products in another order: within 2.4e-3
+///   (1.202e-3 on 2026-11-26; routing is a discrete choice, so a last-bit difference in
+///   the router's input can flip a near-tie between two experts, and the real model shows
+///   the same order of sensitivity with and without routing, see matrices/moe.toml).
+///   (`cpu:3` cannot cut `n_ff` = 512 on 32-element blocks; the exact cells cover three
+///   devices.)
+/// - the router, top-k, expert products and weighting on the CUDA backend (cuda-sim,
+///   without chaos): within 0.43 % (2.14e-3 with the second-generation products at
+///   39c1111, 1.13e-3 with the first). Each product is within mul_mat's CUDA tolerance of
+///   the CPU's (see tests/cuda_sim.rs; the dense model agrees to 1e-4), and a near-tie in
+///   routing that flips amplifies that, as for tensor-reduce.
+#[rstest]
+#[case::tensor_reduce(cell("cpu:2", SplitMode::TensorReduce, 1, 0), Some(3), 2.4e-3)]
+#[case::cuda_sim(cell("cuda-sim:0", SplitMode::None, 1, 0), None, 4.3e-3)]
+fn synthetic_moe_is_close_to_one_cpu(
+    #[case] c: harness::regress::Cell,
+    #[case] chaos: Option<u64>,
+    #[case] tolerance: f64,
+) {
+    let s = RegressSettings {
+        chaos,
+        ..settings()
+    };
     let text = &harness::default_corpus()[..1500];
-    let s = settings();
-    let one = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
-    let red = run_cell(
-        &synthetic(),
-        text,
-        &cell(devices, SplitMode::TensorReduce, 1, 0),
-        &s,
-    )
-    .unwrap();
-    assert_eq!(red.races, 0);
-    let rel = (red.ppl - one.ppl).abs() / one.ppl;
-    eprintln!("tensor-reduce vs none: {rel:.3e}");
-    assert!(
-        rel < 2.4e-3,
-        "tensor-reduce {} vs {} ({rel:.2e})",
-        red.ppl,
-        one.ppl
-    );
-}
-
-/// The router, top-k, expert products and weighting on the CUDA backend (cuda-sim):
-/// within 0.43 % of the CPU (measured 2.14e-3 with the second-generation products at
-/// 39c1111, 1.13e-3 with the first; the limit is twice the measurement). Each product is within mul_mat's CUDA tolerance of the CPU's
-/// (see tests/cuda_sim.rs; the dense model agrees to 1e-4), and a near-tie in routing
-/// that flips amplifies that, as for tensor-reduce above.
-#[test]
-fn synthetic_moe_on_cuda_sim_matches_the_cpu() {
-    let text = &harness::default_corpus()[..1500];
-    let mut s = settings();
-    s.chaos = None;
-    let cpu = run_cell(&synthetic(), text, &cell("cpu", SplitMode::None, 1, 0), &s).unwrap();
-    let gpu = run_cell(
-        &synthetic(),
-        text,
-        &cell("cuda-sim:0", SplitMode::None, 1, 0),
-        &s,
-    )
-    .unwrap();
-    let rel = (gpu.ppl - cpu.ppl).abs() / cpu.ppl;
-    eprintln!("cuda-sim vs cpu: {rel:.3e}");
-    assert!(
-        rel < 4.3e-3,
-        "cuda-sim {} vs cpu {} ({rel:.2e})",
-        gpu.ppl,
-        cpu.ppl
-    );
+    common::assert_close_to_one_cpu(&synthetic(), text, &c, &s, tolerance);
 }
 
 /// Tensor parallelism over experts needs one all-reduce per FFN, after the weighted sum
@@ -218,109 +149,31 @@ const REFERENCE_CHUNKS: [f64; 14] = [
 
 #[test]
 fn moe_whole_corpus_tracks_llama_cpp() {
-    use harness::perplexity::perplexity;
-    use harness::session::{RunConfig, Session};
-    let path = harness::moe_model_path().unwrap();
-    let config = RunConfig::simple("cpu".parse().unwrap(), SplitMode::None, 1, 2);
-    let s = Session::open(&path, config).unwrap();
+    let (s, _, r) = common::whole_corpus_on_one_cpu(&harness::moe_model_path().unwrap());
     assert_eq!((s.model.hp.n_expert, s.model.hp.n_expert_used), (4, 2));
-    let mut text = harness::default_corpus().to_string();
-    text.pop();
-    let tokens = s.tokenizer.encode(&text);
-    let mut kv = s.kv_cache(512).unwrap();
-    let mut exec = s.executor().unwrap();
-    let settings = PplSettings {
-        n_ctx: 512,
-        n_batch: 512,
-        max_chunks: None,
-    };
-    // As llama-perplexity: BOS first only where the vocabulary adds it (not SmolLM2's).
-    let bos = s.tokenizer.add_bos().then(|| s.tokenizer.bos()).flatten();
-    let r = perplexity(
-        &s.model,
-        exec.as_mut(),
-        &mut kv,
-        &tokens,
-        bos,
-        settings,
-        |_, _, _| {},
-    )
-    .unwrap();
-    assert_eq!(r.chunks.len(), REFERENCE_CHUNKS.len());
-    for (i, (ours, theirs)) in r.chunks.iter().zip(REFERENCE_CHUNKS).enumerate() {
-        let rel = (ours - theirs).abs() / theirs;
-        eprintln!(
-            "[{}] ours {ours:.4} llama.cpp {theirs:.4} (rel diff {rel:.2e})",
-            i + 1
-        );
-        assert!(rel < 1.5e-2, "chunk {}: {ours} vs {theirs}", i + 1);
-    }
-    let last = REFERENCE_CHUNKS[13];
-    let rel = (r.ppl - last).abs() / last;
-    assert!(rel < 2e-3, "final PPL {} vs {last} ({rel:.2e})", r.ppl);
+    common::assert_tracks(&r, &REFERENCE_CHUNKS, 1.5e-2, 2e-3);
 }
 
 /// The MoE CPU matrix: layer splits, micro-batches and tensor parallelism over experts on
 /// two and three devices bit-identical to one device, race-checked, equal to the golden.
 #[test]
 fn moe_matrix_is_bit_identical_race_free_and_golden() {
-    use harness::golden::GoldenSet;
-    use harness::matrix::run::{run, RunOptions};
-    let m = harness::matrix::Matrix::builtin("moe").unwrap();
-    let opts = RunOptions {
-        check_races: true,
-        chaos_seeds: vec![None],
-        weaken: Vec::new(),
-        goldens: GoldenSet::parse(harness::golden::EMBEDDED).unwrap(),
-        bless: false,
-        require_golden: true,
-    };
-    let report = run(&m, &opts, |_| {}).unwrap();
-    assert!(report.passed(), "{:?}", report.violations);
-    for r in &report.rows {
-        assert_eq!(r.result.races, 0, "{}", r.name);
-        if !r.name.contains("reduce") {
-            assert_eq!(
-                r.golden,
-                harness::matrix::report::GoldenStatus::Equal,
-                "{}: no golden or a different one",
-                r.name
-            );
-        }
-    }
+    common::assert_builtin_matrix_is_golden("moe");
 }
 
 /// On two emulated GPUs, a pipelined layer split and tensor parallelism over experts give
 /// the bits of one (cuda-sim), under chaos and the race checker.
 #[rstest]
-#[case::layer("cuda-sim:0,cuda-sim:1", SplitMode::Layer, 2, 16)]
-#[case::tensor("cuda-sim:0,cuda-sim:1", SplitMode::Tensor, 1, 0)]
-fn synthetic_moe_cuda_sim_splits_give_the_bits_of_one_gpu(
-    #[case] devices: &str,
-    #[case] split: SplitMode,
-    #[case] n_copies: usize,
-    #[case] n_ubatch: usize,
-) {
-    let text = &harness::default_corpus()[..600];
+#[case::layer(cell("cuda-sim:0,cuda-sim:1", SplitMode::Layer, 2, 16))]
+#[case::tensor(cell("cuda-sim:0,cuda-sim:1", SplitMode::Tensor, 1, 0))]
+fn synthetic_moe_cuda_sim_splits_give_the_bits_of_one_gpu(#[case] c: harness::regress::Cell) {
     let mut s = settings();
     s.ppl.max_chunks = Some(1);
-    let one = run_cell(
+    common::assert_split_gives_the_bits_of(
+        "cuda-sim:0",
         &synthetic(),
-        text,
-        &cell("cuda-sim:0", SplitMode::None, 1, 0),
+        &harness::default_corpus()[..600],
+        &c,
         &s,
-    )
-    .unwrap();
-    let split = run_cell(
-        &synthetic(),
-        text,
-        &cell(devices, split, n_copies, n_ubatch),
-        &s,
-    )
-    .unwrap();
-    assert_eq!(
-        split.logits_sha256, one.logits_sha256,
-        "{devices} {split:?}"
     );
-    assert_eq!(split.races, 0);
 }

@@ -1,12 +1,11 @@
 //! Tests on the real SmolLM2 file (downloaded into the cache on first use, as
 //! `cargo xtask fetch-model` does; a failed download fails the tests).
 
+mod common;
+
 use std::path::PathBuf;
 
-use harness::devices::DeviceList;
 use harness::golden;
-use harness::perplexity::{perplexity, PplSettings};
-use harness::session::{RunConfig, Session, SplitMode};
 
 fn model() -> PathBuf {
     harness::model_path(None).unwrap_or_else(|e| panic!("SmolLM2 could not be fetched: {e}"))
@@ -31,41 +30,11 @@ const CHUNK_TOLERANCE: f64 = 1.5e-2;
 #[test]
 fn whole_corpus_tracks_llama_cpp() {
     let path = model();
-    let config = RunConfig::simple("cpu".parse::<DeviceList>().unwrap(), SplitMode::None, 1, 2);
-    let s = Session::open(&path, config).unwrap();
-    // llama-perplexity drops one final newline before tokenizing.
-    let mut text = harness::default_corpus().to_string();
-    text.pop();
-    let tokens = s.tokenizer.encode(&text);
-    let mut kv = s.kv_cache(512).unwrap();
-    let mut exec = s.executor().unwrap();
-    let settings = PplSettings {
-        n_ctx: 512,
-        n_batch: 512,
-        max_chunks: None,
-    };
-    let r = perplexity(
-        &s.model,
-        exec.as_mut(),
-        &mut kv,
-        &tokens,
-        None,
-        settings,
-        |_, _, _| {},
-    )
-    .unwrap();
-    assert_eq!(r.chunks.len(), REFERENCE_CHUNKS.len());
+    // SmolLM2's vocabulary adds no BOS, so chunks start without one.
+    let (s, text, r) = common::whole_corpus_on_one_cpu(&path);
+    assert!(!s.tokenizer.add_bos());
     assert_eq!(r.n_scored, 14 * 255);
-    for (i, (ours, theirs)) in r.chunks.iter().zip(REFERENCE_CHUNKS).enumerate() {
-        let rel = (ours - theirs).abs() / theirs;
-        eprintln!(
-            "[{}] ours {ours:.4} llama.cpp {theirs:.4} (rel diff {rel:.2e})",
-            i + 1
-        );
-        assert!(rel < CHUNK_TOLERANCE, "chunk {}: {ours} vs {theirs}", i + 1);
-    }
-    let rel = (r.ppl - REFERENCE_CHUNKS[13]).abs() / REFERENCE_CHUNKS[13];
-    assert!(rel < FINAL_TOLERANCE, "final PPL {} vs 18.3914", r.ppl);
+    common::assert_tracks(&r, &REFERENCE_CHUNKS, CHUNK_TOLERANCE, FINAL_TOLERANCE);
 
     // And bit-for-bit the CPU golden that `cargo xtask regress` recorded.
     let key = golden::GoldenKey {

@@ -2,13 +2,15 @@
 //! the same matrix on the real model): every cell bit-identical and race-free under
 //! chaos, and every weakened scheduler rule caught by the checker on real CPU queues.
 
+mod common;
+
 use std::path::PathBuf;
 
 use ggml_core::DType;
 use harness::golden::GoldenSet;
 use harness::matrix::run::{run, RunOptions};
 use harness::matrix::{Matrix, Source};
-use harness::perplexity::{perplexity, PplSettings};
+use harness::perplexity::perplexity;
 use harness::regress::RegressSettings;
 use harness::session::{RunConfig, Session, SplitMode};
 use rstest::rstest;
@@ -24,16 +26,7 @@ fn text() -> &'static str {
 /// Two passes of 4 sequences of 64 tokens: exercises multi-sequence batches, KV reuse
 /// across passes and pipeline slots.
 fn settings(chaos: Option<u64>, weaken: Vec<ggml_sched::WeakenKnob>) -> RegressSettings {
-    RegressSettings {
-        ppl: PplSettings {
-            n_ctx: 64,
-            n_batch: 256,
-            max_chunks: Some(8),
-        },
-        check_races: true,
-        chaos,
-        weaken,
-    }
+    common::regress_settings(64, 256, 8, chaos, weaken)
 }
 
 #[rstest]

@@ -455,62 +455,16 @@ fn round_trip_tokenizer() -> &'static Tokenizer {
 // ---------------------------------------------------------------------------------------
 // GGUF metadata
 
-/// A minimal GGUF v3 file with the given metadata and no tensors.
-fn gguf_file(kvs: &[(&str, Meta)]) -> Vec<u8> {
-    fn string(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-    let mut out = b"GGUF".to_vec();
-    out.extend_from_slice(&3u32.to_le_bytes());
-    out.extend_from_slice(&0u64.to_le_bytes());
-    out.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
-    for (key, value) in kvs {
-        string(&mut out, key);
-        match value {
-            Meta::U32(v) => {
-                out.extend_from_slice(&4u32.to_le_bytes());
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            Meta::Bool(v) => {
-                out.extend_from_slice(&7u32.to_le_bytes());
-                out.push(*v as u8);
-            }
-            Meta::Str(s) => {
-                out.extend_from_slice(&8u32.to_le_bytes());
-                string(&mut out, s);
-            }
-            Meta::Strs(v) => {
-                out.extend_from_slice(&9u32.to_le_bytes());
-                out.extend_from_slice(&8u32.to_le_bytes());
-                out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-                for s in v {
-                    string(&mut out, s);
-                }
-            }
-            Meta::I32s(v) => {
-                out.extend_from_slice(&9u32.to_le_bytes());
-                out.extend_from_slice(&5u32.to_le_bytes());
-                out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-                for x in v {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-        }
-    }
-    while out.len() % 32 != 0 {
-        out.push(0);
-    }
-    out
-}
+/// The metadata values these tests write (the model crate's GGUF writer's).
+use harness::gguf_writer::MetaValue as Meta;
 
-#[derive(Clone)]
-enum Meta {
-    U32(u32),
-    Bool(bool),
-    Str(String),
-    Strs(Vec<String>),
-    I32s(Vec<i32>),
+/// A GGUF file with the metadata `kvs` and no tensors.
+fn gguf_file(kvs: &[(&str, Meta)]) -> Vec<u8> {
+    let mut w = harness::gguf_writer::GgufWriter::new();
+    for (key, value) in kvs {
+        w.meta(key, value.clone());
+    }
+    w.to_bytes().expect("a valid GGUF")
 }
 
 fn tokenizer_metadata(pre: &str) -> Vec<(&'static str, Meta)> {
@@ -518,9 +472,9 @@ fn tokenizer_metadata(pre: &str) -> Vec<(&'static str, Meta)> {
     vec![
         ("tokenizer.ggml.model", Meta::Str("gpt2".into())),
         ("tokenizer.ggml.pre", Meta::Str(pre.into())),
-        ("tokenizer.ggml.tokens", Meta::Strs(tokens)),
-        ("tokenizer.ggml.token_type", Meta::I32s(types)),
-        ("tokenizer.ggml.merges", Meta::Strs(merges)),
+        ("tokenizer.ggml.tokens", Meta::StrArray(tokens)),
+        ("tokenizer.ggml.token_type", Meta::I32Array(types)),
+        ("tokenizer.ggml.merges", Meta::StrArray(merges)),
         ("tokenizer.ggml.bos_token_id", Meta::U32(257)),
         ("tokenizer.ggml.eos_token_id", Meta::U32(257)),
     ]
@@ -593,7 +547,7 @@ fn from_gguf_errors_name_the_problem() {
     }
 
     let mut kvs = tokenizer_metadata("smollm");
-    kvs[2].1 = Meta::I32s(vec![1, 2]);
+    kvs[2].1 = Meta::I32Array(vec![1, 2]);
     assert!(matches!(
         from_metadata(&kvs).unwrap_err(),
         TokenizerError::WrongType {
@@ -602,7 +556,7 @@ fn from_gguf_errors_name_the_problem() {
         }
     ));
     let mut kvs = tokenizer_metadata("smollm");
-    kvs[3].1 = Meta::Strs(vec!["1".into()]);
+    kvs[3].1 = Meta::StrArray(vec!["1".into()]);
     assert!(matches!(
         from_metadata(&kvs).unwrap_err(),
         TokenizerError::WrongType {

@@ -36,6 +36,22 @@ pub struct Arch {
     pub tensor_macs_per_clk: u32,
 }
 
+/// The [`Tunables`] of the GPU whose module is `$gpu`, from its constants.
+macro_rules! tunables_of {
+    ($gpu:ident) => {
+        Tunables {
+            dram_efficiency: $gpu::DRAM_EFFICIENCY,
+            l2_bytes_per_clk: $gpu::L2_BYTES_PER_CLK,
+            alu_latency: $gpu::ALU_LATENCY,
+            special_latency: $gpu::SPECIAL_LATENCY,
+            shared_latency: $gpu::SHARED_LATENCY,
+            global_latency: $gpu::GLOBAL_LATENCY,
+            launch_stream_s: $gpu::LAUNCH_STREAM_S,
+            launch_graph_node_s: $gpu::LAUNCH_GRAPH_NODE_S,
+        }
+    };
+}
+
 /// The eight tunable constants of a GPU. Each named GPU defines them in a module of its
 /// own ([`h100_sxm`], [`h200`]) as constants that cite their source.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -308,20 +324,10 @@ impl GpuSpec {
 
     /// H100 SXM5: 132 SMs, 50 MB L2, HBM3 at 3.35 TB/s (H100 datasheet), 1.98 GHz.
     pub fn h100_sxm() -> GpuSpec {
-        use h100_sxm::*;
         GpuSpec {
             name: "h100-sxm",
             arch: hopper(50 << 20, 3.35e12),
-            tunables: Tunables {
-                dram_efficiency: DRAM_EFFICIENCY,
-                l2_bytes_per_clk: L2_BYTES_PER_CLK,
-                alu_latency: ALU_LATENCY,
-                special_latency: SPECIAL_LATENCY,
-                shared_latency: SHARED_LATENCY,
-                global_latency: GLOBAL_LATENCY,
-                launch_stream_s: LAUNCH_STREAM_S,
-                launch_graph_node_s: LAUNCH_GRAPH_NODE_S,
-            },
+            tunables: tunables_of!(h100_sxm),
             issue_rates: sm90_issue_rates(),
         }
     }
@@ -329,20 +335,10 @@ impl GpuSpec {
     /// H200 SXM: the H100's GH100 (132 SMs, 50 MB L2, 1.98 GHz) with HBM3e at 4.8 TB/s
     /// (H200 datasheet).
     pub fn h200() -> GpuSpec {
-        use h200::*;
         GpuSpec {
             name: "h200",
             arch: hopper(50 << 20, 4.8e12),
-            tunables: Tunables {
-                dram_efficiency: DRAM_EFFICIENCY,
-                l2_bytes_per_clk: L2_BYTES_PER_CLK,
-                alu_latency: ALU_LATENCY,
-                special_latency: SPECIAL_LATENCY,
-                shared_latency: SHARED_LATENCY,
-                global_latency: GLOBAL_LATENCY,
-                launch_stream_s: LAUNCH_STREAM_S,
-                launch_graph_node_s: LAUNCH_GRAPH_NODE_S,
-            },
+            tunables: tunables_of!(h200),
             issue_rates: sm90_issue_rates(),
         }
     }

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::ThreadId;
 
-use super::ops::{HostDst, HostSrc, LaunchOp, Op};
+use super::ops::{DeviceCopy, Fill, HostDst, HostSrc, LaunchOp, Op};
 use super::pinned::HostPtr;
 use super::stream::{StreamKind, StreamShared};
 use super::{lock, read, write, Driver, StreamHandle};
@@ -89,18 +89,8 @@ pub(crate) enum Node {
         len: usize,
         api: &'static str,
     },
-    DtoD {
-        dst: u64,
-        src: u64,
-        len: usize,
-        api: &'static str,
-    },
-    Memset {
-        dst: u64,
-        value: u8,
-        len: usize,
-        api: &'static str,
-    },
+    DtoD(DeviceCopy),
+    Memset(Fill),
     /// An operation that fails when it runs (an injected error).
     Fail(CuError),
 }
@@ -126,18 +116,8 @@ impl Node {
                 len,
                 api,
             },
-            &Node::DtoD { dst, src, len, api } => Op::DtoD { dst, src, len, api },
-            &Node::Memset {
-                dst,
-                value,
-                len,
-                api,
-            } => Op::Memset {
-                dst,
-                value,
-                len,
-                api,
-            },
+            &Node::DtoD(c) => Op::DtoD(c),
+            &Node::Memset(f) => Op::Memset(f),
             Node::Fail(e) => Op::Fail(e.clone()),
         }
     }
@@ -151,8 +131,8 @@ impl Node {
             }
             (Node::HtoD { .. }, Node::HtoD { .. })
             | (Node::DtoH { .. }, Node::DtoH { .. })
-            | (Node::DtoD { .. }, Node::DtoD { .. })
-            | (Node::Memset { .. }, Node::Memset { .. })
+            | (Node::DtoD(_), Node::DtoD(_))
+            | (Node::Memset(_), Node::Memset(_))
             | (Node::Fail(_), Node::Fail(_)) => true,
             _ => false,
         }
@@ -256,18 +236,8 @@ impl Capture {
                     format!("{api} with pageable host memory"),
                 ))
             }
-            Op::DtoD { dst, src, len, api } => Node::DtoD { dst, src, len, api },
-            Op::Memset {
-                dst,
-                value,
-                len,
-                api,
-            } => Node::Memset {
-                dst,
-                value,
-                len,
-                api,
-            },
+            Op::DtoD(c) => Node::DtoD(c),
+            Op::Memset(f) => Node::Memset(f),
             Op::Fail(e) => Node::Fail(e),
             Op::Graph(nodes) => {
                 lock(&self.state).nodes.extend(nodes.iter().cloned());

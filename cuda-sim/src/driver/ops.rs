@@ -46,6 +46,26 @@ pub(crate) struct LaunchOp {
     pub(crate) stamp: Option<super::profile::LaunchStamp>,
 }
 
+/// A copy of `len` bytes from device address `src` to `dst`, on one device or between
+/// peers; `api` names the call that enqueued it.
+#[derive(Clone, Copy)]
+pub(crate) struct DeviceCopy {
+    pub dst: u64,
+    pub src: u64,
+    pub len: usize,
+    pub api: &'static str,
+}
+
+/// `len` bytes of `value` from device address `dst`; `api` names the call that enqueued
+/// it.
+#[derive(Clone, Copy)]
+pub(crate) struct Fill {
+    pub dst: u64,
+    pub value: u8,
+    pub len: usize,
+    pub api: &'static str,
+}
+
 /// One operation of a stream.
 pub(crate) enum Op {
     /// Nothing: an event record, an event wait or a synchronisation point (what it
@@ -67,19 +87,9 @@ pub(crate) enum Op {
         api: &'static str,
     },
     /// Device to device, same device or peers.
-    DtoD {
-        dst: u64,
-        src: u64,
-        len: usize,
-        api: &'static str,
-    },
+    DtoD(DeviceCopy),
     /// Byte fill.
-    Memset {
-        dst: u64,
-        value: u8,
-        len: usize,
-        api: &'static str,
-    },
+    Memset(Fill),
     /// A kernel.
     Launch(Box<LaunchOp>),
     /// An operation that fails with this sticky error when it runs (an injected error
@@ -97,8 +107,8 @@ impl Op {
             Op::Stamp(_) => "a timed event record".to_string(),
             Op::HtoD { api, .. }
             | Op::DtoH { api, .. }
-            | Op::DtoD { api, .. }
-            | Op::Memset { api, .. } => api.to_string(),
+            | Op::DtoD(DeviceCopy { api, .. })
+            | Op::Memset(Fill { api, .. }) => api.to_string(),
             Op::Launch(l) => format!("kernel {} of {}", l.kernel, l.module.file),
             Op::Fail(e) => e.detail.clone(),
             Op::Graph(nodes) => format!("a graph of {} nodes", nodes.len()),
@@ -213,7 +223,7 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
                     .ok_or_else(|| pinned_gone(api, p, len)),
             }
         }
-        Op::DtoD { dst, src, len, api } => {
+        Op::DtoD(DeviceCopy { dst, src, len, api }) => {
             let s = device_range(shared, api, src, len)?;
             let d = device_range(shared, api, dst, len)?;
             let mut buf = vec![0u8; len.min(COPY_CHUNK)];
@@ -226,12 +236,12 @@ pub(crate) fn execute(shared: &Shared, dev: usize, op: Op) -> Result<(), Failure
             }
             Ok(())
         }
-        Op::Memset {
+        Op::Memset(Fill {
             dst,
             value,
             len,
             api,
-        } => {
+        }) => {
             let a = device_range(shared, api, dst, len)?;
             a.fill(dst, value, len);
             Ok(())

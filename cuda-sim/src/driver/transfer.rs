@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use super::lock;
 use super::memory::device_of;
-use super::ops::{HostDst, HostSrc, Op};
+use super::ops::{DeviceCopy, Fill, HostDst, HostSrc, Op};
 use super::pinned::HostPtr;
 use super::stream::StreamShared;
 use super::{Driver, InjectedError, StreamHandle};
@@ -53,6 +53,32 @@ impl Driver {
         let st = self.stream_of(s)?;
         self.check_sticky(st.dev)?;
         Ok(st)
+    }
+
+    /// The checks of a copy between host and device memory on `s`: the stream (and no
+    /// sticky error), then `None` for nothing to copy (`len` 0), an error for a null host
+    /// pointer (`host` names its side), and the device range at `dev`.
+    fn host_copy_stream(
+        &self,
+        s: StreamHandle,
+        len: usize,
+        host_null: bool,
+        host: &str,
+        dev: u64,
+        api: &'static str,
+    ) -> Result<Option<Arc<StreamShared>>, CuError> {
+        let st = self.stream_and_context(s)?;
+        if len == 0 {
+            return Ok(None);
+        }
+        if host_null {
+            return Err(CuError::new(
+                ErrorCode::InvalidValue,
+                format!("{api}: null {host}"),
+            ));
+        }
+        self.device_range(dev, len, api)?;
+        Ok(Some(st))
     }
 
     /// `size` bytes of device memory on device `dev`, zero-filled (the bytes count as
@@ -156,12 +182,12 @@ impl Driver {
         }
         let dev = self.device_range(dst, len, API)?;
         let legacy = Arc::clone(&self.shared.contexts[dev].legacy);
-        let op = Op::Memset {
+        let op = Op::Memset(Fill {
             dst,
             value,
             len,
             api: API,
-        };
+        });
         self.enqueue(&legacy, Vec::new(), op).map(|_| ())
     }
 
@@ -180,17 +206,9 @@ impl Driver {
         s: StreamHandle,
     ) -> Result<(), CuError> {
         const API: &str = "cuMemcpyHtoDAsync";
-        let st = self.stream_and_context(s)?;
-        if len == 0 {
+        let Some(st) = self.host_copy_stream(s, len, src.is_null(), "source", dst, API)? else {
             return Ok(());
-        }
-        if src.is_null() {
-            return Err(CuError::new(
-                ErrorCode::InvalidValue,
-                format!("{API}: null source"),
-            ));
-        }
-        self.device_range(dst, len, API)?;
+        };
         let src = if self.shared.pinned.contains(src, len) {
             HostSrc::Pinned(HostPtr(src.cast_mut()), len)
         } else {
@@ -216,17 +234,10 @@ impl Driver {
         s: StreamHandle,
     ) -> Result<(), CuError> {
         const API: &str = "cuMemcpyDtoHAsync";
-        let st = self.stream_and_context(s)?;
-        if len == 0 {
+        let Some(st) = self.host_copy_stream(s, len, dst.is_null(), "destination", src, API)?
+        else {
             return Ok(());
-        }
-        if dst.is_null() {
-            return Err(CuError::new(
-                ErrorCode::InvalidValue,
-                format!("{API}: null destination"),
-            ));
-        }
-        self.device_range(src, len, API)?;
+        };
         if self.shared.pinned.contains(dst, len) {
             let op = Op::DtoH {
                 dst: HostDst::Pinned(HostPtr(dst)),
@@ -297,7 +308,7 @@ impl Driver {
             .flatten();
         match injected {
             Some(e) => Op::Fail(e),
-            None => Op::DtoD { dst, src, len, api },
+            None => Op::DtoD(DeviceCopy { dst, src, len, api }),
         }
     }
 
@@ -346,12 +357,12 @@ impl Driver {
             return Ok(());
         }
         self.device_range(dst, len, API)?;
-        let op = Op::Memset {
+        let op = Op::Memset(Fill {
             dst,
             value,
             len,
             api: API,
-        };
+        });
         self.enqueue(&st, Vec::new(), op).map(|_| ())
     }
 }

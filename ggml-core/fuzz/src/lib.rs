@@ -2,6 +2,9 @@
 //! them, and ggml-core's `tests/fuzz_seeds.rs` replays the committed seeds through them
 //! (including this file by path), so every seed runs in CI without libFuzzer.
 
+#[path = "../../tests/common/getters.rs"]
+mod getters;
+
 use ggml_core::gguf::{ArrayValue, Gguf, Value};
 
 /// Parses arbitrary bytes as GGUF and touches every accessor of whatever parses. Any
@@ -45,22 +48,7 @@ fn touch(g: &Gguf<'_>, file: &[u8]) {
         n += 1;
         touch_value(&v);
         assert_eq!(g.get(k).map(|v| v.value_type()), Some(v.value_type()));
-        let _ = (
-            g.get_u32(k),
-            g.get_i32(k),
-            g.get_u64(k),
-            g.get_i64(k),
-            g.get_f32(k),
-            g.get_f64(k),
-            g.get_bool(k),
-            g.get_str(k),
-            g.get_array(k),
-            g.get_as_u32(k),
-            g.get_as_i32(k),
-            g.get_as_u64(k),
-            g.get_as_i64(k),
-            g.get_as_usize(k),
-        );
+        getters::call_every_getter(g, k);
     }
     assert_eq!(n, g.metadata_count());
     let mut n = 0;
@@ -84,26 +72,8 @@ fn touch(g: &Gguf<'_>, file: &[u8]) {
 }
 
 fn touch_value(v: &Value<'_>) {
-    let _ = (
-        v.value_type(),
-        v.as_u8(),
-        v.as_i8(),
-        v.as_u16(),
-        v.as_i16(),
-        v.as_u32(),
-        v.as_i32(),
-        v.as_u64(),
-        v.as_i64(),
-        v.as_f32(),
-        v.as_f64(),
-        v.as_bool(),
-        v.as_str(),
-        v.to_u32(),
-        v.to_i32(),
-        v.to_u64(),
-        v.to_i64(),
-        v.to_usize(),
-    );
+    let _ = v.value_type();
+    getters::call_every_conversion(v);
     if let Some(a) = v.as_array() {
         touch_array(&a);
     }

@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering;
 use ggml_core::{BackendErrorKind, Tensor};
 
 use super::mul_mat::{
-    block, convert_b, data_addr, gather_a, needs_gather, prefetch, round64, GEMV_CHUNKS, MC, NC,
-    PF_DIST,
+    block, convert_b, gather_a, needs_gather, operand_scratch, prefetch, round64, GEMV_CHUNKS, MC,
+    NC, PF_DIST,
 };
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
@@ -36,21 +36,8 @@ pub(crate) fn mul_mat_id_scratch(t: &Tensor, tensors: &[Tensor]) -> (usize, usiz
         return (0, 0);
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
-    let k = a.ne[0];
-    let vrs = a
-        .dtype
-        .vec_dot_type()
-        .row_size(k)
-        .unwrap_or(0)
-        .max(crate::simd::packed_row_bytes(k));
     let map = round64(4 * map_words(a.ne[2], t.ne[1] * t.ne[2]));
-    let wb = round64(b.nrows() * vrs);
-    let wa = if needs_gather(a.dtype, a.ne, a.nb, data_addr(a, tensors)) {
-        round64(a.nrows() * a.dtype.row_size(k).unwrap_or(0))
-    } else {
-        0
-    };
-    (map + wb + wa, 4 * (k + 16))
+    (map + operand_scratch(a, b, tensors), 4 * (a.ne[0] + 16))
 }
 
 /// Counting sort of the pairs `p = t·n_used + e` by expert `ids[e, t]` into `map`.
@@ -303,6 +290,18 @@ pub(crate) fn argsort_top_k(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, k: usize) -> KR
 
 /// SUM_ROWS: [`r::sum_row`] of each row (an f64 running sum, so no vector lanes).
 pub(crate) fn sum_rows(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
+    for_each_row_of_src0(c, th, |x, out| {
+        let v = r::sum_row(x);
+        // SAFETY: element 0 of this thread's row of the resolved F32 destination.
+        unsafe { c.dst.set(out, 0, v) };
+    });
+    Ok(())
+}
+
+/// Calls `f` with each of this thread's rows of source 0 as f32 (read into the thread's
+/// scratch where it is not contiguous F32 or shares bytes with the destination) and
+/// the start of the destination row at the same index.
+fn for_each_row_of_src0(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, mut f: impl FnMut(&[f32], *mut u8)) {
     let (dst, a) = (c.dst, c.src[0]);
     let xs = c.scratch_f32();
     let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
@@ -317,11 +316,8 @@ pub(crate) fn sum_rows(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
                 &xs[..a.ne[0]]
             }
         };
-        let v = r::sum_row(x);
-        // SAFETY: element (0, i1, i2, i3) of the resolved F32 destination, this thread's.
-        unsafe { dst.set(dst.row_ptr(i1, i2, i3), 0, v) };
+        f(x, dst.row_ptr(i1, i2, i3));
     }
-    Ok(())
 }
 
 /// Lanes of [`argmax_lanes`]: element `i` is scanned by lane `i % ARGMAX_LANES`.
@@ -373,24 +369,11 @@ pub(crate) fn argmax_lanes(x: &[f32]) -> i32 {
 
 /// ARGMAX: [`argmax_lanes`] of each row into the I32 column.
 pub(crate) fn argmax(c: &NodeCtx<'_>, th: &ThreadCtx<'_>) -> KResult {
-    let (dst, a) = (c.dst, c.src[0]);
-    let xs = c.scratch_f32();
-    let (r0, r1) = NodeCtx::split(dst.nrows(), th.ith, th.nth);
-    for row in r0..r1 {
-        let (i1, i2, i3) = dst.row_index(row);
-        // SAFETY: a row of the resolved source, which nobody writes during this node
-        // unless it shares bytes with the destination (then it is copied first).
-        let x: &[f32] = match unsafe { a.row_f32(i1, i2, i3) } {
-            Some(s) if !c.alias[0] => s,
-            _ => {
-                unsafe { a.read_row(i1, i2, i3, xs) };
-                &xs[..a.ne[0]]
-            }
-        };
+    for_each_row_of_src0(c, th, |x, out| {
         let v = argmax_lanes(x);
-        // SAFETY: element (0, i1, i2, i3) of the resolved I32 destination, this thread's.
-        unsafe { (dst.row_ptr(i1, i2, i3) as *mut i32).write_unaligned(v) };
-    }
+        // SAFETY: element 0 of this thread's row of the resolved I32 destination.
+        unsafe { (out as *mut i32).write_unaligned(v) };
+    });
     Ok(())
 }
 

@@ -34,19 +34,7 @@ pub(crate) const GEMV_CHUNKS: usize = 8;
 
 /// Whether quantised weights of `d` are supported.
 pub(crate) fn quant_supported(d: DType) -> bool {
-    matches!(
-        d,
-        DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q8_0
-            | DType::Q2K
-            | DType::Q3K
-            | DType::Q4K
-            | DType::Q5K
-            | DType::Q6K
-    )
+    d.is_weight_quant()
 }
 
 /// Whether float weights must be gathered into dense, aligned rows first.
@@ -76,14 +64,10 @@ pub(crate) fn round64(n: usize) -> usize {
     n.div_ceil(64) * 64
 }
 
-/// Scratch `(shared, per thread)` bytes.
-pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, usize) {
-    let (Some(a), Some(b)) = (t.src[0], t.src[1]) else {
-        return (0, 0);
-    };
-    let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
+/// Shared scratch bytes for the activations `b` in either layout (standard or packed) of
+/// the dot products with weights `a`, and for `a`'s rows where they must be gathered.
+pub(crate) fn operand_scratch(a: &Tensor, b: &Tensor, tensors: &[Tensor]) -> usize {
     let k = a.ne[0];
-    // Room for either layout of the activations (standard or packed).
     let vrs = a
         .dtype
         .vec_dot_type()
@@ -96,13 +80,23 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
     } else {
         0
     };
+    wb + wa
+}
+
+/// Scratch `(shared, per thread)` bytes.
+pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, usize) {
+    let (Some(a), Some(b)) = (t.src[0], t.src[1]) else {
+        return (0, 0);
+    };
+    let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
+    let k = a.ne[0];
     // Per thread: a row of f32 for conversions, or 4 unpacked weight rows.
     let unpacked = if a.dtype.is_quantized() {
         4 * crate::simd::unpacked_row_bytes(a.dtype, k)
     } else {
         0
     };
-    (wb + wa, (4 * (k + 16)).max(unpacked))
+    (operand_scratch(a, b, tensors), (4 * (k + 16)).max(unpacked))
 }
 
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {

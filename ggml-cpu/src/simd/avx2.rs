@@ -9,25 +9,14 @@ use super::{Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
 
-pub(crate) static KERNELS: Kernels = Kernels {
-    isa: Isa::Avx2,
-    dot_f32,
-    sum_sq,
-    max,
-    exp_shift_sum,
-    silu,
-    swiglu,
-    f32_to_f16,
-    axpy_f32,
-    dots_f16,
-    dots_f16_heads: None,
-    axpy_f16_rows,
-    quantize,
-    mm,
-    pack,
-    gemv: super::no_gemv,
-    unpacked,
-};
+pub(crate) static KERNELS: Kernels = kernels_table!(
+    Isa::Avx2,
+    heads: None,
+    quantize: quantize,
+    mm: mm,
+    pack: pack,
+    unpacked: unpacked,
+);
 
 // Q8_0 quants stay signed: `maddubs` would saturate on `q + 128`.
 x86_quant!("avx2,fma,f16c", dot_u, dot_s, 0);
@@ -61,29 +50,8 @@ pub(crate) fn mm(w: DType) -> Option<MmTile> {
     })
 }
 
-macro_rules! safe {
-    ($(fn $name:ident($($a:ident: $t:ty),*) $(-> $ret:ty)? = $imp:ident;)*) => {$(
-        fn $name($($a: $t),*) $(-> $ret)? {
-            // SAFETY: this table is installed only when AVX2, FMA and F16C were detected.
-            unsafe { $imp($($a),*) }
-        }
-    )*};
-}
-
-safe! {
-    fn dot_f32(x: &[f32], y: &[f32]) -> f32 = dot_f32_imp;
-    fn sum_sq(x: &[f32]) -> f32 = sum_sq_imp;
-    fn max(x: &[f32]) -> f32 = max_imp;
-    fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 = exp_shift_sum_imp;
-    fn silu(x: &[f32], out: &mut [f32]) = silu_imp;
-    fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) = swiglu_imp;
-    fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
-    fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
-    fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
-    fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
-    fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
-    fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
-}
+// Table entries over the kernels below. Installed only when AVX2, FMA and F16C were detected.
+safe_common!();
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

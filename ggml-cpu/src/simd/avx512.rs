@@ -9,25 +9,14 @@ use super::{Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
 
-pub(crate) static KERNELS: Kernels = Kernels {
-    isa: Isa::Avx512,
-    dot_f32,
-    sum_sq,
-    max,
-    exp_shift_sum,
-    silu,
-    swiglu,
-    f32_to_f16,
-    axpy_f32,
-    dots_f16,
-    dots_f16_heads: Some(dots_f16_heads),
-    axpy_f16_rows,
+pub(crate) static KERNELS: Kernels = kernels_table!(
+    Isa::Avx512,
+    heads: Some(dots_f16_heads),
     quantize: super::avx2::KERNELS.quantize,
-    mm,
+    mm: mm,
     pack: super::avx2::KERNELS.pack,
-    gemv: super::no_gemv,
     unpacked: super::avx2::KERNELS.unpacked,
-};
+);
 
 pub(crate) static KERNELS_VNNI: Kernels = Kernels {
     isa: Isa::Avx512Vnni,
@@ -618,30 +607,11 @@ mod vnni {
     }
 }
 
-macro_rules! safe {
-    ($(fn $name:ident($($a:ident: $t:ty),*) $(-> $ret:ty)? = $imp:ident;)*) => {$(
-        fn $name($($a: $t),*) $(-> $ret)? {
-            // SAFETY: this table is installed only when AVX-512 F/BW/VL/DQ (and AVX2,
-            // FMA, F16C) were detected.
-            unsafe { $imp($($a),*) }
-        }
-    )*};
-}
-
+// Table entries over the kernels below. Installed only when AVX-512 F/BW/VL/DQ (and
+// AVX2, FMA, F16C) were detected.
+safe_common!();
 safe! {
-    fn dot_f32(x: &[f32], y: &[f32]) -> f32 = dot_f32_imp;
-    fn sum_sq(x: &[f32]) -> f32 = sum_sq_imp;
-    fn max(x: &[f32]) -> f32 = max_imp;
-    fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 = exp_shift_sum_imp;
-    fn silu(x: &[f32], out: &mut [f32]) = silu_imp;
-    fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) = swiglu_imp;
-    fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
-    fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
-    fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
     fn dots_f16_heads(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) = dots_f16_heads_imp;
-    fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
-    fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
-    fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
 }
 
 #[inline]

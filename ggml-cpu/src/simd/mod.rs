@@ -5,6 +5,8 @@
 //! same order per output element (vectorised across independent lanes or elements only).
 //! Integer parts of quantised dots are exact, so they may be vectorised freely.
 
+#[macro_use]
+mod tables;
 #[cfg(target_arch = "x86_64")]
 #[macro_use]
 mod x86_elementwise;

@@ -32,25 +32,14 @@ mod kquant;
 mod tests;
 
 /// NEON (baseline on aarch64).
-pub(crate) static KERNELS: Kernels = Kernels {
-    isa: Isa::Neon,
-    dot_f32,
-    sum_sq,
-    max,
-    exp_shift_sum,
-    silu,
-    swiglu,
-    f32_to_f16,
-    axpy_f32,
-    dots_f16,
-    dots_f16_heads: Some(dots_f16_heads),
-    axpy_f16_rows,
-    quantize,
+pub(crate) static KERNELS: Kernels = kernels_table!(
+    Isa::Neon,
+    heads: Some(dots_f16_heads),
+    quantize: quantize,
     mm: mm_neon,
     pack: super::scalar::pack,
-    gemv: super::no_gemv,
     unpacked: super::no_unpacked,
-};
+);
 
 /// NEON with FEAT_DotProd: the quantised tiles' integer dots by `sdot`.
 pub(crate) static KERNELS_DOTPROD: Kernels = Kernels {
@@ -66,30 +55,10 @@ pub(crate) static KERNELS_I8MM: Kernels = Kernels {
     ..KERNELS
 };
 
-/// Table entries: safe functions over the `#[target_feature(enable = "neon")]` kernels.
-macro_rules! safe {
-    ($(fn $name:ident($($a:ident: $t:ty),*) $(-> $ret:ty)? = $imp:ident;)*) => {$(
-        fn $name($($a: $t),*) $(-> $ret)? {
-            // SAFETY: NEON is baseline on aarch64.
-            unsafe { $imp($($a),*) }
-        }
-    )*};
-}
-
+// Table entries over the kernels below. NEON is baseline on aarch64.
+safe_common!();
 safe! {
-    fn dot_f32(x: &[f32], y: &[f32]) -> f32 = dot_f32_imp;
-    fn sum_sq(x: &[f32]) -> f32 = sum_sq_imp;
-    fn max(x: &[f32]) -> f32 = max_imp;
-    fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 = exp_shift_sum_imp;
-    fn silu(x: &[f32], out: &mut [f32]) = silu_imp;
-    fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) = swiglu_imp;
-    fn f32_to_f16(x: &[f32], out: &mut [u16]) = f32_to_f16_imp;
-    fn axpy_f32(acc: &mut [f32], w: f32, v: &[f32]) = axpy_f32_imp;
-    fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) = dots_f16_imp;
     fn dots_f16_heads(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) = dots_f16_heads_imp;
-    fn axpy_f16_rows(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) = axpy_f16_rows_imp;
-    fn tile_f32(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f32_imp;
-    fn tile_f16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_f16_imp;
     fn tile_bf16(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32; 16]) = tile_bf16_imp;
 }
 
@@ -648,16 +617,7 @@ fn tile_kind(w: DType) -> Option<TileKind> {
         DType::F32 => TileKind::F32,
         DType::F16 => TileKind::F16,
         DType::BF16 => TileKind::Bf16,
-        DType::Q4_0
-        | DType::Q4_1
-        | DType::Q5_0
-        | DType::Q5_1
-        | DType::Q8_0
-        | DType::Q2K
-        | DType::Q3K
-        | DType::Q4K
-        | DType::Q5K
-        | DType::Q6K => TileKind::Quant,
+        d if d.is_weight_quant() => TileKind::Quant,
         _ => return None,
     })
 }
@@ -763,47 +723,45 @@ const fn has_min(f: u8) -> bool {
     matches!(f, Q4_1 | Q5_1)
 }
 
-/// `sdot`: `acc` plus, per 32-bit lane, the dot of its 4 i8 of `a` and of `b`.
-///
-/// # Safety
-/// The CPU has FEAT_DotProd.
-#[inline(always)]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    let mut acc = acc;
-    // SAFETY: caller's contract; register operands only.
-    unsafe {
-        core::arch::asm!(
-            ".arch_extension dotprod",
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        )
+/// An integer-dot instruction `$ins` of the architecture extension `$ext` as a function
+/// `$name(acc, a, b)`: `$ins acc.4s, a.16b, b.16b`.
+macro_rules! int8_dot_instruction {
+    ($(#[$doc:meta])* $name:ident = $ext:literal $ins:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        unsafe fn $name(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+            let mut acc = acc;
+            // SAFETY: caller's contract; register operands only.
+            unsafe {
+                core::arch::asm!(
+                    concat!(".arch_extension ", $ext),
+                    concat!($ins, " {acc:v}.4s, {a:v}.16b, {b:v}.16b"),
+                    acc = inout(vreg) acc,
+                    a = in(vreg) a,
+                    b = in(vreg) b,
+                    options(pure, nomem, nostack, preserves_flags),
+                )
+            };
+            acc
+        }
     };
-    acc
 }
 
-/// `smmla`: `acc` plus the 2 × 2 dots of `a`'s two 8-byte rows with `b`'s two 8-byte
-/// rows (lane `2i + j`: row i of `a` with row j of `b`).
-///
-/// # Safety
-/// The CPU has FEAT_I8MM.
-#[inline(always)]
-unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    let mut acc = acc;
-    // SAFETY: caller's contract; register operands only.
-    unsafe {
-        core::arch::asm!(
-            ".arch_extension i8mm",
-            "smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        )
-    };
-    acc
+int8_dot_instruction! {
+    /// `sdot`: `acc` plus, per 32-bit lane, the dot of its 4 i8 of `a` and of `b`.
+    ///
+    /// # Safety
+    /// The CPU has FEAT_DotProd.
+    sdot = "dotprod" "sdot"
+}
+
+int8_dot_instruction! {
+    /// `smmla`: `acc` plus the 2 × 2 dots of `a`'s two 8-byte rows with `b`'s two 8-byte
+    /// rows (lane `2i + j`: row i of `a` with row j of `b`).
+    ///
+    /// # Safety
+    /// The CPU has FEAT_I8MM.
+    smmla = "i8mm" "smmla"
 }
 
 /// The 32 quants of the weight block at `p` as i8 with the format's offset applied

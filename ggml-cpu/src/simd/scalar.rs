@@ -6,25 +6,17 @@ use super::{as_f32, as_u16, Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
 
-pub(crate) static KERNELS: Kernels = Kernels {
-    isa: Isa::Scalar,
-    dot_f32: r::dot_f32,
-    sum_sq: r::sum_sq,
-    max: r::max,
-    exp_shift_sum: r::exp_shift_sum,
-    silu,
-    swiglu,
-    f32_to_f16,
-    axpy_f32,
-    dots_f16,
-    dots_f16_heads: None,
-    axpy_f16_rows,
-    quantize,
-    mm,
-    pack,
-    gemv: super::no_gemv,
+// The reference's own primitives serve as they are.
+use r::{dot_f32, exp_shift_sum, max, sum_sq};
+
+pub(crate) static KERNELS: Kernels = kernels_table!(
+    Isa::Scalar,
+    heads: None,
+    quantize: quantize,
+    mm: mm,
+    pack: pack,
     unpacked: super::no_unpacked,
-};
+);
 
 fn dots_f16(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
     let d = q.len();

@@ -239,6 +239,23 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// Backends with events and waits on each other's events, as real devices have.
+    pub fn with_events(
+        n_backends: usize,
+        queues: usize,
+        async_copy: bool,
+        n_copies: usize,
+    ) -> Setup {
+        Setup {
+            n_backends,
+            queues,
+            events: true,
+            foreign_waits: true,
+            async_copy,
+            n_copies,
+        }
+    }
+
     pub fn queue(&self, i: usize) -> CopyQueue {
         match self.queues {
             0 => CopyQueue::Source,
