@@ -329,7 +329,11 @@ fn recording_checker_finds_no_race_in_minimal_plans() {
 fn plan_shape(plan: &ggml_sched::Plan) -> String {
     let pattern = plan.pattern();
     assert_eq!(plan.queue_waits(), pattern.matches('w').count(), "{plan}");
-    assert_eq!(plan.host_syncs(), pattern.matches(['s', 'c']).count(), "{plan}");
+    assert_eq!(
+        plan.host_syncs(),
+        pattern.matches(['s', 'c']).count(),
+        "{plan}"
+    );
     let mut out = format!("  {pattern}\n");
     for line in plan.to_string().lines() {
         let l = line.trim_start();
