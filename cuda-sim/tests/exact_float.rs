@@ -421,6 +421,13 @@ fn sqrt_rcp_random() {
     0x7ff0_0000_0000_0000,
     0xfff8_0000_0000_0000
 )]
+// 1 / 3 = 0x3fd5555555555555 (the quotient 0x1.5555...p-2, the 53rd bit rounds down).
+#[case::third(
+    "div.rn.f64",
+    0x3ff0_0000_0000_0000,
+    0x4008_0000_0000_0000,
+    0x3fd5_5555_5555_5555
+)]
 #[case::nan_operand_kept(
     "mul.rn.f64",
     0x7ff8_0000_0000_1234,
@@ -486,6 +493,19 @@ fn min_max_f32(#[case] a: u64, #[case] b: u64, #[case] min: u64, #[case] max: u6
 
 #[rstest]
 #[case::zeros(0x8000_0000_0000_0000, 0, 0x8000_0000_0000_0000, 0)]
+// 2 and 1 in both orders: the larger is the max whichever operand it is.
+#[case::greater_first(
+    0x4000_0000_0000_0000,
+    0x3ff0_0000_0000_0000,
+    0x3ff0_0000_0000_0000,
+    0x4000_0000_0000_0000
+)]
+#[case::greater_second(
+    0x3ff0_0000_0000_0000,
+    0x4000_0000_0000_0000,
+    0x3ff0_0000_0000_0000,
+    0x4000_0000_0000_0000
+)]
 #[case::nan_first(
     0x7ff8_0000_0000_0000,
     0xbff0_0000_0000_0000,
@@ -620,6 +640,8 @@ fn setp_integers_and_ftz(#[case] op: &str, #[case] a: u64, #[case] b: u64, #[cas
 )]
 #[case::neg_nan("neg.f32 %xd, %xa;", 0x7fc0_1234, 0, 0, 0xffc0_1234)]
 #[case::neg_zero("neg.f32 %xd, %xa;", 0x0000_0000, 0, 0, 0x8000_0000)]
+// -1 -> 1: the sign bit is flipped, not set.
+#[case::neg_negative("neg.f32 %xd, %xa;", 0xbf80_0000, 0, 0, 0x3f80_0000)]
 #[case::abs_nan("abs.f32 %xd, %xa;", 0xff80_0001, 0, 0, 0x7f80_0001)]
 #[case::abs_minus_zero("abs.f32 %xd, %xa;", 0x8000_0000, 0, 0, 0x0000_0000)]
 fn selp_neg_abs_move_bits(
