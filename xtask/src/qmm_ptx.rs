@@ -193,6 +193,70 @@ pub fn generate() -> String {
         .replace("@B_DISPATCH@\n", &dispatch)
         .replace("@B_LOOPS@\n", &loops)
         .replace("@STAGE_C@\n", &stage_c())
+        .replace("@NORM_SUM@\n", &norm_sum())
+}
+
+/// The norm prologue's sum of squares, x_i^2 for i = lane, lane + 32, ... in order: 16
+/// loads at a time, then 8, then the last up to 8 predicated, then the warp's butterfly
+/// sum (the same order as rms_norm's kernel).
+fn norm_sum() -> String {
+    let wide: Vec<String> = (0..8)
+        .map(|i| format!("%cf{i}"))
+        .chain((0..8).map(|i| format!("%cg{i}")))
+        .collect();
+    let narrow: Vec<String> = (1..=8).map(|i| format!("%f{i}")).collect();
+    let mut f = String::new();
+    let mut unrolled = |label: &str, regs: &[String], first_offset: &str, miss: &str| {
+        let n = regs.len() as u32;
+        f.push_str(&format!(
+            "{label}:\n    add.u32 %t4, %t3, {};\n    setp.ge.u32 %p1, %t4, %t2;\n    @%p1 bra {miss};\n    mul.wide.u32 %rd2, %t3, 4;\n    add.u64 %rd2, %rd1, %rd2;\n",
+            32 * (n - 1)
+        ));
+        for (i, r) in regs.iter().enumerate() {
+            let at = if i == 0 {
+                first_offset.to_string()
+            } else {
+                format!("+{}", 128 * i)
+            };
+            f.push_str(&format!("    ld.global.f32 {r}, [%rd2{at}];\n"));
+        }
+        for r in regs {
+            f.push_str(&format!("    fma.rn.f32 %f0, {r}, {r}, %f0;\n"));
+        }
+        f.push_str(&format!(
+            "    add.u32 %t3, %t3, {};\n    bra {label};\n",
+            32 * n
+        ));
+    };
+    unrolled("NORM_SUM16", &wide, "+0", "NORM_SUM8");
+    unrolled("NORM_SUM8", &narrow, "", "NORM_SUM");
+    f.push_str(
+        "NORM_SUM:\n    // the last values, up to 8, predicated\n    setp.ge.u32 %p1, %t3, %t2;\n    @%p1 bra NORM_REDUCE;\n    mul.wide.u32 %rd2, %t3, 4;\n    add.u64 %rd2, %rd1, %rd2;\n",
+    );
+    for i in 0..8 {
+        f.push_str(&format!(
+            "    add.u32 %t4, %t3, {};\n    setp.lt.u32 %pn{i}, %t4, %t2;\n",
+            32 * i
+        ));
+    }
+    for i in 0..8 {
+        f.push_str(&format!(
+            "    @%pn{i} ld.global.f32 %cf{i}, [%rd2+{}];\n",
+            128 * i
+        ));
+    }
+    for i in 0..8 {
+        f.push_str(&format!(
+            "    @%pn{i} fma.rn.f32 %f0, %cf{i}, %cf{i}, %f0;\n"
+        ));
+    }
+    f.push_str("    add.u32 %t3, %t3, 256;\n    bra NORM_SUM;\nNORM_REDUCE:\n    bar.warp.sync 0xffffffff;\n");
+    for lane in [16, 8, 4, 2, 1] {
+        f.push_str(&format!(
+            "    shfl.sync.bfly.b32 %f1, %f0, {lane}, 31, 0xffffffff;\n    add.rn.f32 %f0, %f0, %f1;\n"
+        ));
+    }
+    f
 }
 
 /// Chunks per unrolled group of stage C.
@@ -445,6 +509,17 @@ fn block(size: u32) -> String {
     )
 }
 
+/// Legacy formats: chunk `%j` is block `%j`, of `size` bytes, in `%rb`.
+fn legacy_block(size: u32) -> String {
+    format!("    mov.b32 %t0, %j;\n{}", block(size))
+}
+
+/// [`PLAIN_CHUNK`], then the zero-point terms of a format whose values are stored offset
+/// by `z` (0 for the formats with a min).
+fn plain_chunk_with_zero_point(z: u32) -> String {
+    format!("{PLAIN_CHUNK}    mov.b32 %zs0, {z};\n    mov.b32 %zs1, {z};\n")
+}
+
 /// Sub-block `%s = j & 7`, `%t0 = j >> 3` (super-block), `%sn = s >> 2`, `%st = s & 3`.
 const KQ_INDEX: &str = "    shr.u32 %t0, %j, 3;
     and.b32 %s, %j, 7;
@@ -463,8 +538,7 @@ fn fragment(dtype: &str) -> String {
         "Q4_0" => {
             // {d: f16, qs[16]} = 18 bytes, 2-byte aligned; value i = low nibble of qs[i],
             // value 16+i = high nibble.
-            f += "    mov.b32 %t0, %j;\n";
-            f += &block(18);
+            f += &legacy_block(18);
             f += "    ld.global.nc.b16 %hh0, [%rb];
     add.u64 %ra, %rb, 2;
 ";
@@ -472,15 +546,11 @@ fn fragment(dtype: &str) -> String {
             f += &ld_regs("W", 4, "%ra", "%pal");
             f += "    cvt.f32.f16 %dw, %hh0;\n    mov.f32 %mw, 0f00000000;\n";
             f += &split_nibbles();
-            f += PLAIN_CHUNK;
-            f += "    mov.b32 %zs0, 8;
-    mov.b32 %zs1, 8;
-";
+            f += &plain_chunk_with_zero_point(8);
         }
         "Q4_1" => {
             // {d, m: f16, qs[16]} = 20 bytes, 4-byte aligned.
-            f += "    mov.b32 %t0, %j;\n";
-            f += &block(20);
+            f += &legacy_block(20);
             f += "    ld.global.nc.b32 %t1, [%rb];
     ld.global.nc.b32 %W0, [%rb+4];
     ld.global.nc.b32 %W1, [%rb+8];
@@ -491,16 +561,12 @@ fn fragment(dtype: &str) -> String {
     cvt.f32.f16 %mw, %hh1;
 ";
             f += &split_nibbles();
-            f += PLAIN_CHUNK;
-            f += "    mov.b32 %zs0, 0;
-    mov.b32 %zs1, 0;
-";
+            f += &plain_chunk_with_zero_point(0);
         }
         "Q5_0" => {
             // {d: f16, qh: u32, qs[16]} = 22 bytes, 2-byte aligned; bit i of qh is bit 4 of
             // value i.
-            f += "    mov.b32 %t0, %j;\n";
-            f += &block(22);
+            f += &legacy_block(22);
             f += "    ld.global.nc.b16 %hh0, [%rb];
     add.u64 %ra, %rb, 2;
 ";
@@ -509,15 +575,11 @@ fn fragment(dtype: &str) -> String {
             f += "    cvt.f32.f16 %dw, %hh0;\n    mov.f32 %mw, 0f00000000;\n";
             f += &split_nibbles();
             f += &fifth_bits();
-            f += PLAIN_CHUNK;
-            f += "    mov.b32 %zs0, 16;
-    mov.b32 %zs1, 16;
-";
+            f += &plain_chunk_with_zero_point(16);
         }
         "Q5_1" => {
             // {d, m: f16, qh: u32, qs[16]} = 24 bytes, 8-byte aligned.
-            f += "    mov.b32 %t0, %j;\n";
-            f += &block(24);
+            f += &legacy_block(24);
             f += "    ld.global.nc.v2.b32 {%t1, %H0}, [%rb];
     ld.global.nc.v2.b32 {%W0, %W1}, [%rb+8];
     ld.global.nc.v2.b32 {%W2, %W3}, [%rb+16];
@@ -527,15 +589,11 @@ fn fragment(dtype: &str) -> String {
 ";
             f += &split_nibbles();
             f += &fifth_bits();
-            f += PLAIN_CHUNK;
-            f += "    mov.b32 %zs0, 0;
-    mov.b32 %zs1, 0;
-";
+            f += &plain_chunk_with_zero_point(0);
         }
         "Q8_0" => {
             // {d: f16, qs: i8[32]} = 34 bytes, 2-byte aligned; u = q xor 0x80, z = 128.
-            f += "    mov.b32 %t0, %j;\n";
-            f += &block(34);
+            f += &legacy_block(34);
             f += "    ld.global.nc.b16 %hh0, [%rb];
     add.u64 %ra, %rb, 2;
 ";
@@ -545,10 +603,7 @@ fn fragment(dtype: &str) -> String {
             for i in 0..8 {
                 f += &format!("    xor.b32 %U{i}, %W{i}, 0x80808080;\n");
             }
-            f += PLAIN_CHUNK;
-            f += "    mov.b32 %zs0, 128;
-    mov.b32 %zs1, 128;
-";
+            f += &plain_chunk_with_zero_point(128);
         }
         "Q2_K" => {
             // {scales[16], qs[64], d, dmin: f16} = 84 bytes, 4-byte aligned. Sub-block s:
@@ -1215,122 +1270,7 @@ NORM_COL:
     shl.b32 %t2, %NK, 5;
     mov.f32 %f0, 0f00000000;
     mov.u32 %t3, %t1;
-NORM_SUM16:
-    add.u32 %t4, %t3, 480;
-    setp.ge.u32 %p1, %t4, %t2;
-    @%p1 bra NORM_SUM8;
-    mul.wide.u32 %rd2, %t3, 4;
-    add.u64 %rd2, %rd1, %rd2;
-    ld.global.f32 %cf0, [%rd2+0];
-    ld.global.f32 %cf1, [%rd2+128];
-    ld.global.f32 %cf2, [%rd2+256];
-    ld.global.f32 %cf3, [%rd2+384];
-    ld.global.f32 %cf4, [%rd2+512];
-    ld.global.f32 %cf5, [%rd2+640];
-    ld.global.f32 %cf6, [%rd2+768];
-    ld.global.f32 %cf7, [%rd2+896];
-    ld.global.f32 %cg0, [%rd2+1024];
-    ld.global.f32 %cg1, [%rd2+1152];
-    ld.global.f32 %cg2, [%rd2+1280];
-    ld.global.f32 %cg3, [%rd2+1408];
-    ld.global.f32 %cg4, [%rd2+1536];
-    ld.global.f32 %cg5, [%rd2+1664];
-    ld.global.f32 %cg6, [%rd2+1792];
-    ld.global.f32 %cg7, [%rd2+1920];
-    fma.rn.f32 %f0, %cf0, %cf0, %f0;
-    fma.rn.f32 %f0, %cf1, %cf1, %f0;
-    fma.rn.f32 %f0, %cf2, %cf2, %f0;
-    fma.rn.f32 %f0, %cf3, %cf3, %f0;
-    fma.rn.f32 %f0, %cf4, %cf4, %f0;
-    fma.rn.f32 %f0, %cf5, %cf5, %f0;
-    fma.rn.f32 %f0, %cf6, %cf6, %f0;
-    fma.rn.f32 %f0, %cf7, %cf7, %f0;
-    fma.rn.f32 %f0, %cg0, %cg0, %f0;
-    fma.rn.f32 %f0, %cg1, %cg1, %f0;
-    fma.rn.f32 %f0, %cg2, %cg2, %f0;
-    fma.rn.f32 %f0, %cg3, %cg3, %f0;
-    fma.rn.f32 %f0, %cg4, %cg4, %f0;
-    fma.rn.f32 %f0, %cg5, %cg5, %f0;
-    fma.rn.f32 %f0, %cg6, %cg6, %f0;
-    fma.rn.f32 %f0, %cg7, %cg7, %f0;
-    add.u32 %t3, %t3, 512;
-    bra NORM_SUM16;
-NORM_SUM8:
-    add.u32 %t4, %t3, 224;
-    setp.ge.u32 %p1, %t4, %t2;
-    @%p1 bra NORM_SUM;
-    mul.wide.u32 %rd2, %t3, 4;
-    add.u64 %rd2, %rd1, %rd2;
-    ld.global.f32 %f1, [%rd2];
-    ld.global.f32 %f2, [%rd2+128];
-    ld.global.f32 %f3, [%rd2+256];
-    ld.global.f32 %f4, [%rd2+384];
-    ld.global.f32 %f5, [%rd2+512];
-    ld.global.f32 %f6, [%rd2+640];
-    ld.global.f32 %f7, [%rd2+768];
-    ld.global.f32 %f8, [%rd2+896];
-    fma.rn.f32 %f0, %f1, %f1, %f0;
-    fma.rn.f32 %f0, %f2, %f2, %f0;
-    fma.rn.f32 %f0, %f3, %f3, %f0;
-    fma.rn.f32 %f0, %f4, %f4, %f0;
-    fma.rn.f32 %f0, %f5, %f5, %f0;
-    fma.rn.f32 %f0, %f6, %f6, %f0;
-    fma.rn.f32 %f0, %f7, %f7, %f0;
-    fma.rn.f32 %f0, %f8, %f8, %f0;
-    add.u32 %t3, %t3, 256;
-    bra NORM_SUM8;
-NORM_SUM:
-    // the last values, up to 8, predicated
-    setp.ge.u32 %p1, %t3, %t2;
-    @%p1 bra NORM_REDUCE;
-    mul.wide.u32 %rd2, %t3, 4;
-    add.u64 %rd2, %rd1, %rd2;
-    add.u32 %t4, %t3, 0;
-    setp.lt.u32 %pn0, %t4, %t2;
-    add.u32 %t4, %t3, 32;
-    setp.lt.u32 %pn1, %t4, %t2;
-    add.u32 %t4, %t3, 64;
-    setp.lt.u32 %pn2, %t4, %t2;
-    add.u32 %t4, %t3, 96;
-    setp.lt.u32 %pn3, %t4, %t2;
-    add.u32 %t4, %t3, 128;
-    setp.lt.u32 %pn4, %t4, %t2;
-    add.u32 %t4, %t3, 160;
-    setp.lt.u32 %pn5, %t4, %t2;
-    add.u32 %t4, %t3, 192;
-    setp.lt.u32 %pn6, %t4, %t2;
-    add.u32 %t4, %t3, 224;
-    setp.lt.u32 %pn7, %t4, %t2;
-    @%pn0 ld.global.f32 %cf0, [%rd2+0];
-    @%pn1 ld.global.f32 %cf1, [%rd2+128];
-    @%pn2 ld.global.f32 %cf2, [%rd2+256];
-    @%pn3 ld.global.f32 %cf3, [%rd2+384];
-    @%pn4 ld.global.f32 %cf4, [%rd2+512];
-    @%pn5 ld.global.f32 %cf5, [%rd2+640];
-    @%pn6 ld.global.f32 %cf6, [%rd2+768];
-    @%pn7 ld.global.f32 %cf7, [%rd2+896];
-    @%pn0 fma.rn.f32 %f0, %cf0, %cf0, %f0;
-    @%pn1 fma.rn.f32 %f0, %cf1, %cf1, %f0;
-    @%pn2 fma.rn.f32 %f0, %cf2, %cf2, %f0;
-    @%pn3 fma.rn.f32 %f0, %cf3, %cf3, %f0;
-    @%pn4 fma.rn.f32 %f0, %cf4, %cf4, %f0;
-    @%pn5 fma.rn.f32 %f0, %cf5, %cf5, %f0;
-    @%pn6 fma.rn.f32 %f0, %cf6, %cf6, %f0;
-    @%pn7 fma.rn.f32 %f0, %cf7, %cf7, %f0;
-    add.u32 %t3, %t3, 256;
-    bra NORM_SUM;
-NORM_REDUCE:
-    bar.warp.sync 0xffffffff;
-    shfl.sync.bfly.b32 %f1, %f0, 16, 31, 0xffffffff;
-    add.rn.f32 %f0, %f0, %f1;
-    shfl.sync.bfly.b32 %f1, %f0, 8, 31, 0xffffffff;
-    add.rn.f32 %f0, %f0, %f1;
-    shfl.sync.bfly.b32 %f1, %f0, 4, 31, 0xffffffff;
-    add.rn.f32 %f0, %f0, %f1;
-    shfl.sync.bfly.b32 %f1, %f0, 2, 31, 0xffffffff;
-    add.rn.f32 %f0, %f0, %f1;
-    shfl.sync.bfly.b32 %f1, %f0, 1, 31, 0xffffffff;
-    add.rn.f32 %f0, %f0, %f1;
+@NORM_SUM@
     cvt.rn.f32.u32 %f2, %t2;
     div.rn.f32 %f3, %f0, %f2;
     ld.param.f32 %f4, [p_eps];

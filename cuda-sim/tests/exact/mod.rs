@@ -156,35 +156,27 @@ pub struct Format {
 }
 
 /// IEEE binary16.
-pub const F16: Format = Format {
-    p: 11,
-    emin: -14,
-    emax: 15,
-    bits: 16,
-};
+pub const F16: Format = Format::binary(16, 11);
 /// bfloat16.
-pub const BF16: Format = Format {
-    p: 8,
-    emin: -126,
-    emax: 127,
-    bits: 16,
-};
+pub const BF16: Format = Format::binary(16, 8);
 /// IEEE binary32.
-pub const F32: Format = Format {
-    p: 24,
-    emin: -126,
-    emax: 127,
-    bits: 32,
-};
+pub const F32: Format = Format::binary(32, 24);
 /// IEEE binary64.
-pub const F64: Format = Format {
-    p: 53,
-    emin: -1022,
-    emax: 1023,
-    bits: 64,
-};
+pub const F64: Format = Format::binary(64, 53);
 
 impl Format {
+    /// The IEEE-style format `bits` wide with `p` significand bits: a sign bit, `bits - p`
+    /// exponent bits with bias `emax = 2^(bits - p - 1) - 1`, and `emin = 1 - emax`.
+    pub const fn binary(bits: u32, p: u32) -> Format {
+        let emax = (1i32 << (bits - p - 1)) - 1;
+        Format {
+            p,
+            emin: 1 - emax,
+            emax,
+            bits,
+        }
+    }
+
     fn bias(self) -> i32 {
         self.emax
     }

@@ -50,13 +50,10 @@ fn clamp_signed(l: i32, nmax: i32) -> i32 {
     l.min(nmax - 1).max(-nmax)
 }
 
-/// ggml's `make_qx_quants` with `qw == NULL`: symmetric quantisation of `x` to
-/// `[-nmax, nmax - 1]`, stored offset by `nmax` in `ls`; returns the scale.
-/// `rmse_type` selects the weights of the scale search as in ggml (1: `x^2`).
-pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], ls: &mut [i8], rmse_type: i32) -> f32 {
-    let n = x.len().min(ls.len());
-    let x = &x[..n];
-    let ls = &mut ls[..n];
+/// The first value of largest magnitude in `x` and that magnitude (`(0, 0)` when `x` is
+/// empty or all zero), as ggml's quantizers scan for it.
+#[inline]
+pub(crate) fn max_by_magnitude(x: &[f32]) -> (f32, f32) {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
     for &xi in x {
@@ -66,6 +63,17 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], ls: &mut [i8], rmse_type: i32
             max = xi;
         }
     }
+    (max, amax)
+}
+
+/// ggml's `make_qx_quants` with `qw == NULL`: symmetric quantisation of `x` to
+/// `[-nmax, nmax - 1]`, stored offset by `nmax` in `ls`; returns the scale.
+/// `rmse_type` selects the weights of the scale search as in ggml (1: `x^2`).
+pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], ls: &mut [i8], rmse_type: i32) -> f32 {
+    let n = x.len().min(ls.len());
+    let x = &x[..n];
+    let ls = &mut ls[..n];
+    let (max, amax) = max_by_magnitude(x);
     if amax < GROUP_MAX_EPS {
         ls.fill(0);
         return 0.0;
@@ -144,15 +152,7 @@ pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], ls: &mut [i8], do_rmse: bool)
     let n = x.len().min(ls.len());
     let x = &x[..n];
     let ls = &mut ls[..n];
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &xi in x {
-        let ax = fabsf(xi);
-        if ax > amax {
-            amax = ax;
-            max = xi;
-        }
-    }
+    let (max, amax) = max_by_magnitude(x);
     if amax < GROUP_MAX_EPS {
         ls.fill(0);
         return 0.0;

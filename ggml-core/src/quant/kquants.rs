@@ -9,8 +9,8 @@ use bytemuck::Zeroable;
 use super::blocks::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use super::fp::{fabsf, fp16_to_fp32, fp32_to_fp16};
 use super::helpers::{
-    get_scale_min_k4, make_q3_quants, make_qkx2_quants, make_qx_quants, nearest_int, sqrtf,
-    Qkx2Params, GROUP_MAX_EPS,
+    get_scale_min_k4, make_q3_quants, make_qkx2_quants, make_qx_quants, max_by_magnitude,
+    nearest_int, sqrtf, Qkx2Params, GROUP_MAX_EPS,
 };
 use crate::dtype::QK_K;
 
@@ -563,15 +563,7 @@ pub fn dequantize_block_q6_k(b: &BlockQ6K, y: &mut [f32; QK_K]) {
 /// here they are zero too.
 pub fn quantize_block_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
     let mut y = BlockQ8K::zeroed();
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = fabsf(v);
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
+    let (max, amax) = max_by_magnitude(x);
     if amax == 0.0 {
         return y;
     }
