@@ -50,8 +50,8 @@ const GROUPS: [Group; 6] = [
     Group {
         name: "reference",
         package: "ggml-cpu",
-        files: &["ggml-cpu/src/reference.rs"],
-        exclude: &[],
+        files: &["ggml-cpu/src/reference/*.rs"],
+        exclude: &["ggml-cpu/src/reference/tests.rs"],
     },
     Group {
         name: "plan",
