@@ -3,7 +3,8 @@
 
 use ggml_core::{BackendResult, Op, Tensor, TensorId};
 
-use super::{check_weight_alignment, run, Ctx};
+use super::matmul::check_weight_alignment;
+use super::{run, Ctx};
 use crate::backend::{CudaBackend, State};
 use crate::fusion::{ProductRun, Tail};
 use crate::launch::MulMatClass;
