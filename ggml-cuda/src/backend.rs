@@ -13,7 +13,7 @@ use ggml_core::{
 
 use crate::driver::counted::Counted;
 use crate::driver::{self, Api, CuError, Device, DriverKind, Event, Stream};
-use crate::err_words::{first_set, Regions, Users, REGION_WORDS};
+use crate::err_words::{Regions, REGION_WORDS};
 use crate::fusion::{self, Step};
 use crate::graphs::{GraphCache, KeyBuilder, MAX_GRAPHS};
 use crate::host_counters::{Counters, HostCounters};
@@ -22,6 +22,13 @@ use crate::launch::MulMatClass;
 use crate::op_timing::OpTimer;
 use crate::uploads::{Uploads, PIECE_MAX};
 use crate::waiter::Waiter;
+
+mod kernel_errors;
+mod kernel_stats;
+mod op_times;
+mod staging;
+
+pub use kernel_stats::KernelStats;
 
 /// Alignment of buffer bases and tensor offsets (bytes).
 pub const ALIGNMENT: usize = 256;
@@ -35,26 +42,6 @@ pub(crate) const STAGING_CHUNK_MAX: usize = 8 << 20;
 /// Most pinned staging memory one backend keeps (bytes). Past it, a copy waits for the
 /// least recently used busy chunk and reuses (or replaces) it.
 pub const STAGING_LIMIT: usize = 64 << 20;
-
-/// Successful launches of each kernel since the backend was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelStats {
-    /// Quantised mul_mats run in the matrix-vector class (fewer than
-    /// [`MMQ_MIN_N`](crate::MMQ_MIN_N) columns: `mmvq`, or `qmm` with one column tile),
-    /// fused ones included (see [`MulMatClass`]).
-    pub mmvq: u64,
-    /// Quantised mul_mats run in the tiled class (`mmq`, or `qmm` with 8-column tiles).
-    pub mmq: u64,
-    /// Launches per kernel, indexed by `KernelId as usize`.
-    pub launches: [u64; KernelId::COUNT],
-}
-
-impl KernelStats {
-    /// Launches of kernel `k`.
-    pub fn launches_of(&self, k: KernelId) -> u64 {
-        self.launches[k as usize]
-    }
-}
 
 pub(crate) struct Staging {
     pub(crate) ptr: *mut u8,
@@ -503,251 +490,12 @@ impl CudaBackend {
         Ok(d.addr + offset as u64)
     }
 
-    /// A pinned staging chunk of at least `len` (at most [`STAGING_CHUNK_MAX`]) bytes that
-    /// no queued copy uses, keeping the backend's pinned memory within [`STAGING_LIMIT`]:
-    /// a free chunk that fits, else a new one while there is room, else idle chunks too
-    /// small for `len` make room, else the oldest busy chunk is waited for.
-    pub(crate) fn staging(&self, st: &mut State, len: usize) -> BackendResult<usize> {
-        let api = self.api();
-        let want = len.max(STAGING_MIN).next_power_of_two();
-        loop {
-            for s in st.staging.iter_mut().filter(|s| s.busy) {
-                if api.event_query(s.event).map_err(|e| self.cu(e))? {
-                    s.busy = false;
-                }
-            }
-            let fit = (0..st.staging.len())
-                .filter(|&i| !st.staging[i].busy && st.staging[i].size >= len)
-                .min_by_key(|&i| st.staging[i].size);
-            if let Some(i) = fit {
-                return Ok(i);
-            }
-            let total: usize = st.staging.iter().map(|s| s.size).sum();
-            if total + want <= STAGING_LIMIT {
-                return self.new_staging(st, want);
-            }
-            if let Some(i) = st.staging.iter().position(|s| !s.busy) {
-                // Idle but too small for this copy: give its room to a larger chunk.
-                let s = st.staging.swap_remove(i);
-                api.event_destroy(s.event);
-                api.mem_free_host(self.dev.ctx, s.ptr)
-                    .map_err(|e| self.cu(e))?;
-                continue;
-            }
-            let Some(oldest) = (0..st.staging.len()).min_by_key(|&i| st.staging[i].last_use) else {
-                return self.new_staging(st, want);
-            };
-            let s = &mut st.staging[oldest];
-            api.event_synchronize(s.event).map_err(|e| self.cu(e))?;
-            s.busy = false;
-        }
-    }
-
-    fn new_staging(&self, st: &mut State, size: usize) -> BackendResult<usize> {
-        let api = self.api();
-        let p = api
-            .mem_alloc_host(self.dev.ctx, size)
-            .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
-        let ev = match api.event_create(self.dev.ctx) {
-            Ok(ev) => ev,
-            Err(e) => {
-                let _ = api.mem_free_host(self.dev.ctx, p);
-                return Err(self.cu(e));
-            }
-        };
-        st.staging.push(Staging {
-            ptr: p,
-            size,
-            event: ev,
-            busy: false,
-            last_use: 0,
-        });
-        Ok(st.staging.len() - 1)
-    }
-
-    /// Device scratch of at least `len` bytes for this graph (Q8_1 activations). A
-    /// smaller old scratch may still be in use by queued kernels, so it is freed at the
-    /// next `synchronize`; the CUDA graphs that use it go with it.
-    ///
-    /// `graph_compute` sizes the scratch for all of a split's nodes before it launches
-    /// or captures any ([`crate::ops::scratch_need`]): growing it inside a capture would
-    /// allocate there, which is an error, so a node that needs more than `scratch_need`
-    /// says fails its capture.
-    pub(crate) fn scratch(&self, st: &mut State, len: usize) -> BackendResult<u64> {
-        if st.scratch_size >= len {
-            return Ok(st.scratch);
-        }
-        if st.capturing {
-            return Err(self.err(
-                BackendErrorKind::Device,
-                "scratch would grow while a CUDA graph is captured (ops::scratch_need is short)",
-            ));
-        }
-        self.clear_graphs(st);
-        let size = len.next_power_of_two().max(1 << 20);
-        let p = self
-            .api()
-            .mem_alloc(self.dev.ctx, size)
-            .map_err(|e| cu_err(self.name, BackendErrorKind::OutOfMemory, e))?;
-        if st.scratch != 0 {
-            let old = st.scratch;
-            st.retired.push(old);
-        }
-        st.scratch = p;
-        st.scratch_size = size;
-        Ok(p)
-    }
-
-    /// Decode attention's partials (at least `part_bytes`) and zeroed counters (at least
-    /// `counters`), as (partials, counters). Outgrown allocations may still be in use by
-    /// queued kernels, so they are freed at the next `synchronize`; new counters are
-    /// zeroed on the stream, before any kernel that uses them.
-    pub(crate) fn attn_workspace(
-        &self,
-        st: &mut State,
-        part_bytes: usize,
-        counters: usize,
-    ) -> BackendResult<(u64, u64)> {
-        let api = self.dev.api;
-        let oom = |e| cu_err(self.name, BackendErrorKind::OutOfMemory, e);
-        let grows = st.attn_part.1 < part_bytes || st.attn_ctr.1 < counters;
-        if grows && st.capturing {
-            return Err(self.err(
-                BackendErrorKind::Device,
-                "decode attention's workspace would grow while a CUDA graph is captured",
-            ));
-        }
-        if grows {
-            // Graphs hold the old workspace's addresses, which are freed at the next
-            // synchronisation.
-            self.clear_graphs(st);
-        }
-        if st.attn_part.1 < part_bytes {
-            let size = part_bytes.next_power_of_two().max(1 << 16);
-            let p = api.mem_alloc(self.dev.ctx, size).map_err(oom)?;
-            if st.attn_part.0 != 0 {
-                st.retired.push(st.attn_part.0);
-            }
-            st.attn_part = (p, size);
-        }
-        if st.attn_ctr.1 < counters {
-            let n = counters.next_power_of_two().max(256);
-            let p = api.mem_alloc(self.dev.ctx, 4 * n).map_err(oom)?;
-            api.memset_d8_async(p, 0, 4 * n, self.stream)
-                .map_err(|e| self.cu(e))?;
-            if st.attn_ctr.0 != 0 {
-                st.retired.push(st.attn_ctr.0);
-            }
-            st.attn_ctr = (p, n);
-        }
-        Ok((st.attn_part.0, st.attn_ctr.0))
-    }
-
     fn event_handle(&self, id: EventId) -> BackendResult<Event> {
         lock(&self.state)
             .events
             .get(&id.0)
             .copied()
             .ok_or_else(|| self.err(BackendErrorKind::InvalidArgument, "unknown event"))
-    }
-
-    /// The error word for a launch of `op` (node `node`) that checks its indices (see
-    /// `err_words`: past [`REGION_WORDS`] launches in one region the last word is shared).
-    pub(crate) fn err_slot(&self, st: &mut State, op: &'static str, node: Name) -> u64 {
-        self.err_word + 4 * st.err.slot(op, node) as u64
-    }
-
-    /// The pinned mirror of error-word region `region`'s first `n` words, as they are now
-    /// (a copy may be writing them: each word is read once, whole).
-    fn mirror(&self, region: usize, n: usize) -> Vec<u32> {
-        (0..n.min(REGION_WORDS))
-            .map(|i| {
-                // SAFETY: within the ERR_WORDS pinned words; a volatile read of an
-                // aligned u32 that a DMA may be writing.
-                unsafe { self.err_host.add(region * REGION_WORDS + i).read_volatile() }
-            })
-            .collect()
-    }
-
-    /// The error of the first word set in `region` among `users`, if any.
-    pub(crate) fn region_error(&self, region: usize, users: &Users) -> Option<BackendError> {
-        let (op, node, shared) = first_set(&self.mirror(region, users.len()), users)?;
-        let detail = if shared {
-            // Shared by every launch from the last word on: any of them may have set it.
-            "a row index or expert id was outside its range (this op or a later index-checking op)"
-        } else if op == "MUL_MAT_ID" {
-            "an expert id was outside 0..n_as"
-        } else {
-            "a row index was outside the rows"
-        };
-        Some(BackendError::new(BackendErrorKind::BadData, self.name, detail).at(op, node))
-    }
-
-    /// Clears region 0's error words and forgets their users without reading them (the
-    /// stream idle after), for launches whose inputs were not a real pass's (replays).
-    pub(crate) fn discard_kernel_errors(&self) -> BackendResult<()> {
-        lock(&self.state).err.eager.clear();
-        let api = self.api();
-        api.memset_d8_async(self.err_word, 0, 4 * REGION_WORDS, self.stream)
-            .and_then(|()| api.stream_synchronize(self.stream))
-            .map_err(|e| self.cu(e))?;
-        // SAFETY: region 0's words of the pinned mirror; the stream is idle.
-        unsafe { std::ptr::write_bytes(self.err_host, 0, REGION_WORDS) };
-        Ok(())
-    }
-
-    /// Enqueues the copy of region 0's words handed out since the last check to their
-    /// mirror (before the synchronisation that makes it readable).
-    fn mirror_eager_words(&self, st: &State) -> BackendResult<()> {
-        let n = st.err.eager.len().min(REGION_WORDS);
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: the first n words of the pinned mirror; nothing reads them before the
-        // synchronisation that follows.
-        unsafe {
-            self.api().memcpy_dtoh_pinned_async(
-                self.err_host as *mut u8,
-                self.err_word,
-                4 * n,
-                self.stream,
-            )
-        }
-        .map_err(|e| self.cu(e))
-    }
-
-    /// Reads the error words of the interval that a stream synchronisation just ended
-    /// (region 0's mirrored before it, the graphs' by their own copies) and starts a new
-    /// interval: every region with a word set is cleared, and the first word set names
-    /// the error's op and node.
-    fn check_kernel_errors(&self, st: &mut State) -> BackendResult<()> {
-        let mut regions: Vec<(usize, Users)> = Vec::new();
-        if !st.err.eager.is_empty() {
-            regions.push((0, std::mem::take(&mut st.err.eager)));
-        }
-        for c in st.graphs.captured_mut() {
-            if std::mem::take(&mut c.armed) {
-                regions.push((c.region, c.users.clone()));
-            }
-        }
-        regions.extend(st.err.retired.iter().cloned());
-        st.err.release_retired();
-        let mut first = None;
-        for (region, users) in regions {
-            let Some(e) = self.region_error(region, &users) else {
-                continue;
-            };
-            first.get_or_insert(e);
-            // On our stream, so the next kernel that may set a word runs after it.
-            let n = users.len().min(REGION_WORDS);
-            let at = self.err_word + (4 * region * REGION_WORDS) as u64;
-            self.api()
-                .memset_d8_async(at, 0, 4 * n, self.stream)
-                .map_err(|e| self.cu(e))?;
-            // SAFETY: region's words of the pinned mirror; the stream is idle.
-            unsafe { std::ptr::write_bytes(self.err_host.add(region * REGION_WORDS), 0, n) };
-        }
-        first.map_or(Ok(()), Err)
     }
 }
 
@@ -1242,83 +990,5 @@ impl Backend for CudaBackend {
             true => self.synchronize().map(|()| true),
             false => Ok(false),
         }
-    }
-}
-
-impl CudaBackend {
-    /// Times every node computed from now on (`true`), with a pair of timed events
-    /// around its kernels, or stops and drops what was measured (`false`). Recording the
-    /// events costs host time per node: time other runs than those whose speed you
-    /// report. Read the times with [`CudaBackend::take_op_times`].
-    pub fn set_op_timing(&self, on: bool) -> BackendResult<()> {
-        self.bind()?;
-        let api = self.api();
-        if on {
-            lock(&self.state).timer.get_or_insert_with(OpTimer::default);
-            return Ok(());
-        }
-        api.stream_synchronize(self.stream)
-            .map_err(|e| self.cu(e))?;
-        if let Some(mut t) = lock(&self.state).timer.take() {
-            t.destroy(&api);
-        }
-        Ok(())
-    }
-
-    /// The GPU time per kind of op since timing started or the last call, longest
-    /// first (empty while timing is off), and starts new sums. Waits for the stream.
-    pub fn take_op_times(&self) -> BackendResult<Vec<ggml_core::OpTime>> {
-        self.bind()?;
-        let api = self.api();
-        api.stream_synchronize(self.stream)
-            .map_err(|e| self.cu(e))?;
-        let mut st = lock(&self.state);
-        Ok(st
-            .timer
-            .as_mut()
-            .map(|t| {
-                t.settle(&api);
-                t.take()
-            })
-            .unwrap_or_default())
-    }
-
-    /// Runs `step` (a node, or a fused run) between two timed events, counted as `key`.
-    pub(crate) fn run_timed(
-        &self,
-        st: &mut State,
-        key: ggml_core::OpKey,
-        step: impl FnOnce(&CudaBackend, &mut State) -> BackendResult<()>,
-    ) -> BackendResult<()> {
-        let api = self.api();
-        let timer = st.timer.as_mut().expect("called with timing on");
-        let (a, b) = timer.pair(&api, self.dev.ctx).map_err(|e| self.cu(e))?;
-        let r = api
-            .event_record(a, self.stream)
-            .map_err(|e| self.cu(e))
-            .and_then(|()| step(self, st))
-            .and_then(|()| api.event_record(b, self.stream).map_err(|e| self.cu(e)));
-        let timer = st.timer.as_mut().expect("called with timing on");
-        match r {
-            Ok(()) => timer.push(key, a, b),
-            Err(_) => timer.give_back([a, b]),
-        }
-        r
-    }
-
-    /// Waits for `ev` until it completed (`true`) or `timeout` passed (`false`): one
-    /// query, then a blocking wait on a helper thread (see `waiter`).
-    fn wait_timed(&self, ev: Event, timeout: std::time::Duration) -> BackendResult<bool> {
-        self.counters.host_sync();
-        if self.api().event_query(ev).map_err(|e| self.cu(e))? {
-            return Ok(true);
-        }
-        if timeout.is_zero() {
-            return Ok(false);
-        }
-        self.counters.call(crate::host_counters::Call::EventSync);
-        self.waiter
-            .wait(self.dev.api, self.dev.ctx, ev, timeout)
-            .map_err(|e| self.cu(e))
     }
 }

@@ -1,0 +1,23 @@
+//! Counts of successful launches per kernel.
+
+use crate::kernels::KernelId;
+
+/// Successful launches of each kernel since the backend was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    /// Quantised mul_mats run in the matrix-vector class (fewer than
+    /// [`MMQ_MIN_N`](crate::MMQ_MIN_N) columns: `mmvq`, or `qmm` with one column tile),
+    /// fused ones included (see [`MulMatClass`](crate::MulMatClass)).
+    pub mmvq: u64,
+    /// Quantised mul_mats run in the tiled class (`mmq`, or `qmm` with 8-column tiles).
+    pub mmq: u64,
+    /// Launches per kernel, indexed by `KernelId as usize`.
+    pub launches: [u64; KernelId::COUNT],
+}
+
+impl KernelStats {
+    /// Launches of kernel `k`.
+    pub fn launches_of(&self, k: KernelId) -> u64 {
+        self.launches[k as usize]
+    }
+}
