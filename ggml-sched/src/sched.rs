@@ -4,22 +4,21 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use ggml_core::{
-    Backend, BackendErrorKind, BufferInfo, DataRef, EventId, EventRef, Graph, Tensor, TensorId,
-};
+use ggml_core::{Backend, BackendErrorKind, BufferInfo, EventId, EventRef, Tensor, TensorId};
 
-use crate::alloc::layout;
 use crate::check::{AccessContext, CheckedBackend, RaceLog};
 use crate::error::{Result, SchedError};
-use crate::partition::{partition, Partition, PartitionConfig};
+use crate::partition::Partition;
 use crate::plan::{
-    build_plan, Action, BackendProps, CopyOn, EventKey, HbRule, Plan, PlanSettings, PlanStyle,
-    WeakenKnob, MAX_COPIES,
+    Action, BackendProps, CopyOn, EventKey, Plan, PlanStyle, WeakenKnob, MAX_COPIES,
 };
+mod allocate;
+mod diagnose;
 mod staging;
+mod tracing;
 pub use staging::StagedOutput;
 
-use crate::trace::{now_ns, SliceKind, Trace, TraceTrack, Tracer};
+use crate::trace::{now_ns, SliceKind, TraceTrack, Tracer};
 
 /// Options of a [`Scheduler`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,11 +31,11 @@ pub struct SchedOptions {
     /// Backend holding [`ggml_core::TensorFlags::INPUT`] tensors; default the last one
     /// (ggml: the CPU).
     pub input_backend: Option<usize>,
-    /// ggml's `op_offload` (see [`PartitionConfig::op_offload`]).
+    /// ggml's `op_offload` (see [`PartitionConfig::op_offload`](crate::partition::PartitionConfig::op_offload)).
     pub op_offload: bool,
     /// Route copies of computed tensors round the ring of devices, each forwarded by the
     /// next device's copy engine from the previous device's receive buffer (see
-    /// [`PartitionConfig::ring`]); needs [`Scheduler::with_copy_engines`] and the
+    /// [`PartitionConfig::ring`](crate::partition::PartitionConfig::ring)); needs [`Scheduler::with_copy_engines`] and the
     /// minimal plan.
     pub ring: bool,
     /// Weakened rules, for tests and the harness's `--weaken` only.
@@ -346,166 +345,6 @@ impl Scheduler {
         self.pins.clear();
     }
 
-    /// Partitions, plans and allocates `graph` over `tensors` (the caller's context
-    /// table). Waits for every queue first (as ggml's reserve). Tensors with data
-    /// (weights) stay where they are; the scheduler places every other tensor.
-    #[doc(alias = "reserve")]
-    pub fn alloc(&mut self, tensors: &[Tensor], graph: &Graph<'_>) -> Result<()> {
-        let leafs: Vec<TensorId> = graph.leafs().collect();
-        self.alloc_nodes(tensors, graph.nodes(), &leafs)
-    }
-
-    /// [`alloc`](Scheduler::alloc) for a graph given as node and leaf lists.
-    pub fn alloc_nodes(
-        &mut self,
-        tensors: &[Tensor],
-        nodes: &[TensorId],
-        leafs: &[TensorId],
-    ) -> Result<()> {
-        self.drain(STUCK_GRACE);
-        self.free_tables();
-        self.graph = None;
-        let n_copies = self.opts.n_copies;
-        let cfg = PartitionConfig {
-            n_copies,
-            input_backend: self.opts.input_backend.unwrap_or(self.n_devices - 1),
-            op_offload: self.opts.op_offload,
-            pins: self.pins.clone(),
-            ring: self.opts.ring,
-        };
-        let refs: Vec<&dyn Backend> = self.backends[..self.n_devices]
-            .iter()
-            .map(|b| &**b)
-            .collect();
-        let part = partition(tensors, nodes, leafs, &refs, &cfg)?;
-        let alignments: Vec<usize> = self
-            .backends
-            .iter()
-            .map(|b| b.alignment().max(1).next_power_of_two())
-            .collect();
-        // Runs a backend computes with one fused kernel keep their tensors' bytes to
-        // themselves until the run's last node.
-        let mut fused = Vec::new();
-        for sp in &part.splits {
-            refs[sp.backend].fused_runs(tensors, &sp.nodes, &mut |s, e| {
-                if s < e && e <= sp.nodes.len() {
-                    fused.push(sp.nodes[s..e].to_vec());
-                }
-            });
-        }
-        let lay = layout(tensors, &part, &alignments, n_copies, &fused)?;
-
-        // Buffers: keep those big enough, replace the others.
-        for (b, &size) in lay.sizes.iter().enumerate() {
-            let fits = self.buffers[b].is_some_and(|i| i.size >= size);
-            if size == 0 || fits {
-                continue;
-            }
-            if let Some(old) = self.buffers[b].take() {
-                self.backends[b].free_buffer(old.id)?;
-            }
-            self.buffers[b] = Some(self.backends[b].alloc_buffer(size)?);
-        }
-
-        // Tables.
-        let n = part.n_tensors;
-        let mut tables = Vec::with_capacity(n_copies);
-        let mut per_slot = vec![false; n + part.slot_tensors.len()];
-        for c in 0..n_copies {
-            let mut t: Vec<Tensor> = tensors.to_vec();
-            t.extend_from_slice(&part.slot_tensors);
-            for (id, p) in lay.place[c].iter().enumerate() {
-                if let Some((b, off)) = *p {
-                    let buf = self.buffers[b].expect("allocated above");
-                    t[id].data = Some(DataRef {
-                        buffer: buf.id,
-                        addr: buf.base + off as u64,
-                    });
-                    if lay.place[0][id] != Some((b, off)) {
-                        per_slot[id] = true;
-                    }
-                }
-            }
-            // Views (and in-place writers) see their root's bytes.
-            for &id in part.nodes.iter().chain(&part.leafs) {
-                let Some(r) = t[id.index()].view_src else {
-                    continue;
-                };
-                if lay.place[c][r.index()].is_some() || t[id.index()].data.is_none() {
-                    if let Some(d) = t[r.index()].data {
-                        t[id.index()].data = Some(DataRef {
-                            buffer: d.buffer,
-                            addr: d.addr + t[id.index()].view_offs as u64,
-                        });
-                        per_slot[id.index()] = per_slot[r.index()];
-                    }
-                }
-            }
-            for &(node, j, ci) in &part.remap {
-                t[node.index()].src[j] = Some(part.copies[ci].slots[c]);
-            }
-            tables.push(t);
-        }
-
-        // Plans and the events they use; a backend that declared events but has none
-        // is planned again without.
-        let plans = loop {
-            let plans: Vec<Plan> = (0..n_copies)
-                .map(|c| {
-                    build_plan(
-                        &part,
-                        &self.props,
-                        &PlanSettings {
-                            n_copies,
-                            slot: c,
-                            style: self.opts.style,
-                            weaken: self.opts.weaken.clone(),
-                            engines: self.engines.clone(),
-                        },
-                    )
-                })
-                .collect();
-            let mut replan = false;
-            let keys: BTreeSet<EventKey> = plans.iter().flat_map(|p| p.events()).collect();
-            for k in keys {
-                if self.events.contains_key(&k) {
-                    continue;
-                }
-                match self.backends[k.backend].event_new()? {
-                    Some(id) => {
-                        self.events.insert(k, id);
-                    }
-                    None => {
-                        self.props[k.backend].events = false;
-                        replan = true;
-                        break;
-                    }
-                }
-            }
-            if !replan {
-                break plans;
-            }
-        };
-        // Devices that run splits keep each slot's table once, instead of a copy per split.
-        let mut registered = vec![vec![None; self.n_devices]; n_copies];
-        for (t, reg) in tables.iter().zip(&mut registered) {
-            for (b, r) in reg.iter_mut().enumerate() {
-                if part.splits.iter().any(|s| s.backend == b) {
-                    *r = self.backends[b].table_register(t)?;
-                }
-            }
-        }
-        self.graph = Some(GraphState {
-            part,
-            tables,
-            registered,
-            plans,
-            per_slot,
-            last_run: None,
-        });
-        Ok(())
-    }
-
     /// Size in bytes of each backend's compute buffer (0 where none is allocated).
     pub fn buffer_sizes(&self) -> Vec<usize> {
         self.buffers
@@ -707,116 +546,6 @@ impl Scheduler {
             self.exec_traced(gs, c, run, None, a, st)?;
         }
         Ok(())
-    }
-
-    /// [`exec`](Scheduler::exec), bracketed by trace markers when tracing.
-    fn exec_traced(
-        &self,
-        gs: &GraphState,
-        c: usize,
-        run: u64,
-        split: Option<usize>,
-        a: &Action,
-        st: &mut RunStats,
-    ) -> Result<()> {
-        let Some(tr) = &self.tracer else {
-            return self.exec(gs, c, a, st);
-        };
-        let name = |id: TensorId| gs.tables[c][id.index()].name.as_str().to_string();
-        let (track, kind, label, rule) = match *a {
-            Action::Wait { queue, event, why } => (
-                TraceTrack::Queue(queue),
-                SliceKind::Wait,
-                format!("wait {}", self.props[event.backend].name),
-                Some(why),
-            ),
-            Action::HostWait { event, why } => (
-                TraceTrack::Host,
-                SliceKind::HostSync,
-                format!("host wait {}", self.props[event.backend].name),
-                Some(why),
-            ),
-            Action::HostSync { backend, why } => (
-                TraceTrack::Host,
-                SliceKind::HostSync,
-                format!("host sync {}", self.props[backend].name),
-                Some(why),
-            ),
-            Action::Record { event } => (
-                TraceTrack::Queue(event.backend),
-                SliceKind::Record,
-                format!("record {:?}", event.kind),
-                None,
-            ),
-            Action::Compute { split } => {
-                let sp = &gs.part.splits[split];
-                let first = sp.nodes.first().map(|&n| name(n)).unwrap_or_default();
-                let last = sp.nodes.last().map(|&n| name(n)).unwrap_or_default();
-                (
-                    TraceTrack::Queue(sp.backend),
-                    SliceKind::Compute,
-                    format!("split {split}: {first} .. {last}"),
-                    None,
-                )
-            }
-            Action::Copy {
-                tensor,
-                from,
-                to,
-                on,
-                ..
-            } => {
-                let (track, kind) = match on {
-                    CopyOn::Engine(e) => (TraceTrack::Queue(e), SliceKind::Copy),
-                    CopyOn::Src => (TraceTrack::Queue(from), SliceKind::Copy),
-                    CopyOn::Dst => (TraceTrack::Queue(to), SliceKind::Copy),
-                    CopyOn::Host => (TraceTrack::Host, SliceKind::HostCopy),
-                };
-                (track, kind, name(tensor), None)
-            }
-        };
-        let mut sl = tr.slice(track, kind, label);
-        (sl.run, sl.slot, sl.split, sl.rule) = (Some(run), Some(c), split, rule);
-        if let Action::Copy { to, .. } = *a {
-            sl.dst = Some(to);
-        }
-        match track {
-            TraceTrack::Host => {
-                sl.start_ns = now_ns();
-                self.exec(gs, c, a, st)?;
-                sl.end_ns = now_ns();
-                tr.host(sl);
-            }
-            TraceTrack::Queue(q) => {
-                let open = tr.open(&self.backends, q)?;
-                self.exec(gs, c, a, st)?;
-                tr.close(&self.backends, open, sl)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts recording a [`Trace`] of every following run (see [`crate::trace`]).
-    /// Tracing adds two event records per queue action; it changes no result.
-    pub fn enable_trace(&mut self) {
-        self.tracer.get_or_insert_with(Tracer::default);
-    }
-
-    /// Tags the slices of following runs with a batch and micro-batch index (for traces
-    /// of callers that cut batches); `None` clears the tag.
-    pub fn set_trace_tag(&self, tag: Option<(u64, usize)>) {
-        if let Some(tr) = &self.tracer {
-            tr.set_tag(tag);
-        }
-    }
-
-    /// Waits for the queues to pass every trace marker and returns what was recorded
-    /// since tracing was enabled or last taken; `None` when tracing is off.
-    pub fn take_trace(&mut self) -> Result<Option<Trace>> {
-        match &self.tracer {
-            Some(tr) => Ok(Some(tr.take(&self.backends)?)),
-            None => Ok(None),
-        }
     }
 
     fn event(&self, k: &EventKey) -> Result<EventId> {
@@ -1057,17 +786,6 @@ impl Scheduler {
         .ok_or_else(|| self.tensor_err(id, "has no backend"))
     }
 
-    /// Traces the host's wait for an output of `run` (HB7).
-    fn trace_read(&self, run: u64, slot: usize, t: &Tensor, t0: u64) {
-        if let Some(tr) = &self.tracer {
-            let label = format!("read {}", t.name.as_str());
-            let mut sl = tr.slice(TraceTrack::Host, SliceKind::HostSync, label);
-            (sl.run, sl.slot, sl.rule) = (Some(run), Some(slot), Some(HbRule::Hb7));
-            (sl.start_ns, sl.end_ns) = (t0, now_ns());
-            tr.host(sl);
-        }
-    }
-
     /// Waits for every backend's queue; returns the first error any reported.
     pub fn synchronize(&mut self) -> Result<()> {
         let mut first = None;
@@ -1098,62 +816,6 @@ impl Scheduler {
         }
     }
 
-    fn timeout_err(&self, b: usize, wait: String, t: std::time::Duration) -> SchedError {
-        let unfinished: Vec<usize> = (0..self.backends.len())
-            .filter(|&x| {
-                !matches!(
-                    self.backends[x].synchronize_timeout(std::time::Duration::ZERO),
-                    Ok(true)
-                )
-            })
-            .collect();
-        {
-            let mut stuck = self.stuck.lock().unwrap_or_else(|e| e.into_inner());
-            stuck[b] = true;
-            for &x in &unfinished {
-                stuck[x] = true;
-            }
-        }
-        let unfinished: Vec<String> = unfinished
-            .into_iter()
-            .map(|x| format!("{} (last work: {})", self.props[x].name, self.last_work(x)))
-            .collect();
-        SchedError::Timeout {
-            backend: self.props[b].name.clone(),
-            wait,
-            seconds: t.as_secs_f64(),
-            last: self.last_work(b),
-            unfinished: match unfinished.is_empty() {
-                true => "none".to_string(),
-                false => unfinished.join(", "),
-            },
-        }
-    }
-
-    /// The last split enqueued on backend `b`, for people.
-    fn last_work(&self, b: usize) -> String {
-        let last = self
-            .last_split
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(b)
-            .copied()
-            .flatten();
-        match (last, self.graph.as_ref()) {
-            (Some(k), Some(gs)) => {
-                let sp = &gs.part.splits[k];
-                let name = |id: &TensorId| {
-                    let t = &gs.tables[0][id.index()];
-                    format!("{} '{}'", t.op.name(), t.name.as_str())
-                };
-                let first = sp.nodes.first().map(name).unwrap_or_default();
-                let end = sp.nodes.last().map(name).unwrap_or_default();
-                format!("split {k} ({first} .. {end})")
-            }
-            _ => "none".to_string(),
-        }
-    }
-
     /// The host waits for everything queued on backend `b`, within the timeout.
     fn host_sync(&self, b: usize, what: &str) -> Result<()> {
         let backend = &self.backends[b];
@@ -1162,18 +824,6 @@ impl Scheduler {
             Some(t) if backend.synchronize_timeout(t)? => Ok(()),
             Some(t) => Err(self.timeout_err(b, what.to_string(), t)),
         }
-    }
-
-    /// An event for people: `split[cpu#1]@0`.
-    fn event_label(&self, e: &EventKey) -> String {
-        let kind = match e.kind {
-            crate::plan::EventKind::Split => "split".to_string(),
-            crate::plan::EventKind::CopyDone => "copydone".to_string(),
-            crate::plan::EventKind::Inputs => "inputs".to_string(),
-            crate::plan::EventKind::InputsCopied => "inputs-copied".to_string(),
-            crate::plan::EventKind::Produced(k) => format!("split{k}"),
-        };
-        format!("{kind}[{}]@{}", self.props[e.backend].name, e.slot)
     }
 
     /// Frees the tables the devices keep for the current graph.
