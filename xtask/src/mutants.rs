@@ -11,6 +11,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use xshell::{cmd, Cmd, Shell};
+
 use crate::fetch::Result;
 
 /// The lowest score a file may have, in percent of viable mutants caught.
@@ -127,9 +129,11 @@ pub fn mutants(root: &Path, args: &[String]) -> Result<()> {
     let opts = parse_args(args)?;
     let out_root = root.join("target/mutants");
     if !opts.report_only {
-        ensure_cargo_mutants()?;
+        let sh = Shell::new().map_err(|e| e.to_string())?;
+        sh.change_dir(root);
+        ensure_cargo_mutants(&sh)?;
         for g in &opts.groups {
-            run_group(root, &out_root, g, &opts)?;
+            run_group(&sh, &out_root, g, &opts)?;
         }
     }
     let mut report = String::new();
@@ -153,50 +157,47 @@ pub fn mutants(root: &Path, args: &[String]) -> Result<()> {
     }
 }
 
-fn ensure_cargo_mutants() -> Result<()> {
-    let found = Command::new("cargo")
-        .args(["mutants", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
+fn ensure_cargo_mutants(sh: &Shell) -> Result<()> {
+    if cmd!(sh, "cargo mutants --version")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .is_err()
+    {
         eprintln!("mutants: installing cargo-mutants");
-        let ok = Command::new("cargo")
-            .args(["install", "cargo-mutants", "--locked"])
-            .status()
-            .map_err(|e| format!("cannot run cargo install: {e}"))?
-            .success();
-        if !ok {
-            return Err("cargo install cargo-mutants failed".into());
-        }
+        cmd!(sh, "cargo install cargo-mutants --locked")
+            .run()
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
 
-fn run_group(root: &Path, out_root: &Path, g: &Group, opts: &Options) -> Result<()> {
+/// The cargo-mutants command line of group `g`, its outcomes written under `out`.
+fn mutants_cmd<'a>(sh: &'a Shell, out: &Path, g: &Group, opts: &Options) -> Cmd<'a> {
+    let package = g.package;
+    let files = g.files.iter().flat_map(|f| ["--file", f]);
+    let excludes = g.exclude.iter().flat_map(|e| ["--exclude", e]);
+    let shard = opts
+        .shard
+        .iter()
+        .flat_map(|s| ["--shard", s, "--sharding", "round-robin"]);
+    let in_place = opts.in_place.then_some("--in-place");
+    cmd!(
+        sh,
+        "cargo mutants --package {package} --test-tool nextest --output {out} {files...} {excludes...} {shard...} {in_place...}"
+    )
+}
+
+fn run_group(sh: &Shell, out_root: &Path, g: &Group, opts: &Options) -> Result<()> {
     let out = out_root.join(g.name);
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(root)
-        // One function changes per mutant: incremental builds make each rebuild seconds
-        // instead of a minute, whatever the caller's setting.
-        .env("CARGO_INCREMENTAL", "1")
-        .args(["mutants", "--package", g.package, "--test-tool", "nextest"])
-        .arg("--output")
-        .arg(&out);
-    for f in g.files {
-        cmd.args(["--file", f]);
-    }
-    for e in g.exclude {
-        cmd.args(["--exclude", e]);
-    }
-    if let Some(s) = &opts.shard {
-        cmd.args(["--shard", s, "--sharding", "round-robin"]);
-    }
-    if opts.in_place {
-        cmd.arg("--in-place");
-    }
+    // One function changes per mutant: incremental builds make each rebuild seconds
+    // instead of a minute, whatever the caller's setting.
+    let _incremental = sh.push_env("CARGO_INCREMENTAL", "1");
+    let mutants = mutants_cmd(sh, &out, g, opts);
     eprintln!("\n==> mutants: {} ({})", g.name, g.files.join(", "));
-    let status = cmd
+    // Run through std to read the exit code (xshell's `run` only says non-zero).
+    let status = Command::from(mutants)
         .status()
         .map_err(|e| format!("cannot run cargo mutants: {e}"))?;
     // cargo-mutants: 0 all caught, 2 some missed, 3 some timed out; anything else (the
@@ -335,6 +336,29 @@ mod tests {
         {"scenario": {"Mutant": {"name": "b.rs:3:1: replace < with <=", "file": "b.rs"}}, "summary": "Timeout"},
         {"scenario": {"Mutant": {"name": "b.rs:4:1: replace h with ()", "file": "b.rs"}}, "summary": "Unviable"}
     ]}"#;
+
+    #[test]
+    fn the_command_line_names_the_group_and_the_options() {
+        let sh = Shell::new().unwrap();
+        let args: Vec<String> = ["--only", "quant", "--shard", "1/4", "--in-place"]
+            .map(String::from)
+            .into();
+        let opts = parse_args(&args).unwrap();
+        let line = mutants_cmd(&sh, Path::new("o"), opts.groups[0], &opts).to_string();
+        assert_eq!(
+            line,
+            "cargo mutants --package ggml-core --test-tool nextest --output o \
+             --file ggml-core/src/quant/*.rs --exclude ggml-core/src/quant/tests.rs \
+             --shard 1/4 --sharding round-robin --in-place"
+        );
+        let opts = parse_args(&["--only".into(), "check".into()]).unwrap();
+        let line = mutants_cmd(&sh, Path::new("o"), opts.groups[0], &opts).to_string();
+        assert_eq!(
+            line,
+            "cargo mutants --package ggml-sched --test-tool nextest --output o \
+             --file ggml-sched/src/check.rs"
+        );
+    }
 
     #[test]
     fn outcomes_are_tallied_per_file_and_a_short_run_is_a_sample() {
