@@ -173,6 +173,46 @@ fn cuda_cells_are_refused_up_front_without_cuda() {
     assert!(t0.elapsed().as_secs() < 5);
 }
 
+/// Cells of the CPU matrix that cover each path (one device, a pipeline of micro-batches,
+/// exact tensor parallelism, a reduce): cheap enough to run under emulation, which is how
+/// `cargo xtask aarch64` checks that every NEON level gives the x86 golden's bits.
+const SAMPLE_CELLS: [&str; 4] = [
+    "cpu-none-c1-t2",
+    "cpu2-layer-c2-t2-u32",
+    "cpu3-tensor-c1-t2",
+    "cpu2-tensor-reduce-f32",
+];
+
+#[test]
+fn cpu_matrix_sample_matches_the_cpu_golden() {
+    let mut m = on_synthetic(Matrix::cpu());
+    m.cells.retain(|c| SAMPLE_CELLS.contains(&c.name.as_str()));
+    assert_eq!(
+        m.cells.len(),
+        SAMPLE_CELLS.len(),
+        "a sample cell was renamed"
+    );
+    // The exact cells give one set of bits; the reduce cell its own (each has a golden).
+    let group = |cells: &[&str]| {
+        let cells: Vec<String> = cells.iter().map(|c| c.to_string()).collect();
+        Rule::Identical {
+            patterns: cells.clone(),
+            cells,
+        }
+    };
+    m.rules = vec![group(&SAMPLE_CELLS[..3]), group(&SAMPLE_CELLS[3..])];
+    let goldens = GoldenSet::parse(harness::golden::EMBEDDED).unwrap();
+    let mut opts = options(goldens, false);
+    opts.require_golden = true;
+    let report = run(&m, &opts, |_| {}).unwrap();
+    assert!(report.passed(), "{:?}", report.violations);
+    for r in &report.rows {
+        assert_eq!(r.golden, GoldenStatus::Equal, "{}: {:?}", r.name, r.golden);
+        assert_eq!(r.result.races, 0, "{}", r.name);
+    }
+    eprintln!("{}", report.hardware_note);
+}
+
 #[test]
 fn cpu_matrix_holds_on_a_synthetic_model() {
     // Against the committed goldens: the synthetic model is seeded, so its CPU golden in

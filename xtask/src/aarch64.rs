@@ -1,7 +1,10 @@
 //! `cargo xtask aarch64`: ggml-cpu's tests cross-built for aarch64 Linux and run under
 //! qemu-user, once per emulated CPU model, each model with the instruction-set levels it
 //! must run (`GGML_RS_REQUIRE_ISA`) and the best one detection must pick
-//! (`GGML_RS_EXPECT_ISA`), so that a level whose kernels did not run fails the run.
+//! (`GGML_RS_EXPECT_ISA`), so that a level whose kernels did not run fails the run. Then,
+//! on each model, a sample of the CPU regression matrix on the synthetic model
+//! ([`MATRIX_SAMPLE`]) at the level detection picks, against the committed CPU golden that
+//! x86 gives: every aarch64 level must give the same bits end to end.
 //!
 //! Needs the Rust target `aarch64-unknown-linux-gnu`, a cross linker
 //! (`aarch64-linux-gnu-gcc`, Debian's `gcc-aarch64-linux-gnu`, whose C library under
@@ -22,6 +25,9 @@ const LINKER: &str = "aarch64-linux-gnu-gcc";
 const QEMU: &str = "qemu-aarch64";
 /// The target's C library (dynamic loader and libc), for qemu's `-L`.
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// The harness test that runs the sample of the CPU matrix against the CPU golden.
+const MATRIX_SAMPLE: &str = "cpu_matrix_sample_matches_the_cpu_golden";
 
 /// An emulated CPU and the levels ggml-cpu must find on it.
 #[derive(Debug, PartialEq)]
@@ -50,7 +56,8 @@ pub const MODELS: [CpuModel; 3] = [
 ];
 
 const USAGE: &str = "usage: cargo xtask aarch64 [--cpu MODEL]... [-- TEST_FILTER...]
-  MODEL: cortex-a53 (neon), cortex-a76 (dotprod) or max (i8mm); default: all three";
+  MODEL: cortex-a53 (neon), cortex-a76 (dotprod) or max (i8mm); default: all three
+  TEST_FILTER: arguments for ggml-cpu's test binaries; with one, the matrix sample is skipped";
 
 /// The parsed command line: the models to run and the arguments for the test binaries.
 #[derive(Debug, PartialEq)]
@@ -95,6 +102,29 @@ fn have_tool(sh: &Shell, tool: &str) -> bool {
         .ignore_stderr()
         .run()
         .is_ok()
+}
+
+/// Runs a `cargo test` command, echoing its output; the number of tests that passed, or
+/// an error when any failed, none ran, or the output lacks `expect` (when given).
+fn run_tests(test: xshell::Cmd<'_>, expect: Option<&str>) -> Result<usize> {
+    let out = test.ignore_status().output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    let (passed, failed) = count_tests(&stdout);
+    if !out.status.success() {
+        return Err(format!("{failed} tests failed ({})", out.status));
+    }
+    if passed == 0 {
+        return Err("no test ran".into());
+    }
+    if let Some(e) = expect {
+        if !stdout.contains(e) && !stderr.contains(e) {
+            return Err(format!("the output does not say `{e}`"));
+        }
+    }
+    Ok(passed)
 }
 
 /// The number of tests `cargo test`'s output says passed and failed.
@@ -152,6 +182,7 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
     // The tests choose their levels themselves; a level forced from outside would not
     // change them, but keep backends created with defaults on the detected one.
     let _isa = sh.push_env("GGML_RS_ISA", "");
+    let matrix = args.test_args.is_empty();
     crate::step("build ggml-cpu's tests for aarch64", || {
         cmd!(
             sh,
@@ -160,6 +191,16 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
         .run()
         .map_err(|e| e.to_string())
     })?;
+    if matrix {
+        crate::step("build the harness's matrix tests for aarch64", || {
+            cmd!(
+                sh,
+                "cargo test -p harness --locked --target {TARGET} --test matrix --no-run"
+            )
+            .run()
+            .map_err(|e| e.to_string())
+        })?;
+    }
     let mut summary = Vec::new();
     for m in &args.models {
         let cpu = m.qemu_cpu;
@@ -170,7 +211,7 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
         let _expect = sh.push_env("GGML_RS_EXPECT_ISA", best);
         let test_args = &args.test_args;
         let t = Instant::now();
-        let mut counts = (0, 0);
+        let mut passed = 0;
         crate::step(
             &format!(
                 "ggml-cpu tests on qemu -cpu {cpu} (levels {})",
@@ -180,27 +221,40 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
                 let out = cmd!(
                     sh,
                     "cargo test -p ggml-cpu --locked --target {TARGET} -- {test_args...}"
-                )
-                .ignore_status()
-                .output()
-                .map_err(|e| e.to_string())?;
-                let stdout = String::from_utf8_lossy(&out.stdout);
-                print!("{stdout}");
-                eprint!("{}", String::from_utf8_lossy(&out.stderr));
-                counts = count_tests(&stdout);
-                match (out.status.success(), counts.0) {
-                    (true, 0) => Err("no test ran".to_string()),
-                    (true, _) => Ok(()),
-                    (false, _) => Err(format!("{} tests failed ({})", counts.1, out.status)),
+                );
+                passed = run_tests(out, None)?;
+                Ok(())
+            },
+        )?;
+        summary.push(format!(
+            "  qemu -cpu {cpu:<10} levels {:<28} {passed} tests passed in {:.0} s",
+            m.levels.join(","),
+            t.elapsed().as_secs_f64()
+        ));
+        if !matrix {
+            continue;
+        }
+        let t = Instant::now();
+        crate::step(
+            &format!("CPU matrix sample on qemu -cpu {cpu} (level {best}) against the CPU golden"),
+            || {
+                let out = cmd!(
+                    sh,
+                    "cargo test -p harness --locked --target {TARGET} --test matrix -- {MATRIX_SAMPLE} --exact --nocapture"
+                );
+                match run_tests(out, Some(&format!("this run: {best})")))? {
+                    1 => Ok(()),
+                    n => Err(format!("{n} tests ran, expected {MATRIX_SAMPLE} alone")),
                 }
             },
         )?;
         summary.push(format!(
-            "  qemu -cpu {cpu:<10} levels {:<28} {} tests passed in {:.0} s",
-            m.levels.join(","),
-            counts.0,
+            "  qemu -cpu {cpu:<10} level  {best:<28} CPU matrix sample equal to the CPU golden in {:.0} s",
             t.elapsed().as_secs_f64()
         ));
+    }
+    if !matrix {
+        summary.push("  CPU matrix sample skipped (a test filter was given)".into());
     }
     eprintln!("\nxtask aarch64: all passed\n{}", summary.join("\n"));
     Ok(())
