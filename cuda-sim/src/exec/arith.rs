@@ -540,7 +540,7 @@ fn from_f64_exactish(v: i128, dty: Ty, ftz: bool, sat: bool) -> u64 {
             } else {
                 (v as u64) as f64
             };
-            half::f16::from_f64(f).to_bits() as u64
+            half::f16::from_f64(if sat { sat01_64(f) } else { f }).to_bits() as u64
         }
         _ => {
             let f = if v < 0 {
@@ -548,7 +548,7 @@ fn from_f64_exactish(v: i128, dty: Ty, ftz: bool, sat: bool) -> u64 {
             } else {
                 (v as u64) as f64
             };
-            half::bf16::from_f64(f).to_bits() as u64
+            half::bf16::from_f64(if sat { sat01_64(f) } else { f }).to_bits() as u64
         }
     }
 }

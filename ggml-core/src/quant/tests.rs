@@ -306,3 +306,55 @@ fn non_finite_inputs_do_not_panic() {
         dequantize_row(dtype, &bytes[..nbytes], &mut y).unwrap();
     }
 }
+
+/// ggml's `make_qx_quants` with `rmse_type == 0`: `iscale = -nmax / max` (max: the first
+/// value of largest magnitude), `L = nmax + clamp(nearest_int(iscale * x), -nmax,
+/// nmax - 1)`, scale `1 / iscale`. Here `iscale = -4 / 4 = -1`, so `L = 4 - x` with the
+/// last value (`-4`, whose `4` clamps to `3`) at `7`.
+#[test]
+fn make_qx_quants_without_search_rounds_and_offsets() {
+    let x = [1.0, -2.0, 3.0, 4.0, -4.0];
+    let mut ls = [0i8; 5];
+    let scale = helpers::make_qx_quants(4, &x, &mut ls, 0);
+    assert_eq!(scale, -1.0);
+    assert_eq!(ls, [3, 6, 1, 0, 7]);
+}
+
+/// ggml's `make_qx_quants` with a negative `rmse_type` returns right after the first pass:
+/// `0.5 * (sumlx / suml2 + 1 / iscale)`. With weights `x^2` and `l = [-1, 2, -3, -4, 3]`
+/// (the same `L` as above, less 4): `sumlx = sum x^3 l = -1 - 16 - 81 - 256 - 192 = -546`,
+/// `suml2 = sum x^2 l^2 = 1 + 16 + 81 + 256 + 144 = 498`, both exact in f32.
+#[test]
+fn make_qx_quants_early_return_averages_the_two_scales() {
+    let x = [1.0, -2.0, 3.0, 4.0, -4.0];
+    let mut ls = [0i8; 5];
+    let scale = helpers::make_qx_quants(4, &x, &mut ls, -1);
+    assert_eq!(scale, 0.5 * (-546.0f32 / 498.0 - 1.0));
+    assert_eq!(ls, [3, 6, 1, 0, 7]);
+}
+
+/// ggml's `make_q3_quants` without the refinement: `iscale = -nmax / max = -4 / 2 = -2`,
+/// `L = nmax + clamp(nearest_int(iscale * x))`, scale `1 / iscale = -0.5`.
+#[test]
+fn make_q3_quants_without_refinement() {
+    let x = [0.5, -1.0, 2.0];
+    let mut ls = [0i8; 3];
+    let scale = helpers::make_q3_quants(4, &x, &mut ls, false);
+    assert_eq!(scale, -0.5);
+    assert_eq!(ls, [3, 6, 0]);
+}
+
+/// Q2_K of a block whose sub-block scales are all zero or NaN: ggml's
+/// `quantize_row_q2_K_ref` tests `max_scale > 0` and otherwise zeroes `d` and every
+/// scale, whatever the NaN scale was. A NaN input with a payload (quiet, payload 5) at
+/// the start of sub-block 0 gives that sub-block a NaN scale carrying the payload, and
+/// every other value is zero (scale 0, min 0).
+#[test]
+fn q2_k_with_no_positive_scale_zeroes_every_scale() {
+    let mut x = [0.0f32; QK_K];
+    x[0] = f32::from_bits(0x7fc0_0005);
+    let b = quantize_block_q2_k(&x);
+    assert_eq!(b.scales, [0u8; QK_K / 16]);
+    assert_eq!(b.d.to_bits(), 0);
+    assert_eq!(b.dmin.to_bits(), 0);
+}

@@ -1,0 +1,100 @@
+//! Corners of the scalar reference (`ggml_cpu::reference`) that the op tables do not
+//! reach: RoPE with YaRN (`ext_factor != 0`), checked against ggml's formulas evaluated
+//! here in f64, and a conversion into an I32 destination, where each element must land
+//! at its own flat index.
+
+use std::f64::consts::PI;
+
+use ggml_core::tensor::Tensor;
+use ggml_core::{DType, Op, RopeMode, RopeParams};
+use ggml_cpu::reference::{compute, rope_cache, HostTensor};
+use rstest::rstest;
+
+/// ggml's `ggml_rope_yarn_corr_dims` (ggml.c) and `ggml_rope_cache_init` / `rope_yarn` /
+/// `rope_yarn_ramp` (ggml-cpu/ops.cpp), in f64: the `(cos, sin)` pairs for `pos`.
+fn yarn_cache_f64(pos: f64, p: &RopeParams) -> Vec<f64> {
+    let n_dims = p.n_dims as f64;
+    let base = p.freq_base as f64;
+    let corr_dim =
+        |n_rot: f64| n_dims * (p.n_ctx_orig as f64 / (n_rot * 2.0 * PI)).ln() / (2.0 * base.ln());
+    let low = corr_dim(p.beta_fast as f64).floor().max(0.0);
+    let high = corr_dim(p.beta_slow as f64).ceil().min(n_dims - 1.0);
+    let freq_scale = p.freq_scale as f64;
+    let ext_factor = p.ext_factor as f64;
+    let mscale = p.attn_factor as f64 * (1.0 + 0.1 * (1.0 / freq_scale).ln());
+    let mut out = Vec::new();
+    for i in 0..p.n_dims / 2 {
+        let theta_extrap = pos * base.powf(-2.0 * i as f64 / n_dims);
+        let theta_interp = freq_scale * theta_extrap;
+        let y = (i as f64 - low) / (high - low).max(0.001);
+        let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * ext_factor;
+        let theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+        out.push(theta.cos() * mscale);
+        out.push(theta.sin() * mscale);
+    }
+    out
+}
+
+/// YaRN configurations whose correction range `[low, high]` lies inside the rotated
+/// pairs (so the ramp takes the values 1, between, and 0): 8 dims give `[1, 3]`
+/// (corr dims 1.31 and 2.81), 64 dims `[10, 23]` (10.5 and 22.5).
+#[rstest]
+#[case::small(5.0, 8, 0.25, 1.0, 1.0)]
+#[case::half_mix(5.0, 8, 0.25, 0.5, 0.9)]
+#[case::llama_like(37.0, 64, 0.125, 1.0, 1.0)]
+fn rope_cache_with_yarn_follows_ggml(
+    #[case] pos: f32,
+    #[case] n_dims: u32,
+    #[case] freq_scale: f32,
+    #[case] ext_factor: f32,
+    #[case] attn_factor: f32,
+) {
+    let p = RopeParams {
+        mode: RopeMode::Normal,
+        n_dims,
+        freq_base: 10_000.0,
+        freq_scale,
+        ext_factor,
+        attn_factor,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig: 4096,
+    };
+    let mut cache = vec![0f32; n_dims as usize];
+    rope_cache(pos, &p, &mut cache);
+    let want = yarn_cache_f64(pos as f64, &p);
+    for (i, (&got, &want)) in cache.iter().zip(&want).enumerate() {
+        // f32 angles of at most ~40 radians, built by repeated products: under 1e-6.
+        assert!(
+            (got as f64 - want).abs() < 1e-5,
+            "entry {i}: {got} vs {want} (ggml's formulas in f64)"
+        );
+    }
+}
+
+/// A CONT node from F32 into I32 (C's `(int32_t)` conversion, truncation toward zero, as
+/// ggml's f32 to i32 copy) over two rows: every element at its row-major flat index.
+#[test]
+fn conversion_into_i32_writes_each_element_at_its_index() {
+    let ne = [3, 2, 1, 1];
+    let src = Tensor::contiguous(DType::F32, ne).unwrap();
+    let values = [1.5f32, -2.7, 3.0, 100.9, -0.2, 7.0];
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut node = Tensor::contiguous(DType::I32, ne).unwrap();
+    node.op = Op::Cont;
+    let mut out = vec![0u8; 4 * values.len()];
+    compute(
+        &node,
+        &[HostTensor {
+            desc: &src,
+            bytes: &bytes,
+        }],
+        &mut out,
+    )
+    .unwrap();
+    let got: Vec<i32> = out
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, [1, -2, 3, 100, 0, 7]);
+}
