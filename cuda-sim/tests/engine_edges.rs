@@ -20,7 +20,12 @@ const SENTINEL: u32 = 0xdead_beef;
 /// Runs kernel `k(.param .u64 p_out)` of `text` as one block of `block` threads, with
 /// `p_out` pointing at `words` words of [`SENTINEL`]; the words after the run, or the
 /// fault.
-fn run(text: &str, block: [u32; 3], words: usize, checks: Checks) -> Result<Vec<u32>, KernelFault> {
+fn run(
+    text: &str,
+    block: [u32; 3],
+    words: usize,
+    checks: Checks,
+) -> Result<Vec<u32>, Box<KernelFault>> {
     let module = Module::parse("engine.ptx", text).unwrap_or_else(|e| panic!("{e}"));
     let mem = FlatMemory::new(BASE, 4 * words, false);
     let fill: Vec<u8> = (0..words).flat_map(|_| SENTINEL.to_le_bytes()).collect();
@@ -32,7 +37,7 @@ fn run(text: &str, block: [u32; 3], words: usize, checks: Checks) -> Result<Vec<
     };
     match launch(&module, "k", &cfg, &[&BASE.to_le_bytes()], &mem, checks, 1) {
         Ok(_) => {}
-        Err(LaunchError::Fault(f)) => return Err(*f),
+        Err(LaunchError::Fault(f)) => return Err(f),
         Err(LaunchError::Invalid(e)) => panic!("invalid launch: {e}"),
     }
     let mut out = vec![0u8; 4 * words];
@@ -88,7 +93,12 @@ fn a_partial_last_warp_runs_only_the_blocks_threads(#[case] block: [u32; 3]) {
             }
         })
         .collect();
-    assert_eq!(got, want, "block {block:?}");
+    let written = got.iter().filter(|&&w| w != SENTINEL).count();
+    let first_bad = got.iter().zip(&want).position(|(g, w)| g != w);
+    assert_eq!(
+        first_bad, None,
+        "block {block:?}: {written} words written for {threads} threads"
+    );
 }
 
 /// An `mma.sync.aligned` of f16 with every A element 1.0, B and C uniform; D's words.
@@ -236,13 +246,16 @@ fn predicate_logic_truth_tables(#[case] op: &str, #[case] want: fn(bool, bool) -
     exact::assert_bits(op, &cases, &got, &expected);
 }
 
-/// A call whose second argument sits 4 bytes into the caller's `.param` space: each of
-/// the 32 threads passes x = 3 tid + 7 and y = tid to `diff`, which returns x - y, so
-/// thread tid gets 2 tid + 7.
+/// A call whose second argument sits 4 bytes into the caller's `.param` space: each
+/// calling thread passes x = 3 tid + 7 and y = tid to `diff`, which returns x - y, so it
+/// writes 2 tid + 7; threads below `first` skip the call and write nothing.
 /// Kills `memory.rs` `BlockRunner::store`: the `.param` store's byte
-/// `lane * param_bytes + offset` with `-` for `+`.
-#[test]
-fn param_stores_at_an_offset_reach_the_callee() {
+/// `lane * param_bytes + offset` with `-` for `+` (lane 0's store would fall before the
+/// frame's parameters, and lane L's into lane L - 1's).
+#[rstest]
+#[case::every_thread(0)]
+#[case::all_but_thread_0(1)]
+fn param_stores_at_an_offset_reach_the_callee(#[case] first: u32) {
     let text = format!(
         "{HEADER}.func (.param .b32 r) diff(.param .b32 x, .param .b32 y)
 {{
@@ -255,10 +268,13 @@ fn param_stores_at_an_offset_reach_the_callee() {
 }}
 .visible .entry k(.param .u64 p_out)
 {{
+    .reg .pred %p0;
     .reg .b32 %r<4>;
     .reg .b64 %rd<4>;
     ld.param.u64 %rd0, [p_out];
     mov.u32 %r0, %tid.x;
+    setp.lt.u32 %p0, %r0, {first};
+    @%p0 bra DONE;
     mad.lo.u32 %r1, %r0, 3, 7;
     {{
         .param .b32 px;
@@ -272,11 +288,14 @@ fn param_stores_at_an_offset_reach_the_callee() {
     mul.wide.u32 %rd1, %r0, 4;
     add.u64 %rd1, %rd0, %rd1;
     st.global.u32 [%rd1], %r2;
+DONE:
     ret;
 }}
 "
     );
     let got = run(&text, [32, 1, 1], 32, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
-    let want: Vec<u32> = (0..32).map(|t| 2 * t + 7).collect();
+    let want: Vec<u32> = (0..32)
+        .map(|t| if t < first { SENTINEL } else { 2 * t + 7 })
+        .collect();
     assert_eq!(got, want);
 }
