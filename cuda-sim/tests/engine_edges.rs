@@ -1,0 +1,301 @@
+//! Edges of the execution engine the other tests leave open, each a small PTX program
+//! whose expected result is worked out here from the PTX ISA (never by cuda-sim's own
+//! helpers): the lanes of a block's partial last warp, the thread a synccheck of a
+//! `.sync.aligned` instruction names, `mma` with infinite B or C, the predicate logic
+//! instructions, and stores to a `.param` argument at a nonzero offset.
+
+mod exact;
+
+use cuda_sim::exec::{launch, LaunchConfig, LaunchError};
+use cuda_sim::fault::{Checks, FaultKind, KernelFault};
+use cuda_sim::mem::FlatMemory;
+use cuda_sim::ptx::Module;
+use rstest::rstest;
+
+const BASE: u64 = 0x1000_0000;
+const HEADER: &str = ".version 8.0\n.target sm_80\n.address_size 64\n";
+/// What the output words hold before a kernel runs (no thread writes it here).
+const SENTINEL: u32 = 0xdead_beef;
+
+/// Runs kernel `k(.param .u64 p_out)` of `text` as one block of `block` threads, with
+/// `p_out` pointing at `words` words of [`SENTINEL`]; the words after the run, or the
+/// fault.
+fn run(
+    text: &str,
+    block: [u32; 3],
+    words: usize,
+    checks: Checks,
+) -> Result<Vec<u32>, Box<KernelFault>> {
+    let module = Module::parse("engine.ptx", text).unwrap_or_else(|e| panic!("{e}"));
+    let mem = FlatMemory::new(BASE, 4 * words, false);
+    let fill: Vec<u8> = (0..words).flat_map(|_| SENTINEL.to_le_bytes()).collect();
+    mem.write(BASE, &fill);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block,
+        dynamic_shared: 0,
+    };
+    match launch(&module, "k", &cfg, &[&BASE.to_le_bytes()], &mem, checks, 1) {
+        Ok(_) => {}
+        Err(LaunchError::Fault(f)) => return Err(f),
+        Err(LaunchError::Invalid(e)) => panic!("invalid launch: {e}"),
+    }
+    let mut out = vec![0u8; 4 * words];
+    mem.read(BASE, &mut out);
+    Ok(out
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect())
+}
+
+/// Every thread of a block writes `1000 + its linear index` (x fastest, then y, then z)
+/// to that word. A block whose size is not a multiple of 32 has a last warp with fewer
+/// lanes: exactly the block's threads run, so exactly `x * y * z` words are written and
+/// the rest keep the sentinel.
+/// Kills `engine.rs` `BlockRunner::run`: `(threads - w * 32).min(32)` with `+` for `-`
+/// (every warp after the first would get 32 lanes).
+#[rstest]
+#[case::one_lane_over_a_warp([33, 1, 1])]
+#[case::two_dimensional([8, 5, 1])]
+#[case::three_dimensional([3, 3, 7])]
+#[case::three_warps([70, 1, 1])]
+#[case::whole_warps([64, 1, 1])]
+fn a_partial_last_warp_runs_only_the_blocks_threads(#[case] block: [u32; 3]) {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    mov.u32 %r1, %tid.y;
+    mov.u32 %r2, %tid.z;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %ntid.y;
+    mad.lo.u32 %r5, %r2, %r4, %r1;
+    mad.lo.u32 %r5, %r5, %r3, %r0;
+    mul.wide.u32 %rd1, %r5, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    add.u32 %r6, %r5, 1000;
+    st.global.u32 [%rd1], %r6;
+    ret;
+}}
+"
+    );
+    let threads = (block[0] * block[1] * block[2]) as usize;
+    let got = run(&text, block, 96, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+    let want: Vec<u32> = (0..96u32)
+        .map(|i| {
+            if (i as usize) < threads {
+                1000 + i
+            } else {
+                SENTINEL
+            }
+        })
+        .collect();
+    let written = got.iter().filter(|&&w| w != SENTINEL).count();
+    let first_bad = got.iter().zip(&want).position(|(g, w)| g != w);
+    assert_eq!(
+        first_bad, None,
+        "block {block:?}: {written} words written for {threads} threads"
+    );
+}
+
+/// An `mma.sync.aligned` of f16 with every A element 1.0, B and C uniform; D's words.
+fn mma_kernel(guard: &str, instr: &str, a: u32, b: u32, c: u32, nc: usize) -> String {
+    let list = |p: &str, n: usize| {
+        (0..n)
+            .map(|i| format!("%{p}{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let movs = |p: &str, n: usize, v: u32| {
+        (0..n)
+            .map(|i| format!("    mov.b32 %{p}{i}, {v:#010x};\n"))
+            .collect::<String>()
+    };
+    let stores = (0..nc)
+        .map(|i| format!("    st.global.b32 [%rd1+{}], %d{i};\n", 4 * i))
+        .collect::<String>();
+    format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .pred %p0;
+    .reg .b32 %r<4>;
+    .reg .b32 %a<4>;
+    .reg .b32 %b<2>;
+    .reg .b32 %c<4>;
+    .reg .b32 %d<4>;
+    .reg .b64 %rd<4>;
+    mov.u32 %r0, %tid.x;
+{}{}{}{guard}
+    {instr} {{{}}}, {{{}}}, {{%b0, %b1}}, {{{}}};
+    ld.param.u64 %rd0, [p_out];
+    mul.wide.u32 %rd1, %r0, {};
+    add.u64 %rd1, %rd0, %rd1;
+{stores}    ret;
+}}
+",
+        movs("a", 4, a),
+        movs("b", 2, b),
+        movs("c", nc, c),
+        list("d", nc),
+        list("a", 4),
+        list("c", nc),
+        4 * nc,
+    )
+}
+
+const MMA_F32: &str = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+
+/// synccheck of `mma.sync.aligned`, which all 32 lanes must execute together: the fault
+/// names the lowest thread of the warp that does not execute it (the one that should
+/// have come), whichever lanes do.
+/// Kills `collective.rs` `BlockRunner::whole_warp`: `(!exec).trailing_zeros()` with the
+/// `!` deleted (it would name the lowest lane that does execute it).
+#[rstest]
+#[case::low_half("setp.lt.u32 %p0, %r0, 16;", 16)]
+#[case::high_half("setp.ge.u32 %p0, %r0, 16;", 0)]
+#[case::odd_lanes("and.b32 %r1, %r0, 1;\n    setp.ne.u32 %p0, %r1, 0;", 0)]
+#[case::all_but_lane_5("setp.ne.u32 %p0, %r0, 5;", 5)]
+#[case::all_but_lane_31("setp.ne.u32 %p0, %r0, 31;", 31)]
+fn synccheck_of_a_partial_mma_names_the_first_missing_thread(
+    #[case] guard: &str,
+    #[case] missing: u32,
+) {
+    let instr = format!("@%p0 {MMA_F32}");
+    let text = mma_kernel(guard, &instr, 0x3c00_3c00, 0, 0, 4);
+    let f = run(&text, [32, 1, 1], 128, Checks::ALL).unwrap_err();
+    assert_eq!(f.kind, FaultKind::SyncMask, "{f}");
+    assert_eq!(f.thread, [missing, 0, 0], "{f}");
+    // The same guard true in every lane runs.
+    let all = mma_kernel("setp.lt.u32 %p0, %r0, 32;", &instr, 0x3c00_3c00, 0, 0, 4);
+    run(&all, [32, 1, 1], 128, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// `mma` with finite A (1.0) and an infinity in every element of B, or in C: each element
+/// of D is C + a sum of 16 products 1 x B, so an infinite B gives an infinity of its sign
+/// (and C = +inf with finite products gives +inf), with the f32 or f16 accumulator, under
+/// either of cuda-sim's accumulation choices (the ISA's error-bound edge or the SM90
+/// model).
+/// Kills `collective.rs` `BlockRunner::mma`: `row_ok[row] && col_ok[n] && finite(c)`
+/// with `||` for the first `&&` (a finite row of A would take the finite path and read
+/// the infinite B elements as zero).
+#[rstest]
+#[case::f16_b_plus_inf(MMA_F32, 0x3c00, 0x7c00, 0, 4, 0x7f80_0000)]
+#[case::f16_b_minus_inf(MMA_F32, 0x3c00, 0xfc00, 0, 4, 0xff80_0000)]
+#[case::f16_c_plus_inf(MMA_F32, 0x3c00, 0x3c00, 0x7f80_0000, 4, 0x7f80_0000)]
+#[case::bf16_b_plus_inf(
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    0x3f80,
+    0x7f80,
+    0,
+    4,
+    0x7f80_0000
+)]
+#[case::f16_accumulator_b_minus_inf(
+    "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16",
+    0x3c00,
+    0xfc00,
+    0,
+    2,
+    0xfc00_fc00
+)]
+fn mma_with_infinite_b_or_c_gives_infinite_d(
+    #[case] instr: &str,
+    #[case] a_half: u32,
+    #[case] b_half: u32,
+    #[case] c_word: u32,
+    #[case] nc: usize,
+    #[case] want_word: u32,
+    #[values(Checks::ALL, Checks::NONE)] checks: Checks,
+) {
+    let pair = |h: u32| h << 16 | h;
+    let text = mma_kernel("", instr, pair(a_half), pair(b_half), c_word, nc);
+    let got = run(&text, [32, 1, 1], 32 * nc, checks).unwrap_or_else(|f| panic!("{f}"));
+    let bad: Vec<String> = got
+        .iter()
+        .enumerate()
+        .filter(|(_, &w)| w != want_word)
+        .take(4)
+        .map(|(i, w)| format!("word {i}: {w:#010x}"))
+        .collect();
+    assert!(bad.is_empty(), "want {want_word:#010x} everywhere: {bad:?}");
+}
+
+/// `and`, `or`, `xor` and `not` on predicates (PTX ISA "Logic and Shift Instructions":
+/// and, or, xor, not with type `.pred`), over the whole truth table; the result comes
+/// back through `selp` as 1 or 0.
+/// Kills `instr.rs` `BlockRunner::exec`: `x & y` of `and.pred` with `^` (and the same
+/// for `|` of `or.pred`).
+#[rstest]
+#[case::and("and.pred %q, %p0, %q;", |x: bool, y: bool| x && y)]
+#[case::or("or.pred %q, %p0, %q;", |x: bool, y: bool| x || y)]
+#[case::xor("xor.pred %q, %p0, %q;", |x: bool, y: bool| x != y)]
+#[case::not("not.pred %q, %p0;", |x: bool, _: bool| !x)]
+fn predicate_logic_truth_tables(#[case] op: &str, #[case] want: fn(bool, bool) -> bool) {
+    let instr = format!(
+        "setp.ne.u32 %p0, %xa, 0;\n    setp.ne.u32 %q, %xb, 0;\n    {op}\n    selp.u32 %xd, 1, 0, %q;"
+    );
+    let cases = [[0, 0, 0], [0, 1, 0], [1, 0, 0], [1, 1, 0]];
+    let got = exact::run(["u32", "u32", "u32", "u32"], &instr, &cases);
+    let expected: Vec<u64> = cases
+        .iter()
+        .map(|c| want(c[0] != 0, c[1] != 0) as u64)
+        .collect();
+    exact::assert_bits(op, &cases, &got, &expected);
+}
+
+/// A call whose second argument sits 4 bytes into the caller's `.param` space: each
+/// calling thread passes x = 3 tid + 7 and y = tid to `diff`, which returns x - y, so it
+/// writes 2 tid + 7; threads below `first` skip the call and write nothing.
+/// Kills `memory.rs` `BlockRunner::store`: the `.param` store's byte
+/// `lane * param_bytes + offset` with `-` for `+` (lane 0's store would fall before the
+/// frame's parameters, and lane L's into lane L - 1's).
+#[rstest]
+#[case::every_thread(0)]
+#[case::all_but_thread_0(1)]
+fn param_stores_at_an_offset_reach_the_callee(#[case] first: u32) {
+    let text = format!(
+        "{HEADER}.func (.param .b32 r) diff(.param .b32 x, .param .b32 y)
+{{
+    .reg .b32 %t<3>;
+    ld.param.b32 %t0, [x];
+    ld.param.b32 %t1, [y];
+    sub.u32 %t2, %t0, %t1;
+    st.param.b32 [r], %t2;
+    ret;
+}}
+.visible .entry k(.param .u64 p_out)
+{{
+    .reg .pred %p0;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    setp.lt.u32 %p0, %r0, {first};
+    @%p0 bra DONE;
+    mad.lo.u32 %r1, %r0, 3, 7;
+    {{
+        .param .b32 px;
+        .param .b32 py;
+        .param .b32 pr;
+        st.param.b32 [px], %r1;
+        st.param.b32 [py], %r0;
+        call (pr), diff, (px, py);
+        ld.param.b32 %r2, [pr];
+    }}
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.global.u32 [%rd1], %r2;
+DONE:
+    ret;
+}}
+"
+    );
+    let got = run(&text, [32, 1, 1], 32, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+    let want: Vec<u32> = (0..32)
+        .map(|t| if t < first { SENTINEL } else { 2 * t + 7 })
+        .collect();
+    assert_eq!(got, want);
+}
