@@ -1,0 +1,256 @@
+//! Plans of partitions that the layer chains of `plan.rs` never produce: a split without
+//! inputs after another backend's split, splits of different sizes, plans with and
+//! without a prologue. Each expected plan is derived by hand from the style's rules
+//! (DESIGN.md HB1..HB7, the naive style's documented ggml behaviour), not printed.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ggml_core::{Backend, CopyQueue, DType, TensorFlags, TensorId};
+use ggml_sched::testing::{SimBackend, SimOptions};
+use ggml_sched::{
+    build_plan, partition, Action, BackendProps, CopyOn, EventKey, EventKind, HbRule, Partition,
+    PartitionConfig, PlanSettings, PlanStyle, WeakenKnob,
+};
+
+fn sims(n: usize) -> Vec<Arc<dyn Backend>> {
+    (0..n)
+        .map(|i| SimBackend::new(SimOptions::new(&format!("dev{i}"))) as Arc<dyn Backend>)
+        .collect()
+}
+
+fn props(n: usize, q: CopyQueue, events: bool) -> Vec<BackendProps> {
+    (0..n)
+        .map(|i| BackendProps {
+            name: format!("dev{i}"),
+            events,
+            copy_queue: q,
+            can_wait_on: vec![true; n],
+        })
+        .collect()
+}
+
+fn settings(n_copies: usize, slot: usize, style: PlanStyle) -> PlanSettings {
+    PlanSettings {
+        n_copies,
+        slot,
+        style,
+        ..Default::default()
+    }
+}
+
+fn split_ev(backend: usize, slot: usize) -> EventKey {
+    EventKey {
+        backend,
+        kind: EventKind::Split,
+        slot,
+    }
+}
+
+/// Two branches off the input `x` (on `input_backend`): `o0 = scale(x)` pinned to dev0,
+/// then `o2 = scale(scale(x))` pinned to dev1 (two nodes). With `input_backend` 1 the
+/// dev1 split reads `x` in place: a split without inputs after dev0's split. With
+/// `swap`, the dev1 branch comes first in the node order.
+fn branches(input_backend: usize, swap: bool) -> Partition {
+    let mut pins: Vec<(TensorId, usize)> = Vec::new();
+    let g = build(16, |ctx| {
+        let x = ctx.new_tensor_1d(DType::F32, 4).unwrap();
+        ctx.set_name(x, "x").unwrap();
+        ctx.set_flags(x, TensorFlags::INPUT).unwrap();
+        let o0 = ctx.scale(x, 2.0).unwrap();
+        ctx.set_name(o0, "o0").unwrap();
+        ctx.set_flags(o0, TensorFlags::OUTPUT).unwrap();
+        let o1 = ctx.scale(x, 3.0).unwrap();
+        ctx.set_name(o1, "o1").unwrap();
+        let o2 = ctx.scale(o1, 0.5).unwrap();
+        ctx.set_name(o2, "o2").unwrap();
+        ctx.set_flags(o2, TensorFlags::OUTPUT).unwrap();
+        pins = vec![(o0, 0), (o1, 1), (o2, 1)];
+        if swap {
+            vec![o2, o0]
+        } else {
+            vec![o0, o2]
+        }
+    });
+    let b = sims(2);
+    let refs: Vec<&dyn Backend> = b.iter().map(|x| &**x).collect();
+    let cfg = PartitionConfig {
+        n_copies: 2,
+        input_backend,
+        op_offload: false,
+        pins,
+        ring: false,
+    };
+    partition(&g.tensors, &g.nodes, &g.leafs, &refs, &cfg).unwrap()
+}
+
+/// The naive style models ggml's `compute_splits`: a split whose inputs are all in place
+/// (no copies) host-waits for the previous split's backend before it starts (HB6 in
+/// ggml's model: the allocator may hand the bytes that backend still reads to the next
+/// split). Here dev1's split reads `x` in place after dev0's split, so it must carry
+/// exactly that wait, on dev0 (the previous split's backend, not its own) — with events
+/// (n_copies 2) a host wait on dev0's split event of the run's slot, without events a
+/// host sync of dev0.
+#[test]
+fn naive_split_without_inputs_host_waits_for_the_previous_backend() {
+    let part = branches(1, false);
+    assert_eq!(part.splits.len(), 2);
+    assert_eq!(part.splits[0].backend, 0);
+    assert_eq!(part.splits[1].backend, 1);
+    assert!(part.splits[1].inputs.is_empty(), "dev1 reads x in place");
+    assert_eq!(part.splits[0].inputs.len(), 1);
+    let copy = |slot| Action::Copy {
+        copy: 0,
+        tensor: part.copies[0].tensor,
+        slot,
+        from: 1,
+        to: 0,
+        on: CopyOn::Host,
+    };
+    for slot in 0..2 {
+        let plan = build_plan(
+            &part,
+            &props(2, CopyQueue::Destination, true),
+            &settings(2, slot, PlanStyle::Naive),
+        );
+        let hw = |why| Action::HostWait {
+            event: split_ev(0, slot),
+            why,
+        };
+        // Split 0: ggml's user-input path, a host wait on the split's own backend and a
+        // blocking copy (HB3), then the compute and its event.
+        assert_eq!(
+            plan.splits[0].actions,
+            vec![
+                hw(HbRule::Hb3),
+                copy(slot),
+                Action::Compute { split: 0 },
+                Action::Record {
+                    event: split_ev(0, slot)
+                },
+            ]
+        );
+        assert_eq!(
+            plan.splits[1].actions,
+            vec![
+                hw(HbRule::Hb6),
+                Action::Compute { split: 1 },
+                Action::Record {
+                    event: split_ev(1, slot)
+                },
+            ],
+            "{plan}"
+        );
+    }
+    // Without events (or with n_copies 1, where ggml creates none) the waits are host
+    // syncs of the same backend.
+    for (events, n_copies) in [(false, 2), (true, 1)] {
+        let plan = build_plan(
+            &part,
+            &props(2, CopyQueue::Destination, events),
+            &settings(n_copies, 0, PlanStyle::Naive),
+        );
+        assert_eq!(
+            plan.splits[1].actions,
+            vec![
+                Action::HostSync {
+                    backend: 0,
+                    why: HbRule::Hb6
+                },
+                Action::Compute { split: 1 },
+            ],
+            "{plan}"
+        );
+    }
+}
+
+/// The first split has no previous split to wait for, even without inputs: dev1's
+/// branch first (reading `x` in place), then dev0's split with its copy of `x`.
+#[test]
+fn naive_first_split_without_inputs_waits_for_nothing() {
+    let part = branches(1, true);
+    assert_eq!(part.splits.len(), 2);
+    assert_eq!(part.splits[0].backend, 1);
+    assert!(part.splits[0].inputs.is_empty());
+    let plan = build_plan(
+        &part,
+        &props(2, CopyQueue::Destination, true),
+        &settings(2, 0, PlanStyle::Naive),
+    );
+    assert_eq!(
+        plan.splits[0].actions,
+        vec![
+            Action::Compute { split: 0 },
+            Action::Record {
+                event: split_ev(1, 0)
+            },
+        ]
+    );
+    assert_eq!(plan.pattern(), "g|scg");
+}
+
+/// The whole listing of the naive plan above, line by line: the header (no weakened
+/// rules: no `WEAKENED`), no prologue section (naive plans have none), and each compute
+/// line with its own split's node count (1 and 2).
+#[test]
+fn naive_listing_is_exact() {
+    let part = branches(1, false);
+    let plan = build_plan(
+        &part,
+        &props(2, CopyQueue::Destination, true),
+        &settings(2, 1, PlanStyle::Naive),
+    );
+    let want = [
+        "plan naive (ggml), n_copies 2, slot 1: 2 splits, 3 host syncs, 0 queue waits".to_string(),
+        "  backend 0: dev0 (copies on dst queue, events)".to_string(),
+        "  backend 1: dev1 (copies on dst queue, events)".to_string(),
+        "  split 0 on dev0 (1 nodes) [scg]".to_string(),
+        format!("    host-wait  {:<40} HB3", "split[dev0]@1"),
+        format!(
+            "    copy       {:<40} dev1 -> dev0 blocking",
+            "x -> dev0#x#1"
+        ),
+        "    compute    split 0 (1 nodes)".to_string(),
+        "    record     split[dev0]@1".to_string(),
+        "  split 1 on dev1 (2 nodes) [sg]".to_string(),
+        format!("    host-wait  {:<40} HB6", "split[dev0]@1"),
+        "    compute    split 1 (2 nodes)".to_string(),
+        "    record     split[dev1]@1".to_string(),
+        "  pattern: scg|sg".to_string(),
+    ];
+    assert_eq!(plan.to_string(), want.join("\n") + "\n");
+}
+
+/// A minimal plan whose destination-queue copy reads a user input gets a prologue (the
+/// `inputs` event on the input backend, HB1 for the copy), listed before the splits; a
+/// weakened plan names its knobs in the header.
+#[test]
+fn minimal_listing_shows_prologue_and_weakened_knobs() {
+    let part = branches(1, false);
+    let plan = build_plan(
+        &part,
+        &props(2, CopyQueue::Destination, true),
+        &settings(2, 0, PlanStyle::Minimal),
+    );
+    let text = plan.to_string();
+    assert!(
+        text.contains("\n  prologue\n    record     inputs[dev1]@0\n  split 0 on dev0"),
+        "{text}"
+    );
+    assert!(!text.contains("WEAKENED"), "{text}");
+    let mut s = settings(2, 0, PlanStyle::Minimal);
+    s.weaken.insert(WeakenKnob::NoAllocWait);
+    let text = build_plan(&part, &props(2, CopyQueue::Destination, true), &s).to_string();
+    let header = text.lines().next().unwrap();
+    assert!(header.ends_with(", WEAKENED: no-alloc-wait"), "{text}");
+    // Source-queue copies need no inputs event: no prologue section at all.
+    let text = build_plan(
+        &part,
+        &props(2, CopyQueue::Source, true),
+        &settings(2, 0, PlanStyle::Minimal),
+    )
+    .to_string();
+    assert!(!text.contains("prologue"), "{text}");
+}
