@@ -254,3 +254,177 @@ fn minimal_listing_shows_prologue_and_weakened_knobs() {
     .to_string();
     assert!(!text.contains("prologue"), "{text}");
 }
+
+/// The actions of split `k` as listed by the plan's `Display`, whitespace collapsed
+/// (`wait dev1 <- split[dev0]@0 HB1`).
+fn split_lines(plan: &ggml_sched::Plan, k: usize) -> Vec<String> {
+    let text = plan.to_string();
+    let head = format!("  split {k} on ");
+    text.lines()
+        .skip_while(|l| !l.starts_with(&head))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// Partitions `g` over `n` simulated backends with `pins`; leaves named in `placed` get
+/// data on the given backend first (weights, or caller memory the graph writes).
+fn part_of(
+    mut g: Built,
+    n: usize,
+    input_backend: usize,
+    pins: Vec<(TensorId, usize)>,
+    placed: &[(&str, usize)],
+) -> Partition {
+    let b = sims(n);
+    for &(name, d) in placed {
+        let i = g
+            .tensors
+            .iter()
+            .position(|t| t.name.as_str() == name)
+            .unwrap();
+        place(&*b[d], &mut g.tensors[i], &[1.0; 4]);
+    }
+    let refs: Vec<&dyn Backend> = b.iter().map(|x| &**x).collect();
+    let cfg = PartitionConfig {
+        n_copies: 2,
+        input_backend,
+        op_offload: false,
+        pins,
+        ring: false,
+    };
+    partition(&g.tensors, &g.nodes, &g.leafs, &refs, &cfg).unwrap()
+}
+
+/// Builds a graph of named nodes: `ops` are `(name, op, srcs, pin)` with op `scale`,
+/// `add` or `cpy` (into its second source); `x`, `p` are inputs, `w`, `kv` leaves with
+/// data (placed by [`part_of`]). Every node is expanded in the order given.
+fn graph(ops: &[(&str, &str, &[&str], usize)]) -> (Built, Vec<(TensorId, usize)>) {
+    let mut pins = Vec::new();
+    let g = build(32, |ctx| {
+        let mut ids: Vec<(String, TensorId)> = Vec::new();
+        for name in ["x", "p", "w", "kv"] {
+            let t = ctx.new_tensor_1d(DType::F32, 4).unwrap();
+            ctx.set_name(t, name).unwrap();
+            if name == "x" || name == "p" {
+                ctx.set_flags(t, TensorFlags::INPUT).unwrap();
+            }
+            ids.push((name.to_string(), t));
+        }
+        let mut outs = Vec::new();
+        for &(name, op, srcs, pin) in ops {
+            let s: Vec<TensorId> = srcs
+                .iter()
+                .map(|n| ids.iter().find(|(m, _)| m == n).unwrap().1)
+                .collect();
+            let t = match op {
+                "scale" => ctx.scale(s[0], 2.0).unwrap(),
+                "add" => ctx.add(s[0], s[1]).unwrap(),
+                "cpy" => ctx.cpy(s[0], s[1]).unwrap(),
+                _ => unreachable!("{op}"),
+            };
+            ctx.set_name(t, name).unwrap();
+            pins.push((t, pin));
+            ids.push((name.to_string(), t));
+            outs.push(t);
+        }
+        outs
+    });
+    (g, pins)
+}
+
+fn backends_of(part: &Partition) -> Vec<usize> {
+    part.splits.iter().map(|s| s.backend).collect()
+}
+
+/// Caller memory `kv` on dev0 is read by dev1's first split and rewritten by dev0's
+/// later split (`cpy(o, kv)`). The copy of `kv` into dev1 is of a computed tensor whose
+/// last writer ran in the *previous* run, on dev0, which has no split yet in this run:
+/// HB1 makes Q(dev1) wait for dev0's split event of the previous run's slot,
+/// `(c + N - 1) mod N` (slot 0 after slot N - 1). HB4 then makes dev0 wait for dev1's
+/// copy before its split overwrites `kv`.
+#[test]
+fn minimal_waits_for_the_previous_runs_writer_in_the_previous_slot() {
+    let (g, pins) = graph(&[
+        ("r", "scale", &["kv"], 1),
+        ("o", "scale", &["x"], 0),
+        ("wkv", "cpy", &["o", "kv"], 0),
+    ]);
+    let part = part_of(g, 2, 0, pins, &[("kv", 0)]);
+    assert_eq!(backends_of(&part), [1, 0]);
+    assert_eq!(part.copies.len(), 1);
+    assert_eq!(part.copies[0].producer, None);
+    for (n_copies, c, prev) in [
+        (2, 0, 1),
+        (2, 1, 0),
+        (3, 0, 2),
+        (3, 1, 0),
+        (3, 2, 1),
+        (4, 0, 3),
+        (4, 3, 2),
+    ] {
+        let plan = build_plan(
+            &part,
+            &props(2, CopyQueue::Destination, true),
+            &settings(n_copies, c, PlanStyle::Minimal),
+        );
+        assert_eq!(
+            split_lines(&plan, 0),
+            [
+                format!("wait dev1 <- split[dev0]@{prev} HB1"),
+                format!("copy kv -> dev1#kv#{c} dev0 -> dev1 on dst"),
+                format!("record copydone[dev1]@{c}"),
+                "compute split 0 (1 nodes)".to_string(),
+                format!("record split[dev1]@{c}"),
+            ],
+            "{plan}"
+        );
+        assert_eq!(
+            split_lines(&plan, 1),
+            [
+                format!("wait dev0 <- copydone[dev1]@{c} HB6"),
+                "compute split 1 (2 nodes)".to_string(),
+                format!("record split[dev0]@{c}"),
+            ],
+            "{plan}"
+        );
+    }
+}
+
+/// As above with dev0 copying on the source queue: dev0's split reads `r` (dev1's), so
+/// the copy runs on Q(dev1) and must first wait for the readers of the slot from run
+/// r - N (HB3: dev0's split of slot c). Q(dev1)'s earlier wait on dev0's split of the
+/// previous slot (run r - 1) does not order it after run r - N when N > 1, so the HB3
+/// wait stays — whether dev1 waits on the queue or (when it cannot wait on dev0's
+/// events) on the host.
+#[test]
+fn previous_slot_wait_does_not_release_the_slot() {
+    let (g, pins) = graph(&[
+        ("r", "scale", &["kv"], 1),
+        ("o", "add", &["x", "r"], 0),
+        ("wkv", "cpy", &["o", "kv"], 0),
+    ]);
+    let part = part_of(g, 2, 0, pins, &[("kv", 0)]);
+    assert_eq!(backends_of(&part), [1, 0]);
+    for host_wait in [false, true] {
+        let mut pr = props(2, CopyQueue::Destination, true);
+        pr[0].copy_queue = CopyQueue::Source;
+        pr[1].can_wait_on[0] = !host_wait;
+        let plan = build_plan(&part, &pr, &settings(2, 0, PlanStyle::Minimal));
+        let first = if host_wait {
+            "host-wait split[dev0]@1 HB1"
+        } else {
+            "wait dev1 <- split[dev0]@1 HB1"
+        };
+        assert_eq!(split_lines(&plan, 0)[0], first, "{plan}");
+        let s1 = split_lines(&plan, 1);
+        let hb3 = if host_wait {
+            "host-wait split[dev0]@0 HB3"
+        } else {
+            "wait dev1 <- split[dev0]@0 HB3"
+        };
+        assert_eq!(s1[0], hb3, "{plan}");
+        assert_eq!(s1[1], "copy r -> dev0#r#0 dev1 -> dev0 on src", "{plan}");
+    }
+}
