@@ -428,3 +428,236 @@ fn previous_slot_wait_does_not_release_the_slot() {
         assert_eq!(s1[1], "copy r -> dev0#r#0 dev1 -> dev0 on src", "{plan}");
     }
 }
+
+/// dev0 computes `t` (split 0), dev1 computes `u` (split 1), dev0 computes `v` from `u`
+/// (split 2), dev2 reads `t` (split 3). HB1 for the copy of `t` into dev2 needs split 0
+/// only: split 0 records its own `split0` event and dev2 waits on it, not on dev0's
+/// split event (recorded after split 2, which dev2 does not need). Split 2's producer
+/// (dev1's split 1) is dev1's latest split: it needs no event of its own. Every other
+/// wait: dev0 waits for the previous run's copy of `t` out of its buffer before
+/// recomputing it (HB6, copydone of the previous slot), dev1 for the caller's write of
+/// `x` (HB1, inputs event), dev0 for `u`'s producer (HB1), the host for the user-input
+/// copy (HB5).
+#[test]
+fn copy_waits_for_its_producer_not_the_producers_later_split() {
+    let (g, pins) = graph(&[
+        ("t", "scale", &["x"], 0),
+        ("u", "scale", &["x"], 1),
+        ("v", "scale", &["u"], 0),
+        ("wt", "scale", &["t"], 2),
+    ]);
+    let part = part_of(g, 3, 0, pins, &[]);
+    assert_eq!(backends_of(&part), [0, 1, 0, 2]);
+    let plan = build_plan(
+        &part,
+        &props(3, CopyQueue::Destination, true),
+        &settings(2, 0, PlanStyle::Minimal),
+    );
+    let want: [&[&str]; 4] = [
+        &[
+            "wait dev0 <- copydone[dev2]@1 HB6",
+            "compute split 0 (1 nodes)",
+            "record split0[dev0]@0",
+            "record split[dev0]@0",
+        ],
+        &[
+            "wait dev1 <- inputs[dev0]@0 HB1",
+            "copy x -> dev1#x#0 dev0 -> dev1 on dst",
+            "record copydone[dev1]@0",
+            "compute split 1 (1 nodes)",
+            "record split[dev1]@0",
+        ],
+        &[
+            "wait dev0 <- split[dev1]@0 HB1",
+            "copy u -> dev0#u#0 dev1 -> dev0 on dst",
+            "record copydone[dev0]@0",
+            "compute split 2 (1 nodes)",
+            "record split[dev0]@0",
+        ],
+        &[
+            "wait dev2 <- split0[dev0]@0 HB1",
+            "copy t -> dev2#t#0 dev0 -> dev2 on dst",
+            "record copydone[dev2]@0",
+            "compute split 3 (1 nodes)",
+            "record split[dev2]@0",
+        ],
+    ];
+    for (k, w) in want.iter().enumerate() {
+        assert_eq!(split_lines(&plan, k), *w, "split {k}\n{plan}");
+    }
+    assert_eq!(plan.pattern(), "wg|wag|wag|wag|s", "{plan}");
+}
+
+/// dev0 has no events, so its waits are host syncs, which order a queue after
+/// everything dev0 had enqueued at that point. Split 1's HB1 host sync of dev0 (for
+/// `t1`) comes after split 0 computed `t3` too, so when split 3 copies `t3` — with
+/// dev0's split 2 run since (`producer < latest`), or only a source-queue copy out of
+/// dev0 run since (`producer == latest`) — Q(dev1) already is ordered after the
+/// producer and no second host sync is needed. The only host syncs are the HB1 one of
+/// split 1 and dev0's HB6/HB3 host waits.
+#[test]
+fn host_sync_of_an_eventless_producer_covers_its_later_copies() {
+    let mut pr = props(3, CopyQueue::Destination, true);
+    pr[0].events = false;
+    // producer < latest: dev0's split 2 (`v`) runs between.
+    let (g, pins) = graph(&[
+        ("t1", "scale", &["x"], 0),
+        ("t3", "scale", &["x"], 0),
+        ("u1", "scale", &["t1"], 1),
+        ("v", "scale", &["x"], 0),
+        ("wv", "add", &["u1", "t3"], 1),
+    ]);
+    let part = part_of(g, 2, 0, pins, &[]);
+    assert_eq!(backends_of(&part), [0, 1, 0, 1]);
+    let plan = build_plan(&part, &pr[..2], &settings(2, 0, PlanStyle::Minimal));
+    assert_eq!(
+        split_lines(&plan, 1)[..2],
+        [
+            "host-sync dev0 HB1",
+            "copy t1 -> dev1#t1#0 dev0 -> dev1 on dst"
+        ],
+        "{plan}"
+    );
+    assert_eq!(
+        split_lines(&plan, 3),
+        [
+            "copy t3 -> dev1#t3#0 dev0 -> dev1 on dst",
+            "record copydone[dev1]@0",
+            "compute split 3 (1 nodes)",
+            "record split[dev1]@0",
+        ],
+        "{plan}"
+    );
+    // producer == latest: dev2 (source queue) copies `t3` on Q(dev0) in between.
+    pr[2].copy_queue = CopyQueue::Source;
+    let (g, pins) = graph(&[
+        ("t1", "scale", &["x"], 0),
+        ("t3", "scale", &["x"], 0),
+        ("u1", "scale", &["t1"], 1),
+        ("y", "scale", &["t3"], 2),
+        ("wv", "add", &["u1", "t3"], 1),
+    ]);
+    let part = part_of(g, 3, 0, pins, &[]);
+    assert_eq!(backends_of(&part), [0, 1, 2, 1]);
+    let plan = build_plan(&part, &pr, &settings(2, 0, PlanStyle::Minimal));
+    assert_eq!(
+        split_lines(&plan, 2)[..2],
+        [
+            "host-wait split[dev2]@0 HB3",
+            "copy t3 -> dev2#t3#0 dev0 -> dev2 on src"
+        ],
+        "{plan}"
+    );
+    assert_eq!(
+        split_lines(&plan, 3),
+        [
+            "copy t3 -> dev1#t3#0 dev0 -> dev1 on dst",
+            "record copydone[dev1]@0",
+            "compute split 3 (1 nodes)",
+            "record split[dev1]@0",
+        ],
+        "{plan}"
+    );
+}
+
+/// dev1's split reads two user inputs (`x`, `p`) and a computed tensor (`t`). The
+/// producer wait of `t` comes first (HB1; it also orders Q(dev1) after the caller's
+/// writes, recorded on dev0 before split 0), the user-input copies next, then
+/// `inputs-copied` marks their end on Q(dev1) before `t`'s copy, so the HB5 host wait
+/// waits for the user inputs only.
+#[test]
+fn user_inputs_are_marked_copied_before_the_computed_copy() {
+    let (g, pins) = graph(&[
+        ("t", "scale", &["x"], 0),
+        ("a1", "add", &["t", "x"], 1),
+        ("b1", "add", &["a1", "p"], 1),
+    ]);
+    let part = part_of(g, 2, 0, pins, &[]);
+    assert_eq!(backends_of(&part), [0, 1]);
+    let plan = build_plan(
+        &part,
+        &props(2, CopyQueue::Destination, true),
+        &settings(2, 0, PlanStyle::Minimal),
+    );
+    assert_eq!(
+        split_lines(&plan, 1),
+        [
+            "wait dev1 <- split[dev0]@0 HB1",
+            "copy x -> dev1#x#0 dev0 -> dev1 on dst",
+            "copy p -> dev1#p#0 dev0 -> dev1 on dst",
+            "record inputs-copied[dev1]@0",
+            "copy t -> dev1#t#0 dev0 -> dev1 on dst",
+            "record copydone[dev1]@0",
+            "compute split 1 (2 nodes)",
+            "record split[dev1]@0",
+        ],
+        "{plan}"
+    );
+    assert!(
+        plan.to_string()
+            .contains("  epilogue\n    host-wait  inputs-copied[dev1]@0"),
+        "{plan}"
+    );
+}
+
+/// A weight (static, no ordering needed) copied after a user input: only the user
+/// input's HB1 wait (on the caller's writes, `inputs`), no wait on dev0's split.
+#[test]
+fn static_copies_need_no_producer_wait() {
+    let (g, pins) = graph(&[("t", "scale", &["x"], 0), ("a1", "add", &["x", "w"], 1)]);
+    let part = part_of(g, 2, 0, pins, &[("w", 0)]);
+    assert_eq!(backends_of(&part), [0, 1]);
+    assert!(part
+        .copies
+        .iter()
+        .any(|c| c.name == "w" && c.kind == ggml_sched::SourceKind::Static));
+    let plan = build_plan(
+        &part,
+        &props(2, CopyQueue::Destination, true),
+        &settings(2, 0, PlanStyle::Minimal),
+    );
+    assert_eq!(
+        split_lines(&plan, 1),
+        [
+            "wait dev1 <- inputs[dev0]@0 HB1",
+            "copy x -> dev1#x#0 dev0 -> dev1 on dst",
+            "record inputs-copied[dev1]@0",
+            "copy w -> dev1#w#0 dev0 -> dev1 on dst",
+            "record copydone[dev1]@0",
+            "compute split 1 (1 nodes)",
+            "record split[dev1]@0",
+        ],
+        "{plan}"
+    );
+}
+
+/// A split without user inputs reading computed tensors of two backends: each copy
+/// follows its own producer wait (HB1), in input order.
+#[test]
+fn computed_copies_wait_one_producer_each_in_order() {
+    let (g, pins) = graph(&[
+        ("t0", "scale", &["x"], 0),
+        ("t1", "scale", &["x"], 1),
+        ("z", "add", &["t0", "t1"], 2),
+    ]);
+    let part = part_of(g, 3, 0, pins, &[]);
+    assert_eq!(backends_of(&part), [0, 1, 2]);
+    let plan = build_plan(
+        &part,
+        &props(3, CopyQueue::Destination, true),
+        &settings(2, 0, PlanStyle::Minimal),
+    );
+    assert_eq!(
+        split_lines(&plan, 2),
+        [
+            "wait dev2 <- split[dev0]@0 HB1",
+            "copy t0 -> dev2#t0#0 dev0 -> dev2 on dst",
+            "wait dev2 <- split[dev1]@0 HB1",
+            "copy t1 -> dev2#t1#0 dev1 -> dev2 on dst",
+            "record copydone[dev2]@0",
+            "compute split 2 (1 nodes)",
+            "record split[dev2]@0",
+        ],
+        "{plan}"
+    );
+}
