@@ -661,3 +661,53 @@ fn computed_copies_wait_one_producer_each_in_order() {
         "{plan}"
     );
 }
+
+/// Ring routing with copy engines (e0..e2 for dev0..dev2): dev2's split reads `t` of
+/// dev0, which reaches it through dev1 (e1 copies it into dev1's receive buffer, e2
+/// forwards it from there). dev1's next split reads only the user input `x`. Before it,
+/// dev1 waits for the caller's write of `x` (HB1) and for e1's copy into its receive
+/// buffer (HB2), and for nothing else: the forward out of dev1 read a receive buffer,
+/// which dev1's compute never overwrites (slot tensors are not reused by the allocator),
+/// so no HB6 wait on e2's copy-done.
+#[test]
+fn forwards_out_of_a_receive_buffer_need_no_reuse_wait() {
+    let (g, pins) = graph(&[
+        ("t", "scale", &["x"], 0),
+        ("z", "scale", &["t"], 2),
+        ("y", "scale", &["x"], 1),
+    ]);
+    let b = sims(3);
+    let refs: Vec<&dyn Backend> = b.iter().map(|x| &**x).collect();
+    let cfg = PartitionConfig {
+        n_copies: 2,
+        input_backend: 0,
+        op_offload: false,
+        pins,
+        ring: true,
+    };
+    let part = partition(&g.tensors, &g.nodes, &g.leafs, &refs, &cfg).unwrap();
+    assert_eq!(backends_of(&part), [0, 2, 1]);
+    assert!(
+        part.copies.iter().any(|c| c.via.is_some()),
+        "t is forwarded"
+    );
+    let mut pr = props(6, CopyQueue::Destination, true);
+    for (e, p) in pr[3..].iter_mut().enumerate() {
+        p.name = format!("e{e}");
+    }
+    let mut s = settings(2, 0, PlanStyle::Minimal);
+    s.engines = vec![Some(3), Some(4), Some(5), None, None, None];
+    let plan = build_plan(&part, &pr, &s);
+    assert_eq!(
+        split_lines(&plan, 2),
+        [
+            "wait dev1 <- inputs[dev0]@0 HB1",
+            "copy x -> dev1#x#0 dev0 -> dev1 on dst",
+            "record copydone[dev1]@0",
+            "wait dev1 <- copydone[e1]@0 HB2",
+            "compute split 2 (1 nodes)",
+            "record split[dev1]@0",
+        ],
+        "{plan}"
+    );
+}
