@@ -229,11 +229,7 @@ fn naive_listing_is_exact() {
 #[test]
 fn minimal_listing_shows_prologue_and_weakened_knobs() {
     let part = branches(1, false);
-    let plan = build_plan(
-        &part,
-        &props(2, CopyQueue::Destination, true),
-        &settings(2, 0, PlanStyle::Minimal),
-    );
+    let plan = minimal_plan(&part, 2, CopyQueue::Destination);
     let text = plan.to_string();
     assert!(
         text.contains("\n  prologue\n    record     inputs[dev1]@0\n  split 0 on dev0"),
@@ -246,17 +242,39 @@ fn minimal_listing_shows_prologue_and_weakened_knobs() {
     let header = text.lines().next().unwrap();
     assert!(header.ends_with(", WEAKENED: no-alloc-wait"), "{text}");
     // Source-queue copies need no inputs event: no prologue section at all.
-    let text = build_plan(
-        &part,
-        &props(2, CopyQueue::Source, true),
-        &settings(2, 0, PlanStyle::Minimal),
-    )
-    .to_string();
+    let text = minimal_plan(&part, 2, CopyQueue::Source).to_string();
     assert!(!text.contains("prologue"), "{text}");
 }
 
 /// The actions of split `k` as listed by the plan's `Display`, whitespace collapsed
 /// (`wait dev1 <- split[dev0]@0 HB1`).
+/// The minimal plan of slot 0 of two over `n` backends with events and `q` copy queues.
+fn minimal_plan(part: &Partition, n: usize, q: CopyQueue) -> ggml_sched::Plan {
+    build_plan(
+        part,
+        &props(n, q, true),
+        &settings(2, 0, PlanStyle::Minimal),
+    )
+}
+
+/// Builds the chain `ops` over `n` backends (`weights`: static tensors and their
+/// backends), checks that its splits run on dev0, dev1, ... in order and that split `k`
+/// of its minimal plan (destination queues) is `want`; returns the partition and plan.
+fn assert_minimal_split(
+    ops: &[(&str, &str, &[&str], usize)],
+    n: usize,
+    weights: &[(&str, usize)],
+    k: usize,
+    want: &[&str],
+) -> (Partition, ggml_sched::Plan) {
+    let (g, pins) = graph(ops);
+    let part = part_of(g, n, 0, pins, weights);
+    assert_eq!(backends_of(&part), (0..n).collect::<Vec<_>>());
+    let plan = minimal_plan(&part, n, CopyQueue::Destination);
+    assert_eq!(split_lines(&plan, k), want, "{plan}");
+    (part, plan)
+}
+
 fn split_lines(plan: &ggml_sched::Plan, k: usize) -> Vec<String> {
     let text = plan.to_string();
     let head = format!("  split {k} on ");
@@ -448,11 +466,7 @@ fn copy_waits_for_its_producer_not_the_producers_later_split() {
     ]);
     let part = part_of(g, 3, 0, pins, &[]);
     assert_eq!(backends_of(&part), [0, 1, 0, 2]);
-    let plan = build_plan(
-        &part,
-        &props(3, CopyQueue::Destination, true),
-        &settings(2, 0, PlanStyle::Minimal),
-    );
+    let plan = minimal_plan(&part, 3, CopyQueue::Destination);
     let want: [&[&str]; 4] = [
         &[
             "wait dev0 <- copydone[dev2]@1 HB6",
@@ -567,21 +581,16 @@ fn host_sync_of_an_eventless_producer_covers_its_later_copies() {
 /// waits for the user inputs only.
 #[test]
 fn user_inputs_are_marked_copied_before_the_computed_copy() {
-    let (g, pins) = graph(&[
-        ("t", "scale", &["x"], 0),
-        ("a1", "add", &["t", "x"], 1),
-        ("b1", "add", &["a1", "p"], 1),
-    ]);
-    let part = part_of(g, 2, 0, pins, &[]);
-    assert_eq!(backends_of(&part), [0, 1]);
-    let plan = build_plan(
-        &part,
-        &props(2, CopyQueue::Destination, true),
-        &settings(2, 0, PlanStyle::Minimal),
-    );
-    assert_eq!(
-        split_lines(&plan, 1),
-        [
+    let (_, plan) = assert_minimal_split(
+        &[
+            ("t", "scale", &["x"], 0),
+            ("a1", "add", &["t", "x"], 1),
+            ("b1", "add", &["a1", "p"], 1),
+        ],
+        2,
+        &[],
+        1,
+        &[
             "wait dev1 <- split[dev0]@0 HB1",
             "copy x -> dev1#x#0 dev0 -> dev1 on dst",
             "copy p -> dev1#p#0 dev0 -> dev1 on dst",
@@ -591,7 +600,6 @@ fn user_inputs_are_marked_copied_before_the_computed_copy() {
             "compute split 1 (2 nodes)",
             "record split[dev1]@0",
         ],
-        "{plan}"
     );
     assert!(
         plan.to_string()
@@ -604,21 +612,12 @@ fn user_inputs_are_marked_copied_before_the_computed_copy() {
 /// input's HB1 wait (on the caller's writes, `inputs`), no wait on dev0's split.
 #[test]
 fn static_copies_need_no_producer_wait() {
-    let (g, pins) = graph(&[("t", "scale", &["x"], 0), ("a1", "add", &["x", "w"], 1)]);
-    let part = part_of(g, 2, 0, pins, &[("w", 0)]);
-    assert_eq!(backends_of(&part), [0, 1]);
-    assert!(part
-        .copies
-        .iter()
-        .any(|c| c.name == "w" && c.kind == ggml_sched::SourceKind::Static));
-    let plan = build_plan(
-        &part,
-        &props(2, CopyQueue::Destination, true),
-        &settings(2, 0, PlanStyle::Minimal),
-    );
-    assert_eq!(
-        split_lines(&plan, 1),
-        [
+    let (part, _) = assert_minimal_split(
+        &[("t", "scale", &["x"], 0), ("a1", "add", &["x", "w"], 1)],
+        2,
+        &[("w", 0)],
+        1,
+        &[
             "wait dev1 <- inputs[dev0]@0 HB1",
             "copy x -> dev1#x#0 dev0 -> dev1 on dst",
             "record inputs-copied[dev1]@0",
@@ -627,29 +626,27 @@ fn static_copies_need_no_producer_wait() {
             "compute split 1 (1 nodes)",
             "record split[dev1]@0",
         ],
-        "{plan}"
     );
+    assert!(part
+        .copies
+        .iter()
+        .any(|c| c.name == "w" && c.kind == ggml_sched::SourceKind::Static));
 }
 
 /// A split without user inputs reading computed tensors of two backends: each copy
 /// follows its own producer wait (HB1), in input order.
 #[test]
 fn computed_copies_wait_one_producer_each_in_order() {
-    let (g, pins) = graph(&[
-        ("t0", "scale", &["x"], 0),
-        ("t1", "scale", &["x"], 1),
-        ("z", "add", &["t0", "t1"], 2),
-    ]);
-    let part = part_of(g, 3, 0, pins, &[]);
-    assert_eq!(backends_of(&part), [0, 1, 2]);
-    let plan = build_plan(
-        &part,
-        &props(3, CopyQueue::Destination, true),
-        &settings(2, 0, PlanStyle::Minimal),
-    );
-    assert_eq!(
-        split_lines(&plan, 2),
-        [
+    assert_minimal_split(
+        &[
+            ("t0", "scale", &["x"], 0),
+            ("t1", "scale", &["x"], 1),
+            ("z", "add", &["t0", "t1"], 2),
+        ],
+        3,
+        &[],
+        2,
+        &[
             "wait dev2 <- split[dev0]@0 HB1",
             "copy t0 -> dev2#t0#0 dev0 -> dev2 on dst",
             "wait dev2 <- split[dev1]@0 HB1",
@@ -658,7 +655,6 @@ fn computed_copies_wait_one_producer_each_in_order() {
             "compute split 2 (1 nodes)",
             "record split[dev2]@0",
         ],
-        "{plan}"
     );
 }
 
