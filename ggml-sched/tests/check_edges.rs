@@ -3,9 +3,13 @@
 //! must keep, the report cap, and which operands of a graph node count as reads. Each
 //! expected verdict is argued from the vector-clock model of `ggml_sched::check`.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, Mutex};
 
-use ggml_core::{Backend, BufferInfo, Context, DType, DataRef, EventRef, Tensor, TensorId};
+use ggml_core::{
+    Backend, BackendCaps, BackendKind, BackendResult, BufferId, BufferInfo, Context, DType,
+    DataRef, EventId, EventRef, MemoryDomain, Name, Tensor, TensorId,
+};
 use ggml_sched::check::{classify, Conflict, Role};
 use ggml_sched::plan::HbRule;
 use ggml_sched::testing::{SimBackend, SimOptions};
@@ -455,4 +459,168 @@ fn debug_output_names_the_queues() {
     );
     let a = format!("{:?}", r.a);
     assert!(a.starts_with("CheckedBackend") && a.contains('A'), "{a}");
+}
+
+#[test]
+fn a_read_starting_where_an_earlier_read_starts_keeps_the_earlier_one() {
+    // A reads x1 = [0, 256) and then x3 = [0, 128) (same start, earlier end). Only an
+    // identical range may replace an older read: the host overwriting [128, 256) without
+    // synchronising races with the x1 read (write-after-read, HB5).
+    let r = rig();
+    let mut t = build(|ctx| {
+        let x1 = f32s(ctx, 64);
+        let x3 = f32s(ctx, 32);
+        let n1 = ctx.scale(x1, 2.0).unwrap();
+        let n3 = ctx.scale(x3, 2.0).unwrap();
+        vec![(x1, "x1"), (x3, "x3"), (n1, "n1"), (n3, "n3")]
+    });
+    let (x1, x3, n1, n3) = (TensorId(0), TensorId(1), TensorId(2), TensorId(3));
+    place(&mut t, x1, &r.buf_a, 0);
+    place(&mut t, x3, &r.buf_a, 0);
+    place(&mut t, n1, &r.buf_a, 1024);
+    place(&mut t, n3, &r.buf_a, 2048);
+    r.a.graph_compute(&t, &[n1, n3]).unwrap();
+    r.a.buffer_set(r.buf_a.id, 128, &[0u8; 128]).unwrap();
+    assert_eq!(
+        verdicts(&r.log),
+        vec![(
+            HbRule::Hb5,
+            Conflict::WriteAfterRead,
+            "x1".to_string(),
+            Role::HostWrite
+        )]
+    );
+}
+
+/// A backend that hands a freed buffer's id and address out again on the next
+/// allocation, as a caching allocator does; everything else goes to `inner`.
+struct Reusing {
+    inner: Arc<dyn Backend>,
+    freed: Mutex<Vec<BufferInfo>>,
+    live: Mutex<Vec<BufferInfo>>,
+}
+
+impl Backend for Reusing {
+    fn name(&self) -> Name {
+        self.inner.name()
+    }
+    fn kind(&self) -> BackendKind {
+        self.inner.kind()
+    }
+    fn caps(&self) -> BackendCaps {
+        self.inner.caps()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn domain(&self) -> MemoryDomain {
+        self.inner.domain()
+    }
+    fn alignment(&self) -> usize {
+        self.inner.alignment()
+    }
+    fn supports_domain(&self, domain: MemoryDomain) -> bool {
+        self.inner.supports_domain(domain)
+    }
+    fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo> {
+        let reused = self.freed.lock().unwrap().pop();
+        let info = match reused {
+            Some(info) if info.size >= size => info,
+            _ => self.inner.alloc_buffer(size)?,
+        };
+        self.live.lock().unwrap().push(info);
+        Ok(info)
+    }
+    fn free_buffer(&self, buffer: BufferId) -> BackendResult<()> {
+        let mut live = self.live.lock().unwrap();
+        let i = live
+            .iter()
+            .position(|b| b.id == buffer)
+            .expect("live buffer");
+        self.freed.lock().unwrap().push(live.remove(i));
+        Ok(())
+    }
+    fn buffer_set(&self, buffer: BufferId, offset: usize, data: &[u8]) -> BackendResult<()> {
+        self.inner.buffer_set(buffer, offset, data)
+    }
+    fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()> {
+        self.inner.buffer_get(buffer, offset, out)
+    }
+    fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {
+        self.inner.buffer_clear(buffer, value)
+    }
+    fn supports_op(&self, tensors: &[Tensor], node: TensorId) -> bool {
+        self.inner.supports_op(tensors, node)
+    }
+    fn set_tensor_async(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> BackendResult<()> {
+        self.inner.set_tensor_async(tensor, offset, data)
+    }
+    fn get_tensor(&self, tensor: &Tensor, offset: usize, out: &mut [u8]) -> BackendResult<()> {
+        self.inner.get_tensor(tensor, offset, out)
+    }
+    fn cpy_tensor_async(
+        &self,
+        src_backend: &dyn Backend,
+        src: &Tensor,
+        dst: &Tensor,
+    ) -> BackendResult<bool> {
+        self.inner.cpy_tensor_async(src_backend, src, dst)
+    }
+    fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
+        self.inner.graph_compute(tensors, nodes)
+    }
+    fn synchronize(&self) -> BackendResult<()> {
+        self.inner.synchronize()
+    }
+    fn event_new(&self) -> BackendResult<Option<EventId>> {
+        Ok(None)
+    }
+    fn event_free(&self, _event: EventId) -> BackendResult<()> {
+        Ok(())
+    }
+    fn event_record(&self, _event: EventId) -> BackendResult<()> {
+        unreachable!("no events")
+    }
+    fn event_wait(&self, _event: EventRef<'_>) -> BackendResult<()> {
+        unreachable!("no events")
+    }
+    fn can_wait_on(&self, _owner: &dyn Backend) -> bool {
+        false
+    }
+    fn event_synchronize(&self, _event: EventId) -> BackendResult<()> {
+        unreachable!("no events")
+    }
+}
+
+#[test]
+fn a_reallocated_buffer_id_starts_without_history() {
+    // A's node writes p into a buffer; the buffer is freed (a device free waits for the
+    // queue's pending work, as cuMemFree does) and the same id and bytes come back from
+    // the next allocation. The new allocation's bytes have no earlier accesses, so the
+    // host writing them is no race with p's write to the old allocation.
+    let log = RaceLog::new();
+    let a = CheckedBackend::new(
+        Arc::new(Reusing {
+            inner: SimBackend::new(SimOptions::new("A")),
+            freed: Mutex::new(Vec::new()),
+            live: Mutex::new(Vec::new()),
+        }),
+        &log,
+    );
+    let buf = a.alloc_buffer(4096).unwrap();
+    let mut t = build(|ctx| {
+        let x = f32s(ctx, 64);
+        let p = ctx.scale(x, 2.0).unwrap();
+        vec![(x, "x"), (p, "p")]
+    });
+    let (x, p) = (TensorId(0), TensorId(1));
+    place(&mut t, x, &buf, 0);
+    place(&mut t, p, &buf, 1024);
+    a.graph_compute(&t, &[p]).unwrap();
+    a.free_buffer(buf.id).unwrap();
+    let again = a.alloc_buffer(4096).unwrap();
+    assert_eq!(again.id, buf.id, "the wrapper reuses ids");
+    a.buffer_set(again.id, 0, &[0u8; 4096]).unwrap();
+    assert!(log.is_clean(), "{}", log.summary(4));
+    assert_eq!(log.accesses(), 3);
 }
