@@ -493,7 +493,8 @@ fn a_read_starting_where_an_earlier_read_starts_keeps_the_earlier_one() {
 }
 
 /// A backend that hands a freed buffer's id and address out again on the next
-/// allocation, as a caching allocator does; everything else goes to `inner`.
+/// allocation, as a caching allocator does, and reports any node list of two or more
+/// as one fused run; everything else goes to `inner`.
 struct Reusing {
     inner: Arc<dyn Backend>,
     freed: Mutex<Vec<BufferInfo>>,
@@ -569,6 +570,16 @@ impl Backend for Reusing {
     fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
         self.inner.graph_compute(tensors, nodes)
     }
+    fn fused_runs(
+        &self,
+        _tensors: &[Tensor],
+        nodes: &[TensorId],
+        found: &mut dyn FnMut(usize, usize),
+    ) {
+        if nodes.len() >= 2 {
+            found(0, nodes.len());
+        }
+    }
     fn synchronize(&self) -> BackendResult<()> {
         self.inner.synchronize()
     }
@@ -592,6 +603,17 @@ impl Backend for Reusing {
     }
 }
 
+fn reusing(log: &Arc<RaceLog>) -> Arc<CheckedBackend> {
+    CheckedBackend::new(
+        Arc::new(Reusing {
+            inner: SimBackend::new(SimOptions::new("A")),
+            freed: Mutex::new(Vec::new()),
+            live: Mutex::new(Vec::new()),
+        }),
+        log,
+    )
+}
+
 #[test]
 fn a_reallocated_buffer_id_starts_without_history() {
     // A's node writes p into a buffer; the buffer is freed (a device free waits for the
@@ -599,14 +621,7 @@ fn a_reallocated_buffer_id_starts_without_history() {
     // the next allocation. The new allocation's bytes have no earlier accesses, so the
     // host writing them is no race with p's write to the old allocation.
     let log = RaceLog::new();
-    let a = CheckedBackend::new(
-        Arc::new(Reusing {
-            inner: SimBackend::new(SimOptions::new("A")),
-            freed: Mutex::new(Vec::new()),
-            live: Mutex::new(Vec::new()),
-        }),
-        &log,
-    );
+    let a = reusing(&log);
     let buf = a.alloc_buffer(4096).unwrap();
     let mut t = build(|ctx| {
         let x = f32s(ctx, 64);
@@ -623,4 +638,23 @@ fn a_reallocated_buffer_id_starts_without_history() {
     a.buffer_set(again.id, 0, &[0u8; 4096]).unwrap();
     assert!(log.is_clean(), "{}", log.summary(4));
     assert_eq!(log.accesses(), 3);
+}
+
+#[test]
+fn fused_runs_are_the_inner_backends() {
+    // The scheduler asks the (wrapped) backend which nodes it fuses; under the checker it
+    // must see the inner backend's answer, or checked plans would differ from real ones.
+    let log = RaceLog::new();
+    let a = reusing(&log);
+    let t = build(|ctx| {
+        let x = f32s(ctx, 64);
+        let p = ctx.scale(x, 2.0).unwrap();
+        let q = ctx.scale(p, 2.0).unwrap();
+        vec![(x, "x"), (p, "p"), (q, "q")]
+    });
+    let mut runs = Vec::new();
+    a.fused_runs(&t, &[TensorId(1), TensorId(2)], &mut |start, len| {
+        runs.push((start, len))
+    });
+    assert_eq!(runs, vec![(0, 2)]);
 }
