@@ -783,6 +783,11 @@ pub struct SimOptions {
     pub prefetch: bool,
     /// Whether `offload_op` asks for every node (as a GPU for large batches).
     pub offload: bool,
+    /// Whether a freed buffer's id and address go to the next allocation it fits (as a
+    /// caching allocator hands them out again).
+    pub reuse_freed: bool,
+    /// Whether `fused_runs` reports every node list of two or more as one fused run.
+    pub fuse_runs: bool,
 }
 
 impl SimOptions {
@@ -796,6 +801,8 @@ impl SimOptions {
             unsupported: Vec::new(),
             prefetch: false,
             offload: false,
+            reuse_freed: false,
+            fuse_runs: false,
         }
     }
 }
@@ -808,6 +815,9 @@ pub struct SimBackend {
     domain: MemoryDomain,
     next_buf: AtomicU32,
     next_event: AtomicU32,
+    /// With `reuse_freed`: buffers allocated and not freed, and freed ones.
+    live: Mutex<Vec<BufferInfo>>,
+    freed: Mutex<Vec<BufferInfo>>,
 }
 
 impl std::fmt::Debug for SimBackend {
@@ -827,7 +837,23 @@ impl SimBackend {
             domain: MemoryDomain::fresh(),
             next_buf: AtomicU32::new(0),
             next_event: AtomicU32::new(0),
+            live: Mutex::new(Vec::new()),
+            freed: Mutex::new(Vec::new()),
         })
+    }
+}
+
+impl SimBackend {
+    fn new_buffer(&self, size: usize) -> BufferInfo {
+        let index = self.next_buf.fetch_add(1, Ordering::Relaxed);
+        BufferInfo {
+            id: BufferId {
+                domain: self.domain,
+                index,
+            },
+            base: (index as u64 + 1) << 32,
+            size,
+        }
     }
 }
 
@@ -865,18 +891,26 @@ impl Backend for SimBackend {
     }
 
     fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo> {
-        let index = self.next_buf.fetch_add(1, Ordering::Relaxed);
-        Ok(BufferInfo {
-            id: BufferId {
-                domain: self.domain,
-                index,
-            },
-            base: (index as u64 + 1) << 32,
-            size,
-        })
+        if !self.opts.reuse_freed {
+            return Ok(self.new_buffer(size));
+        }
+        let reused = {
+            let mut freed = lock(&self.freed);
+            let fits = freed.iter().position(|b| b.size >= size);
+            fits.map(|i| freed.swap_remove(i))
+        };
+        let info = reused.unwrap_or_else(|| self.new_buffer(size));
+        lock(&self.live).push(info);
+        Ok(info)
     }
 
-    fn free_buffer(&self, _buffer: BufferId) -> BackendResult<()> {
+    fn free_buffer(&self, buffer: BufferId) -> BackendResult<()> {
+        if self.opts.reuse_freed {
+            let mut live = lock(&self.live);
+            if let Some(i) = live.iter().position(|b| b.id == buffer) {
+                lock(&self.freed).push(live.swap_remove(i));
+            }
+        }
         Ok(())
     }
 
@@ -904,6 +938,17 @@ impl Backend for SimBackend {
 
     fn offload_op(&self, _tensors: &[Tensor], _node: TensorId) -> bool {
         self.opts.offload
+    }
+
+    fn fused_runs(
+        &self,
+        _tensors: &[Tensor],
+        nodes: &[TensorId],
+        found: &mut dyn FnMut(usize, usize),
+    ) {
+        if self.opts.fuse_runs && nodes.len() >= 2 {
+            found(0, nodes.len());
+        }
     }
 
     fn supports_op(&self, tensors: &[Tensor], node: TensorId) -> bool {

@@ -3,13 +3,9 @@
 //! must keep, the report cap, and which operands of a graph node count as reads. Each
 //! expected verdict is argued from the vector-clock model of `ggml_sched::check`.
 
-use std::any::Any;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use ggml_core::{
-    Backend, BackendCaps, BackendKind, BackendResult, BufferId, BufferInfo, Context, DType,
-    DataRef, EventId, EventRef, MemoryDomain, Name, Tensor, TensorId,
-};
+use ggml_core::{Backend, BufferInfo, Context, DType, DataRef, EventRef, Tensor, TensorId};
 use ggml_sched::check::{classify, Conflict, Role};
 use ggml_sched::plan::HbRule;
 use ggml_sched::testing::{SimBackend, SimOptions};
@@ -79,6 +75,15 @@ fn verdicts(log: &RaceLog) -> Vec<(HbRule, Conflict, String, Role)> {
         .into_iter()
         .map(|r| (r.rule, r.conflict, r.earlier.tensor, r.later.role))
         .collect()
+}
+
+/// The log holds exactly one distinct race: (rule, conflict, earlier tensor, later role).
+fn assert_one_race(log: &RaceLog, want: (HbRule, Conflict, &str, Role)) {
+    let (rule, conflict, tensor, role) = want;
+    assert_eq!(
+        verdicts(log),
+        vec![(rule, conflict, tensor.to_string(), role)]
+    );
 }
 
 #[test]
@@ -193,14 +198,9 @@ fn write_over_part_of_an_earlier_write_keeps_the_rest() {
     r.a.graph_compute(&t, &[p, h]).unwrap();
     let mut out = [0u8; 128];
     r.a.buffer_get(r.buf_a.id, 128, &mut out).unwrap();
-    assert_eq!(
-        verdicts(&r.log),
-        vec![(
-            HbRule::Hb7,
-            Conflict::ReadAfterWrite,
-            "p".to_string(),
-            Role::HostRead
-        )]
+    assert_one_race(
+        &r.log,
+        (HbRule::Hb7, Conflict::ReadAfterWrite, "p", Role::HostRead),
     );
 }
 
@@ -228,14 +228,9 @@ fn ordered_covering_write_from_another_queue_replaces_the_earlier_one() {
     let mut out = [0u8; 256];
     r.a.buffer_get(r.buf_a.id, 0, &mut out).unwrap();
     assert_eq!(r.log.race_count(), 1);
-    assert_eq!(
-        verdicts(&r.log),
-        vec![(
-            HbRule::Hb7,
-            Conflict::ReadAfterWrite,
-            "q".to_string(),
-            Role::HostRead
-        )]
+    assert_one_race(
+        &r.log,
+        (HbRule::Hb7, Conflict::ReadAfterWrite, "q", Role::HostRead),
     );
 }
 
@@ -283,14 +278,9 @@ fn a_read_of_just_written_bytes_keeps_the_write() {
     r.a.graph_compute(&t, &[p, rd]).unwrap();
     let mut out = [0u8; 256];
     r.a.buffer_get(r.buf_a.id, 1024, &mut out).unwrap();
-    assert_eq!(
-        verdicts(&r.log),
-        vec![(
-            HbRule::Hb7,
-            Conflict::ReadAfterWrite,
-            "p".to_string(),
-            Role::HostRead
-        )]
+    assert_one_race(
+        &r.log,
+        (HbRule::Hb7, Conflict::ReadAfterWrite, "p", Role::HostRead),
     );
 }
 
@@ -314,14 +304,9 @@ fn a_read_ending_where_an_earlier_read_ends_keeps_the_earlier_one() {
     place(&mut t, n2, &r.buf_a, 2048);
     r.a.graph_compute(&t, &[n1, n2]).unwrap();
     r.a.buffer_set(r.buf_a.id, 0, &[0u8; 128]).unwrap();
-    assert_eq!(
-        verdicts(&r.log),
-        vec![(
-            HbRule::Hb5,
-            Conflict::WriteAfterRead,
-            "x1".to_string(),
-            Role::HostWrite
-        )]
+    assert_one_race(
+        &r.log,
+        (HbRule::Hb5, Conflict::WriteAfterRead, "x1", Role::HostWrite),
     );
 }
 
@@ -407,14 +392,9 @@ fn both_operands_of_a_binary_op_are_read() {
     place(&mut t, s, &r.buf_a, 1024);
     r.a.graph_compute(&t, &[s]).unwrap();
     r.a.buffer_set(r.buf_a.id, 256, &[0u8; 256]).unwrap();
-    assert_eq!(
-        verdicts(&r.log),
-        vec![(
-            HbRule::Hb5,
-            Conflict::WriteAfterRead,
-            "y".to_string(),
-            Role::HostWrite
-        )]
+    assert_one_race(
+        &r.log,
+        (HbRule::Hb5, Conflict::WriteAfterRead, "y", Role::HostWrite),
     );
 }
 
@@ -438,14 +418,9 @@ fn cpy_reads_its_source_and_only_writes_its_destination() {
     r.a.graph_compute(&t, &[k]).unwrap();
     assert_eq!(r.log.accesses(), 2);
     r.a.buffer_set(r.buf_a.id, 0, &[0u8; 256]).unwrap();
-    assert_eq!(
-        verdicts(&r.log),
-        vec![(
-            HbRule::Hb5,
-            Conflict::WriteAfterRead,
-            "x".to_string(),
-            Role::HostWrite
-        )]
+    assert_one_race(
+        &r.log,
+        (HbRule::Hb5, Conflict::WriteAfterRead, "x", Role::HostWrite),
     );
 }
 
@@ -481,137 +456,23 @@ fn a_read_starting_where_an_earlier_read_starts_keeps_the_earlier_one() {
     place(&mut t, n3, &r.buf_a, 2048);
     r.a.graph_compute(&t, &[n1, n3]).unwrap();
     r.a.buffer_set(r.buf_a.id, 128, &[0u8; 128]).unwrap();
-    assert_eq!(
-        verdicts(&r.log),
-        vec![(
-            HbRule::Hb5,
-            Conflict::WriteAfterRead,
-            "x1".to_string(),
-            Role::HostWrite
-        )]
+    assert_one_race(
+        &r.log,
+        (HbRule::Hb5, Conflict::WriteAfterRead, "x1", Role::HostWrite),
     );
 }
 
-/// A backend that hands a freed buffer's id and address out again on the next
-/// allocation, as a caching allocator does, and reports any node list of two or more
-/// as one fused run; everything else goes to `inner`.
-struct Reusing {
-    inner: Arc<dyn Backend>,
-    freed: Mutex<Vec<BufferInfo>>,
-    live: Mutex<Vec<BufferInfo>>,
-}
-
-impl Backend for Reusing {
-    fn name(&self) -> Name {
-        self.inner.name()
-    }
-    fn kind(&self) -> BackendKind {
-        self.inner.kind()
-    }
-    fn caps(&self) -> BackendCaps {
-        self.inner.caps()
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn domain(&self) -> MemoryDomain {
-        self.inner.domain()
-    }
-    fn alignment(&self) -> usize {
-        self.inner.alignment()
-    }
-    fn supports_domain(&self, domain: MemoryDomain) -> bool {
-        self.inner.supports_domain(domain)
-    }
-    fn alloc_buffer(&self, size: usize) -> BackendResult<BufferInfo> {
-        let reused = self.freed.lock().unwrap().pop();
-        let info = match reused {
-            Some(info) if info.size >= size => info,
-            _ => self.inner.alloc_buffer(size)?,
-        };
-        self.live.lock().unwrap().push(info);
-        Ok(info)
-    }
-    fn free_buffer(&self, buffer: BufferId) -> BackendResult<()> {
-        let mut live = self.live.lock().unwrap();
-        let i = live
-            .iter()
-            .position(|b| b.id == buffer)
-            .expect("live buffer");
-        self.freed.lock().unwrap().push(live.remove(i));
-        Ok(())
-    }
-    fn buffer_set(&self, buffer: BufferId, offset: usize, data: &[u8]) -> BackendResult<()> {
-        self.inner.buffer_set(buffer, offset, data)
-    }
-    fn buffer_get(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> BackendResult<()> {
-        self.inner.buffer_get(buffer, offset, out)
-    }
-    fn buffer_clear(&self, buffer: BufferId, value: u8) -> BackendResult<()> {
-        self.inner.buffer_clear(buffer, value)
-    }
-    fn supports_op(&self, tensors: &[Tensor], node: TensorId) -> bool {
-        self.inner.supports_op(tensors, node)
-    }
-    fn set_tensor_async(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> BackendResult<()> {
-        self.inner.set_tensor_async(tensor, offset, data)
-    }
-    fn get_tensor(&self, tensor: &Tensor, offset: usize, out: &mut [u8]) -> BackendResult<()> {
-        self.inner.get_tensor(tensor, offset, out)
-    }
-    fn cpy_tensor_async(
-        &self,
-        src_backend: &dyn Backend,
-        src: &Tensor,
-        dst: &Tensor,
-    ) -> BackendResult<bool> {
-        self.inner.cpy_tensor_async(src_backend, src, dst)
-    }
-    fn graph_compute(&self, tensors: &[Tensor], nodes: &[TensorId]) -> BackendResult<()> {
-        self.inner.graph_compute(tensors, nodes)
-    }
-    fn fused_runs(
-        &self,
-        _tensors: &[Tensor],
-        nodes: &[TensorId],
-        found: &mut dyn FnMut(usize, usize),
-    ) {
-        if nodes.len() >= 2 {
-            found(0, nodes.len());
-        }
-    }
-    fn synchronize(&self) -> BackendResult<()> {
-        self.inner.synchronize()
-    }
-    fn event_new(&self) -> BackendResult<Option<EventId>> {
-        Ok(None)
-    }
-    fn event_free(&self, _event: EventId) -> BackendResult<()> {
-        Ok(())
-    }
-    fn event_record(&self, _event: EventId) -> BackendResult<()> {
-        unreachable!("no events")
-    }
-    fn event_wait(&self, _event: EventRef<'_>) -> BackendResult<()> {
-        unreachable!("no events")
-    }
-    fn can_wait_on(&self, _owner: &dyn Backend) -> bool {
-        false
-    }
-    fn event_synchronize(&self, _event: EventId) -> BackendResult<()> {
-        unreachable!("no events")
-    }
-}
-
+/// A backend without events that hands a freed buffer's id out again (as a caching
+/// allocator does) and reports any node list of two or more as one fused run.
 fn reusing(log: &Arc<RaceLog>) -> Arc<CheckedBackend> {
-    CheckedBackend::new(
-        Arc::new(Reusing {
-            inner: SimBackend::new(SimOptions::new("A")),
-            freed: Mutex::new(Vec::new()),
-            live: Mutex::new(Vec::new()),
-        }),
-        log,
-    )
+    let opts = SimOptions {
+        events: false,
+        foreign_waits: false,
+        reuse_freed: true,
+        fuse_runs: true,
+        ..SimOptions::new("A")
+    };
+    CheckedBackend::new(SimBackend::new(opts), log)
 }
 
 #[test]
