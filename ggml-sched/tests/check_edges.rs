@@ -3,9 +3,12 @@
 //! must keep, the report cap, and which operands of a graph node count as reads. Each
 //! expected verdict is argued from the vector-clock model of `ggml_sched::check`.
 
+mod common;
+
 use std::sync::Arc;
 
-use ggml_core::{Backend, BufferInfo, Context, DType, DataRef, EventRef, Tensor, TensorId};
+use common::wait_for;
+use ggml_core::{Backend, BufferInfo, Context, DType, DataRef, Tensor, TensorId};
 use ggml_sched::check::{classify, Conflict, Role};
 use ggml_sched::plan::HbRule;
 use ggml_sched::testing::{SimBackend, SimOptions};
@@ -55,18 +58,6 @@ fn place(t: &mut [Tensor], id: TensorId, buf: &BufferInfo, off: u64) {
 
 fn f32s(ctx: &mut Context<'_>, n: usize) -> TensorId {
     ctx.new_tensor(DType::F32, [n, 1, 1, 1]).unwrap()
-}
-
-/// `waiter`'s queue waits for everything enqueued on `owner` so far.
-fn wait_for(waiter: &Arc<CheckedBackend>, owner: &Arc<CheckedBackend>) {
-    let e = owner.event_new().unwrap().expect("events");
-    owner.event_record(e).unwrap();
-    waiter
-        .event_wait(EventRef {
-            owner: owner.as_ref(),
-            id: e,
-        })
-        .unwrap();
 }
 
 /// (rule, conflict, earlier tensor, later role) of each distinct race.

@@ -3,11 +3,12 @@
 //! sequence with the wait that orders it passes. Two recording-only backends (A and B)
 //! stand for two devices; their copies run on the queue each case names.
 
+mod common;
+
 use std::sync::Arc;
 
-use ggml_core::{
-    Backend, BufferInfo, Context, CopyQueue, DType, DataRef, EventRef, Tensor, TensorId,
-};
+use common::wait_for;
+use ggml_core::{Backend, BufferInfo, Context, CopyQueue, DType, DataRef, Tensor, TensorId};
 use ggml_sched::plan::HbRule;
 use ggml_sched::testing::{SimBackend, SimOptions};
 use ggml_sched::{CheckedBackend, RaceLog};
@@ -91,18 +92,6 @@ impl Graph {
     fn t(&self, id: TensorId) -> &Tensor {
         &self.tensors[id.index()]
     }
-}
-
-/// `waiter`'s queue waits for everything enqueued on `owner` so far.
-fn wait_for(waiter: &Arc<CheckedBackend>, owner: &Arc<CheckedBackend>) {
-    let e = owner.event_new().unwrap().expect("events");
-    owner.event_record(e).unwrap();
-    waiter
-        .event_wait(EventRef {
-            owner: owner.as_ref(),
-            id: e,
-        })
-        .unwrap();
 }
 
 /// The rules of the races reported, in order.

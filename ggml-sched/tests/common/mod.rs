@@ -5,10 +5,22 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use ggml_core::{
-    Backend, Context, CopyQueue, DType, DataRef, Graph, Tensor, TensorFlags, TensorId,
+    Backend, Context, CopyQueue, DType, DataRef, EventRef, Graph, Tensor, TensorFlags, TensorId,
 };
 use ggml_sched::testing::{SimBackend, SimOptions, TestBackend, TestBackendOptions};
 use ggml_sched::{CheckedBackend, PlanStyle, RaceLog, SchedOptions, Scheduler, WeakenKnob};
+
+/// `waiter`'s queue waits for everything enqueued on `owner` so far.
+pub fn wait_for(waiter: &Arc<CheckedBackend>, owner: &Arc<CheckedBackend>) {
+    let e = owner.event_new().unwrap().expect("events");
+    owner.event_record(e).unwrap();
+    waiter
+        .event_wait(EventRef {
+            owner: owner.as_ref(),
+            id: e,
+        })
+        .unwrap();
+}
 
 pub fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
