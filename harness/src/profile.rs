@@ -371,6 +371,15 @@ pub fn json(launches: &[ProfiledLaunch], settings: &ProfileSettings, extra: Valu
                 "macs": l.macs,
                 "tensor_macs": c.tensor_macs,
                 "sampled": c.sampled(),
+                "critical_path": {
+                    "cycles": c.critical_path_cycles,
+                    "issue": c.critical_path.issue,
+                    "alu": c.critical_path.alu,
+                    "special": c.critical_path.special,
+                    "shared": c.critical_path.shared,
+                    "global": c.critical_path.global,
+                    "barriers": c.barriers,
+                },
             })
         })
         .collect();

@@ -11,14 +11,22 @@ use xshell::{cmd, Shell};
 use crate::fetch::{self, Result};
 
 const HELP: &str = "usage: cargo xtask bench-vs-llama [--threads N] [-r R] [--rounds K]
-                                  [-p P] [-n G] [--model PATH|NAME]
+                                  [-p P] [-n G] [--model M[,M...]]
 
 Runs `ggml-harness bench` and llama.cpp's `llama-bench` (built by
 ../shared/tools/llama-cpp.sh) alternately, K rounds of R repetitions each (defaults:
 2 threads, R = 5, K = 2, pp512 and tg128, the cached SmolLM2 Q4_1), then prints tokens/s
 of both and the ratios ours/llama.cpp, and for generation the weight bytes each token
 reads times tokens/s (GB/s) of both beside the machine's streaming-read bandwidth with
-the same threads (ggml-harness bench's probe), as fractions of it.";
+the same threads (ggml-harness bench's probe), as fractions of it.
+
+--model takes GGUF paths or model names, comma-separated, measured one after the other:
+smollm2-135m, gemma3-270m (downloaded into the cache), smollm2-moe (SmolLM2 upcycled into
+4 experts, 2 used: built into the cache by `ggml-harness make-moe`), or `all` for the
+three.";
+
+/// The models `--model all` measures, in order.
+const ALL_MODELS: [&str; 3] = ["smollm2-135m", "gemma3-270m", "smollm2-moe"];
 
 /// Options of the command.
 struct Opts {
@@ -27,7 +35,8 @@ struct Opts {
     rounds: usize,
     n_prompt: usize,
     n_gen: usize,
-    model: Option<PathBuf>,
+    /// Paths or names; empty: the cached SmolLM2.
+    models: Vec<String>,
 }
 
 fn parse(args: &[String]) -> Result<Option<Opts>> {
@@ -37,7 +46,7 @@ fn parse(args: &[String]) -> Result<Option<Opts>> {
         rounds: 2,
         n_prompt: 512,
         n_gen: 128,
-        model: None,
+        models: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -68,7 +77,15 @@ fn parse(args: &[String]) -> Result<Option<Opts>> {
             "--rounds" => o.rounds = number(1)?,
             "-p" | "--n-prompt" => o.n_prompt = number(0)?,
             "-n" | "--n-gen" => o.n_gen = number(0)?,
-            "--model" | "-m" => o.model = Some(PathBuf::from(value()?)),
+            "--model" | "-m" => {
+                for m in value()?.split(',').filter(|m| !m.is_empty()) {
+                    if m == "all" {
+                        o.models.extend(ALL_MODELS.map(String::from));
+                    } else {
+                        o.models.push(m.to_string());
+                    }
+                }
+            }
             _ => return Err(format!("unknown argument '{a}'\n\n{HELP}")),
         }
     }
@@ -92,20 +109,15 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
     };
     let sh = Shell::new().map_err(|e| e.to_string())?;
     sh.change_dir(root);
-    let model = match &o.model {
-        Some(m) if m.is_file() => m.clone(),
-        Some(m) => match m.to_str().and_then(fetch::known_model) {
-            Some(known) => fetch::fetch(known)?,
-            None => {
-                return Err(format!(
-                    "model {}: no such file, and not a known model ({})",
-                    m.display(),
-                    fetch::known_model_names()
-                ))
-            }
-        },
-        None => fetch::fetch_model()?,
-    };
+    // Names are checked before anything is built or measured.
+    for m in &o.models {
+        if !Path::new(m).is_file() && m != MOE_MODEL && fetch::known_model(m).is_none() {
+            return Err(format!(
+                "model {m}: no such file, and not a known model ({}, {MOE_MODEL})",
+                fetch::known_model_names()
+            ));
+        }
+    }
     let llama_bench = llama_bench(&sh, root)?;
     eprintln!("bench-vs-llama: building ggml-harness (release)");
     cmd!(
@@ -115,7 +127,33 @@ pub fn bench_vs_llama(root: &Path, args: &[String]) -> Result<()> {
     .run()
     .map_err(|e| format!("building ggml-harness: {e}"))?;
     let ours_bin = target_dir(root).join("release").join("ggml-harness");
+    if o.models.is_empty() {
+        let model = fetch::fetch_model()?;
+        return compare(&sh, &o, &ours_bin, &llama_bench, &model);
+    }
+    for m in &o.models {
+        let model = if Path::new(m).is_file() {
+            PathBuf::from(m)
+        } else if m == MOE_MODEL {
+            // ggml-harness builds it from the cached SmolLM2 on first use.
+            let out = cmd!(sh, "{ours_bin} fetch-model --model {m}")
+                .read()
+                .map_err(|e| format!("ggml-harness fetch-model --model {m}: {e}"))?;
+            PathBuf::from(out.trim())
+        } else {
+            let known = fetch::known_model(m).expect("checked above");
+            fetch::fetch(known)?
+        };
+        compare(&sh, &o, &ours_bin, &llama_bench, &model)?;
+    }
+    Ok(())
+}
 
+/// The name `ggml-harness` gives the upcycled SmolLM2 mixture of experts.
+const MOE_MODEL: &str = "smollm2-moe";
+
+/// The alternated runs of both on `model`, and their table.
+fn compare(sh: &Shell, o: &Opts, ours_bin: &Path, llama_bench: &Path, model: &Path) -> Result<()> {
     let (t, r, p, n) = (
         o.threads.to_string(),
         o.reps.to_string(),

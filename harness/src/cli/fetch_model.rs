@@ -6,7 +6,8 @@ use harness::error::Result;
 /// The flags of `ggml-harness fetch-model`.
 #[derive(Args, Debug)]
 pub struct FetchModelArgs {
-    /// Which model: smollm2-135m or gemma3-270m.
+    /// Which model: smollm2-135m, gemma3-270m, or smollm2-moe (built from the cached
+    /// SmolLM2 by make-moe on first use). Prints its path.
     #[arg(long, default_value = "smollm2-135m")]
     model: String,
 }
