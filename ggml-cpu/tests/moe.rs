@@ -97,6 +97,10 @@ fn mmid(w: DType, kmult: usize, shape: Shape, seed: u64) -> impl Fn(&mut Context
 #[case::all_tokens_one_expert((10, 4, 2, 2, 19, Route::Same))]
 // Experts with more than 16 pairs and more than 64 weight rows: several chunks each way.
 #[case::many_chunks((70, 3, 2, 1, 37, Route::Distinct))]
+// Weight rows unpacked once per chunk (experts of at least 8 pairs) over more than one
+// chunk of 128 pairs; and experts on both sides of 8 pairs in one product.
+#[case::unpacked_chunks((9, 2, 1, 1, 300, Route::Distinct))]
+#[case::unpacked_and_tiled((9, 4, 3, 1, 9, Route::Repeats))]
 fn mul_mat_id(
     bes: &[CpuBackend],
     #[case] shape: Shape,

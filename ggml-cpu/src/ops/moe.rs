@@ -7,7 +7,9 @@
 //! increasing `t·n_used + e`) into shared scratch, rejecting ids out of range. Phase 1
 //! hands out chunks of (expert, up to [`MC`] weight rows, up to [`NC`] of the expert's
 //! pairs) and runs mul_mat's tiles on them, each column reading its converted row of
-//! `b` in place, each result going to `out[:, e, t]`. A single token uses the level's
+//! `b` in place, each result going to `out[:, e, t]`. As in mul_mat, an expert with at
+//! least [`MIN_UNPACKED_COLS`] pairs has its weight rows unpacked once per chunk of up to
+//! [`NC_UNPACKED`] pairs where the level can. A single token uses the level's
 //! matrix × vector kernel where it has one. Every dot product is the same sequence of
 //! operations whatever the kernel or its position in a tile (see [`crate::reference`]),
 //! so a pair's result depends neither on how the tokens are routed nor on the threads.
@@ -17,8 +19,8 @@ use std::sync::atomic::Ordering;
 use ggml_core::{BackendErrorKind, Tensor};
 
 use super::mul_mat::{
-    block, convert_b, gather_a, needs_gather, operand_scratch, prefetch, round64, GEMV_CHUNKS, MC,
-    NC, PF_DIST,
+    block, convert_b, gather_a, needs_gather, operand_scratch, prefetch, round64, thread_scratch,
+    GEMV_CHUNKS, MC, MIN_UNPACKED_COLS, NC, NC_UNPACKED, PF_DIST,
 };
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
@@ -30,14 +32,15 @@ fn map_words(n_as: usize, n_pairs: usize) -> usize {
 }
 
 /// Scratch `(shared, per thread)` bytes of MUL_MAT_ID: the expert map, `b`'s rows in
-/// the largest of the layouts a level may pick, and room for gathered float weights.
+/// the largest of the layouts a level may pick, and room for gathered float weights;
+/// per thread, mul_mat's (4 unpacked weight rows).
 pub(crate) fn mul_mat_id_scratch(t: &Tensor, tensors: &[Tensor]) -> (usize, usize) {
     let (Some(a), Some(b)) = (t.src[0], t.src[1]) else {
         return (0, 0);
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
     let map = round64(4 * map_words(a.ne[2], t.ne[1] * t.ne[2]));
-    (map + operand_scratch(a, b, tensors), 4 * (a.ne[0] + 16))
+    (map + operand_scratch(a, b, tensors), thread_scratch(a))
 }
 
 /// Counting sort of the pairs `p = t·n_used + e` by expert `ids[e, t]` into `map`.
@@ -151,8 +154,31 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         let y = unsafe { std::slice::from_raw_parts(c.wdata.add(boff + row * vrs), vrs) };
         (y, e * dst.nb[1] + t * dst.nb[2])
     };
-    // A chunk's pairs: up to NC for the tiles, one for the matrix × vector kernel.
-    let nc = if gemv.is_some() { 1 } else { NC };
+    // Weight rows unpacked once per chunk for experts with enough pairs, as mul_mat.
+    let unpacked = if gemv.is_none() {
+        (c.k.unpacked)(a.dtype)
+    } else {
+        None
+    };
+    let pairs_of = |x: usize| (off[x + 1] - off[x]) as usize;
+    let unpack_expert = |x: usize| unpacked.is_some() && pairs_of(x) >= MIN_UNPACKED_COLS;
+    // A chunk's pairs: up to NC for the tiles (NC_UNPACKED with unpacked weight rows),
+    // one for the matrix × vector kernel.
+    let nc_of = |x: usize| {
+        if gemv.is_some() {
+            1
+        } else if unpack_expert(x) {
+            NC_UNPACKED
+        } else {
+            NC
+        }
+    };
+    let chunks_of = |x: usize| m_chunks * pairs_of(x).div_ceil(nc_of(x));
+    let urb = crate::simd::unpacked_row_bytes(a.dtype, k);
+    let uscratch: &mut [u8] = match unpacked {
+        Some(_) => c.scratch_bytes(),
+        None => &mut [],
+    };
     let mut out = [0f32; 16];
     // Chunks go by expert, then block of its pairs, then block of weight rows; `x` and
     // `base` (its first chunk) follow the expert of the chunks this thread takes, whose
@@ -160,15 +186,16 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
     let (mut x, mut base) = (0usize, 0usize);
     loop {
         let ch = c.chunk.fetch_add(1, Ordering::Relaxed);
-        let mut n_x = m_chunks * ((off[x + 1] - off[x]) as usize).div_ceil(nc);
+        let mut n_x = chunks_of(x);
         while ch >= base + n_x && x + 1 < n_as {
             base += n_x;
             x += 1;
-            n_x = m_chunks * ((off[x + 1] - off[x]) as usize).div_ceil(nc);
+            n_x = chunks_of(x);
         }
         if ch >= base + n_x {
             break;
         }
+        let nc = nc_of(x);
         let local = ch - base;
         let (mi, ni) = (local % m_chunks, local / m_chunks);
         let p0 = off[x] as usize + ni * nc;
@@ -177,6 +204,56 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         // Keep the next PF_DIST bytes of the chunk's weight rows in flight while the
         // first block of columns runs, as mul_mat does.
         let (pf_end, mut pf) = (wrow(x, m1) as usize, wrow(x, m0) as usize);
+        let store = |out: &[f32; 16], m: usize, nrows: usize, cols: &[usize]| {
+            for rr in 0..nrows {
+                for (cc, col) in cols.iter().enumerate() {
+                    let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + col);
+                    // SAFETY: output element (m + rr, e, t) of column cc's pair: inside
+                    // the resolved destination, written only by the thread owning this
+                    // chunk.
+                    unsafe { (o as *mut f32).write_unaligned(out[rr * 4 + cc]) };
+                }
+            }
+        };
+        if let (Some(u), true) = (unpacked, unpack_expert(x)) {
+            // Each group of 4 weight rows is unpacked once, then runs against every
+            // pair of the chunk.
+            let mut m = m0;
+            while m < m1 {
+                let nrows = (m1 - m).min(4);
+                if dense {
+                    let want = (wrow(x, m + nrows) as usize + PF_DIST).min(pf_end);
+                    while pf < want {
+                        prefetch(pf as *const u8);
+                        pf += 64;
+                    }
+                }
+                for (rr, urow) in uscratch.chunks_exact_mut(urb).take(nrows).enumerate() {
+                    // SAFETY: a dense weight row of `ars` bytes (as in the tiles below)
+                    // that nobody writes now.
+                    let src = unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) };
+                    (u.unpack)(a.dtype, k, src, urow);
+                }
+                let mut arows: [&[u8]; 4] = [&[]; 4];
+                for (ar, urow) in arows.iter_mut().zip(uscratch.chunks_exact(urb)).take(nrows) {
+                    *ar = urow;
+                }
+                let mut q = p0;
+                while q < p1 {
+                    let ncols = (p1 - q).min(4);
+                    let mut brows: [&[u8]; 4] = [&[]; 4];
+                    let mut cols = [0usize; 4];
+                    for cc in 0..ncols {
+                        (brows[cc], cols[cc]) = column(pairs[q + cc] as usize);
+                    }
+                    (u.tile)(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out);
+                    store(&out, m, nrows, &cols[..ncols]);
+                    q += ncols;
+                }
+                m += nrows;
+            }
+            continue;
+        }
         let mut q = p0;
         while q < p1 {
             let ncols = (p1 - q).min(4);
@@ -210,15 +287,7 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
                     &brows[..ncols],
                     &mut out,
                 );
-                for rr in 0..nrows {
-                    for cc in 0..ncols {
-                        let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + cols[cc]);
-                        // SAFETY: output element (m + rr, e, t) of column cc's pair: inside
-                        // the resolved destination, written only by the thread owning
-                        // this chunk.
-                        unsafe { (o as *mut f32).write_unaligned(out[rr * 4 + cc]) };
-                    }
-                }
+                store(&out, m, nrows, &cols[..ncols]);
                 m += nrows;
             }
             q += ncols;

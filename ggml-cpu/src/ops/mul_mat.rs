@@ -89,14 +89,19 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
         return (0, 0);
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
+    (operand_scratch(a, b, tensors), thread_scratch(a))
+}
+
+/// Per-thread scratch bytes of a product with weights `a`: a row of f32 for conversions,
+/// or 4 unpacked weight rows.
+pub(crate) fn thread_scratch(a: &Tensor) -> usize {
     let k = a.ne[0];
-    // Per thread: a row of f32 for conversions, or 4 unpacked weight rows.
     let unpacked = if a.dtype.is_quantized() {
         4 * crate::simd::unpacked_row_bytes(a.dtype, k)
     } else {
         0
     };
-    (operand_scratch(a, b, tensors), (4 * (k + 16)).max(unpacked))
+    (4 * (k + 16)).max(unpacked)
 }
 
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
