@@ -94,6 +94,8 @@ fn mmid(w: DType, kmult: usize, shape: Shape, seed: u64) -> impl Fn(&mut Context
 #[case::one_token((37, 4, 2, 1, 1, Route::Distinct))]
 #[case::one_token_b1_is_n_used((21, 4, 2, 2, 1, Route::Repeats))]
 #[case::one_token_same_expert((18, 4, 2, 1, 1, Route::Same))]
+// One token over several chunks per thread: each thread's own run, then stealing.
+#[case::one_token_many_chunks((300, 4, 2, 1, 1, Route::Distinct))]
 #[case::all_tokens_one_expert((10, 4, 2, 2, 19, Route::Same))]
 // Experts with more than 16 pairs and more than 64 weight rows: several chunks each way.
 #[case::many_chunks((70, 3, 2, 1, 37, Route::Distinct))]

@@ -184,16 +184,33 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
     // `base` (its first chunk) follow the expert of the chunks this thread takes, whose
     // numbers only grow.
     let (mut x, mut base) = (0usize, 0usize);
+    // One token: each thread streams its own run of chunks (see `crate::runs`), as dense
+    // matrix × vector products do; the chunks of one expert's pair are its weight rows in
+    // order, so a run's prefetch goes on from one chunk into the next.
+    let total: usize = (0..n_as).map(chunks_of).sum();
+    let mut runs = gemv.is_some().then(|| c.runs.take(total, th.ith));
+    // The prefetch's next address, kept across the chunks of this thread's own run.
+    let mut pf = 0usize;
     loop {
-        let ch = c.chunk.fetch_add(1, Ordering::Relaxed);
+        let (ch, own_end) = match runs.as_mut() {
+            Some(r) => match r.next() {
+                Some(t) => (t.chunk, t.own_end),
+                None => break,
+            },
+            None => match c.chunk.fetch_add(1, Ordering::Relaxed) {
+                ch if ch < total => (ch, None),
+                _ => break,
+            },
+        };
+        // A chunk taken from the back of another thread's run can lie before the last.
+        if ch < base {
+            (x, base) = (0, 0);
+        }
         let mut n_x = chunks_of(x);
         while ch >= base + n_x && x + 1 < n_as {
             base += n_x;
             x += 1;
             n_x = chunks_of(x);
-        }
-        if ch >= base + n_x {
-            break;
         }
         let nc = nc_of(x);
         let local = ch - base;
@@ -202,8 +219,19 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         let p1 = (p0 + nc).min(off[x + 1] as usize);
         let (m0, m1) = (mi * mc, ((mi + 1) * mc).min(m_all));
         // Keep the next PF_DIST bytes of the chunk's weight rows in flight while the
-        // first block of columns runs, as mul_mat does.
-        let (pf_end, mut pf) = (wrow(x, m1) as usize, wrow(x, m0) as usize);
+        // first block of columns runs, as mul_mat does: up to the chunk's end, or for a
+        // chunk of this thread's own run, up to where that run leaves these rows.
+        let run_end = match own_end {
+            Some(e) if e - 1 < base + n_x && (e - 1 - base) / m_chunks == ni => {
+                ((e - 1 - base) % m_chunks + 1) * mc
+            }
+            Some(_) => m_all,
+            None => m1,
+        };
+        let (start, pf_end) = (wrow(x, m0) as usize, wrow(x, run_end.min(m_all)) as usize);
+        if !(start..=pf_end).contains(&pf) {
+            pf = start;
+        }
         let store = |out: &[f32; 16], m: usize, nrows: usize, cols: &[usize]| {
             for rr in 0..nrows {
                 for (cc, col) in cols.iter().enumerate() {
