@@ -1,5 +1,6 @@
-//! `cargo xtask aarch64`: ggml-cpu's tests cross-built for aarch64 Linux and run under
-//! qemu-user, once per emulated CPU model, each model with the instruction-set levels it
+//! `cargo xtask aarch64`: ggml-cpu's tests cross-built for aarch64 Linux (in profile
+//! `ub-checks`: std's UB checks on in its unsafe kernels) and run under qemu-user, once per
+//! emulated CPU model, each model with the instruction-set levels it
 //! must run (`GGML_RS_REQUIRE_ISA`) and the best one detection must pick
 //! (`GGML_RS_EXPECT_ISA`), so that a level whose kernels did not run fails the run. Then,
 //! on each model, a sample of the CPU regression matrix on the synthetic model
@@ -183,14 +184,19 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
     // change them, but keep backends created with defaults on the detected one.
     let _isa = sh.push_env("GGML_RS_ISA", "");
     let matrix = args.test_args.is_empty();
-    crate::step("build ggml-cpu's tests for aarch64", || {
-        cmd!(
-            sh,
-            "cargo test -p ggml-cpu --locked --target {TARGET} --no-run"
-        )
-        .run()
-        .map_err(|e| e.to_string())
-    })?;
+    // ggml-cpu's tests in profile `ub-checks`: with std's UB checks (debug assertions) on
+    // in its unsafe kernels, which the workspace's test profile turns off for speed.
+    crate::step(
+        "build ggml-cpu's tests for aarch64 (profile ub-checks)",
+        || {
+            cmd!(
+                sh,
+                "cargo test -p ggml-cpu --locked --target {TARGET} --profile ub-checks --no-run"
+            )
+            .run()
+            .map_err(|e| e.to_string())
+        },
+    )?;
     if matrix {
         crate::step("build the harness's matrix tests for aarch64", || {
             cmd!(
@@ -220,7 +226,7 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
             || {
                 let out = cmd!(
                     sh,
-                    "cargo test -p ggml-cpu --locked --target {TARGET} -- {test_args...}"
+                    "cargo test -p ggml-cpu --locked --target {TARGET} --profile ub-checks -- {test_args...}"
                 );
                 passed = run_tests(out, None)?;
                 Ok(())

@@ -266,18 +266,6 @@ fn ci() -> Result<()> {
             "cargo nextest run --workspace --locked --no-fail-fast"
         ))
     })?;
-    // The test profile builds ggml-cpu without debug assertions (at release speed: std's
-    // UB checks in its kernels' pointer code keep them from inlining and made every model
-    // test 3x slower); its own tests run once more here with those checks on.
-    step(
-        "ggml-cpu tests with std's UB checks (profile ub-checks)",
-        || {
-            run(cmd!(
-                sh,
-                "cargo nextest run -p ggml-cpu --locked --cargo-profile ub-checks --no-fail-fast"
-            ))
-        },
-    )?;
     step("doctests", || {
         run(cmd!(sh, "cargo test --workspace --locked --doc"))
     })?;
