@@ -20,7 +20,7 @@ use ggml_core::{BackendErrorKind, Tensor};
 
 use super::mul_mat::{
     block, convert_b, gather_a, needs_gather, operand_scratch, prefetch, round64, thread_scratch,
-    GEMV_CHUNKS, MC, MIN_UNPACKED_COLS, NC, NC_UNPACKED, PF_DIST,
+    unpack_rows, GEMV_CHUNKS, MC, MIN_UNPACKED_COLS, NC, NC_UNPACKED, PF_DIST,
 };
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
@@ -232,6 +232,35 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         if !(start..=pf_end).contains(&pf) {
             pf = start;
         }
+        // Before rows `.. m_end` run: keep the next PF_DIST bytes after them in flight.
+        let mut prefetch_past = |m_end: usize| {
+            if dense {
+                let want = (wrow(x, m_end) as usize + PF_DIST).min(pf_end);
+                while pf < want {
+                    prefetch(pf as *const u8);
+                    pf += 64;
+                }
+            }
+        };
+        // Weight rows `m .. m + nrows` of expert `x`.
+        let weight_rows = |m: usize, nrows: usize| -> [&[u8]; 4] {
+            let mut rows: [&[u8]; 4] = [&[]; 4];
+            for (rr, row) in rows.iter_mut().enumerate().take(nrows) {
+                // SAFETY: a dense weight row of `ars` bytes: in the resolved weight
+                // tensor, or gathered in phase 0; nobody writes it now.
+                *row = unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) };
+            }
+            rows
+        };
+        // The converted rows and output offsets of pairs `q .. q + ncols` of the chunk.
+        let columns = |q: usize, ncols: usize| -> ([&[u8]; 4], [usize; 4]) {
+            let mut brows: [&[u8]; 4] = [&[]; 4];
+            let mut cols = [0usize; 4];
+            for cc in 0..ncols {
+                (brows[cc], cols[cc]) = column(pairs[q + cc] as usize);
+            }
+            (brows, cols)
+        };
         let store = |out: &[f32; 16], m: usize, nrows: usize, cols: &[usize]| {
             for rr in 0..nrows {
                 for (cc, col) in cols.iter().enumerate() {
@@ -249,31 +278,13 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
             let mut m = m0;
             while m < m1 {
                 let nrows = (m1 - m).min(4);
-                if dense {
-                    let want = (wrow(x, m + nrows) as usize + PF_DIST).min(pf_end);
-                    while pf < want {
-                        prefetch(pf as *const u8);
-                        pf += 64;
-                    }
-                }
-                for (rr, urow) in uscratch.chunks_exact_mut(urb).take(nrows).enumerate() {
-                    // SAFETY: a dense weight row of `ars` bytes (as in the tiles below)
-                    // that nobody writes now.
-                    let src = unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) };
-                    (u.unpack)(a.dtype, k, src, urow);
-                }
-                let mut arows: [&[u8]; 4] = [&[]; 4];
-                for (ar, urow) in arows.iter_mut().zip(uscratch.chunks_exact(urb)).take(nrows) {
-                    *ar = urow;
-                }
+                prefetch_past(m + nrows);
+                let src = weight_rows(m, nrows);
+                let arows = unpack_rows(u, a.dtype, k, &src[..nrows], uscratch, urb);
                 let mut q = p0;
                 while q < p1 {
                     let ncols = (p1 - q).min(4);
-                    let mut brows: [&[u8]; 4] = [&[]; 4];
-                    let mut cols = [0usize; 4];
-                    for cc in 0..ncols {
-                        (brows[cc], cols[cc]) = column(pairs[q + cc] as usize);
-                    }
+                    let (brows, cols) = columns(q, ncols);
                     (u.tile)(a.dtype, k, &arows[..nrows], &brows[..ncols], &mut out);
                     store(&out, m, nrows, &cols[..ncols]);
                     q += ncols;
@@ -285,27 +296,12 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         let mut q = p0;
         while q < p1 {
             let ncols = (p1 - q).min(4);
-            let mut brows: [&[u8]; 4] = [&[]; 4];
-            let mut cols = [0usize; 4];
-            for cc in 0..ncols {
-                (brows[cc], cols[cc]) = column(pairs[q + cc] as usize);
-            }
+            let (brows, cols) = columns(q, ncols);
             let mut m = m0;
             while m < m1 {
                 let nrows = (m1 - m).min(4);
-                if dense {
-                    let want = (wrow(x, m + nrows) as usize + PF_DIST).min(pf_end);
-                    while pf < want {
-                        prefetch(pf as *const u8);
-                        pf += 64;
-                    }
-                }
-                let mut arows: [&[u8]; 4] = [&[]; 4];
-                for (rr, ar) in arows.iter_mut().enumerate().take(nrows) {
-                    // SAFETY: a dense weight row of `ars` bytes: in the resolved weight
-                    // tensor, or gathered in phase 0; nobody writes it now.
-                    *ar = unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) };
-                }
+                prefetch_past(m + nrows);
+                let arows = weight_rows(m, nrows);
                 block(
                     gemv,
                     tile,

@@ -18,7 +18,7 @@ use ggml_core::{DType, Tensor};
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference::f32_to_bf16;
-use crate::simd::{Gemv, MmTile};
+use crate::simd::{Gemv, MmTile, Unpacked};
 
 /// Weight rows per chunk.
 pub(crate) const MC: usize = 64;
@@ -252,16 +252,13 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             while m < m1 {
                 let nrows = (m1 - m).min(4);
                 prefetch_past(m + nrows);
-                for (r, dstrow) in uscratch.chunks_exact_mut(urb).take(nrows).enumerate() {
+                let mut src: [&[u8]; 4] = [&[]; 4];
+                for (r, row) in src.iter_mut().enumerate().take(nrows) {
                     // SAFETY: as `arows` below: a dense weight row of `ars` bytes that
                     // nobody writes now.
-                    let src = unsafe { std::slice::from_raw_parts(wrow(m + r), ars) };
-                    (u.unpack)(a.dtype, k, src, dstrow);
+                    *row = unsafe { std::slice::from_raw_parts(wrow(m + r), ars) };
                 }
-                let mut arows: [&[u8]; 4] = [&[]; 4];
-                for (ar, row) in arows.iter_mut().zip(uscratch.chunks_exact(urb)).take(nrows) {
-                    *ar = row;
-                }
+                let arows = unpack_rows(u, a.dtype, k, &src[..nrows], uscratch, urb);
                 let mut n = n0;
                 while n < n1 {
                     let ncols = (n1 - n).min(4);
@@ -311,6 +308,32 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         }
     }
     Ok(())
+}
+
+/// Unpacks the weight rows `src` (at most 4, of dtype `w`, `k` values each) with `u` into
+/// `scratch`, `urb` (`unpacked_row_bytes(w, k)`) bytes each, and gives them as the rows of
+/// an unpacked tile.
+pub(super) fn unpack_rows<'s>(
+    u: Unpacked,
+    w: DType,
+    k: usize,
+    src: &[&[u8]],
+    scratch: &'s mut [u8],
+    urb: usize,
+) -> [&'s [u8]; 4] {
+    for (row, out) in src.iter().zip(scratch.chunks_exact_mut(urb)) {
+        (u.unpack)(w, k, row, out);
+    }
+    let scratch: &'s [u8] = scratch;
+    let mut rows: [&[u8]; 4] = [&[]; 4];
+    for (r, u) in rows
+        .iter_mut()
+        .zip(scratch.chunks_exact(urb))
+        .take(src.len())
+    {
+        *r = u;
+    }
+    rows
 }
 
 /// `out[r * 4 + c] = dot(arows[r], brows[c])`: by the matrix × vector kernel when there is
