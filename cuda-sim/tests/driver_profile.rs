@@ -138,6 +138,7 @@ fn sampling_interprets_a_subset_and_scales() {
     t.d.enable_profiling(ProfileConfig {
         gpu: GpuSpec::h100_sxm(),
         sample_blocks: Some(4),
+        stall_lines: false,
     });
     t.launch();
     t.d.stream_synchronize(t.s).unwrap();

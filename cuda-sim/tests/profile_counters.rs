@@ -159,6 +159,7 @@ fn critical_path_of_the_copy_kernel() {
         &ProfileOptions {
             latencies: lat,
             sample_blocks: None,
+            stall_lines: false,
         },
     );
     let path = PathCounts {
@@ -327,6 +328,115 @@ fn counters_do_not_depend_on_host_threads() {
         a.apply_l2(&mut L2Model::new(1 << 16)),
         b.apply_l2(&mut L2Model::new(1 << 16))
     );
+}
+
+#[test]
+fn critical_stalls_of_the_copy_kernel_by_line() {
+    // The copy kernel's lines in the module text (three header lines, then COPY, which
+    // starts with an empty line): 10-12 ld.param, 13-15 mov, 16 mad, 17 mul, 18 mul.wide,
+    // 19 add, 20 ld.global, 21 mul.wide, 22 add, 23 st.global, 24 ret. Each gets one
+    // issue cycle plus its wait, worked by hand as in `critical_path_of_the_copy_kernel`:
+    // the mad waits for ntid (issued at 6, ready at 10), each next link of the address
+    // chain 4 cycles, the store for the load (issued at 26, ready at 626).
+    let lat = Latencies::default();
+    let opts = ProfileOptions {
+        latencies: lat,
+        stall_lines: true,
+        ..Default::default()
+    };
+    let c = Copy::new(256, 1).run(2, &opts);
+    let want = vec![
+        (10, 1),
+        (11, 1),
+        (12, 1),
+        (13, 1),
+        (14, 1),
+        (15, 1),
+        (16, 4),
+        (17, 4),
+        (18, 4),
+        (19, 4),
+        (20, 4),
+        (21, 1),
+        (22, 4),
+        (23, 626 - 31),
+        (24, 1),
+    ];
+    assert_eq!(c.critical_stalls, want);
+    let total: u64 = c.critical_stalls.iter().map(|&(_, n)| n).sum();
+    assert_eq!(total, c.critical_path_cycles);
+    let off = Copy::new(256, 1).run(2, &ProfileOptions::default());
+    assert!(off.critical_stalls.is_empty());
+}
+
+/// Warp 1 loads a word and waits for it before `bar.sync` (line 17); warp 0 skips the
+/// load, waits at the barrier, then does two dependent adds and so ends last.
+const BARRIER_WAIT: &str = r#"
+.visible .entry bar_wait(.param .u64 p)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<2>;
+    .reg .pred %p<2>;
+    ld.param.u64 %rd0, [p];
+    mov.u32 %r0, %tid.x;
+    setp.lt.u32 %p0, %r0, 32;
+    @%p0 bra SKIP;
+    ld.global.u32 %r1, [%rd0];
+    add.u32 %r2, %r1, 1;
+SKIP:
+    bar.sync 0;
+    @!%p0 bra DONE;
+    add.u32 %r3, %r0, 1;
+    add.u32 %r3, %r3, 1;
+DONE:
+    ret;
+}
+"#;
+
+#[test]
+fn a_barrier_wait_is_charged_to_the_bar_sync_line() {
+    let m = module(BARRIER_WAIT);
+    let mem = FlatMemory::new(BASE, 64, true);
+    mem.write(BASE, &[0; 64]);
+    let lat = Latencies::default();
+    let arg = BASE.to_le_bytes();
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        dynamic_shared: 0,
+    };
+    let opts = ProfileOptions {
+        latencies: lat,
+        stall_lines: true,
+        ..Default::default()
+    };
+    let (_, c) = launch_profiled(
+        &m,
+        "bar_wait",
+        &cfg,
+        &[&arg],
+        &mem,
+        Checks::default(),
+        1,
+        &opts,
+    )
+    .unwrap();
+    // Warp 1 issues bar.sync at 612 (its add waited for the load issued at 11); warp 0
+    // issued it at 11 and is released at 612: 1 + 601 cycles on the line. Then warp 0
+    // issues the guarded bra (613), the adds (614, 618) and ret (619).
+    let at = |line: u32| {
+        c.critical_stalls
+            .iter()
+            .find(|&&(l, _)| l == line)
+            .map(|&(_, n)| n)
+    };
+    assert_eq!(at(17), Some(1 + (11 + lat.global + 1 - 11)));
+    assert_eq!(c.critical_path_cycles, 619 - 600 + lat.global);
+    let total: u64 = c.critical_stalls.iter().map(|&(_, n)| n).sum();
+    assert_eq!(total, c.critical_path_cycles);
+    // Warp 1's own lines (the load and its use) are not on warp 0's account.
+    assert_eq!(at(14), None);
+    assert_eq!(at(15), None);
 }
 
 #[test]

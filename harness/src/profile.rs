@@ -42,6 +42,8 @@ pub struct ProfileSettings {
     pub n_gen: usize,
     /// How the kernels are launched: graph nodes when the backend replays CUDA graphs.
     pub launch: LaunchKind,
+    /// Keep each launch's critical-warp cycles by PTX line ([`stall_report`]).
+    pub stall_lines: bool,
 }
 
 /// One launch of a profiled pass.
@@ -111,6 +113,7 @@ pub fn profile_pass(
     drv.enable_profiling(ProfileConfig {
         gpu: settings.gpu.clone(),
         sample_blocks: settings.sample_blocks,
+        stall_lines: settings.stall_lines,
     });
     drv.take_launch_records();
     drv.reset_l2();
@@ -311,6 +314,85 @@ pub fn table(launches: &[ProfiledLaunch], pass: &str) -> String {
     s
 }
 
+/// Where the critical warp of each op's longest launch in `pass` spent its cycles, by
+/// label region (the code from one PTX label to the next) and by line, the `top` lines
+/// with their text: one issue cycle per instruction plus its wait for operands, and at
+/// `bar.sync` the wait for the block's other warps, priced at the profiling latencies.
+/// Empty unless the launches were profiled with [`ProfileSettings::stall_lines`].
+pub fn stall_report(launches: &[ProfiledLaunch], pass: &str, top: usize) -> String {
+    let mut s = String::new();
+    for (op, _) in op_rows(launches, pass) {
+        let Some(l) = launches
+            .iter()
+            .filter(|l| l.pass == pass && l.op_name() == op)
+            .max_by(|a, b| a.prediction.time_s.total_cmp(&b.prediction.time_s))
+        else {
+            continue;
+        };
+        let stalls = &l.counters.critical_stalls;
+        if stalls.is_empty() {
+            continue;
+        }
+        let (file, entry) = l.kernel.entry();
+        let source = ggml_cuda::kernels::MODULES
+            .iter()
+            .find(|m| m.file == file)
+            .map_or("", |m| m.source);
+        let lines: Vec<&str> = source.lines().collect();
+        let text = |line: u32| {
+            lines
+                .get(line.saturating_sub(1) as usize)
+                .map_or("", |t| t.trim())
+        };
+        let total: u64 = stalls.iter().map(|&(_, n)| n).sum();
+        let pct = |n: u64| 100.0 * n as f64 / total.max(1) as f64;
+        s.push_str(&format!(
+            "{op}: {entry} ({file}), launch {} of {pass}, {total} cycles on the critical \
+             warp (modelled)\n",
+            l.index
+        ));
+        let mut regions: Vec<(String, u64)> = Vec::new();
+        for &(line, n) in stalls {
+            let label = (1..=line)
+                .rev()
+                .map(text)
+                .find(|t| is_label(t) || t.starts_with(".visible .entry") || t.starts_with(".func"))
+                .unwrap_or("");
+            let label = label.trim_end_matches(':').to_string();
+            match regions.iter_mut().find(|(r, _)| *r == label) {
+                Some((_, c)) => *c += n,
+                None => regions.push((label, n)),
+            }
+        }
+        regions.sort_by_key(|r| std::cmp::Reverse(r.1));
+        let by_region: Vec<String> = regions
+            .iter()
+            .take(top)
+            .map(|(r, n)| format!("{r} {n} ({:.0} %)", pct(*n)))
+            .collect();
+        s.push_str(&format!("  regions: {}\n", by_region.join(", ")));
+        let mut by_line = stalls.clone();
+        by_line.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        for &(line, n) in by_line.iter().take(top) {
+            s.push_str(&format!(
+                "  {line:>5} {n:>7} {:>5.1} %  {}\n",
+                pct(n),
+                text(line)
+            ));
+        }
+    }
+    s
+}
+
+/// A PTX label line: `NAME:` alone.
+fn is_label(t: &str) -> bool {
+    t.strip_suffix(':').is_some_and(|n| {
+        !n.is_empty()
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+    })
+}
+
 /// The `--json` object: modelled speeds, per-op rows, every launch.
 pub fn json(launches: &[ProfiledLaunch], settings: &ProfileSettings, extra: Value) -> Value {
     let pp = format!("pp{}", settings.n_prompt);
@@ -371,6 +453,7 @@ pub fn json(launches: &[ProfiledLaunch], settings: &ProfileSettings, extra: Valu
                 "macs": l.macs,
                 "tensor_macs": c.tensor_macs,
                 "sampled": c.sampled(),
+                "critical_stalls": c.critical_stalls,
                 "critical_path": {
                     "cycles": c.critical_path_cycles,
                     "issue": c.critical_path.issue,

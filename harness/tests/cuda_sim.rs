@@ -240,6 +240,7 @@ fn profile_joins_every_launch_with_its_record() {
         n_prompt: 8,
         n_gen: 1,
         launch: ggml_cuda::cuda_sim::cost::LaunchKind::Stream,
+        stall_lines: true,
     };
     let launches = profile_model(
         &session.model,
@@ -272,4 +273,16 @@ fn profile_joins_every_launch_with_its_record() {
             .any(|l| l.kernel == ggml_cuda::KernelId::UploadScatter),
         "no upload scatter profiled"
     );
+    // Each launch's critical warp accounts for the whole critical path, line by line.
+    for l in &launches {
+        let c = &l.counters;
+        let sum: u64 = c.critical_stalls.iter().map(|&(_, n)| n).sum();
+        assert_eq!(sum, c.critical_path_cycles, "{} {}", l.pass, l.node);
+    }
+    let report = harness::profile::stall_report(&launches, "tg", 3);
+    assert!(
+        report.contains("RMS_NORM+MUL_MAT*3") && report.contains("qmm (qmm.ptx)"),
+        "{report}"
+    );
+    assert!(report.contains("  regions: "), "{report}");
 }

@@ -31,6 +31,9 @@ pub struct ProfileConfig {
     /// wrong: use it to count, never to check results (initcheck is off for sampled
     /// launches, since later kernels read what skipped blocks never wrote).
     pub sample_blocks: Option<u64>,
+    /// Keep the critical warp's cycles by PTX source line in every launch's counters
+    /// ([`LaunchCounters::critical_stalls`]).
+    pub stall_lines: bool,
 }
 
 impl ProfileConfig {
@@ -39,6 +42,7 @@ impl ProfileConfig {
         ProfileConfig {
             gpu,
             sample_blocks: None,
+            stall_lines: false,
         }
     }
 }
@@ -113,6 +117,7 @@ impl ProfileState {
             opts: ProfileOptions {
                 latencies: a.cfg.gpu.latencies(),
                 sample_blocks: a.cfg.sample_blocks,
+                stall_lines: a.cfg.stall_lines,
             },
         })
     }

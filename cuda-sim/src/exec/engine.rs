@@ -5,6 +5,8 @@ mod collective;
 mod instr;
 mod memory;
 
+use std::collections::HashMap;
+
 use super::arith;
 use super::{bits, half};
 use crate::fault::{Checks, FaultKind, KernelFault};
@@ -66,6 +68,11 @@ struct Warp {
     clock: Stamp,
     /// When the warp's outstanding `cp.async` copies have landed (profiler only).
     async_ready: Stamp,
+    /// Issue-clock cycles by source line (profiler, with `stall_lines` only).
+    stalls: HashMap<u32, u64>,
+    /// The source line of the last instruction issued (the `bar.sync` a barrier wait
+    /// is charged to).
+    last_line: u32,
 }
 
 /// Shadow of one shared byte for racecheck: epoch, last writer warp, reader warp,
@@ -205,7 +212,7 @@ impl<'a> BlockRunner<'a> {
             region: None,
             warp_instructions: 0,
             thread_instructions: 0,
-            prof: l.profile.map(|p| Box::new(Collector::new(p.latencies))),
+            prof: l.profile.map(|p| Box::new(Collector::new(&p))),
         }
     }
 
@@ -263,6 +270,8 @@ impl<'a> BlockRunner<'a> {
                 state: WarpState::Running,
                 clock: Stamp::default(),
                 async_ready: Stamp::default(),
+                stalls: HashMap::new(),
+                last_line: 0,
             });
         }
         for (w, warp) in warps.iter_mut().enumerate() {
@@ -274,6 +283,8 @@ impl<'a> BlockRunner<'a> {
             warp.state = WarpState::Running;
             warp.clock = Stamp::default();
             warp.async_ready = Stamp::default();
+            warp.stalls.clear();
+            warp.last_line = 0;
             let fr = self.new_frame(self.l.entry, warp.lanes, None);
             warp.frames.push(fr);
         }
@@ -297,7 +308,12 @@ impl<'a> BlockRunner<'a> {
             }
             if warps.iter().all(|w| w.state == WarpState::Exited) {
                 if let Some(p) = self.prof.as_deref_mut() {
-                    p.end_block(warps.iter().map(|w| w.clock).max().unwrap_or_default());
+                    let last = warps.iter().max_by_key(|w| w.clock);
+                    let empty = HashMap::new();
+                    p.end_block(
+                        last.map(|w| w.clock).unwrap_or_default(),
+                        last.map_or(&empty, |w| &w.stalls),
+                    );
                 }
                 break Ok(());
             }
@@ -310,7 +326,11 @@ impl<'a> BlockRunner<'a> {
                     .map(|w| w.clock)
                     .max()
                     .unwrap_or_default();
+                let stall_lines = self.prof.as_deref().is_some_and(Collector::stall_lines);
                 for w in warps.iter_mut().filter(|w| w.state == WarpState::AtBarrier) {
+                    if stall_lines {
+                        *w.stalls.entry(w.last_line).or_default() += at.t - w.clock.t;
+                    }
                     w.clock = at;
                 }
             }
@@ -451,6 +471,7 @@ impl<'a> BlockRunner<'a> {
             self.thread_instructions += exec.count_ones() as u64;
             if PROFILE {
                 if let Some(p) = self.prof.as_deref_mut() {
+                    let before = w.clock.t;
                     p.instruction(
                         ins,
                         &top.regs,
@@ -459,6 +480,10 @@ impl<'a> BlockRunner<'a> {
                         &mut w.clock,
                         &mut w.async_ready,
                     );
+                    if p.stall_lines() {
+                        *w.stalls.entry(ins.line).or_default() += w.clock.t - before;
+                        w.last_line = ins.line;
+                    }
                 }
             }
             match &ins.op {

@@ -317,7 +317,7 @@ fn run(
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
             .into_iter();
-        let mut c = all.next().unwrap_or_else(|| Collector::new(p.latencies));
+        let mut c = all.next().unwrap_or_else(|| Collector::new(&p));
         for o in all {
             c.merge(o);
         }

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use super::access::{sectors_and_lines, shared_wavefronts};
 use super::class::{InstrClass, MemSpace};
 use super::l2::{READ, WRITE};
-use super::{Latencies, LaunchCounters, PathCounts};
+use super::{Latencies, LaunchCounters, PathCounts, ProfileOptions};
 use crate::ptx::ir::{Addr, AddrBase, Instr, MmaKind, Op, Operand};
 
 /// When a value is ready, and the path that led to it.
@@ -25,6 +25,10 @@ pub(crate) struct Collector {
     lat: Latencies,
     /// The latest block end so far.
     crit: Stamp,
+    /// Whether to keep the critical warp's cycles by source line.
+    stall_lines: bool,
+    /// The cycles by source line of the warp that ended `crit`.
+    crit_stalls: Vec<(u32, u64)>,
     addrs: Vec<u64>,
     lanes: Vec<(u32, u64)>,
     scratch: Vec<u64>,
@@ -192,13 +196,15 @@ fn lane_addr(regs: &[u64], a: &Addr, lane: usize) -> u64 {
 }
 
 impl Collector {
-    pub(crate) fn new(lat: Latencies) -> Collector {
+    pub(crate) fn new(opts: &ProfileOptions) -> Collector {
         Collector {
             c: LaunchCounters::default(),
             sectors: HashMap::new(),
             block_reads: HashSet::new(),
-            lat,
+            lat: opts.latencies,
             crit: Stamp::default(),
+            stall_lines: opts.stall_lines,
+            crit_stalls: Vec::new(),
             addrs: Vec::with_capacity(32),
             lanes: Vec::with_capacity(32),
             scratch: Vec::with_capacity(64),
@@ -410,12 +416,22 @@ impl Collector {
         t.wavefronts += w;
     }
 
-    /// A block ended; `end` is the latest last-issue stamp of its warps.
-    pub(crate) fn end_block(&mut self, end: Stamp) {
+    /// Whether warps should keep their cycles by source line for [`Self::end_block`].
+    pub(crate) fn stall_lines(&self) -> bool {
+        self.stall_lines
+    }
+
+    /// A block ended; `end` is the latest last-issue stamp of its warps, and `stalls`
+    /// that warp's cycles by source line (empty unless [`Self::stall_lines`]).
+    pub(crate) fn end_block(&mut self, end: Stamp, stalls: &HashMap<u32, u64>) {
         self.c.blocks_interpreted += 1;
         self.block_reads.clear();
         if end > self.crit {
             self.crit = end;
+            if self.stall_lines {
+                self.crit_stalls = stalls.iter().map(|(&l, &c)| (l, c)).collect();
+                self.crit_stalls.sort_unstable();
+            }
         }
     }
 
@@ -458,6 +474,7 @@ impl Collector {
         }
         if o.crit > self.crit {
             self.crit = o.crit;
+            self.crit_stalls = o.crit_stalls;
         }
     }
 
@@ -472,6 +489,7 @@ impl Collector {
         c.touched = touched;
         c.critical_path = self.crit.path;
         c.critical_path_cycles = self.crit.t;
+        c.critical_stalls = self.crit_stalls;
         if c.sampled() && c.blocks_interpreted > 0 {
             let (n, k) = (c.blocks as u128, c.blocks_interpreted as u128);
             let s = |v: &mut u64| *v = ((*v as u128 * n + k / 2) / k) as u64;

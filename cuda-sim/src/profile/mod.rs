@@ -101,6 +101,9 @@ pub struct ProfileOptions {
     /// per-block sums by blocks / interpreted blocks. The skipped blocks write nothing,
     /// so the launch's results are wrong: use it for counting only.
     pub sample_blocks: Option<u64>,
+    /// Keep where the critical warp's time went, by PTX source line
+    /// ([`LaunchCounters::critical_stalls`]). Costs a map update per instruction.
+    pub stall_lines: bool,
 }
 
 /// Per warp request traffic of global loads or stores.
@@ -177,6 +180,12 @@ pub struct LaunchCounters {
     pub critical_path: PathCounts,
     /// Its length in cycles at the profiling latencies.
     pub critical_path_cycles: u64,
+    /// With [`ProfileOptions::stall_lines`]: the cycles the warp that ends the critical
+    /// path spent at each PTX source line (1-based, of the module's text), sorted by line:
+    /// one issue cycle per instruction plus its wait for its operands, and at a
+    /// `bar.sync` the wait for the block's other warps. They sum to
+    /// `critical_path_cycles`. Empty otherwise. Not scaled when sampling.
+    pub critical_stalls: Vec<(u32, u64)>,
     /// The distinct sectors and their READ/WRITE flags, sorted, until `apply_l2`.
     pub(crate) touched: Vec<(u64, u8)>,
 }

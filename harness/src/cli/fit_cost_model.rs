@@ -135,6 +135,7 @@ pub fn run(a: FitArgs) -> Result<()> {
         n_prompt,
         n_gen: 1,
         launch,
+        stall_lines: false,
     };
     let path = harness::model_path(a.model.as_deref())?;
     let session = Session::open(&path, config.clone())?;

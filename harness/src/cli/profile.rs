@@ -32,6 +32,10 @@ pub struct ProfileArgs {
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
+    /// After the tables, where the critical warp of each op's longest launch spent its
+    /// cycles: its label regions and its N costliest PTX lines (0: off).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    stalls: usize,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -57,6 +61,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         } else {
             ggml_cuda::cuda_sim::cost::LaunchKind::Stream
         },
+        stall_lines: a.stalls > 0,
     };
     let path = harness::model_path(a.model.as_deref())?;
     let session = Session::open(&path, config.clone())?;
@@ -102,6 +107,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         if launches.iter().any(|l| l.pass == pass) {
             println!();
             print!("{}", profile::table(&launches, pass));
+            if a.stalls > 0 {
+                println!();
+                print!("{}", profile::stall_report(&launches, pass, a.stalls));
+            }
         }
     }
     let pp_s = profile::pass_seconds(&launches, &pp);
