@@ -449,3 +449,70 @@ fn fully_masked_rows_and_tiles() {
     );
     assert!(got[..row].iter().any(|&x| x != 0.0));
 }
+
+/// Non-finite inputs take the same path as the reference: an infinite key element in
+/// tile 5 of 9 (the combine reads tiles four at a time; for a head whose score is +inf
+/// that tile's m is +inf, its factor NaN and the others' 0) and a NaN value element in
+/// tile 1 of the other KV head. NaN payloads aside, the outputs match bit for bit.
+#[test]
+fn non_finite_keys_and_values_follow_the_reference() {
+    let be = backend();
+    let mut p = Problem::new(
+        11,
+        (64, 64),
+        SMOL,
+        2,
+        1100,
+        1050,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    // Key of position 700 (tile 5) of KV head 0: +inf in one element.
+    p.k[700 * 64 + 3] = f32::INFINITY;
+    // Value of position 200 (tile 1) of KV head 1: NaN in one element.
+    p.v[(1100 + 200) * 64 + 10] = f32::NAN;
+    let got = p.run(&be);
+    let want = p.reference();
+    // Output [dv, h, n_q]: heads 0-2 read KV head 0 (the infinite key), 3-5 KV head 1
+    // (the NaN value; query 0 sees positions below 1050, so both queries see 200).
+    let nan_heads = |iq: usize| -> Vec<bool> {
+        (0..9)
+            .map(|hh| got[64 * (hh + 9 * iq)..][..64].iter().any(|x| x.is_nan()))
+            .collect()
+    };
+    for iq in 0..2 {
+        let n = nan_heads(iq);
+        // The key's score is +inf for some heads (NaN out) and -inf for others (the
+        // position drops out, finite out); the NaN value reaches every head reading it.
+        assert!(n[..3].contains(&true) && n[..3].contains(&false), "{n:?}");
+        assert!(
+            n[3..6].iter().all(|&b| b) && !n[6..].contains(&true),
+            "{n:?}"
+        );
+    }
+    let canon = |x: f32| {
+        if x.is_nan() {
+            f32::NAN.to_bits()
+        } else {
+            x.to_bits()
+        }
+    };
+    let bad = got
+        .iter()
+        .zip(&want)
+        .position(|(a, b)| canon(*a) != canon(*b));
+    if exact() {
+        assert_eq!(
+            bad,
+            None,
+            "first difference: {:?}",
+            bad.map(|i| (got[i], want[i]))
+        );
+    } else {
+        let nan = |v: &[f32]| v.iter().map(|x| x.is_nan()).collect::<Vec<_>>();
+        assert_eq!(nan(&got), nan(&want));
+    }
+}
