@@ -4,8 +4,10 @@
 //! must run (`GGML_RS_REQUIRE_ISA`) and the best one detection must pick
 //! (`GGML_RS_EXPECT_ISA`), so that a level whose kernels did not run fails the run. Then,
 //! on each model, a sample of the CPU regression matrix on the synthetic model
-//! ([`MATRIX_SAMPLE`]) at the level detection picks, against the committed CPU golden that
-//! x86 gives: every aarch64 level must give the same bits end to end.
+//! ([`MATRIX_SAMPLE`], built in the same profile, so the two builds share their host
+//! proc-macros and common dependencies) at the level detection picks, against the
+//! committed CPU golden that x86 gives: every aarch64 level must give the same bits end
+//! to end.
 //!
 //! Needs the Rust target `aarch64-unknown-linux-gnu`, a cross linker
 //! (`aarch64-linux-gnu-gcc`, Debian's `gcc-aarch64-linux-gnu`, whose C library under
@@ -198,14 +200,19 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
         },
     )?;
     if matrix {
-        crate::step("build the harness's matrix tests for aarch64", || {
-            cmd!(
+        // Same profile: the host proc-macros and the shared dependencies build once, and
+        // the matrix sample too runs ggml-cpu with the UB checks.
+        crate::step(
+            "build the harness's matrix tests for aarch64 (profile ub-checks)",
+            || {
+                cmd!(
                 sh,
-                "cargo test -p harness --locked --target {TARGET} --test matrix --no-run"
+                "cargo test -p harness --locked --target {TARGET} --profile ub-checks --test matrix --no-run"
             )
             .run()
             .map_err(|e| e.to_string())
-        })?;
+            },
+        )?;
     }
     let mut summary = Vec::new();
     for m in &args.models {
@@ -246,7 +253,7 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
             || {
                 let out = cmd!(
                     sh,
-                    "cargo test -p harness --locked --target {TARGET} --test matrix -- {MATRIX_SAMPLE} --exact --nocapture"
+                    "cargo test -p harness --locked --target {TARGET} --profile ub-checks --test matrix -- {MATRIX_SAMPLE} --exact --nocapture"
                 );
                 match run_tests(out, Some(&format!("this run: {best})")))? {
                     1 => Ok(()),
