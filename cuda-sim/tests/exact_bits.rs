@@ -249,3 +249,41 @@ fn sixty_four_bit_counts() {
         assert_bits(op, &cases, &got, &want);
     }
 }
+
+/// `and`, `or`, `xor` on 32 and 64 bits against their truth tables, applied bit by bit,
+/// on words whose bits overlap in every combination (so `or` and `xor` differ).
+#[rstest]
+#[case::and("and", [0, 0, 0, 1])]
+#[case::or("or", [0, 1, 1, 1])]
+#[case::xor("xor", [0, 1, 1, 0])]
+fn logic_ops_follow_their_truth_tables(
+    #[case] op: &str,
+    #[case] table: [u64; 4],
+    #[values(32, 64)] bits: u32,
+) {
+    let ws = words(11, 40);
+    let cases: Vec<[u64; 3]> = ws
+        .iter()
+        .zip(ws.iter().rev())
+        .map(|(&x, &y)| {
+            if bits == 64 {
+                [x << 32 | y, y << 32 | x, 0]
+            } else {
+                [x, y, 0]
+            }
+        })
+        .collect();
+    let want: Vec<u64> = cases
+        .iter()
+        .map(|&[a, b, _]| {
+            (0..bits).fold(0, |acc, i| {
+                let t = table[((a >> i & 1) << 1 | (b >> i & 1)) as usize];
+                acc | t << i
+            })
+        })
+        .collect();
+    let ty = format!("b{bits}");
+    let text = format!("{op}.{ty} %xd, %xa, %xb;");
+    let got = run([ty.as_str(); 4], &text, &cases);
+    assert_bits(&text, &cases, &got, &want);
+}

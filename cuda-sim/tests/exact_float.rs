@@ -428,6 +428,20 @@ fn sqrt_rcp_random() {
     0x4008_0000_0000_0000,
     0x3fd5_5555_5555_5555
 )]
+// 3 - 0.5 = 2.5 exactly; 1 - 2^-54 lies halfway between 1 - 2^-53 (odd significand) and 1:
+// to even, 1.
+#[case::sub_exact(
+    "sub.rn.f64",
+    0x4008_0000_0000_0000,
+    0x3fe0_0000_0000_0000,
+    0x4004_0000_0000_0000
+)]
+#[case::sub_tie_to_even(
+    "sub.rn.f64",
+    0x3ff0_0000_0000_0000,
+    0x3c90_0000_0000_0000,
+    0x3ff0_0000_0000_0000
+)]
 #[case::nan_operand_kept(
     "mul.rn.f64",
     0x7ff8_0000_0000_1234,
