@@ -570,7 +570,10 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
             .sum::<u64>()
             .div_ceil(1 << 20);
         let command = if i == last {
-            format!("GPU_DEADLINE=<seconds> bash {}", rel(&run))
+            format!(
+                "GPU_LLAMA_WAIT=<seconds> GPU_DEADLINE=<seconds> bash {}",
+                rel(&run)
+            )
         } else if i == 0 {
             format!("bash {} --tests", rel(&run))
         } else {
@@ -756,6 +759,15 @@ mod tests {
         assert!(s.contains("results.tgz"));
         assert!(s.contains("--tests) only_tests=1"));
         assert!(s.contains("deadline=${GPU_DEADLINE:-0}"));
+        // The timed steps come after the wait for llama.cpp's build, the untimed before.
+        assert!(s.contains("llama_wait=${GPU_LLAMA_WAIT:-0}"));
+        let at = |needle: &str| s.find(needle).unwrap_or_else(|| panic!("{needle}"));
+        let wait = at("step \"wait for llama.cpp's build");
+        assert!(at("step \"regression matrix cuda-1gpu\"") < wait);
+        assert!(at("ppl_check\n") < wait);
+        assert!(wait < at("step \"speed: ggml-harness bench"));
+        assert!(wait < at("step \"calibration:"));
+        assert!(wait < at("step \"each step's effect"));
         // A failing step is reported at the end instead of stopping the later ones.
         assert!(s.contains("set -uo pipefail"));
         assert!(s.contains("step \"regression matrix cuda-1gpu\""));

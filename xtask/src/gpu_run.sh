@@ -15,8 +15,10 @@
 #                          sizes, no llama.cpp: a dry run where the kit was prepared, so a
 #                          broken step is found before a GPU is lent
 #
-# Steps run most valuable first: tests, calibration, speed per tuning, PPL, the speed
-# beside llama.cpp (its build has had the longest by then), then the long regressions.
+# Steps that measure nothing run while llama.cpp's build still takes the host's cores:
+# the tests, PPL and the regression matrix; then the script waits for that build (until
+# GPU_LLAMA_WAIT=S seconds after it started; 0, the default, waits not at all), and the
+# timed steps run on a quiet host: ours beside llama.cpp, calibration, speed per tuning.
 # GPU_DEADLINE=S skips the steps that would start S seconds or more after the script
 # started (and names them), so the results are written before a call's time limit.
 # A failing step does not stop the later ones (a lent GPU is scarce: one run should show
@@ -32,6 +34,7 @@ mkdir -p "$out" work
 failed=()
 skipped=()
 deadline=${GPU_DEADLINE:-0}
+llama_wait=${GPU_LLAMA_WAIT:-0}
 step() {
   local name=$1 t0=$SECONDS
   shift
@@ -61,10 +64,10 @@ start_build() {
   (cd work/llama && PATH="$(dirname "$nvcc"):$PATH" setsid nohup nice -n 19 bash -c "
     { cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=\${LLAMA_CUDA_ARCH:-native} -DGGML_NATIVE=ON \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
         -DGGML_CCACHE=OFF \
-      && cmake --build build -j \$(nproc) --target llama-bench llama-perplexity test-backend-ops
+      && cmake --build build -j \$(nproc) --target llama-bench llama-perplexity
       echo \"build exit \$?\"; } > build.log 2>&1
     touch build.done" >/dev/null 2>&1 </dev/null &)
 }
@@ -158,22 +161,6 @@ else
   while read -r f; do [ -n "$f" ] && failed+=("$f"); done < "$tests_done"
 fi
 
-step "calibration: probes and every kernel alone" \
-  $H calibrate --model $model --devices $dev --out "$res" -p $cal_p $cal_args --commit @COMMIT@
-
-
-tunings() {
-  local t ok=0
-  for t in @TUNINGS@; do
-    echo "-- --cuda-tuning $t"
-    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $tune_r \
-      --cuda-tuning "$t" --json > "$res/tuning-$t.json" || ok=1
-    sed -n 's/.*"results":\(\[.*\]\),"read_probe.*/\1/p' "$res/tuning-$t.json" | head -c 600
-    echo
-  done
-  return $ok
-}
-step "each step's effect: bench per --cuda-tuning" tunings
 
 ppl_check() {
   local cpu gpu
@@ -190,26 +177,6 @@ ppl_check() {
 step "perplexity: cpu vs $dev within @PPL_TOLERANCE@" ppl_check
 
 L=$here/work/llama
-if [ $mode = gpu ] && [ -e "$L/.started" ]; then
-  if [ -e "$L/build.done" ]; then tail -n 2 "$L/build.log"; else
-    echo "llama.cpp: its build has not finished; its steps are left out"; fi
-  cp "$L/build.log" "$res/llama-build.log" 2>/dev/null
-fi
-speed() {
-  local round extra ok=0
-  for round in 1 2; do
-    extra=""
-    [ $round = 1 ] && extra="--op-times"
-    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $bench_r $extra \
-      | tee "$res/bench-round$round.txt" || ok=1
-    if [ -x "$L/build/bin/llama-bench" ]; then
-      "$L/build/bin/llama-bench" -m $model -ngl 99 -p $bench_pp -n $bench_tg -r $bench_r \
-        | tee "$res/llama-bench-round$round.txt" || ok=1
-    fi
-  done
-  return $ok
-}
-step "speed: ggml-harness bench and llama-bench, alternated" speed
 matrix() {
   local file=$1 name
   name=$(basename "$file" .toml)
@@ -235,6 +202,52 @@ step "regression matrix cuda-1gpu" matrix matrices/cuda-1gpu.toml
 if [ $mode = gpu ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ]; then
   step "regression matrix cuda-2gpu" matrix matrices/cuda-2gpu.toml
 fi
+
+wait_for_llama() {
+  # Polls for the build's end until GPU_LLAMA_WAIT seconds after the script started.
+  while [ ! -e "$L/build.done" ] && [ $SECONDS -lt "$llama_wait" ]; do sleep 5; done
+  if [ -e "$L/build.done" ]; then tail -n 2 "$L/build.log"; else
+    echo "llama.cpp: its build has not finished ($SECONDS s gone); its steps are left out"
+    tail -n 3 "$L/build.log"; fi
+  cp "$L/build.log" "$res/llama-build.log" 2>/dev/null
+  return 0
+}
+if [ $mode = gpu ] && [ -e "$L/.started" ]; then
+  step "wait for llama.cpp's build (until $llama_wait s)" wait_for_llama
+fi
+
+speed() {
+  local round extra ok=0
+  for round in 1 2; do
+    extra=""
+    [ $round = 1 ] && extra="--op-times"
+    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $bench_r $extra \
+      | tee "$res/bench-round$round.txt" || ok=1
+    if [ -x "$L/build/bin/llama-bench" ]; then
+      "$L/build/bin/llama-bench" -m $model -ngl 99 -p $bench_pp -n $bench_tg -r $bench_r \
+        | tee "$res/llama-bench-round$round.txt" || ok=1
+    fi
+  done
+  return $ok
+}
+step "speed: ggml-harness bench and llama-bench, alternated" speed
+
+step "calibration: probes and every kernel alone" \
+  $H calibrate --model $model --devices $dev --out "$res" -p $cal_p $cal_args --commit @COMMIT@
+
+
+tunings() {
+  local t ok=0
+  for t in @TUNINGS@; do
+    echo "-- --cuda-tuning $t"
+    $H bench --model $model --devices $dev -p $bench_pp -n $bench_tg -r $tune_r \
+      --cuda-tuning "$t" --json > "$res/tuning-$t.json" || ok=1
+    sed -n 's/.*"results":\(\[.*\]\),"read_probe.*/\1/p' "$res/tuning-$t.json" | head -c 600
+    echo
+  done
+  return $ok
+}
+step "each step's effect: bench per --cuda-tuning" tunings
 
 if [ -x "$L/build/bin/llama-perplexity" ]; then
   step "llama-perplexity on CUDA (the same corpus, ctx 512)" bash -c \
