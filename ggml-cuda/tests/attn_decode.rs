@@ -281,6 +281,24 @@ const GEMMA: (usize, usize) = (4, 1);
 #[case::gemma3_five_tokens(256, GEMMA, 5, 512, 200, Some(64), 1, DType::F16, Some(DType::F16), 1.0 / 16.0, 0.0, 0.0)]
 #[case::f32_kv_f32_mask_batched(128, (8, 2), 2, 300, 290, None, 2, DType::F32, Some(DType::F32), 0.088, 0.0, 0.0)]
 #[case::alibi_softcap_no_mask(64, (6, 6), 2, 200, 200, None, 1, DType::F16, None, 0.125, 30.0, 8.0)]
+#[case::no_mask(64, SMOL, 2, 200, 200, None, 1, DType::F16, None, 0.125, 0.0, 0.0)]
+#[case::one_head_per_kv_head(64, (6, 6), 2, 200, 150, None, 1, DType::F16, Some(DType::F16), 0.125, 0.0, 0.0)]
+#[case::one_head_per_kv_head_no_mask(64, (6, 6), 2, 200, 200, None, 1, DType::F16, None, 0.125, 0.0, 0.0)]
+#[case::softcap_no_mask(64, SMOL, 2, 200, 200, None, 1, DType::F16, None, 0.125, 30.0, 0.0)]
+#[case::alibi_masked(
+    64,
+    SMOL,
+    2,
+    200,
+    150,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    8.0
+)]
 #[case::odd_head_size(36, (4, 2), 3, 150, 140, None, 1, DType::F16, Some(DType::F16), 0.17, 0.0, 0.0)]
 #[case::odd_head_size_f32(20, (2, 1), 1, 70, 70, None, 1, DType::F32, Some(DType::F16), 0.2, 20.0, 0.0)]
 #[case::q_rows_not_16_byte_multiples(18, (3, 1), 1, 40, 33, None, 1, DType::F16, Some(DType::F32), 0.3, 0.0, 0.0)]
@@ -342,14 +360,20 @@ fn decode_attention_matches_its_reference(
         after.launches_of(KernelId::FlashAttnExt),
         before.launches_of(KernelId::FlashAttnExt)
     );
-    assert_matches(&got, &p.reference(), "decode attention");
-    // The first kernel computes the same attention (another reduction order).
+    // The first kernel computes the same attention (another reduction order); it runs
+    // before the checks so that a failure says whether it agrees with the reference.
     be.set_tuning(CudaTuning {
         legacy_decode_attn: true,
         ..CudaTuning::default()
     });
     let old = p.run(&be);
     be.set_tuning(CudaTuning::default());
+    let want = p.reference();
+    let what = format!(
+        "decode attention (the first kernel vs the reference: NMSE {:e})",
+        nmse(&old, &want)
+    );
+    assert_matches(&got, &want, &what);
     let e = nmse(&old, &got);
     assert!(e < 1e-9, "legacy kernel vs decode kernel: NMSE {e:e}");
 }
