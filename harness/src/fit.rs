@@ -363,15 +363,22 @@ pub fn report_json(before: &GpuSpec, fitted: &FitReport, notes: &[String], run: 
 mod tests {
     use super::*;
 
-    /// The committed H100 calibration is the fit it cites: every fitted family of that
-    /// fit's report stands, a family drifted by 1.5x more is void, and an unfitted one is.
-    #[test]
-    fn the_h100_calibration_matches_the_fit_it_cites() {
-        let spec = GpuSpec::h100_sxm();
-        let cal = spec.calibration().expect("h100 calibrated");
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("reference/cuda-h100-a5a7363/fit-h100-3.json");
+    /// Each committed calibration is the fit it cites: every fitted family of that fit's
+    /// report stands, every family drifted past its bound by 1.5x is void, and a family
+    /// the fit did not see is void.
+    #[rstest::rstest]
+    #[case::h100(GpuSpec::h100_sxm(), "reference/cuda-h100-a5a7363/fit-h100-3.json")]
+    #[case::h200(GpuSpec::h200(), "reference/cuda-h200-938b0ae/fit-h200.json")]
+    fn each_calibration_matches_the_fit_it_cites(#[case] spec: GpuSpec, #[case] file: &str) {
+        let cal = spec.calibration().expect("calibrated");
+        // The calibration cites the fit's text report; its JSON lies beside it.
+        assert_eq!(
+            cal.file.trim_end_matches(".txt"),
+            format!("harness/{}", file.trim_end_matches(".json"))
+        );
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
         let fit: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert_eq!(fit["gpu"].as_str(), Some(spec.name));
         let rows = fit["rows"].as_array().unwrap();
         let obs = |scale: f64| -> Vec<cost::Observation> {
             rows.iter()
@@ -388,15 +395,15 @@ mod tests {
         for v in cost::check_drift(&cal, &fitted) {
             assert!(!v.void, "{v:?}");
         }
-        let drifted = cost::check_drift(&cal, &obs(1.5 * 3.8));
+        let widest = cal.families.iter().map(|f| f.error).fold(0.0, f64::max);
+        let drifted = cost::check_drift(&cal, &obs(1.5 * (1.0 + widest).powi(2)));
         assert!(drifted.iter().all(|v| v.void), "{drifted:?}");
-        let tg = cost::Observation {
-            family: "tg MUL_MAT+ADD q4_1".into(),
+        let unseen = cost::Observation {
+            family: "tg MUL_MAT q6_K".into(),
             measured_s: 1.0,
             modelled_s: 1.0,
         };
-        assert!(cost::check_drift(&cal, &[tg])[0].void);
-        assert!(GpuSpec::h200().calibration().is_none());
+        assert!(cost::check_drift(&cal, &[unseen])[0].void);
     }
 
     #[test]

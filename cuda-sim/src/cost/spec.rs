@@ -258,29 +258,37 @@ pub mod h100_sxm {
     pub const LAUNCH_GRAPH_NODE_S: f64 = 0.79e-6;
 }
 
-/// The tunable constants of the H200: the H100's for the shared die, its own launch cost.
+/// The tunable constants of the H200, measured and fitted on one (see the note inside).
 pub mod h200 {
-    // The same GH100 die as the H100 SXM: the SM and L2 constants are the H100's,
-    // measured and fitted there (see [`super::h100_sxm`]); not yet measured on an H200.
+    // Measured on an NVIDIA H200 (driver 580.159.04) by the calibration kit of commit
+    // 938b0ae: harness/reference/cuda-h200-938b0ae/ (probes.json, kernels.json; the fit:
+    // fit-h200.txt, `ggml-harness fit-cost-model --gpu h200 --devices cuda-sim:0 --dir ...
+    // --fit-pass pp512,tg --tunables l2-bytes-per-clk,alu-latency,special-latency`). Unlike
+    // the H100's, the fit takes the generated token's rows too: the kit's kernels.json
+    // replays each op's kernels alone as graph nodes, so those rows hold no host waits.
+    // The fitted latencies are effective values of the model's one dependent-latency term
+    // (they absorb issue stalls the model does not count), not instruction latencies.
 
-    /// 0.928: as [`super::h100_sxm::DRAM_EFFICIENCY`], assumed for HBM3e (4.8 TB/s peak).
-    pub const DRAM_EFFICIENCY: f64 = 0.928;
-    /// As [`super::h100_sxm::L2_BYTES_PER_CLK`] (same L2).
-    pub const L2_BYTES_PER_CLK: f64 = super::h100_sxm::L2_BYTES_PER_CLK;
-    /// As [`super::h100_sxm::ALU_LATENCY`] (same SM).
-    pub const ALU_LATENCY: f64 = super::h100_sxm::ALU_LATENCY;
-    /// As [`super::h100_sxm::SPECIAL_LATENCY`] (same SM).
-    pub const SPECIAL_LATENCY: f64 = super::h100_sxm::SPECIAL_LATENCY;
-    /// As [`super::h100_sxm::SHARED_LATENCY`] (same SM).
+    /// 0.919: the `dram_read` probe, 1 GiB read once with 16-byte loads at 4412 GB/s
+    /// against the datasheet's 4.8 TB/s.
+    pub const DRAM_EFFICIENCY: f64 = 0.919;
+    /// 665 bytes per cycle: fitted to the pp512 and tg per-kernel times (kernels.json);
+    /// the `l2_read` probe (an 8 MiB buffer read 8 times) gave 940.
+    pub const L2_BYTES_PER_CLK: f64 = 665.0;
+    /// 24.4 cycles: fitted as above (the H100's fit, on prompt rows alone: 20.3).
+    pub const ALU_LATENCY: f64 = 24.4;
+    /// 384 cycles: fitted as above (the H100's fit, on prompt rows alone: 180).
+    pub const SPECIAL_LATENCY: f64 = 384.0;
+    /// As [`super::h100_sxm::SHARED_LATENCY`] (same SM; not fitted).
     pub const SHARED_LATENCY: f64 = super::h100_sxm::SHARED_LATENCY;
-    /// As [`super::h100_sxm::GLOBAL_LATENCY`] (same L2).
-    pub const GLOBAL_LATENCY: f64 = super::h100_sxm::GLOBAL_LATENCY;
-    /// 4.0 µs: harness/reference/cuda-h200.md at 6b447ba9, tg128 table: the smallest
-    /// kernels (SWIGLU, SET_ROWS, ADD) take 4.0 to 4.3 µs per call launched on a stream,
-    /// an upper bound read off on this GPU.
-    pub const LAUNCH_STREAM_S: f64 = 4.0e-6;
-    /// As [`super::h100_sxm::LAUNCH_GRAPH_NODE_S`] (same driver path).
-    pub const LAUNCH_GRAPH_NODE_S: f64 = super::h100_sxm::LAUNCH_GRAPH_NODE_S;
+    /// 288 cycles: the `dram_latency` probe (146 ns per dependent load at 1.98 GHz).
+    pub const GLOBAL_LATENCY: f64 = 288.0;
+    /// 3.64 µs: the `launch_stream` probe, 2000 empty kernels launched back to back on a
+    /// stream in 7.29 ms of GPU time.
+    pub const LAUNCH_STREAM_S: f64 = 3.64e-6;
+    /// 0.50 µs: the `launch_graph_node` probe, a CUDA graph of 2000 empty kernels in
+    /// 1.00 ms of GPU time.
+    pub const LAUNCH_GRAPH_NODE_S: f64 = 0.50e-6;
 }
 
 /// The error each kernel family kept after the H100 fit (fit-h100-3.txt: measured /
@@ -299,6 +307,31 @@ const H100_FAMILIES: [(&str, f64); 11] = [
     ("pp512 UPLOAD_SCATTER", 2.79),
 ];
 
+/// The error each kernel family kept after the H200 fit (fit-h200.txt: measured /
+/// modelled within `[1 / (1 + e), 1 + e]`, rounded up to a hundredth, at least 0.01), the
+/// families it was fitted on.
+const H200_FAMILIES: [(&str, f64); 19] = [
+    ("pp512 ADD", 0.48),
+    ("pp512 FLASH_ATTN_EXT", 0.30),
+    ("pp512 GET_ROWS", 0.56),
+    ("pp512 MUL", 0.46),
+    ("pp512 MUL_MAT q4_1", 0.58),
+    ("pp512 RMS_NORM", 1.06),
+    ("pp512 RMS_NORM+MUL_MAT q8_0", 0.52),
+    ("pp512 ROPE", 0.45),
+    ("pp512 SET_ROWS", 2.08),
+    ("pp512 SWIGLU", 0.11),
+    ("pp512 UPLOAD_SCATTER", 3.52),
+    ("tg FLASH_ATTN_EXT", 0.14),
+    ("tg GET_ROWS", 0.34),
+    ("tg MUL_MAT+ADD q4_1", 0.14),
+    ("tg RMS_NORM+MUL_MAT q8_0", 0.40),
+    ("tg RMS_NORM+MUL_MAT*2+GLU q4_1", 0.12),
+    ("tg RMS_NORM+MUL_MAT*3 q4_1", 0.01),
+    ("tg ROPE*2+SET_ROWS*2", 0.10),
+    ("tg UPLOAD_SCATTER", 2.50),
+];
+
 impl GpuSpec {
     /// Where this GPU's constants came from and the error each kernel family kept, for
     /// [`check_drift`](super::check_drift): `None` where nothing was fitted on this GPU
@@ -311,6 +344,19 @@ impl GpuSpec {
                 file: "harness/reference/cuda-h100-a5a7363/fit-h100-3.txt".to_string(),
                 date: "2026-11-26".to_string(),
                 families: H100_FAMILIES
+                    .iter()
+                    .map(|&(f, e)| super::FamilyError {
+                        family: f.to_string(),
+                        error: e,
+                    })
+                    .collect(),
+            }),
+            "h200" => Some(super::Calibration {
+                gpu: self.name.to_string(),
+                commit: "938b0ae".to_string(),
+                file: "harness/reference/cuda-h200-938b0ae/fit-h200.txt".to_string(),
+                date: "2026-11-27".to_string(),
+                families: H200_FAMILIES
                     .iter()
                     .map(|&(f, e)| super::FamilyError {
                         family: f.to_string(),
