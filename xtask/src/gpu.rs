@@ -26,8 +26,6 @@ use xshell::{cmd, Shell};
 
 use crate::fetch::{self, Result};
 
-/// Largest model part in a prepared folder (transfers may be limited to 64 MiB).
-const PART_BYTES: usize = 48 << 20;
 /// Allowed relative PPL difference between `cuda:0` and the CPU.
 const PPL_TOLERANCE: &str = "0.005";
 
@@ -528,32 +526,38 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
     .run()
     .map_err(err)?;
 
-    // The model in parts (fetch_model verified it against its checksum).
-    let bytes = std::fs::read(&model).map_err(|e| io("cannot read", &model, e))?;
-    let mut parts = Vec::new();
-    for (i, part) in bytes.chunks(PART_BYTES).enumerate() {
-        let p = dir.join("model").join(format!("part-{i:02}"));
-        std::fs::write(&p, part).map_err(|e| io("cannot write", &p, e))?;
-        parts.push(p);
-    }
     let run = dir.join("run.sh");
     std::fs::write(&run, run_script(fetch::MODEL_SHA256, &tests, &commit))
         .map_err(|e| io("cannot write", &run, e))?;
     set_executable(&run)?;
-
-    let mut files = vec![run.clone(), kit_xz, llama_xz];
-    files.extend(parts);
-    let sized: Vec<(PathBuf, u64)> = files
+    let size = |f: &Path| -> Result<u64> {
+        Ok(std::fs::metadata(f)
+            .map_err(|e| io("cannot read", f, e))?
+            .len())
+    };
+    let mut sized: Vec<(PathBuf, u64)> = [run.clone(), kit_xz, llama_xz]
         .into_iter()
-        .map(|f| {
-            let n = std::fs::metadata(&f)
-                .map_err(|e| io("cannot read", &f, e))?
-                .len();
-            Ok((f, n))
-        })
+        .map(|f| Ok((f.clone(), size(&f)?)))
         .collect::<Result<_>>()?;
     let tree = repository_bytes(sh)?;
-    let calls = plan_calls(&sized, CALL_LIMIT.saturating_sub(tree + CALL_MARGIN))?;
+    let room = CALL_LIMIT.saturating_sub(tree + CALL_MARGIN);
+
+    // The model in parts (fetch_model verified it against its checksum), cut so that the
+    // first part fills the first transfer and each later one a transfer of its own.
+    let bytes = std::fs::read(&model).map_err(|e| io("cannot read", &model, e))?;
+    let first_room = room.saturating_sub(sized.iter().map(|(_, n)| n).sum::<u64>());
+    let mut at = 0;
+    for (i, len) in part_sizes(bytes.len() as u64, first_room, room)
+        .into_iter()
+        .enumerate()
+    {
+        let p = dir.join("model").join(format!("part-{i:02}"));
+        let end = at + len as usize;
+        std::fs::write(&p, &bytes[at..end]).map_err(|e| io("cannot write", &p, e))?;
+        at = end;
+        sized.push((p, len));
+    }
+    let calls = plan_calls(&sized, room)?;
     let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
     eprintln!(
         "gpu-test: prepared {}. To a lent GPU machine, {} MiB a transfer with this repository's {} MiB:",
@@ -601,6 +605,25 @@ fn commit_id(sh: &Shell) -> Result<String> {
         .trim()
         .is_empty();
     Ok(if dirty { format!("{head}-dirty") } else { head })
+}
+
+/// Sizes of the parts a model of `total` bytes is cut into: the first fills what the first
+/// transfer has left (`first_room`; none when under 1 MiB), each later one a transfer of
+/// `room` bytes, the last what remains.
+fn part_sizes(total: u64, first_room: u64, room: u64) -> Vec<u64> {
+    let mut parts = Vec::new();
+    let mut left = total;
+    if first_room >= 1 << 20 && left > 0 {
+        let n = left.min(first_room);
+        parts.push(n);
+        left -= n;
+    }
+    while left > 0 {
+        let n = left.min(room.max(1));
+        parts.push(n);
+        left -= n;
+    }
+    parts
 }
 
 /// Groups `files` (in order) into transfers of at most `room` bytes each.
@@ -788,6 +811,25 @@ mod tests {
         let s = run_script("abc", &["gpu".into()], "0123abcd");
         child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
         assert!(child.wait().unwrap().success());
+    }
+
+    /// The model's parts fill the first transfer's rest and then whole transfers, so a
+    /// 94 MiB model beside 11 MiB of kit travels in two transfers of 54 MiB, not three.
+    #[test]
+    fn model_parts_fill_each_transfer() {
+        const MIB: u64 = 1 << 20;
+        let parts = part_sizes(94 * MIB, 43 * MIB, 54 * MIB);
+        assert_eq!(parts, [43 * MIB, 51 * MIB]);
+        let mut files = vec![(PathBuf::from("kit"), 11 * MIB)];
+        files.extend(parts.iter().map(|&n| (PathBuf::from("part"), n)));
+        assert_eq!(plan_calls(&files, 54 * MIB).unwrap().len(), 2);
+        // No room worth a part in the first transfer: the model starts in the second.
+        assert_eq!(
+            part_sizes(10 * MIB, MIB / 2, 4 * MIB),
+            [4 * MIB, 4 * MIB, 2 * MIB]
+        );
+        assert_eq!(part_sizes(0, 43 * MIB, 54 * MIB), Vec::<u64>::new());
+        assert_eq!(part_sizes(5, 43 * MIB, 54 * MIB), [5]);
     }
 
     #[test]
