@@ -60,6 +60,10 @@ fn word(b: &[u8; 16], i: usize) -> u32 {
     15
 )]
 #[case::pragma("mov.u32 %r0, 3;\n    .pragma \"nounroll\";", 3)]
+#[case::names_beside_special_ones(
+    ".reg .pred %pmk<2>;\n    .reg .b32 %pm8, %envreg32, %clocks;\n    mov.u32 %pm8, 4;\n    mov.u32 %r0, %pm8;",
+    4
+)]
 #[case::f64_hex(
     "mov.f64 %fd0, 0d4000000000000000;\n    cvt.rn.f32.f64 %f0, %fd0;\n    mov.b32 %r0, %f0;",
     0x4000_0000
@@ -162,6 +166,11 @@ fn functions_shared_memory_and_parameters() {
 #[case::store_of_a_hole("    st.global.v2.u32 [%rd0], {%r0, _};", 12, "'_'")]
 #[case::approx_add("    add.approx.f32 %f0, %f0, %f0;", 12, "approx")]
 #[case::directed_rounding("    add.rz.f32 %f0, %f0, %f0;", 12, "'.rz'")]
+#[case::performance_counter_names("    .reg .pred %pm<3>;", 12, "'%pm0'")]
+#[case::performance_counter_64("    .reg .b64 %pm7_64;", 12, "'%pm7_64'")]
+#[case::environment_register("    .reg .b32 %envreg<32>;", 12, "'%envreg0'")]
+#[case::clock_register("    .reg .b32 %r9, %clock;", 12, "'%clock'")]
+#[case::lane_mask_register("    .reg .b32 %lanemask_lt;", 12, "special register")]
 fn refused_forms_say_where_and_why(#[case] body: &str, #[case] line: u32, #[case] says: &str) {
     let text = kernel(body);
     let e = Module::parse("bad.ptx", &text).unwrap_err();

@@ -461,6 +461,16 @@ impl<'a> P<'a> {
         loop {
             let name = self.word()?.to_string();
             let add = |ctx: &mut FnCtx, n: String| -> Result<(), PErr> {
+                if super::operands::is_special_register(&n) {
+                    return err(
+                        l,
+                        format!(
+                            "register '{n}' takes the name of a PTX special register: \
+                             ptxas would read the special register where the code uses \
+                             it; rename it"
+                        ),
+                    );
+                }
                 if ctx.n_regs >= u16::MAX as usize {
                     return err(l, "too many registers");
                 }

@@ -57,6 +57,66 @@ fn special(name: &str) -> Option<Special> {
     })
 }
 
+/// Whether `name` is one of PTX's predefined special registers (the PTX ISA's "Special
+/// Registers" chapter), which a `.reg` declaration must not take: ptxas accepts such a
+/// declaration and then reads the special register where the code uses the name (seen
+/// with `.reg .pred %pm<3>`: the performance-monitor counters `%pm0..%pm2`).
+pub(super) fn is_special_register(name: &str) -> bool {
+    const NAMES: [&str; 35] = [
+        "%tid",
+        "%ntid",
+        "%laneid",
+        "%warpid",
+        "%nwarpid",
+        "%ctaid",
+        "%nctaid",
+        "%smid",
+        "%nsmid",
+        "%gridid",
+        "%is_explicit_cluster",
+        "%clusterid",
+        "%nclusterid",
+        "%cluster_ctaid",
+        "%cluster_nctaid",
+        "%cluster_ctarank",
+        "%cluster_nctarank",
+        "%lanemask_eq",
+        "%lanemask_le",
+        "%lanemask_lt",
+        "%lanemask_ge",
+        "%lanemask_gt",
+        "%clock",
+        "%clock_hi",
+        "%clock64",
+        "%globaltimer",
+        "%globaltimer_lo",
+        "%globaltimer_hi",
+        "%total_smem_size",
+        "%aggr_smem_size",
+        "%dynamic_smem_size",
+        "%current_graph_exec",
+        "%reserved_smem_offset_begin",
+        "%reserved_smem_offset_end",
+        "%reserved_smem_offset_cap",
+    ];
+    // `prefix` then a number below `below` in plain decimal (`%pm3`, not `%pm03`).
+    let numbered = |name: &str, prefix: &str, below: u32| {
+        name.strip_prefix(prefix).is_some_and(|n| {
+            (n == "0" || !n.starts_with('0'))
+                && !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+                && n.parse::<u32>().is_ok_and(|v| v < below)
+        })
+    };
+    NAMES.contains(&name)
+        || numbered(name, "%pm", 8)
+        || name
+            .strip_suffix("_64")
+            .is_some_and(|n| numbered(n, "%pm", 8))
+        || numbered(name, "%envreg", 32)
+        || numbered(name, "%reserved_smem_offset_", 2)
+}
+
 pub(super) struct Dec<'p, 'a> {
     pub(super) p: &'p P<'a>,
     pub(super) ctx: &'p FnCtx,
