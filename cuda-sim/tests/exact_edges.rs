@@ -1,8 +1,9 @@
 //! Edges of cuda-sim's arithmetic that the broad exactness tests do not reach: `.sat` on
 //! conversions that go through f64 (to or from f64, f32 to f16, integer to f16 / bf16),
-//! and `ex2.approx` at
-//! the bottom of the subnormal range with the bound check on (the result is moved by one
-//! ulp, but never onto zero). Expected bits are written out from the encodings.
+//! `ex2.approx` at the bottom of the subnormal range with the bound check on (the result
+//! is moved by one ulp, but never onto zero), and `rcp.approx` / `rsqrt.approx` within
+//! their bounds of values computed in the test. Expected bits are written out from the
+//! encodings.
 
 mod exact;
 
@@ -71,4 +72,24 @@ fn ex2_at_the_smallest_subnormal_never_moves_onto_zero() {
     }
     // Both directions occur, so the test sees the downward move that the edge stops.
     assert!(got.contains(&1) && got.contains(&2), "{got:x?}");
+}
+
+/// `rcp.approx.f32` and `rsqrt.approx.f32` stay within their ISA bounds (relative error
+/// 2^-23 and 2^-22.9; here 2^-21, room for the bound check's one-ulp move) of 1/x and
+/// 1/sqrt(x) computed in f64 here, over normal inputs from 1e-20 to 1e20.
+#[rstest]
+#[case::rcp("rcp.approx.f32 %xd, %xa;", |x: f64| 1.0 / x)]
+#[case::rsqrt("rsqrt.approx.f32 %xd, %xa;", |x: f64| 1.0 / x.sqrt())]
+fn reciprocals_stay_within_their_bounds(#[case] instr: &str, #[case] want: fn(f64) -> f64) {
+    let xs = [1e-20f32, 0.1, 0.75, 1.0, 2.0, 3.0, 7.5, 12345.678, 1e20];
+    let cases: Vec<[u64; 3]> = xs.iter().map(|&x| [f(x), 0, 0]).collect();
+    let got = run(["f32", "u32", "u32", "f32"], instr, &cases);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let (g, w) = (f64::from(f32::from_bits(g as u32)), want(f64::from(x)));
+        let rel = ((g - w) / w).abs();
+        assert!(
+            rel <= 2f64.powi(-21),
+            "{instr} of {x}: {g} vs {w} (relative error {rel:e})"
+        );
+    }
 }
