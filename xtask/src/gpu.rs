@@ -791,6 +791,8 @@ mod tests {
         assert!(wait < at("step \"speed: ggml-harness bench"));
         assert!(wait < at("step \"calibration:"));
         assert!(wait < at("step \"each step's effect"));
+        assert!(s.contains("ncu --section SpeedOfLight"));
+        assert!(s.contains("-k regex:'qmm|flash_attn_dec|rope_store'"));
         // A failing step is reported at the end instead of stopping the later ones.
         assert!(s.contains("set -uo pipefail"));
         assert!(s.contains("step \"regression matrix cuda-1gpu\""));

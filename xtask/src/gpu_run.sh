@@ -18,7 +18,8 @@
 # Steps that measure nothing run while llama.cpp's build still takes the host's cores:
 # the tests, PPL and the regression matrix; then the script waits for that build (until
 # GPU_LLAMA_WAIT=S seconds after it started; 0, the default, waits not at all), and the
-# timed steps run on a quiet host: ours beside llama.cpp, calibration, speed per tuning.
+# timed steps run on a quiet host: ours beside llama.cpp, calibration, speed per tuning,
+# Nsight Compute's statistics of the decode kernels (where ncu is installed).
 # GPU_DEADLINE=S skips the steps that would start S seconds or more after the script
 # started (and names them), so the results are written before a call's time limit.
 # A failing step does not stop the later ones (a lent GPU is scarce: one run should show
@@ -248,6 +249,20 @@ tunings() {
   return $ok
 }
 step "each step's effect: bench per --cuda-tuning" tunings
+
+ncu_decode() {
+  # The hardware's view of the decode kernels the cost model prices: issue rate, eligible
+  # warps, occupancy and launch shape of 16 launches past the warm-up tokens.
+  if ! command -v ncu >/dev/null; then echo "ncu: not installed here"; return 0; fi
+  ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section SchedulerStats \
+    -k regex:'qmm|flash_attn_dec|rope_store' --launch-skip 300 --launch-count 16 \
+    $H bench --model $model --devices $dev -p 0 -n 16 -r 1 > "$res/ncu-decode.txt" 2>&1
+  local rc=$?
+  grep -E '^  [a-z_]+ \(|Duration|Registers Per|Warp Cycles Per Issued' "$res/ncu-decode.txt" | head -64
+  return $rc
+}
+[ $mode = gpu ] && step "ncu: the decode kernels' issue statistics" ncu_decode
 
 if [ -x "$L/build/bin/llama-perplexity" ]; then
   step "llama-perplexity on CUDA (the same corpus, ctx 512)" bash -c \
