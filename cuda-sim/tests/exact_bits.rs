@@ -287,3 +287,23 @@ fn logic_ops_follow_their_truth_tables(
     let got = run([ty.as_str(); 4], &text, &cases);
     assert_bits(&text, &cases, &got, &want);
 }
+
+/// `not` on 16, 32 and 64 bits flips every bit of the register's width and nothing above
+/// it (the integer path of `un`, which `not.b32` shares with no float).
+#[rstest]
+fn not_flips_every_bit_of_its_width(#[values(16, 32, 64)] bits: u32) {
+    let ws = words(5, 40);
+    let cases: Vec<[u64; 3]> = ws
+        .iter()
+        .zip(ws.iter().rev())
+        .map(|(&x, &y)| [(x << 32 | y) & (u64::MAX >> (64 - bits)), 0, 0])
+        .collect();
+    let want: Vec<u64> = cases
+        .iter()
+        .map(|&[a, _, _]| (0..bits).fold(0, |acc, i| acc | ((a >> i & 1) ^ 1) << i))
+        .collect();
+    let ty = format!("b{bits}");
+    let text = format!("not.{ty} %xd, %xa;");
+    let got = run([ty.as_str(); 4], &text, &cases);
+    assert_bits(&text, &cases, &got, &want);
+}

@@ -93,3 +93,15 @@ fn reciprocals_stay_within_their_bounds(#[case] instr: &str, #[case] want: fn(f6
         );
     }
 }
+
+/// With the bound check on, results that are exactly zero stay zero (signed as the input):
+/// the check moves a result to the edge of the ISA's bound, and `sin(±0)` and `tanh(±0)`
+/// are ±0 on every GPU.
+#[rstest]
+#[case::sin("sin.approx.f32 %xd, %xa;")]
+#[case::tanh("tanh.approx.f32 %xd, %xa;")]
+fn zero_results_stay_zero_under_the_bound_check(#[case] instr: &str) {
+    let cases = [[f(0.0), 0, 0], [f(-0.0), 0, 0]];
+    let got = run(["f32", "u32", "u32", "f32"], instr, &cases);
+    assert_bits(instr, &cases, &got, &[0, 0x8000_0000]);
+}
