@@ -105,3 +105,54 @@ fn zero_results_stay_zero_under_the_bound_check(#[case] instr: &str) {
     let got = run(["f32", "u32", "u32", "f32"], instr, &cases);
     assert_bits(instr, &cases, &got, &[0, 0x8000_0000]);
 }
+
+/// `tanh.approx.f32` within its ISA bound (relative error 2^-10.987; here 2^-10) of tanh
+/// computed in f64 here, with the bound check on.
+#[test]
+fn tanh_stays_within_its_bound() {
+    let xs = [-5.0f32, -1.0, -0.3, 0.001, 0.2, 0.7, 1.5, 3.0];
+    let cases: Vec<[u64; 3]> = xs.iter().map(|&x| [f(x), 0, 0]).collect();
+    let got = run(
+        ["f32", "u32", "u32", "f32"],
+        "tanh.approx.f32 %xd, %xa;",
+        &cases,
+    );
+    for (&x, &g) in xs.iter().zip(&got) {
+        let (g, w) = (f64::from(f32::from_bits(g as u32)), f64::from(x).tanh());
+        let rel = ((g - w) / w).abs();
+        assert!(
+            rel <= 2f64.powi(-10),
+            "tanh.approx({x}) = {g}, want {w} (relative error {rel:e})"
+        );
+    }
+}
+
+/// `sin.approx.f32` with the bound check on: within the ISA's absolute error 2^-20.9 of sin
+/// computed in f64 here, and moved both up and down from the correctly rounded value over
+/// 64 inputs (a move that always leaned one way would be kinder to sums than a GPU is).
+#[test]
+fn sin_moves_both_ways_within_its_bound() {
+    let xs: Vec<f32> = (0..64).map(|i| -3.0 + i as f32 * 0.0937).collect();
+    let cases: Vec<[u64; 3]> = xs.iter().map(|&x| [f(x), 0, 0]).collect();
+    let got = run(
+        ["f32", "u32", "u32", "f32"],
+        "sin.approx.f32 %xd, %xa;",
+        &cases,
+    );
+    let (mut up, mut down) = (0, 0);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let w = f64::from(x).sin();
+        let g = f32::from_bits(g as u32);
+        let err = (f64::from(g) - w).abs();
+        assert!(
+            err <= 2f64.powf(-20.9),
+            "sin.approx({x}) = {g}, want {w} (error {err:e})"
+        );
+        match g.partial_cmp(&(w as f32)) {
+            Some(std::cmp::Ordering::Greater) => up += 1,
+            Some(std::cmp::Ordering::Less) => down += 1,
+            _ => {}
+        }
+    }
+    assert!(up > 0 && down > 0, "moved up {up} and down {down} times");
+}
