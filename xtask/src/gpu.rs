@@ -530,14 +530,14 @@ fn prepare(sh: &Shell, root: &Path, dir: &Path) -> Result<()> {
     std::fs::write(&run, run_script(fetch::MODEL_SHA256, &tests, &commit))
         .map_err(|e| io("cannot write", &run, e))?;
     set_executable(&run)?;
-    let size = |f: &Path| -> Result<u64> {
-        Ok(std::fs::metadata(f)
-            .map_err(|e| io("cannot read", f, e))?
-            .len())
-    };
     let mut sized: Vec<(PathBuf, u64)> = [run.clone(), kit_xz, llama_xz]
         .into_iter()
-        .map(|f| Ok((f.clone(), size(&f)?)))
+        .map(|f| {
+            let n = std::fs::metadata(&f)
+                .map_err(|e| io("cannot read", &f, e))?
+                .len();
+            Ok((f, n))
+        })
         .collect::<Result<_>>()?;
     let tree = repository_bytes(sh)?;
     let room = CALL_LIMIT.saturating_sub(tree + CALL_MARGIN);

@@ -162,7 +162,6 @@ else
   while read -r f; do [ -n "$f" ] && failed+=("$f"); done < "$tests_done"
 fi
 
-
 ppl_check() {
   local cpu gpu
   cpu=$($H perplexity --model $model --devices cpu $ppl_args --json) || return 1
@@ -235,7 +234,6 @@ step "speed: ggml-harness bench and llama-bench, alternated" speed
 
 step "calibration: probes and every kernel alone" \
   $H calibrate --model $model --devices $dev --out "$res" -p $cal_p $cal_args --commit @COMMIT@
-
 
 tunings() {
   local t ok=0

@@ -337,35 +337,34 @@ impl GpuSpec {
     /// [`check_drift`](super::check_drift): `None` where nothing was fitted on this GPU
     /// (then every modelled claim for it is uncalibrated).
     pub fn calibration(&self) -> Option<super::Calibration> {
-        match self.name {
-            "h100-sxm" => Some(super::Calibration {
-                gpu: self.name.to_string(),
-                commit: "a5a7363".to_string(),
-                file: "harness/reference/cuda-h100-a5a7363/fit-h100-3.txt".to_string(),
-                date: "2026-11-26".to_string(),
-                families: H100_FAMILIES
-                    .iter()
-                    .map(|&(f, e)| super::FamilyError {
-                        family: f.to_string(),
-                        error: e,
-                    })
-                    .collect(),
-            }),
-            "h200" => Some(super::Calibration {
-                gpu: self.name.to_string(),
-                commit: "938b0ae".to_string(),
-                file: "harness/reference/cuda-h200-938b0ae/fit-h200.txt".to_string(),
-                date: "2026-11-27".to_string(),
-                families: H200_FAMILIES
-                    .iter()
-                    .map(|&(f, e)| super::FamilyError {
-                        family: f.to_string(),
-                        error: e,
-                    })
-                    .collect(),
-            }),
-            _ => None,
-        }
+        let (commit, file, date, families): (_, _, _, &[(&str, f64)]) = match self.name {
+            "h100-sxm" => (
+                "a5a7363",
+                "harness/reference/cuda-h100-a5a7363/fit-h100-3.txt",
+                "2026-11-26",
+                &H100_FAMILIES,
+            ),
+            "h200" => (
+                "938b0ae",
+                "harness/reference/cuda-h200-938b0ae/fit-h200.txt",
+                "2026-11-27",
+                &H200_FAMILIES,
+            ),
+            _ => return None,
+        };
+        Some(super::Calibration {
+            gpu: self.name.to_string(),
+            commit: commit.to_string(),
+            file: file.to_string(),
+            date: date.to_string(),
+            families: families
+                .iter()
+                .map(|&(f, e)| super::FamilyError {
+                    family: f.to_string(),
+                    error: e,
+                })
+                .collect(),
+        })
     }
 
     /// H100 SXM5: 132 SMs, 50 MB L2, HBM3 at 3.35 TB/s (H100 datasheet), 1.98 GHz.
