@@ -327,14 +327,15 @@ pub fn rope(ne: [usize; 4]) -> Option<LaunchDims> {
     })
 }
 
-/// Threads of a `rope_store` block.
-pub const ROPE_STORE_THREADS: u32 = 256;
+/// Most threads of a `rope_store` block.
+pub const ROPE_STORE_THREADS: u32 = 512;
 
-/// rope_store: one block of [`ROPE_STORE_THREADS`] per token, with its `hq` Q heads and
-/// `hk` K heads of `ne0` values and its `nv` V values as f32 in shared memory, then the
-/// `ne0 / 2` rotation angles of its position. `None`
-/// without K heads, for an odd or zero head size, or when the inputs do not fit the
-/// default 48 KiB.
+/// rope_store: one block per token, with its `hq` Q heads and `hk` K heads of `ne0`
+/// values and its `nv` V values as f32 in shared memory, then the `ne0 / 2` rotation
+/// angles of its position. A thread per task (a rotated or copied pair, a pair of V
+/// values), in whole warps, 64 to [`ROPE_STORE_THREADS`]: every task in one round up to
+/// 512 tasks (SmolLM2's decode step has 480). `None` without K heads, for an odd or zero
+/// head size, or when the inputs do not fit the default 48 KiB.
 pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Option<LaunchDims> {
     if hk == 0 || ne0 == 0 || ne0 % 2 != 0 || n == 0 {
         return None;
@@ -348,11 +349,25 @@ pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Opti
     if shared > DEFAULT_MAX_SHARED {
         return None;
     }
+    let tasks = (hq + hk) * (ne0 / 2) + nv.div_ceil(2);
+    let threads = u32::try_from(tasks.next_multiple_of(32).clamp(64, 512)).ok()?;
     check(LaunchDims {
         grid: (u32::try_from(n).ok()?, 1, 1),
-        block: (ROPE_STORE_THREADS, 1, 1),
+        block: (threads, 1, 1),
         shared,
     })
+}
+
+/// `ceil(2^32 / d)` for `d >= 2`, and 0 for `d = 1` (the kernels add `u * (d == 1)`):
+/// `u / d = mul.hi(u, magic)` exactly while `u * d < 2^32`.
+/// `d` is at least 1 (the callers' launch checks refuse an empty dimension).
+pub(crate) fn div_magic(d: u32) -> u32 {
+    debug_assert!(d >= 1, "div_magic: division by zero");
+    match d {
+        0 | 1 => 0,
+        // ceil(2^32 / d) < 2^32 for d >= 2
+        _ => ((1u64 << 32).div_ceil(u64::from(d))) as u32,
+    }
 }
 
 /// flash_attn_ext: warps per block so that the per-warp shared state
@@ -654,6 +669,20 @@ mod tests {
         assert!(flash_attn_dec(64, 64, 9, 2, 1, 16, 1).is_none());
     }
 
+    /// `mul.hi(u, div_magic(d)) + u * (d == 1)` is `u / d` wherever `u * d < 2^32`.
+    #[test]
+    fn div_magic_divides_exactly_in_its_range() {
+        for d in [1u32, 2, 3, 7, 32, 64, 96, 128, 1000, 4096, 65535] {
+            let m = u64::from(div_magic(d));
+            let limit = (1u64 << 32) / u64::from(d);
+            let probes = (0..2000u64).chain((limit.saturating_sub(2000))..limit);
+            for u in probes {
+                let q = ((u * m) >> 32) + u * u64::from(d == 1);
+                assert_eq!(q, u / u64::from(d), "{u} / {d}");
+            }
+        }
+    }
+
     #[test]
     fn other_kernels() {
         assert_eq!(quantize_q8_1(576, 5, 1).unwrap().grid, (3, 5, 1));
@@ -662,8 +691,11 @@ mod tests {
         assert_eq!(get_rows(false, 576, 4, 1).unwrap().grid, (3, 4, 1));
         assert_eq!(rope([64, 9, 7, 1]).unwrap().block, (32, 1, 1));
         assert_eq!(rope([256, 2, 3, 1]).unwrap().block, (128, 1, 1));
+        // SmolLM2: 12 heads of 32 pairs and 96 V pairs, one task each.
         let rs = rope_store(64, 9, 3, 192, 1).unwrap();
-        assert_eq!((rs.grid, rs.block), ((1, 1, 1), (256, 1, 1)));
+        assert_eq!((rs.grid, rs.block), ((1, 1, 1), (480, 1, 1)));
+        assert_eq!(rope_store(2, 0, 1, 0, 1).unwrap().block, (64, 1, 1));
+        assert_eq!(rope_store(256, 8, 4, 1024, 2).unwrap().block, (512, 1, 1));
         assert_eq!(rs.shared, 4 * (12 * 64 + 192 + 32));
         assert_eq!(rope_store(256, 0, 1, 256, 7).unwrap().grid, (7, 1, 1));
         assert!(rope_store(64, 9, 0, 0, 1).is_none());

@@ -727,6 +727,8 @@ fn rope_store(
     a.usize(parts.v_store.as_ref().map_or(0, |(_, v)| v.nb[1]));
     a.usize(parts.idx.nb[0]);
     a.usize(ks.nb[1]).usize(nbvc1);
+    a.u32(launch::div_magic(d as u32))
+        .u32(launch::div_magic(d as u32 / 2));
     c.launch(KernelId::RopeStore, dims, &mut a)
 }
 

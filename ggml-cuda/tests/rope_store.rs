@@ -184,6 +184,10 @@ fn yarn(mut p: RopeParams) -> RopeParams {
 )]
 #[case::yarn(64, 4, 2, 2, yarn(RopeParams::llama(64, 10000.0)), DType::F16, true)]
 #[case::without_v(64, 9, 3, 1, RopeParams::llama(64, 100000.0), DType::F16, false)]
+// One pair per head: the kernel's division by ne0/2 = 1 (its magic number is 0).
+#[case::one_pair_heads(2, 3, 2, 2, RopeParams::llama(2, 10000.0), DType::F32, true)]
+// 34 heads of 8 pairs and 24 V pairs: 296 tasks on 10 warps, the last one partial.
+#[case::many_small_heads(16, 31, 3, 1, RopeParams::llama(16, 10000.0), DType::F16, true)]
 fn fused_rope_and_store_give_the_unfused_bits(
     #[case] d: usize,
     #[case] hq: usize,
