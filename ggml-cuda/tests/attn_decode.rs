@@ -277,6 +277,23 @@ const GEMMA: (usize, usize) = (4, 1);
     0.0,
     0.0
 )]
+// One tile (n_kv <= 128): the block is its own combine, no partials, no count.
+#[case::smollm2_one_tile(
+    64,
+    SMOL,
+    1,
+    128,
+    37,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    0.0
+)]
+#[case::one_tile_three_tokens_gqa1(64, (6, 6), 3, 100, 60, None, 2, DType::F16, Some(DType::F16), 0.125, 0.0, 0.0)]
+#[case::one_tile_softcap_alibi_f32(64, (6, 6), 2, 128, 128, None, 1, DType::F32, None, 0.125, 30.0, 8.0)]
 #[case::gemma3_window(256, GEMMA, 1, 512, 400, Some(128), 1, DType::F16, Some(DType::F16), 1.0 / 16.0, 0.0, 0.0)]
 #[case::gemma3_five_tokens(256, GEMMA, 5, 512, 200, Some(64), 1, DType::F16, Some(DType::F16), 1.0 / 16.0, 0.0, 0.0)]
 #[case::f32_kv_f32_mask_batched(128, (8, 2), 2, 300, 290, None, 2, DType::F32, Some(DType::F32), 0.088, 0.0, 0.0)]
@@ -472,6 +489,74 @@ fn fully_masked_rows_and_tiles() {
         "zeros for query 1"
     );
     assert!(got[..row].iter().any(|&x| x != 0.0));
+}
+
+/// One tile in which no query sees anything (the single empty tile's own combine): zeros,
+/// as the reference gives, including for a second query that sees only part of it.
+#[test]
+fn a_single_empty_tile_gives_zeros() {
+    let be = backend();
+    let mut p = Problem::new(
+        6,
+        (64, 64),
+        SMOL,
+        2,
+        128,
+        40,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    p.m.fill(f32::NEG_INFINITY);
+    let got = p.run(&be);
+    assert_matches(&got, &p.reference(), "single empty tile");
+    assert!(got.iter().all(|&x| x.to_bits() == 0), "+0 everywhere");
+}
+
+/// Non-finite inputs in a single tile follow the reference as with many tiles: an
+/// infinite key element (a +inf score makes the tile's m +inf and its factor NaN) and a
+/// NaN value element.
+#[test]
+fn non_finite_inputs_in_a_single_tile_follow_the_reference() {
+    let be = backend();
+    let mut p = Problem::new(
+        12,
+        (64, 64),
+        SMOL,
+        1,
+        128,
+        100,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    p.k[30 * 64 + 3] = f32::INFINITY;
+    // One query: head h's row is q[64h..]; head 0 scores +inf there, head 1 -inf.
+    p.q[3] = 0.5;
+    p.q[64 + 3] = -0.5;
+    p.v[(128 + 20) * 64 + 10] = f32::NAN;
+    let got = p.run(&be);
+    let want = p.reference();
+    let canon = |x: f32| if x.is_nan() { u32::MAX } else { x.to_bits() };
+    let differ = got
+        .iter()
+        .zip(&want)
+        .position(|(a, b)| canon(*a) != canon(*b));
+    if exact() {
+        assert_eq!(differ, None, "{:?}", differ.map(|i| (got[i], want[i])));
+    }
+    let nan_heads: Vec<bool> = (0..9)
+        .map(|hh| got[64 * hh..][..64].iter().any(|x| x.is_nan()))
+        .collect();
+    // Heads 3-5 read the NaN value; head 0 scores +inf (m = +inf: NaN), head 1 -inf
+    // (the position drops out: finite).
+    assert!(nan_heads[3..6].iter().all(|&b| b), "{nan_heads:?}");
+    assert!(nan_heads[0] && !nan_heads[1], "{nan_heads:?}");
+    assert!(!nan_heads[6..].contains(&true), "{nan_heads:?}");
 }
 
 /// Non-finite inputs take the same path as the reference: an infinite key element in

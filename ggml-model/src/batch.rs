@@ -72,13 +72,20 @@ pub struct GraphInputs {
     pub wanted_rows: usize,
 }
 
+/// The KV cells a pass attends are the cells in use rounded up to a multiple of this, so
+/// that one graph serves 128 consecutive decode steps. 128 is the CUDA decode attention's
+/// tile: a generation of up to 128 tokens attends one tile, which is its own combine.
+/// The bits do not depend on it: every kernel skips masked cells and orders its sums by
+/// position.
+pub const KV_PAD: usize = 128;
+
 /// Claims cache cells for `batch` (appending after the cells in use) and computes the
 /// inputs of the forward passes of its micro-batches of at most `n_ubatch` tokens (0:
 /// one pass for the whole batch). The causal mask lets token `i` see every cell of its
 /// own sequence at a position `<=` its own.
 ///
 /// Every micro-batch of a batch attends the same `n_kv` cells (those the whole batch
-/// needs, a multiple of 256), and all but a shorter last one have the same token and
+/// needs, a multiple of [`KV_PAD`]), and all but a shorter last one have the same token and
 /// output counts, so they share one graph: the scheduler runs them back to back in
 /// rotating pipeline slots. Masked cells are skipped by the attention kernels, so a
 /// token's result does not depend on how the batch was cut.
@@ -103,7 +110,7 @@ pub fn prepare(kv: &mut KvCache, batch: &Batch, n_ubatch: usize) -> Result<Vec<G
             kv.size
         )));
     }
-    let n_kv = ((kv_head + n).div_ceil(256) * 256).min(kv.size);
+    let n_kv = ((kv_head + n).div_ceil(KV_PAD) * KV_PAD).min(kv.size);
     let step = if n_ubatch == 0 { n } else { n_ubatch };
     let mut out = Vec::with_capacity(n.div_ceil(step));
     for u0 in (0..n).step_by(step) {
@@ -200,7 +207,7 @@ mod tests {
         // Same n_kv everywhere, and the row count of the one with most outputs (2).
         let shapes: Vec<_> = u.iter().map(|g| g.shape).collect();
         for (g, n) in shapes.iter().zip([4, 4, 2]) {
-            assert_eq!((g.n_tokens, g.n_kv), (n, 256));
+            assert_eq!((g.n_tokens, g.n_kv), (n, KV_PAD));
         }
         assert_eq!(shapes[0], shapes[1]);
         assert_eq!(
@@ -216,12 +223,31 @@ mod tests {
         assert_eq!(ints(&u[2].tokens), [108, 109]);
         // Token 5 (micro-batch 1, row 1) sees cells 0..=5 and nothing else.
         let mask = &u[1].mask;
-        let visible: Vec<usize> = (0..256)
+        let visible: Vec<usize> = (0..KV_PAD)
             .filter(|&j| {
-                f16::from_le_bytes([mask[2 * (256 + j)], mask[2 * (256 + j) + 1]]) == f16::ZERO
+                let at = 2 * (KV_PAD + j);
+                f16::from_le_bytes([mask[at], mask[at + 1]]) == f16::ZERO
             })
             .collect();
         assert_eq!(visible, (0..=5).collect::<Vec<_>>());
+    }
+
+    /// The attended cells grow in steps of `KV_PAD` and stop at the cache's size.
+    #[test]
+    fn attended_cells_are_the_used_ones_rounded_up_to_the_pad() {
+        let mut kv = KvCache::cells_only(384);
+        let mut seen = Vec::new();
+        for pos in 0..300 {
+            let mut b = Batch::default();
+            b.push(1, pos, 0, true);
+            seen.push(prepare(&mut kv, &b, 0).unwrap()[0].shape.n_kv);
+        }
+        assert_eq!(seen[0], 128);
+        assert_eq!(seen[127], 128);
+        assert_eq!(seen[128], 256);
+        assert_eq!(seen[255], 256);
+        assert_eq!(seen[256], 384);
+        assert_eq!(seen[299], 384);
     }
 
     #[test]

@@ -107,7 +107,7 @@ pub fn time_pass(
 
 /// The two passes of `kernels.json`: a prompt of `n_prompt` tokens into an empty cache
 /// (`pp{n_prompt}`), then one token decoded at position 0 (`tg`, the shape of every
-/// token of a short generation: one query, 256 KV cells).
+/// token of a short generation: one query, 128 KV cells).
 pub fn time_model_kernels(
     model: &Model,
     exec: &mut dyn Executor,

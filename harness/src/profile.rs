@@ -37,8 +37,9 @@ pub struct ProfileSettings {
     pub sample_blocks: Option<u64>,
     /// Prompt tokens of the prompt pass.
     pub n_prompt: usize,
-    /// Tokens the generation figure is for (each modelled as the one decoded token: a
-    /// generation of up to 256 tokens attends 256 KV cells at every step).
+    /// Tokens the generation figure is for (each modelled as the one decoded token at
+    /// position 0: a generation of up to 128 tokens attends the same 128 KV cells, one
+    /// [`ggml_model::batch::KV_PAD`], at every step).
     pub n_gen: usize,
     /// How the kernels are launched: graph nodes when the backend replays CUDA graphs.
     pub launch: LaunchKind,

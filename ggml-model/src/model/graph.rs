@@ -20,7 +20,7 @@ pub struct KvTensors {
 pub struct BatchShape {
     /// Tokens in the batch.
     pub n_tokens: usize,
-    /// KV cells attended (a multiple of 256 covering every cell in use).
+    /// KV cells attended (a multiple of [`crate::batch::KV_PAD`] covering every cell in use).
     pub n_kv: usize,
     /// Rows of logits computed (the tokens whose outputs are requested).
     pub n_outputs: usize,

@@ -22,7 +22,7 @@ pub struct ProfileArgs {
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: usize,
     /// Generated tokens the generation figure is named after (0 skips the generated
-    /// token); each token is modelled as one decode at 256 KV cells.
+    /// token); each token is modelled as one decode at position 0 (128 KV cells).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
     /// Interpret at most N evenly spaced blocks of each launch and scale the counts
