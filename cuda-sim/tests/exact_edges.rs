@@ -1,5 +1,6 @@
 //! Edges of cuda-sim's arithmetic that the broad exactness tests do not reach: `.sat` on
 //! conversions that go through f64 (to or from f64, f32 to f16, integer to f16 / bf16),
+//! `.ftz` and the integer rounding modes on conversions,
 //! `ex2.approx` at the bottom of the subnormal range with the bound check on (the result
 //! is moved by one ulp, but never onto zero), and `rcp.approx` / `rsqrt.approx` within
 //! their bounds of values computed in the test. Expected bits are written out from the
@@ -37,6 +38,45 @@ const F64_HALF: u64 = 0x3fe0_0000_0000_0000;
 #[case::s32_to_bf16_above("cvt.rn.sat.bf16.s32", "s32", 5, 0x3f80)]
 #[case::s32_to_bf16_negative("cvt.rn.sat.bf16.s32", "s32", (-2i32) as u32 as u64, 0)]
 fn saturating_conversions_through_f64(
+    #[case] instr: &str,
+    #[case] src: &str,
+    #[case] x: u64,
+    #[case] want: u64,
+) {
+    let dst = instr.rsplit('.').nth(1).expect("destination type");
+    let c = [[x, 0, 0]];
+    let got = run([src, "u32", "u32", dst], &format!("{instr} %xd, %xa;"), &c);
+    assert_bits(instr, &c, &got, &[want]);
+}
+
+/// `.ftz` flushes a subnormal f32 source to a zero of its sign before a conversion rounds
+/// it (to an integer, or to f64), the integer rounding modes of a float-to-float
+/// conversion round f64 values to integers, and f64 and 64-bit integers round once to f16
+/// and bf16 (the half crate's f64 conversions do not: a bug these cases found). Expected bits written out: 2^-149 as f64 is
+/// 0x36a0... (exponent 1023 - 149 = 0x36a).
+#[rstest]
+#[case::ceil_of_a_subnormal("cvt.rpi.s32.f32", "f32", 1, 1)]
+#[case::ceil_of_a_flushed_subnormal("cvt.rpi.ftz.s32.f32", "f32", 1, 0)]
+#[case::floor_of_a_flushed_negative_subnormal("cvt.rmi.ftz.s32.f32", "f32", 0x8000_0001, 0)]
+#[case::subnormal_widened("cvt.f64.f32", "f32", 1, 0x36a0_0000_0000_0000)]
+#[case::subnormal_flushed_then_widened("cvt.ftz.f64.f32", "f32", 1, 0)]
+#[case::negative_subnormal_flushed("cvt.ftz.f64.f32", "f32", 0x8000_0001, 0x8000_0000_0000_0000)]
+#[case::f64_to_nearest_even_integer("cvt.rni.f64.f64", "f64", d(2.5), d(2.0))]
+#[case::f64_down_to_an_integer("cvt.rmi.f64.f64", "f64", d(-0.5), d(-1.0))]
+#[case::f64_up_to_an_integer("cvt.rpi.f64.f64", "f64", d(1.25), d(2.0))]
+#[case::f64_towards_zero("cvt.rzi.f64.f64", "f64", d(-1.75), d(-1.0))]
+// Just above the f16 tie 1 + 2^-11: rounded once, up to 1 + 2^-10 (0x3c01); through f32
+// first it would land on the tie and go to even, 1.0.
+#[case::f64_to_f16_rounds_once("cvt.rn.f16.f64", "f64", d(1.0 + 2f64.powi(-11) + 2f64.powi(-40)), 0x3c01)]
+// The same for bf16: just above the tie 1 + 2^-8, up to 1 + 2^-7 (0x3f81).
+#[case::f64_to_bf16_rounds_once("cvt.rn.bf16.f64", "f64", d(1.0 + 2f64.powi(-8) + 2f64.powi(-40)), 0x3f81)]
+// 2^60 + 2^52 + 1 is just above the bf16 tie 2^60 + 2^52: up to 2^60 + 2^53 (exponent
+// 187 = 0xbb, last mantissa bit set: 0x5d81); through f64 the +1 is lost first.
+#[case::u64_to_bf16_rounds_once("cvt.rn.bf16.u64", "u64", (1u64 << 60) + (1 << 52) + 1, 0x5d81)]
+// The largest finite f16 is 65504; from 65520 on, infinity.
+#[case::u64_to_f16_largest("cvt.rn.f16.u64", "u64", 65519, 0x7bff)]
+#[case::u64_to_f16_overflow("cvt.rn.f16.u64", "u64", 65520, 0x7c00)]
+fn flushed_sources_and_integer_rounding_in_conversions(
     #[case] instr: &str,
     #[case] src: &str,
     #[case] x: u64,

@@ -2,6 +2,7 @@
 //! function is the PTX ISA's definition; tests pin the edge cases (ties, NaN, zeros,
 //! saturation, shifts past the width).
 
+use super::half as exact16;
 use crate::ptx::ir::{BinOp, Cmp, Rnd, Ty, UnOp};
 
 /// The canonical NaN NVIDIA GPUs produce for f32 arithmetic.
@@ -474,22 +475,22 @@ pub fn cvt(dty: Ty, sty: Ty, rnd: Option<Rnd>, ftz: bool, sat: bool, a: u64) -> 
             };
             let x = if sat { sat01_64(x) } else { x };
             match dty {
-                // From f32 the half crate rounds to nearest even; from f64 it does too.
+                // From f32 the half crate rounds to nearest even. From f64 it does not
+                // round once (it goes through f32 with F16C, or drops the f64's low 32
+                // bits), so an f64 is rounded here.
                 Ty::F(16) => {
-                    let h = if sty == Ty::F(32) {
-                        half::f16::from_f32(x as f32)
+                    if sty == Ty::F(32) {
+                        half::f16::from_f32(x as f32).to_bits() as u64
                     } else {
-                        half::f16::from_f64(x)
-                    };
-                    h.to_bits() as u64
+                        narrow_f64(false, x)
+                    }
                 }
                 Ty::Bf16 => {
-                    let h = if sty == Ty::F(32) {
-                        half::bf16::from_f32(x as f32)
+                    if sty == Ty::F(32) {
+                        half::bf16::from_f32(x as f32).to_bits() as u64
                     } else {
-                        half::bf16::from_f64(x)
-                    };
-                    h.to_bits() as u64
+                        narrow_f64(true, x)
+                    }
                 }
                 Ty::F(32) if x.is_nan() && sty == Ty::F(64) => narrow_nan(x.to_bits()),
                 Ty::F(32) => out32(x as f32, ftz),
@@ -534,22 +535,28 @@ fn from_f64_exactish(v: i128, dty: Ty, ftz: bool, sat: bool) -> u64 {
             };
             (if sat { sat01_64(f) } else { f }).to_bits()
         }
-        Ty::F(16) => {
-            let f = if v < 0 {
-                (v as i64) as f64
-            } else {
-                (v as u64) as f64
-            };
-            half::f16::from_f64(if sat { sat01_64(f) } else { f }).to_bits() as u64
-        }
+        // Rounded once from the exact integer (through f64, a 64-bit integer would be
+        // rounded twice).
         _ => {
-            let f = if v < 0 {
-                (v as i64) as f64
+            let v = if sat { v.clamp(0, 1) } else { v };
+            let fmt = if dty == Ty::F(16) {
+                exact16::F16
             } else {
-                (v as u64) as f64
+                exact16::BF16
             };
-            half::bf16::from_f64(if sat { sat01_64(f) } else { f }).to_bits() as u64
+            fmt.round(v < 0, v.unsigned_abs(), 0, false, true)
         }
+    }
+}
+
+/// An f64 rounded once to nearest even in f16 (`bf16 = false`) or bf16; a NaN as the half
+/// crate converts it.
+pub(crate) fn narrow_f64(bf16: bool, x: f64) -> u64 {
+    match (x.is_nan(), bf16) {
+        (true, false) => half::f16::from_f64(x).to_bits() as u64,
+        (true, true) => half::bf16::from_f64(x).to_bits() as u64,
+        (false, false) => exact16::round_f64(exact16::F16, x),
+        (false, true) => exact16::round_f64(exact16::BF16, x),
     }
 }
 

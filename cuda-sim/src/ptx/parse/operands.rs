@@ -269,8 +269,8 @@ fn imm_for(bits: u64, is_float: bool, ty: Ty) -> u64 {
     let v = f64::from_bits(bits);
     match ty {
         Ty::F(32) => (v as f32).to_bits() as u64,
-        Ty::F(16) => half::f16::from_f64(v).to_bits() as u64,
-        Ty::Bf16 => half::bf16::from_f64(v).to_bits() as u64,
+        Ty::F(16) => crate::exec::arith::narrow_f64(false, v),
+        Ty::Bf16 => crate::exec::arith::narrow_f64(true, v),
         _ => bits,
     }
 }
