@@ -20,6 +20,8 @@ use xshell::{cmd, Shell};
 
 use crate::fetch::Result;
 
+mod count;
+
 /// The Rust target.
 const TARGET: &str = "aarch64-unknown-linux-gnu";
 /// The cross linker.
@@ -59,22 +61,45 @@ pub const MODELS: [CpuModel; 3] = [
 ];
 
 const USAGE: &str = "usage: cargo xtask aarch64 [--cpu MODEL]... [-- TEST_FILTER...]
+       cargo xtask aarch64 --count [--level L]... [-p N] [-n N]
   MODEL: cortex-a53 (neon), cortex-a76 (dotprod) or max (i8mm); default: all three
-  TEST_FILTER: arguments for ggml-cpu's test binaries; with one, the matrix sample is skipped";
+  TEST_FILTER: arguments for ggml-cpu's test binaries; with one, the matrix sample is skipped
+  --count: instructions per token of pp and tg on SmolLM2 under qemu, ours at each level L
+           (neon, dotprod, i8mm; default all) against llama.cpp built for dotprod+i8mm;
+           -p and -n: prompt and generated tokens (default 512 and 128; 0 skips)";
 
-/// The parsed command line: the models to run and the arguments for the test binaries.
+/// The parsed command line: the models to run and the arguments for the test binaries,
+/// or the instruction counts.
 #[derive(Debug, PartialEq)]
 struct Args {
     models: Vec<&'static CpuModel>,
     test_args: Vec<String>,
+    count: Option<count::CountArgs>,
 }
 
 fn parse(args: &[String]) -> Result<Args> {
     let mut models = Vec::new();
     let mut it = args.iter();
     let mut test_args = Vec::new();
+    let mut count: Option<count::CountArgs> = None;
+    let mut levels = Vec::new();
+    let tokens = |flag: &str, v: Option<&String>| -> Result<usize> {
+        v.and_then(|v| v.parse().ok())
+            .ok_or(format!("{flag} needs a token count\n{USAGE}"))
+    };
+    let (mut n_prompt, mut n_gen) = (None, None);
     while let Some(a) = it.next() {
         match a.as_str() {
+            "--count" => count = Some(count::CountArgs::default()),
+            "--level" => {
+                let l = it.next().ok_or(format!("--level needs a level\n{USAGE}"))?;
+                if !["neon", "dotprod", "i8mm"].contains(&l.as_str()) {
+                    return Err(format!("unknown level '{l}'\n{USAGE}"));
+                }
+                levels.push(l.clone());
+            }
+            "-p" => n_prompt = Some(tokens("-p", it.next())?),
+            "-n" => n_gen = Some(tokens("-n", it.next())?),
             "--cpu" => {
                 let name = it.next().ok_or(format!("--cpu needs a model\n{USAGE}"))?;
                 let m = MODELS
@@ -91,10 +116,31 @@ fn parse(args: &[String]) -> Result<Args> {
             other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
         }
     }
+    let counting = (!levels.is_empty(), n_prompt.is_some(), n_gen.is_some());
+    match count.as_mut() {
+        Some(c) => {
+            if !levels.is_empty() {
+                c.levels = levels;
+            }
+            c.n_prompt = n_prompt.unwrap_or(c.n_prompt);
+            c.n_gen = n_gen.unwrap_or(c.n_gen);
+            if !models.is_empty() || !test_args.is_empty() {
+                return Err(format!("--count takes no --cpu or test filter\n{USAGE}"));
+            }
+        }
+        None if counting != (false, false, false) => {
+            return Err(format!("--level, -p and -n go with --count\n{USAGE}"));
+        }
+        None => {}
+    }
     if models.is_empty() {
         models = MODELS.iter().collect();
     }
-    Ok(Args { models, test_args })
+    Ok(Args {
+        models,
+        test_args,
+        count,
+    })
 }
 
 /// Whether `tool` runs (`tool --version`).
@@ -180,6 +226,9 @@ pub fn aarch64(sh: &Shell, args: &[String]) -> Result<()> {
             "cannot run the aarch64 tests; missing: {}",
             missing.join("; ")
         ));
+    }
+    if let Some(c) = &args.count {
+        return count::count(sh, &crate::workspace_root(), c);
     }
     let _linker = sh.push_env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", LINKER);
     // The tests choose their levels themselves; a level forced from outside would not
@@ -292,6 +341,25 @@ mod tests {
         assert!(parse(&strings(&["--cpu", "cortex-x9"])).is_err());
         assert!(parse(&strings(&["--cpu"])).is_err());
         assert!(parse(&strings(&["--fast"])).is_err());
+    }
+
+    #[test]
+    fn parses_the_count_mode() {
+        assert_eq!(parse(&[]).unwrap().count, None);
+        let c = parse(&strings(&["--count"])).unwrap().count.unwrap();
+        assert_eq!(c, count::CountArgs::default());
+        assert_eq!(c.levels, strings(&["neon", "dotprod", "i8mm"]));
+        let c = parse(&strings(&[
+            "--count", "--level", "i8mm", "-p", "64", "-n", "0",
+        ]))
+        .unwrap()
+        .count
+        .unwrap();
+        assert_eq!((c.levels, c.n_prompt, c.n_gen), (strings(&["i8mm"]), 64, 0));
+        assert!(parse(&strings(&["--count", "--level", "sve"])).is_err());
+        assert!(parse(&strings(&["--count", "-p", "many"])).is_err());
+        assert!(parse(&strings(&["-p", "64"])).is_err());
+        assert!(parse(&strings(&["--count", "--cpu", "max"])).is_err());
     }
 
     /// Each model's levels are the aarch64 chain's prefix up to its best level.

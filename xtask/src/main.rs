@@ -2,7 +2,8 @@
 //!
 //! Commands:
 //! - `aarch64`: ggml-cpu's tests cross-built for aarch64 and run under qemu-user, once
-//!   per emulated CPU model (NEON, dotprod, i8mm);
+//!   per emulated CPU model (NEON, dotprod, i8mm); `--count`: instructions per token,
+//!   ours against llama.cpp, under qemu;
 //! - `all-gather`: the exact tensor split with whole and ring all-gathers side by side;
 //! - `bench-vs-llama`: ggml-harness bench against llama.cpp's llama-bench, alternately;
 //! - `faults`: the fault sweep on CPU and emulated GPUs;
@@ -42,6 +43,10 @@ commands:
                  under qemu-aarch64, once per CPU model (cortex-a53: neon, cortex-a76:
                  dotprod, max: i8mm), each failing if one of its levels did not run;
                  needs gcc-aarch64-linux-gnu and qemu-user (.ci/run installs them)
+  aarch64 --count [--level L]... [-p N] [-n N]
+                 guest instructions per token of pp512 and tg128 on SmolLM2 under
+                 qemu (a proxy for speed), ours at each level against llama.cpp
+                 cross-built for dotprod+i8mm; also needs cmake, curl, g++ for aarch64
   all-gather [--devices cpu:2,cpu:3] [--threads N] [--chunks C] [--rounds K]
                  the exact tensor split with --all-gather concat and ring side by
                  side: wall time, copy time per pass exposed and hidden, same bits
