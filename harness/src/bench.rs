@@ -348,14 +348,31 @@ fn tokens(n: usize, n_vocab: usize) -> impl Iterator<Item = u32> {
     (0..n).map(move |i| ((i * 7919 + 13) % n_vocab) as u32)
 }
 
-/// Runs `pass` (`n_tokens` tokens into an emptied cache) once to warm up and then
-/// `reps` times: the timed passes' tokens per second, and the scheduler's statistics
-/// and the CUDA devices' host counters from before the first timed pass. Both counts
-/// must be at least 1 (each comes with its command-line flag, for the error).
+/// How many times a test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Runs {
+    /// Timed repetitions (at least 1).
+    pub reps: usize,
+    /// One untimed run first (llama-bench's default; `--no-warmup` turns it off).
+    pub warmup: bool,
+}
+
+impl Runs {
+    /// The runs' indices: 0 is the warm-up (absent without one), 1..=reps the timed ones.
+    fn indices(self) -> std::ops::RangeInclusive<usize> {
+        usize::from(!self.warmup)..=self.reps
+    }
+}
+
+/// Runs `pass` (`n_tokens` tokens into an emptied cache) once to warm up (unless
+/// `runs.warmup` is off) and then `runs.reps` times: the timed passes' tokens per
+/// second, and the scheduler's statistics and the CUDA devices' host counters from before
+/// the first timed pass. Both counts must be at least 1 (each comes with its command-line
+/// flag, for the error).
 fn timed_reps(
     exec: &mut dyn Executor,
     kv: &mut KvCache,
-    (reps, reps_flag): (usize, &str),
+    (Runs { reps, warmup }, reps_flag): (Runs, &str),
     (n_tokens, tokens_flag): (usize, &str),
     cuda: &[&ggml_cuda::CudaBackend],
     mut pass: impl FnMut(&mut dyn Executor, &mut KvCache) -> Result<()>,
@@ -368,7 +385,7 @@ fn timed_reps(
     let mut samples = Vec::with_capacity(reps);
     let mut before = None;
     let mut host_before = ggml_cuda::HostCounters::default();
-    for rep in 0..=reps {
+    for rep in (Runs { reps, warmup }).indices() {
         kv.clear();
         if rep == 1 {
             before = exec.sched_stats();
@@ -383,22 +400,23 @@ fn timed_reps(
     Ok((samples, before, host_before))
 }
 
-/// Prompt processing: one batch of `n_prompt` tokens into an empty cache, `reps` times
-/// after one warm-up run. `cuda` (the session's CUDA devices) gives the host counters
-/// per pass.
+/// Prompt processing: one batch of `n_prompt` tokens into an empty cache, `runs.reps`
+/// times after one warm-up run (if `runs.warmup`). `cuda` (the session's CUDA devices)
+/// gives the host counters per pass.
 pub fn bench_pp(
     model: &Model,
     exec: &mut dyn Executor,
     kv: &mut KvCache,
     n_prompt: usize,
-    reps: usize,
+    runs: Runs,
     cuda: &[&ggml_cuda::CudaBackend],
 ) -> Result<BenchResult> {
+    let reps = runs.reps;
     let batch = prompt_batch(model, n_prompt);
     let (samples, before, host_before) = timed_reps(
         exec,
         kv,
-        (reps, "-r"),
+        (runs, "-r"),
         (n_prompt, "-p"),
         cuda,
         |exec, kv| {
@@ -414,20 +432,21 @@ pub fn bench_pp(
     Ok(r)
 }
 
-/// Generation: `n_gen` single-token decodes after an empty context, `reps` times after
-/// one warm-up run. `cuda` (the session's CUDA devices) gives the host counters per
-/// generated token.
+/// Generation: `n_gen` single-token decodes after an empty context, `runs.reps` times
+/// after one warm-up run (if `runs.warmup`). `cuda` (the session's CUDA devices) gives
+/// the host counters per generated token.
 pub fn bench_tg(
     model: &Model,
     exec: &mut dyn Executor,
     kv: &mut KvCache,
     n_gen: usize,
-    reps: usize,
+    runs: Runs,
     cuda: &[&ggml_cuda::CudaBackend],
 ) -> Result<BenchResult> {
+    let reps = runs.reps;
     let toks: Vec<u32> = tokens(n_gen, model.hp.n_vocab).collect();
     let (samples, before, host_before) =
-        timed_reps(exec, kv, (reps, "-r"), (n_gen, "-n"), cuda, |exec, kv| {
+        timed_reps(exec, kv, (runs, "-r"), (n_gen, "-n"), cuda, |exec, kv| {
             for (i, &tok) in toks.iter().enumerate() {
                 let mut b = Batch::default();
                 b.push(tok, i as i32, 0, true);
@@ -456,4 +475,30 @@ pub fn table(model_name: &str, threads: usize, devices: &str, results: &[BenchRe
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Runs;
+
+    /// A warm-up is one untimed run (index 0) before the timed ones; without it only the
+    /// timed runs happen, so two runs differ by exactly their repetitions.
+    #[test]
+    fn runs_are_the_warm_up_then_the_timed_ones() {
+        let with = Runs {
+            reps: 2,
+            warmup: true,
+        };
+        assert_eq!(with.indices().collect::<Vec<_>>(), [0, 1, 2]);
+        let without = Runs {
+            reps: 2,
+            warmup: false,
+        };
+        assert_eq!(without.indices().collect::<Vec<_>>(), [1, 2]);
+        let one = Runs {
+            reps: 1,
+            warmup: false,
+        };
+        assert_eq!(one.indices().count(), 1);
+    }
 }

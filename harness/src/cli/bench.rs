@@ -24,6 +24,9 @@ pub struct BenchArgs {
     /// Repetitions of each test (after one warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
+    /// No warm-up run before the timed ones (as llama-bench's `--no-warmup`).
+    #[arg(long)]
+    no_warmup: bool,
     #[command(flatten)]
     run: RunArgs,
     /// Print JSON instead of a table.
@@ -50,6 +53,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.trace.is_some() {
         exec.enable_trace();
     }
+    let runs = harness::bench::Runs {
+        reps: a.reps,
+        warmup: !a.no_warmup,
+    };
     let mut results = Vec::new();
     if a.n_prompt > 0 {
         results.push(harness::bench::bench_pp(
@@ -57,7 +64,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             exec.as_mut(),
             &mut kv,
             a.n_prompt,
-            a.reps,
+            runs,
             &session.cuda_backends(),
         )?);
     }
@@ -84,12 +91,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             exec.as_mut(),
             &mut kv,
             a.n_gen,
-            a.reps,
+            runs,
             &session.cuda_backends(),
         )?);
         let after = launches();
         // Every generated token of the test, the warm-up run's included.
-        let tokens = ((a.reps + 1) * a.n_gen) as f64;
+        let tokens = ((a.reps + usize::from(runs.warmup)) * a.n_gen) as f64;
         if on_gpu {
             eprint!(
                 "tg{}: {:.1} CUDA kernel launches per token",
