@@ -136,11 +136,14 @@ pub fn count(sh: &Shell, root: &Path, args: &CountArgs) -> Result<()> {
         });
         for level in &args.levels {
             let ours_cmd = |t: usize| -> Vec<String> {
+                // No wait limit: a pass under qemu takes longer than the default 300 s.
                 let head = [
                     ours.display().to_string(),
                     "bench".into(),
                     "--model".into(),
                     m.clone(),
+                    "--wait-timeout".into(),
+                    "0".into(),
                 ];
                 [&head[..], &sizes(t), &common].concat()
             };
