@@ -61,13 +61,14 @@ pub const MODELS: [CpuModel; 3] = [
 ];
 
 const USAGE: &str = "usage: cargo xtask aarch64 [--cpu MODEL]... [-- TEST_FILTER...]
-       cargo xtask aarch64 --count [--level L]... [-p N] [-n N]
+       cargo xtask aarch64 --count [--level L]... [-p N] [-n N] [--symbols]
   MODEL: cortex-a53 (neon), cortex-a76 (dotprod) or max (i8mm); default: all three
   TEST_FILTER: arguments for ggml-cpu's test binaries; with one, the matrix sample is skipped
   --count: instructions per token of pp and tg on SmolLM2 under qemu, ours at each level L
            (neon, dotprod, i8mm; default dotprod and i8mm) against llama.cpp built for
            dotprod+i8mm;
-           -p and -n: prompt and generated tokens (default 512 and 128; 0 skips)";
+           -p and -n: prompt and generated tokens (default 512 and 128; 0 skips);
+           --symbols: also per function, each test's costliest listed";
 
 /// The parsed command line: the models to run and the arguments for the test binaries,
 /// or the instruction counts.
@@ -89,9 +90,11 @@ fn parse(args: &[String]) -> Result<Args> {
             .ok_or(format!("{flag} needs a token count\n{USAGE}"))
     };
     let (mut n_prompt, mut n_gen) = (None, None);
+    let mut symbols = false;
     while let Some(a) = it.next() {
         match a.as_str() {
             "--count" => count = Some(count::CountArgs::default()),
+            "--symbols" => symbols = true,
             "--level" => {
                 let l = it.next().ok_or(format!("--level needs a level\n{USAGE}"))?;
                 if !["neon", "dotprod", "i8mm"].contains(&l.as_str()) {
@@ -117,7 +120,11 @@ fn parse(args: &[String]) -> Result<Args> {
             other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
         }
     }
-    let counting = (!levels.is_empty(), n_prompt.is_some(), n_gen.is_some());
+    let counting = (
+        !levels.is_empty() || symbols,
+        n_prompt.is_some(),
+        n_gen.is_some(),
+    );
     match count.as_mut() {
         Some(c) => {
             if !levels.is_empty() {
@@ -125,6 +132,7 @@ fn parse(args: &[String]) -> Result<Args> {
             }
             c.n_prompt = n_prompt.unwrap_or(c.n_prompt);
             c.n_gen = n_gen.unwrap_or(c.n_gen);
+            c.symbols = symbols;
             if !models.is_empty() || !test_args.is_empty() {
                 return Err(format!("--count takes no --cpu or test filter\n{USAGE}"));
             }
@@ -360,6 +368,12 @@ mod tests {
         assert!(parse(&strings(&["--count", "--level", "sve"])).is_err());
         assert!(parse(&strings(&["--count", "-p", "many"])).is_err());
         assert!(parse(&strings(&["-p", "64"])).is_err());
+        assert!(parse(&strings(&["--symbols"])).is_err());
+        let c = parse(&strings(&["--count", "--symbols"]))
+            .unwrap()
+            .count
+            .unwrap();
+        assert!(c.symbols);
         assert!(parse(&strings(&["--count", "--cpu", "max"])).is_err());
     }
 

@@ -37,6 +37,8 @@ pub struct CountArgs {
     pub n_prompt: usize,
     /// Generated tokens of the tg test.
     pub n_gen: usize,
+    /// Also count per function and print each test's costliest functions.
+    pub symbols: bool,
 }
 
 impl Default for CountArgs {
@@ -45,6 +47,7 @@ impl Default for CountArgs {
             levels: vec!["dotprod".into(), "i8mm".into()],
             n_prompt: 512,
             n_gen: 128,
+            symbols: false,
         }
     }
 }
@@ -56,6 +59,8 @@ pub struct Row {
     pub level: String,
     pub test: String,
     pub per_token: f64,
+    /// The costliest functions' instructions per token (with `--symbols`).
+    pub functions: Vec<(String, f64)>,
 }
 
 /// Runs the counts and prints (and writes) the table.
@@ -126,13 +131,15 @@ pub fn count(sh: &Shell, root: &Path, args: &CountArgs) -> Result<()> {
             let head = [llama.display().to_string(), "-m".into(), m.clone()];
             [&head[..], &sizes(t), &common].concat()
         };
-        let per = per_token(sh, &plugin, &dir, None, &llama_cmd, tokens)?;
+        let (per, functions) =
+            per_token(sh, &plugin, &dir, None, &llama_cmd, tokens, args.symbols)?;
         eprintln!("aarch64 --count: llama.cpp {name}: {per:.0} instructions per token");
         rows.push(Row {
             who: "llama.cpp".into(),
             level: LLAMA_MARCH.into(),
             test: name.clone(),
             per_token: per,
+            functions,
         });
         for level in &args.levels {
             let ours_cmd = |t: usize| -> Vec<String> {
@@ -147,13 +154,22 @@ pub fn count(sh: &Shell, root: &Path, args: &CountArgs) -> Result<()> {
                 ];
                 [&head[..], &sizes(t), &common].concat()
             };
-            let per = per_token(sh, &plugin, &dir, Some(level), &ours_cmd, tokens)?;
+            let (per, functions) = per_token(
+                sh,
+                &plugin,
+                &dir,
+                Some(level),
+                &ours_cmd,
+                tokens,
+                args.symbols,
+            )?;
             eprintln!("aarch64 --count: ours at {level} {name}: {per:.0} instructions per token");
             rows.push(Row {
                 who: "ours".into(),
                 level: level.clone(),
                 test: name.clone(),
                 per_token: per,
+                functions,
             });
         }
     }
@@ -175,13 +191,42 @@ fn per_token(
     level: Option<&str>,
     command: &dyn Fn(usize) -> Vec<String>,
     tokens: usize,
-) -> Result<f64> {
-    let one = run_counted(sh, plugin, dir, level, &command(1))?;
-    let all = run_counted(sh, plugin, dir, level, &command(tokens))?;
-    let more = all.checked_sub(one).ok_or_else(|| {
-        format!("{tokens} tokens counted fewer instructions ({all}) than 1 ({one})")
+    symbols: bool,
+) -> Result<(f64, Vec<(String, f64)>)> {
+    let one = run_counted(sh, plugin, dir, level, &command(1), symbols)?;
+    let all = run_counted(sh, plugin, dir, level, &command(tokens), symbols)?;
+    let more = all.total.checked_sub(one.total).ok_or_else(|| {
+        format!(
+            "{tokens} tokens counted fewer instructions ({}) than 1 ({})",
+            all.total, one.total
+        )
     })?;
-    Ok(more as f64 / (tokens - 1) as f64)
+    let between = (tokens - 1) as f64;
+    let mut functions: Vec<(String, f64)> = all
+        .functions
+        .iter()
+        .map(|(name, n)| {
+            let base = one
+                .functions
+                .iter()
+                .find(|(m, _)| m == name)
+                .map_or(0, |f| f.1);
+            (name.clone(), n.saturating_sub(base) as f64 / between)
+        })
+        .collect();
+    functions.sort_by(|a, b| b.1.total_cmp(&a.1));
+    functions.truncate(TOP_FUNCTIONS);
+    Ok((more as f64 / between, functions))
+}
+
+/// Functions listed per test with `--symbols`.
+const TOP_FUNCTIONS: usize = 12;
+
+/// What the plugin counted: the total, and per function with `symbols=on`.
+#[derive(Debug, Default, PartialEq)]
+struct Counted {
+    total: u64,
+    functions: Vec<(String, u64)>,
 }
 
 /// Runs `argv` under qemu with the counting plugin; the instructions it executed.
@@ -191,10 +236,12 @@ fn run_counted(
     dir: &Path,
     level: Option<&str>,
     argv: &[String],
-) -> Result<u64> {
+    symbols: bool,
+) -> Result<Counted> {
     let out = dir.join("last-count.txt");
     let _ = std::fs::remove_file(&out);
-    let plugin_arg = format!("{},out={}", plugin.display(), out.display());
+    let by_symbol = if symbols { ",symbols=on" } else { "" };
+    let plugin_arg = format!("{},out={}{by_symbol}", plugin.display(), out.display());
     let _isa = sh.push_env("GGML_RS_ISA", level.unwrap_or(""));
     cmd!(
         sh,
@@ -208,12 +255,23 @@ fn run_counted(
     parse_count(&text)
 }
 
-/// The count in the plugin's output (`instructions N`).
-fn parse_count(text: &str) -> Result<u64> {
-    text.trim()
+/// The plugin's output: `instructions N`, then `symbol COUNT NAME` lines.
+fn parse_count(text: &str) -> Result<Counted> {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("").trim();
+    let total = first
         .strip_prefix("instructions ")
         .and_then(|n| n.parse().ok())
-        .ok_or_else(|| format!("not a count: '{}'", text.trim()))
+        .ok_or_else(|| format!("not a count: '{first}'"))?;
+    let mut functions = Vec::new();
+    for line in lines {
+        let parsed = line.strip_prefix("symbol ").and_then(|rest| {
+            let (n, name) = rest.split_once(' ')?;
+            Some((name.to_string(), n.parse().ok()?))
+        });
+        functions.push(parsed.ok_or_else(|| format!("not a function's count: '{line}'"))?);
+    }
+    Ok(Counted { total, functions })
 }
 
 /// The markdown table: per test, llama.cpp's count, then ours per level with the ratio.
@@ -238,6 +296,16 @@ pub fn table(rows: &[Row]) -> String {
             "| {} | {} | {} | {:.0} | {} |\n",
             r.test, r.who, r.level, r.per_token, ratio
         );
+    }
+    for r in rows.iter().filter(|r| !r.functions.is_empty()) {
+        s += &format!(
+            "\n{} {} ({}): the costliest functions, instructions per token\n\n\
+             | function | instructions per token | share |\n|---|---:|---:|\n",
+            r.test, r.who, r.level
+        );
+        for (name, n) in &r.functions {
+            s += &format!("| `{name}` | {n:.0} | {:.1} % |\n", 100.0 * n / r.per_token);
+        }
     }
     s
 }
@@ -404,8 +472,17 @@ mod tests {
         let script = "set -e\nversion=${LLAMA_CPP_PY_VERSION:-0.3.36}\ncache=x\n";
         assert_eq!(script_default_version(script).as_deref(), Some("0.3.36"));
         assert_eq!(script_default_version("version=0.1"), None);
-        assert_eq!(parse_count("instructions 6086882\n"), Ok(6_086_882));
+        assert_eq!(
+            parse_count("instructions 6086882\n").unwrap().total,
+            6_086_882
+        );
         assert!(parse_count("nothing").is_err());
+        let c = parse_count("instructions 10\nsymbol 7 main\nsymbol 3 ?\n").unwrap();
+        assert_eq!(
+            c.functions,
+            vec![("main".to_string(), 7), ("?".to_string(), 3)]
+        );
+        assert!(parse_count("instructions 10\nsymbol x main\n").is_err());
     }
 
     #[test]
@@ -415,6 +492,7 @@ mod tests {
             level: level.into(),
             test: test.into(),
             per_token,
+            functions: Vec::new(),
         };
         let t = table(&[
             row("llama.cpp", LLAMA_MARCH, "pp512", 2.0e6),
@@ -432,5 +510,9 @@ mod tests {
         );
         assert!(t.contains("| pp512 | llama.cpp | armv8.2-a+dotprod+i8mm | 2000000 |  |"));
         assert!(t.contains("a proxy for speed"));
+        let mut r = row("ours", "i8mm", "pp512", 2.0e6);
+        r.functions = vec![("tile_quant".into(), 1.5e6)];
+        let t = table(&[r]);
+        assert!(t.contains("| `tile_quant` | 1500000 | 75.0 % |"), "{t}");
     }
 }
