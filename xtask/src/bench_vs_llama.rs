@@ -287,7 +287,7 @@ pub fn llama_cpu_tools(sh: &Shell, root: &Path) -> Result<PathBuf> {
 }
 
 /// Cargo's target directory (`CARGO_TARGET_DIR` or `target` in the workspace).
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(d) => root.join(d),
         None => root.join("target"),

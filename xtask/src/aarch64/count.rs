@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use xshell::{cmd, Shell};
 
 use super::{LINKER, QEMU, SYSROOT, TARGET};
+use crate::bench_vs_llama::target_dir;
 use crate::fetch::{self, Result};
 
 /// llama.cpp's target: what the issue names for the comparison.
@@ -447,14 +448,6 @@ fn script_default_version(script: &str) -> Option<String> {
             .and_then(|r| r.strip_suffix('}'))
             .map(str::to_string)
     })
-}
-
-/// Cargo's target directory (`CARGO_TARGET_DIR` or `target` in the workspace).
-fn target_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) => root.join(d),
-        None => root.join("target"),
-    }
 }
 
 #[cfg(test)]
