@@ -14,6 +14,15 @@ use rstest::rstest;
 const F64_ONE: u64 = 0x3ff0_0000_0000_0000;
 const F64_HALF: u64 = 0x3fe0_0000_0000_0000;
 
+/// `instr` (a `cvt` whose last two suffixes are the destination and source types) of
+/// `x`, an operand of type `src`, gives exactly `want`.
+fn assert_converts(instr: &str, src: &str, x: u64, want: u64) {
+    let dst = instr.rsplit('.').nth(1).expect("destination type");
+    let c = [[x, 0, 0]];
+    let got = run([src, "u32", "u32", dst], &format!("{instr} %xd, %xa;"), &c);
+    assert_bits(instr, &c, &got, &[want]);
+}
+
 /// `.sat` clamps a float result to [0, 1] (NaN to +0), whatever the source type.
 #[rstest]
 #[case::s32_one("cvt.rn.sat.f64.s32", "s32", 1, F64_ONE)]
@@ -43,17 +52,14 @@ fn saturating_conversions_through_f64(
     #[case] x: u64,
     #[case] want: u64,
 ) {
-    let dst = instr.rsplit('.').nth(1).expect("destination type");
-    let c = [[x, 0, 0]];
-    let got = run([src, "u32", "u32", dst], &format!("{instr} %xd, %xa;"), &c);
-    assert_bits(instr, &c, &got, &[want]);
+    assert_converts(instr, src, x, want);
 }
 
 /// `.ftz` flushes a subnormal f32 source to a zero of its sign before a conversion rounds
 /// it (to an integer, or to f64), the integer rounding modes of a float-to-float
 /// conversion round f64 values to integers, and f64 and 64-bit integers round once to f16
-/// and bf16 (the half crate's f64 conversions do not: a bug these cases found). Expected bits written out: 2^-149 as f64 is
-/// 0x36a0... (exponent 1023 - 149 = 0x36a).
+/// and bf16 (the half crate's f64 conversions do not: a bug these cases found). Expected
+/// bits written out: 2^-149 as f64 is 0x36a0... (exponent 1023 - 149 = 0x36a).
 #[rstest]
 #[case::ceil_of_a_subnormal("cvt.rpi.s32.f32", "f32", 1, 1)]
 #[case::ceil_of_a_flushed_subnormal("cvt.rpi.ftz.s32.f32", "f32", 1, 0)]
@@ -82,10 +88,7 @@ fn flushed_sources_and_integer_rounding_in_conversions(
     #[case] x: u64,
     #[case] want: u64,
 ) {
-    let dst = instr.rsplit('.').nth(1).expect("destination type");
-    let c = [[x, 0, 0]];
-    let got = run([src, "u32", "u32", dst], &format!("{instr} %xd, %xa;"), &c);
-    assert_bits(instr, &c, &got, &[want]);
+    assert_converts(instr, src, x, want);
 }
 
 /// Inputs in (-150, -148.415) have 2^x rounding to 2^-149, the smallest subnormal

@@ -350,7 +350,8 @@ pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Opti
         return None;
     }
     let tasks = (hq + hk) * (ne0 / 2) + nv.div_ceil(2);
-    let threads = u32::try_from(tasks.next_multiple_of(32).clamp(64, 512)).ok()?;
+    let most = ROPE_STORE_THREADS as usize;
+    let threads = u32::try_from(tasks.next_multiple_of(32).clamp(64, most)).ok()?;
     check(LaunchDims {
         grid: (u32::try_from(n).ok()?, 1, 1),
         block: (threads, 1, 1),

@@ -491,6 +491,39 @@ fn fully_masked_rows_and_tiles() {
     assert!(got[..row].iter().any(|&x| x != 0.0));
 }
 
+/// Bit for bit on cuda-sim but for NaN payloads; on a GPU, NaN in the same places.
+fn assert_matches_but_nan_payloads(got: &[f32], want: &[f32]) {
+    let canon = |x: f32| {
+        if x.is_nan() {
+            f32::NAN.to_bits()
+        } else {
+            x.to_bits()
+        }
+    };
+    let bad = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| canon(*a) != canon(*b));
+    if exact() {
+        assert_eq!(
+            bad,
+            None,
+            "first difference: {:?}",
+            bad.map(|i| (got[i], want[i]))
+        );
+    } else {
+        let nan = |v: &[f32]| v.iter().map(|x| x.is_nan()).collect::<Vec<_>>();
+        assert_eq!(nan(got), nan(want));
+    }
+}
+
+/// Which of SmolLM2's 9 heads of query `iq` have a NaN among their 64 outputs.
+fn nan_heads(got: &[f32], iq: usize) -> Vec<bool> {
+    (0..9)
+        .map(|hh| got[64 * (hh + 9 * iq)..][..64].iter().any(|x| x.is_nan()))
+        .collect()
+}
+
 /// One tile in which no query sees anything (the single empty tile's own combine): zeros,
 /// as the reference gives, including for a second query that sees only part of it.
 #[test]
@@ -540,18 +573,8 @@ fn non_finite_inputs_in_a_single_tile_follow_the_reference() {
     p.q[64 + 3] = -0.5;
     p.v[(128 + 20) * 64 + 10] = f32::NAN;
     let got = p.run(&be);
-    let want = p.reference();
-    let canon = |x: f32| if x.is_nan() { u32::MAX } else { x.to_bits() };
-    let differ = got
-        .iter()
-        .zip(&want)
-        .position(|(a, b)| canon(*a) != canon(*b));
-    if exact() {
-        assert_eq!(differ, None, "{:?}", differ.map(|i| (got[i], want[i])));
-    }
-    let nan_heads: Vec<bool> = (0..9)
-        .map(|hh| got[64 * hh..][..64].iter().any(|x| x.is_nan()))
-        .collect();
+    assert_matches_but_nan_payloads(&got, &p.reference());
+    let nan_heads = nan_heads(&got, 0);
     // Heads 3-5 read the NaN value; head 0 scores +inf (m = +inf: NaN), head 1 -inf
     // (the position drops out: finite).
     assert!(nan_heads[3..6].iter().all(|&b| b), "{nan_heads:?}");
@@ -587,13 +610,8 @@ fn non_finite_keys_and_values_follow_the_reference() {
     let want = p.reference();
     // Output [dv, h, n_q]: heads 0-2 read KV head 0 (the infinite key), 3-5 KV head 1
     // (the NaN value; query 0 sees positions below 1050, so both queries see 200).
-    let nan_heads = |iq: usize| -> Vec<bool> {
-        (0..9)
-            .map(|hh| got[64 * (hh + 9 * iq)..][..64].iter().any(|x| x.is_nan()))
-            .collect()
-    };
     for iq in 0..2 {
-        let n = nan_heads(iq);
+        let n = nan_heads(&got, iq);
         // The key's score is +inf for some heads (NaN out) and -inf for others (the
         // position drops out, finite out); the NaN value reaches every head reading it.
         assert!(n[..3].contains(&true) && n[..3].contains(&false), "{n:?}");
@@ -602,26 +620,5 @@ fn non_finite_keys_and_values_follow_the_reference() {
             "{n:?}"
         );
     }
-    let canon = |x: f32| {
-        if x.is_nan() {
-            f32::NAN.to_bits()
-        } else {
-            x.to_bits()
-        }
-    };
-    let bad = got
-        .iter()
-        .zip(&want)
-        .position(|(a, b)| canon(*a) != canon(*b));
-    if exact() {
-        assert_eq!(
-            bad,
-            None,
-            "first difference: {:?}",
-            bad.map(|i| (got[i], want[i]))
-        );
-    } else {
-        let nan = |v: &[f32]| v.iter().map(|x| x.is_nan()).collect::<Vec<_>>();
-        assert_eq!(nan(&got), nan(&want));
-    }
+    assert_matches_but_nan_payloads(&got, &want);
 }

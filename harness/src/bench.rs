@@ -372,11 +372,12 @@ impl Runs {
 fn timed_reps(
     exec: &mut dyn Executor,
     kv: &mut KvCache,
-    (Runs { reps, warmup }, reps_flag): (Runs, &str),
+    (runs, reps_flag): (Runs, &str),
     (n_tokens, tokens_flag): (usize, &str),
     cuda: &[&ggml_cuda::CudaBackend],
     mut pass: impl FnMut(&mut dyn Executor, &mut KvCache) -> Result<()>,
 ) -> Result<(Vec<f64>, Option<ggml_sched::Stats>, ggml_cuda::HostCounters)> {
+    let reps = runs.reps;
     if n_tokens == 0 || reps == 0 {
         return Err(HarnessError::Usage(format!(
             "{tokens_flag} and {reps_flag} must be at least 1"
@@ -385,7 +386,7 @@ fn timed_reps(
     let mut samples = Vec::with_capacity(reps);
     let mut before = None;
     let mut host_before = ggml_cuda::HostCounters::default();
-    for rep in (Runs { reps, warmup }).indices() {
+    for rep in runs.indices() {
         kv.clear();
         if rep == 1 {
             before = exec.sched_stats();

@@ -132,42 +132,39 @@ pub fn count(sh: &Shell, root: &Path, args: &CountArgs) -> Result<()> {
             let head = [llama.display().to_string(), "-m".into(), m.clone()];
             [&head[..], &sizes(t), &common].concat()
         };
-        let (per, functions) =
-            per_token(sh, &plugin, &dir, None, &llama_cmd, tokens, args.symbols)?;
-        eprintln!("aarch64 --count: llama.cpp {name}: {per:.0} instructions per token");
-        rows.push(Row {
-            who: "llama.cpp".into(),
-            level: LLAMA_MARCH.into(),
-            test: name.clone(),
-            per_token: per,
-            functions,
-        });
-        for level in &args.levels {
-            let ours_cmd = |t: usize| -> Vec<String> {
-                // No wait limit: a pass under qemu takes longer than the default 300 s.
-                let head = [
-                    ours.display().to_string(),
-                    "bench".into(),
-                    "--model".into(),
-                    m.clone(),
-                    "--wait-timeout".into(),
-                    "0".into(),
-                ];
-                [&head[..], &sizes(t), &common].concat()
-            };
-            let (per, functions) = per_token(
-                sh,
-                &plugin,
-                &dir,
-                Some(level),
-                &ours_cmd,
-                tokens,
-                args.symbols,
-            )?;
-            eprintln!("aarch64 --count: ours at {level} {name}: {per:.0} instructions per token");
+        // No wait limit for ours: a pass under qemu takes longer than the default 300 s.
+        let ours_cmd = |t: usize| -> Vec<String> {
+            let head = [
+                ours.display().to_string(),
+                "bench".into(),
+                "--model".into(),
+                m.clone(),
+                "--wait-timeout".into(),
+                "0".into(),
+            ];
+            [&head[..], &sizes(t), &common].concat()
+        };
+        let runs = std::iter::once((
+            "llama.cpp",
+            LLAMA_MARCH,
+            None,
+            &llama_cmd as &dyn Fn(usize) -> Vec<String>,
+        ))
+        .chain(args.levels.iter().map(|l| {
+            (
+                "ours",
+                l.as_str(),
+                Some(l.as_str()),
+                &ours_cmd as &dyn Fn(usize) -> Vec<String>,
+            )
+        }));
+        for (who, level, isa, command) in runs {
+            let (per, functions) =
+                per_token(sh, &plugin, &dir, isa, command, tokens, args.symbols)?;
+            eprintln!("aarch64 --count: {who} at {level} {name}: {per:.0} instructions per token");
             rows.push(Row {
-                who: "ours".into(),
-                level: level.clone(),
+                who: who.into(),
+                level: level.into(),
                 test: name.clone(),
                 per_token: per,
                 functions,
@@ -224,7 +221,7 @@ fn per_token(
 const TOP_FUNCTIONS: usize = 12;
 
 /// What the plugin counted: the total, and per function with `symbols=on`.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug)]
 struct Counted {
     total: u64,
     functions: Vec<(String, u64)>,
