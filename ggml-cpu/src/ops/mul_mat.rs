@@ -212,7 +212,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         }
         // Before rows `.. m_end` run: keep the next PF_DIST bytes after them in flight.
         let mut prefetch_past = |m_end: usize| {
-            if dense {
+            if dense && PREFETCHES {
                 let want = (wrow(m_end) as usize + PF_DIST).min(pf_end);
                 while pf < want {
                     prefetch(pf as *const u8);
@@ -358,6 +358,11 @@ pub(super) fn block(
         None => tile(w, k, arows, brows, out),
     }
 }
+
+/// Whether [`prefetch`] does anything on this target (elsewhere the prefetch loop is
+/// skipped: counting addresses for a no-op cost aarch64 a tenth of a generated token's
+/// instructions).
+const PREFETCHES: bool = cfg!(target_arch = "x86_64");
 
 /// Bytes of weights prefetched ahead of the tile being computed.
 pub(crate) const PF_DIST: usize = 4096;

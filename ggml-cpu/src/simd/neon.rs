@@ -16,6 +16,11 @@
 //! The K-quants' integers are in [`kquant`] (with i8mm, the 2 × 2 group sums of `smmla`
 //! times each row's group scales).
 //!
+//! A single activation column (generation) runs the matrix × vector kernels (`gemv`): the
+//! same lanes as the tiles with up to 4 weight rows against the one activation row (the
+//! tile's own path for one column at every level), called without the tile's pairing of
+//! rows and columns.
+//!
 //! `sdot` and `smmla` are emitted with `asm!` (their intrinsics are not stable Rust);
 //! the tables that use them are installed only where the CPU reports the extension.
 
@@ -23,7 +28,7 @@ use std::arch::aarch64::*;
 
 use ggml_core::DType;
 
-use super::{as_f32, as_u16, Kernels, MmTile};
+use super::{as_f32, as_u16, Gemv, GemvRows, Kernels, MmTile, Packer};
 use crate::isa::Isa;
 use crate::reference as r;
 
@@ -32,26 +37,32 @@ mod kquant;
 mod tests;
 
 /// NEON (baseline on aarch64).
-pub(crate) static KERNELS: Kernels = kernels_table!(
-    Isa::Neon,
-    heads: Some(dots_f16_heads),
-    quantize: quantize,
-    mm: mm_neon,
-    pack: super::scalar::pack,
-    unpacked: super::no_unpacked,
-);
+pub(crate) static KERNELS: Kernels = Kernels {
+    gemv: gemv_neon,
+    ..kernels_table!(
+        Isa::Neon,
+        heads: Some(dots_f16_heads),
+        quantize: quantize,
+        mm: mm_neon,
+        pack: super::scalar::pack,
+        unpacked: super::no_unpacked,
+    )
+};
 
 /// NEON with FEAT_DotProd: the quantised tiles' integer dots by `sdot`.
 pub(crate) static KERNELS_DOTPROD: Kernels = Kernels {
     isa: Isa::NeonDotprod,
     mm: mm_dotprod,
+    gemv: gemv_dotprod,
     ..KERNELS
 };
 
-/// NEON with FEAT_DotProd and FEAT_I8MM: tiles of 2 or more rows and columns by `smmla`.
+/// NEON with FEAT_DotProd and FEAT_I8MM: tiles of 2 or more rows and columns by `smmla`
+/// (a single column has no pair of columns for `smmla`: its gemv is dotprod's).
 pub(crate) static KERNELS_I8MM: Kernels = Kernels {
     isa: Isa::NeonI8mm,
     mm: mm_i8mm,
+    gemv: gemv_dotprod,
     ..KERNELS
 };
 
@@ -453,17 +464,18 @@ type Quantiser = fn(&[f32], &mut [u8]);
 
 /// The NEON quantiser of an activation dtype, if this level has one.
 fn quantiser(d: DType) -> Option<Quantiser> {
-    safe! {
-        fn q8_0(x: &[f32], out: &mut [u8]) = quantize_q8_0_imp;
-        fn q8_1(x: &[f32], out: &mut [u8]) = quantize_q8_1_imp;
-        fn q8_k(x: &[f32], out: &mut [u8]) = quantize_q8k_imp;
-    }
     Some(match d {
         DType::Q8_0 => q8_0,
         DType::Q8_1 => q8_1,
         DType::Q8K => q8_k,
         _ => return None,
     })
+}
+
+safe! {
+    fn q8_0(x: &[f32], out: &mut [u8]) = quantize_q8_0_imp;
+    fn q8_1(x: &[f32], out: &mut [u8]) = quantize_q8_1_imp;
+    fn q8_k(x: &[f32], out: &mut [u8]) = quantize_q8k_imp;
 }
 
 /// [`quantiser`]'s kernel, or the portable code for a dtype that is no activation type
@@ -1094,3 +1106,108 @@ fn tile_quant_i8mm(w: DType, k: usize, a: &[&[u8]], b: &[&[u8]], out: &mut [f32;
     // SAFETY: this table is installed only where FEAT_DotProd and FEAT_I8MM were detected.
     unsafe { tile_quant::<I8MM>(w, k, a, b, out) }
 }
+
+// ---------------------------------------------------------------------------------------
+// Matrix × vector
+
+/// Up to 4 weight rows of format `F` against one activation row: lane `t` of
+/// [`quant_lanes`] / [`kquant_lanes`] is row `t` (a missing row repeats the last one, its
+/// lane not stored), so each output is the tile's for that row and column, bit for bit.
+///
+/// # Safety
+/// With `L == DOTPROD`, the CPU has FEAT_DotProd.
+#[inline(always)]
+unsafe fn gemv_rows<const L: u8, const F: u8>(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]) {
+    let nb = k / block_len(F);
+    assert!((1..=4).contains(&a.len()), "1 to 4 weight rows");
+    for ar in a {
+        assert!(ar.len() >= nb * x_bytes(F), "weight row too short");
+    }
+    assert!(y.len() >= nb * y_bytes(F), "activation row too short");
+    let last = a.len() - 1;
+    let xp = [
+        a[0].as_ptr(),
+        a[1.min(last)].as_ptr(),
+        a[2.min(last)].as_ptr(),
+        a[3.min(last)].as_ptr(),
+    ];
+    let yp = [y.as_ptr(); 4];
+    // SAFETY: nb blocks at every pointer (asserted); caller's contract.
+    let s = unsafe {
+        if is_k(F) {
+            kquant_lanes::<L, F>(nb, xp, yp)
+        } else {
+            quant_lanes::<L, F>(nb, xp, yp)
+        }
+    };
+    out[..a.len()].copy_from_slice(&s[..a.len()]);
+}
+
+/// The standard activation rows of the quantised tiles for weights of `w`
+/// (`w.vec_dot_type()`), as a gemv layout, quantised by this level's quantisers.
+fn standard_rows(w: DType) -> Option<Packer> {
+    Some(match w.vec_dot_type() {
+        DType::Q8_0 => Packer {
+            row_bytes: |k| k / 32 * 34,
+            pack: q8_0,
+        },
+        DType::Q8_1 => Packer {
+            row_bytes: |k| k / 32 * 36,
+            pack: q8_1,
+        },
+        DType::Q8K => Packer {
+            row_bytes: |k| k / 256 * kquant::Q8K_BYTES,
+            pack: q8_k,
+        },
+        _ => return None,
+    })
+}
+
+/// The gemv table of level `$level` (`NEON` or `DOTPROD`) over [`gemv_rows`]: one safe
+/// entry per weight format.
+macro_rules! gemv_table {
+    ($(#[$doc:meta])* $name:ident, $level:ident) => {
+        $(#[$doc])*
+        fn $name(w: DType) -> Option<Gemv> {
+            macro_rules! rows {
+                ($f:ident) => {{
+                    fn rows(k: usize, a: &[&[u8]], y: &[u8], out: &mut [f32; 4]) {
+                        // SAFETY: the tables holding this entry are installed only where
+                        // its level's extension is present (NEON is baseline; DOTPROD's
+                        // tables only where FEAT_DotProd was detected).
+                        unsafe { gemv_rows::<$level, $f>(k, a, y, out) }
+                    }
+                    rows as GemvRows
+                }};
+            }
+            let rows = match w {
+                DType::Q4_0 => rows!(Q4_0),
+                DType::Q4_1 => rows!(Q4_1),
+                DType::Q5_0 => rows!(Q5_0),
+                DType::Q5_1 => rows!(Q5_1),
+                DType::Q8_0 => rows!(Q8_0),
+                DType::Q2K => rows!(Q2K),
+                DType::Q3K => rows!(Q3K),
+                DType::Q4K => rows!(Q4K),
+                DType::Q5K => rows!(Q5K),
+                DType::Q6K => rows!(Q6K),
+                _ => return None,
+            };
+            Some(Gemv {
+                pack: standard_rows(w)?,
+                rows,
+            })
+        }
+    };
+}
+
+gemv_table!(
+    /// The NEON gemv kernels (widening multiplies).
+    gemv_neon,
+    NEON
+);
+gemv_table!(
+    /// The dotprod gemv kernels (`sdot`), for the dotprod and i8mm tables.
+    gemv_dotprod,
+    DOTPROD
+);

@@ -2,7 +2,9 @@
  * `cargo xtask aarch64 --count`. Each translated block adds its instruction count to one
  * 64-bit counter when it starts (an inline add, no call per block); at exit the total is
  * written to the file named by the plugin argument `out=PATH` (stderr without one), and with
- * `symbols=on` each function's count after it (`symbol COUNT NAME`, largest first).
+ * `symbols=on` each function's count after it (`symbol COUNT NAME`, largest first), and with
+ * `blocks=on` each translated block's (`block COUNT VADDR SYMBOL`, by address: map a block
+ * to its source lines with addr2line after subtracting the load base).
  *
  * The counter is one plain variable: exact for a guest that runs one thread at a time
  * (the counts are taken with one compute thread); guest threads running at once could
@@ -31,6 +33,34 @@ struct symbol_count {
 static struct symbol_count symbols[MAX_SYMBOLS];
 static size_t n_symbols;
 static int by_symbol;
+
+/* With `blocks=on`, per block start address (a block translated again adds to the same
+ * entry). */
+#define MAX_BLOCKS (1u << 20)
+struct block_count {
+    uint64_t vaddr;
+    uint64_t count;
+    const char *symbol;
+};
+static struct block_count blocks[MAX_BLOCKS];
+static int by_block;
+
+static struct block_count *block_of(uint64_t vaddr, const char *symbol)
+{
+    uint64_t h = vaddr * 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < MAX_BLOCKS; i++) {
+        struct block_count *b = &blocks[(h + i) % MAX_BLOCKS];
+        if (b->count == 0 && b->symbol == NULL) {
+            b->vaddr = vaddr;
+            b->symbol = strdup(symbol ? symbol : "?");
+            return b;
+        }
+        if (b->vaddr == vaddr) {
+            return b;
+        }
+    }
+    return NULL;
+}
 
 static struct symbol_count *slot_of(const char *name)
 {
@@ -69,6 +99,13 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
             qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &s->count, n);
         }
     }
+    if (by_block && n > 0) {
+        struct qemu_plugin_insn *first = qemu_plugin_tb_get_insn(tb, 0);
+        struct block_count *b = block_of(qemu_plugin_tb_vaddr(tb), qemu_plugin_insn_symbol(first));
+        if (b) {
+            qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &b->count, n);
+        }
+    }
 }
 
 static int by_count(const void *a, const void *b)
@@ -97,6 +134,14 @@ static void at_exit(qemu_plugin_id_t id, void *data)
             fprintf(o, "symbol %" PRIu64 " %s\n", used[i].count, used[i].name);
         }
     }
+    if (by_block) {
+        for (size_t i = 0; i < MAX_BLOCKS; i++) {
+            if (blocks[i].count) {
+                fprintf(o, "block %" PRIu64 " %" PRIx64 " %s\n", blocks[i].count, blocks[i].vaddr,
+                        blocks[i].symbol);
+            }
+        }
+    }
     if (f) {
         fclose(f);
     }
@@ -111,8 +156,10 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             strcpy(out_path, argv[i] + 4);
         } else if (strcmp(argv[i], "symbols=on") == 0) {
             by_symbol = 1;
+        } else if (strcmp(argv[i], "blocks=on") == 0) {
+            by_block = 1;
         } else {
-            fprintf(stderr, "insn_count: unknown argument '%s' (expected out=PATH, symbols=on)\n",
+            fprintf(stderr, "insn_count: unknown argument '%s' (expected out=PATH, symbols=on, blocks=on)\n",
                     argv[i]);
             return -1;
         }
