@@ -2,7 +2,8 @@
 //! whose expected result is worked out here from the PTX ISA (never by cuda-sim's own
 //! helpers): the lanes of a block's partial last warp, the thread a synccheck of a
 //! `.sync.aligned` instruction names, `mma` with infinite B or C, the predicate logic
-//! instructions, and stores to a `.param` argument at a nonzero offset.
+//! instructions, stores to a `.param` argument at a nonzero offset, `.local` memory per
+//! thread, and the bounds of a function's `.param` space.
 
 mod exact;
 
@@ -298,4 +299,90 @@ DONE:
         .map(|t| if t < first { SENTINEL } else { 2 * t + 7 })
         .collect();
     assert_eq!(got, want);
+}
+
+/// Every thread stores two words to its own `.local` array (at byte offsets 4 and 12,
+/// after a barrier that lets every other thread store too), loads them back and writes
+/// `1000 * tid + (7 * tid + 1)`: local memory is per thread and keeps what was stored at
+/// each offset.
+/// Kills `memory.rs` `BlockRunner::load` and `store`: the local range `s..s + n` with `-`
+/// or `*` for `+` (an empty, reversed or misplaced range).
+#[test]
+fn local_memory_is_per_thread_and_keeps_each_offset() {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .local .align 8 .b8 buf[16];
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    mov.u64 %rd2, buf;
+    mad.lo.u32 %r1, %r0, 7, 1;
+    st.local.u32 [%rd2+4], %r1;
+    st.local.u32 [%rd2+12], %r0;
+    bar.sync 0;
+    ld.local.u32 %r2, [%rd2+4];
+    ld.local.u32 %r3, [%rd2+12];
+    mad.lo.u32 %r4, %r3, 1000, %r2;
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.global.u32 [%rd1], %r4;
+    ret;
+}}
+"
+    );
+    let got = run(&text, [40, 1, 1], 40, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+    let want: Vec<u32> = (0..40).map(|t| 1000 * t + 7 * t + 1).collect();
+    assert_eq!(got, want);
+}
+
+/// A kernel whose only `.param` variable is the 4-byte `pa`: a store of 4 bytes at `pa`
+/// ends exactly at the end of the function's parameter space and is legal (its value read
+/// back and written out); a store or a load at `pa + 4`, just past the end, is a
+/// `LocalOrSharedOutOfBounds` fault.
+/// Kills `memory.rs` `BlockRunner::store`'s bound `s + n > param_bytes` with `>=` (the
+/// legal store faults) or `==` (the store past the end is not caught), and `load`'s with
+/// `-` for `+` (the load past the end is not caught).
+#[rstest]
+#[case::store_ending_at_the_end("st.param.b32 [pa], %r1;", None)]
+#[case::store_past_the_end("st.param.b32 [pa+4], %r1;", Some("parameter write out of range"))]
+#[case::load_past_the_end("ld.param.b32 %r1, [pa+4];", Some("parameter read out of range"))]
+fn function_param_space_ends_at_its_last_variable(
+    #[case] access: &str,
+    #[case] fault: Option<&str>,
+) {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    add.u32 %r1, %r0, 50;
+    {{
+        .param .b32 pa;
+        st.param.b32 [pa], %r0;
+        {access}
+        ld.param.b32 %r2, [pa];
+    }}
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.global.u32 [%rd1], %r2;
+    ret;
+}}
+"
+    );
+    match (run(&text, [32, 1, 1], 32, Checks::ALL), fault) {
+        (Ok(got), None) => {
+            let want: Vec<u32> = (0..32).map(|t| t + 50).collect();
+            assert_eq!(got, want);
+        }
+        (Ok(got), Some(f)) => panic!("expected the fault {f:?}, the kernel wrote {got:?}"),
+        (Err(e), Some(f)) => {
+            assert_eq!(e.kind, FaultKind::LocalOrSharedOutOfBounds, "{e}");
+            assert!(e.to_string().contains(f), "{e}");
+        }
+        (Err(e), None) => panic!("{e}"),
+    }
 }
