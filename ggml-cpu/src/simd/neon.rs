@@ -869,11 +869,112 @@ unsafe fn words(p: &[*const u8; 4], at: usize) -> float32x4_t {
     unsafe { ld_f16(w.as_ptr()) }
 }
 
+/// The two f16 words at byte 0 of the blocks at the 4 lanes' pointers (`d`, then `m` or
+/// `s` in the formats with one; for the others the second word is the block's next two
+/// bytes, unused), as f32: lane `t` of each vector from `p[t]`. One 32-bit load per lane,
+/// `fcvtl`/`fcvtl2` and two unzips, instead of [`words`]' 16-bit loads twice over.
+///
+/// # Safety
+/// 4 readable bytes at every `p[t]`.
+#[inline(always)]
+unsafe fn word_pairs(p: &[*const u8; 4]) -> (float32x4_t, float32x4_t) {
+    // SAFETY: caller's contract (unaligned reads: blocks are 2-byte aligned).
+    let w = unsafe {
+        [
+            (p[0] as *const u32).read_unaligned(),
+            (p[1] as *const u32).read_unaligned(),
+            (p[2] as *const u32).read_unaligned(),
+            (p[3] as *const u32).read_unaligned(),
+        ]
+    };
+    // SAFETY: 4 u32 in `w`.
+    let h = unsafe { vld1q_u32(w.as_ptr()) };
+    let (lo, hi): (float32x4_t, float32x4_t);
+    // SAFETY: register operands only; fcvtl and fcvtl2 are base AArch64 SIMD. `lo` is an
+    // early output (written before `h` is read again).
+    unsafe {
+        core::arch::asm!(
+            "fcvtl {lo:v}.4s, {h:v}.4h",
+            "fcvtl2 {hi:v}.4s, {h:v}.8h",
+            lo = out(vreg) lo,
+            hi = lateout(vreg) hi,
+            h = in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    // lo = [w0, w0', w1, w1'], hi = [w2, w2', w3, w3'].
+    (vuzp1q_f32(lo, hi), vuzp2q_f32(lo, hi))
+}
+
+/// Block `j` of [`quant_lanes`]: per lane the exact integer dot, then
+/// `(dx·dy)·sumi (+ mx·sy)` as [`r::block_value`].
+///
+/// # Safety
+/// As [`quant_lanes`], with `j < nb`.
+#[inline(always)]
+unsafe fn quant_block<const L: u8, const F: u8>(
+    j: usize,
+    xp: &[*const u8; 4],
+    yp: &[*const u8; 4],
+) -> float32x4_t {
+    let (xb, yb) = (x_bytes(F), y_bytes(F));
+    let xj = [
+        xp[0].wrapping_add(j * xb),
+        xp[1].wrapping_add(j * xb),
+        xp[2].wrapping_add(j * xb),
+        xp[3].wrapping_add(j * xb),
+    ];
+    let yj = [
+        yp[0].wrapping_add(j * yb),
+        yp[1].wrapping_add(j * yb),
+        yp[2].wrapping_add(j * yb),
+        yp[3].wrapping_add(j * yb),
+    ];
+    // SAFETY (unpacking, loads, words): block j < nb at every pointer (caller).
+    let sumi = unsafe {
+        if L == I8MM {
+            let (x0, x1) = (unpack::<F>(xj[0]), unpack::<F>(xj[2]));
+            let (y0, y1) = (act::<F>(yj[0]), act::<F>(yj[1]));
+            // 8 bytes of row 0 beside the same 8 of row 1: one 2 × 8 operand.
+            let rows = |a: int8x16_t, b: int8x16_t, hi: bool| {
+                let (a, b) = (vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b));
+                vreinterpretq_s8_s64(if hi {
+                    vzip2q_s64(a, b)
+                } else {
+                    vzip1q_s64(a, b)
+                })
+            };
+            let mut s = vdupq_n_s32(0);
+            for (xa, xb2, ya, yb2) in [(x0.0, x1.0, y0.0, y1.0), (x0.1, x1.1, y0.1, y1.1)] {
+                for hi in [false, true] {
+                    s = smmla(s, rows(xa, xb2, hi), rows(ya, yb2, hi));
+                }
+            }
+            s
+        } else {
+            let p0 = dot32::<L>(unpack::<F>(xj[0]), act::<F>(yj[0]));
+            let p1 = dot32::<L>(unpack::<F>(xj[1]), act::<F>(yj[1]));
+            let p2 = dot32::<L>(unpack::<F>(xj[2]), act::<F>(yj[2]));
+            let p3 = dot32::<L>(unpack::<F>(xj[3]), act::<F>(yj[3]));
+            vpaddq_s32(vpaddq_s32(p0, p1), vpaddq_s32(p2, p3))
+        }
+    };
+    // SAFETY: the blocks' f16 words (as above; every block has 4 bytes at its start).
+    let ((dx, mx), (dy, sy)) = unsafe { (word_pairs(&xj), word_pairs(&yj)) };
+    let v = vmulq_f32(vmulq_f32(dx, dy), vcvtq_f32_s32(sumi));
+    if has_min(F) {
+        vaddq_f32(v, vmulq_f32(mx, sy))
+    } else {
+        v
+    }
+}
+
 /// 4 outputs at once, lane `t` the dot of the weight row at `xp[t]` with the activation
 /// row at `yp[t]` over `nb` blocks (with `L == I8MM`, the lanes are `(r0, c0), (r0, c1),
 /// (r1, c0), (r1, c1)`: `xp = [r0, r0, r1, r1]`, `yp = [c0, c1, c0, c1]`). Per block, the
 /// exact integer dot, then lane-wise `(dx·dy)·sumi (+ mx·sy)` as [`r::block_value`], into
-/// accumulator `j % 8`; the accumulators combine as [`r::tree8`].
+/// accumulator `j % 8`; the accumulators combine as [`r::tree8`]. Blocks go 8 at a time
+/// (block `8g + u` into accumulator `u`), so the accumulators stay in registers.
 ///
 /// # Safety
 /// `nb` blocks at every pointer; the CPU has the extension `L` needs.
@@ -883,48 +984,18 @@ unsafe fn quant_lanes<const L: u8, const F: u8>(
     xp: [*const u8; 4],
     yp: [*const u8; 4],
 ) -> [f32; 4] {
-    let (xb, yb) = (x_bytes(F), y_bytes(F));
     let mut acc = [vdupq_n_f32(0.0); 8];
-    for j in 0..nb {
-        let xj = xp.map(|p| p.wrapping_add(j * xb));
-        let yj = yp.map(|p| p.wrapping_add(j * yb));
-        // SAFETY (unpacking, loads, words): block j < nb at every pointer (caller).
-        let sumi = unsafe {
-            if L == I8MM {
-                let (x0, x1) = (unpack::<F>(xj[0]), unpack::<F>(xj[2]));
-                let (y0, y1) = (act::<F>(yj[0]), act::<F>(yj[1]));
-                // 8 bytes of row 0 beside the same 8 of row 1: one 2 × 8 operand.
-                let rows = |a: int8x16_t, b: int8x16_t, hi: bool| {
-                    let (a, b) = (vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b));
-                    vreinterpretq_s8_s64(if hi {
-                        vzip2q_s64(a, b)
-                    } else {
-                        vzip1q_s64(a, b)
-                    })
-                };
-                let mut s = vdupq_n_s32(0);
-                for (xa, xb2, ya, yb2) in [(x0.0, x1.0, y0.0, y1.0), (x0.1, x1.1, y0.1, y1.1)] {
-                    for hi in [false, true] {
-                        s = smmla(s, rows(xa, xb2, hi), rows(ya, yb2, hi));
-                    }
-                }
-                s
-            } else {
-                let p: [int32x4_t; 4] =
-                    core::array::from_fn(|t| dot32::<L>(unpack::<F>(xj[t]), act::<F>(yj[t])));
-                vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]))
-            }
-        };
-        // SAFETY: the blocks' f16 words (as above).
-        let v = unsafe {
-            let v = vmulq_f32(vmulq_f32(words(&xj, 0), words(&yj, 0)), vcvtq_f32_s32(sumi));
-            if has_min(F) {
-                vaddq_f32(v, vmulq_f32(words(&xj, 2), words(&yj, 2)))
-            } else {
-                v
-            }
-        };
-        acc[j % 8] = vaddq_f32(acc[j % 8], v);
+    let mut j = 0;
+    while j + 8 <= nb {
+        for (u, a) in acc.iter_mut().enumerate() {
+            // SAFETY: block j + u < nb (caller's contract for the rest).
+            *a = vaddq_f32(*a, unsafe { quant_block::<L, F>(j + u, &xp, &yp) });
+        }
+        j += 8;
+    }
+    for (u, a) in acc.iter_mut().enumerate().take(nb - j) {
+        // SAFETY: as above.
+        *a = vaddq_f32(*a, unsafe { quant_block::<L, F>(j + u, &xp, &yp) });
     }
     tree8_lanes(acc)
 }
