@@ -87,6 +87,19 @@ fn lanes(a: [float32x4_t; 4]) -> [f32; 16] {
     l
 }
 
+/// [`r::tree16`] of the 16 lanes held in `a` (lanes 0-3, 4-7, 8-11, 12-15), in vector
+/// registers: `l += l+8`, `l += l+4`, `l += l+2`, `l0 + l1`, each add with the same
+/// operands in the same order as the reference's.
+#[inline]
+#[target_feature(enable = "neon")]
+fn tree16_lanes(a: [float32x4_t; 4]) -> f32 {
+    let b0 = vaddq_f32(a[0], a[2]);
+    let b1 = vaddq_f32(a[1], a[3]);
+    let c = vaddq_f32(b0, b1);
+    let d = vadd_f32(vget_low_f32(c), vget_high_f32(c));
+    vpadds_f32(d)
+}
+
 /// 4 f16 values (bits) at `p` as f32 (exact), by `fcvtl` (in `asm!`: the f16 vector
 /// intrinsics need Rust 1.94, above this crate's minimum).
 ///
@@ -167,6 +180,9 @@ macro_rules! dot_impl {
                     *acc = vaddq_f32(*acc, p);
                 }
                 i += 16;
+            }
+            if i == n {
+                return tree16_lanes(a);
             }
             let mut l = lanes(a);
             for j in i..n {
@@ -382,74 +398,192 @@ fn dots_f16_imp(q: &[u16], k: &[u16], stride: usize, out: &mut [f32]) {
 
 /// Several queries against the same key rows, up to 4 at a time, each row converted once
 /// for them: per query and row, [`dot_f16_imp`]'s 16 lanes and tree (rows whose length is not
-/// a multiple of 16 take [`dots_f16`] per query).
+/// a multiple of 16 take [`dots_f16`] per query). Queries of at most [`HEADS_D`] values are
+/// converted to f32 once, not once per key row.
 #[target_feature(enable = "neon")]
 fn dots_f16_heads_imp(qs: &[&[u16]], k: &[u16], stride: usize, outs: &mut [&mut [f32]]) {
     let d = qs.first().map_or(0, |q| q.len());
     let n = outs.first().map_or(0, |o| o.len());
     assert!(
-        qs.iter().all(|q| q.len() == d) && outs.iter().all(|o| o.len() == n),
+        qs.len() == outs.len()
+            && qs.iter().all(|q| q.len() == d)
+            && outs.iter().all(|o| o.len() == n),
         "queries or outputs of different lengths"
     );
     assert!(
         k.len() >= super::rows_span(n, stride, d),
         "key rows out of bounds"
     );
-    if !d.is_multiple_of(16) {
+    if !d.is_multiple_of(16) || d > HEADS_D {
         for (q, o) in qs.iter().zip(outs.iter_mut()) {
             dots_f16_imp(q, k, stride, o);
         }
         return;
     }
     for (qg, og) in qs.chunks(4).zip(outs.chunks_mut(4)) {
-        for j in 0..n {
-            let row = &k[j * stride..j * stride + d];
-            let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
-            let mut i = 0;
-            while i < d {
-                // SAFETY: 16 values at i in the row and in every query (lengths d, a
-                // multiple of 16).
-                unsafe {
-                    let rv: [float32x4_t; 4] =
-                        core::array::from_fn(|g| ld_f16(row.as_ptr().add(i + 4 * g)));
-                    for (q, ah) in qg.iter().zip(acc.iter_mut()) {
-                        for (g, a) in ah.iter_mut().enumerate() {
-                            *a = vaddq_f32(*a, vmulq_f32(ld_f16(q.as_ptr().add(i + 4 * g)), rv[g]));
-                        }
-                    }
-                }
-                i += 16;
-            }
-            for (o, ah) in og.iter_mut().zip(acc) {
-                o[j] = r::tree16(lanes(ah));
+        // SAFETY (each arm): rows of d values, a multiple of 16 and at most HEADS_D, and n
+        // key rows `stride` apart (asserted); NEON is baseline.
+        unsafe {
+            match qg.len() {
+                1 => dots_heads::<1>(qg, k, stride, og),
+                2 => dots_heads::<2>(qg, k, stride, og),
+                3 => dots_heads::<3>(qg, k, stride, og),
+                _ => dots_heads::<4>(qg, k, stride, og),
             }
         }
     }
 }
 
+/// Longest query row whose f32 copy [`dots_f16_heads`] keeps on the stack.
+const HEADS_D: usize = 256;
+
+/// [`dots_f16_heads`] for `NQ` queries: the queries converted once into f32, then per key
+/// row the 16 lanes of each query in registers, combined by [`tree16_lanes`].
+///
+/// # Safety
+/// `NQ` queries and outputs; query length a multiple of 16 and at most [`HEADS_D`]; the
+/// outputs' number of key rows, `stride` apart, in `k`.
+#[inline(always)]
+unsafe fn dots_heads<const NQ: usize>(
+    qs: &[&[u16]],
+    k: &[u16],
+    stride: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let d = qs[0].len();
+    let n = outs[0].len();
+    let mut qf = [[0f32; HEADS_D]; NQ];
+    for (f, q) in qf.iter_mut().zip(qs) {
+        for (x, &h) in f.iter_mut().zip(q.iter()) {
+            *x = r::f16_to_f32(h);
+        }
+    }
+    for j in 0..n {
+        let row = k[j * stride..j * stride + d].as_ptr();
+        let mut acc = [[vdupq_n_f32(0.0); 4]; NQ];
+        let mut i = 0;
+        while i < d {
+            // SAFETY: 16 values at i in the row and in every query (caller's contract).
+            unsafe {
+                let rv = [
+                    ld_f16(row.add(i)),
+                    ld_f16(row.add(i + 4)),
+                    ld_f16(row.add(i + 8)),
+                    ld_f16(row.add(i + 12)),
+                ];
+                for (q, ah) in qf.iter().zip(acc.iter_mut()) {
+                    for (g, a) in ah.iter_mut().enumerate() {
+                        *a = vaddq_f32(*a, vmulq_f32(ld_f32(q.as_ptr().add(i + 4 * g)), rv[g]));
+                    }
+                }
+            }
+            i += 16;
+        }
+        for (o, ah) in outs.iter_mut().zip(acc) {
+            o[j] = tree16_lanes(ah);
+        }
+    }
+}
+
+/// Per head, `acc += w[j] · v_j` for the rows `j` in order (the reference's order per
+/// element, separate multiply and add). Up to 4 heads at a time, 16 elements at a time:
+/// their accumulators stay in registers over all the rows, and each row's 16 values are
+/// converted once for the heads.
 #[target_feature(enable = "neon")]
 fn axpy_f16_rows_imp(accs: &mut [&mut [f32]], ws: &[&[f32]], v: &[u16], stride: usize) {
+    let d = accs.first().map_or(0, |a| a.len());
+    let n = ws.first().map_or(0, |w| w.len());
+    assert!(
+        accs.len() == ws.len()
+            && accs.iter().all(|a| a.len() == d)
+            && ws.iter().all(|w| w.len() == n),
+        "accumulators or weights of different lengths"
+    );
+    assert!(
+        v.len() >= super::rows_span(n, stride, d),
+        "value rows out of bounds"
+    );
+    for (ag, wg) in accs.chunks_mut(4).zip(ws.chunks(4)) {
+        // SAFETY (each arm): accumulators of d values, n weights, n value rows of d values
+        // `stride` apart (asserted); NEON is baseline.
+        unsafe {
+            match ag.len() {
+                1 => axpy_heads::<1>(ag, wg, v, stride),
+                2 => axpy_heads::<2>(ag, wg, v, stride),
+                3 => axpy_heads::<3>(ag, wg, v, stride),
+                _ => axpy_heads::<4>(ag, wg, v, stride),
+            }
+        }
+    }
+}
+
+/// [`axpy_f16_rows`] for `NH` heads: elements 16 at a time over every row, then the
+/// remaining elements 4 and 1 at a time per head and row.
+///
+/// # Safety
+/// `NH` accumulators of `d` values and `NH` weight rows of `n` values; `n` value rows of `d`
+/// values, `stride` apart, in `v`.
+#[inline(always)]
+unsafe fn axpy_heads<const NH: usize>(
+    accs: &mut [&mut [f32]],
+    ws: &[&[f32]],
+    v: &[u16],
+    stride: usize,
+) {
+    let (d, n) = (accs[0].len(), ws[0].len());
+    let mut c = 0;
+    while c + 16 <= d {
+        let mut acc = [[vdupq_n_f32(0.0); 4]; NH];
+        for (ah, a) in acc.iter_mut().zip(accs.iter()) {
+            for (g, x) in ah.iter_mut().enumerate() {
+                // SAFETY: 4 values at c + 4g < d in the accumulator.
+                *x = unsafe { ld_f32(a.as_ptr().add(c + 4 * g)) };
+            }
+        }
+        for j in 0..n {
+            // SAFETY: 16 values at c of row j (caller's contract).
+            let x = unsafe {
+                let row = v.as_ptr().add(j * stride + c);
+                [
+                    ld_f16(row),
+                    ld_f16(row.add(4)),
+                    ld_f16(row.add(8)),
+                    ld_f16(row.add(12)),
+                ]
+            };
+            for (ah, w) in acc.iter_mut().zip(ws) {
+                let wv = vdupq_n_f32(w[j]);
+                for (a, &xg) in ah.iter_mut().zip(&x) {
+                    *a = vaddq_f32(*a, vmulq_f32(wv, xg));
+                }
+            }
+        }
+        for (ah, a) in acc.iter().zip(accs.iter_mut()) {
+            for (g, &x) in ah.iter().enumerate() {
+                // SAFETY: as the loads above.
+                unsafe { vst1q_f32(a.as_mut_ptr().add(c + 4 * g), x) };
+            }
+        }
+        c += 16;
+    }
+    if c == d {
+        return;
+    }
     for (acc, w) in accs.iter_mut().zip(ws) {
-        let (d, n) = (acc.len(), w.len());
-        assert!(
-            v.len() >= super::rows_span(n, stride, d),
-            "value rows out of bounds"
-        );
-        // Rows in order for every element (the reference's order per element).
         for (j, &wj) in w.iter().enumerate() {
             let row = &v[j * stride..j * stride + d];
             let wv = vdupq_n_f32(wj);
-            let mut c = 0;
-            while c + 4 <= d {
-                // SAFETY: 4 values at c in the accumulator and the row (both d long).
+            let mut e = c;
+            while e + 4 <= d {
+                // SAFETY: 4 values at e in the accumulator and the row (both d long).
                 unsafe {
-                    let p = acc.as_mut_ptr().add(c);
-                    let x = ld_f16(row.as_ptr().add(c));
+                    let p = acc.as_mut_ptr().add(e);
+                    let x = ld_f16(row.as_ptr().add(e));
                     vst1q_f32(p, vaddq_f32(ld_f32(p), vmulq_f32(wv, x)));
                 }
-                c += 4;
+                e += 4;
             }
-            for (a, &h) in acc[c..].iter_mut().zip(&row[c..]) {
+            for (a, &h) in acc[e..].iter_mut().zip(&row[e..]) {
                 *a += wj * r::f16_to_f32(h);
             }
         }

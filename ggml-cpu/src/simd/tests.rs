@@ -112,10 +112,11 @@ fn exp_family_matches_reference(#[values(1, 2, 3)] seed: u64) {
 }
 
 /// The multi-row attention kernels against one `dot_f16` / `axpy_f16` per row, with row
-/// lengths that are and are not multiples of 16 and runs shorter and longer than 16 rows.
+/// lengths that are and are not multiples of 16 (and above the 256 that NEON's query copy
+/// holds) and runs shorter and longer than 16 rows.
 #[rstest]
 fn attention_row_kernels_match_reference(
-    #[values(1, 7, 16, 17, 64, 100)] d: usize,
+    #[values(1, 7, 16, 17, 64, 100, 256, 272)] d: usize,
     #[values(0, 1, 5, 16, 17, 40)] n: usize,
 ) {
     let mut rng = Xorshift::new((d * 100 + n) as u64);
