@@ -1121,9 +1121,18 @@ unsafe fn quant_lanes<const L: u8, const F: u8>(
     let mut acc = [vdupq_n_f32(0.0); 8];
     let mut j = 0;
     while j + 8 <= nb {
-        for (u, a) in acc.iter_mut().enumerate() {
-            // SAFETY: block j + u < nb (caller's contract for the rest).
-            *a = vaddq_f32(*a, unsafe { quant_block::<L, F>(j + u, &xp, &yp) });
+        // Written out (not a loop over `acc`) so that the accumulators stay in registers.
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = &mut acc;
+        // SAFETY: blocks j .. j + 8 <= nb (caller's contract for the rest).
+        unsafe {
+            *a0 = vaddq_f32(*a0, quant_block::<L, F>(j, &xp, &yp));
+            *a1 = vaddq_f32(*a1, quant_block::<L, F>(j + 1, &xp, &yp));
+            *a2 = vaddq_f32(*a2, quant_block::<L, F>(j + 2, &xp, &yp));
+            *a3 = vaddq_f32(*a3, quant_block::<L, F>(j + 3, &xp, &yp));
+            *a4 = vaddq_f32(*a4, quant_block::<L, F>(j + 4, &xp, &yp));
+            *a5 = vaddq_f32(*a5, quant_block::<L, F>(j + 5, &xp, &yp));
+            *a6 = vaddq_f32(*a6, quant_block::<L, F>(j + 6, &xp, &yp));
+            *a7 = vaddq_f32(*a7, quant_block::<L, F>(j + 7, &xp, &yp));
         }
         j += 8;
     }
@@ -1132,6 +1141,115 @@ unsafe fn quant_lanes<const L: u8, const F: u8>(
         *a = vaddq_f32(*a, unsafe { quant_block::<L, F>(j + u, &xp, &yp) });
     }
     tree8_lanes(acc)
+}
+
+/// Block `j` of [`quant_lanes_2x4`]: the two 2 × 2 blocks of lanes of [`quant_block`] with
+/// `L == I8MM` for rows `x` and columns `(y0, y1)`, `(y2, y3)`, the rows unpacked and
+/// interleaved once and their scales converted once for both.
+///
+/// # Safety
+/// As [`quant_lanes_2x4`], with `j < nb`.
+#[inline(always)]
+unsafe fn quant_block_2x4<const F: u8>(
+    j: usize,
+    x: &[*const u8; 2],
+    y: &[*const u8; 4],
+) -> (float32x4_t, float32x4_t) {
+    let (xb, yb) = (x_bytes(F), y_bytes(F));
+    let (x0, x1) = (x[0].wrapping_add(j * xb), x[1].wrapping_add(j * xb));
+    let yj = [
+        y[0].wrapping_add(j * yb),
+        y[1].wrapping_add(j * yb),
+        y[2].wrapping_add(j * yb),
+        y[3].wrapping_add(j * yb),
+    ];
+    // 8 bytes of one row beside the same 8 of the other: one 2 × 8 operand.
+    let rows = |a: int8x16_t, b: int8x16_t, hi: bool| {
+        let (a, b) = (vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b));
+        vreinterpretq_s8_s64(if hi {
+            vzip2q_s64(a, b)
+        } else {
+            vzip1q_s64(a, b)
+        })
+    };
+    // SAFETY (unpacking, loads, words): block j < nb at every pointer (caller).
+    unsafe {
+        let (u0, u1) = (unpack::<F>(x0), unpack::<F>(x1));
+        let xr = [
+            rows(u0.0, u1.0, false),
+            rows(u0.0, u1.0, true),
+            rows(u0.1, u1.1, false),
+            rows(u0.1, u1.1, true),
+        ];
+        let sums = |ya: *const u8, yb2: *const u8| {
+            let (a, b) = (act::<F>(ya), act::<F>(yb2));
+            let mut s = vdupq_n_s32(0);
+            s = smmla(s, xr[0], rows(a.0, b.0, false));
+            s = smmla(s, xr[1], rows(a.0, b.0, true));
+            s = smmla(s, xr[2], rows(a.1, b.1, false));
+            smmla(s, xr[3], rows(a.1, b.1, true))
+        };
+        let (sa, sb) = (sums(yj[0], yj[1]), sums(yj[2], yj[3]));
+        // Lanes (r0, c), (r0, c'), (r1, c), (r1, c'): the rows' scales twice each, the
+        // columns' pairs twice over.
+        let (dx, mx) = word_pairs(&[x0, x0, x1, x1]);
+        let (dy, sy) = word_pairs(&yj);
+        let value = |dy: float32x4_t, sy: float32x4_t, s: int32x4_t| {
+            let v = vmulq_f32(vmulq_f32(dx, dy), vcvtq_f32_s32(s));
+            if has_min(F) {
+                vaddq_f32(v, vmulq_f32(mx, sy))
+            } else {
+                v
+            }
+        };
+        let low = |v: float32x4_t| vcombine_f32(vget_low_f32(v), vget_low_f32(v));
+        let high = |v: float32x4_t| vcombine_f32(vget_high_f32(v), vget_high_f32(v));
+        (value(low(dy), low(sy), sa), value(high(dy), high(sy), sb))
+    }
+}
+
+/// [`quant_lanes`] with `L == I8MM` for the rows `x = [r0, r1]` and the columns
+/// `y = [c0, c1, c2, c3]`: lanes `(r0, c0), (r0, c1), (r1, c0), (r1, c1)`, then the same
+/// with `c2, c3`, each lane's value and order that of [`quant_lanes`], bit for bit.
+///
+/// # Safety
+/// `nb` blocks at every pointer; the CPU has FEAT_I8MM.
+#[inline(always)]
+unsafe fn quant_lanes_2x4<const F: u8>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: [*const u8; 4],
+) -> [[f32; 4]; 2] {
+    let mut acc = [[vdupq_n_f32(0.0); 8]; 2];
+    let mut j = 0;
+    while j + 8 <= nb {
+        let [[a0, a1, a2, a3, a4, a5, a6, a7], [b0, b1, b2, b3, b4, b5, b6, b7]] = &mut acc;
+        // Written out (not a loop) so that the accumulators stay in registers.
+        macro_rules! add_block {
+            ($u:expr, $a:ident, $b:ident) => {
+                // SAFETY: block j + u < nb (caller's contract for the rest).
+                let (v, w) = unsafe { quant_block_2x4::<F>(j + $u, &x, &y) };
+                *$a = vaddq_f32(*$a, v);
+                *$b = vaddq_f32(*$b, w);
+            };
+        }
+        add_block!(0, a0, b0);
+        add_block!(1, a1, b1);
+        add_block!(2, a2, b2);
+        add_block!(3, a3, b3);
+        add_block!(4, a4, b4);
+        add_block!(5, a5, b5);
+        add_block!(6, a6, b6);
+        add_block!(7, a7, b7);
+        j += 8;
+    }
+    for u in 0..nb - j {
+        // SAFETY: as above.
+        let (v, w) = unsafe { quant_block_2x4::<F>(j + u, &x, &y) };
+        acc[0][u] = vaddq_f32(acc[0][u], v);
+        acc[1][u] = vaddq_f32(acc[1][u], w);
+    }
+    [tree8_lanes(acc[0]), tree8_lanes(acc[1])]
 }
 
 /// [`quant_lanes`] for the K-quants (the same lanes): per super-block the exact integers of
@@ -1221,10 +1339,45 @@ unsafe fn tile_f<const L: u8, const F: u8>(
     if L == I8MM && nr >= 2 && nc >= 2 {
         for r0 in (0..nr).step_by(2) {
             let r1 = (r0 + 1).min(nr - 1);
-            for c0 in (0..nc).step_by(2) {
+            let mut c0 = 0;
+            while c0 < nc {
+                // Three or four columns: one 2 × 4 block of lanes (a missing fourth column
+                // repeats the third), sharing the rows' unpacking and scales.
+                if !is_k(F) && nc - c0 >= 3 {
+                    let c3 = (c0 + 3).min(nc - 1);
+                    let xp = [a[r0].as_ptr(), a[r1].as_ptr()];
+                    let yp = [
+                        b[c0].as_ptr(),
+                        b[c0 + 1].as_ptr(),
+                        b[c0 + 2].as_ptr(),
+                        b[c3].as_ptr(),
+                    ];
+                    // SAFETY: rows of nb blocks (asserted); caller's contract.
+                    let [s, t] = unsafe { quant_lanes_2x4::<F>(nb, xp, yp) };
+                    let cols = [c0, c0 + 1, c0 + 2, c3];
+                    for (h, v) in [s, t].iter().enumerate() {
+                        let (ca, cb) = (cols[2 * h], cols[2 * h + 1]);
+                        out[r0 * 4 + ca] = v[0];
+                        out[r0 * 4 + cb] = v[1];
+                        out[r1 * 4 + ca] = v[2];
+                        out[r1 * 4 + cb] = v[3];
+                    }
+                    c0 += 4;
+                    continue;
+                }
                 let c1 = (c0 + 1).min(nc - 1);
-                let xp = [r0, r0, r1, r1].map(|i| a[i].as_ptr());
-                let yp = [c0, c1, c0, c1].map(|i| b[i].as_ptr());
+                let xp = [
+                    a[r0].as_ptr(),
+                    a[r0].as_ptr(),
+                    a[r1].as_ptr(),
+                    a[r1].as_ptr(),
+                ];
+                let yp = [
+                    b[c0].as_ptr(),
+                    b[c1].as_ptr(),
+                    b[c0].as_ptr(),
+                    b[c1].as_ptr(),
+                ];
                 // SAFETY: rows of nb blocks (asserted); caller's contract.
                 let s = unsafe {
                     if is_k(F) {
@@ -1233,9 +1386,11 @@ unsafe fn tile_f<const L: u8, const F: u8>(
                         quant_lanes::<I8MM, F>(nb, xp, yp)
                     }
                 };
-                for (t, &(ri, ci)) in [(r0, c0), (r0, c1), (r1, c0), (r1, c1)].iter().enumerate() {
-                    out[ri * 4 + ci] = s[t];
-                }
+                out[r0 * 4 + c0] = s[0];
+                out[r0 * 4 + c1] = s[1];
+                out[r1 * 4 + c0] = s[2];
+                out[r1 * 4 + c1] = s[3];
+                c0 += 2;
             }
         }
         return;
