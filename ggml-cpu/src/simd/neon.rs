@@ -1243,11 +1243,122 @@ unsafe fn quant_lanes_2x4<const F: u8>(
         add_block!(7, a7, b7);
         j += 8;
     }
-    for u in 0..nb - j {
+    let [acc_a, acc_b] = &mut acc;
+    for (u, (a, b)) in acc_a
+        .iter_mut()
+        .zip(acc_b.iter_mut())
+        .enumerate()
+        .take(nb - j)
+    {
         // SAFETY: as above.
         let (v, w) = unsafe { quant_block_2x4::<F>(j + u, &x, &y) };
-        acc[0][u] = vaddq_f32(acc[0][u], v);
-        acc[1][u] = vaddq_f32(acc[1][u], w);
+        *a = vaddq_f32(*a, v);
+        *b = vaddq_f32(*b, w);
+    }
+    [tree8_lanes(acc[0]), tree8_lanes(acc[1])]
+}
+
+/// Block `j` of [`quant_rows_2x4`]: for each of the two rows, the 4 lanes of
+/// [`quant_block`] with that row and the columns `y[0..4]`; the columns' quants and scales
+/// loaded and converted once for both rows.
+///
+/// # Safety
+/// As [`quant_rows_2x4`], with `j < nb`.
+#[inline(always)]
+unsafe fn quant_block_rows_2x4<const L: u8, const F: u8>(
+    j: usize,
+    x: &[*const u8; 2],
+    y: &[*const u8; 4],
+) -> (float32x4_t, float32x4_t) {
+    let (xb, yb) = (x_bytes(F), y_bytes(F));
+    let (x0, x1) = (x[0].wrapping_add(j * xb), x[1].wrapping_add(j * xb));
+    let yj = [
+        y[0].wrapping_add(j * yb),
+        y[1].wrapping_add(j * yb),
+        y[2].wrapping_add(j * yb),
+        y[3].wrapping_add(j * yb),
+    ];
+    // SAFETY (unpacking, loads, words): block j < nb at every pointer (caller).
+    unsafe {
+        let ys = [
+            act::<F>(yj[0]),
+            act::<F>(yj[1]),
+            act::<F>(yj[2]),
+            act::<F>(yj[3]),
+        ];
+        let sums = |xr: *const u8| {
+            let u = unpack::<F>(xr);
+            let p0 = dot32::<L>(u, ys[0]);
+            let p1 = dot32::<L>(u, ys[1]);
+            let p2 = dot32::<L>(u, ys[2]);
+            let p3 = dot32::<L>(u, ys[3]);
+            vpaddq_s32(vpaddq_s32(p0, p1), vpaddq_s32(p2, p3))
+        };
+        let (s0, s1) = (sums(x0), sums(x1));
+        // Lanes [r0, r1, r0, r1] of the rows' scales, [c0, c1, c2, c3] of the columns'.
+        let (dx, mx) = word_pairs(&[x0, x1, x0, x1]);
+        let (dy, sy) = word_pairs(&yj);
+        let value = |dx: float32x4_t, mx: float32x4_t, s: int32x4_t| {
+            let v = vmulq_f32(vmulq_f32(dx, dy), vcvtq_f32_s32(s));
+            if has_min(F) {
+                vaddq_f32(v, vmulq_f32(mx, sy))
+            } else {
+                v
+            }
+        };
+        (
+            value(vdupq_laneq_f32::<0>(dx), vdupq_laneq_f32::<0>(mx), s0),
+            value(vdupq_laneq_f32::<1>(dx), vdupq_laneq_f32::<1>(mx), s1),
+        )
+    }
+}
+
+/// [`quant_lanes`] with `L` `NEON` or `DOTPROD` for the rows `x = [r0, r1]` against the
+/// columns `y = [c0, c1, c2, c3]`: lane `c` of the first result is `(r0, c)`, of the second
+/// `(r1, c)`, each lane's value and order that of [`quant_lanes`], bit for bit.
+///
+/// # Safety
+/// `nb` blocks at every pointer; the CPU has the extension `L` needs.
+#[inline(always)]
+unsafe fn quant_rows_2x4<const L: u8, const F: u8>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: [*const u8; 4],
+) -> [[f32; 4]; 2] {
+    let mut acc = [[vdupq_n_f32(0.0); 8]; 2];
+    let mut j = 0;
+    while j + 8 <= nb {
+        let [[a0, a1, a2, a3, a4, a5, a6, a7], [b0, b1, b2, b3, b4, b5, b6, b7]] = &mut acc;
+        // Written out (not a loop) so that the accumulators stay in registers.
+        macro_rules! add_block {
+            ($u:expr, $a:ident, $b:ident) => {
+                // SAFETY: block j + u < nb (caller's contract for the rest).
+                let (v, w) = unsafe { quant_block_rows_2x4::<L, F>(j + $u, &x, &y) };
+                *$a = vaddq_f32(*$a, v);
+                *$b = vaddq_f32(*$b, w);
+            };
+        }
+        add_block!(0, a0, b0);
+        add_block!(1, a1, b1);
+        add_block!(2, a2, b2);
+        add_block!(3, a3, b3);
+        add_block!(4, a4, b4);
+        add_block!(5, a5, b5);
+        add_block!(6, a6, b6);
+        add_block!(7, a7, b7);
+        j += 8;
+    }
+    let [acc_a, acc_b] = &mut acc;
+    for (u, (a, b)) in acc_a
+        .iter_mut()
+        .zip(acc_b.iter_mut())
+        .enumerate()
+        .take(nb - j)
+    {
+        // SAFETY: as above.
+        let (v, w) = unsafe { quant_block_rows_2x4::<L, F>(j + u, &x, &y) };
+        *a = vaddq_f32(*a, v);
+        *b = vaddq_f32(*b, w);
     }
     [tree8_lanes(acc[0]), tree8_lanes(acc[1])]
 }
@@ -1392,6 +1503,27 @@ unsafe fn tile_f<const L: u8, const F: u8>(
                 out[r1 * 4 + c1] = s[3];
                 c0 += 2;
             }
+        }
+        return;
+    }
+    // Three or four columns: two rows at a time against the four columns (a missing
+    // fourth column or second row repeats the last one), lane c the row with column c.
+    if !is_k(F) && nc >= 3 {
+        let c3 = (nc - 1).min(3);
+        let yp = [b[0].as_ptr(), b[1].as_ptr(), b[2].as_ptr(), b[c3].as_ptr()];
+        for r0 in (0..nr).step_by(2) {
+            let r1 = (r0 + 1).min(nr - 1);
+            let xp = [a[r0].as_ptr(), a[r1].as_ptr()];
+            // SAFETY: rows of nb blocks (asserted); caller's contract.
+            let [s, t] = unsafe {
+                if L == NEON {
+                    quant_rows_2x4::<NEON, F>(nb, xp, yp)
+                } else {
+                    quant_rows_2x4::<DOTPROD, F>(nb, xp, yp)
+                }
+            };
+            out[r0 * 4..r0 * 4 + nc].copy_from_slice(&s[..nc]);
+            out[r1 * 4..r1 * 4 + nc].copy_from_slice(&t[..nc]);
         }
         return;
     }
