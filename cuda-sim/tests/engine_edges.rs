@@ -3,7 +3,7 @@
 //! helpers): the lanes of a block's partial last warp, the thread a synccheck of a
 //! `.sync.aligned` instruction names, `mma` with infinite B or C, the predicate logic
 //! instructions, stores to a `.param` argument at a nonzero offset, `.local` memory per
-//! thread, and the bounds of a function's `.param` space.
+//! thread, the bounds of a function's `.param` space, and `bar.warp.sync`'s mask check.
 
 mod exact;
 
@@ -384,5 +384,56 @@ fn function_param_space_ends_at_its_last_variable(
             assert!(e.to_string().contains(f), "{e}");
         }
         (Err(e), None) => panic!("{e}"),
+    }
+}
+
+/// `bar.warp.sync` whose mask names lanes that are not executing it (lanes 16-31 branched
+/// around it) is a `SyncMask` fault under synccheck, and nothing at all without the
+/// checks (every thread then writes its index); a mask of exactly the executing lanes is
+/// clean either way.
+/// Kills `instr.rs` `BlockRunner::exec`'s guard `exec != 0 && checks.synccheck` of the
+/// `BarWarpSync` arm set to `false` (the bad mask passes) or `true` (checked without
+/// synccheck).
+#[rstest]
+#[case::bad_mask_checked("0xffffffff", Checks::ALL, true)]
+#[case::bad_mask_unchecked("0xffffffff", Checks::NONE, false)]
+#[case::exact_mask_checked("0x0000ffff", Checks::ALL, false)]
+fn warp_sync_mask_is_checked_only_under_synccheck(
+    #[case] mask: &str,
+    #[case] checks: Checks,
+    #[case] faults: bool,
+) {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .pred %p0;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    setp.ge.u32 %p0, %r0, 16;
+    @%p0 bra SKIP;
+    bar.warp.sync {mask};
+SKIP:
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.global.u32 [%rd1], %r0;
+    ret;
+}}
+"
+    );
+    match run(&text, [32, 1, 1], 32, checks) {
+        Ok(got) => {
+            assert!(
+                !faults,
+                "expected a SyncMask fault, the kernel wrote {got:?}"
+            );
+            assert_eq!(got, (0..32).collect::<Vec<u32>>());
+        }
+        Err(e) => {
+            assert!(faults, "{e}");
+            assert_eq!(e.kind, FaultKind::SyncMask, "{e}");
+            assert!(e.to_string().contains("bar.warp.sync"), "{e}");
+        }
     }
 }
