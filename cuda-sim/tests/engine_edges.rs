@@ -3,7 +3,8 @@
 //! helpers): the lanes of a block's partial last warp, the thread a synccheck of a
 //! `.sync.aligned` instruction names, `mma` with infinite B or C, the predicate logic
 //! instructions, stores to a `.param` argument at a nonzero offset, `.local` memory per
-//! thread, the bounds of a function's `.param` space, and `bar.warp.sync`'s mask check.
+//! thread, the bounds of a function's `.param` space, `bar.warp.sync`'s mask check, and
+//! `mov` packing and unpacking per lane.
 
 mod exact;
 
@@ -436,4 +437,42 @@ SKIP:
             assert!(e.to_string().contains("bar.warp.sync"), "{e}");
         }
     }
+}
+
+/// `mov` packing two 32-bit registers into a 64-bit one and unpacking it again, with
+/// values that differ per lane: thread t packs {3t + 1, 5t + 2}, unpacks the halves
+/// swapped into two other registers and writes `hi * 1000 + lo` from the unpacked pair
+/// (so 1000 (5t + 2) + 3t + 1), and the packed value's high half.
+/// Kills `instr.rs` `BlockRunner::exec`'s register index `reg * 32 + lane` with `-` for `+`
+/// in the `mov` vector forms (the source parts, the packed destination, the unpacked
+/// parts): every lane but 0 would read or write another lane's register.
+#[test]
+fn vector_mov_packs_and_unpacks_each_lanes_own_registers() {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    mad.lo.u32 %r1, %r0, 3, 1;
+    mad.lo.u32 %r2, %r0, 5, 2;
+    mov.b64 %rd3, {{%r1, %r2}};
+    mov.b64 {{%r4, %r5}}, %rd3;
+    mad.lo.u32 %r6, %r5, 1000, %r4;
+    shr.u64 %rd4, %rd3, 32;
+    cvt.u32.u64 %r7, %rd4;
+    mul.wide.u32 %rd1, %r0, 8;
+    add.u64 %rd1, %rd0, %rd1;
+    st.global.u32 [%rd1], %r6;
+    st.global.u32 [%rd1+4], %r7;
+    ret;
+}}
+"
+    );
+    let got = run(&text, [40, 1, 1], 80, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+    let want: Vec<u32> = (0..40)
+        .flat_map(|t| [1000 * (5 * t + 2) + 3 * t + 1, 5 * t + 2])
+        .collect();
+    assert_eq!(got, want);
 }
