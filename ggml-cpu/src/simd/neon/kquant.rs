@@ -12,7 +12,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{sdot, smmla, NEON, Q2K, Q3K, Q4K, Q5K, Q6K};
+use super::quant::{sdot, smmla, NEON, Q2K, Q3K, Q4K, Q5K, Q6K};
 
 /// Bytes of a Q8_K activation block: f32 `d`, 256 i8 `qs`, 16 i16 `bsums`.
 pub(super) const Q8K_BYTES: usize = 292;
