@@ -3,8 +3,8 @@
 //! helpers): the lanes of a block's partial last warp, the thread a synccheck of a
 //! `.sync.aligned` instruction names, `mma` with infinite B or C, the predicate logic
 //! instructions, stores to a `.param` argument at a nonzero offset, `.local` memory per
-//! thread, the bounds of a function's `.param` space, `bar.warp.sync`'s mask check, and
-//! `mov` packing and unpacking per lane.
+//! thread, the bounds of a function's `.param` space, `bar.warp.sync`'s mask check, `mov`
+//! packing and unpacking per lane, and `shfl` from a lane that is not executing it.
 
 mod exact;
 
@@ -440,12 +440,14 @@ SKIP:
 }
 
 /// `mov` packing two 32-bit registers into a 64-bit one and unpacking it again, with
-/// values that differ per lane: thread t packs {3t + 1, 5t + 2}, unpacks the halves
-/// swapped into two other registers and writes `hi * 1000 + lo` from the unpacked pair
-/// (so 1000 (5t + 2) + 3t + 1), and the packed value's high half.
+/// values that differ per lane: thread t packs {3t + 1, 5t + 2}, unpacks it into two other
+/// registers and writes `hi * 1000 + lo` from the unpacked pair (so 1000 (5t + 2) + 3t + 1),
+/// the packed value's high half, and the high half of the unpacked low part packed twice
+/// (3t + 1: the unpacked part holds exactly its 32 bits).
 /// Kills `instr.rs` `BlockRunner::exec`'s register index `reg * 32 + lane` with `-` for `+`
 /// in the `mov` vector forms (the source parts, the packed destination, the unpacked
-/// parts): every lane but 0 would read or write another lane's register.
+/// parts): every lane but 0 would read or write another lane's register; and `mask_bits`'s
+/// `w >= 64` as `w < 64` (an unpacked part keeping the whole 64-bit value).
 #[test]
 fn vector_mov_packs_and_unpacks_each_lanes_own_registers() {
     let text = format!(
@@ -462,17 +464,73 @@ fn vector_mov_packs_and_unpacks_each_lanes_own_registers() {
     mad.lo.u32 %r6, %r5, 1000, %r4;
     shr.u64 %rd4, %rd3, 32;
     cvt.u32.u64 %r7, %rd4;
-    mul.wide.u32 %rd1, %r0, 8;
+    mov.b64 %rd5, {{%r4, %r4}};
+    shr.u64 %rd5, %rd5, 32;
+    cvt.u32.u64 %r3, %rd5;
+    mul.wide.u32 %rd1, %r0, 12;
     add.u64 %rd1, %rd0, %rd1;
     st.global.u32 [%rd1], %r6;
     st.global.u32 [%rd1+4], %r7;
+    st.global.u32 [%rd1+8], %r3;
     ret;
 }}
 "
     );
-    let got = run(&text, [40, 1, 1], 80, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+    let got = run(&text, [40, 1, 1], 120, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
     let want: Vec<u32> = (0..40)
-        .flat_map(|t| [1000 * (5 * t + 2) + 3 * t + 1, 5 * t + 2])
+        .flat_map(|t| [1000 * (5 * t + 2) + 3 * t + 1, 5 * t + 2, 3 * t + 1])
         .collect();
     assert_eq!(got, want);
+}
+
+/// `shfl.sync.idx` by lanes 0-15 (the mask names exactly them) from source lane 20, which
+/// is not executing it: under synccheck a `SyncMask` fault naming lane 20 (the PTX ISA
+/// leaves the value undefined); reading lane 5 instead is clean and gives lane 5's value.
+/// Kills `instr.rs` `BlockRunner::exec`'s source-lane check `exec & (1 << j) == 0` with `|`
+/// or `^` for `&` (the read of a lane that is not executing passes).
+#[rstest]
+#[case::inactive_source(20, true)]
+#[case::active_source(5, false)]
+fn shfl_from_a_lane_that_is_not_executing_faults_under_synccheck(
+    #[case] src: u32,
+    #[case] faults: bool,
+) {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .pred %p0;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    add.u32 %r1, %r0, 100;
+    mov.u32 %r2, %r0;
+    setp.ge.u32 %p0, %r0, 16;
+    @%p0 bra SKIP;
+    shfl.sync.idx.b32 %r2, %r1, {src}, 31, 0x0000ffff;
+SKIP:
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.global.u32 [%rd1], %r2;
+    ret;
+}}
+"
+    );
+    match run(&text, [32, 1, 1], 32, Checks::ALL) {
+        Ok(got) => {
+            assert!(
+                !faults,
+                "expected a SyncMask fault, the kernel wrote {got:?}"
+            );
+            let want: Vec<u32> = (0..32)
+                .map(|t| if t < 16 { src + 100 } else { t })
+                .collect();
+            assert_eq!(got, want);
+        }
+        Err(e) => {
+            assert!(faults, "{e}");
+            assert_eq!(e.kind, FaultKind::SyncMask, "{e}");
+            assert!(e.to_string().contains("read lane 20"), "{e}");
+        }
+    }
 }
