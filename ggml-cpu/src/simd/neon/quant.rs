@@ -352,6 +352,53 @@ unsafe fn quant_lanes<const L: u8, const F: u8>(
     tree8_lanes(acc)
 }
 
+/// `[tree8(Σ first), tree8(Σ second)]` lane-wise over the blocks `j < nb` of `block`, block
+/// `j` into accumulator `j % 8` of each ([`r::tree8`](crate::reference::tree8)'s order); blocks
+/// 8 at a time with the accumulators written out, so they stay in registers.
+///
+/// # Safety
+/// None beyond NEON, which is baseline on aarch64 (an `unsafe fn` so that it inlines into the
+/// kernels' unsafe bodies).
+#[inline(always)]
+unsafe fn sum_block_pairs(
+    nb: usize,
+    mut block: impl FnMut(usize) -> (float32x4_t, float32x4_t),
+) -> [[f32; 4]; 2] {
+    let mut acc = [[vdupq_n_f32(0.0); 8]; 2];
+    let mut j = 0;
+    while j + 8 <= nb {
+        let [[a0, a1, a2, a3, a4, a5, a6, a7], [b0, b1, b2, b3, b4, b5, b6, b7]] = &mut acc;
+        macro_rules! add_block {
+            ($u:expr, $a:ident, $b:ident) => {
+                let (v, w) = block(j + $u);
+                *$a = vaddq_f32(*$a, v);
+                *$b = vaddq_f32(*$b, w);
+            };
+        }
+        add_block!(0, a0, b0);
+        add_block!(1, a1, b1);
+        add_block!(2, a2, b2);
+        add_block!(3, a3, b3);
+        add_block!(4, a4, b4);
+        add_block!(5, a5, b5);
+        add_block!(6, a6, b6);
+        add_block!(7, a7, b7);
+        j += 8;
+    }
+    let [acc_a, acc_b] = &mut acc;
+    for (u, (a, b)) in acc_a
+        .iter_mut()
+        .zip(acc_b.iter_mut())
+        .enumerate()
+        .take(nb - j)
+    {
+        let (v, w) = block(j + u);
+        *a = vaddq_f32(*a, v);
+        *b = vaddq_f32(*b, w);
+    }
+    [tree8_lanes(acc[0]), tree8_lanes(acc[1])]
+}
+
 /// Block `j` of [`quant_lanes_2x4`]: the two 2 × 2 blocks of lanes of [`quant_block`] with
 /// `L == I8MM` for rows `x` and columns `(y0, y1)`, `(y2, y3)`, the rows unpacked and
 /// interleaved once and their scales converted once for both.
@@ -429,42 +476,8 @@ unsafe fn quant_lanes_2x4<const F: u8>(
     x: [*const u8; 2],
     y: [*const u8; 4],
 ) -> [[f32; 4]; 2] {
-    let mut acc = [[vdupq_n_f32(0.0); 8]; 2];
-    let mut j = 0;
-    while j + 8 <= nb {
-        let [[a0, a1, a2, a3, a4, a5, a6, a7], [b0, b1, b2, b3, b4, b5, b6, b7]] = &mut acc;
-        // Written out (not a loop) so that the accumulators stay in registers.
-        macro_rules! add_block {
-            ($u:expr, $a:ident, $b:ident) => {
-                // SAFETY: block j + u < nb (caller's contract for the rest).
-                let (v, w) = unsafe { quant_block_2x4::<F>(j + $u, &x, &y) };
-                *$a = vaddq_f32(*$a, v);
-                *$b = vaddq_f32(*$b, w);
-            };
-        }
-        add_block!(0, a0, b0);
-        add_block!(1, a1, b1);
-        add_block!(2, a2, b2);
-        add_block!(3, a3, b3);
-        add_block!(4, a4, b4);
-        add_block!(5, a5, b5);
-        add_block!(6, a6, b6);
-        add_block!(7, a7, b7);
-        j += 8;
-    }
-    let [acc_a, acc_b] = &mut acc;
-    for (u, (a, b)) in acc_a
-        .iter_mut()
-        .zip(acc_b.iter_mut())
-        .enumerate()
-        .take(nb - j)
-    {
-        // SAFETY: as above.
-        let (v, w) = unsafe { quant_block_2x4::<F>(j + u, &x, &y) };
-        *a = vaddq_f32(*a, v);
-        *b = vaddq_f32(*b, w);
-    }
-    [tree8_lanes(acc[0]), tree8_lanes(acc[1])]
+    // SAFETY: sum_block_pairs asks only for blocks j < nb (caller's contract).
+    unsafe { sum_block_pairs(nb, |j| quant_block_2x4::<F>(j, &x, &y)) }
 }
 
 /// Block `j` of [`quant_rows_2x4`]: for each of the two rows, the 4 lanes of
@@ -534,42 +547,8 @@ unsafe fn quant_rows_2x4<const L: u8, const F: u8>(
     x: [*const u8; 2],
     y: [*const u8; 4],
 ) -> [[f32; 4]; 2] {
-    let mut acc = [[vdupq_n_f32(0.0); 8]; 2];
-    let mut j = 0;
-    while j + 8 <= nb {
-        let [[a0, a1, a2, a3, a4, a5, a6, a7], [b0, b1, b2, b3, b4, b5, b6, b7]] = &mut acc;
-        // Written out (not a loop) so that the accumulators stay in registers.
-        macro_rules! add_block {
-            ($u:expr, $a:ident, $b:ident) => {
-                // SAFETY: block j + u < nb (caller's contract for the rest).
-                let (v, w) = unsafe { quant_block_rows_2x4::<L, F>(j + $u, &x, &y) };
-                *$a = vaddq_f32(*$a, v);
-                *$b = vaddq_f32(*$b, w);
-            };
-        }
-        add_block!(0, a0, b0);
-        add_block!(1, a1, b1);
-        add_block!(2, a2, b2);
-        add_block!(3, a3, b3);
-        add_block!(4, a4, b4);
-        add_block!(5, a5, b5);
-        add_block!(6, a6, b6);
-        add_block!(7, a7, b7);
-        j += 8;
-    }
-    let [acc_a, acc_b] = &mut acc;
-    for (u, (a, b)) in acc_a
-        .iter_mut()
-        .zip(acc_b.iter_mut())
-        .enumerate()
-        .take(nb - j)
-    {
-        // SAFETY: as above.
-        let (v, w) = unsafe { quant_block_rows_2x4::<L, F>(j + u, &x, &y) };
-        *a = vaddq_f32(*a, v);
-        *b = vaddq_f32(*b, w);
-    }
-    [tree8_lanes(acc[0]), tree8_lanes(acc[1])]
+    // SAFETY: sum_block_pairs asks only for blocks j < nb (caller's contract).
+    unsafe { sum_block_pairs(nb, |j| quant_block_rows_2x4::<L, F>(j, &x, &y)) }
 }
 
 /// [`quant_lanes`] for the K-quants (the same lanes): per super-block the exact integers of each
