@@ -423,20 +423,8 @@ SKIP:
 }}
 "
     );
-    match run(&text, [32, 1, 1], 32, checks) {
-        Ok(got) => {
-            assert!(
-                !faults,
-                "expected a SyncMask fault, the kernel wrote {got:?}"
-            );
-            assert_eq!(got, (0..32).collect::<Vec<u32>>());
-        }
-        Err(e) => {
-            assert!(faults, "{e}");
-            assert_eq!(e.kind, FaultKind::SyncMask, "{e}");
-            assert!(e.to_string().contains("bar.warp.sync"), "{e}");
-        }
-    }
+    let fault = faults.then_some("bar.warp.sync");
+    expect_sync_fault_or(run(&text, [32, 1, 1], 32, checks), fault, (0..32).collect());
 }
 
 /// `mov` packing two 32-bit registers into a 64-bit one and unpacking it again, with
@@ -516,21 +504,27 @@ SKIP:
 }}
 "
     );
-    match run(&text, [32, 1, 1], 32, Checks::ALL) {
-        Ok(got) => {
-            assert!(
-                !faults,
-                "expected a SyncMask fault, the kernel wrote {got:?}"
-            );
-            let want: Vec<u32> = (0..32)
-                .map(|t| if t < 16 { src + 100 } else { t })
-                .collect();
-            assert_eq!(got, want);
-        }
-        Err(e) => {
-            assert!(faults, "{e}");
+    let want = (0..32)
+        .map(|t| if t < 16 { src + 100 } else { t })
+        .collect();
+    let fault = faults.then_some("read lane 20");
+    expect_sync_fault_or(run(&text, [32, 1, 1], 32, Checks::ALL), fault, want);
+}
+
+/// With `fault` `Some(text)`: the run ended in a `SyncMask` fault whose message contains
+/// `text`; with `None`: it ran clean and wrote `want`.
+fn expect_sync_fault_or(
+    got: Result<Vec<u32>, Box<KernelFault>>,
+    fault: Option<&str>,
+    want: Vec<u32>,
+) {
+    match (got, fault) {
+        (Ok(got), None) => assert_eq!(got, want),
+        (Ok(got), Some(_)) => panic!("expected a SyncMask fault, the kernel wrote {got:?}"),
+        (Err(e), Some(text)) => {
             assert_eq!(e.kind, FaultKind::SyncMask, "{e}");
-            assert!(e.to_string().contains("read lane 20"), "{e}");
+            assert!(e.to_string().contains(text), "{e}");
         }
+        (Err(e), None) => panic!("{e}"),
     }
 }
