@@ -5,6 +5,16 @@ use ggml_core::DType;
 
 use crate::launch::{self, Args, LaunchDims};
 
+/// The chunks (32 values of K) of a full K-tile of `qmm`.
+const TILE_CHUNKS: usize = 32;
+
+/// `(65535 + tc) / tc`: the kernel divides a thread index below 1024 by a tile's `tc`
+/// chunks as a multiply by this and a shift by 16 (exact for `tc <= 32`).
+fn tile_reciprocal(tc: usize) -> u32 {
+    debug_assert!((1..=TILE_CHUNKS).contains(&tc));
+    ((65535 + tc) / tc) as u32
+}
+
 /// One weight matrix of a `qmm` launch and the output it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Matrix {
@@ -184,7 +194,10 @@ impl Call {
             | if self.ids.is_some() { 8 } else { 0 }
             | if self.prequant { 16 } else { 0 }
             | rows.trailing_zeros() << 8;
-        a.u32((self.k / 32) as u32)
+        let chunks = self.k / 32;
+        a.u32(chunks as u32)
+            .u32(tile_reciprocal(chunks.clamp(1, TILE_CHUNKS)))
+            .u32(tile_reciprocal((chunks.max(1) - 1) % TILE_CHUNKS + 1))
             .u32(self.n as u32)
             .u32(self.nt() as u32)
             .u32(rows as u32)
@@ -201,6 +214,7 @@ impl Call {
         });
         a.u64(norm.weight)
             .f32(norm.eps)
+            .f32(1.0 / self.k.max(1) as f32)
             .u64(norm.rms)
             .u64(norm.mul)
             .usize(norm.nb1);
@@ -294,6 +308,83 @@ mod tests {
             .unwrap();
         let a = call().args().unwrap();
         assert_eq!(a.len(), e.params.len());
+    }
+
+    #[test]
+    fn tile_reciprocal_divides_every_thread_index_exactly() {
+        for tc in 1..=TILE_CHUNKS {
+            let itc = tile_reciprocal(tc);
+            for thr in 0..1024u32 {
+                assert_eq!((thr * itc) >> 16, thr / tc as u32, "{thr} / {tc}");
+            }
+        }
+    }
+
+    /// The kernel's division-free `x / d` for a constant `d` with `c = RN(1/d)`
+    /// (Markstein): `q0 = x c`, `r = x - d q0` (exact), `RN(q0 + r c)`.
+    fn markstein(x: f32, d: f32, c: f32) -> f32 {
+        let q0 = x * c;
+        let r = q0.mul_add(-d, x);
+        r.mul_add(c, q0)
+    }
+
+    /// Stage A's `d = amax / 127`: every non-negative f32 (and +inf passed through, as
+    /// the kernel does) gives the division's bits.
+    #[test]
+    fn division_by_127_without_a_division_is_exact_for_every_non_negative_f32() {
+        let c = 1.0f32 / 127.0;
+        assert_eq!(c.to_bits(), 0x3C01_0204, "the kernel's constant");
+        let wrong = (0u32..=0x7F80_0000)
+            .filter(|&b| {
+                let x = f32::from_bits(b);
+                let q = if x.is_infinite() {
+                    x * c
+                } else {
+                    markstein(x, 127.0, c)
+                };
+                q.to_bits() != (x / 127.0).to_bits()
+            })
+            .count();
+        assert_eq!(wrong, 0);
+    }
+
+    /// The norm's `mean = sum / K` where the kernel takes the division-free path
+    /// (2^-100 <= sum < inf): every such f32 for SmolLM2's two K, every 7th for other K
+    /// (Markstein's theorem covers every K; below 2^-100 the quotient can be subnormal,
+    /// where it fails, and the kernel divides).
+    #[rstest::rstest]
+    #[case(576, 1)]
+    #[case(1536, 1)]
+    #[case(32, 7)]
+    #[case(96, 7)]
+    #[case(640, 7)]
+    #[case(960, 7)]
+    #[case(2048, 7)]
+    #[case(2880, 7)]
+    #[case(4096, 7)]
+    #[case(5120, 7)]
+    #[case(8192, 7)]
+    #[case(14336, 7)]
+    fn division_by_k_without_a_division_is_exact_above_2_pow_minus_100(
+        #[case] k: u32,
+        #[case] step: usize,
+    ) {
+        let d = k as f32;
+        let c = 1.0 / d;
+        let lo = 2f32.powi(-100).to_bits();
+        let wrong = (lo..0x7F80_0000)
+            .step_by(step)
+            .filter(|&b| {
+                let x = f32::from_bits(b);
+                markstein(x, d, c).to_bits() != (x / d).to_bits()
+            })
+            .count();
+        assert_eq!(wrong, 0);
+        // The guard is needed: just below it some quotients do differ.
+        if k == 576 {
+            let x = f32::from_bits(0x0080_0460);
+            assert_ne!(markstein(x, d, c).to_bits(), (x / d).to_bits());
+        }
     }
 
     #[test]

@@ -66,8 +66,7 @@ fn select_group() -> String {
 
 /// Prefetches into L1 what the current K-tile (`%tb`, `%TCa` chunks) reads from global
 /// memory: the activation lines, the norm weight's, and the weight blocks of this
-/// thread's stage-B tasks in each group; on the first tile also the residual of this
-/// thread's output. Labels get `tag`.
+/// thread's stage-B tasks in each group. Labels get `tag`.
 fn prefetch(tag: &str) -> String {
     let mut f = format!(
         "    // Prefetch what the tile reads (the loads come after the norm and stage A).
@@ -82,31 +81,13 @@ fn prefetch(tag: &str) -> String {
     add.u64 %rd1, %rd1, %rd0;
     prefetch.global.L1 [%rd1];
 PF{tag}_NW:
-    @!%pnorm bra PF{tag}_RES;
+    @!%pnorm bra PF{tag}_W;
     setp.ge.u32 %p0, %thr, %TCa;
-    @%p0 bra PF{tag}_RES;
+    @%p0 bra PF{tag}_W;
     add.u32 %t4, %thr, %tb;
     ld.param.u64 %rd1, [p_nw];
     cvta.to.global.u64 %rd1, %rd1;
     mul.wide.u32 %rd0, %t4, 128;
-    add.u64 %rd1, %rd1, %rd0;
-    prefetch.global.L1 [%rd1];
-PF{tag}_RES:
-    setp.ne.u32 %p0, %epi, 1;
-    setp.ne.u32 %p1, %tb, 0;
-    or.pred %p0, %p0, %p1;
-    not.pred %p1, %pact;
-    or.pred %p0, %p0, %p1;
-    @%p0 bra PF{tag}_W;
-    add.u32 %t3, %mb, %cr;
-    sub.u32 %t4, %Ma, 1;
-    min.u32 %t3, %t3, %t4;
-    ld.param.u64 %rd1, [p_res];
-    cvta.to.global.u64 %rd1, %rd1;
-    ld.param.u64 %rd2, [p_nbres];
-    cvt.u64.u32 %rd0, %cn;
-    mad.lo.u64 %rd1, %rd0, %rd2, %rd1;
-    mul.wide.u32 %rd0, %t3, 4;
     add.u64 %rd1, %rd1, %rd0;
     prefetch.global.L1 [%rd1];
 PF{tag}_W:
@@ -250,11 +231,14 @@ fn norm_sum() -> String {
             "    @%pn{i} fma.rn.f32 %f0, %cf{i}, %cf{i}, %f0;\n"
         ));
     }
-    f.push_str("    add.u32 %t3, %t3, 256;\n    bra NORM_SUM;\nNORM_REDUCE:\n    bar.warp.sync 0xffffffff;\n");
+    f.push_str("    add.u32 %t3, %t3, 256;\n    bra NORM_SUM;\nNORM_REDUCE:\n    bar.warp.sync 0xffffffff;\n    // K, -K and RN(1/K) for the mean (issued while the shuffles run)\n    cvt.rn.f32.u32 %f9, %t2;\n    ld.param.f32 %f11, [p_rk];\n");
     for lane in [16, 8, 4, 2, 1] {
         f.push_str(&format!(
             "    shfl.sync.bfly.b32 %f1, %f0, {lane}, 31, 0xffffffff;\n    add.rn.f32 %f0, %f0, %f1;\n"
         ));
+        if lane == 8 {
+            f.push_str("    neg.f32 %f10, %f9;\n");
+        }
     }
     f
 }
@@ -918,6 +902,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //             or (flags bit 4) their Q8_1 blocks
 //   p_nbx1, p_nbx2, p_nbx3   activation byte strides of dims 1..3
 //   p_nchunks K / 32
+//   p_itc0, p_itc1           (65535 + TC) / TC for the first and the last K-tile's
+//                            chunks TC (min(K/32, 32) and ((K/32 - 1) mod 32) + 1)
 //   p_n       N (columns; ids mode: 1)
 //   p_nt      NT, columns per CTA (1..8): blockIdx.y takes columns y*NT .. y*NT+NT-1
 //   p_rows    R, rows per CTA (8, 16, 32 or 64, R * NT <= T); GLU mode: R/2 rows of
@@ -930,6 +916,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //             bits 8-11: log2(R)
 //   p_nw      norm weight, f32 [K] (norm prologue)
 //   p_eps     norm epsilon
+//   p_rk      1/K rounded to f32 (the norm's mean)
 //   p_rms, p_mul             norm outputs [K, N] (x * scale, and that times p_nw),
 //                            written by CTA (0, 0, 0); column stride p_nbr1
 //   p_nbr1    byte stride of the columns of p_rms and p_mul
@@ -970,6 +957,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .param .u64 p_nbx2,
     .param .u64 p_nbx3,
     .param .u32 p_nchunks,
+    .param .u32 p_itc0,
+    .param .u32 p_itc1,
     .param .u32 p_n,
     .param .u32 p_nt,
     .param .u32 p_rows,
@@ -979,6 +968,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .param .u32 p_flags,
     .param .u64 p_nw,
     .param .f32 p_eps,
+    .param .f32 p_rk,
     .param .u64 p_rms,
     .param .u64 p_mul,
     .param .u64 p_nbr1,
@@ -1019,7 +1009,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 {
     .reg .pred %p<4>;
     .reg .pred %pn<8>;
-    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact;
+    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
@@ -1028,7 +1018,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st, %ITC, %br0, %bjt0, %lR;
     .reg .b32 %sc0, %sc1, %zs0, %zs1, %m01, %x0, %x1, %slo, %shi;
     .reg .f32 %f<16>;
-    .reg .f32 %acc, %dw, %mw, %dm;
+    .reg .f32 %acc, %dw, %mw, %dm, %fres;
     .reg .b32 %cw<8>, %cm<8>, %ca<8>, %cb<8>, %cs<8>;
     .reg .f32 %cf<8>, %cg<8>;
     .reg .b64 %rd<8>;
@@ -1040,11 +1030,10 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     ld.param.u32 %R, [p_rows];
     ld.param.u32 %NT, [p_nt];
     ld.param.u32 %NK, [p_nchunks];
-    // The first tile's chunks and 2^16 / TCa rounded up (see below), the division
-    // issued first so that its latency overlaps the setup.
+    // The first tile's chunks and 2^16 / TCa rounded up (see below), for the first and
+    // the last tile (the host's divisions: none waits in the kernel).
     min.u32 %TCa, %NK, 32;
-    add.u32 %ITC, %TCa, 65535;
-    div.u32 %ITC, %ITC, %TCa;
+    ld.param.u32 %ITC, [p_itc0];
     ld.param.u32 %N, [p_n];
     ld.param.u32 %flags, [p_flags];
     bfe.u32 %lR, %flags, 8, 4;
@@ -1243,6 +1232,21 @@ SETUP_MATS:
     and.b32 %cr, %thr, %t0;
     setp.lt.u32 %pact, %cn, %nv;
     mov.f32 %acc, 0f00000000;
+    // The add epilogue's residual of this thread's output: its address now, the load
+    // after the first prefetches (so that nothing waits for either), its latency passing
+    // during the norm and the tiles.
+    setp.eq.u32 %pres, %epi, 1;
+    and.pred %pres, %pres, %pact;
+    add.u32 %t3, %mb, %cr;
+    setp.lt.u32 %p0, %t3, %Ma;
+    and.pred %pres, %pres, %p0;
+    ld.param.u64 %ra, [p_res];
+    cvta.to.global.u64 %ra, %ra;
+    ld.param.u64 %rd2, [p_nbres];
+    cvt.u64.u32 %rd0, %cn;
+    mad.lo.u64 %ra, %rd0, %rd2, %ra;
+    mul.wide.u32 %rd0, %t3, 4;
+    add.u64 %ra, %ra, %rd0;
 
     mov.u32 %tb, 0;
     // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
@@ -1256,6 +1260,7 @@ SETUP_MATS:
     mul.lo.u32 %djt, %dr, %TCa;
     sub.u32 %djt, %T, %djt;
 @PREFETCH_FIRST@
+    @%pres ld.global.f32 %fres, [%ra];
     // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
     // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 16, then 8 loads at
     // a time, then the last ones predicated).
@@ -1271,8 +1276,20 @@ NORM_COL:
     mov.f32 %f0, 0f00000000;
     mov.u32 %t3, %t1;
 @NORM_SUM@
-    cvt.rn.f32.u32 %f2, %t2;
-    div.rn.f32 %f3, %f0, %f2;
+    // mean = sum / K: where nothing can underflow (2^-100 <= sum < inf) without a
+    // division (Markstein: q0 = sum * RN(1/K), r = sum - K q0 exactly, RN(q0 + r RN(1/K))
+    // is the division's result, qmm.rs's `division_by_k_...`), else the division.
+    setp.ge.f32 %p1, %f0, 0f0D800000;
+    setp.lt.f32 %p2, %f0, 0f7F800000;
+    mul.rn.f32 %f3, %f0, %f11;
+    and.pred %p1, %p1, %p2;
+    @!%p1 bra NORM_DIV;
+    fma.rn.f32 %f4, %f3, %f10, %f0;
+    fma.rn.f32 %f3, %f4, %f11, %f3;
+    bra NORM_MEAN;
+NORM_DIV:
+    div.rn.f32 %f3, %f0, %f9;
+NORM_MEAN:
     ld.param.f32 %f4, [p_eps];
     add.rn.f32 %f3, %f3, %f4;
     sqrt.rn.f32 %f3, %f3;
@@ -1299,12 +1316,13 @@ TILE:
     @%p0 bra EPILOGUE;
     setp.eq.u32 %p0, %tb, 0;
     @%p0 bra TILE_FETCHED;
+    ld.param.u32 %t1, [p_itc1];
     sub.u32 %TCa, %NK, %tb;
     min.u32 %TCa, %TCa, 32;
     // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
     // (exact for numerators below 1024 and TCa <= 32).
-    add.u32 %t0, %TCa, 65535;
-    div.u32 %ITC, %t0, %TCa;
+    setp.eq.u32 %p0, %TCa, 32;
+    selp.b32 %ITC, 2048, %t1, %p0;
     mul.lo.u32 %br0, %thr, %ITC;
     shr.u32 %br0, %br0, 16;
     mul.lo.u32 %bjt0, %br0, %TCa;
@@ -1412,7 +1430,14 @@ A_QUANT:
     max.f32 %f4, %f4, %f5;
     shfl.sync.bfly.b32 %f5, %f4, 4, 31, 0xffffffff;
     max.f32 %f4, %f4, %f5;
-    div.rn.f32 %f6, %f4, 0f42FE0000;
+    // d = amax / 127 correctly rounded without a division (Markstein: q0 = amax * c
+    // with c = RN(1/127), r = amax - 127 q0 exactly, d = RN(q0 + r c); equal to the
+    // division for every non-negative f32, qmm.rs's `division_by_127_...`), inf passed
+    // through.
+    mul.rn.f32 %f6, %f4, 0f3C010204;
+    setp.eq.f32 %p1, %f4, 0f7F800000;
+    fma.rn.f32 %f5, %f6, 0fC2FE0000, %f4;
+    @!%p1 fma.rn.f32 %f6, %f5, 0f3C010204, %f6;
     setp.eq.f32 %p1, %f6, 0f00000000;
     div.rn.f32 %f7, 0f3F800000, %f6;
     cvt.rn.f16.f32 %hh0, %f6;
@@ -1576,13 +1601,7 @@ EPILOGUE:
     st.global.f32 [%rd2], %acc;
     setp.ne.u32 %p1, %epi, 1;
     @%p1 bra DONE;
-    ld.param.u64 %rd2, [p_res];
-    cvta.to.global.u64 %rd2, %rd2;
-    ld.param.u64 %rd3, [p_nbres];
-    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
-    add.u64 %rd2, %rd2, %rd0;
-    ld.global.f32 %f0, [%rd2];
-    add.rn.f32 %f1, %acc, %f0;
+    add.rn.f32 %f1, %acc, %fres;
     ld.param.u64 %rd2, [p_e];
     cvta.to.global.u64 %rd2, %rd2;
     ld.param.u64 %rd3, [p_nbe];
