@@ -131,6 +131,13 @@ pub fn mul_mat_id(m: usize, n_used: usize, tokens: usize) -> Option<LaunchDims> 
 pub const QMM_MAX_THREADS: usize = 256;
 /// Chunks of 32 values per K-tile of `qmm` (its shared memory holds one tile).
 pub const QMM_TILE: usize = 32;
+/// Chunks per K-tile of a `qmm` block of fewer than [`QMM_MMQ_COLUMNS`] columns when K has
+/// more than [`QMM_TILE`] chunks: K up to 2048 in one tile (one pass of stages A and B,
+/// instead of one per 32 chunks, each waiting for its loads and barriers).
+pub const QMM_TILE_DECODE: usize = 64;
+/// Most threads per `qmm` block with [`QMM_TILE_DECODE`]-chunk tiles (one per (row, chunk)
+/// of 8 rows).
+pub const QMM_MAX_THREADS_DECODE: usize = 512;
 /// Columns per block of `qmm` in the tiled class (N >= [`MMQ_MIN_N`]); below it a block
 /// takes all N columns.
 pub const QMM_MMQ_COLUMNS: usize = 8;
@@ -138,9 +145,46 @@ pub const QMM_MMQ_COLUMNS: usize = 8;
 /// H100/H200 (132 SMs).
 const QMM_MIN_BLOCKS: usize = 264;
 
-/// Shared memory of a `qmm` block of `rows` rows and `nt` columns (see its PTX header).
-pub fn qmm_shared(rows: usize, nt: usize) -> usize {
-    nt * 1536 + rows * 528 + rows * nt * 144 + 32
+/// Byte offsets of the W, S and norm-scale regions of a `qmm` block's shared memory, and
+/// its size, for `rows` rows, `nt` columns and K-tiles of `tc` chunks (see its PTX
+/// header).
+pub fn qmm_layout(rows: usize, nt: usize, tc: usize) -> [usize; 4] {
+    let w = nt * tc * 48;
+    let s = w + rows * (tc + 1) * 16;
+    let n = s + rows * nt * (tc + 4) * 4;
+    [w, s, n, n + 32]
+}
+
+/// Shared memory of a `qmm` block of `rows` rows, `nt` columns and `tc`-chunk K-tiles.
+pub fn qmm_shared(rows: usize, nt: usize, tc: usize) -> usize {
+    qmm_layout(rows, nt, tc)[3]
+}
+
+/// The K-tile chosen by [`set_qmm_tile`] (0: none).
+static QMM_TILE_FORCED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Makes [`qmm_tile`] answer `tc` (32 or 64) wherever its rules allow a choice, or go back
+/// to its own (`None`): a knob to compare the two (any choice gives the same bits).
+/// Process-wide.
+pub fn set_qmm_tile(tc: Option<usize>) {
+    let t = tc
+        .filter(|t| [QMM_TILE, QMM_TILE_DECODE].contains(t))
+        .unwrap_or(0);
+    QMM_TILE_FORCED.store(t, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Chunks per K-tile of a `qmm` block of `nt` columns for K of `nchunks` chunks:
+/// [`QMM_TILE_DECODE`] below [`QMM_MMQ_COLUMNS`] columns when K has more than one
+/// [`QMM_TILE`] (and 8 rows of it fit the default shared memory), else [`QMM_TILE`].
+pub fn qmm_tile(nt: usize, nchunks: usize) -> usize {
+    let allowed = nt < QMM_MMQ_COLUMNS
+        && nchunks > QMM_TILE
+        && qmm_shared(8, nt, QMM_TILE_DECODE) <= DEFAULT_MAX_SHARED as usize;
+    match QMM_TILE_FORCED.load(std::sync::atomic::Ordering::Relaxed) {
+        _ if !allowed => QMM_TILE,
+        0 => QMM_TILE_DECODE,
+        t => t,
+    }
 }
 
 /// Columns per `qmm` block for `n` columns: all of them below [`MMQ_MIN_N`], else
@@ -173,17 +217,18 @@ pub const QMM_MAX_SHARED: usize = 96 * 1024;
 /// tiled class: 32 rows (one output per thread of 256, fewer and fuller blocks). Always
 /// within the block's threads (one per output). `None` when `nt` is 0 or above 8. Any
 /// choice gives the same bits.
-pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
+pub fn qmm_rows(nt: usize, total_rows: usize, nchunks: usize) -> Option<usize> {
     if nt == 0 || nt > QMM_MMQ_COLUMNS {
         return None;
     }
+    let tc = qmm_tile(nt, nchunks);
     let tiled = nt == QMM_MMQ_COLUMNS;
     let limit = if tiled {
         QMM_MAX_SHARED
     } else {
         DEFAULT_MAX_SHARED as usize
     };
-    let fits = |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= limit;
+    let fits = |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt, tc) <= limit;
     let forced = QMM_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     if forced != 0 && fits(forced) {
         return Some(forced);
@@ -199,11 +244,17 @@ pub fn qmm_rows(nt: usize, total_rows: usize) -> Option<usize> {
 }
 
 /// Threads per `qmm` block of `rows` rows and `nt` columns for K of `nchunks` chunks:
-/// one per (row, chunk) of a K-tile, up to [`QMM_MAX_THREADS`], and at least one per
-/// output.
+/// one per (row, chunk) of a K-tile, up to [`QMM_MAX_THREADS`] ([`QMM_MAX_THREADS_DECODE`]
+/// with [`QMM_TILE_DECODE`]-chunk tiles), and at least one per output.
 pub fn qmm_threads(rows: usize, nt: usize, nchunks: usize) -> usize {
-    let tasks = rows * nchunks.clamp(1, QMM_TILE);
-    (tasks.min(QMM_MAX_THREADS).max(rows * nt)).div_ceil(32) * 32
+    let tc = qmm_tile(nt, nchunks);
+    let most = if tc == QMM_TILE {
+        QMM_MAX_THREADS
+    } else {
+        QMM_MAX_THREADS_DECODE
+    };
+    let tasks = rows * nchunks.clamp(1, tc);
+    (tasks.min(most).max(rows * nt)).div_ceil(32) * 32
 }
 
 /// `qmm`: `ctas` blocks over the rows, `ny` over column tiles (or MUL_MAT_ID's slots),
@@ -226,7 +277,7 @@ pub fn qmm(
             u32::try_from(nz).ok()?,
         ),
         block: (qmm_threads(rows, nt, nchunks) as u32, 1, 1),
-        shared: u32::try_from(qmm_shared(rows, nt)).ok()?,
+        shared: u32::try_from(qmm_shared(rows, nt, qmm_tile(nt, nchunks))).ok()?,
     })
 }
 
@@ -614,19 +665,25 @@ mod tests {
     #[test]
     fn qmm_rows_per_block() {
         // Small matrices: 8 rows per block (the most blocks); the output matrix: 64.
-        assert_eq!(qmm_rows(1, 192), Some(8));
-        assert_eq!(qmm_rows(1, 1536), Some(8));
-        assert_eq!(qmm_rows(1, 49152), Some(64));
+        assert_eq!(qmm_rows(1, 192, 18), Some(8));
+        assert_eq!(qmm_rows(1, 1536, 18), Some(8));
+        assert_eq!(qmm_rows(1, 49152, 18), Some(64));
+        assert_eq!(qmm_rows(1, 576, 48), Some(8));
         // The tiled class: 32 rows (its shared memory opts in past 48 KiB); 7 columns: at
-        // most 16 rows (48 KiB).
-        assert_eq!(qmm_rows(8, 1 << 20), Some(32));
-        assert!(qmm_shared(32, 8) <= QMM_MAX_SHARED);
-        assert_eq!(qmm_rows(7, 1 << 20), Some(16));
-        assert_eq!(qmm_rows(0, 10), None);
-        assert_eq!(qmm_rows(9, 10), None);
+        // most 16 rows (48 KiB), 8 with 64-chunk tiles.
+        assert_eq!(qmm_rows(8, 1 << 20, 18), Some(32));
+        assert!(qmm_shared(32, 8, QMM_TILE) <= QMM_MAX_SHARED);
+        assert_eq!(qmm_rows(7, 1 << 20, 18), Some(16));
+        assert_eq!(qmm_rows(7, 1 << 20, 48), Some(8));
+        assert_eq!(qmm_rows(0, 10, 18), None);
+        assert_eq!(qmm_rows(9, 10, 18), None);
         for nt in 1..=7 {
-            let r = qmm_rows(nt, 1 << 20).unwrap();
-            assert!(r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt) <= DEFAULT_MAX_SHARED as usize);
+            for nchunks in [18, 48, 200] {
+                let r = qmm_rows(nt, 1 << 20, nchunks).unwrap();
+                let tc = qmm_tile(nt, nchunks);
+                assert!(r * nt <= QMM_MAX_THREADS);
+                assert!(qmm_shared(r, nt, tc) <= DEFAULT_MAX_SHARED as usize);
+            }
         }
         assert_eq!(qmm_columns(7), 7);
         assert_eq!(qmm_columns(8), 8);
@@ -636,6 +693,29 @@ mod tests {
         assert_eq!(qmm_threads(64, 1, 18), 256);
         assert_eq!(qmm_threads(32, 8, 1), 256);
         assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
+    }
+
+    #[test]
+    fn qmm_takes_k_in_one_64_chunk_tile_below_8_columns() {
+        assert_eq!(qmm_tile(1, 18), QMM_TILE);
+        assert_eq!(qmm_tile(1, 33), QMM_TILE_DECODE);
+        assert_eq!(qmm_tile(7, 48), QMM_TILE_DECODE);
+        assert_eq!(qmm_tile(8, 48), QMM_TILE);
+        // K = 1536 at 8 rows: one tile, a thread per (row, chunk).
+        let d = qmm(72, 1, 1, 8, 1, 48).unwrap();
+        assert_eq!((d.block, d.shared), ((384, 1, 1), 3072 + 8320 + 2176 + 32));
+        assert_eq!(qmm_threads(8, 1, 64), 512);
+        assert_eq!(qmm_threads(8, 1, 200), 512);
+        assert_eq!(qmm_threads(64, 1, 200), 512);
+        // The layout: A, then W, then S, then the norm scales.
+        assert_eq!(
+            qmm_layout(8, 1, 64),
+            [3072, 3072 + 8320, 3072 + 8320 + 2176, 13600]
+        );
+        assert_eq!(
+            qmm_layout(8, 1, 32),
+            [1536, 1536 + 4224, 1536 + 4224 + 1152, 6944]
+        );
     }
 
     #[test]

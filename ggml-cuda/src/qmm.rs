@@ -5,13 +5,10 @@ use ggml_core::DType;
 
 use crate::launch::{self, Args, LaunchDims};
 
-/// The chunks (32 values of K) of a full K-tile of `qmm`.
-const TILE_CHUNKS: usize = 32;
-
 /// `(65535 + tc) / tc`: the kernel divides a thread index below 1024 by a tile's `tc`
-/// chunks as a multiply by this and a shift by 16 (exact for `tc <= 32`).
+/// chunks as a multiply by this and a shift by 16 (exact for `tc <= 64`).
 fn tile_reciprocal(tc: usize) -> u32 {
-    debug_assert!((1..=TILE_CHUNKS).contains(&tc));
+    debug_assert!((1..=launch::QMM_TILE_DECODE).contains(&tc));
     ((65535 + tc) / tc) as u32
 }
 
@@ -162,11 +159,11 @@ impl Call {
         let ms = self.mats.iter().flatten().map(|m| m.m);
         if matches!(self.epi, Epilogue::Glu { .. }) {
             let m0 = self.mats[0]?.m;
-            let rows = launch::qmm_rows(nt, 2 * m0)?;
+            let rows = launch::qmm_rows(nt, 2 * m0, self.k / 32)?;
             return Some((rows, m0.div_ceil(rows / 2)));
         }
         let total: usize = ms.clone().sum();
-        let rows = launch::qmm_rows(nt, total)?;
+        let rows = launch::qmm_rows(nt, total, self.k / 32)?;
         Some((rows, ms.map(|m| m.div_ceil(rows)).sum()))
     }
 
@@ -195,9 +192,15 @@ impl Call {
             | if self.prequant { 16 } else { 0 }
             | rows.trailing_zeros() << 8;
         let chunks = self.k / 32;
+        let tc = launch::qmm_tile(self.nt(), chunks);
+        let [offw, offs, offn, _] = launch::qmm_layout(rows, self.nt(), tc);
         a.u32(chunks as u32)
-            .u32(tile_reciprocal(chunks.clamp(1, TILE_CHUNKS)))
-            .u32(tile_reciprocal((chunks.max(1) - 1) % TILE_CHUNKS + 1))
+            .u32(tile_reciprocal(chunks.clamp(1, tc)))
+            .u32(tile_reciprocal((chunks.max(1) - 1) % tc + 1))
+            .u32(tc as u32)
+            .u32(offw as u32)
+            .u32(offs as u32)
+            .u32(offn as u32)
             .u32(self.n as u32)
             .u32(self.nt() as u32)
             .u32(rows as u32)
@@ -312,7 +315,7 @@ mod tests {
 
     #[test]
     fn tile_reciprocal_divides_every_thread_index_exactly() {
-        for tc in 1..=TILE_CHUNKS {
+        for tc in 1..=launch::QMM_TILE_DECODE {
             let itc = tile_reciprocal(tc);
             for thr in 0..1024u32 {
                 assert_eq!((thr * itc) >> 16, thr / tc as u32, "{thr} / {tc}");

@@ -75,7 +75,8 @@ fn fused_vs_unfused(
 
 /// A llama layer's products as the harness orders them: norm, Q, K, V (Q reshaped into
 /// heads and back as the O product's input), O + residual, norm, gate, up, GLU, down +
-/// residual; `n` tokens, weights of `dts` (Q, K, V, O, gate, up, down).
+/// residual; `n` tokens, weights of `dts` (Q, K, V, O, gate, up, down), embedding 256,
+/// K/V 64, FFN 512.
 fn layer(
     ctx: &mut Context<'_>,
     n: usize,
@@ -83,7 +84,18 @@ fn layer(
     geglu: bool,
     seed: u64,
 ) -> Vec<(TensorId, Vec<u8>)> {
-    let (e, kv, ff) = (256, 64, 512);
+    layer_of(ctx, n, dts, geglu, seed, (256, 64, 512))
+}
+
+/// [`layer`] with embedding, K/V and FFN widths `(e, kv, ff)` (`e` a multiple of 64).
+fn layer_of(
+    ctx: &mut Context<'_>,
+    n: usize,
+    dts: [DType; 7],
+    geglu: bool,
+    seed: u64,
+    (e, kv, ff): (usize, usize, usize),
+) -> Vec<(TensorId, Vec<u8>)> {
     let mut r = Lcg(seed);
     let mut inputs = Vec::new();
     let x = ctx.new_tensor(DType::F32, [e, n, 1, 1]).unwrap();
@@ -109,7 +121,7 @@ fn layer(
     let q = ctx.mul_mat(wq, cur).unwrap();
     let _k = ctx.mul_mat(wk, cur).unwrap();
     let _v = ctx.mul_mat(wv, cur).unwrap();
-    let q3 = ctx.reshape(q, [64, 4, n, 1]).unwrap();
+    let q3 = ctx.reshape(q, [64, e / 64, n, 1]).unwrap();
     let o = ctx.reshape(q3, [e, n, 1, 1]).unwrap();
     let o = ctx.mul_mat(wo, o).unwrap();
     let h = ctx.add(o, x).unwrap();
@@ -155,6 +167,38 @@ fn a_layer_fused_is_the_layer_unfused(
     // rms, mul, 3 products, product, add, rms, mul, 2 products, GLU, product, add.
     assert_eq!(plain, 14);
     assert_eq!(fused, 4);
+}
+
+/// Widths past one 32-chunk K-tile (embedding 1280, FFN 1536: 40 and 48 chunks, one
+/// 64-chunk tile of the decode class): fused equal to unfused, and 64-chunk tiles equal to
+/// 32-chunk ones.
+#[rstest]
+#[case::q4_1_one_token(1, [DType::Q4_1; 7])]
+#[case::mixed_two_tokens(
+    2,
+    [DType::Q4K, DType::Q5_0, DType::Q6K, DType::Q8_0, DType::Q3K, DType::Q2K, DType::Q5K]
+)]
+fn a_wide_layer_fused_is_the_layer_unfused_in_either_tile(
+    #[case] n: usize,
+    #[case] dts: [DType; 7],
+) {
+    let dims = (1280, 128, 1536);
+    let (plain, fused) = fused_vs_unfused(
+        |ctx| layer_of(ctx, n, dts, false, 11, dims),
+        CudaTuning::default(),
+    );
+    assert_eq!((plain, fused), (14, 4));
+    let be = gpu();
+    let mut tiles = Vec::new();
+    for tc in [32, 64] {
+        ggml_cuda::launch::set_qmm_tile(Some(tc));
+        let mut st = storage();
+        let mut ctx = Context::new(&mut st);
+        let inputs = layer_of(&mut ctx, n, dts, false, 11, dims);
+        tiles.push(run_nodes(&be, &mut ctx, &inputs, CudaTuning::default(), 0).0);
+    }
+    ggml_cuda::launch::set_qmm_tile(None);
+    assert!(tiles[0] == tiles[1], "32- and 64-chunk tiles differ");
 }
 
 /// Each fusion alone (and each left out) gives the unfused bits.

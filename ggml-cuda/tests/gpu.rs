@@ -307,25 +307,26 @@ fn mul_mat_q_ref(
     out
 }
 
-/// Every quantised weight dtype, K from one chunk to SmolLM2's FFN width (1536, two
-/// K-tiles of the kernel), M (37 or 13) not a multiple of any block's rows, N = 1..7 (one
-/// column tile) and 8, 17 (8-column tiles, the last partial): bit for bit the host's
-/// sequential order, so the two classes agree wherever their columns do.
+/// Every quantised weight dtype, K from one chunk to SmolLM2's FFN width (1536: two
+/// 32-chunk K-tiles of the tiled class, one 64-chunk tile below 8 columns) and 4352 (three
+/// 64-chunk tiles, the last of 8), M (37 or 13) not a multiple of any block's rows, N =
+/// 1..7 (one column tile) and 8, 17 (8-column tiles, the last partial): bit for bit the
+/// host's sequential order, so the two classes agree wherever their columns do.
 #[rstest::rstest]
 fn mul_mat_quantised_is_the_sequential_order(
     #[values(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dt: DType,
 ) {
     let be = gpu();
     let mut rng = Lcg(3 + dt.ggml_id() as u64);
-    for k in [32, 256, 576, 1536] {
+    for k in [32, 256, 576, 1536, 4352] {
         if k % dt.block_size() != 0 {
             continue;
         }
-        let m = if k == 1536 { 13 } else { 37 };
-        let ns: &[usize] = if k == 256 {
-            &[1, 2, 3, 4, 5, 6, 7, 8, 17]
-        } else {
-            &[1, 7, 17]
+        let m = if k >= 1536 { 13 } else { 37 };
+        let ns: &[usize] = match k {
+            256 => &[1, 2, 3, 4, 5, 6, 7, 8, 17],
+            4352 => &[1, 7],
+            _ => &[1, 7, 17],
         };
         let w = lcg_quant_rows(dt, k * m, &mut rng, 0.005);
         let x = rng.vec(k * 17);

@@ -257,12 +257,17 @@ fn stage_c() -> String {
     let mut f = String::from(
         "    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order.
     @!%pact bra C_DONE;
-    mul.wide.u32 %rd0, %cr, 528;
-    add.u64 %rd5, %sW, %rd0;
-    mul.wide.u32 %rd0, %cn, 1536;
-    add.u64 %rd6, %sA, %rd0;
+    add.u32 %t1, %TC, 1;
+    mul.lo.u32 %t2, %cn, %TC;
     mad.lo.u32 %t0, %cn, %R, %cr;
-    mul.wide.u32 %rd0, %t0, 144;
+    add.u32 %t3, %TC, 4;
+    mul.lo.u32 %t1, %cr, %t1;
+    mul.wide.u32 %rd0, %t2, 48;
+    mul.lo.u32 %t0, %t0, %t3;
+    add.u64 %rd6, %sA, %rd0;
+    mul.wide.u32 %rd0, %t1, 16;
+    add.u64 %rd5, %sW, %rd0;
+    mul.wide.u32 %rd0, %t0, 4;
     add.u64 %rd7, %sS, %rd0;
     mov.u32 %j, 0;
     @%pq2 bra C_ONE;
@@ -817,14 +822,16 @@ B_@DT@_LOOP:
     add.u32 %j, %tb, %bjt;
 @FRAG@
     add.u32 %t2, %groff, %br;
+    add.u32 %t3, %TC, 4;
+    add.u32 %t4, %TC, 1;
     mov.u32 %n, 0;
 B_@DT@_COL:
     setp.ge.u32 %p0, %n, %nv;
     @%p0 bra B_@DT@_COLEND;
-    mad.lo.u32 %t0, %n, 32, %bjt;
+    mad.lo.u32 %t0, %n, %TC, %bjt;
     mad.lo.u32 %t1, %n, %R, %t2;
     mul.wide.u32 %rd0, %t0, 48;
-    mad.lo.u32 %t1, %t1, 36, %bjt;
+    mad.lo.u32 %t1, %t1, %t3, %bjt;
     add.u64 %ra, %sA, %rd0;
     mul.wide.u32 %rd1, %t1, 4;
     ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%ra+16];
@@ -845,7 +852,7 @@ B_@DT@_COL:
     add.u32 %n, %n, 1;
     bra B_@DT@_COL;
 B_@DT@_COLEND:
-    mad.lo.u32 %t1, %t2, 33, %bjt;
+    mad.lo.u32 %t1, %t2, %t4, %bjt;
     mul.wide.u32 %rd0, %t1, 16;
     add.u64 %rd0, %sW, %rd0;
     mov.b32 %t3, %dw;
@@ -902,8 +909,11 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //             or (flags bit 4) their Q8_1 blocks
 //   p_nbx1, p_nbx2, p_nbx3   activation byte strides of dims 1..3
 //   p_nchunks K / 32
-//   p_itc0, p_itc1           (65535 + TC) / TC for the first and the last K-tile's
-//                            chunks TC (min(K/32, 32) and ((K/32 - 1) mod 32) + 1)
+//   p_itc0, p_itc1           (65535 + c) / c for the first and the last K-tile's
+//                            chunks c (min(K/32, TC) and ((K/32 - 1) mod TC) + 1)
+//   p_tc      TC, chunks per K-tile: 32, or 64 (at most 512 threads)
+//   p_offw, p_offs, p_offn   byte offsets of the W, S and norm-scale regions in shared
+//                            memory (below)
 //   p_n       N (columns; ids mode: 1)
 //   p_nt      NT, columns per CTA (1..8): blockIdx.y takes columns y*NT .. y*NT+NT-1
 //   p_rows    R, rows per CTA (8, 16, 32 or 64, R * NT <= T); GLU mode: R/2 rows of
@@ -939,12 +949,12 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 // Grid:   (CTAs over rows: sum over matrices of ceil(M_i / R) (GLU: ceil(M0 / (R/2))),
 //          ceil(N / NT) (ids mode: n_used), B2*B3 (ids mode: T))
 // Block:  (T, 1, 1), T a multiple of 32, at most 512, R * NT <= T
-// Shared: NT*1536 + R*528 + R*NT*144 + 32 bytes: per 32-chunk K-tile the Q8_1
-//         activation blocks {da, sa, sum_lo, sum_hi, q[32]} (48 B per column and
-//         chunk, at (column*32 + chunk)*48), per (row, chunk) {dw, mw, dm, m01} (16 B,
-//         at (row*33 + chunk)*16), per (column, row, chunk) sumi (4 B, at
-//         ((column*R + row)*36 + chunk)*4: each output's chunks contiguous, rows 4 banks
-//         apart), the norm scale per column.
+// Shared: NT*TC*48 + R*(TC+1)*16 + R*NT*(TC+4)*4 + 32 bytes: per TC-chunk K-tile the
+//         Q8_1 activation blocks {da, sa, sum_lo, sum_hi, q[32]} (48 B per column and
+//         chunk, at (column*TC + chunk)*48), per (row, chunk) {dw, mw, dm, m01} (16 B,
+//         at (row*(TC+1) + chunk)*16: at p_offw), per (column, row, chunk) sumi (4 B, at
+//         ((column*R + row)*(TC+4) + chunk)*4: each output's chunks contiguous, rows 4
+//         banks apart: at p_offs), the norm scale per column (at p_offn).
 // Reduction: per output as the file header: one thread per (row, chunk) computes the
 //   chunk's integer dot product (stage B, 8 dp4a per half); the f32 chain over chunks in
 //   increasing order by one thread per output (stage C). Activation quantisation as
@@ -959,6 +969,10 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .param .u32 p_nchunks,
     .param .u32 p_itc0,
     .param .u32 p_itc1,
+    .param .u32 p_tc,
+    .param .u32 p_offw,
+    .param .u32 p_offs,
+    .param .u32 p_offn,
     .param .u32 p_n,
     .param .u32 p_nt,
     .param .u32 p_rows,
@@ -1015,7 +1029,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
     .reg .b32 %ga, %mb, %Ma, %dta, %M1, %dt1, %cn, %cr, %RH;
     .reg .b32 %gdt, %gM, %gmb, %gRg, %groff, %gts, %gsh;
-    .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st, %ITC, %br0, %bjt0, %lR;
+    .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st, %ITC, %br0, %bjt0, %lR, %TC;
     .reg .b32 %sc0, %sc1, %zs0, %zs1, %m01, %x0, %x1, %slo, %shi;
     .reg .f32 %f<16>;
     .reg .f32 %acc, %dw, %mw, %dm, %fres;
@@ -1032,7 +1046,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     ld.param.u32 %NK, [p_nchunks];
     // The first tile's chunks and 2^16 / TCa rounded up (see below), for the first and
     // the last tile (the host's divisions: none waits in the kernel).
-    min.u32 %TCa, %NK, 32;
+    ld.param.u32 %TC, [p_tc];
+    min.u32 %TCa, %NK, %TC;
     ld.param.u32 %ITC, [p_itc0];
     ld.param.u32 %N, [p_n];
     ld.param.u32 %flags, [p_flags];
@@ -1048,13 +1063,15 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     // Shared memory: A at 0, W after NT*1536 bytes, S after R*528 more, the norm scales
     // after R*NT*144 more.
     mov.u64 %sA, qmm_smem;
-    mul.wide.u32 %rd0, %NT, 1536;
+    ld.param.u32 %t0, [p_offw];
+    ld.param.u32 %t1, [p_offs];
+    ld.param.u32 %t2, [p_offn];
+    cvt.u64.u32 %rd0, %t0;
+    cvt.u64.u32 %rd1, %t1;
+    cvt.u64.u32 %rd2, %t2;
     add.u64 %sW, %sA, %rd0;
-    mul.wide.u32 %rd0, %R, 528;
-    add.u64 %sS, %sW, %rd0;
-    mul.lo.u32 %t0, %R, %NT;
-    mul.wide.u32 %rd0, %t0, 144;
-    add.u64 %sN, %sS, %rd0;
+    add.u64 %sS, %sA, %rd1;
+    add.u64 %sN, %sA, %rd2;
 
     // Activation columns, matrix-0 batch offsets (%rd3 weights, %rd4 output).
     ld.param.u64 %xb, [p_x];
@@ -1250,7 +1267,7 @@ SETUP_MATS:
 
     mov.u32 %tb, 0;
     // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
-    // (exact for numerators below 1024 and TCa <= 32).
+    // (exact for numerators below 1024 and TCa <= 64).
     mul.lo.u32 %br0, %thr, %ITC;
     shr.u32 %br0, %br0, 16;
     mul.lo.u32 %bjt0, %br0, %TCa;
@@ -1317,12 +1334,13 @@ TILE:
     setp.eq.u32 %p0, %tb, 0;
     @%p0 bra TILE_FETCHED;
     ld.param.u32 %t1, [p_itc1];
+    ld.param.u32 %t2, [p_itc0];
     sub.u32 %TCa, %NK, %tb;
-    min.u32 %TCa, %TCa, 32;
+    min.u32 %TCa, %TCa, %TC;
     // thr / TCa, thr % TCa, T / TCa, T % TCa by a multiply with 2^16 / TCa rounded up
-    // (exact for numerators below 1024 and TCa <= 32).
-    setp.eq.u32 %p0, %TCa, 32;
-    selp.b32 %ITC, 2048, %t1, %p0;
+    // (exact for numerators below 1024 and TCa <= 64).
+    setp.eq.u32 %p0, %TCa, %TC;
+    selp.b32 %ITC, %t2, %t1, %p0;
     mul.lo.u32 %br0, %thr, %ITC;
     shr.u32 %br0, %br0, 16;
     mul.lo.u32 %bjt0, %br0, %TCa;
@@ -1442,7 +1460,7 @@ A_QUANT:
     div.rn.f32 %f7, 0f3F800000, %f6;
     cvt.rn.f16.f32 %hh0, %f6;
     // the block's shared address while the divisions run
-    mad.lo.u32 %t11, %n, 32, %j;
+    mad.lo.u32 %t11, %n, %TC, %j;
     mul.wide.u32 %rd0, %t11, 48;
     add.u64 %rd0, %sA, %rd0;
     mul.wide.u32 %rd1, %t1, 4;
@@ -1544,7 +1562,7 @@ A_COPY:
     shfl.sync.bfly.b32 %t10, %t9, 4, 31, 0xffffffff;
     add.s32 %t10, %t9, %t10;
     @!%pv bra A_NEXT;
-    mad.lo.u32 %t11, %n, 32, %j;
+    mad.lo.u32 %t11, %n, %TC, %j;
     mul.wide.u32 %rd0, %t11, 48;
     add.u64 %rd0, %sA, %rd0;
     mul.wide.u32 %rd2, %t1, 4;
@@ -1584,7 +1602,7 @@ B_END:
 
 @STAGE_C@
 C_DONE:
-    add.u32 %tb, %tb, 32;
+    add.u32 %tb, %tb, %TC;
     bra TILE;
 
 EPILOGUE:
