@@ -271,13 +271,15 @@ fn stage_c() -> String {
     add.u64 %rd7, %sS, %rd0;
     mov.u32 %j, 0;
     @%pq2 bra C_ONE;
-C_GROUP:
 ",
     );
+    // The test for the next group is computed inside the group, so that its branch never
+    // waits.
     f += &format!(
-        "    add.u32 %t12, %j, {g};
-    setp.gt.u32 %p0, %t12, %TCa;
-    @%p0 bra C_ONE;
+        "    mov.u32 %t12, {g};
+    setp.gt.u32 %p3, %t12, %TCa;
+C_GROUP:
+    @%p3 bra C_ONE;
 "
     );
     for k in 0..g {
@@ -300,26 +302,27 @@ C_GROUP:
             16 * q
         );
     }
+    // (the .b32 registers feed the f32 instructions directly: a mov in between would
+    // hold each product up by its latency)
+    f += &format!("    add.u32 %t13, %t12, {g};\n");
     for k in 0..g {
         f += &format!(
-            "    mov.b32 %f0, %cw{k};
-    mov.b32 %f1, %ca{k};
-    mul.rn.f32 %cf{k}, %f0, %f1;
+            "    mul.rn.f32 %cf{k}, %cw{k}, %ca{k};
     cvt.rn.f32.s32 %cg{k}, %cs{k};
 "
         );
     }
+    f += "    setp.gt.u32 %p3, %t13, %TCa;\n";
     for k in 0..g {
         f += &format!(
             "    fma.rn.f32 %acc, %cf{k}, %cg{k}, %acc;
-    mov.b32 %f0, %cm{k};
-    mov.b32 %f1, %cb{k};
-    fma.rn.f32 %acc, %f0, %f1, %acc;
+    fma.rn.f32 %acc, %cm{k}, %cb{k}, %acc;
 "
         );
     }
     f += &format!(
         "    mov.u32 %j, %t12;
+    mov.u32 %t12, %t13;
     add.u64 %rd5, %rd5, {};
     add.u64 %rd6, %rd6, {};
     add.u64 %rd7, %rd7, {};
