@@ -277,7 +277,7 @@ fn stage_c() -> String {
     // waits.
     f += &format!(
         "    mov.u32 %t12, {g};
-    setp.gt.u32 %p3, %t12, %TCa;
+    setp.lt.u32 %p3, %TCa, {g};
 C_GROUP:
     @%p3 bra C_ONE;
 "
@@ -494,8 +494,13 @@ const PLAIN_CHUNK: &str = "    mov.b32 %sc0, 1;
 
 /// The block `%t0` (super-block for k-quants) of `size` bytes of row `%rw`, in `%rb`.
 fn block(size: u32) -> String {
+    block_of("%t0", size)
+}
+
+/// Block `index` (a register), of `size` bytes, of the row at `%rw`: its address in `%rb`.
+fn block_of(index: &str, size: u32) -> String {
     format!(
-        "    mul.wide.u32 %rd0, %t0, {size};
+        "    mul.wide.u32 %rd0, {index}, {size};
     add.u64 %rb, %rw, %rd0;
 "
     )
@@ -503,7 +508,7 @@ fn block(size: u32) -> String {
 
 /// Legacy formats: chunk `%j` is block `%j`, of `size` bytes, in `%rb`.
 fn legacy_block(size: u32) -> String {
-    format!("    mov.b32 %t0, %j;\n{}", block(size))
+    block_of("%j", size)
 }
 
 /// [`PLAIN_CHUNK`], then the zero-point terms of a format whose values are stored offset
@@ -858,10 +863,7 @@ B_@DT@_COLEND:
     mad.lo.u32 %t1, %t2, %t4, %bjt;
     mul.wide.u32 %rd0, %t1, 16;
     add.u64 %rd0, %sW, %rd0;
-    mov.b32 %t3, %dw;
-    mov.b32 %t4, %mw;
-    mov.b32 %t5, %dm;
-    st.shared.v4.b32 [%rd0], {%t3, %t4, %t5, %m01};
+    st.shared.v4.b32 [%rd0], {%dw, %mw, %dm, %m01};
 B_@DT@_ADVANCE:
     add.u32 %base, %base, %T;
     add.u32 %bjt, %bjt, %djt;
@@ -1539,11 +1541,9 @@ A_QUANT:
     mul.rn.f32 %f8, %f6, %f8;
     cvt.f32.f16 %f6, %hh0;
     cvt.rn.f16.f32 %hh1, %f8;
-    mov.b32 %t6, %f6;
     sub.s32 %t8, %t10, %t9;
     cvt.f32.f16 %f8, %hh1;
-    mov.b32 %t7, %f8;
-    st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
+    st.shared.v4.b32 [%rd0], {%f6, %f8, %t9, %t8};
     bra A_NEXT;
 A_COPY:
     // Activations already quantised (quantize_q8_1's blocks, 36 bytes): lane l of the
@@ -1577,10 +1577,8 @@ A_COPY:
     mov.b32 {%hh0, %hh1}, %t5;
     cvt.f32.f16 %f6, %hh0;
     cvt.f32.f16 %f8, %hh1;
-    mov.b32 %t6, %f6;
-    mov.b32 %t7, %f8;
     sub.s32 %t8, %t10, %t9;
-    st.shared.v4.b32 [%rd0], {%t6, %t7, %t9, %t8};
+    st.shared.v4.b32 [%rd0], {%f6, %f8, %t9, %t8};
 A_NEXT:
     shr.u32 %t3, %T, 3;
     add.u32 %base, %base, %t3;
