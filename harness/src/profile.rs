@@ -38,9 +38,13 @@ pub struct ProfileSettings {
     /// Prompt tokens of the prompt pass.
     pub n_prompt: usize,
     /// Tokens the generation figure is for (each modelled as the one decoded token at
-    /// position 0: a generation of up to 128 tokens attends the same 128 KV cells, one
-    /// [`ggml_model::batch::KV_PAD`], at every step).
+    /// [`Self::gen_position`]: a generation of up to 128 tokens attends the same 128 KV
+    /// cells, one [`ggml_model::batch::KV_PAD`], at every step).
     pub n_gen: usize,
+    /// The position of the decoded token: the cache first holds that many tokens (a
+    /// prompt pass that is not profiled), so its attention reads that many positions. 0:
+    /// the first token of a generation; 64: the mean of a 128-token one.
+    pub gen_position: usize,
     /// How the kernels are launched: graph nodes when the backend replays CUDA graphs.
     pub launch: LaunchKind,
     /// Keep each launch's critical-warp cycles by PTX line ([`stall_report`]).
@@ -180,7 +184,9 @@ pub fn profile_pass(
 }
 
 /// The two passes the figures are for: a prompt of `n_prompt` tokens into an empty
-/// cache (`pp{n_prompt}`), then one token decoded at position 0 (`tg`).
+/// cache (`pp{n_prompt}`), then one token decoded at position
+/// [`ProfileSettings::gen_position`] (`tg`; the tokens before it are computed first, not
+/// profiled). `kv` holds at least `gen_position + 1` cells.
 pub fn profile_model(
     model: &Model,
     exec: &mut dyn Executor,
@@ -201,8 +207,13 @@ pub fn profile_model(
     }
     if settings.n_gen > 0 {
         kv.clear();
+        let at = settings.gen_position;
+        if at > 0 {
+            let context = crate::bench::prompt_batch(model, at);
+            exec.forward(model, kv, &context)?;
+        }
         let mut one = Batch::default();
-        one.push(crate::bench::bench_token(model, 0), 0, 0, true);
+        one.push(crate::bench::bench_token(model, at), at as i32, 0, true);
         out.extend(profile_pass(backends, "tg", settings, || {
             exec.forward(model, kv, &one)
                 .map(|_| ())

@@ -239,6 +239,7 @@ fn profile_joins_every_launch_with_its_record() {
         sample_blocks: Some(2),
         n_prompt: 8,
         n_gen: 1,
+        gen_position: 0,
         launch: ggml_cuda::cuda_sim::cost::LaunchKind::Stream,
         stall_lines: true,
     };
@@ -285,4 +286,51 @@ fn profile_joins_every_launch_with_its_record() {
         "{report}"
     );
     assert!(report.contains("  regions: "), "{report}");
+}
+
+/// A decode profiled at a later position reads the cache filled before it: its attention
+/// runs more instructions than at position 0, the products the same.
+#[test]
+fn profile_at_a_later_position_attends_the_filled_cache() {
+    use harness::profile::{profile_model, ProfileSettings};
+    let config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
+    let session = Session::open(&model(DType::Q4_1), config).unwrap();
+    let mut kv = session.kv_cache(32).unwrap();
+    let mut exec = session.executor().unwrap();
+    let mut instructions = |gen_position: usize, op: &str| -> u64 {
+        let settings = ProfileSettings {
+            gpu: ggml_cuda::cuda_sim::cost::GpuSpec::h200(),
+            sample_blocks: None,
+            n_prompt: 0,
+            n_gen: 1,
+            gen_position,
+            launch: ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode,
+            stall_lines: false,
+        };
+        let launches = profile_model(
+            &session.model,
+            exec.as_mut(),
+            &mut kv,
+            &session.cuda_backends(),
+            &settings,
+        )
+        .unwrap();
+        assert!(launches.iter().all(|l| l.pass == "tg"));
+        launches
+            .iter()
+            .filter(|l| l.op_name().starts_with(op))
+            .map(|l| l.counters.warp_instructions)
+            .sum()
+    };
+    let attn = (
+        "FLASH_ATTN_EXT",
+        instructions(0, "FLASH_ATTN_EXT"),
+        instructions(20, "FLASH_ATTN_EXT"),
+    );
+    assert!(attn.2 > attn.1, "{attn:?}");
+    let qkv = (
+        instructions(0, "RMS_NORM+MUL_MAT*3"),
+        instructions(20, "RMS_NORM+MUL_MAT*3"),
+    );
+    assert_eq!(qkv.0, qkv.1);
 }

@@ -134,6 +134,7 @@ pub fn run(a: FitArgs) -> Result<()> {
         sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
         n_prompt,
         n_gen: 1,
+        gen_position: 0,
         launch,
         stall_lines: false,
     };

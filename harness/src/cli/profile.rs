@@ -22,9 +22,14 @@ pub struct ProfileArgs {
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: usize,
     /// Generated tokens the generation figure is named after (0 skips the generated
-    /// token); each token is modelled as one decode at position 0 (128 KV cells).
+    /// token); each token is modelled as one decode at --gen-position.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
+    /// The decoded token's position: the cache first holds that many tokens (computed,
+    /// not profiled), which its attention reads. 0: a generation's first token; 64: the
+    /// mean over a 128-token generation.
+    #[arg(long, value_name = "P", default_value_t = 0)]
+    gen_position: usize,
     /// Interpret at most N evenly spaced blocks of each launch and scale the counts
     /// (0: every block; minutes per pass on the real model).
     #[arg(long, value_name = "N", default_value_t = 16)]
@@ -56,6 +61,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
+        gen_position: a.gen_position,
         launch: if config.cuda_tuning.graphs {
             ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode
         } else {
@@ -65,7 +71,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     };
     let path = harness::model_path(a.model.as_deref())?;
     let session = Session::open(&path, config.clone())?;
-    let mut kv = session.kv_cache(a.n_prompt.max(1))?;
+    let mut kv = session.kv_cache(a.n_prompt.max(a.gen_position + 1))?;
     let mut exec = session.executor()?;
     let t0 = Instant::now();
     let launches = profile::profile_model(
