@@ -262,6 +262,38 @@ fn norm_and_output_head() {
     assert_eq!((plain, fused), (3, 1));
 }
 
+/// The fused norm's sum of squares at every split of a lane's values into its blocks (16
+/// at a time while 20 or more are left, then 16, 8, 4, 2, 1): K/32 from 1 to 44, two
+/// columns, fused against unfused.
+#[rstest]
+fn norm_prologue_at_every_tail_length(
+    #[values(
+        1, 2, 3, 4, 5, 7, 8, 11, 15, 16, 17, 18, 19, 20, 21, 27, 35, 36, 39, 44
+    )]
+    chunks: usize,
+) {
+    let (plain, fused) = fused_vs_unfused(
+        |ctx| {
+            let (e, m, n) = (32 * chunks, 40, 2);
+            let mut r = Lcg(9 + chunks as u64);
+            let x = ctx.new_tensor(DType::F32, [e, n, 1, 1]).unwrap();
+            let g = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+            let w = ctx.new_tensor(DType::Q8_0, [e, m, 1, 1]).unwrap();
+            let rn = ctx.rms_norm(x, 1e-6).unwrap();
+            let cur = ctx.mul(rn, g).unwrap();
+            ctx.mul_mat(w, cur).unwrap();
+            vec![
+                (x, f32_bytes(&r.vec(e * n))),
+                (g, f32_bytes(&r.vec(e))),
+                (w, quantize_rows(DType::Q8_0, &r.vec(e * m), e)),
+            ]
+        },
+        CudaTuning::default(),
+    );
+    // The norm and the mul run inside the product.
+    assert_eq!(plain - fused, 2, "{plain} {fused}");
+}
+
 /// Builds norm -> mul -> product by hand with the product's output placed over the
 /// norm's input (as a sequential allocator may): the run goes node by node, with the
 /// unfused bits.

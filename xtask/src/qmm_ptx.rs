@@ -178,60 +178,71 @@ pub fn generate() -> String {
 }
 
 /// The norm prologue's sum of squares, x_i^2 for i = lane, lane + 32, ... in order: 16
-/// loads at a time, then 8, then the last up to 8 predicated, then the warp's butterfly
-/// sum (the same order as rms_norm's kernel).
+/// values at a time while 20 or more are left, then the last 0 to 19 in blocks of 16, 8,
+/// 4, 2 and 1 (each block taken or not as a whole, the same for every lane: K is a
+/// multiple of 32), all of those loads issued before their first fma; then the warp's
+/// butterfly (16, 8, 4, 2, 1). In: `%rd1` the column, `%t3` the lane, `%f0` = 0. The
+/// 8- and 4-blocks use the 16-block's registers: below 20 values the 16-block is never
+/// taken with either (at most 19 values live, as few registers as the 16-block needs).
 fn norm_sum() -> String {
     let wide: Vec<String> = (0..8)
         .map(|i| format!("%cf{i}"))
         .chain((0..8).map(|i| format!("%cg{i}")))
         .collect();
-    let narrow: Vec<String> = (1..=8).map(|i| format!("%f{i}")).collect();
-    let mut f = String::new();
-    let mut unrolled = |label: &str, regs: &[String], first_offset: &str, miss: &str| {
-        let n = regs.len() as u32;
-        f.push_str(&format!(
-            "{label}:\n    add.u32 %t4, %t3, {};\n    setp.ge.u32 %p1, %t4, %t2;\n    @%p1 bra {miss};\n    mul.wide.u32 %rd2, %t3, 4;\n    add.u64 %rd2, %rd1, %rd2;\n",
-            32 * (n - 1)
-        ));
-        for (i, r) in regs.iter().enumerate() {
-            let at = if i == 0 {
-                first_offset.to_string()
-            } else {
-                format!("+{}", 128 * i)
-            };
-            f.push_str(&format!("    ld.global.f32 {r}, [%rd2{at}];\n"));
-        }
-        for r in regs {
-            f.push_str(&format!("    fma.rn.f32 %f0, {r}, {r}, %f0;\n"));
-        }
-        f.push_str(&format!(
-            "    add.u32 %t3, %t3, {};\n    bra {label};\n",
-            32 * n
-        ));
+    let narrow: Vec<String> = (1..=3).map(|i| format!("%f{i}")).collect();
+    let loads = |regs: &[String]| -> String {
+        regs.iter()
+            .enumerate()
+            .map(|(i, r)| format!("    ld.global.f32 {r}, [%rd2+{}];\n", 128 * i))
+            .collect()
     };
-    unrolled("NORM_SUM16", &wide, "+0", "NORM_SUM8");
-    unrolled("NORM_SUM8", &narrow, "", "NORM_SUM");
-    f.push_str(
-        "NORM_SUM:\n    // the last values, up to 8, predicated\n    setp.ge.u32 %p1, %t3, %t2;\n    @%p1 bra NORM_REDUCE;\n    mul.wide.u32 %rd2, %t3, 4;\n    add.u64 %rd2, %rd1, %rd2;\n",
+    let fmas = |regs: &[String]| -> String {
+        regs.iter()
+            .map(|r| format!("    fma.rn.f32 %f0, {r}, {r}, %f0;\n"))
+            .collect()
+    };
+    let mut f = String::from(
+        "    mov.u32 %t5, %NK;
+NORM_SUM32:
+    setp.lt.u32 %p1, %t5, 20;
+    @%p1 bra NORM_TAIL;
+    mul.wide.u32 %rd2, %t3, 4;
+    add.u64 %rd2, %rd1, %rd2;
+",
     );
-    for i in 0..8 {
-        f.push_str(&format!(
-            "    add.u32 %t4, %t3, {};\n    setp.lt.u32 %pn{i}, %t4, %t2;\n",
-            32 * i
-        ));
+    f += &loads(&wide);
+    f += &fmas(&wide);
+    f += "    add.u32 %t3, %t3, 512;
+    sub.u32 %t5, %t5, 16;
+    bra NORM_SUM32;
+NORM_TAIL:
+    // the last 0 to 19 values: the blocks' tests, then their loads, then their fmas
+";
+    let blocks: [(u32, &[String]); 5] = [
+        (16, &wide),
+        (8, &wide[0..8]),
+        (4, &wide[8..12]),
+        (2, &narrow[0..2]),
+        (1, &narrow[2..3]),
+    ];
+    for (i, (n, _)) in blocks.iter().enumerate() {
+        f += &format!("    and.b32 %t6, %t5, {n};\n    setp.ne.u32 %pn{i}, %t6, 0;\n");
     }
-    for i in 0..8 {
-        f.push_str(&format!(
-            "    @%pn{i} ld.global.f32 %cf{i}, [%rd2+{}];\n",
-            128 * i
-        ));
+    f += "    mul.wide.u32 %rd2, %t3, 4;\n    add.u64 %rd2, %rd1, %rd2;\n";
+    for (i, (n, regs)) in blocks.iter().enumerate() {
+        f += &format!("    @!%pn{i} bra NORM_L{i};\n");
+        f += &loads(regs);
+        if *n > 1 {
+            f += &format!("    add.u64 %rd2, %rd2, {};\n", 128 * n);
+        }
+        f += &format!("NORM_L{i}:\n");
     }
-    for i in 0..8 {
-        f.push_str(&format!(
-            "    @%pn{i} fma.rn.f32 %f0, %cf{i}, %cf{i}, %f0;\n"
-        ));
+    for (i, (_, regs)) in blocks.iter().enumerate() {
+        f += &format!("    @!%pn{i} bra NORM_F{i};\n");
+        f += &fmas(regs);
+        f += &format!("NORM_F{i}:\n");
     }
-    f.push_str("    add.u32 %t3, %t3, 256;\n    bra NORM_SUM;\nNORM_REDUCE:\n    bar.warp.sync 0xffffffff;\n    // K, -K and RN(1/K) for the mean (issued while the shuffles run)\n    cvt.rn.f32.u32 %f9, %t2;\n    ld.param.f32 %f11, [p_rk];\n");
+    f += "NORM_REDUCE:\n    bar.warp.sync 0xffffffff;\n    // K, -K and RN(1/K) for the mean (issued while the shuffles run)\n    cvt.rn.f32.u32 %f9, %t2;\n    ld.param.f32 %f11, [p_rk];\n";
     for lane in [16, 8, 4, 2, 1] {
         f.push_str(&format!(
             "    shfl.sync.bfly.b32 %f1, %f0, {lane}, 31, 0xffffffff;\n    add.rn.f32 %f0, %f0, %f1;\n"
@@ -1284,8 +1295,7 @@ SETUP_MATS:
 @PREFETCH_FIRST@
     @%pres ld.global.f32 %fres, [%ra];
     // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
-    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order; 16, then 8 loads at
-    // a time, then the last ones predicated).
+    // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order).
     @!%pnorm bra NORM_DONE;
     shr.u32 %t0, %thr, 5;
     and.b32 %t1, %thr, 31;
