@@ -323,6 +323,29 @@ fn cp_async_src_size_zero_fills() {
     assert_eq!(out[0], (0xc0de_0000u32 + 4 * 32) & 0xffff);
 }
 
+/// `src-size` at its edges: equal to cp-size copies every byte (only above it is an
+/// illegal instruction), and 0 reads no source byte, so a source address past the end of
+/// memory (as a zero-fill guard passes for an out-of-range element) is not checked.
+/// Kills `collective.rs` `BlockRunner::cp_async`: `v > n` with `==` or `>=` (a full-size
+/// src-size would fault) and `valid > 0` with `>=` (the unread source would be checked).
+#[test]
+fn cp_async_src_size_at_its_edges() {
+    // (a register src-size: an immediate above cp-size is refused when the module loads)
+    let full = "mov.u32 %r5, 16;\n    cp.async.cg.shared.global [%rd3], [%rd2], 16, %r5;\n    cp.async.commit_group;";
+    let out = cp_async_run(full, "cp.async.wait_all;", Checks::ALL).unwrap();
+    for (t, &w) in out.iter().enumerate() {
+        let other = (t + 32) % 64;
+        assert_eq!(w, 0xc0de_0000 + 4 * other as u32, "thread {t}");
+    }
+    let over = "mov.u32 %r5, 17;\n    cp.async.cg.shared.global [%rd3], [%rd2], 16, %r5;\n    cp.async.commit_group;";
+    let f = cp_async_run(over, "cp.async.wait_all;", Checks::ALL).unwrap_err();
+    assert_eq!(f.kind, FaultKind::IllegalInstruction, "{f}");
+    let unread =
+        "mov.u32 %r5, 0;\n    cp.async.cg.shared.global [%rd3], [%rd2+4096], 16, %r5;\n    cp.async.commit_group;";
+    let out = cp_async_run(unread, "cp.async.wait_all;", Checks::ALL).unwrap();
+    assert!(out.iter().all(|&w| w == 0), "{out:x?}");
+}
+
 #[test]
 fn cp_async_memcheck_on_the_source() {
     let m = module(
@@ -615,6 +638,8 @@ fn ldmatrix_racecheck_and_synccheck() {
 #[case::dec_from_zero("dec.u32", 0, 7, 0, 7)]
 #[case::dec_above_a("dec.u32", 8, 7, 0, 7)]
 #[case::dec_within("dec.u32", 3, 7, 0, 2)]
+// old == a is not above a: it decrements (kills `old > a` as `==` or `>=` in apply_atom).
+#[case::dec_at_a("dec.u32", 7, 7, 0, 6)]
 #[case::min_signed("min.s32", 0xffff_ffff, 1, 0, 0xffff_ffff)]
 #[case::min_unsigned("min.u32", 0xffff_ffff, 1, 0, 1)]
 #[case::max_signed("max.s32", 0xffff_ffff, 1, 0, 1)]
