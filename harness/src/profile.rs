@@ -326,10 +326,11 @@ pub fn table(launches: &[ProfiledLaunch], pass: &str) -> String {
     s
 }
 
-/// Where the critical warp of each op's longest launch in `pass` spent its cycles, by
+/// Where the critical path of each op's longest launch in `pass` spent its cycles, by
 /// label region (the code from one PTX label to the next) and by line, the `top` lines
-/// with their text: one issue cycle per instruction plus its wait for operands, and at
-/// `bar.sync` the wait for the block's other warps, priced at the profiling latencies.
+/// with their text: one issue cycle per instruction plus its wait for operands, along the
+/// warp that ends the path and, before each barrier, the warp that reached it last;
+/// priced at the profiling latencies.
 /// Empty unless the launches were profiled with [`ProfileSettings::stall_lines`].
 pub fn stall_report(launches: &[ProfiledLaunch], pass: &str, top: usize) -> String {
     let mut s = String::new();
@@ -359,8 +360,8 @@ pub fn stall_report(launches: &[ProfiledLaunch], pass: &str, top: usize) -> Stri
         let total: u64 = stalls.iter().map(|&(_, n)| n).sum();
         let pct = |n: u64| 100.0 * n as f64 / total.max(1) as f64;
         s.push_str(&format!(
-            "{op}: {entry} ({file}), launch {} of {pass}, {total} cycles on the critical \
-             warp (modelled)\n",
+            "{op}: {entry} ({file}), launch {} of {pass}, {total} cycles on the critical path \
+             (modelled)\n",
             l.index
         ));
         let mut regions: Vec<(String, u64)> = Vec::new();

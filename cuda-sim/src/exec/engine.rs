@@ -320,16 +320,23 @@ impl<'a> BlockRunner<'a> {
             // Every live warp waits at the barrier: release them into a new epoch.
             self.epoch = self.epoch.wrapping_add(1);
             if self.prof.is_some() {
-                let at = warps
+                let latest = warps
                     .iter()
                     .filter(|w| w.state == WarpState::AtBarrier)
-                    .map(|w| w.clock)
-                    .max()
-                    .unwrap_or_default();
-                let stall_lines = self.prof.as_deref().is_some_and(Collector::stall_lines);
+                    .max_by_key(|w| w.clock);
+                let at = latest.map(|w| w.clock).unwrap_or_default();
+                // The path through a barrier comes from the latest arrival, so every warp
+                // it releases takes that warp's cycles by line (the stall report then
+                // follows the critical path instead of charging the wait to `bar.sync`).
+                let path_stalls = match latest {
+                    Some(w) if self.prof.as_deref().is_some_and(Collector::stall_lines) => {
+                        Some(w.stalls.clone())
+                    }
+                    _ => None,
+                };
                 for w in warps.iter_mut().filter(|w| w.state == WarpState::AtBarrier) {
-                    if stall_lines {
-                        *w.stalls.entry(w.last_line).or_default() += at.t - w.clock.t;
+                    if let Some(s) = &path_stalls {
+                        w.stalls.clone_from(s);
                     }
                     w.clock = at;
                 }

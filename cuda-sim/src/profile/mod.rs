@@ -180,11 +180,12 @@ pub struct LaunchCounters {
     pub critical_path: PathCounts,
     /// Its length in cycles at the profiling latencies.
     pub critical_path_cycles: u64,
-    /// With [`ProfileOptions::stall_lines`]: the cycles the warp that ends the critical
-    /// path spent at each PTX source line (1-based, of the module's text), sorted by line:
-    /// one issue cycle per instruction plus its wait for its operands, and at a
-    /// `bar.sync` the wait for the block's other warps. They sum to
-    /// `critical_path_cycles`. Empty otherwise. Not scaled when sampling.
+    /// With [`ProfileOptions::stall_lines`]: the cycles of the critical path at each PTX
+    /// source line (1-based, of the module's text), sorted by line: one issue cycle per
+    /// instruction plus its wait for its operands, along the warp that ends the path and,
+    /// before each `bar.sync` it passed, along the warp that arrived there last (whose
+    /// lines every released warp takes over). They sum to `critical_path_cycles`. Empty
+    /// otherwise. Not scaled when sampling.
     pub critical_stalls: Vec<(u32, u64)>,
     /// The distinct sectors and their READ/WRITE flags, sorted, until `apply_l2`.
     pub(crate) touched: Vec<(u64, u8)>,

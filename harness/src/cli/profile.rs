@@ -37,8 +37,9 @@ pub struct ProfileArgs {
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
-    /// After the tables, where the critical warp of each op's longest launch spent its
-    /// cycles: its label regions and its N costliest PTX lines (0: off).
+    /// After the tables, where the critical path of each op's longest launch spent its
+    /// cycles (through a barrier, along the warp that reached it last): its label regions
+    /// and its N costliest PTX lines (0: off).
     #[arg(long, value_name = "N", default_value_t = 0)]
     stalls: usize,
     #[command(flatten)]
