@@ -318,6 +318,7 @@ const GEMMA: (usize, usize) = (4, 1);
 )]
 #[case::odd_head_size(36, (4, 2), 3, 150, 140, None, 1, DType::F16, Some(DType::F16), 0.17, 0.0, 0.0)]
 #[case::odd_head_size_f32(20, (2, 1), 1, 70, 70, None, 1, DType::F32, Some(DType::F16), 0.2, 20.0, 0.0)]
+#[case::head_size_eight_one_v_thread(8, (2, 1), 3, 40, 37, None, 1, DType::F16, Some(DType::F16), 0.35, 0.0, 0.0)]
 #[case::q_rows_not_16_byte_multiples(18, (3, 1), 1, 40, 33, None, 1, DType::F16, Some(DType::F32), 0.3, 0.0, 0.0)]
 #[case::many_tiles(
     64,
