@@ -110,6 +110,43 @@ fn racecheck_shared_memory_between_warps() {
     run(&shared_kernel(false), [64, 1, 1], &mem, Checks::NONE).unwrap();
 }
 
+/// Warp 0 writes a shared word; after a barrier warps 0 and 1 read it and warp 2 then
+/// writes it: a race with both readers (reported as "other warps") unless a second
+/// barrier orders the write after the reads.
+fn two_readers_then_a_writer(second_barrier: bool) -> Module {
+    let bar = if second_barrier {
+        "    bar.sync 0;\n"
+    } else {
+        ""
+    };
+    let body = format!(
+        "{REGS}    mov.u64 %rd2, sm;\n    and.b32 %r1, %r0, 31;\n    shr.u32 %r3, %r0, 5;\n    setp.ne.u32 %p0, %r0, 0;\n    @%p0 bra FIRST;\n    st.shared.u32 [%rd2], 7;\nFIRST:\n    bar.sync 0;\n    setp.ne.u32 %p1, %r1, 0;\n    setp.gt.u32 %p2, %r3, 1;\n    or.pred %p1, %p1, %p2;\n    @%p1 bra READ_DONE;\n    ld.shared.u32 %r2, [%rd2];\nREAD_DONE:\n{bar}    setp.ne.u32 %p3, %r0, 64;\n    @%p3 bra DONE;\n    st.shared.u32 [%rd2], 9;\nDONE:\n    ret;"
+    );
+    module(&body, ".shared .align 4 .b8 sm[16];")
+}
+
+#[test]
+fn racecheck_remembers_that_several_warps_read_a_word() {
+    let mem = FlatMemory::new(BASE, 64, false);
+    let f = run(
+        &two_readers_then_a_writer(false),
+        [96, 1, 1],
+        &mem,
+        Checks::ALL,
+    )
+    .unwrap_err();
+    assert_eq!(f.kind, FaultKind::SharedRace);
+    assert_eq!(f.thread, [64, 0, 0]);
+    assert!(f.detail.contains("read by other warps"), "{f}");
+    run(
+        &two_readers_then_a_writer(true),
+        [96, 1, 1],
+        &mem,
+        Checks::ALL,
+    )
+    .unwrap();
+}
+
 #[test]
 fn synccheck_shuffle_with_a_wrong_member_mask() {
     // Only the even lanes execute the shuffle, but the mask names all 32.
