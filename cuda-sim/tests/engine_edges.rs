@@ -606,3 +606,105 @@ fn mma_with_one_infinite_a_element_follows_its_row_and_the_b_column(
         }
     }
 }
+
+/// Lanes 0-7 `ret` and lanes 8-15 `exit` in the middle of the kernel; every other lane
+/// calls `store`, a `.func` whose lanes with an odd index `ret` early and whose others
+/// fall off its end (no `ret`) after storing `1000 + lane`; back in the kernel each lane
+/// still running stores `2000 + lane` one word further on, and the kernel itself ends
+/// without a `ret`. So words 0-15 keep the sentinel, the odd lanes of 16-31 write only
+/// their second word, the even ones both.
+/// Kills `run_warp`'s arms for `ret` and `exit` deleted (their lanes would run on) and
+/// falling off the end with `done &= group` (the lanes would never finish).
+#[test]
+fn ret_exit_and_falling_off_the_end_stop_exactly_their_lanes() {
+    let text = format!(
+        "{HEADER}.func store(.param .u64 p_at, .param .u32 p_lane)
+{{
+    .reg .b32 %s<4>;
+    .reg .b64 %sd<2>;
+    .reg .pred %q<2>;
+    ld.param.u64 %sd0, [p_at];
+    ld.param.u32 %s0, [p_lane];
+    and.b32 %s1, %s0, 1;
+    setp.ne.u32 %q0, %s1, 0;
+    @%q0 ret;
+    add.u32 %s2, %s0, 1000;
+    st.global.u32 [%sd0], %s2;
+}}
+.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    .reg .pred %p<2>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    setp.lt.u32 %p0, %r0, 8;
+    @%p0 ret;
+    setp.lt.u32 %p1, %r0, 16;
+    @%p1 exit;
+    mul.wide.u32 %rd1, %r0, 8;
+    add.u64 %rd1, %rd0, %rd1;
+    {{
+        .param .u64 a_at;
+        .param .u32 a_lane;
+        st.param.u64 [a_at], %rd1;
+        st.param.u32 [a_lane], %r0;
+        call.uni store, (a_at, a_lane);
+    }}
+    add.u32 %r1, %r0, 2000;
+    st.global.u32 [%rd1+4], %r1;
+}}
+"
+    );
+    let got = run(&text, [32, 1, 1], 64, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+    for lane in 0..32u32 {
+        let (first, second) = (got[2 * lane as usize], got[2 * lane as usize + 1]);
+        let want = match lane {
+            0..=15 => (SENTINEL, SENTINEL),
+            l if l % 2 == 1 => (SENTINEL, 2000 + l),
+            l => (1000 + l, 2000 + l),
+        };
+        assert_eq!((first, second), want, "lane {lane}");
+    }
+}
+
+/// A launch's statistics: one warp instruction per issued step of each warp, and one
+/// thread instruction per lane that executes it (a lane whose guard is false does not).
+/// 40 threads are a warp of 32 and a warp of 8; four instructions each, the guarded add
+/// executed by lanes 0-4 only: 8 warp instructions, 3 * 40 + 5 = 125 thread
+/// instructions.
+/// Kills `run_warp`'s `thread_instructions += exec.count_ones()` with `*=`.
+#[test]
+fn launch_statistics_count_warp_steps_and_executing_lanes() {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<2>;
+    .reg .pred %p<1>;
+    mov.u32 %r0, %tid.x;
+    setp.lt.u32 %p0, %r0, 5;
+    @%p0 add.u32 %r1, %r0, 1;
+    ret;
+}}
+"
+    );
+    let module = Module::parse("engine.ptx", &text).unwrap_or_else(|e| panic!("{e}"));
+    let mem = FlatMemory::new(BASE, 4, false);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [40, 1, 1],
+        dynamic_shared: 0,
+    };
+    let stats = launch(
+        &module,
+        "k",
+        &cfg,
+        &[&BASE.to_le_bytes()],
+        &mem,
+        Checks::ALL,
+        1,
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(stats.warp_instructions, 8);
+    assert_eq!(stats.thread_instructions, 125);
+}
