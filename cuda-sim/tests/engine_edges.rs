@@ -4,8 +4,10 @@
 //! `.sync.aligned` instruction names, `mma` with infinite B or C or one infinite A
 //! element, the predicate logic instructions, stores to a `.param` argument at a nonzero
 //! offset, `.local` memory per thread, the bounds of a function's `.param` space,
-//! `bar.warp.sync`'s mask check, `mov` packing and unpacking per lane, and `shfl` from a
-//! lane that is not executing it.
+//! `bar.warp.sync`'s mask check, `mov` packing and unpacking per lane, `shfl` from a
+//! lane that is not executing it, `ret` / `exit` / falling off the end while other lanes
+//! wait elsewhere, `bar.sync` inside a function, a full member mask in a partial warp, and
+//! a launch's instruction counts.
 
 mod exact;
 
@@ -707,4 +709,157 @@ fn launch_statistics_count_warp_steps_and_executing_lanes() {
     .unwrap_or_else(|e| panic!("{e:?}"));
     assert_eq!(stats.warp_instructions, 8);
     assert_eq!(stats.thread_instructions, 125);
+}
+
+/// Expected words of [`a_guarded_exit_steps_only_its_own_group`] and
+/// [`a_guarded_ret_steps_only_its_own_group`]: nothing from lanes 0-3, `1000 + lane` from
+/// 4-15, `3000 + lane` from 16-31.
+fn check_guarded_leave(got: &[u32]) {
+    for (lane, &v) in got.iter().enumerate() {
+        let want = match lane as u32 {
+            0..=3 => SENTINEL,
+            l @ 4..=15 => 1000 + l,
+            l => 3000 + l,
+        };
+        assert_eq!(v, want, "lane {lane}");
+    }
+}
+
+/// Lanes 16-31 branch ahead to `HIGH` and wait there while lanes 0-15 run a predicated
+/// `exit` that lanes 0-3 take: the lanes that skip it step to the next instruction, and
+/// the waiting lanes keep their place, so every lane from 4 on stores its word.
+/// (cuda-sim runs a kernel's own `ret` as `exit`.)
+/// Kills `run_warp`'s `step(pc, group & !exec)` after `exit` as `group | !exec` (the
+/// waiting lanes skip their store), `group ^ !exec` and `group & exec` (the lanes that
+/// skip it never move on).
+#[rstest]
+#[case::exit("exit")]
+#[case::kernel_ret("ret")]
+fn a_guarded_exit_steps_only_its_own_group(#[case] leave: &str) {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    .reg .pred %p<2>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    add.u32 %r2, %r0, 3000;
+    setp.ge.u32 %p0, %r0, 16;
+    @%p0 bra HIGH;
+    setp.lt.u32 %p1, %r0, 4;
+    @%p1 {leave};
+    add.u32 %r1, %r0, 1000;
+    st.global.u32 [%rd1], %r1;
+    ret;
+HIGH:
+    st.global.u32 [%rd1], %r2;
+    ret;
+}}
+"
+    );
+    check_guarded_leave(&run(&text, [32, 1, 1], 32, Checks::ALL).unwrap_or_else(|f| panic!("{f}")));
+}
+
+/// The same inside a called `.func`, where `ret` returns to the caller: lanes 16-31 wait
+/// at the function's `HIGH` while lanes 0-3 return early.
+/// Kills `run_warp`'s `step(pc, group & !exec)` after a function's `ret` as `group |
+/// !exec`, `group ^ !exec` and `group & exec`.
+#[test]
+fn a_guarded_ret_steps_only_its_own_group() {
+    let text = format!(
+        "{HEADER}.func body(.param .u64 p_at, .param .u32 p_lane)
+{{
+    .reg .b32 %s<4>;
+    .reg .b64 %sd<2>;
+    .reg .pred %q<2>;
+    ld.param.u64 %sd0, [p_at];
+    ld.param.u32 %s0, [p_lane];
+    add.u32 %s2, %s0, 3000;
+    setp.ge.u32 %q0, %s0, 16;
+    @%q0 bra HIGH;
+    setp.lt.u32 %q1, %s0, 4;
+    @%q1 ret;
+    add.u32 %s1, %s0, 1000;
+    st.global.u32 [%sd0], %s1;
+    ret;
+HIGH:
+    st.global.u32 [%sd0], %s2;
+    ret;
+}}
+.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    {{
+        .param .u64 a_at;
+        .param .u32 a_lane;
+        st.param.u64 [a_at], %rd1;
+        st.param.u32 [a_lane], %r0;
+        call.uni body, (a_at, a_lane);
+    }}
+    ret;
+}}
+"
+    );
+    check_guarded_leave(&run(&text, [32, 1, 1], 32, Checks::ALL).unwrap_or_else(|f| panic!("{f}")));
+}
+
+/// cuda-sim runs `bar.sync` only in a kernel's own body: reached inside a called `.func`
+/// (by the whole warp, converged) it is refused under synccheck as a barrier it cannot
+/// order, and without the check the block runs on.
+/// Kills `run_warp`'s barrier check `exec != all || depth != 1 || exec != group` with the
+/// second `||` as `&&`.
+#[test]
+fn bar_sync_inside_a_called_function_is_refused_under_synccheck() {
+    let text = format!(
+        "{HEADER}.func wait()
+{{
+    bar.sync 0;
+    ret;
+}}
+.visible .entry k(.param .u64 p_out)
+{{
+    call.uni wait, ();
+    ret;
+}}
+"
+    );
+    let f = run(&text, [64, 1, 1], 1, Checks::ALL).expect_err("bar.sync in a .func");
+    assert_eq!(f.kind, FaultKind::BarrierDivergence, "{f}");
+    run(&text, [64, 1, 1], 1, Checks::NONE).unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// A block of 40 threads: its second warp has lanes 0-7 only, and a `shfl.sync` with the
+/// full member mask there names lanes that do not exist, which is not a missing member
+/// (they are not live); every lane gets lane 0's value of its own warp.
+/// Kills `run_warp`'s live mask `lanes & !exited` as `lanes | !exited`.
+#[test]
+fn a_full_member_mask_in_a_partial_warp_names_no_missing_lane() {
+    let text = format!(
+        "{HEADER}.visible .entry k(.param .u64 p_out)
+{{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    add.u32 %r1, %r0, 500;
+    shfl.sync.idx.b32 %r2, %r1, 0, 31, 0xffffffff;
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+    st.global.u32 [%rd1], %r2;
+    ret;
+}}
+"
+    );
+    let got = run(&text, [40, 1, 1], 40, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
+    for (t, &v) in got.iter().enumerate() {
+        assert_eq!(v, if t < 32 { 500 } else { 532 }, "thread {t}");
+    }
 }
