@@ -609,6 +609,37 @@ fn mma_with_one_infinite_a_element_follows_its_row_and_the_b_column(
     }
 }
 
+/// `.func name(.param .u64 p_at, .param .u32 p_lane)`: `%sd0` = p_at and `%s0` = p_lane
+/// loaded, then `body` (registers `%s0-3`, `%sd0-1`, `%q0-1`).
+fn at_lane_func(name: &str, body: &str) -> String {
+    format!(
+        ".func {name}(.param .u64 p_at, .param .u32 p_lane)
+{{
+    .reg .b32 %s<4>;
+    .reg .b64 %sd<2>;
+    .reg .pred %q<2>;
+    ld.param.u64 %sd0, [p_at];
+    ld.param.u32 %s0, [p_lane];
+{body}}}
+"
+    )
+}
+
+/// A kernel's call of an [`at_lane_func`] with `%rd1` as its address and `%r0` as its
+/// lane.
+fn call_at_lane(name: &str) -> String {
+    format!(
+        "    {{
+        .param .u64 a_at;
+        .param .u32 a_lane;
+        st.param.u64 [a_at], %rd1;
+        st.param.u32 [a_lane], %r0;
+        call.uni {name}, (a_at, a_lane);
+    }}
+"
+    )
+}
+
 /// Lanes 0-7 `ret` and lanes 8-15 `exit` in the middle of the kernel; every other lane
 /// calls `store`, a `.func` whose lanes with an odd index `ret` early and whose others
 /// fall off its end (no `ret`) after storing `1000 + lane`; back in the kernel each lane
@@ -620,20 +651,7 @@ fn mma_with_one_infinite_a_element_follows_its_row_and_the_b_column(
 #[test]
 fn ret_exit_and_falling_off_the_end_stop_exactly_their_lanes() {
     let text = format!(
-        "{HEADER}.func store(.param .u64 p_at, .param .u32 p_lane)
-{{
-    .reg .b32 %s<4>;
-    .reg .b64 %sd<2>;
-    .reg .pred %q<2>;
-    ld.param.u64 %sd0, [p_at];
-    ld.param.u32 %s0, [p_lane];
-    and.b32 %s1, %s0, 1;
-    setp.ne.u32 %q0, %s1, 0;
-    @%q0 ret;
-    add.u32 %s2, %s0, 1000;
-    st.global.u32 [%sd0], %s2;
-}}
-.visible .entry k(.param .u64 p_out)
+        "{HEADER}{func}.visible .entry k(.param .u64 p_out)
 {{
     .reg .b32 %r<4>;
     .reg .b64 %rd<4>;
@@ -646,17 +664,20 @@ fn ret_exit_and_falling_off_the_end_stop_exactly_their_lanes() {
     @%p1 exit;
     mul.wide.u32 %rd1, %r0, 8;
     add.u64 %rd1, %rd0, %rd1;
-    {{
-        .param .u64 a_at;
-        .param .u32 a_lane;
-        st.param.u64 [a_at], %rd1;
-        st.param.u32 [a_lane], %r0;
-        call.uni store, (a_at, a_lane);
-    }}
-    add.u32 %r1, %r0, 2000;
+{call}    add.u32 %r1, %r0, 2000;
     st.global.u32 [%rd1+4], %r1;
 }}
+",
+        func = at_lane_func(
+            "store",
+            "    and.b32 %s1, %s0, 1;
+    setp.ne.u32 %q0, %s1, 0;
+    @%q0 ret;
+    add.u32 %s2, %s0, 1000;
+    st.global.u32 [%sd0], %s2;
 "
+        ),
+        call = call_at_lane("store"),
     );
     let got = run(&text, [32, 1, 1], 64, Checks::ALL).unwrap_or_else(|f| panic!("{f}"));
     for lane in 0..32u32 {
@@ -770,14 +791,20 @@ HIGH:
 #[test]
 fn a_guarded_ret_steps_only_its_own_group() {
     let text = format!(
-        "{HEADER}.func body(.param .u64 p_at, .param .u32 p_lane)
+        "{HEADER}{func}.visible .entry k(.param .u64 p_out)
 {{
-    .reg .b32 %s<4>;
-    .reg .b64 %sd<2>;
-    .reg .pred %q<2>;
-    ld.param.u64 %sd0, [p_at];
-    ld.param.u32 %s0, [p_lane];
-    add.u32 %s2, %s0, 3000;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd0, [p_out];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd1, %r0, 4;
+    add.u64 %rd1, %rd0, %rd1;
+{call}    ret;
+}}
+",
+        func = at_lane_func(
+            "body",
+            "    add.u32 %s2, %s0, 3000;
     setp.ge.u32 %q0, %s0, 16;
     @%q0 bra HIGH;
     setp.lt.u32 %q1, %s0, 4;
@@ -788,25 +815,9 @@ fn a_guarded_ret_steps_only_its_own_group() {
 HIGH:
     st.global.u32 [%sd0], %s2;
     ret;
-}}
-.visible .entry k(.param .u64 p_out)
-{{
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<2>;
-    ld.param.u64 %rd0, [p_out];
-    mov.u32 %r0, %tid.x;
-    mul.wide.u32 %rd1, %r0, 4;
-    add.u64 %rd1, %rd0, %rd1;
-    {{
-        .param .u64 a_at;
-        .param .u32 a_lane;
-        st.param.u64 [a_at], %rd1;
-        st.param.u32 [a_lane], %r0;
-        call.uni body, (a_at, a_lane);
-    }}
-    ret;
-}}
 "
+        ),
+        call = call_at_lane("body"),
     );
     check_guarded_leave(&run(&text, [32, 1, 1], 32, Checks::ALL).unwrap_or_else(|f| panic!("{f}")));
 }

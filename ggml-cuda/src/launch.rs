@@ -764,6 +764,21 @@ mod tests {
         }
     }
 
+    /// flash_attn_dec divides u < 2^16 by every divisor up to 512 (gqa, head sizes, row
+    /// groups, V thread groups) with `mul.hi(u, div_magic(x))`, or takes u for x = 1.
+    #[test]
+    fn div_magic_divides_every_small_divisor_below_2_16() {
+        assert_eq!(div_magic(1), 0);
+        for x in 2u32..=512 {
+            let m = div_magic(x) as u64;
+            let top = (u32::MAX / x).min(u16::MAX as u32);
+            for u in (0..=top).step_by(7).chain([top, x - 1, x, x + 1]) {
+                let q = ((u as u64 * m) >> 32) as u32;
+                assert_eq!(q, u / x, "{u} / {x}");
+            }
+        }
+    }
+
     #[test]
     fn other_kernels() {
         assert_eq!(quantize_q8_1(576, 5, 1).unwrap().grid, (3, 5, 1));

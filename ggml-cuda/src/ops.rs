@@ -603,16 +603,10 @@ fn flash_attn_dec(
     a.usize(mask.map_or(0, |m| m.nb[1]));
     let g = dv.div_ceil(8) as u32;
     for divisor in [(h / h_kv) as u32, dv as u32, d as u32, geo.groups, g] {
-        a.u32(division_magic(divisor));
+        a.u32(launch::div_magic(divisor));
     }
     a.u32(launch::FA_DEC_THREADS / g);
     c.launch(KernelId::FlashAttnDec, geo.dims, &mut a)
-}
-
-/// The magic `m` with `u / x == mul.hi(u, m)` for `u * x < 2^32` and `x > 1`:
-/// `(2^32 - 1) / x + 1`, wrapping to 0 for `x = 1` (the kernels add `u` for that case).
-fn division_magic(x: u32) -> u32 {
-    (u32::MAX / x.max(1)).wrapping_add(1)
 }
 
 /// Enqueues the fused launch that computes `nodes` (a run [`fusion::plan`] matched).
@@ -750,21 +744,6 @@ mod tests {
 
     fn storage() -> Vec<Tensor> {
         vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 64]
-    }
-
-    /// The kernels divide u < 2^16 by x with `mul.hi(u, division_magic(x))` (x > 1) or take
-    /// u (x = 1): exact for every u * x < 2^32, checked against integer division.
-    #[test]
-    fn division_magic_divides_exactly_below_its_bound() {
-        assert_eq!(division_magic(1), 0);
-        for x in 2u32..=512 {
-            let m = division_magic(x) as u64;
-            let top = (u32::MAX / x).min(u16::MAX as u32);
-            for u in (0..=top).step_by(7).chain([top, x - 1, x, x + 1]) {
-                let q = ((u as u64 * m) >> 32) as u32;
-                assert_eq!(q, u / x, "{u} / {x}");
-            }
-        }
     }
 
     #[test]

@@ -70,9 +70,6 @@ struct Warp {
     async_ready: Stamp,
     /// Issue-clock cycles by source line (profiler, with `stall_lines` only).
     stalls: HashMap<u32, u64>,
-    /// The source line of the last instruction issued (the `bar.sync` a barrier wait
-    /// is charged to).
-    last_line: u32,
 }
 
 /// Shadow of one shared byte for racecheck: epoch, last writer warp, reader warp,
@@ -271,7 +268,6 @@ impl<'a> BlockRunner<'a> {
                 clock: Stamp::default(),
                 async_ready: Stamp::default(),
                 stalls: HashMap::new(),
-                last_line: 0,
             });
         }
         for (w, warp) in warps.iter_mut().enumerate() {
@@ -284,7 +280,6 @@ impl<'a> BlockRunner<'a> {
             warp.clock = Stamp::default();
             warp.async_ready = Stamp::default();
             warp.stalls.clear();
-            warp.last_line = 0;
             let fr = self.new_frame(self.l.entry, warp.lanes, None);
             warp.frames.push(fr);
         }
@@ -489,7 +484,6 @@ impl<'a> BlockRunner<'a> {
                     );
                     if p.stall_lines() {
                         *w.stalls.entry(ins.line).or_default() += w.clock.t - before;
-                        w.last_line = ins.line;
                     }
                 }
             }
