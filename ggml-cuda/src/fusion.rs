@@ -14,8 +14,10 @@ use ggml_core::{Tensor, TensorId};
 use crate::CudaTuning;
 
 mod products;
+mod products_rope;
 mod rope_store;
 pub(crate) use products::{ProductRun, Tail};
+pub(crate) use products_rope::{roles as products_rope_roles, ProductsRope};
 pub(crate) use rope_store::{Parts as RopeStoreParts, RopeStore};
 
 /// A run of nodes that one fused kernel computes.
@@ -26,6 +28,9 @@ pub(crate) enum Fusion {
     /// Decode-class quantised products with their norm prologue, shared activation or
     /// epilogue (one `qmm` launch).
     Products(ProductRun),
+    /// Q, K and V products with the RoPE + KV-cache store that reads them (one `qmm`
+    /// launch with the RoPE epilogue).
+    ProductsRope(ProductsRope),
 }
 
 impl Fusion {
@@ -50,6 +55,16 @@ impl Fusion {
                     .and_then(|t| tensors.get(t.src[0]?.index()))
                     .map(|w| w.dtype.name());
                 (products::op_name(r), w)
+            }
+            Fusion::ProductsRope(r) => {
+                let (_, w) = Fusion::Products(r.products).key(tensors, nodes);
+                let name = match (r.products.norm.is_some(), r.rope.q_rope.is_some()) {
+                    (true, true) => "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2",
+                    (true, false) => "RMS_NORM+MUL_MAT*3+ROPE+SET_ROWS*2",
+                    (false, true) => "MUL_MAT*3+ROPE*2+SET_ROWS*2",
+                    (false, false) => "MUL_MAT*3+ROPE+SET_ROWS*2",
+                };
+                (name, w)
             }
         }
     }
@@ -76,7 +91,11 @@ pub(crate) enum Step {
 type Matcher = fn(&[Tensor], &[TensorId], usize, &CudaTuning) -> Option<(Fusion, usize)>;
 
 /// Every fusion's matcher, tried in order at each node.
-const MATCHERS: &[Matcher] = &[rope_store::matcher, products::matcher];
+const MATCHERS: &[Matcher] = &[
+    products_rope::matcher,
+    rope_store::matcher,
+    products::matcher,
+];
 
 /// The steps that compute `nodes` with the fusions `tuning` allows.
 pub(crate) fn plan(tensors: &[Tensor], nodes: &[TensorId], tuning: &CudaTuning) -> Vec<Step> {

@@ -563,7 +563,7 @@ impl Default for Args {
 
 impl Args {
     /// Most arguments of any kernel.
-    pub const MAX: usize = 64;
+    pub const MAX: usize = 96;
 
     /// An empty list.
     pub fn new() -> Args {

@@ -623,6 +623,9 @@ pub(crate) fn run_fused(
     match fusion {
         crate::fusion::Fusion::RopeStore(roles) => rope_store(be, st, tensors, nodes, roles),
         crate::fusion::Fusion::Products(r) => products::run_products(be, st, tensors, nodes, r),
+        crate::fusion::Fusion::ProductsRope(r) => {
+            products::run_products_rope(be, st, tensors, nodes, r)
+        }
     }?;
     // A run that went as one launch is recorded as the run: op timing's key for it and
     // the multiply-adds of all its nodes (a run that fell back to its nodes keeps theirs).
@@ -642,7 +645,7 @@ pub(crate) fn run_fused(
 
 /// `rope_store`: the ropes and cache stores of a run `fusion::plan` matched (see
 /// `fusion/rope_store.rs`), in one launch that writes every node of the run.
-fn rope_store(
+pub(crate) fn rope_store(
     be: &CudaBackend,
     st: &mut State,
     tensors: &[Tensor],

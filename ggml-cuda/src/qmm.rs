@@ -85,6 +85,62 @@ pub(crate) struct Ids {
     pub err: u64,
 }
 
+/// Where the RoPE + KV-store epilogue sends one matrix's outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RopeRole {
+    /// RoPE into the roped Q.
+    Q,
+    /// RoPE into the roped K, and the roped K into the K cache.
+    K,
+    /// The product into the V cache.
+    V,
+}
+
+/// A float cache row store of the RoPE epilogue (set_rows into row `idx[column]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CacheStore {
+    /// The cache (device address).
+    pub cache: u64,
+    /// Its row byte stride.
+    pub nb1: usize,
+    /// Its element type code: 0 f32, 1 f16, 2 bf16.
+    pub ty: u32,
+    /// Its rows.
+    pub rows: usize,
+    /// The store's error word (set to 1 on a row index outside the cache).
+    pub err: u64,
+}
+
+/// The RoPE + KV-store epilogue (normal RoPE, pairs (2t, 2t+1), no YaRN ramp): the
+/// `rope_store` kernel's arithmetic on the products of the launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Rope {
+    /// The role of each matrix (None: a plain product).
+    pub roles: [Option<RopeRole>; 3],
+    /// Outputs not written: a later output of the run takes their bytes.
+    pub dead: [bool; 3],
+    /// The norm prologue's two outputs not written (dead likewise).
+    pub norm_dead: bool,
+    /// i32 positions [N] and their byte stride.
+    pub pos: (u64, usize),
+    /// i32 cache rows [N] and their byte stride.
+    pub idx: (u64, usize),
+    /// Head dimension.
+    pub ne0: usize,
+    /// Rotated dimensions.
+    pub n_dims: usize,
+    /// theta_scale, freq_scale and mscale as the rope kernel takes them.
+    pub consts: [f32; 3],
+    /// Roped Q and its column byte stride (Q role).
+    pub q: (u64, usize),
+    /// Roped K and its column byte stride (K role).
+    pub k: (u64, usize),
+    /// The K cache store (K role).
+    pub k_store: CacheStore,
+    /// The V cache store (V role).
+    pub v_store: CacheStore,
+}
+
 /// One `qmm` launch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Call {
@@ -121,6 +177,8 @@ pub(crate) struct Call {
     pub epi: Epilogue,
     /// MUL_MAT_ID.
     pub ids: Option<Ids>,
+    /// The RoPE + KV-store epilogue (with `epi` None only).
+    pub rope: Option<Rope>,
 }
 
 /// The byte alignment `qmm` needs of the weight rows of `dtype` (base and strides): the
@@ -260,7 +318,67 @@ impl Call {
             .usize(ids.nb[1])
             .u32(ids.n_as as u32)
             .u64(ids.err);
+        self.rope_args(&mut a);
         Some(a)
+    }
+}
+
+impl Call {
+    /// The RoPE epilogue's arguments (all 0 without it).
+    fn rope_args(&self, a: &mut Args) {
+        let none = CacheStore {
+            cache: 0,
+            nb1: 0,
+            ty: 0,
+            rows: 0,
+            err: 0,
+        };
+        let r = self.rope.unwrap_or(Rope {
+            roles: [None; 3],
+            dead: [false; 3],
+            norm_dead: false,
+            pos: (0, 0),
+            idx: (0, 0),
+            ne0: 0,
+            n_dims: 0,
+            consts: [0.0; 3],
+            q: (0, 0),
+            k: (0, 0),
+            k_store: none,
+            v_store: none,
+        });
+        let mut flags = 0u32;
+        for (i, role) in r.roles.iter().enumerate() {
+            let code = match role {
+                None => 0,
+                Some(RopeRole::Q) => 1,
+                Some(RopeRole::K) => 2,
+                Some(RopeRole::V) => 3,
+            };
+            flags |= code << (2 * i) | u32::from(r.dead[i]) << (6 + i);
+        }
+        flags |= u32::from(r.norm_dead) << 9;
+        a.u32(flags)
+            .u64(r.pos.0)
+            .usize(r.pos.1)
+            .u64(r.idx.0)
+            .usize(r.idx.1)
+            .u32(r.ne0 as u32)
+            .u32(r.n_dims as u32)
+            .u32(launch::div_magic(r.ne0.max(1) as u32));
+        for c in r.consts {
+            a.f32(c);
+        }
+        a.u64(r.q.0).usize(r.q.1).u64(r.k.0).usize(r.k.1);
+        a.u64(r.k_store.cache)
+            .usize(r.k_store.nb1)
+            .u64(r.v_store.cache)
+            .usize(r.v_store.nb1);
+        a.u32(r.k_store.ty)
+            .u32(r.v_store.ty)
+            .u32(r.k_store.rows as u32)
+            .u32(r.v_store.rows as u32);
+        a.u64(r.k_store.err).u64(r.v_store.err);
     }
 }
 
@@ -295,6 +413,7 @@ mod tests {
             norm: None,
             epi: Epilogue::None,
             ids: None,
+            rope: None,
         }
     }
 

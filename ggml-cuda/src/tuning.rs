@@ -14,7 +14,7 @@
 //! | `default` | everything on, current kernels (what [`CudaTuning::default`] gives) |
 //! | `no-graphs` | launch every kernel from the host, never replay a captured graph |
 //! | `no-fuse` | every fusion off |
-//! | `no-fuse-norm`, `no-fuse-qkv`, `no-fuse-rope-store`, `no-fuse-glu`, `no-fuse-add` | one fusion off |
+//! | `no-fuse-norm`, `no-fuse-qkv`, `no-fuse-rope-store`, `no-fuse-qkv-rope`, `no-fuse-glu`, `no-fuse-add` | one fusion off |
 //! | `legacy-products` | the first quantised product kernels (`mmvq`/`mmq`/`mmvq_id` with a separate `quantize_q8_1`); fusions of products need the current ones and are off with it |
 //! | `legacy-decode-attn` | the first flash-attention kernel for decode-sized batches too |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
@@ -35,6 +35,9 @@ pub struct CudaTuning {
     pub fuse_qkv: bool,
     /// RoPE of Q and K with the stores of K and V into the KV cache, in one launch.
     pub fuse_rope_store: bool,
+    /// That RoPE + KV store in the epilogue of the Q, K and V products it reads (needs
+    /// `fuse_rope_store` and the current products).
+    pub fuse_qkv_rope: bool,
     /// Gate and up products with the gated activation (SwiGLU, GeGLU), in one launch.
     pub fuse_glu: bool,
     /// A residual add in the epilogue of the product that feeds it.
@@ -52,6 +55,7 @@ impl Default for CudaTuning {
             fuse_norm: true,
             fuse_qkv: true,
             fuse_rope_store: true,
+            fuse_qkv_rope: true,
             fuse_glu: true,
             fuse_add: true,
             legacy_products: false,
@@ -69,6 +73,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("no-fuse-norm", |t| t.fuse_norm = false),
     ("no-fuse-qkv", |t| t.fuse_qkv = false),
     ("no-fuse-rope-store", |t| t.fuse_rope_store = false),
+    ("no-fuse-qkv-rope", |t| t.fuse_qkv_rope = false),
     ("no-fuse-glu", |t| t.fuse_glu = false),
     ("no-fuse-add", |t| t.fuse_add = false),
     ("legacy-products", |t| t.legacy_products = true),
@@ -83,6 +88,7 @@ impl CudaTuning {
             fuse_norm: false,
             fuse_qkv: false,
             fuse_rope_store: false,
+            fuse_qkv_rope: false,
             fuse_glu: false,
             fuse_add: false,
             legacy_products: true,
@@ -96,6 +102,7 @@ impl CudaTuning {
             fuse_norm: false,
             fuse_qkv: false,
             fuse_rope_store: false,
+            fuse_qkv_rope: false,
             fuse_glu: false,
             fuse_add: false,
             ..self
@@ -106,7 +113,11 @@ impl CudaTuning {
     pub fn any_fusion(&self) -> bool {
         self.fuse_rope_store
             || (!self.legacy_products
-                && (self.fuse_norm || self.fuse_qkv || self.fuse_glu || self.fuse_add))
+                && (self.fuse_norm
+                    || self.fuse_qkv
+                    || self.fuse_qkv_rope
+                    || self.fuse_glu
+                    || self.fuse_add))
     }
 
     /// The accepted list items, for error messages and help texts.

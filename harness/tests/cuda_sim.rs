@@ -162,18 +162,18 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
         ]
     );
     // Prompts run node by node; decode steps (fewer than 8 tokens) fuse the products with
-    // their norms, GLU and residual adds, and the ropes with the cache stores, each fused
-    // run timed as one step of its own kind.
+    // their norms, GLU and residual adds, and the ropes with the cache stores into the
+    // epilogue of the Q, K and V products, each fused run timed as one step of its own
+    // kind.
     for p in &profiles {
         let ops: Vec<String> = p.ops.iter().map(|o| o.to_string()).collect();
         let want: &[&str] = if p.test == "pp8" {
             &["MUL_MAT q4_1", "FLASH_ATTN_EXT", "RMS_NORM", "ROPE"]
         } else {
             &[
-                "RMS_NORM+MUL_MAT*3 q4_1",
+                "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2 q4_1",
                 "RMS_NORM+MUL_MAT*2+GLU q4_1",
                 "MUL_MAT+ADD q4_1",
-                "ROPE*2+SET_ROWS*2",
                 "FLASH_ATTN_EXT",
             ]
         };
@@ -205,7 +205,10 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
                     | "MUL_MAT*2+GLU"
                     | "RMS_NORM+MUL_MAT*2"
                     | "RMS_NORM+MUL_MAT*2+GLU" => 2,
-                    "MUL_MAT*3" | "RMS_NORM+MUL_MAT*3" => 3,
+                    "MUL_MAT*3"
+                    | "RMS_NORM+MUL_MAT*3"
+                    | "MUL_MAT*3+ROPE*2+SET_ROWS*2"
+                    | "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2" => 3,
                     _ => 0,
                 };
                 n * o.calls

@@ -160,6 +160,7 @@ pub(crate) const GPU_TESTS: &[&str] = &[
     "graphs",
     "attn_decode",
     "rope_store",
+    "qkv_rope",
     "fusion",
     "argmax",
 ];

@@ -175,6 +175,187 @@ pub fn generate() -> String {
         .replace("@B_LOOPS@\n", &loops)
         .replace("@STAGE_C@\n", &stage_c())
         .replace("@NORM_SUM@\n", &norm_sum())
+        .replace(
+            "@EPI_ROPE@\n",
+            &EPI_ROPE.replace("@SINCOS@", &sincos_inline()),
+        )
+}
+
+/// The RoPE + KV-store epilogue (`p_rflags`): in `%t0` the thread's row r, `%rd0` = 4r,
+/// `%rd1` its column, `%t6` the CTA's role, `%f8` the value of row r ^ 1, `%t8` the cache row. Each step is
+/// rope.ptx's `rope_store` instruction for instruction (theta by repeated multiplication
+/// from float(pos), YaRN's freq_scale (its ramp is off: ext_factor 0), `sincos_f`, mscale, the rotation, the stores as set_rows
+/// converts), so the values are those of the unfused launches.
+const EPI_ROPE: &str = "EPI_ROPE:
+    // The cache row of column cn (both stores).
+    ld.param.u64 %rd3, [p_idx];
+    cvta.to.global.u64 %rd3, %rd3;
+    ld.param.u64 %rd4, [p_nbi0r];
+    mad.lo.u64 %rd3, %rd1, %rd4, %rd3;
+    ld.global.u32 %t8, [%rd3];
+    setp.eq.u32 %p1, %t6, 3;
+    @%p1 bra EPI_VSTORE;
+    // d = r mod ne0 (the head is mul.hi(r, p_mg_ne0)), pair t = d / 2, %p3: d odd.
+    ld.param.u32 %t9, [p_ne0];
+    ld.param.u32 %t10, [p_mg_ne0];
+    mul.hi.u32 %t10, %t0, %t10;
+    mul.lo.u32 %t10, %t10, %t9;
+    sub.u32 %t10, %t0, %t10;
+    and.b32 %t11, %t10, 1;
+    setp.ne.u32 %p3, %t11, 0;
+    sub.u32 %t12, %t10, %t11;
+    shr.u32 %t13, %t10, 1;
+    mov.f32 %f0, %acc;
+    ld.param.u32 %t9, [p_n_dims];
+    setp.ge.u32 %p1, %t12, %t9;
+    @%p1 bra EPI_RWRITE;
+    // theta_t: float(pos) times theta_scale t times, in order.
+    ld.param.u64 %rd3, [p_pos];
+    cvta.to.global.u64 %rd3, %rd3;
+    ld.param.u64 %rd4, [p_nbp0];
+    mad.lo.u64 %rd3, %rd1, %rd4, %rd3;
+    ld.global.s32 %t9, [%rd3];
+    cvt.rn.f32.s32 %f2, %t9;
+    ld.param.f32 %f3, [p_theta_scale];
+    mov.u32 %t14, 0;
+EPI_TH:
+    setp.ge.u32 %p1, %t14, %t13;
+    @%p1 bra EPI_YARN;
+    mul.rn.f32 %f2, %f2, %f3;
+    add.u32 %t14, %t14, 1;
+    bra EPI_TH;
+EPI_YARN:
+    // theta = freq_scale * theta (YaRN without its ramp: ext_factor is 0 here)
+    ld.param.f32 %f4, [p_freq_scale];
+    mul.rn.f32 %f5, %f4, %f2;
+EPI_SINCOS:
+@SINCOS@    ld.param.f32 %f14, [p_mscale];
+    mul.rn.f32 %f12, %f12, %f14;
+    mul.rn.f32 %f13, %f13, %f14;
+    // x0, x1: the values of rows 2t and 2t + 1; row 2t gets x0 cos - x1 sin, row 2t + 1
+    // x0 sin + x1 cos.
+    selp.f32 %f1, %f8, %acc, %p3;
+    selp.f32 %f2, %acc, %f8, %p3;
+    mul.rn.f32 %f4, %f1, %f13;
+    mul.rn.f32 %f6, %f2, %f12;
+    sub.rn.f32 %f0, %f4, %f6;
+    mul.rn.f32 %f4, %f1, %f12;
+    mul.rn.f32 %f6, %f2, %f13;
+    add.rn.f32 %f7, %f4, %f6;
+    selp.f32 %f0, %f7, %f0, %p3;
+EPI_RWRITE:
+    // The roped value into Q's (role 1) or K's (role 2) rope output.
+    setp.eq.u32 %p1, %t6, 2;
+    ld.param.u64 %rd3, [p_krope];
+    ld.param.u64 %rd4, [p_nbkrope];
+    ld.param.u64 %rd5, [p_qrope];
+    ld.param.u64 %rd6, [p_nbqrope];
+    selp.b64 %rd3, %rd3, %rd5, %p1;
+    selp.b64 %rd4, %rd4, %rd6, %p1;
+    cvta.to.global.u64 %rd3, %rd3;
+    mad.lo.u64 %rd3, %rd1, %rd4, %rd3;
+    add.u64 %rd3, %rd3, %rd0;
+    st.global.f32 [%rd3], %f0;
+    @!%p1 bra DONE;
+    ld.param.u32 %t9, [p_rows_k];
+    ld.param.u32 %t10, [p_tk];
+    ld.param.u64 %rd3, [p_kc];
+    ld.param.u64 %rd4, [p_nbkc1];
+    ld.param.u64 %rd5, [p_errk];
+    bra EPI_STORE;
+EPI_VSTORE:
+    mov.f32 %f0, %acc;
+    ld.param.u32 %t9, [p_rows_v];
+    ld.param.u32 %t10, [p_tv];
+    ld.param.u64 %rd3, [p_vc];
+    ld.param.u64 %rd4, [p_nbvc1];
+    ld.param.u64 %rd5, [p_errv];
+EPI_STORE:
+    // %f0 into element r of cache row %t8, converted as set_rows does; a row outside the
+    // cache sets the store's error word instead.
+    setp.lt.u32 %p1, %t8, %t9;
+    @%p1 bra EPI_STORE_ROW;
+    cvta.to.global.u64 %rd5, %rd5;
+    st.global.u32 [%rd5], 1;
+    bra DONE;
+EPI_STORE_ROW:
+    cvta.to.global.u64 %rd3, %rd3;
+    cvt.u64.u32 %rd6, %t8;
+    mad.lo.u64 %rd3, %rd6, %rd4, %rd3;
+    setp.ne.u32 %p1, %t10, 0;
+    @%p1 bra EPI_STORE_16;
+    add.u64 %rd3, %rd3, %rd0;
+    st.global.f32 [%rd3], %f0;
+    bra DONE;
+EPI_STORE_16:
+    mul.wide.u32 %rd6, %t0, 2;
+    add.u64 %rd3, %rd3, %rd6;
+    setp.eq.u32 %p1, %t10, 1;
+    cvt.rn.f16.f32 %hh0, %f0;
+    cvt.rn.bf16.f32 %hh1, %f0;
+    selp.b16 %hh0, %hh0, %hh1, %p1;
+    st.global.b16 [%rd3], %hh0;
+    bra DONE;
+";
+
+/// rope.ptx's `sincos_f`, inlined: its instructions with the registers renamed
+/// (`%f3` -> `%sf3`, ...), the argument taken from `%f5` and sin, cos left in `%f12`,
+/// `%f13`, so that the RoPE epilogue runs the very instructions the rope kernels call
+/// (and no call: its ABI would spill the kernel's registers).
+fn sincos_inline() -> String {
+    const ROPE: &str = include_str!("../../ggml-cuda/kernels/rope.ptx");
+    let start = ROPE
+        .find(".func (.param .align 8 .b8 r[8]) sincos_f(")
+        .expect("rope.ptx defines sincos_f");
+    let body = &ROPE[start..];
+    let body = &body[..body.find("\n}\n").expect("sincos_f ends")];
+    let mut f = String::from("    // sincos_f of rope.ptx, inlined by the generator\n");
+    for line in body.lines().skip(1) {
+        let t = line.trim();
+        if t.is_empty() || t == "{" || t.starts_with(".reg") || t == "ret;" {
+            continue;
+        }
+        let renamed = rename_regs(t);
+        let out = match renamed.as_str() {
+            "ld.param.f32 %sf0, [p_x];" => "mov.f32 %sf0, %f5;".to_string(),
+            x if x.starts_with("st.param.f32 [r+0], ") => {
+                format!("mov.f32 %f12, {}", &x["st.param.f32 [r+0], ".len()..])
+            }
+            x if x.starts_with("st.param.f32 [r+4], ") => {
+                format!("mov.f32 %f13, {}", &x["st.param.f32 [r+4], ".len()..])
+            }
+            x => x.to_string(),
+        };
+        if t.starts_with("//") {
+            f += &format!("    {t}\n");
+        } else {
+            f += &format!("    {out}\n");
+        }
+    }
+    assert!(
+        !f.contains("param"),
+        "sincos_f took a form the inliner does not know"
+    );
+    f
+}
+
+/// `%f3` -> `%sf3`, `%r1` -> `%sr1`, `%p0` -> `%sp0` in one PTX line.
+fn rename_regs(line: &str) -> String {
+    let mut out = String::with_capacity(line.len() + 8);
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        out.push(b[i] as char);
+        let reg = b[i] == b'%'
+            && i + 2 < b.len()
+            && matches!(b[i + 1], b'f' | b'r' | b'p')
+            && b[i + 2].is_ascii_digit();
+        if reg {
+            out.push('s');
+        }
+        i += 1;
+    }
+    out
 }
 
 /// The norm prologue's sum of squares, x_i^2 for i = lane, lane + 32, ... in order: 16
@@ -962,6 +1143,26 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //   p_n_as    number of experts; an id outside 0..n_as sets *p_err = 1 and the CTA
 //             writes nothing
 //   p_err     u32 error word
+//   p_rflags  the RoPE + KV-store epilogue (0: off; epilogue 0 only): bits 2i..2i+1 the
+//             role of matrix i (0 none, 1 Q: RoPE into p_qrope, 2 K: RoPE into p_krope and the
+//             K cache store, 3 V: the V cache store); bit 6 + i: output i is not written
+//             (dead: a later output of the run takes its bytes); bit 9: the norm outputs
+//             p_rms and p_mul are not written (both dead likewise; with p_rms dead alone
+//             the host passes p_rms = p_mul: a thread writes x * scale, then the product)
+//   p_pos, p_nbp0            i32 positions [N] and their byte stride
+//   p_idx, p_nbi0r           i32 cache rows [N] of both stores and their byte stride
+//   p_ne0, p_n_dims          head dimension and rotated dimensions (both even; normal
+//                            RoPE: pairs (2t, 2t+1) of each head, rows past n_dims copied)
+//   p_mg_ne0  ceil(2^32 / ne0): a row's head is mul.hi(row, p_mg_ne0)
+//   p_theta_scale, p_freq_scale, p_mscale    as rope.ptx's rope_store, whose YaRN
+//             ramp is left out: the host fuses only ropes with ext_factor 0 (the ramp's
+//             division would make ptxas spill registers around its slow path)
+//   p_qrope, p_nbqrope, p_krope, p_nbkrope  roped Q and K [ne0, heads, N] (heads contiguous) and
+//                            their column byte strides
+//   p_kc, p_nbkc1, p_vc, p_nbvc1 K and V caches and their row byte strides
+//   p_tk, p_tv               cache element types: 0 f32, 1 f16, 2 bf16
+//   p_rows_k, p_rows_v       cache rows; a row index outside them sets that store's
+//                            error word p_errk / p_errv to 1 and writes no cache row
 // Grid:   (CTAs over rows: sum over matrices of ceil(M_i / R) (GLU: ceil(M0 / (R/2))),
 //          ceil(N / NT) (ids mode: n_used), B2*B3 (ids mode: T))
 // Block:  (T, 1, 1), T a multiple of 32, at most 512, R * NT <= T
@@ -1032,14 +1233,39 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .param .u64 p_nbi0,
     .param .u64 p_nbi1,
     .param .u32 p_n_as,
-    .param .u64 p_err
+    .param .u64 p_err,
+    .param .u32 p_rflags,
+    .param .u64 p_pos,
+    .param .u64 p_nbp0,
+    .param .u64 p_idx,
+    .param .u64 p_nbi0r,
+    .param .u32 p_ne0,
+    .param .u32 p_n_dims,
+    .param .u32 p_mg_ne0,
+    .param .f32 p_theta_scale,
+    .param .f32 p_freq_scale,
+    .param .f32 p_mscale,
+    .param .u64 p_qrope,
+    .param .u64 p_nbqrope,
+    .param .u64 p_krope,
+    .param .u64 p_nbkrope,
+    .param .u64 p_kc,
+    .param .u64 p_nbkc1,
+    .param .u64 p_vc,
+    .param .u64 p_nbvc1,
+    .param .u32 p_tk,
+    .param .u32 p_tv,
+    .param .u32 p_rows_k,
+    .param .u32 p_rows_v,
+    .param .u64 p_errk,
+    .param .u64 p_errv
 )
 .maxntid 512, 1, 1
 .maxnreg 84
 {
     .reg .pred %p<4>;
     .reg .pred %pn<8>;
-    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres;
+    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres, %pdead;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
@@ -1054,6 +1280,9 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     .reg .b64 %rd<8>;
     .reg .b64 %sA, %sW, %sS, %sN, %xb, %nbx1, %rw, %rb, %ra;
     .reg .b64 %gw, %gnbw, %wa, %nbwa, %w1, %nbw1, %da, %nbda, %d1, %nbd1;
+    .reg .pred %sp<4>;
+    .reg .b32 %sr<4>;
+    .reg .f32 %sf<16>;
 
     mov.u32 %thr, %tid.x;
     mov.u32 %T, %ntid.x;
@@ -1251,6 +1480,19 @@ SETUP_MATS:
     setp.eq.u32 %p2, %ga, 0;
     @%p2 add.u64 %wa, %wa, %rd3;
     @%p2 add.u64 %da, %da, %rd4;
+    // The RoPE epilogue's role of matrix %ga and whether its output is dead, kept in
+    // %epi as 4 + role + 8 * dead (p_rflags is 0 unless the epilogue is 0).
+    ld.param.u32 %t5, [p_rflags];
+    shl.b32 %t6, %ga, 1;
+    shr.u32 %t6, %t5, %t6;
+    and.b32 %t6, %t6, 3;
+    add.u32 %t7, %ga, 6;
+    shr.u32 %t7, %t5, %t7;
+    and.b32 %t7, %t7, 1;
+    shl.b32 %t7, %t7, 3;
+    add.u32 %t6, %t6, %t7;
+    setp.ne.u32 %p0, %t5, 0;
+    @%p0 add.u32 %epi, %t6, 4;
     // Stage C needs the Q2_K min terms only if a group is Q2_K.
     and.b32 %t0, %dta, 255;
     setp.eq.u32 %p0, %t0, 10;
@@ -1342,6 +1584,11 @@ NORM_DONE:
     or.b32 %t0, %t0, %t1;
     setp.eq.u32 %pwr, %t0, 0;
     and.pred %pwr, %pwr, %pnorm;
+    // ... unless both are dead (p_rflags bit 9).
+    ld.param.u32 %t1, [p_rflags];
+    and.b32 %t2, %t1, 512;
+    setp.eq.u32 %p0, %t2, 0;
+    and.pred %pwr, %pwr, %p0;
 
 TILE:
     setp.ge.u32 %p0, %tb, %NK;
@@ -1618,7 +1865,36 @@ C_DONE:
 
 EPILOGUE:
     @%pglu bra EPI_GLU;
-    // One matrix per CTA: y, and with the add epilogue y + residual.
+    // One matrix per CTA: y, and with the add epilogue y + residual (or the RoPE and
+    // KV-store epilogue below).
+    setp.ge.u32 %p1, %epi, 4;
+    and.b32 %t6, %epi, 3;
+    selp.b32 %t6, %t6, 0, %p1;
+    and.b32 %t7, %epi, 8;
+    setp.ne.u32 %pdead, %t7, 0;
+    // A RoPE role needs the pair's other value: rows 2t and 2t+1 of a head are CTA rows
+    // cr and cr ^ 1 (R is even, so is every CTA's first row); they meet in shared memory
+    // (S, once every thread is done reading it; a branch on the CTA's role only. A
+    // shuffle would do, but makes ptxas spill the kernel's registers.)
+    setp.lt.u32 %p2, %t6, 3;
+    setp.ne.u32 %p1, %t6, 0;
+    and.pred %p2, %p2, %p1;
+    // (every register the epilogue reads is written on each path to it: a predicated
+    // or missing write keeps an older value alive through the whole kernel, and ptxas
+    // spills)
+    mov.f32 %f8, %acc;
+    @!%p2 bra EPI_ROW;
+    bar.sync 0;
+    mad.lo.u32 %t1, %cn, %R, %cr;
+    mul.wide.u32 %rd3, %t1, 4;
+    add.u64 %rd3, %sS, %rd3;
+    @%pact st.shared.f32 [%rd3], %acc;
+    bar.sync 0;
+    xor.b32 %t1, %t1, 1;
+    mul.wide.u32 %rd3, %t1, 4;
+    add.u64 %rd3, %sS, %rd3;
+    @%pact ld.shared.f32 %f8, [%rd3];
+EPI_ROW:
     @!%pact bra DONE;
     add.u32 %t0, %mb, %cr;
     setp.ge.u32 %p0, %t0, %Ma;
@@ -1627,7 +1903,9 @@ EPILOGUE:
     cvt.u64.u32 %rd1, %cn;
     mad.lo.u64 %rd2, %rd1, %nbda, %da;
     add.u64 %rd2, %rd2, %rd0;
-    st.global.f32 [%rd2], %acc;
+    @!%pdead st.global.f32 [%rd2], %acc;
+    setp.ne.u32 %p1, %t6, 0;
+    @%p1 bra EPI_ROPE;
     setp.ne.u32 %p1, %epi, 1;
     @%p1 bra DONE;
     add.rn.f32 %f1, %acc, %fres;
@@ -1638,6 +1916,7 @@ EPILOGUE:
     add.u64 %rd2, %rd2, %rd0;
     st.global.f32 [%rd2], %f1;
     bra DONE;
+@EPI_ROPE@
 EPI_GLU:
     // Gate rows are CTA rows 0..R/2, up rows R/2..R: meet in shared memory (S, once
     // every thread is done reading it).

@@ -86,6 +86,7 @@ pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
             norm: None,
             epi: qmm::Epilogue::None,
             ids: None,
+            rope: None,
         };
         check_weight_alignment(c, &w, wa)?;
         c.launch_qmm(&call)?;
@@ -232,6 +233,7 @@ pub(super) fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
                 n_as,
                 err: err_word,
             }),
+            rope: None,
         };
         check_weight_alignment(c, &w, wa)?;
         return c.launch_qmm(&call);
