@@ -248,6 +248,7 @@ impl Call {
             }
             | if self.ids.is_some() { 8 } else { 0 }
             | if self.prequant { 16 } else { 0 }
+            | if self.rope.is_some() { 32 } else { 0 }
             | rows.trailing_zeros() << 8;
         let chunks = self.k / 32;
         let tc = launch::qmm_tile(self.nt(), chunks);

@@ -177,7 +177,10 @@ pub fn generate() -> String {
         .replace("@NORM_SUM@\n", &norm_sum())
         .replace(
             "@EPI_ROPE@\n",
-            &EPI_ROPE.replace("@SINCOS@", &sincos_inline()),
+            &EPI_ROPE
+                .replace("@SINCOS@", &sincos_inline())
+                .replace("@TH8@", &"    mul.rn.f32 %f2, %f2, %f3;\n".repeat(8))
+                .replace("@TH_LAST@", &theta_last()),
         )
 }
 
@@ -217,14 +220,16 @@ const EPI_ROPE: &str = "EPI_ROPE:
     ld.global.s32 %t9, [%rd3];
     cvt.rn.f32.s32 %f2, %t9;
     ld.param.f32 %f3, [p_theta_scale];
-    mov.u32 %t14, 0;
-EPI_TH:
-    setp.ge.u32 %p1, %t14, %t13;
-    @%p1 bra EPI_YARN;
-    mul.rn.f32 %f2, %f2, %f3;
-    add.u32 %t14, %t14, 1;
-    bra EPI_TH;
-EPI_YARN:
+    // (eight at a time, then the last 0 to 7 each under its own predicate: the loop's
+    // tests stay off the chain)
+    mov.u32 %t14, %t13;
+EPI_TH8:
+    setp.lt.u32 %p1, %t14, 8;
+    @%p1 bra EPI_TH_LAST;
+@TH8@    sub.u32 %t14, %t14, 8;
+    bra EPI_TH8;
+EPI_TH_LAST:
+@TH_LAST@EPI_YARN:
     // theta = freq_scale * theta (YaRN without its ramp: ext_factor is 0 here)
     ld.param.f32 %f4, [p_freq_scale];
     mul.rn.f32 %f5, %f4, %f2;
@@ -297,6 +302,13 @@ EPI_STORE_16:
     st.global.b16 [%rd3], %hh0;
     bra DONE;
 ";
+
+/// The theta chain's last `%t14` (0 to 7) multiplications, each under its own test.
+fn theta_last() -> String {
+    (0..7)
+        .map(|k| format!("    setp.gt.u32 %p1, %t14, {k};\n    @%p1 mul.rn.f32 %f2, %f2, %f3;\n"))
+        .collect()
+}
 
 /// rope.ptx's `sincos_f`, inlined: its instructions with the registers renamed
 /// (`%f3` -> `%sf3`, ...), the argument taken from `%f5` and sin, cos left in `%f12`,
@@ -1120,6 +1132,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //   p_flags   bit 0: RMS norm prologue; bits 1-2: epilogue (0 none, 1 residual add,
 //             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID); bit 4: p_x holds
 //             Q8_1 blocks (quantize_q8_1's, strides p_nbx*) instead of f32 values;
+//             bit 5: the RoPE + KV-store epilogue (p_rflags; epilogue 0);
 //             bits 8-11: log2(R)
 //   p_nw      norm weight, f32 [K] (norm prologue)
 //   p_eps     norm epsilon
@@ -1265,7 +1278,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 {
     .reg .pred %p<4>;
     .reg .pred %pn<8>;
-    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres, %pdead;
+    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres, %pdead, %prope;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
@@ -1301,6 +1314,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     setp.ne.u32 %pnorm, %t0, 0;
     bfe.u32 %epi, %flags, 1, 2;
     setp.ge.u32 %pglu, %epi, 2;
+    and.b32 %t0, %flags, 32;
+    setp.ne.u32 %prope, %t0, 0;
     and.b32 %t0, %flags, 8;
     setp.ne.u32 %pids, %t0, 0;
     and.b32 %t0, %flags, 16;
@@ -1480,19 +1495,6 @@ SETUP_MATS:
     setp.eq.u32 %p2, %ga, 0;
     @%p2 add.u64 %wa, %wa, %rd3;
     @%p2 add.u64 %da, %da, %rd4;
-    // The RoPE epilogue's role of matrix %ga and whether its output is dead, kept in
-    // %epi as 4 + role + 8 * dead (p_rflags is 0 unless the epilogue is 0).
-    ld.param.u32 %t5, [p_rflags];
-    shl.b32 %t6, %ga, 1;
-    shr.u32 %t6, %t5, %t6;
-    and.b32 %t6, %t6, 3;
-    add.u32 %t7, %ga, 6;
-    shr.u32 %t7, %t5, %t7;
-    and.b32 %t7, %t7, 1;
-    shl.b32 %t7, %t7, 3;
-    add.u32 %t6, %t6, %t7;
-    setp.ne.u32 %p0, %t5, 0;
-    @%p0 add.u32 %epi, %t6, 4;
     // Stage C needs the Q2_K min terms only if a group is Q2_K.
     and.b32 %t0, %dta, 255;
     setp.eq.u32 %p0, %t0, 10;
@@ -1865,12 +1867,37 @@ C_DONE:
 
 EPILOGUE:
     @%pglu bra EPI_GLU;
-    // One matrix per CTA: y, and with the add epilogue y + residual (or the RoPE and
-    // KV-store epilogue below).
-    setp.ge.u32 %p1, %epi, 4;
-    and.b32 %t6, %epi, 3;
-    selp.b32 %t6, %t6, 0, %p1;
-    and.b32 %t7, %epi, 8;
+    @%prope bra EPI_ROLE;
+    // One matrix per CTA: y, and with the add epilogue y + residual.
+    @!%pact bra DONE;
+    add.u32 %t0, %mb, %cr;
+    setp.ge.u32 %p0, %t0, %Ma;
+    @%p0 bra DONE;
+    mul.wide.u32 %rd0, %t0, 4;
+    cvt.u64.u32 %rd1, %cn;
+    mad.lo.u64 %rd2, %rd1, %nbda, %da;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %acc;
+    setp.ne.u32 %p1, %epi, 1;
+    @%p1 bra DONE;
+    add.rn.f32 %f1, %acc, %fres;
+    ld.param.u64 %rd2, [p_e];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.u64 %rd3, [p_nbe];
+    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
+    add.u64 %rd2, %rd2, %rd0;
+    st.global.f32 [%rd2], %f1;
+    bra DONE;
+EPI_ROLE:
+    // The RoPE + KV-store epilogue: the role of matrix %ga (%t6: 0 none, 1 Q, 2 K, 3 V)
+    // and whether its output is dead.
+    ld.param.u32 %t5, [p_rflags];
+    shl.b32 %t6, %ga, 1;
+    add.u32 %t7, %ga, 6;
+    shr.u32 %t6, %t5, %t6;
+    shr.u32 %t7, %t5, %t7;
+    and.b32 %t6, %t6, 3;
+    and.b32 %t7, %t7, 1;
     setp.ne.u32 %pdead, %t7, 0;
     // A RoPE role needs the pair's other value: rows 2t and 2t+1 of a head are CTA rows
     // cr and cr ^ 1 (R is even, so is every CTA's first row); they meet in shared memory
@@ -1904,18 +1931,8 @@ EPI_ROW:
     mad.lo.u64 %rd2, %rd1, %nbda, %da;
     add.u64 %rd2, %rd2, %rd0;
     @!%pdead st.global.f32 [%rd2], %acc;
-    setp.ne.u32 %p1, %t6, 0;
-    @%p1 bra EPI_ROPE;
-    setp.ne.u32 %p1, %epi, 1;
+    setp.eq.u32 %p1, %t6, 0;
     @%p1 bra DONE;
-    add.rn.f32 %f1, %acc, %fres;
-    ld.param.u64 %rd2, [p_e];
-    cvta.to.global.u64 %rd2, %rd2;
-    ld.param.u64 %rd3, [p_nbe];
-    mad.lo.u64 %rd2, %rd1, %rd3, %rd2;
-    add.u64 %rd2, %rd2, %rd0;
-    st.global.f32 [%rd2], %f1;
-    bra DONE;
 @EPI_ROPE@
 EPI_GLU:
     // Gate rows are CTA rows 0..R/2, up rows R/2..R: meet in shared memory (S, once
