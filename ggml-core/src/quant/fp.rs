@@ -289,6 +289,19 @@ mod tests {
         );
         let mut b = [bf16::ZERO; 1];
         assert!(fp32_to_bf16_row(&[1.0, 2.0], &mut b).is_err());
+        assert!(fp32_to_bf16_row(&[-3.0], &mut b).is_ok());
+        assert_eq!(b[0].to_bits(), 0xC040);
         assert!(bf16_to_fp32_row(&b, &mut y[..1]).is_ok());
+        assert_eq!(y[0], -3.0);
+    }
+
+    /// The bf16-typed conversions give the bits of the bit-level ones.
+    #[test]
+    fn bf16_typed_conversions() {
+        assert_eq!(fp32_to_bf16(1.5).to_bits(), 0x3FC0);
+        assert_eq!(fp32_to_bf16(-0.0).to_bits(), 0x8000);
+        assert_eq!(bf16_to_fp32(bf16::from_bits(0x3FC0)), 1.5);
+        assert_eq!(bf16_to_fp32(bf16::from_bits(0xC040)), -3.0);
+        assert_eq!(bf16_to_fp32(bf16::from_bits(0x4049)), 3.140625);
     }
 }

@@ -68,8 +68,15 @@ pub(crate) fn max_by_magnitude(x: &[f32]) -> (f32, f32) {
 
 /// ggml's `make_qx_quants` with `qw == NULL`: symmetric quantisation of `x` to
 /// `[-nmax, nmax - 1]`, stored offset by `nmax` in `ls`; returns the scale.
-/// `rmse_type` selects the weights of the scale search as in ggml (1: `x^2`).
+/// `rmse_type` as in ggml, for the values this crate uses: 0 (no search), 1 (the scale
+/// search weighted by `x^2`, Q6_K's) and -1 (the first pass of that search only). ggml's
+/// other weightings (2: 1, 3: |x|, else sqrt|x|) serve importance-matrix quantisation,
+/// which this crate does not do.
 pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], ls: &mut [i8], rmse_type: i32) -> f32 {
+    debug_assert!(
+        (-1..=1).contains(&rmse_type),
+        "make_qx_quants: rmse_type {rmse_type}"
+    );
     let n = x.len().min(ls.len());
     let x = &x[..n];
     let ls = &mut ls[..n];
@@ -86,20 +93,8 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], ls: &mut [i8], rmse_type: i32
         }
         return 1.0 / iscale;
     }
-    let mut rmse_type = rmse_type;
-    let mut return_early = false;
-    if rmse_type < 0 {
-        rmse_type = -rmse_type;
-        return_early = true;
-    }
-    let weight = |xi: f32| -> f32 {
-        match rmse_type {
-            1 => xi * xi,
-            2 => 1.0,
-            3 => fabsf(xi),
-            _ => sqrtf(fabsf(xi)),
-        }
-    };
+    let return_early = rmse_type < 0;
+    let weight = |xi: f32| -> f32 { xi * xi };
     let mut sumlx = 0.0f32;
     let mut suml2 = 0.0f32;
     for (l_out, &xi) in ls.iter_mut().zip(x) {

@@ -309,28 +309,51 @@ fn non_finite_inputs_do_not_panic() {
 
 /// ggml's `make_qx_quants` with `rmse_type == 0`: `iscale = -nmax / max` (max: the first
 /// value of largest magnitude), `L = nmax + clamp(nearest_int(iscale * x), -nmax,
-/// nmax - 1)`, scale `1 / iscale`. Here `iscale = -4 / 4 = -1`, so `L = 4 - x` with the
-/// last value (`-4`, whose `4` clamps to `3`) at `7`.
+/// nmax - 1)`, scale `1 / iscale`. Here `iscale = -4 / 8 = -0.5`, so `L = 4 - x / 2` with
+/// the last value (`-8`, whose `4` clamps to `3`) at `7`, and the scale is `-2`.
 #[test]
 fn make_qx_quants_without_search_rounds_and_offsets() {
-    let x = [1.0, -2.0, 3.0, 4.0, -4.0];
+    let x = [2.0, -4.0, 6.0, 8.0, -8.0];
     let mut ls = [0i8; 5];
     let scale = helpers::make_qx_quants(4, &x, &mut ls, 0);
-    assert_eq!(scale, -1.0);
+    assert_eq!(scale, -2.0);
     assert_eq!(ls, [3, 6, 1, 0, 7]);
 }
 
 /// ggml's `make_qx_quants` with a negative `rmse_type` returns right after the first pass:
 /// `0.5 * (sumlx / suml2 + 1 / iscale)`. With weights `x^2` and `l = [-1, 2, -3, -4, 3]`
-/// (the same `L` as above, less 4): `sumlx = sum x^3 l = -1 - 16 - 81 - 256 - 192 = -546`,
-/// `suml2 = sum x^2 l^2 = 1 + 16 + 81 + 256 + 144 = 498`, both exact in f32.
+/// (the same `L` as above, less 4): `sumlx = sum x^3 l = -8 - 128 - 648 - 2048 - 1536 =
+/// -4368`, `suml2 = sum x^2 l^2 = 4 + 64 + 324 + 1024 + 576 = 1992`, both exact in f32, and
+/// `1 / iscale = -2`.
 #[test]
 fn make_qx_quants_early_return_averages_the_two_scales() {
-    let x = [1.0, -2.0, 3.0, 4.0, -4.0];
+    let x = [2.0, -4.0, 6.0, 8.0, -8.0];
     let mut ls = [0i8; 5];
     let scale = helpers::make_qx_quants(4, &x, &mut ls, -1);
-    assert_eq!(scale, 0.5 * (-546.0f32 / 498.0 - 1.0));
+    assert_eq!(scale, 0.5 * (-4368.0f32 / 1992.0 - 2.0));
     assert_eq!(ls, [3, 6, 1, 0, 7]);
+}
+
+/// ggml zeroes a group only when its largest magnitude is below `GROUP_MAX_EPS`
+/// (`amax < GROUP_MAX_EPS`): a group whose largest magnitude is exactly that still
+/// quantises, in `make_qx_quants` and `make_q3_quants` alike (scale `1 / iscale` =
+/// `-amax / 4`, the value at `L = 0`).
+#[test]
+fn a_group_at_the_zero_threshold_still_quantises() {
+    let eps = helpers::GROUP_MAX_EPS;
+    let x = [eps, 0.0];
+    let mut ls = [0i8; 2];
+    let want = 1.0 / (-4.0 / eps);
+    assert_eq!(helpers::make_qx_quants(4, &x, &mut ls, 0), want);
+    assert_eq!(ls, [0, 4]);
+    let mut ls = [0i8; 2];
+    assert_eq!(helpers::make_q3_quants(4, &x, &mut ls, false), want);
+    assert_eq!(ls, [0, 4]);
+    // Just below it, both give a zero group.
+    let below = [f32::from_bits(eps.to_bits() - 1), 0.0];
+    assert_eq!(helpers::make_qx_quants(4, &below, &mut ls, 0), 0.0);
+    assert_eq!(helpers::make_q3_quants(4, &below, &mut ls, false), 0.0);
+    assert_eq!(ls, [0, 0]);
 }
 
 /// ggml's `make_q3_quants` without the refinement: `iscale = -nmax / max = -4 / 2 = -2`,
