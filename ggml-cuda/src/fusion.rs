@@ -58,11 +58,16 @@ impl Fusion {
             }
             Fusion::ProductsRope(r) => {
                 let (_, w) = Fusion::Products(r.products).key(tensors, nodes);
-                let name = match (r.products.norm.is_some(), r.rope.q_rope.is_some()) {
-                    (true, true) => "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2",
-                    (true, false) => "RMS_NORM+MUL_MAT*3+ROPE+SET_ROWS*2",
-                    (false, true) => "MUL_MAT*3+ROPE*2+SET_ROWS*2",
-                    (false, false) => "MUL_MAT*3+ROPE+SET_ROWS*2",
+                let norm = r.products.norm.is_some();
+                let name = match (norm, r.rope.q_rope.is_some(), r.rope.v_store.is_some()) {
+                    (true, true, true) => "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2",
+                    (true, true, false) => "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS",
+                    (true, false, true) => "RMS_NORM+MUL_MAT*3+ROPE+SET_ROWS*2",
+                    (true, false, false) => "RMS_NORM+MUL_MAT*3+ROPE+SET_ROWS",
+                    (false, true, true) => "MUL_MAT*3+ROPE*2+SET_ROWS*2",
+                    (false, true, false) => "MUL_MAT*3+ROPE*2+SET_ROWS",
+                    (false, false, true) => "MUL_MAT*3+ROPE+SET_ROWS*2",
+                    (false, false, false) => "MUL_MAT*3+ROPE+SET_ROWS",
                 };
                 (name, w)
             }

@@ -295,3 +295,88 @@ fn bad_rows_fail_as_set_rows_does(#[case] bad: i32) {
     let (res, _) = run(&be, s, &[1, 2, 3], CudaTuning::default());
     assert!(res.is_ok());
 }
+
+/// Ropes and stores that read the products under another token split (2 product columns
+/// seen as 4 tokens of half the rows) are not the products' rows and columns: no single
+/// launch, and the bits of the kernels unfused.
+#[test]
+fn a_reshape_that_moves_tokens_is_not_fused() {
+    let be = gpu();
+    let build = |ctx: &mut Context<'_>| {
+        let (e, d, n) = (128, 64, 2);
+        let mut r = Lcg(77);
+        let mut inputs = Vec::new();
+        let x = ctx.new_tensor(DType::F32, [e, n, 1, 1]).unwrap();
+        inputs.push((x, f32_bytes(&r.vec(e * n))));
+        let g = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+        inputs.push((g, f32_bytes(&r.vec(e))));
+        let mut w = |ctx: &mut Context<'_>, m: usize| {
+            let t = ctx.new_tensor(DType::Q8_0, [e, m, 1, 1]).unwrap();
+            inputs.push((t, quantize_rows(DType::Q8_0, &r.vec(e * m), e)));
+            t
+        };
+        let (wq, wk, wv) = (w(ctx, 4 * d), w(ctx, 2 * d), w(ctx, 2 * d));
+        let pos = ctx.new_tensor(DType::I32, [2 * n, 1, 1, 1]).unwrap();
+        let rows = ctx.new_tensor(DType::I32, [2 * n, 1, 1, 1]).unwrap();
+        let kcache = ctx.new_tensor(DType::F16, [d, 32, 1, 1]).unwrap();
+        let vcache = ctx.new_tensor(DType::F16, [d, 32, 1, 1]).unwrap();
+        inputs.push((
+            pos,
+            [3i32, 4, 5, 6]
+                .iter()
+                .flat_map(|p| p.to_le_bytes())
+                .collect(),
+        ));
+        inputs.push((
+            rows,
+            [1i32, 2, 3, 4]
+                .iter()
+                .flat_map(|p| p.to_le_bytes())
+                .collect(),
+        ));
+        let rn = ctx.rms_norm(x, 1e-5).unwrap();
+        let cur = ctx.mul(rn, g).unwrap();
+        let q = ctx.mul_mat(wq, cur).unwrap();
+        let k = ctx.mul_mat(wk, cur).unwrap();
+        let v = ctx.mul_mat(wv, cur).unwrap();
+        let q3 = ctx.reshape(q, [d, 2, 2 * n, 1]).unwrap();
+        let k3 = ctx.reshape(k, [d, 1, 2 * n, 1]).unwrap();
+        let v2 = ctx.reshape(v, [d, 2 * n, 1, 1]).unwrap();
+        let rope = smollm2();
+        ctx.rope(q3, pos, rope).unwrap();
+        let kr = ctx.rope(k3, pos, rope).unwrap();
+        let kf = ctx.reshape(kr, [d, 2 * n, 1, 1]).unwrap();
+        ctx.set_rows(kcache, kf, rows).unwrap();
+        ctx.set_rows(vcache, v2, rows).unwrap();
+        inputs
+    };
+    let run = |tuning: CudaTuning| {
+        let mut st = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 40];
+        let mut ctx = Context::new(&mut st);
+        let inputs = build(&mut ctx);
+        be.set_tuning(tuning);
+        let (buf, nodes) = place_and_upload(&be, &mut ctx, &inputs, 0);
+        let ts = ctx.tensors();
+        let before = be.kernel_stats().launches_of(KernelId::RopeStore);
+        be.graph_compute(ts, &nodes).unwrap();
+        be.synchronize().unwrap();
+        let rope_stores = be.kernel_stats().launches_of(KernelId::RopeStore) - before;
+        let outs: Vec<Vec<u8>> = nodes
+            .iter()
+            .filter(|id| !ts[id.index()].op.is_view())
+            .map(|id| {
+                let t = ts[id.index()];
+                let mut b = vec![0u8; t.nbytes()];
+                be.get_tensor(&t, 0, &mut b).unwrap();
+                b
+            })
+            .collect();
+        be.free_buffer(buf.id).unwrap();
+        be.set_tuning(CudaTuning::default());
+        (outs, rope_stores)
+    };
+    let (fused, rope_stores) = run(CudaTuning::default());
+    let (plain, _) = run(CudaTuning::default().without_fusions());
+    assert_eq!(rope_stores, 1, "the rope + store stays its own launch");
+    assert!(fused == plain);
+}

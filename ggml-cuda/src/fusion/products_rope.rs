@@ -5,7 +5,8 @@
 //! or stores them (V) with the `rope_store` kernel's instructions, so every node of both
 //! runs gets the bits of the two launches it replaces.
 //!
-//! What qualifies, beyond what each run needs on its own: normal RoPE (pairs (2t, 2t+1),
+//! What qualifies, beyond what each run needs on its own: three products (Q, K, V);
+//! normal RoPE (pairs (2t, 2t+1),
 //! adjacent rows of one product) without the YaRN ramp (ext_factor 0); every rope and
 //! store source a whole, offset-free view of one of the run's products, each product
 //! read by at most one of them; contiguous roped outputs. Anything else stays two runs.
@@ -40,7 +41,7 @@ pub(super) fn matcher(
     let (Fusion::Products(p), n) = products::matcher(tensors, nodes, i, tuning)? else {
         return None;
     };
-    if p.tail != Tail::None {
+    if p.tail != Tail::None || p.n != 3 {
         return None;
     }
     let mut j = i + n;
@@ -80,24 +81,30 @@ pub(crate) fn roles(
         .iter()
         .map(|&o| nodes[o as usize])
         .collect();
-    // The product that source `k` of node `o` (an offset from `at`) is a whole view of,
-    // or is.
-    let product_of = |o: u8, k: usize| -> Option<usize> {
+    // The product that the source of node `o` (an offset from `at`) is a whole view of,
+    // or is, with the product's rows as its first `dims` dimensions and its columns (the
+    // tokens) as the next: element (row r, column c) of the product is the source's.
+    let product_of = |o: u8, dims: usize| -> Option<usize> {
         let node = tensors.get(nodes.get(at + o as usize)?.index())?;
-        let id = node.src[k]?;
+        let id = node.src[0]?;
         let src = tensors.get(id.index())?;
         let root = src.view_src.unwrap_or(id);
         let p = products.iter().position(|&p| p == root)?;
         let prod = tensors.get(root.index())?;
+        let rows: usize = src.ne[..dims].iter().product();
         let whole = src.view_offs == 0
             && src.is_contiguous()
             && prod.is_contiguous()
+            && rows == prod.ne[0]
+            && src.ne[dims] == prod.ne[1]
             && src.nelements() == prod.nelements();
         whole.then_some(p)
     };
     let mut roles = [None; 3];
     let mut claim = |o: u8, role: RopeRole| -> Option<()> {
-        let k = product_of(o, 0)?;
+        // A rope reads [head dim, heads, tokens], the V store [row, tokens].
+        let dims = if role == RopeRole::V { 1 } else { 2 };
+        let k = product_of(o, dims)?;
         if roles[k].is_some() {
             return None;
         }
