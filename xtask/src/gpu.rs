@@ -693,6 +693,7 @@ pub const TUNINGS: &[&str] = &[
     "no-fuse-norm",
     "no-fuse-qkv",
     "no-fuse-rope-store",
+    "no-fuse-qkv-rope",
     "no-fuse-glu",
     "no-fuse-add",
     "legacy-products",

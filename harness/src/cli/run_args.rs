@@ -64,9 +64,9 @@ pub struct RunArgs {
     no_pin: bool,
     /// Speed features of the CUDA devices, a comma-separated list applied to the default
     /// (everything on): no-graphs, no-fuse, no-fuse-norm, no-fuse-qkv, no-fuse-rope-store,
-    /// no-fuse-glu, no-fuse-add, legacy-products, legacy-decode-attn, legacy (the backend
-    /// as first measured), default. Results stay bit-identical except across the legacy
-    /// kernel generations.
+    /// no-fuse-qkv-rope, no-fuse-glu, no-fuse-add, legacy-products, legacy-decode-attn,
+    /// legacy (the backend as first measured), default. Results stay bit-identical except
+    /// across the legacy kernel generations.
     #[arg(long, value_name = "LIST", default_value = "default")]
     cuda_tuning: ggml_cuda::CudaTuning,
     /// Launch every CUDA kernel from the host (the same as `--cuda-tuning no-graphs`).
