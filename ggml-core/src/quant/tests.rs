@@ -334,6 +334,18 @@ fn make_qx_quants_early_return_averages_the_two_scales() {
     assert_eq!(ls, [3, 6, 1, 0, 7]);
 }
 
+/// With an infinite value the first pass's sums are NaN (`iscale = -0`, `l = 0`, weight
+/// inf): ggml's early return then takes its other branch, `1 / iscale = -inf`, and every
+/// `L` is `nmax + 0`.
+#[test]
+fn make_qx_quants_early_return_with_an_infinite_value() {
+    let x = [f32::INFINITY, 1.0];
+    let mut ls = [0i8; 2];
+    let scale = helpers::make_qx_quants(4, &x, &mut ls, -1);
+    assert_eq!(scale, f32::NEG_INFINITY);
+    assert_eq!(ls, [4, 4]);
+}
+
 /// ggml zeroes a group only when its largest magnitude is below `GROUP_MAX_EPS`
 /// (`amax < GROUP_MAX_EPS`): a group whose largest magnitude is exactly that still
 /// quantises, in `make_qx_quants` and `make_q3_quants` alike (scale `1 / iscale` =
