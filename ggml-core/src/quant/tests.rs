@@ -393,3 +393,49 @@ fn q2_k_with_no_positive_scale_zeroes_every_scale() {
     assert_eq!(b.d.to_bits(), 0);
     assert_eq!(b.dmin.to_bits(), 0);
 }
+
+fn qkx2(nstep: i32) -> helpers::Qkx2Params {
+    helpers::Qkx2Params {
+        nmax: 3,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep,
+        use_mad: false,
+    }
+}
+
+/// `make_qkx2_quants` keeps ggml's signs of zero: the min is the first value and moves
+/// only to a strictly smaller one (`xi < min`), and is raised to 0 only when strictly
+/// positive (`min > 0`); the returned min is its negation. Zeros starting with +0 and ending with -0
+/// return `-0.0`; a row starting with -0 (its min; no search steps) returns `+0.0`.
+#[test]
+fn make_qkx2_quants_keeps_the_signs_of_zero() {
+    let (mut ls, mut aux) = ([9u8; 3], [0u8; 3]);
+    let w = [1.0f32; 3];
+    let (scale, min) = helpers::make_qkx2_quants(qkx2(4), &[0.0, 0.0, -0.0], &w, &mut ls, &mut aux);
+    assert_eq!((scale.to_bits(), min.to_bits()), (0, 0x8000_0000));
+    assert_eq!(ls, [0, 0, 0]);
+    let (_, min) = helpers::make_qkx2_quants(qkx2(0), &[-0.0, 1.0, 0.5], &w, &mut ls, &mut aux);
+    assert_eq!(min.to_bits(), 0, "min {min}");
+}
+
+/// With no search steps (`nstep < 1`) `make_qkx2_quants` returns the first pass: scale
+/// `(max - min) / nmax` (as `1 / iscale`) and `-min`; one step (`nstep = 1`, two trials)
+/// already finds a better scale for these values.
+#[test]
+fn make_qkx2_quants_without_and_with_a_search() {
+    let x = [-1.0f32, 0.35, 0.8, 2.0];
+    let w = [1.0f32; 4];
+    let (mut ls, mut aux) = ([0u8; 4], [0u8; 4]);
+    let (scale, min) = helpers::make_qkx2_quants(qkx2(0), &x, &w, &mut ls, &mut aux);
+    assert_eq!(scale, 1.0 / (3.0 / 3.0));
+    assert_eq!(min, 1.0);
+    assert_eq!(ls, [0, 1, 2, 3]);
+    let first = (scale, min, ls);
+    let (scale, min) = helpers::make_qkx2_quants(qkx2(1), &x, &w, &mut ls, &mut aux);
+    assert_ne!(
+        (scale, min, ls),
+        first,
+        "one search step changes nothing here"
+    );
+}
