@@ -439,3 +439,18 @@ fn make_qkx2_quants_without_and_with_a_search() {
         "one search step changes nothing here"
     );
 }
+
+/// Q4_1 and Q5_1 keep the first of equal minima (ggml's `v < min`): a block whose
+/// minimum is zero, +0 before -0, stores `m = +0`.
+#[test]
+fn q4_1_and_q5_1_keep_the_first_of_equal_minima() {
+    let mut x = [1.0f32; 32];
+    x[3] = 0.0;
+    x[7] = -0.0;
+    assert_eq!(legacy::quantize_block_q4_1(&x).m.to_bits(), 0);
+    assert_eq!(legacy::quantize_block_q5_1(&x).m.to_bits(), 0);
+    x[3] = -0.0;
+    x[7] = 0.0;
+    assert_eq!(legacy::quantize_block_q4_1(&x).m.to_bits(), 0x8000);
+    assert_eq!(legacy::quantize_block_q5_1(&x).m.to_bits(), 0x8000);
+}
