@@ -11,7 +11,9 @@
 mod common;
 
 use common::{f32_bytes, gpu, place_and_upload, Lcg};
-use ggml_core::{Backend, BackendErrorKind, Context, DType, RopeMode, RopeParams, Tensor};
+use ggml_core::{
+    Backend, BackendErrorKind, Context, DType, RopeMode, RopeParams, Tensor, TensorId,
+};
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
 use ggml_test_kit::quantize_rows;
 use rstest::rstest;
@@ -135,20 +137,23 @@ fn run(be: &CudaBackend, s: Step, idx: &[i32], tuning: CudaTuning) -> Outcome {
     let after = be.kernel_stats();
     be.set_tuning(CudaTuning::default());
     let launches = kinds.map(|k| after.launches_of(k) - before.launches_of(k));
-    let outs = res.map(|()| {
-        nodes
-            .iter()
-            .filter(|id| !ts[id.index()].op.is_view())
-            .map(|id| {
-                let t = ts[id.index()];
-                let mut b = vec![0u8; t.nbytes()];
-                be.get_tensor(&t, 0, &mut b).unwrap();
-                b
-            })
-            .collect()
-    });
+    let outs = res.map(|()| read_back(be, ts, &nodes));
     be.free_buffer(buf.id).unwrap();
     (outs, launches)
+}
+
+/// The bytes of every node of `nodes` but the views, in order.
+fn read_back(be: &CudaBackend, ts: &[Tensor], nodes: &[TensorId]) -> Vec<Vec<u8>> {
+    nodes
+        .iter()
+        .filter(|id| !ts[id.index()].op.is_view())
+        .map(|id| {
+            let t = ts[id.index()];
+            let mut b = vec![0u8; t.nbytes()];
+            be.get_tensor(&t, 0, &mut b).unwrap();
+            b
+        })
+        .collect()
 }
 
 /// The products and the rope + store as two fused launches.
@@ -361,16 +366,7 @@ fn a_reshape_that_moves_tokens_is_not_fused() {
         be.graph_compute(ts, &nodes).unwrap();
         be.synchronize().unwrap();
         let rope_stores = be.kernel_stats().launches_of(KernelId::RopeStore) - before;
-        let outs: Vec<Vec<u8>> = nodes
-            .iter()
-            .filter(|id| !ts[id.index()].op.is_view())
-            .map(|id| {
-                let t = ts[id.index()];
-                let mut b = vec![0u8; t.nbytes()];
-                be.get_tensor(&t, 0, &mut b).unwrap();
-                b
-            })
-            .collect();
+        let outs = read_back(&be, ts, &nodes);
         be.free_buffer(buf.id).unwrap();
         be.set_tuning(CudaTuning::default());
         (outs, rope_stores)
