@@ -172,6 +172,8 @@ impl KeyBuilder {
             t.fuse_add,
             t.legacy_products,
             t.legacy_decode_attn,
+            t.fuse_qkv_rope,
+            t.legacy_prompt_attn,
         ];
         self.words.push(
             bits.iter()
@@ -418,6 +420,12 @@ mod tests {
             changed(&|t| t[a.index()].data.as_mut().unwrap().buffer.index = 1)
         );
         assert_ne!(base, key_of(&ts, &nodes, CudaTuning::legacy()));
+        // Every switch alone (a graph captured under one tuning is never replayed under
+        // another).
+        for item in CudaTuning::items().split(", ").filter(|i| i.contains('-')) {
+            let t: CudaTuning = item.parse().unwrap();
+            assert_ne!(base, key_of(&ts, &nodes, t), "{item}");
+        }
         assert_ne!(base, key_of(&ts, &nodes[..1], CudaTuning::default()));
     }
 

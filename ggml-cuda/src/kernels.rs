@@ -53,9 +53,12 @@ pub enum KernelId {
     Rope,
     /// `rope.ptx`: rope_store, RoPE of Q and K with the KV-cache stores (a fusion).
     RopeStore,
-    /// `flash_attn.ptx`: flash_attn_ext.
+    /// `flash_attn.ptx`: flash_attn_ext, the first attention kernel (one warp per query
+    /// row), kept behind `CudaTuning::legacy_decode_attn` and `legacy_prompt_attn`.
     FlashAttnExt,
-    /// `flash_attn.ptx`: flash_attn_dec, split-KV attention for decode-sized batches.
+    /// `flash_attn.ptx`: flash_attn_dec, attention over fixed KV tiles split across
+    /// blocks and combined in order, for every batch (first written for decode-sized
+    /// ones, hence the name).
     FlashAttnDec,
     /// `rows.ptx`: sum_rows.
     SumRows,

@@ -484,7 +484,12 @@ pub(crate) fn run(
                 Some(_) => Some(c.src(3)?),
                 None => None,
             };
-            if q.ne[1] < MMQ_MIN_N && !c.st.tuning.legacy_decode_attn {
+            let legacy = if q.ne[1] < MMQ_MIN_N {
+                c.st.tuning.legacy_decode_attn
+            } else {
+                c.st.tuning.legacy_prompt_attn
+            };
+            if !legacy {
                 let p = AttnArgs {
                     scale,
                     max_bias,
@@ -547,9 +552,11 @@ fn rows_vectorisable(t: &Tensor, addr: u64) -> bool {
     addr % 16 == 0 && t.ne[0] % 8 == 0 && t.nb[1..].iter().all(|s| s % 16 == 0)
 }
 
-/// FLASH_ATTN_EXT for fewer than [`MMQ_MIN_N`] queries: `flash_attn_dec`, the KV range in
-/// fixed tiles over blocks, K and V read once per KV head, partials combined in tile
-/// order by the last block (see `kernels/flash_attn.ptx`).
+/// FLASH_ATTN_EXT for any number of queries: `flash_attn_dec`, the KV range in fixed
+/// tiles over blocks, K and V of a tile read once for up to 8 query rows of a KV head,
+/// partials combined in tile order by the last block (see `kernels/flash_attn.ptx`).
+/// Each row's arithmetic depends on KV positions only, so a prompt's rows have the bits
+/// a decode of the same query would.
 fn flash_attn_dec(
     c: &mut Ctx<'_>,
     t: &Tensor,

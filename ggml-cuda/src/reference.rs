@@ -477,7 +477,8 @@ pub fn lg2_approx(x: f32) -> f32 {
 /// log2(e) as the kernels write it (0f3FB8AA3B).
 const LOG2E: f32 = f32::from_bits(0x3FB8_AA3B);
 
-/// One FLASH_ATTN_EXT for the decode kernel `flash_attn_dec` to follow: queries `q`
+/// One FLASH_ATTN_EXT for the tiled kernel `flash_attn_dec` to follow (any number of
+/// queries): queries `q`
 /// `[d, n_q, h, ne3]`, keys `k` `[d, n_kv, h_kv, ne3]` and values `v`
 /// `[dv, n_kv, h_kv, ne3]` as f32 (f16 K/V already widened), the mask `[n_kv, n_q]`, all
 /// contiguous.

@@ -1,5 +1,5 @@
 //! Which of the backend's speed features are on: CUDA graphs, kernel fusions, and which
-//! generation of the decode-class kernels runs.
+//! generation of the product and attention kernels runs.
 //!
 //! Every switch exists so that one run on a GPU can show the effect of each step, old and
 //! new side by side. None changes what a graph means: a fused launch computes every node
@@ -16,7 +16,8 @@
 //! | `no-fuse` | every fusion off |
 //! | `no-fuse-norm`, `no-fuse-qkv`, `no-fuse-rope-store`, `no-fuse-qkv-rope`, `no-fuse-glu`, `no-fuse-add` | one fusion off |
 //! | `legacy-products` | the first quantised product kernels (`mmvq`/`mmq`/`mmvq_id` with a separate `quantize_q8_1`); fusions of products need the current ones and are off with it |
-//! | `legacy-decode-attn` | the first flash-attention kernel for decode-sized batches too |
+//! | `legacy-decode-attn` | the first flash-attention kernel (`flash_attn_ext`) for decode-sized batches (fewer than 8 queries) |
+//! | `legacy-prompt-attn` | the first flash-attention kernel for prompt batches (8 queries or more) |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
 
 use std::fmt;
@@ -44,8 +45,12 @@ pub struct CudaTuning {
     pub fuse_add: bool,
     /// Run the first generation of quantised product kernels.
     pub legacy_products: bool,
-    /// Run the first flash-attention kernel for decode-sized batches too.
+    /// Run the first flash-attention kernel (`flash_attn_ext`, one warp per query row)
+    /// for decode-sized batches (fewer than 8 queries) instead of the tiled one.
     pub legacy_decode_attn: bool,
+    /// Run the first flash-attention kernel for prompt batches (8 queries or more)
+    /// instead of the tiled one.
+    pub legacy_prompt_attn: bool,
 }
 
 impl Default for CudaTuning {
@@ -60,6 +65,7 @@ impl Default for CudaTuning {
             fuse_add: true,
             legacy_products: false,
             legacy_decode_attn: false,
+            legacy_prompt_attn: false,
         }
     }
 }
@@ -78,6 +84,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("no-fuse-add", |t| t.fuse_add = false),
     ("legacy-products", |t| t.legacy_products = true),
     ("legacy-decode-attn", |t| t.legacy_decode_attn = true),
+    ("legacy-prompt-attn", |t| t.legacy_prompt_attn = true),
 ];
 
 impl CudaTuning {
@@ -93,6 +100,7 @@ impl CudaTuning {
             fuse_add: false,
             legacy_products: true,
             legacy_decode_attn: true,
+            legacy_prompt_attn: true,
         }
     }
 
@@ -219,6 +227,7 @@ mod tests {
             "no-graphs",
             "no-fuse-norm,no-fuse-add",
             "legacy-products",
+            "legacy-prompt-attn,legacy-decode-attn",
             "legacy",
             "no-fuse",
         ] {

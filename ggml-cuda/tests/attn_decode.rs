@@ -1,5 +1,6 @@
-//! Decode attention (`flash_attn_dec`, fewer than 8 queries) against
-//! `reference::flash_attn_decode`, which follows the kernel operation for operation.
+//! Tiled attention (`flash_attn_dec`, every batch since it replaced `flash_attn_ext` for
+//! prompts too) against `reference::flash_attn_decode`, which follows the kernel
+//! operation for operation.
 //!
 //! On cuda-sim this binary turns the approx check off, so `ex2.approx`/`lg2.approx` are
 //! correctly rounded as the reference models them and every comparison is bit for bit.
@@ -230,10 +231,11 @@ fn assert_matches(got: &[f32], want: &[f32], what: &str) {
 const SMOL: (usize, usize) = (9, 3);
 const GEMMA: (usize, usize) = (4, 1);
 
-/// The decode kernel against its reference over the shapes and features the op has:
+/// The tiled kernel against its reference over the shapes and features the op has:
 /// SmolLM2 (D 64, 9 heads over 3) and Gemma 3 (D 256, 4 heads over 1, sliding window)
-/// at 1..7 queries, f32 and f16 K/V and masks, no mask, ALiBi, soft-capping, several
-/// i3, head sizes that are not multiples of 8 (scalar loads), many tiles.
+/// at 1..7 queries (decode batches) and 9..40 (prompts, causal from an empty or a filled
+/// cache), f32 and f16 K/V and masks, no mask, ALiBi, soft-capping, several i3, head
+/// sizes that are not multiples of 8 (scalar loads), many tiles.
 #[rstest::rstest]
 #[case::smollm2_one_token(
     64,
@@ -320,6 +322,36 @@ const GEMMA: (usize, usize) = (4, 1);
 #[case::odd_head_size_f32(20, (2, 1), 1, 70, 70, None, 1, DType::F32, Some(DType::F16), 0.2, 20.0, 0.0)]
 #[case::head_size_eight_one_v_thread(8, (2, 1), 3, 40, 37, None, 1, DType::F16, Some(DType::F16), 0.35, 0.0, 0.0)]
 #[case::q_rows_not_16_byte_multiples(18, (3, 1), 1, 40, 33, None, 1, DType::F16, Some(DType::F32), 0.3, 0.0, 0.0)]
+#[case::smollm2_prompt_after_a_chunk(
+    64,
+    SMOL,
+    24,
+    256,
+    100,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    0.0
+)]
+#[case::smollm2_prompt_from_empty(
+    64,
+    SMOL,
+    40,
+    64,
+    1,
+    None,
+    1,
+    DType::F16,
+    Some(DType::F16),
+    0.125,
+    0.0,
+    0.0
+)]
+#[case::gemma3_prompt_window(256, GEMMA, 12, 512, 300, Some(64), 1, DType::F16, Some(DType::F16), 1.0 / 16.0, 0.0, 0.0)]
+#[case::prompt_odd_head_f32_softcap(36, (4, 2), 9, 150, 100, None, 2, DType::F32, Some(DType::F32), 0.17, 20.0, 0.0)]
 #[case::many_tiles(
     64,
     SMOL,
@@ -334,7 +366,7 @@ const GEMMA: (usize, usize) = (4, 1);
     0.0,
     0.0
 )]
-fn decode_attention_matches_its_reference(
+fn tiled_attention_matches_its_reference(
     #[case] d: usize,
     #[case] heads: (usize, usize),
     #[case] n_q: usize,
@@ -382,27 +414,29 @@ fn decode_attention_matches_its_reference(
     // before the checks so that a failure says whether it agrees with the reference.
     be.set_tuning(CudaTuning {
         legacy_decode_attn: true,
+        legacy_prompt_attn: true,
         ..CudaTuning::default()
     });
     let old = p.run(&be);
     be.set_tuning(CudaTuning::default());
     let want = p.reference();
     let what = format!(
-        "decode attention (the first kernel vs the reference: NMSE {:e})",
+        "tiled attention (the first kernel vs the reference: NMSE {:e})",
         nmse(&old, &want)
     );
     assert_matches(&got, &want, &what);
     let e = nmse(&old, &got);
-    assert!(e < 1e-9, "legacy kernel vs decode kernel: NMSE {e:e}");
+    assert!(e < 1e-9, "legacy kernel vs tiled kernel: NMSE {e:e}");
 }
 
 /// Padding the KV range with masked cells (the n_kv buckets of a model, or any amount)
 /// leaves every bit of the result as it was; so does running the launch again (the
-/// counters are back at 0) and running the queries one by one instead of together.
+/// counters are back at 0) and running the queries one by one or five at a time instead of
+/// 12 together: a prompt's rows have the bits of decodes of the same queries.
 #[test]
-fn decode_attention_ignores_padding_batching_and_reruns() {
+fn attention_ignores_padding_batching_and_reruns() {
     let be = backend();
-    let (d, n_q, used) = (64, 5, 200);
+    let (d, n_q, used) = (64, 12, 200);
     let params = AttnParams::scaled(0.125);
     let base = Problem::new(
         3,
@@ -444,20 +478,68 @@ fn decode_attention_ignores_padding_batching_and_reruns() {
         }
         assert_eq!(bits(&p.run(&be)), bits(&want), "n_kv {n_kv}");
     }
-    // Each query alone: the rows of the 5-query result, bit for bit.
+    // Each query alone, and queries 5..10 together: the rows of the 12-query result,
+    // bit for bit.
     let (h, dv) = (base.h, base.dv);
-    for iq in 0..n_q {
+    let some = |from: usize, count: usize| {
         let mut p = base.clone();
-        p.n_q = 1;
+        p.n_q = count;
         p.q = (0..h)
-            .flat_map(|hh| base.q[d * (iq + n_q * hh)..][..d].to_vec())
+            .flat_map(|hh| base.q[d * (from + n_q * hh)..][..d * count].to_vec())
             .collect();
-        p.m = base.m[iq * base.n_kv..(iq + 1) * base.n_kv].to_vec();
-        let one = p.run(&be);
+        p.m = base.m[from * base.n_kv..(from + count) * base.n_kv].to_vec();
+        p.run(&be)
+    };
+    for iq in 0..n_q {
         assert_eq!(
-            bits(&one),
+            bits(&some(iq, 1)),
             bits(&want[iq * h * dv..(iq + 1) * h * dv]),
             "query {iq} alone"
+        );
+    }
+    assert_eq!(
+        bits(&some(5, 5)),
+        bits(&want[5 * h * dv..10 * h * dv]),
+        "queries 5..10"
+    );
+}
+
+/// Each legacy switch puts the first kernel back for its batch sizes only: under 8
+/// queries for `legacy_decode_attn`, from 8 on for `legacy_prompt_attn`.
+#[rstest::rstest]
+#[case::decode_switch(true, false)]
+#[case::prompt_switch(false, true)]
+#[case::both(true, true)]
+fn each_legacy_attention_switch_covers_its_batches(#[case] decode: bool, #[case] prompt: bool) {
+    let be = backend();
+    be.set_tuning(CudaTuning {
+        legacy_decode_attn: decode,
+        legacy_prompt_attn: prompt,
+        ..CudaTuning::default()
+    });
+    for (n_q, legacy) in [(3, decode), (7, decode), (8, prompt), (20, prompt)] {
+        let p = Problem::new(
+            5,
+            (64, 64),
+            SMOL,
+            n_q,
+            160,
+            100,
+            None,
+            1,
+            DType::F16,
+            Some(DType::F16),
+            AttnParams::scaled(0.125),
+        );
+        let before = be.kernel_stats();
+        p.run(&be);
+        let after = be.kernel_stats();
+        let ran = |k: KernelId| after.launches_of(k) - before.launches_of(k);
+        let (ext, dec) = if legacy { (1, 0) } else { (0, 1) };
+        assert_eq!(
+            (ran(KernelId::FlashAttnExt), ran(KernelId::FlashAttnDec)),
+            (ext, dec),
+            "{n_q} queries"
         );
     }
 }

@@ -867,7 +867,8 @@ fn every_kernel_launches_with_its_parameter_list() {
     let kcache = ctx.new_tensor(DType::F16, [128, 4, 1, 1]).unwrap();
     let row0 = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
     outs.push(ctx.set_rows(kcache, kf, row0).unwrap());
-    // 8 queries: the prompt-class kernel (4 above take the decode kernel).
+    // 8 queries: the first kernel (flash_attn_ext) in the run with the legacy tunings
+    // below, the tiled one otherwise (as for the 4 queries above).
     let q8 = ctx.new_tensor(DType::F32, [64, 8, 2, 1]).unwrap();
     outs.push(
         ctx.flash_attn_ext(q8, tk, tv, None, AttnParams::scaled(0.125))
@@ -891,6 +892,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     // tiled-class ones. Two small uploads travel as one batch, scattered by upload_scatter.
     be.set_tuning(CudaTuning {
         legacy_products: true,
+        legacy_prompt_attn: true,
         ..CudaTuning::default()
     });
     let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];

@@ -698,6 +698,7 @@ pub const TUNINGS: &[&str] = &[
     "no-fuse-add",
     "legacy-products",
     "legacy-decode-attn",
+    "legacy-prompt-attn",
     "legacy",
 ];
 

@@ -118,7 +118,7 @@ impl CudaBackend {
         if grows && st.capturing {
             return Err(self.err(
                 BackendErrorKind::Device,
-                "decode attention's workspace would grow while a CUDA graph is captured",
+                "tiled attention's workspace would grow while a CUDA graph is captured",
             ));
         }
         if grows {

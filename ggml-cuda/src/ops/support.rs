@@ -3,7 +3,7 @@
 use ggml_core::{DType, Op, Tensor, TensorId};
 
 use super::{fits_u32, float_code, is_float_weight, src, tcode, unit_stride};
-use crate::launch::{self, MMQ_MIN_N};
+use crate::launch;
 use crate::reference::is_kernel_quant;
 
 /// Whether the backend runs `node`; the error says why not.
@@ -269,11 +269,10 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
             }
             launch::flash_attn(q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3])
                 .ok_or("flash_attn_ext: head size above 256 or grid too large")?;
-            if q.ne[1] < MMQ_MIN_N {
-                let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
-                launch::flash_attn_dec(d, dv, h, k.ne[2], n_q, k.ne[1], ne3)
-                    .ok_or("flash_attn_ext: decode grid too large")?;
-            }
+            // Both kernels must fit: which one runs depends on the tuning and the batch.
+            let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
+            launch::flash_attn_dec(d, dv, h, k.ne[2], n_q, k.ne[1], ne3)
+                .ok_or("flash_attn_ext: tiled attention's grid too large")?;
             Ok(())
         }
         _ => Err("op has no CUDA kernel"),
