@@ -402,7 +402,7 @@ fn bad_files_are_refused_with_their_line(
 #[case("cpu", 80)]
 #[case("cuda", 17)]
 #[case("cuda-2gpu", 23)]
-#[case("cuda-sim", 8)]
+#[case("cuda-sim", 9)]
 #[case("gemma3", 6)]
 #[case("moe", 6)]
 fn builtin_matrices_match_their_files(#[case] name: &str, #[case] n_cells: usize) {
@@ -433,7 +433,7 @@ fn cuda_sim_matrix_holds_under_chaos_with_the_race_checker() {
     opts.chaos_seeds = vec![Some(1), Some(2)];
     let report = run(&m, &opts, |_| {}).unwrap();
     assert!(report.passed(), "{:?}", report.violations);
-    assert_eq!(report.rows.len(), 2 * 8);
+    assert_eq!(report.rows.len(), 2 * 9);
     for r in &report.rows {
         assert_eq!(r.result.races, 0, "{}", r.name);
         let exact = r.name.starts_with("sim0") && !r.name.contains("reduce");

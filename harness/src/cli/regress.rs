@@ -18,7 +18,7 @@ pub struct RegressArgs {
     /// Matrix file (TOML, see harness/matrices/); default: the embedded CPU matrix.
     #[arg(long, value_name = "FILE", conflicts_with = "devices_matrix")]
     matrix: Option<PathBuf>,
-    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 78 cells), `cuda` (cuda-1gpu.toml),
+    /// Built-in matrix: `cpu` (harness/matrices/cpu.toml, 80 cells), `cuda` (cuda-1gpu.toml),
     /// `cuda-2gpu`, `cuda-sim` (emulated GPUs, synthetic model; no GPU needed),
     /// `gemma3` (Gemma 3 270M on the CPU) or `moe` (SmolLM2 as 4 experts on the CPU).
     #[arg(long)]
