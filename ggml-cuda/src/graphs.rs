@@ -174,6 +174,7 @@ impl KeyBuilder {
             t.legacy_decode_attn,
             t.fuse_qkv_rope,
             t.legacy_prompt_attn,
+            t.qgemm,
         ];
         self.words.push(
             bits.iter()

@@ -41,6 +41,9 @@ pub enum KernelId {
     /// `qmm.ptx`: quantised products, second generation (mul_mat of every class,
     /// mul_mat_id, and the fused decode-class runs).
     Qmm,
+    /// `qmm.ptx`: 2-D quantised mul_mat of the tiled class as a register-tiled GEMM
+    /// (32 x 32 outputs a block), bit for bit `qmm`'s results.
+    Qgemm,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat.
     MulMatF,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat_id.
@@ -93,6 +96,7 @@ impl KernelId {
         KernelId::Mmq,
         KernelId::MmvqId,
         KernelId::Qmm,
+        KernelId::Qgemm,
         KernelId::MulMatF,
         KernelId::MulMatFId,
         KernelId::RmsNorm,
@@ -188,7 +192,7 @@ pub const MODULES: [Module; 14] = [
         Mmq = "mmq",
         MmvqId = "mmvq_id",
     ),
-    ptx_module!("qmm": Qmm = "qmm"),
+    ptx_module!("qmm": Qmm = "qmm", Qgemm = "qgemm"),
     ptx_module!("mul_mat": MulMatF = "mul_mat_f", MulMatFId = "mul_mat_f_id"),
     ptx_module!("norm": RmsNorm = "rms_norm"),
     ptx_module!("softmax": SoftMax = "soft_max"),

@@ -281,6 +281,31 @@ pub fn qmm(
     })
 }
 
+/// Outputs a `qgemm` block computes along each of M and N.
+pub const QGEMM_TILE: usize = 32;
+/// Threads of a `qgemm` block.
+pub const QGEMM_THREADS: u32 = 128;
+/// Shared memory of a `qgemm` block: 8 chunks x 32 rows x 80 bytes of unpacked weights,
+/// then 8 chunks x 32 columns x 48 bytes of activation blocks (its PTX header).
+pub const QGEMM_SHARED: u32 = 8 * 32 * 80 + 8 * 32 * 48;
+
+/// `qgemm` over an `m` x `n` output of `nchunks` chunks: one block of
+/// [`QGEMM_THREADS`] per 32 x 32 tile.
+pub fn qgemm(m: usize, n: usize, nchunks: usize) -> Option<LaunchDims> {
+    if m == 0 || n == 0 || nchunks == 0 || m > u32::MAX as usize || n > u32::MAX as usize {
+        return None;
+    }
+    check(LaunchDims {
+        grid: (
+            div_ceil_u32(m, QGEMM_TILE)?,
+            div_ceil_u32(n, QGEMM_TILE)?,
+            1,
+        ),
+        block: (QGEMM_THREADS, 1, 1),
+        shared: QGEMM_SHARED,
+    })
+}
+
 /// sum_rows: one thread per row, [`SUM_ROWS_BLOCK`] per block.
 pub fn sum_rows(rows: usize) -> Option<LaunchDims> {
     if rows == 0 || rows > u32::MAX as usize {

@@ -15,6 +15,7 @@
 //! | `no-graphs` | launch every kernel from the host, never replay a captured graph |
 //! | `no-fuse` | every fusion off |
 //! | `no-fuse-norm`, `no-fuse-qkv`, `no-fuse-rope-store`, `no-fuse-qkv-rope`, `no-fuse-glu`, `no-fuse-add` | one fusion off |
+//! | `no-qgemm` | 2-D products of 8 columns or more on `qmm`'s 8-column tiles instead of `qgemm`'s 32 x 32 register tiles (same bits) |
 //! | `legacy-products` | the first quantised product kernels (`mmvq`/`mmq`/`mmvq_id` with a separate `quantize_q8_1`); fusions of products need the current ones and are off with it |
 //! | `legacy-decode-attn` | the first flash-attention kernel (`flash_attn_ext`) for decode-sized batches (fewer than 8 queries) |
 //! | `legacy-prompt-attn` | the first flash-attention kernel for prompt batches (8 queries or more) |
@@ -43,6 +44,10 @@ pub struct CudaTuning {
     pub fuse_glu: bool,
     /// A residual add in the epilogue of the product that feeds it.
     pub fuse_add: bool,
+    /// 2-D quantised products of the tiled class (8 columns or more) on `qgemm`, a
+    /// register-tiled GEMM with `qmm`'s per-output arithmetic (same bits), instead of
+    /// `qmm`'s 8-column tiles.
+    pub qgemm: bool,
     /// Run the first generation of quantised product kernels.
     pub legacy_products: bool,
     /// Run the first flash-attention kernel (`flash_attn_ext`, one warp per query row)
@@ -63,6 +68,7 @@ impl Default for CudaTuning {
             fuse_qkv_rope: true,
             fuse_glu: true,
             fuse_add: true,
+            qgemm: true,
             legacy_products: false,
             legacy_decode_attn: false,
             legacy_prompt_attn: false,
@@ -82,6 +88,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("no-fuse-qkv-rope", |t| t.fuse_qkv_rope = false),
     ("no-fuse-glu", |t| t.fuse_glu = false),
     ("no-fuse-add", |t| t.fuse_add = false),
+    ("no-qgemm", |t| t.qgemm = false),
     ("legacy-products", |t| t.legacy_products = true),
     ("legacy-decode-attn", |t| t.legacy_decode_attn = true),
     ("legacy-prompt-attn", |t| t.legacy_prompt_attn = true),
@@ -98,6 +105,7 @@ impl CudaTuning {
             fuse_qkv_rope: false,
             fuse_glu: false,
             fuse_add: false,
+            qgemm: false,
             legacy_products: true,
             legacy_decode_attn: true,
             legacy_prompt_attn: true,

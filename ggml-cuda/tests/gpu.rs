@@ -360,6 +360,78 @@ fn mul_mat_quantised_is_the_sequential_order(
     );
 }
 
+/// `qgemm` (2-D products of 8 columns or more, 32 x 32 register tiles over 8-chunk
+/// K-tiles) for every quantised dtype, with partial tiles in every direction: M = 70 (two
+/// full row tiles and 6 rows), N = 8 and 45 (a column tile of 8, one full and 13), K of
+/// 19 chunks (K-tiles of 8, 8, 3) or, for the K-quants, 40 (8 x 5) and 8 (one tile), the
+/// activations a view whose columns lie further apart than their length. Bit for bit the
+/// host's sequential order and `qmm`'s 8-column tiles (`no-qgemm`); a batched product
+/// stays on `qmm`.
+#[rstest::rstest]
+fn qgemm_tiles_give_the_sequential_order_and_qmm_bits(
+    #[values(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dt: DType,
+) {
+    let be = gpu();
+    let mut rng = Lcg(77 + dt.ggml_id() as u64);
+    let ks: &[usize] = if dt.block_size() == 256 {
+        &[1280, 256]
+    } else {
+        &[608]
+    };
+    let m = 70;
+    for &k in ks {
+        let w = lcg_quant_rows(dt, k * m, &mut rng, 0.005);
+        // 45 columns, 2 * k apart (the second half of each is never read).
+        let x = rng.vec(2 * k * 45);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let tw = ctx.new_tensor(dt, [k, m, 1, 1]).unwrap();
+        let tx = ctx.new_tensor(DType::F32, [2 * k, 45, 1, 1]).unwrap();
+        let mut outs = Vec::new();
+        for n in [8, 45] {
+            let xn = ctx.view_2d(tx, k, n, 8 * k, 0).unwrap();
+            outs.push(ctx.mul_mat(tw, xn).unwrap());
+        }
+        let inputs = [(tw, w.clone()), (tx, f32_bytes(&x))];
+        let before = be.kernel_stats();
+        let got = common::run_all(&be, &mut ctx, &inputs, &outs);
+        let ran = |k: ggml_cuda::KernelId| be.kernel_stats().launches_of(k) - before.launches_of(k);
+        assert_eq!(ran(ggml_cuda::KernelId::Qgemm), 2, "{dt} K {k}");
+        assert_eq!(ran(ggml_cuda::KernelId::Qmm), 0, "{dt} K {k}");
+        be.set_tuning(CudaTuning {
+            qgemm: false,
+            ..CudaTuning::default()
+        });
+        let on_qmm = common::run_all(&be, &mut ctx, &inputs, &outs);
+        be.set_tuning(CudaTuning::default());
+        let dense: Vec<f32> = x.chunks(2 * k).flat_map(|c| c[..k].to_vec()).collect();
+        let want = mul_mat_q_ref(dt, &w, &dense, [k, m, 45], [1, 1], [1, 1]);
+        for ((n, g), q) in [8, 45].into_iter().zip(&got).zip(&on_qmm) {
+            let what = format!("{dt} K {k} N {n}");
+            assert_bits(&to_f32(g), &want[..m * n], &what);
+            assert_bits(&to_f32(g), &to_f32(q), &format!("{what}: qgemm vs qmm"));
+        }
+    }
+    // A batch of two matrices keeps qmm's tiles.
+    let k = ks[0];
+    let w = lcg_quant_rows(dt, k * m * 2, &mut rng, 0.005);
+    let x = rng.vec(k * 9 * 2);
+    let mut s = storage();
+    let mut ctx = Context::new(&mut s);
+    let tw = ctx.new_tensor(dt, [k, m, 2, 1]).unwrap();
+    let tx = ctx.new_tensor(DType::F32, [k, 9, 2, 1]).unwrap();
+    let out = ctx.mul_mat(tw, tx).unwrap();
+    let before = be.kernel_stats();
+    let got = run(&be, &mut ctx, &[(tw, w.clone()), (tx, f32_bytes(&x))], out);
+    let after = be.kernel_stats();
+    assert_eq!(
+        after.launches_of(ggml_cuda::KernelId::Qgemm),
+        before.launches_of(ggml_cuda::KernelId::Qgemm)
+    );
+    let want = mul_mat_q_ref(dt, &w, &x, [k, m, 9], [2, 1], [2, 1]);
+    assert_bits(&to_f32(&got), &want, &format!("{dt} K {k}, two batches"));
+}
+
 /// Batched products with broadcast weights (r2 = 2, r3 = 3) and activation columns
 /// further apart than their length, in both classes: bit for bit the host's order.
 #[rstest::rstest]

@@ -696,6 +696,7 @@ pub const TUNINGS: &[&str] = &[
     "no-fuse-qkv-rope",
     "no-fuse-glu",
     "no-fuse-add",
+    "no-qgemm",
     "legacy-products",
     "legacy-decode-attn",
     "legacy-prompt-attn",

@@ -11,6 +11,8 @@
 
 use std::path::Path;
 
+mod qgemm;
+
 /// Where the generated PTX goes, relative to the workspace root.
 pub const OUT: &str = "ggml-cuda/kernels/qmm.ptx";
 
@@ -167,7 +169,7 @@ pub fn generate() -> String {
                 .replace("@FRAG@", fragment(name).trim_end_matches('\n')),
         );
     }
-    SKELETON
+    let qmm = SKELETON
         .replace("@SELECT_GROUP@\n", &select_group())
         .replace("@PREFETCH_FIRST@\n", &prefetch("F"))
         .replace("@PREFETCH_NEXT@\n", &prefetch("N"))
@@ -181,7 +183,8 @@ pub fn generate() -> String {
                 .replace("@SINCOS@", &sincos_inline())
                 .replace("@TH8@", &"    mul.rn.f32 %f2, %f2, %f3;\n".repeat(8))
                 .replace("@TH_LAST@", &theta_last()),
-        )
+        );
+    qmm + &qgemm::qgemm()
 }
 
 /// The RoPE + KV-store epilogue (`p_rflags`): in `%t0` the thread's row r, `%rd0` = 4r,

@@ -58,6 +58,23 @@ pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         return c.launch(KernelId::MulMatF, d, &mut a);
     }
     let class = launch::mul_mat_class(n);
+    let plain_2d = batch == 1 && w.ne[2] == 1 && w.ne[3] == 1;
+    if !c.st.tuning.legacy_products && c.st.tuning.qgemm && class == MulMatClass::Mmq && plain_2d {
+        check_weight_alignment(c, &w, wa)?;
+        let (xq, qnb) = quantize_to_scratch(c, &x, xa, [n, 1, 1])?;
+        let k = w.ne[0];
+        let d = dims(launch::qgemm(m, n, k / 32), c)?;
+        let mut a = Args::new();
+        a.u64(xq).usize(qnb[0]).u32((k / 32) as u32).u32(n as u32);
+        a.u64(wa)
+            .u32(w.dtype.ggml_id() | (w.dtype.type_size() as u32) << 8)
+            .u32(m as u32)
+            .usize(w.nb[1]);
+        a.u64(ta).usize(t.nb[1]);
+        c.launch(KernelId::Qgemm, d, &mut a)?;
+        c.be.count_class(class);
+        return Ok(());
+    }
     if !c.st.tuning.legacy_products {
         // The tiled class takes the activations quantised once by quantize_q8_1 (a
         // block of it would quantise all its columns again, once per block of rows);

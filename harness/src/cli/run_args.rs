@@ -64,8 +64,9 @@ pub struct RunArgs {
     no_pin: bool,
     /// Speed features of the CUDA devices, a comma-separated list applied to the default
     /// (everything on): no-graphs, no-fuse, no-fuse-norm, no-fuse-qkv, no-fuse-rope-store,
-    /// no-fuse-qkv-rope, no-fuse-glu, no-fuse-add, legacy-products, legacy-decode-attn,
-    /// legacy-prompt-attn, legacy (the backend as first measured), default. Results stay bit-identical except
+    /// no-fuse-qkv-rope, no-fuse-glu, no-fuse-add, no-qgemm, legacy-products,
+    /// legacy-decode-attn, legacy-prompt-attn, legacy (the backend as first measured),
+    /// default. Results stay bit-identical except
     /// across the legacy kernel generations.
     #[arg(long, value_name = "LIST", default_value = "default")]
     cuda_tuning: ggml_cuda::CudaTuning,

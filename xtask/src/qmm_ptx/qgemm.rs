@@ -1,0 +1,396 @@
+//! The `qgemm` entry of `qmm.ptx`: quantised products of the tiled class (8 columns or
+//! more) as a register-tiled GEMM, with `qmm`'s per-output arithmetic.
+//!
+//! A block computes a 32 x 32 tile of outputs with 128 threads, 8 outputs each (rows
+//! `tx`, `tx + 16`; columns `ty + 8j`). Per K-tile of [`TK`] chunks the threads unpack
+//! the weight chunks once into shared memory (the dtype's `qmm` fragment, one task per
+//! (row, chunk)) and copy the activations' Q8_1 blocks (quantised by `quantize_q8_1`
+//! before the launch) beside them; then each thread runs, chunk after chunk in index
+//! order, the integer dot products of its 8 outputs (dp4a, exact) and their f32 chains
+//! exactly as `qmm`'s stage C does. Each weight chunk is unpacked once per 32 columns
+//! (`qmm`: once per 8) and each activation block read once per 32 rows, from registers.
+
+use super::{fragment, DTYPES};
+
+/// Chunks (of 32 values) per K-tile.
+const TK: u32 = 8;
+/// Rows and columns of a block's output tile.
+const BM: u32 = 32;
+const BN: u32 = 32;
+/// Threads per block.
+const THREADS: u32 = 128;
+/// Bytes of one unpacked (row, chunk) weight entry in shared memory: U0..U7, {sc0, sc1,
+/// zs0, zs1}, {dw, mw, dm, m01}, then 16 bytes of padding so that the 16 rows a
+/// quarter-warp reads fall in different banks.
+const W_ENTRY: u32 = 80;
+/// Bytes of one (column, chunk) activation entry: {da, sa, sum_lo, sum_hi, q[32]}.
+const A_ENTRY: u32 = 48;
+/// Offset of the activation entries in shared memory (32 KiB in all with them: the host's
+/// `launch::QGEMM_SHARED`).
+const A_OFFSET: u32 = TK * BM * W_ENTRY;
+
+/// The formats whose values are stored offset by a zero point (their chunk's integer dot
+/// subtracts `zs0 * sum_lo + zs1 * sum_hi`, as `qmm`'s stage B does for them).
+const ZERO_POINT: [&str; 5] = ["Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K"];
+
+/// The `qgemm` entry.
+pub fn qgemm() -> String {
+    let mut f = header_constants(HEADER);
+    f += &format!(
+        "    // Stage A: the tile's Q8_1 blocks, task t = (column t / {TK}, chunk t % {TK}).
+    mov.u32 %qi, %thr;
+QA_TASK:
+    setp.ge.u32 %p0, %qi, {tasks};
+    @%p0 bra QA_DONE;
+    shr.u32 %qcl, %qi, {tk_log};
+    and.b32 %qc, %qi, {tk_mask};
+    add.u32 %t0, %n0, %qcl;
+    sub.u32 %t1, %N, 1;
+    min.u32 %t0, %t0, %t1;
+    add.u32 %t2, %tb, %qc;
+    sub.u32 %t3, %nch, 1;
+    min.u32 %t2, %t2, %t3;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rd1, %rd0, %nbx, %xq;
+    mul.wide.u32 %rd0, %t2, 36;
+    add.u64 %rd1, %rd1, %rd0;
+    ld.global.nc.b32 %t4, [%rd1];
+",
+        tasks = TK * BN,
+        tk_log = TK.trailing_zeros(),
+        tk_mask = TK - 1,
+    );
+    for i in 0..8 {
+        f += &format!("    ld.global.nc.b32 %W{i}, [%rd1+{}];\n", 4 + 4 * i);
+    }
+    f += "    mov.b32 {%hh0, %hh1}, %t4;
+    cvt.f32.f16 %f0, %hh0;
+    cvt.f32.f16 %f1, %hh1;
+    dp4a.s32.s32 %t5, %W0, 0x01010101, 0;
+    dp4a.s32.s32 %t5, %W1, 0x01010101, %t5;
+    dp4a.s32.s32 %t5, %W2, 0x01010101, %t5;
+    dp4a.s32.s32 %t5, %W3, 0x01010101, %t5;
+    dp4a.s32.s32 %t6, %W4, 0x01010101, 0;
+    dp4a.s32.s32 %t6, %W5, 0x01010101, %t6;
+    dp4a.s32.s32 %t6, %W6, 0x01010101, %t6;
+    dp4a.s32.s32 %t6, %W7, 0x01010101, %t6;
+";
+    f += &format!(
+        "    mad.lo.u32 %t0, %qc, {BN}, %qcl;
+    mul.wide.u32 %rd0, %t0, {A_ENTRY};
+    add.u64 %rd0, %sA, %rd0;
+    mov.b32 %t7, %f0;
+    mov.b32 %t8, %f1;
+    st.shared.v4.b32 [%rd0], {{%t7, %t8, %t5, %t6}};
+    st.shared.v4.b32 [%rd0+16], {{%W0, %W1, %W2, %W3}};
+    st.shared.v4.b32 [%rd0+32], {{%W4, %W5, %W6, %W7}};
+    add.u32 %qi, %qi, {THREADS};
+    bra QA_TASK;
+QA_DONE:
+    // Stage W: the tile's weight chunks unpacked, task t = (row t / {TK}, chunk t % {TK}).
+    mov.u32 %qi, %thr;
+QW_TASK:
+    setp.ge.u32 %p0, %qi, {tasks};
+    @%p0 bra QW_DONE;
+    shr.u32 %qcl, %qi, {tk_log};
+    and.b32 %qc, %qi, {tk_mask};
+    add.u32 %t0, %m0, %qcl;
+    sub.u32 %t1, %M, 1;
+    min.u32 %t0, %t0, %t1;
+    add.u32 %j, %tb, %qc;
+    sub.u32 %t3, %nch, 1;
+    min.u32 %j, %j, %t3;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rw, %rd0, %nbw, %wq;
+",
+        tasks = TK * BM,
+        tk_log = TK.trailing_zeros(),
+        tk_mask = TK - 1,
+    );
+    for (name, id) in DTYPES {
+        f += &format!("    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra QW_{name};\n");
+    }
+    f += "    trap;\n";
+    for (name, _) in DTYPES {
+        f += &format!("QW_{name}:\n");
+        f += &fragment(name);
+        if !ZERO_POINT.contains(&name) {
+            f += "    mov.b32 %zs0, 0;\n    mov.b32 %zs1, 0;\n";
+        }
+        f += "    bra QW_STORE;\n";
+    }
+    f += &format!(
+        "QW_STORE:
+    mad.lo.u32 %t0, %qc, {BM}, %qcl;
+    mul.wide.u32 %rd0, %t0, {W_ENTRY};
+    add.u64 %rd0, %sW, %rd0;
+    st.shared.v4.b32 [%rd0], {{%U0, %U1, %U2, %U3}};
+    st.shared.v4.b32 [%rd0+16], {{%U4, %U5, %U6, %U7}};
+    st.shared.v4.b32 [%rd0+32], {{%sc0, %sc1, %zs0, %zs1}};
+    mov.b32 %t4, %dw;
+    mov.b32 %t5, %mw;
+    mov.b32 %t6, %dm;
+    st.shared.v4.b32 [%rd0+48], {{%t4, %t5, %t6, %m01}};
+    add.u32 %qi, %qi, {THREADS};
+    bra QW_TASK;
+QW_DONE:
+    bar.sync 0;
+    // The tile's chunks in order: this thread's rows tx, tx + 16 and columns ty + 8j.
+    mul.wide.u32 %rd0, %tx, {W_ENTRY};
+    add.u64 %pw, %sW, %rd0;
+    mul.wide.u32 %rd0, %ty, {A_ENTRY};
+    add.u64 %pa, %sA, %rd0;
+    mov.u32 %qc, 0;
+QG_CHUNK:
+    setp.ge.u32 %p0, %qc, %TKa;
+    @%p0 bra QG_NEXT;
+"
+    );
+    f += &chunk();
+    f += &format!(
+        "    add.u64 %pw, %pw, {};
+    add.u64 %pa, %pa, {};
+    add.u32 %qc, %qc, 1;
+    bra QG_CHUNK;
+QG_NEXT:
+    add.u32 %tb, %tb, {TK};
+    bra QG_TILE;
+QG_STORE:
+",
+        BM * W_ENTRY,
+        BN * A_ENTRY
+    );
+    for i in 0..2 {
+        for j in 0..4 {
+            let o = 4 * i + j;
+            f += &format!(
+                "    add.u32 %t0, %m0, %tx;
+    add.u32 %t0, %t0, {row};
+    add.u32 %t1, %n0, %ty;
+    add.u32 %t1, %t1, {col};
+    setp.lt.u32 %p0, %t0, %M;
+    setp.lt.u32 %p1, %t1, %N;
+    and.pred %p0, %p0, %p1;
+    cvt.u64.u32 %rd0, %t1;
+    mad.lo.u64 %rd1, %rd0, %nbd, %dq;
+    mul.wide.u32 %rd0, %t0, 4;
+    add.u64 %rd1, %rd1, %rd0;
+    @%p0 st.global.f32 [%rd1], %ac{o};
+",
+                row = 16 * i,
+                col = 8 * j
+            );
+        }
+    }
+    f += "    ret;\n}\n";
+    f
+}
+
+/// One chunk of the compute loop: `%pw` at this thread's first row's entry, `%pa` at its
+/// first column's. The integer dot products of both halves for the 8 outputs, then per
+/// output `qmm`'s chain step: acc = fma(dw * da, float(sumi), acc), acc = fma(mw, sa,
+/// acc), and for Q2_K with dm != 0 acc = fma(-(dm * da), float(m0 * sum_lo + m1 *
+/// sum_hi), acc).
+fn chunk() -> String {
+    let mut f = String::new();
+    let row = BM / 2 * W_ENTRY; // the second row, tx + 16
+    let col = BN / 4 * A_ENTRY; // the next column, ty + 8
+    for (half, x) in [(0u32, "qx"), (1, "qy")] {
+        for i in 0..2 {
+            f += &format!(
+                "    ld.shared.v4.b32 {{%qu{}, %qu{}, %qu{}, %qu{}}}, [%pw+{}];\n",
+                4 * i,
+                4 * i + 1,
+                4 * i + 2,
+                4 * i + 3,
+                i * row + 16 * half
+            );
+        }
+        for j in 0..4 {
+            f += &format!(
+                "    ld.shared.v4.b32 {{%qa{}, %qa{}, %qa{}, %qa{}}}, [%pa+{}];\n",
+                4 * j,
+                4 * j + 1,
+                4 * j + 2,
+                4 * j + 3,
+                j * col + 16 + 16 * half
+            );
+        }
+        for k in 0..4 {
+            for i in 0..2 {
+                for j in 0..4 {
+                    let o = 4 * i + j;
+                    let acc = if k == 0 {
+                        "0".to_string()
+                    } else {
+                        format!("%{x}{o}")
+                    };
+                    f += &format!(
+                        "    dp4a.u32.s32 %{x}{o}, %qu{}, %qa{}, {acc};\n",
+                        4 * i + k,
+                        4 * j + k
+                    );
+                }
+            }
+        }
+    }
+    for j in 0..4 {
+        f += &format!(
+            "    ld.shared.v4.b32 {{%qa{}, %qa{}, %qa{}, %qa{}}}, [%pa+{}];\n",
+            4 * j,
+            4 * j + 1,
+            4 * j + 2,
+            4 * j + 3,
+            j * col
+        );
+    }
+    for i in 0..2 {
+        f += &format!(
+            "    ld.shared.v4.b32 {{%qu0, %qu1, %qu2, %qu3}}, [%pw+{}];
+    ld.shared.v4.b32 {{%qu4, %qu5, %qu6, %qu7}}, [%pw+{}];
+    setp.eq.f32 %pz, %qu6, 0f00000000;
+    or.pred %pz, %pz, %pnq2;
+",
+            i * row + 32,
+            i * row + 48
+        );
+        for j in 0..4 {
+            let o = 4 * i + j;
+            let (da, sa, slo, shi) = (4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3);
+            f += &format!(
+                "    mul.lo.s32 %t0, %qu0, %qx{o};
+    mad.lo.s32 %t0, %qu1, %qy{o}, %t0;
+    mul.lo.s32 %t1, %qu2, %qa{slo};
+    mad.lo.s32 %t1, %qu3, %qa{shi}, %t1;
+    sub.s32 %t0, %t0, %t1;
+    mul.rn.f32 %f0, %qu4, %qa{da};
+    cvt.rn.f32.s32 %f1, %t0;
+    fma.rn.f32 %ac{o}, %f0, %f1, %ac{o};
+    fma.rn.f32 %ac{o}, %qu5, %qa{sa}, %ac{o};
+"
+            );
+        }
+        f += &format!("    @%pz bra QG_R{i}_END;\n");
+        for j in 0..4 {
+            let o = 4 * i + j;
+            let (da, slo, shi) = (4 * j, 4 * j + 2, 4 * j + 3);
+            f += &format!(
+                "    and.b32 %t2, %qu7, 0xFFFF;
+    shr.u32 %t3, %qu7, 16;
+    mul.lo.s32 %t2, %t2, %qa{slo};
+    mad.lo.s32 %t2, %t3, %qa{shi}, %t2;
+    mul.rn.f32 %f2, %qu6, %qa{da};
+    neg.f32 %f2, %f2;
+    cvt.rn.f32.s32 %f3, %t2;
+    fma.rn.f32 %ac{o}, %f2, %f3, %ac{o};
+"
+            );
+        }
+        f += &format!("QG_R{i}_END:\n");
+    }
+    f
+}
+
+/// Parameters, registers and the K-tile loop's head, up to stage A.
+const HEADER: &str = "
+// ---------------------------------------------------------------------------------
+// KERNEL qgemm
+// out[m, n] = sum_k w[k, m] * a[k, n] for one quantised weight matrix and N >= 8
+// columns of Q8_1 activations (quantize_q8_1's blocks), 2-D (no batch), in the
+// per-output order of the file header: the same bits as qmm. Generated by
+// xtask/src/qmm_ptx/qgemm.rs (see its doc for the tiling).
+// Params:
+//   p_x       Q8_1 activation blocks [K/32 blocks of 36 bytes, N], column stride p_nbx
+//   p_nbx     byte stride of the activation columns (a multiple of 4)
+//   p_nchunks K / 32 (at least 1)
+//   p_n       N
+//   p_w       weight matrix [K, M], rows p_nbw bytes apart
+//   p_dt      its dtype code (quant.ptx's header) plus the bytes per block times 256
+//   p_m       M
+//   p_nbw     row byte stride of the weights
+//   p_d       f32 output [M, N], column byte stride p_nbd
+//   p_nbd     byte stride of the output columns
+// Grid:   (ceil(M / 32), ceil(N / 32), 1)
+// Block:  (128, 1, 1)
+// Shared: dynamic, 8 chunks x 32 rows x 80 bytes of unpacked weight chunks, then
+//         8 chunks x 32 columns x 48 bytes of activation blocks (qmm_smem)
+// Reduction: per output as the file header, like qmm: each chunk's integer dot product
+//   (dp4a over both halves, then sc0, sc1 and the zero-point terms: exact in any order),
+//   then the f32 chain over chunks in increasing order by the one thread that owns the
+//   output: fma(dw * da, float(sumi)), fma(mw, sa), and Q2_K's min term when dm != 0.
+// ---------------------------------------------------------------------------------
+.visible .entry qgemm(
+    .param .u64 p_x,
+    .param .u64 p_nbx,
+    .param .u32 p_nchunks,
+    .param .u32 p_n,
+    .param .u64 p_w,
+    .param .u32 p_dt,
+    .param .u32 p_m,
+    .param .u64 p_nbw,
+    .param .u64 p_d,
+    .param .u64 p_nbd
+)
+.maxntid 128, 1, 1
+{
+    .reg .pred %p<4>;
+    .reg .pred %pal, %pz, %pnq2;
+    .reg .b16 %hh<8>, %xl<7>, %xh<7>;
+    .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>;
+    .reg .b32 %j, %s, %sn, %st, %sc0, %sc1, %zs0, %zs1, %m01;
+    .reg .f32 %f<16>;
+    .reg .f32 %dw, %mw, %dm;
+    .reg .b64 %rd<8>;
+    .reg .b64 %rw, %rb, %ra;
+    .reg .b32 %thr, %tx, %ty, %m0, %n0, %M, %N, %nch, %gdt, %tb, %TKa, %qi, %qc, %qcl;
+    .reg .b64 %sW, %sA, %pw, %pa, %xq, %nbx, %wq, %nbw, %dq, %nbd;
+    .reg .b32 %qa<16>, %qu<8>, %qx<8>, %qy<8>;
+    .reg .f32 %ac<8>;
+
+    mov.u32 %thr, %tid.x;
+    and.b32 %tx, %thr, 15;
+    shr.u32 %ty, %thr, 4;
+    mov.u32 %t0, %ctaid.x;
+    shl.b32 %m0, %t0, 5;
+    mov.u32 %t0, %ctaid.y;
+    shl.b32 %n0, %t0, 5;
+    ld.param.u64 %xq, [p_x];
+    cvta.to.global.u64 %xq, %xq;
+    ld.param.u64 %nbx, [p_nbx];
+    ld.param.u32 %nch, [p_nchunks];
+    ld.param.u32 %N, [p_n];
+    ld.param.u64 %wq, [p_w];
+    cvta.to.global.u64 %wq, %wq;
+    ld.param.u32 %gdt, [p_dt];
+    and.b32 %gdt, %gdt, 255;
+    setp.ne.u32 %pnq2, %gdt, 10;
+    ld.param.u32 %M, [p_m];
+    ld.param.u64 %nbw, [p_nbw];
+    ld.param.u64 %dq, [p_d];
+    cvta.to.global.u64 %dq, %dq;
+    ld.param.u64 %nbd, [p_nbd];
+    mov.u64 %sW, qmm_smem;
+    add.u64 %sA, %sW, @A_OFFSET@;
+    mov.f32 %ac0, 0f00000000;
+    mov.f32 %ac1, 0f00000000;
+    mov.f32 %ac2, 0f00000000;
+    mov.f32 %ac3, 0f00000000;
+    mov.f32 %ac4, 0f00000000;
+    mov.f32 %ac5, 0f00000000;
+    mov.f32 %ac6, 0f00000000;
+    mov.f32 %ac7, 0f00000000;
+    mov.u32 %tb, 0;
+QG_TILE:
+    setp.ge.u32 %p0, %tb, %nch;
+    @%p0 bra QG_STORE;
+    sub.u32 %TKa, %nch, %tb;
+    min.u32 %TKa, %TKa, @TK@;
+    // The previous tile's chunks are all read before this one overwrites them.
+    bar.sync 0;
+";
+
+/// [`HEADER`] with its constants in place.
+fn header_constants(text: &str) -> String {
+    text.replace("@A_OFFSET@", &A_OFFSET.to_string())
+        .replace("@TK@", &TK.to_string())
+}
