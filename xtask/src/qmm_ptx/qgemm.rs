@@ -190,7 +190,8 @@ QG_STORE:
 /// first column's. The integer dot products of both halves for the 8 outputs, then per
 /// output `qmm`'s chain step: acc = fma(dw * da, float(sumi), acc), acc = fma(mw, sa,
 /// acc), and for Q2_K with dm != 0 acc = fma(-(dm * da), float(m0 * sum_lo + m1 *
-/// sum_hi), acc).
+/// sum_hi), acc). Every step is written for the 8 outputs before the next, so that no
+/// instruction waits for the one just before it.
 fn chunk() -> String {
     let mut f = String::new();
     let row = BM / 2 * W_ENTRY; // the second row, tx + 16
@@ -244,50 +245,97 @@ fn chunk() -> String {
             j * col
         );
     }
-    for i in 0..2 {
+    // Row i's {sc0, sc1, zs0, zs1} and {dw, mw, dm, m01}: row 0 in %qu0..7, row 1 in %qv0..7.
+    for (i, r) in ["qu", "qv"].into_iter().enumerate() {
         f += &format!(
-            "    ld.shared.v4.b32 {{%qu0, %qu1, %qu2, %qu3}}, [%pw+{}];
-    ld.shared.v4.b32 {{%qu4, %qu5, %qu6, %qu7}}, [%pw+{}];
-    setp.eq.f32 %pz, %qu6, 0f00000000;
-    or.pred %pz, %pz, %pnq2;
+            "    ld.shared.v4.b32 {{%{r}0, %{r}1, %{r}2, %{r}3}}, [%pw+{}];
+    ld.shared.v4.b32 {{%{r}4, %{r}5, %{r}6, %{r}7}}, [%pw+{}];
 ",
-            i * row + 32,
-            i * row + 48
+            i as u32 * row + 32,
+            i as u32 * row + 48
         );
-        for j in 0..4 {
-            let o = 4 * i + j;
-            let (da, sa, slo, shi) = (4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3);
-            f += &format!(
-                "    mul.lo.s32 %t0, %qu0, %qx{o};
-    mad.lo.s32 %t0, %qu1, %qy{o}, %t0;
-    mul.lo.s32 %t1, %qu2, %qa{slo};
-    mad.lo.s32 %t1, %qu3, %qa{shi}, %t1;
-    sub.s32 %t0, %t0, %t1;
-    mul.rn.f32 %f0, %qu4, %qa{da};
-    cvt.rn.f32.s32 %f1, %t0;
-    fma.rn.f32 %ac{o}, %f0, %f1, %ac{o};
-    fma.rn.f32 %ac{o}, %qu5, %qa{sa}, %ac{o};
-"
-            );
-        }
-        f += &format!("    @%pz bra QG_R{i}_END;\n");
-        for j in 0..4 {
-            let o = 4 * i + j;
-            let (da, slo, shi) = (4 * j, 4 * j + 2, 4 * j + 3);
-            f += &format!(
-                "    and.b32 %t2, %qu7, 0xFFFF;
-    shr.u32 %t3, %qu7, 16;
-    mul.lo.s32 %t2, %t2, %qa{slo};
-    mad.lo.s32 %t2, %t3, %qa{shi}, %t2;
-    mul.rn.f32 %f2, %qu6, %qa{da};
-    neg.f32 %f2, %f2;
-    cvt.rn.f32.s32 %f3, %t2;
-    fma.rn.f32 %ac{o}, %f2, %f3, %ac{o};
-"
-            );
-        }
-        f += &format!("QG_R{i}_END:\n");
     }
+    // Each step for all 8 outputs before the next (the steps of one output depend on each
+    // other; the outputs do not), in an order that starts with what the dot products do
+    // not feed.
+    let step = |f: &mut String, text: &dyn Fn(usize, &str, usize) -> String| {
+        for o in 0..8 {
+            let r = if o < 4 { "qu" } else { "qv" };
+            *f += &text(o, r, o % 4);
+        }
+    };
+    // zero-point terms: %qy = zs0 * sum_lo + zs1 * sum_hi (the half sums are no longer
+    // needed), sumi = sc0 * x0 + sc1 * x1 - %qy.
+    step(&mut f, &|o, r, j| {
+        format!("    mul.lo.s32 %qt{o}, %{r}2, %qa{};\n", 4 * j + 2)
+    });
+    step(&mut f, &|o, r, _| {
+        format!("    mul.lo.s32 %qx{o}, %{r}0, %qx{o};\n")
+    });
+    step(&mut f, &|o, r, j| {
+        format!("    mad.lo.s32 %qt{o}, %{r}3, %qa{}, %qt{o};\n", 4 * j + 3)
+    });
+    step(&mut f, &|o, r, _| {
+        format!("    mad.lo.s32 %qx{o}, %{r}1, %qy{o}, %qx{o};\n")
+    });
+    step(&mut f, &|o, r, j| {
+        format!("    mul.rn.f32 %qf{o}, %{r}4, %qa{};\n", 4 * j)
+    });
+    step(&mut f, &|o, _, _| {
+        format!("    sub.s32 %qx{o}, %qx{o}, %qt{o};\n")
+    });
+    step(&mut f, &|o, _, _| {
+        format!("    cvt.rn.f32.s32 %qg{o}, %qx{o};\n")
+    });
+    step(&mut f, &|o, _, _| {
+        format!("    fma.rn.f32 %ac{o}, %qf{o}, %qg{o}, %ac{o};\n")
+    });
+    step(&mut f, &|o, r, j| {
+        format!("    fma.rn.f32 %ac{o}, %{r}5, %qa{}, %ac{o};\n", 4 * j + 1)
+    });
+    // Q2_K's min term, for the rows whose dm is not 0 (a predicate per row).
+    f += "    @%pnq2 bra QG_NO_MIN;
+    setp.neu.f32 %pz, %qu6, 0f00000000;
+    setp.neu.f32 %pz1, %qv6, 0f00000000;
+    and.b32 %qm0, %qu7, 0xFFFF;
+    shr.u32 %qm1, %qu7, 16;
+    and.b32 %qm2, %qv7, 0xFFFF;
+    shr.u32 %qm3, %qv7, 16;
+";
+    let pred = |o: usize| if o < 4 { "@%pz" } else { "@%pz1" };
+    let m = |o: usize| if o < 4 { (0, 1) } else { (2, 3) };
+    step(&mut f, &|o, _, j| {
+        format!(
+            "    {} mul.lo.s32 %qx{o}, %qm{}, %qa{};\n",
+            pred(o),
+            m(o).0,
+            4 * j + 2
+        )
+    });
+    step(&mut f, &|o, r, j| {
+        format!("    {} mul.rn.f32 %qf{o}, %{r}6, %qa{};\n", pred(o), 4 * j)
+    });
+    step(&mut f, &|o, _, j| {
+        format!(
+            "    {} mad.lo.s32 %qx{o}, %qm{}, %qa{}, %qx{o};\n",
+            pred(o),
+            m(o).1,
+            4 * j + 3
+        )
+    });
+    step(&mut f, &|o, _, _| {
+        format!("    {} neg.f32 %qf{o}, %qf{o};\n", pred(o))
+    });
+    step(&mut f, &|o, _, _| {
+        format!("    {} cvt.rn.f32.s32 %qg{o}, %qx{o};\n", pred(o))
+    });
+    step(&mut f, &|o, _, _| {
+        format!(
+            "    {} fma.rn.f32 %ac{o}, %qf{o}, %qg{o}, %ac{o};\n",
+            pred(o)
+        )
+    });
+    f += "QG_NO_MIN:\n";
     f
 }
 
@@ -344,8 +392,9 @@ const HEADER: &str = "
     .reg .b64 %rw, %rb, %ra;
     .reg .b32 %thr, %tx, %ty, %m0, %n0, %M, %N, %nch, %gdt, %tb, %TKa, %qi, %qc, %qcl;
     .reg .b64 %sW, %sA, %pw, %pa, %xq, %nbx, %wq, %nbw, %dq, %nbd;
-    .reg .b32 %qa<16>, %qu<8>, %qx<8>, %qy<8>;
-    .reg .f32 %ac<8>;
+    .reg .b32 %qa<16>, %qu<8>, %qv<8>, %qx<8>, %qy<8>, %qt<8>, %qm<4>;
+    .reg .f32 %ac<8>, %qf<8>, %qg<8>;
+    .reg .pred %pz1;
 
     mov.u32 %thr, %tid.x;
     and.b32 %tx, %thr, 15;
