@@ -33,15 +33,60 @@ const A_OFFSET: u32 = TK * BM * W_ENTRY;
 /// subtracts `zs0 * sum_lo + zs1 * sum_hi`, as `qmm`'s stage B does for them).
 const ZERO_POINT: [&str; 5] = ["Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K"];
 
+/// Registers the stage code shares between its two task copies (everything else in it
+/// is the task's own, renamed for the second copy by [`second_copy`]).
+const SHARED_REGS: [&str; 14] = [
+    "thr", "m0", "n0", "M", "N", "nch", "tb", "xq", "nbx", "wq", "nbw", "sA", "sW", "gdt",
+];
+
+/// `text` with every register not in [`SHARED_REGS`] renamed `%y...` (`%t3` -> `%yt3`).
+fn second_copy(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut rest = text;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let n = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let name = &rest[..n];
+        if !SHARED_REGS.contains(&name) {
+            out.push('y');
+        }
+        out.push_str(name);
+        rest = &rest[n..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Task `thr`'s code of a stage (`%qo` = 0) and the second task's (`thr + THREADS`, its
+/// registers renamed by [`second_copy`]), line by line side by side: both tasks' global
+/// loads are issued before either waits for one. The code is straight-line (no labels).
+fn two_tasks(first: &str) -> String {
+    let second = second_copy(first);
+    let mut out = String::new();
+    for (a, b) in first.lines().zip(second.lines()) {
+        out += a;
+        out.push('\n');
+        if !a.trim_start().starts_with("//") {
+            out += b;
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// The `qgemm` entry.
 pub fn qgemm() -> String {
+    assert_eq!(TK * BN, 2 * THREADS, "stage A: two tasks a thread");
+    assert_eq!(TK * BM, 2 * THREADS, "stage W: two tasks a thread");
     let mut f = header_constants(HEADER);
-    f += &format!(
+    let tk_log = TK.trailing_zeros();
+    let tk_mask = TK - 1;
+    let mut a = format!(
         "    // Stage A: the tile's Q8_1 blocks, task t = (column t / {TK}, chunk t % {TK}).
-    mov.u32 %qi, %thr;
-QA_TASK:
-    setp.ge.u32 %p0, %qi, {tasks};
-    @%p0 bra QA_DONE;
+    add.u32 %qi, %thr, %qo;
     shr.u32 %qcl, %qi, {tk_log};
     and.b32 %qc, %qi, {tk_mask};
     add.u32 %t0, %n0, %qcl;
@@ -55,15 +100,12 @@ QA_TASK:
     mul.wide.u32 %rd0, %t2, 36;
     add.u64 %rd1, %rd1, %rd0;
     ld.global.nc.b32 %t4, [%rd1];
-",
-        tasks = TK * BN,
-        tk_log = TK.trailing_zeros(),
-        tk_mask = TK - 1,
+"
     );
     for i in 0..8 {
-        f += &format!("    ld.global.nc.b32 %W{i}, [%rd1+{}];\n", 4 + 4 * i);
+        a += &format!("    ld.global.nc.b32 %W{i}, [%rd1+{}];\n", 4 + 4 * i);
     }
-    f += "    mov.b32 {%hh0, %hh1}, %t4;
+    a += "    mov.b32 {%hh0, %hh1}, %t4;
     cvt.f32.f16 %f0, %hh0;
     cvt.f32.f16 %f1, %hh1;
     dp4a.s32.s32 %t5, %W0, 0x01010101, 0;
@@ -75,7 +117,7 @@ QA_TASK:
     dp4a.s32.s32 %t6, %W6, 0x01010101, %t6;
     dp4a.s32.s32 %t6, %W7, 0x01010101, %t6;
 ";
-    f += &format!(
+    a += &format!(
         "    mad.lo.u32 %t0, %qc, {BN}, %qcl;
     mul.wide.u32 %rd0, %t0, {A_ENTRY};
     add.u64 %rd0, %sA, %rd0;
@@ -84,14 +126,20 @@ QA_TASK:
     st.shared.v4.b32 [%rd0], {{%t7, %t8, %t5, %t6}};
     st.shared.v4.b32 [%rd0+16], {{%W0, %W1, %W2, %W3}};
     st.shared.v4.b32 [%rd0+32], {{%W4, %W5, %W6, %W7}};
-    add.u32 %qi, %qi, {THREADS};
-    bra QA_TASK;
-QA_DONE:
-    // Stage W: the tile's weight chunks unpacked, task t = (row t / {TK}, chunk t % {TK}).
-    mov.u32 %qi, %thr;
-QW_TASK:
-    setp.ge.u32 %p0, %qi, {tasks};
-    @%p0 bra QW_DONE;
+"
+    );
+    f += &format!("    mov.u32 %qo, 0;\n    mov.u32 %yqo, {THREADS};\n");
+    f += &two_tasks(&a);
+    // Stage W: the tile's weight chunks unpacked by the dtype's fragment; task t = (row
+    // t / TK, chunk t % TK). The dtype is the same for every thread: one branch, then
+    // both tasks' code side by side.
+    f += "    // Stage W: the tile's weight chunks unpacked (two tasks, side by side).\n";
+    for (name, id) in DTYPES {
+        f += &format!("    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra QW_{name};\n");
+    }
+    f += "    trap;\n";
+    let setup = format!(
+        "    add.u32 %qi, %thr, %qo;
     shr.u32 %qcl, %qi, {tk_log};
     and.b32 %qc, %qi, {tk_mask};
     add.u32 %t0, %m0, %qcl;
@@ -102,26 +150,10 @@ QW_TASK:
     min.u32 %j, %j, %t3;
     cvt.u64.u32 %rd0, %t0;
     mad.lo.u64 %rw, %rd0, %nbw, %wq;
-",
-        tasks = TK * BM,
-        tk_log = TK.trailing_zeros(),
-        tk_mask = TK - 1,
+"
     );
-    for (name, id) in DTYPES {
-        f += &format!("    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra QW_{name};\n");
-    }
-    f += "    trap;\n";
-    for (name, _) in DTYPES {
-        f += &format!("QW_{name}:\n");
-        f += &fragment(name);
-        if !ZERO_POINT.contains(&name) {
-            f += "    mov.b32 %zs0, 0;\n    mov.b32 %zs1, 0;\n";
-        }
-        f += "    bra QW_STORE;\n";
-    }
-    f += &format!(
-        "QW_STORE:
-    mad.lo.u32 %t0, %qc, {BM}, %qcl;
+    let store = format!(
+        "    mad.lo.u32 %t0, %qc, {BM}, %qcl;
     mul.wide.u32 %rd0, %t0, {W_ENTRY};
     add.u64 %rd0, %sW, %rd0;
     st.shared.v4.b32 [%rd0], {{%U0, %U1, %U2, %U3}};
@@ -131,9 +163,21 @@ QW_TASK:
     mov.b32 %t5, %mw;
     mov.b32 %t6, %dm;
     st.shared.v4.b32 [%rd0+48], {{%t4, %t5, %t6, %m01}};
-    add.u32 %qi, %qi, {THREADS};
-    bra QW_TASK;
-QW_DONE:
+"
+    );
+    for (name, _) in DTYPES {
+        let mut task = setup.clone();
+        task += &fragment(name);
+        if !ZERO_POINT.contains(&name) {
+            task += "    mov.b32 %zs0, 0;\n    mov.b32 %zs1, 0;\n";
+        }
+        task += &store;
+        f += &format!("QW_{name}:\n");
+        f += &two_tasks(&task);
+        f += "    bra QW_DONE;\n";
+    }
+    f += &format!(
+        "QW_DONE:
     bar.sync 0;
     // The tile's chunks in order: this thread's rows tx, tx + 16 and columns ty + 8j.
     mul.wide.u32 %rd0, %tx, {W_ENTRY};
@@ -395,6 +439,14 @@ const HEADER: &str = "
     .reg .b32 %qa<16>, %qu<8>, %qv<8>, %qx<8>, %qy<8>, %qt<8>, %qm<4>;
     .reg .f32 %ac<8>, %qf<8>, %qg<8>;
     .reg .pred %pz1;
+    .reg .b32 %qo;
+    // The second task copy of stages A and W (qgemm.rs second_copy).
+    .reg .pred %yp<4>, %ypal;
+    .reg .b16 %yhh<8>, %yxl<7>, %yxh<7>;
+    .reg .b32 %yt<16>, %yX<7>, %yW<8>, %yH<8>, %yU<8>;
+    .reg .b32 %yj, %ys, %ysn, %yst, %ysc0, %ysc1, %yzs0, %yzs1, %ym01, %yqi, %yqc, %yqcl, %yqo;
+    .reg .f32 %yf<16>, %ydw, %ymw, %ydm;
+    .reg .b64 %yrd<8>, %yrw, %yrb, %yra;
 
     mov.u32 %thr, %tid.x;
     and.b32 %tx, %thr, 15;
