@@ -454,3 +454,33 @@ fn q4_1_and_q5_1_keep_the_first_of_equal_minima() {
     assert_eq!(legacy::quantize_block_q4_1(&x).m.to_bits(), 0x8000);
     assert_eq!(legacy::quantize_block_q5_1(&x).m.to_bits(), 0x8000);
 }
+
+/// Q3_K and Q6_K take the super-block scale from the first sub-block of the largest
+/// magnitude (ggml's `if (scale > amax)`): with sub-blocks p and -p, whose scales have
+/// equal magnitudes and opposite signs, the block is the one of p alone but for the
+/// second sub-block's quants (the later one does not flip the scale's sign).
+#[test]
+fn q3_k_and_q6_k_keep_the_first_of_equal_magnitude_scales() {
+    let mut x = [0.0f32; QK_K];
+    // Multiples of the scale, so that neither sign rounds a tie.
+    for (i, v) in x[..16].iter_mut().enumerate() {
+        *v = ((i % 8) as f32 - 4.0) * 0.5;
+    }
+    let mut both = x;
+    for i in 0..16 {
+        both[16 + i] = -x[i];
+    }
+    let (q3, q3_both) = (
+        kquants::quantize_block_q3_k(&x),
+        kquants::quantize_block_q3_k(&both),
+    );
+    assert_ne!(q3.d.to_bits(), 0);
+    assert_eq!(q3_both.d.to_bits(), q3.d.to_bits(), "Q3_K d");
+    let (q6, q6_both) = (
+        kquants::quantize_block_q6_k(&x),
+        kquants::quantize_block_q6_k(&both),
+    );
+    assert_ne!(q6.d.to_bits(), 0);
+    assert_eq!(q6_both.d.to_bits(), q6.d.to_bits(), "Q6_K d");
+    assert_eq!(q6_both.scales[0], q6.scales[0], "Q6_K: p's scale");
+}
