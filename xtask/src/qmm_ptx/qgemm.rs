@@ -1,14 +1,15 @@
 //! The `qgemm` entry of `qmm.ptx`: quantised products of the tiled class (8 columns or
 //! more) as a register-tiled GEMM, with `qmm`'s per-output arithmetic.
 //!
-//! A block computes a 32 x 32 tile of outputs with 128 threads, 8 outputs each (rows
-//! `tx`, `tx + 16`; columns `ty + 8j`). Per K-tile of [`TK`] chunks the threads unpack
-//! the weight chunks once into shared memory (the dtype's `qmm` fragment, one task per
-//! (row, chunk)) and copy the activations' Q8_1 blocks (quantised by `quantize_q8_1`
-//! before the launch) beside them; then each thread runs, chunk after chunk in index
-//! order, the integer dot products of its 8 outputs (dp4a, exact) and their f32 chains
-//! exactly as `qmm`'s stage C does. Each weight chunk is unpacked once per 32 columns
-//! (`qmm`: once per 8) and each activation block read once per 32 rows, from registers.
+//! A block computes a 32 x 32 tile of outputs with 128 threads, 8 outputs each (a warp
+//! 16 x 16). Per K-tile of [`TK`] chunks the threads unpack the weight chunks once into
+//! shared memory (the dtype's `qmm` fragment, one task per (row, chunk)) and copy the
+//! activations' Q8_1 blocks (quantised by `quantize_q8_1` before the launch) beside them;
+//! then, chunk after chunk in index order, each warp computes its chunk's integer dot
+//! products on the tensor cores (`mma` m16n8k16, u8 quants times s8 activations into s32:
+//! exact, so the same sums as `qmm`'s dp4a) and each thread steps its 8 outputs' f32
+//! chains exactly as `qmm`'s stage C does. Each weight chunk is unpacked once per 32
+//! columns (`qmm`: once per 8).
 
 use super::{fragment, DTYPES};
 
@@ -179,11 +180,32 @@ pub fn qgemm() -> String {
     f += &format!(
         "QW_DONE:
     bar.sync 0;
-    // The tile's chunks in order: this thread's rows tx, tx + 16 and columns ty + 8j.
-    mul.wide.u32 %rd0, %tx, {W_ENTRY};
+    // The tile's chunks in order. Warp w takes rows wr = 16 (w % 2) .. wr + 15 and
+    // columns wc = 16 (w / 2) .. wc + 15; lane l (g = l / 4, t = l % 4) the outputs of rows
+    // r0 = wr + g, r0 + 8 and columns c0 = wc + 2t, c0 + 1, c0 + 8, c0 + 9.
+    and.b32 %t0, %thr, 31;
+    shr.u32 %t1, %thr, 5;
+    shr.u32 %t2, %t0, 2;
+    and.b32 %t3, %t0, 3;
+    and.b32 %t4, %t1, 1;
+    shl.b32 %t4, %t4, 4;
+    shr.u32 %t5, %t1, 1;
+    shl.b32 %t5, %t5, 4;
+    add.u32 %tr, %t4, %t2;
+    shl.b32 %t6, %t3, 1;
+    add.u32 %tcl, %t5, %t6;
+    mul.wide.u32 %rd0, %tr, {W_ENTRY};
     add.u64 %pw, %sW, %rd0;
-    mul.wide.u32 %rd0, %ty, {A_ENTRY};
+    mul.wide.u32 %rd1, %t3, 4;
+    add.u64 %pwa, %pw, %rd1;
+    add.u32 %t7, %t5, %t2;
+    mul.wide.u32 %rd0, %t7, {A_ENTRY};
+    add.u64 %pb, %sA, %rd0;
+    add.u64 %pb, %pb, %rd1;
+    add.u64 %pb, %pb, 16;
+    mul.wide.u32 %rd0, %tcl, {A_ENTRY};
     add.u64 %pa, %sA, %rd0;
+    mov.b32 %qz, 0;
     mov.u32 %qc, 0;
 QG_CHUNK:
     setp.ge.u32 %p0, %qc, %TKa;
@@ -192,8 +214,10 @@ QG_CHUNK:
     );
     f += &chunk();
     f += &format!(
-        "    add.u64 %pw, %pw, {};
-    add.u64 %pa, %pa, {};
+        "    add.u64 %pw, %pw, {0};
+    add.u64 %pwa, %pwa, {0};
+    add.u64 %pa, %pa, {1};
+    add.u64 %pb, %pb, {1};
     add.u32 %qc, %qc, 1;
     bra QG_CHUNK;
 QG_NEXT:
@@ -208,9 +232,9 @@ QG_STORE:
         for j in 0..4 {
             let o = 4 * i + j;
             f += &format!(
-                "    add.u32 %t0, %m0, %tx;
+                "    add.u32 %t0, %m0, %tr;
     add.u32 %t0, %t0, {row};
-    add.u32 %t1, %n0, %ty;
+    add.u32 %t1, %n0, %tcl;
     add.u32 %t1, %t1, {col};
     setp.lt.u32 %p0, %t0, %M;
     setp.lt.u32 %p1, %t1, %N;
@@ -221,8 +245,8 @@ QG_STORE:
     add.u64 %rd1, %rd1, %rd0;
     @%p0 st.global.f32 [%rd1], %ac{o};
 ",
-                row = 16 * i,
-                col = 8 * j
+                row = 8 * i,
+                col = [0, 1, 8, 9][j]
             );
         }
     }
@@ -230,63 +254,53 @@ QG_STORE:
     f
 }
 
-/// One chunk of the compute loop: `%pw` at this thread's first row's entry, `%pa` at its
-/// first column's. The integer dot products of both halves for the 8 outputs, then per
-/// output `qmm`'s chain step: acc = fma(dw * da, float(sumi), acc), acc = fma(mw, sa,
-/// acc), and for Q2_K with dm != 0 acc = fma(-(dm * da), float(m0 * sum_lo + m1 *
-/// sum_hi), acc). Every step is written for the 8 outputs before the next, so that no
+/// One chunk of the compute loop. The warp's 16 x 16 outputs are two `mma` tiles of
+/// 16 x 8 (u8 weights times s8 activations, s32 sums: exact like dp4a), one `mma` per tile
+/// and half chunk (values 0..15 and 16..31, which Q2_K..Q6_K scale apart): a thread gets
+/// the sums of rows r0 = wr + g, r1 = r0 + 8 and columns c0 + {0, 1, 8, 9} (g = lane / 4,
+/// c0 = wc + 2 (lane % 4)). `%pwa` points at row r0's A word (lane % 4), `%pb` at column
+/// wc + g's activation word (lane % 4), `%pw` and `%pa` at row r0's and column c0's
+/// entries. Then per output `qmm`'s chain step: acc = fma(dw * da, float(sumi), acc),
+/// acc = fma(mw, sa, acc), and for Q2_K with dm != 0 acc = fma(-(dm * da), float(m0 *
+/// sum_lo + m1 * sum_hi), acc), each step for the 8 outputs before the next, so that no
 /// instruction waits for the one just before it.
 fn chunk() -> String {
-    let mut f = String::new();
-    let row = BM / 2 * W_ENTRY; // the second row, tx + 16
-    let col = BN / 4 * A_ENTRY; // the next column, ty + 8
-    for (half, x) in [(0u32, "qx"), (1, "qy")] {
-        for i in 0..2 {
-            f += &format!(
-                "    ld.shared.v4.b32 {{%qu{}, %qu{}, %qu{}, %qu{}}}, [%pw+{}];\n",
-                4 * i,
-                4 * i + 1,
-                4 * i + 2,
-                4 * i + 3,
-                i * row + 16 * half
-            );
-        }
-        for j in 0..4 {
-            f += &format!(
-                "    ld.shared.v4.b32 {{%qa{}, %qa{}, %qa{}, %qa{}}}, [%pa+{}];\n",
-                4 * j,
-                4 * j + 1,
-                4 * j + 2,
-                4 * j + 3,
-                j * col + 16 + 16 * half
-            );
-        }
-        for k in 0..4 {
-            for i in 0..2 {
-                for j in 0..4 {
-                    let o = 4 * i + j;
-                    let acc = if k == 0 {
-                        "0".to_string()
-                    } else {
-                        format!("%{x}{o}")
-                    };
-                    f += &format!(
-                        "    dp4a.u32.s32 %{x}{o}, %qu{}, %qa{}, {acc};\n",
-                        4 * i + k,
-                        4 * j + k
-                    );
-                }
-            }
-        }
-    }
-    for j in 0..4 {
+    let row = 8 * W_ENTRY; // row r1 = r0 + 8
+    let col8 = 8 * A_ENTRY; // column + 8
+    let mut f = format!(
+        "    ld.shared.b32 %qw0, [%pwa];
+    ld.shared.b32 %qw1, [%pwa+{row}];
+    ld.shared.b32 %qw2, [%pwa+16];
+    ld.shared.b32 %qw3, [%pwa+{}];
+    ld.shared.b32 %qb0, [%pb];
+    ld.shared.b32 %qb1, [%pb+16];
+    ld.shared.b32 %qb2, [%pb+{col8}];
+    ld.shared.b32 %qb3, [%pb+{}];
+",
+        row + 16,
+        col8 + 16
+    );
+    for (ng, half, x) in [(0, 0, "qx"), (0, 1, "qy"), (1, 0, "qx"), (1, 1, "qy")] {
+        let o = 2 * ng;
         f += &format!(
-            "    ld.shared.v4.b32 {{%qa{}, %qa{}, %qa{}, %qa{}}}, [%pa+{}];\n",
+            "    mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {{%{x}{}, %{x}{}, %{x}{}, %{x}{}}}, {{%qw{}, %qw{}}}, {{%qb{}}}, {{%qz, %qz, %qz, %qz}};\n",
+            o,
+            o + 1,
+            o + 4,
+            o + 5,
+            2 * half,
+            2 * half + 1,
+            2 * ng + half
+        );
+    }
+    let col = [0, A_ENTRY, col8, col8 + A_ENTRY];
+    for (j, off) in col.iter().enumerate() {
+        f += &format!(
+            "    ld.shared.v4.b32 {{%qa{}, %qa{}, %qa{}, %qa{}}}, [%pa+{off}];\n",
             4 * j,
             4 * j + 1,
             4 * j + 2,
             4 * j + 3,
-            j * col
         );
     }
     // Row i's {sc0, sc1, zs0, zs1} and {dw, mw, dm, m01}: row 0 in %qu0..7, row 1 in %qv0..7.
@@ -407,7 +421,8 @@ const HEADER: &str = "
 // Shared: dynamic, 8 chunks x 32 rows x 80 bytes of unpacked weight chunks, then
 //         8 chunks x 32 columns x 48 bytes of activation blocks (qmm_smem)
 // Reduction: per output as the file header, like qmm: each chunk's integer dot product
-//   (dp4a over both halves, then sc0, sc1 and the zero-point terms: exact in any order),
+//   (an s32 mma per half chunk, then sc0, sc1 and the zero-point terms: exact in any
+//   order),
 //   then the f32 chain over chunks in increasing order by the one thread that owns the
 //   output: fma(dw * da, float(sumi)), fma(mw, sa), and Q2_K's min term when dm != 0.
 // ---------------------------------------------------------------------------------
@@ -439,7 +454,8 @@ const HEADER: &str = "
     .reg .b32 %qa<16>, %qu<8>, %qv<8>, %qx<8>, %qy<8>, %qt<8>, %qm<4>;
     .reg .f32 %ac<8>, %qf<8>, %qg<8>;
     .reg .pred %pz1;
-    .reg .b32 %qo;
+    .reg .b32 %qo, %tr, %tcl, %qz, %qw<4>, %qb<4>;
+    .reg .b64 %pwa, %pb;
     // The second task copy of stages A and W (qgemm.rs second_copy).
     .reg .pred %yp<4>, %ypal;
     .reg .b16 %yhh<8>, %yxl<7>, %yxh<7>;
