@@ -207,26 +207,47 @@ pub fn qgemm() -> String {
     add.u64 %pa, %sA, %rd0;
     mov.b32 %qz, 0;
     mov.u32 %qc, 0;
-QG_CHUNK:
-    setp.ge.u32 %p0, %qc, %TKa;
-    @%p0 bra QG_NEXT;
 "
     );
-    f += &chunk();
-    f += &format!(
+    // Chunk c's mma results are in one set of registers (qx/qy or qX/qY) while chunk
+    // c + 1's mma goes into the other, ahead of chunk c's chain: the chain never waits
+    // for the tensor cores. The loop takes two chunks a turn, one per set.
+    f += &mma_block("qx", "qy", false);
+    let advance = format!(
         "    add.u64 %pw, %pw, {0};
     add.u64 %pwa, %pwa, {0};
     add.u64 %pa, %pa, {1};
     add.u64 %pb, %pb, {1};
     add.u32 %qc, %qc, 1;
-    bra QG_CHUNK;
+",
+        BM * W_ENTRY,
+        BN * A_ENTRY
+    );
+    for (label, (x, y), (nx, ny)) in [
+        ("QG_CHUNK", ("qx", "qy"), ("qX", "qY")),
+        ("QG_CHUNK_B", ("qX", "qY"), ("qx", "qy")),
+    ] {
+        f += &format!(
+            "{label}:
+    setp.ge.u32 %p0, %qc, %TKa;
+    @%p0 bra QG_NEXT;
+    add.u32 %t0, %qc, 1;
+    setp.ge.u32 %p0, %t0, %TKa;
+    @%p0 bra {label}_CHAIN;
+"
+        );
+        f += &mma_block(nx, ny, true);
+        f += &format!("{label}_CHAIN:\n");
+        f += &chain(x, y, label);
+        f += &advance;
+    }
+    f += &format!(
+        "    bra QG_CHUNK;
 QG_NEXT:
     add.u32 %tb, %tb, {TK};
     bra QG_TILE;
 QG_STORE:
-",
-        BM * W_ENTRY,
-        BN * A_ENTRY
+"
     );
     for i in 0..2 {
         for j in 0..4 {
@@ -264,26 +285,35 @@ QG_STORE:
 /// acc = fma(mw, sa, acc), and for Q2_K with dm != 0 acc = fma(-(dm * da), float(m0 *
 /// sum_lo + m1 * sum_hi), acc), each step for the 8 outputs before the next, so that no
 /// instruction waits for the one just before it.
-fn chunk() -> String {
+fn mma_block(x: &str, y: &str, ahead: bool) -> String {
     let row = 8 * W_ENTRY; // row r1 = r0 + 8
     let col8 = 8 * A_ENTRY; // column + 8
+    let (w, a) = if ahead {
+        (BM * W_ENTRY, BN * A_ENTRY)
+    } else {
+        (0, 0)
+    };
     let mut f = format!(
-        "    ld.shared.b32 %qw0, [%pwa];
-    ld.shared.b32 %qw1, [%pwa+{row}];
-    ld.shared.b32 %qw2, [%pwa+16];
+        "    ld.shared.b32 %qw0, [%pwa+{w}];
+    ld.shared.b32 %qw1, [%pwa+{}];
+    ld.shared.b32 %qw2, [%pwa+{}];
     ld.shared.b32 %qw3, [%pwa+{}];
-    ld.shared.b32 %qb0, [%pb];
-    ld.shared.b32 %qb1, [%pb+16];
-    ld.shared.b32 %qb2, [%pb+{col8}];
+    ld.shared.b32 %qb0, [%pb+{a}];
+    ld.shared.b32 %qb1, [%pb+{}];
+    ld.shared.b32 %qb2, [%pb+{}];
     ld.shared.b32 %qb3, [%pb+{}];
 ",
-        row + 16,
-        col8 + 16
+        w + row,
+        w + 16,
+        w + row + 16,
+        a + 16,
+        a + col8,
+        a + col8 + 16
     );
-    for (ng, half, x) in [(0, 0, "qx"), (0, 1, "qy"), (1, 0, "qx"), (1, 1, "qy")] {
+    for (ng, half, r) in [(0, 0, x), (0, 1, y), (1, 0, x), (1, 1, y)] {
         let o = 2 * ng;
         f += &format!(
-            "    mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {{%{x}{}, %{x}{}, %{x}{}, %{x}{}}}, {{%qw{}, %qw{}}}, {{%qb{}}}, {{%qz, %qz, %qz, %qz}};\n",
+            "    mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {{%{r}{}, %{r}{}, %{r}{}, %{r}{}}}, {{%qw{}, %qw{}}}, {{%qb{}}}, {{%qz, %qz, %qz, %qz}};\n",
             o,
             o + 1,
             o + 4,
@@ -293,6 +323,16 @@ fn chunk() -> String {
             2 * ng + half
         );
     }
+    f
+}
+
+/// The chain steps of the chunk whose sums are in `%{x}0..7` (first halves) and
+/// `%{y}0..7` (second halves), as [`mma_block`]'s doc says; `label` names its branch
+/// targets.
+fn chain(x: &str, y: &str, label: &str) -> String {
+    let col8 = 8 * A_ENTRY;
+    let row = 8 * W_ENTRY;
+    let mut f = String::new();
     let col = [0, A_ENTRY, col8, col8 + A_ENTRY];
     for (j, off) in col.iter().enumerate() {
         f += &format!(
@@ -328,22 +368,22 @@ fn chunk() -> String {
         format!("    mul.lo.s32 %qt{o}, %{r}2, %qa{};\n", 4 * j + 2)
     });
     step(&mut f, &|o, r, _| {
-        format!("    mul.lo.s32 %qx{o}, %{r}0, %qx{o};\n")
+        format!("    mul.lo.s32 %{x}{o}, %{r}0, %{x}{o};\n")
     });
     step(&mut f, &|o, r, j| {
         format!("    mad.lo.s32 %qt{o}, %{r}3, %qa{}, %qt{o};\n", 4 * j + 3)
     });
     step(&mut f, &|o, r, _| {
-        format!("    mad.lo.s32 %qx{o}, %{r}1, %qy{o}, %qx{o};\n")
+        format!("    mad.lo.s32 %{x}{o}, %{r}1, %{y}{o}, %{x}{o};\n")
     });
     step(&mut f, &|o, r, j| {
         format!("    mul.rn.f32 %qf{o}, %{r}4, %qa{};\n", 4 * j)
     });
     step(&mut f, &|o, _, _| {
-        format!("    sub.s32 %qx{o}, %qx{o}, %qt{o};\n")
+        format!("    sub.s32 %{x}{o}, %{x}{o}, %qt{o};\n")
     });
     step(&mut f, &|o, _, _| {
-        format!("    cvt.rn.f32.s32 %qg{o}, %qx{o};\n")
+        format!("    cvt.rn.f32.s32 %qg{o}, %{x}{o};\n")
     });
     step(&mut f, &|o, _, _| {
         format!("    fma.rn.f32 %ac{o}, %qf{o}, %qg{o}, %ac{o};\n")
@@ -352,19 +392,21 @@ fn chunk() -> String {
         format!("    fma.rn.f32 %ac{o}, %{r}5, %qa{}, %ac{o};\n", 4 * j + 1)
     });
     // Q2_K's min term, for the rows whose dm is not 0 (a predicate per row).
-    f += "    @%pnq2 bra QG_NO_MIN;
+    f += &format!(
+        "    @%pnq2 bra {label}_NO_MIN;
     setp.neu.f32 %pz, %qu6, 0f00000000;
     setp.neu.f32 %pz1, %qv6, 0f00000000;
     and.b32 %qm0, %qu7, 0xFFFF;
     shr.u32 %qm1, %qu7, 16;
     and.b32 %qm2, %qv7, 0xFFFF;
     shr.u32 %qm3, %qv7, 16;
-";
+"
+    );
     let pred = |o: usize| if o < 4 { "@%pz" } else { "@%pz1" };
     let m = |o: usize| if o < 4 { (0, 1) } else { (2, 3) };
     step(&mut f, &|o, _, j| {
         format!(
-            "    {} mul.lo.s32 %qx{o}, %qm{}, %qa{};\n",
+            "    {} mul.lo.s32 %{x}{o}, %qm{}, %qa{};\n",
             pred(o),
             m(o).0,
             4 * j + 2
@@ -375,7 +417,7 @@ fn chunk() -> String {
     });
     step(&mut f, &|o, _, j| {
         format!(
-            "    {} mad.lo.s32 %qx{o}, %qm{}, %qa{}, %qx{o};\n",
+            "    {} mad.lo.s32 %{x}{o}, %qm{}, %qa{}, %{x}{o};\n",
             pred(o),
             m(o).1,
             4 * j + 3
@@ -385,7 +427,7 @@ fn chunk() -> String {
         format!("    {} neg.f32 %qf{o}, %qf{o};\n", pred(o))
     });
     step(&mut f, &|o, _, _| {
-        format!("    {} cvt.rn.f32.s32 %qg{o}, %qx{o};\n", pred(o))
+        format!("    {} cvt.rn.f32.s32 %qg{o}, %{x}{o};\n", pred(o))
     });
     step(&mut f, &|o, _, _| {
         format!(
@@ -393,7 +435,7 @@ fn chunk() -> String {
             pred(o)
         )
     });
-    f += "QG_NO_MIN:\n";
+    f += &format!("{label}_NO_MIN:\n");
     f
 }
 
@@ -451,7 +493,7 @@ const HEADER: &str = "
     .reg .b64 %rw, %rb, %ra;
     .reg .b32 %thr, %tx, %ty, %m0, %n0, %M, %N, %nch, %gdt, %tb, %TKa, %qi, %qc, %qcl;
     .reg .b64 %sW, %sA, %pw, %pa, %xq, %nbx, %wq, %nbw, %dq, %nbd;
-    .reg .b32 %qa<16>, %qu<8>, %qv<8>, %qx<8>, %qy<8>, %qt<8>, %qm<4>;
+    .reg .b32 %qa<16>, %qu<8>, %qv<8>, %qx<8>, %qy<8>, %qX<8>, %qY<8>, %qt<8>, %qm<4>;
     .reg .f32 %ac<8>, %qf<8>, %qg<8>;
     .reg .pred %pz1;
     .reg .b32 %qo, %tr, %tcl, %qz, %qw<4>, %qb<4>;
