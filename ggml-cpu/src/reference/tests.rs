@@ -425,3 +425,36 @@ fn flash_attention_close_to_f64() {
         }
     }
 }
+
+/// bf16 is the top half of an f32: widening is a shift (every non-NaN pattern, NaN stays
+/// NaN), narrowing rounds to nearest with ties to even, computed here on the bits.
+#[test]
+fn bf16_conversions_follow_the_bit_layout() {
+    for h in 0..=u16::MAX {
+        let want = f32::from_bits(u32::from(h) << 16);
+        let got = bf16_to_f32(h);
+        if want.is_nan() {
+            assert!(got.is_nan(), "{h:#06x}");
+        } else {
+            assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
+        }
+    }
+    let round = |bits: u32| ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+    for bits in [
+        0x3F80_0000u32, // 1.0
+        0x3F80_8000,    // a tie, to the even 0x3F80
+        0x3F81_8000,    // a tie, to the even 0x3F82
+        0x3F80_8001,    // above the tie
+        0x3F80_7FFF,    // below it
+        0xC2F7_1234,    // negative
+        0x0000_0001,    // the smallest subnormal rounds to 0
+        0x7F7F_FFFF,    // the largest finite rounds to infinity
+        0x0000_0000,
+        0x8000_0000,
+    ] {
+        let x = f32::from_bits(bits);
+        assert_eq!(f32_to_bf16(x), round(bits), "{bits:#010x}");
+    }
+    assert_eq!(f32_to_bf16(f32::INFINITY), 0x7F80);
+    assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+}
