@@ -41,8 +41,8 @@ pub enum KernelId {
     /// `qmm.ptx`: quantised products, second generation (mul_mat of every class,
     /// mul_mat_id, and the fused decode-class runs).
     Qmm,
-    /// `qmm.ptx`: 2-D quantised mul_mat of the tiled class as a register-tiled GEMM
-    /// (32 x 32 outputs a block), bit for bit `qmm`'s results.
+    /// `qmm.ptx`: 2-D quantised mul_mat of the tiled class, 32 x 32 outputs a block, the
+    /// integer dot products on int8 tensor cores (exact): bit for bit `qmm`'s results.
     Qgemm,
     /// `mul_mat.ptx`: f32/f16/bf16 mul_mat.
     MulMatF,

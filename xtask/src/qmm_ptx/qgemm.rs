@@ -491,7 +491,7 @@ const HEADER: &str = "
     .reg .f32 %dw, %mw, %dm;
     .reg .b64 %rd<8>;
     .reg .b64 %rw, %rb, %ra;
-    .reg .b32 %thr, %tx, %ty, %m0, %n0, %M, %N, %nch, %gdt, %tb, %TKa, %qi, %qc, %qcl;
+    .reg .b32 %thr, %m0, %n0, %M, %N, %nch, %gdt, %tb, %TKa, %qi, %qc, %qcl;
     .reg .b64 %sW, %sA, %pw, %pa, %xq, %nbx, %wq, %nbw, %dq, %nbd;
     .reg .b32 %qa<16>, %qu<8>, %qv<8>, %qx<8>, %qy<8>, %qX<8>, %qY<8>, %qt<8>, %qm<4>;
     .reg .f32 %ac<8>, %qf<8>, %qg<8>;
@@ -507,8 +507,6 @@ const HEADER: &str = "
     .reg .b64 %yrd<8>, %yrw, %yrb, %yra;
 
     mov.u32 %thr, %tid.x;
-    and.b32 %tx, %thr, 15;
-    shr.u32 %ty, %thr, 4;
     mov.u32 %t0, %ctaid.x;
     shl.b32 %m0, %t0, 5;
     mov.u32 %t0, %ctaid.y;
