@@ -58,6 +58,8 @@ pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         return c.launch(KernelId::MulMatF, d, &mut a);
     }
     let class = launch::mul_mat_class(n);
+    // 2-D products of the tiled class: qgemm, qmm's bits with the integer dots on tensor
+    // cores (the activations quantised once, as for qmm's tiles below).
     let plain_2d = batch == 1 && w.ne[2] == 1 && w.ne[3] == 1;
     if !c.st.tuning.legacy_products && c.st.tuning.qgemm && class == MulMatClass::Mmq && plain_2d {
         check_weight_alignment(c, &w, wa)?;
