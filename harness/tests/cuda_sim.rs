@@ -228,8 +228,9 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
 
 /// `ggml-harness profile` on an emulated GPU: every launch of a prompt and of a decoded
 /// token (node kernels, fused runs and the scatter of batched uploads alike) is joined
-/// with the backend's record of it and priced, and the decoded token's products are
-/// fused runs.
+/// with the backend's record of it and priced, the decoded token's products are fused
+/// runs, and the prompt's products run on `qgemm` with every multiply-add on int8 tensor
+/// cores.
 #[test]
 fn profile_joins_every_launch_with_its_record() {
     use harness::profile::{profile_model, ProfileSettings};
@@ -277,6 +278,17 @@ fn profile_joins_every_launch_with_its_record() {
             .any(|l| l.kernel == ggml_cuda::KernelId::UploadScatter),
         "no upload scatter profiled"
     );
+    let gemms: Vec<_> = launches
+        .iter()
+        .filter(|l| l.pass == "pp8" && l.kernel == ggml_cuda::KernelId::Qgemm)
+        .collect();
+    assert!(!gemms.is_empty(), "the prompt ran no qgemm");
+    for l in gemms {
+        let c = &l.counters;
+        // Whole 32 x 32 tiles: at least the op's multiply-adds, all of them int8.
+        assert!(c.tensor_macs >= l.macs && l.macs > 0, "{}: {c:?}", l.node);
+        assert_eq!(c.tensor_macs_int8, c.tensor_macs, "{}", l.node);
+    }
     // Each launch's critical warp accounts for the whole critical path, line by line.
     for l in &launches {
         let c = &l.counters;
