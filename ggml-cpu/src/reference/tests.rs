@@ -371,8 +371,16 @@ fn flash_attention_head_256_gqa4_f16_close_to_f64() {
     }
 }
 
+/// Also with scores in the thousands (scale 200), where a wrong running maximum would
+/// overflow `exp`.
 #[test]
 fn flash_attention_close_to_f64() {
+    for scale in [0.25f32, 200.0] {
+        flash_attention_close_to_f64_at(scale);
+    }
+}
+
+fn flash_attention_close_to_f64_at(scale: f32) {
     let (d, n_kv, h) = (16usize, 9usize, 2usize);
     let mut r = rng(3);
     let mk = |ne: [usize; 4]| Tensor::contiguous(DType::F32, ne).unwrap();
@@ -384,7 +392,7 @@ fn flash_attention_close_to_f64() {
     let (bq, bk, bv) = (b(&q), b(&k), b(&v));
     let mut node = mk([d, h, 1, 1]);
     node.op = Op::FlashAttnExt {
-        scale: 0.25,
+        scale,
         max_bias: 0.0,
         softcap: 0.0,
     };
@@ -410,7 +418,7 @@ fn flash_attention_close_to_f64() {
                 (0..d)
                     .map(|i| q[hh * d + i] as f64 * k[j * d + i] as f64)
                     .sum::<f64>()
-                    * 0.25
+                    * scale as f64
             })
             .collect();
         let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -421,7 +429,10 @@ fn flash_attention_close_to_f64() {
                 .sum();
             let o = hh * d + i;
             let got = f32::from_le_bytes(out[4 * o..4 * o + 4].try_into().unwrap());
-            assert!((got as f64 - want).abs() < 1e-5, "head {hh} dim {i}");
+            assert!(
+                (got as f64 - want).abs() < 1e-5,
+                "scale {scale} head {hh} dim {i}: {got} vs {want}"
+            );
         }
     }
 }
@@ -457,4 +468,42 @@ fn bf16_conversions_follow_the_bit_layout() {
     }
     assert_eq!(f32_to_bf16(f32::INFINITY), 0x7F80);
     assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+}
+
+/// `fmax(x, m)` is `x > m ? x : m` (x86 `maxps x, m`): a NaN `x` loses, a NaN `m` stays,
+/// and of two zeros the second operand is kept; `tree16_max` folds lane `l + w` into lane
+/// `l` for w = 8, 4, 2, 1, so where a NaN sits decides whether it survives.
+#[test]
+fn fmax_and_its_tree_keep_x86_operand_order() {
+    let nan = f32::NAN;
+    for (x, m, want) in [
+        (1.0f32, 2.0f32, 2.0f32),
+        (3.0, 2.0, 3.0),
+        (-1.0, -2.0, -1.0),
+        (nan, 2.0, 2.0),
+        (0.0, -0.0, -0.0),
+        (-0.0, 0.0, 0.0),
+        (f32::NEG_INFINITY, -1e30, -1e30),
+    ] {
+        assert_eq!(fmax(x, m).to_bits(), want.to_bits(), "fmax({x}, {m})");
+    }
+    assert!(fmax(2.0, nan).is_nan());
+    let mut lanes = [0f32; LANES];
+    for (l, v) in lanes.iter_mut().enumerate() {
+        *v = (l as f32 - 7.5) * (l as f32 - 3.0);
+    }
+    let want = lanes.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    assert_eq!(tree16_max(lanes), want);
+    // A NaN in lane 8 meets lane 0 as x and loses; in lane 0 it is m and stays.
+    let mut hi = lanes;
+    hi[8] = nan;
+    assert!(!tree16_max(hi).is_nan());
+    let mut lo = lanes;
+    lo[0] = nan;
+    assert!(tree16_max(lo).is_nan());
+    // Signed zeros: lane 1's +0 meets lane 0's -0 as x, and fmax keeps m, the -0.
+    let mut z = [f32::NEG_INFINITY; LANES];
+    z[0] = -0.0;
+    z[1] = 0.0;
+    assert_eq!(tree16_max(z).to_bits(), (-0.0f32).to_bits());
 }
