@@ -24,7 +24,7 @@ const THREADS: u32 = 128;
 /// zs0, zs1}, {dw, mw, dm, m01}, then 16 bytes of padding so that the 16 rows a
 /// quarter-warp reads fall in different banks.
 const W_ENTRY: u32 = 80;
-/// Bytes of one (column, chunk) activation entry: {da, sa, sum_lo, sum_hi, q[32]}.
+/// Bytes of one (column, chunk) activation entry: `{da, sa, sum_lo, sum_hi, q[32]}`.
 const A_ENTRY: u32 = 48;
 /// Offset of the activation entries in shared memory (32 KiB in all with them: the host's
 /// `launch::QGEMM_SHARED`).
