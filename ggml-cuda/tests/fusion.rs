@@ -9,7 +9,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{f32_bytes, gpu, place_and_upload, Lcg};
+use common::{f32_bytes, gpu, place_and_upload, read_back, Lcg};
 use ggml_core::{Backend, BackendErrorKind, Context, DType, DataRef, Op, Tensor, TensorId};
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
 use ggml_test_kit::quantize_rows;
@@ -36,16 +36,7 @@ fn run_nodes(
     be.graph_compute(ts, &nodes).unwrap();
     be.synchronize().unwrap();
     let launches = be.kernel_stats().launches.iter().sum::<u64>() - before;
-    let outs = nodes
-        .iter()
-        .filter(|id| !ts[id.index()].op.is_view())
-        .map(|id| {
-            let t = ts[id.index()];
-            let mut b = vec![0u8; t.nbytes()];
-            be.get_tensor(&t, 0, &mut b).unwrap();
-            b
-        })
-        .collect();
+    let outs = read_back(be, ts, &nodes);
     be.free_buffer(buf.id).unwrap();
     (outs, launches)
 }

@@ -10,10 +10,8 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{f32_bytes, gpu, place_and_upload, Lcg};
-use ggml_core::{
-    Backend, BackendErrorKind, Context, DType, RopeMode, RopeParams, Tensor, TensorId,
-};
+use common::{f32_bytes, gpu, place_and_upload, read_back, Lcg};
+use ggml_core::{Backend, BackendErrorKind, Context, DType, RopeMode, RopeParams, Tensor};
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
 use ggml_test_kit::quantize_rows;
 use rstest::rstest;
@@ -140,20 +138,6 @@ fn run(be: &CudaBackend, s: Step, idx: &[i32], tuning: CudaTuning) -> Outcome {
     let outs = res.map(|()| read_back(be, ts, &nodes));
     be.free_buffer(buf.id).unwrap();
     (outs, launches)
-}
-
-/// The bytes of every node of `nodes` but the views, in order.
-fn read_back(be: &CudaBackend, ts: &[Tensor], nodes: &[TensorId]) -> Vec<Vec<u8>> {
-    nodes
-        .iter()
-        .filter(|id| !ts[id.index()].op.is_view())
-        .map(|id| {
-            let t = ts[id.index()];
-            let mut b = vec![0u8; t.nbytes()];
-            be.get_tensor(&t, 0, &mut b).unwrap();
-            b
-        })
-        .collect()
 }
 
 /// The products and the rope + store as two fused launches.

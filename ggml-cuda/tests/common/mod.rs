@@ -11,7 +11,7 @@
 //! The kernels that ran are the difference of [`CudaBackend::kernel_stats`] before and
 //! after the graph.
 
-use ggml_core::{Backend, BufferInfo, Context, DType, DataRef, Op, TensorId};
+use ggml_core::{Backend, BufferInfo, Context, DType, DataRef, Op, Tensor, TensorId};
 use ggml_cuda::reference;
 use ggml_cuda::{CudaBackend, DriverKind, KernelId};
 pub use ggml_test_kit::bytes::f32_bytes;
@@ -95,6 +95,22 @@ pub fn place_and_upload(
         .filter(|id| ts[id.index()].op != Op::None)
         .collect();
     (buf, nodes)
+}
+
+/// The bytes of every node of `nodes` that is not a view, in order.
+// Only the test binaries that compare whole graphs node by node read them all.
+#[allow(dead_code)]
+pub fn read_back(be: &dyn Backend, ts: &[Tensor], nodes: &[TensorId]) -> Vec<Vec<u8>> {
+    nodes
+        .iter()
+        .filter(|id| !ts[id.index()].op.is_view())
+        .map(|id| {
+            let t = ts[id.index()];
+            let mut b = vec![0u8; t.nbytes()];
+            be.get_tensor(&t, 0, &mut b).unwrap();
+            b
+        })
+        .collect()
 }
 
 /// Allocates every non-view tensor of `ctx` in one zeroed buffer of `be`, points views

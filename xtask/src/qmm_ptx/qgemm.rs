@@ -78,30 +78,41 @@ fn two_tasks(first: &str) -> String {
     out
 }
 
+/// A stage task's indices: task `%thr + %qo` is (line `%qcl` = task / TK, chunk `%qc` =
+/// task % TK) of the tile; its row or column `first + %qcl` and chunk `%tb + %qc`, each
+/// clamped to the last that exists (`count - 1`, `%nch - 1`), go to `%rd0` (widened) and
+/// `chunk`.
+fn task(first: &str, count: &str, chunk: &str) -> String {
+    format!(
+        "    add.u32 %qi, %thr, %qo;
+    shr.u32 %qcl, %qi, {};
+    and.b32 %qc, %qi, {};
+    add.u32 %t0, {first}, %qcl;
+    sub.u32 %t1, {count}, 1;
+    min.u32 %t0, %t0, %t1;
+    add.u32 {chunk}, %tb, %qc;
+    sub.u32 %t3, %nch, 1;
+    min.u32 {chunk}, {chunk}, %t3;
+    cvt.u64.u32 %rd0, %t0;
+",
+        TK.trailing_zeros(),
+        TK - 1
+    )
+}
+
 /// The `qgemm` entry.
 pub fn qgemm() -> String {
     assert_eq!(TK * BN, 2 * THREADS, "stage A: two tasks a thread");
     assert_eq!(TK * BM, 2 * THREADS, "stage W: two tasks a thread");
     let mut f = header_constants(HEADER);
-    let tk_log = TK.trailing_zeros();
-    let tk_mask = TK - 1;
     let mut a = format!(
         "    // Stage A: the tile's Q8_1 blocks, task t = (column t / {TK}, chunk t % {TK}).
-    add.u32 %qi, %thr, %qo;
-    shr.u32 %qcl, %qi, {tk_log};
-    and.b32 %qc, %qi, {tk_mask};
-    add.u32 %t0, %n0, %qcl;
-    sub.u32 %t1, %N, 1;
-    min.u32 %t0, %t0, %t1;
-    add.u32 %t2, %tb, %qc;
-    sub.u32 %t3, %nch, 1;
-    min.u32 %t2, %t2, %t3;
-    cvt.u64.u32 %rd0, %t0;
-    mad.lo.u64 %rd1, %rd0, %nbx, %xq;
+{}    mad.lo.u64 %rd1, %rd0, %nbx, %xq;
     mul.wide.u32 %rd0, %t2, 36;
     add.u64 %rd1, %rd1, %rd0;
     ld.global.nc.b32 %t4, [%rd1];
-"
+",
+        task("%n0", "%N", "%t2")
     );
     for i in 0..8 {
         a += &format!("    ld.global.nc.b32 %W{i}, [%rd1+{}];\n", 4 + 4 * i);
@@ -139,20 +150,7 @@ pub fn qgemm() -> String {
         f += &format!("    setp.eq.u32 %p0, %gdt, {id};\n    @%p0 bra QW_{name};\n");
     }
     f += "    trap;\n";
-    let setup = format!(
-        "    add.u32 %qi, %thr, %qo;
-    shr.u32 %qcl, %qi, {tk_log};
-    and.b32 %qc, %qi, {tk_mask};
-    add.u32 %t0, %m0, %qcl;
-    sub.u32 %t1, %M, 1;
-    min.u32 %t0, %t0, %t1;
-    add.u32 %j, %tb, %qc;
-    sub.u32 %t3, %nch, 1;
-    min.u32 %j, %j, %t3;
-    cvt.u64.u32 %rd0, %t0;
-    mad.lo.u64 %rw, %rd0, %nbw, %wq;
-"
-    );
+    let setup = task("%m0", "%M", "%j") + "    mad.lo.u64 %rw, %rd0, %nbw, %wq;\n";
     let store = format!(
         "    mad.lo.u32 %t0, %qc, {BM}, %qcl;
     mul.wide.u32 %rd0, %t0, {W_ENTRY};
