@@ -16,9 +16,11 @@ use crate::CudaTuning;
 mod products;
 mod products_rope;
 mod rope_store;
+mod shared_act;
 pub(crate) use products::{ProductRun, Tail};
 pub(crate) use products_rope::{roles as products_rope_roles, ProductsRope};
 pub(crate) use rope_store::{Parts as RopeStoreParts, RopeStore};
+pub(crate) use shared_act::SharedAct;
 
 /// A run of nodes that one fused kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +33,9 @@ pub(crate) enum Fusion {
     /// Q, K and V products with the RoPE + KV-cache store that reads them (one `qmm`
     /// launch with the RoPE epilogue).
     ProductsRope(ProductsRope),
+    /// Prompt-class products that read one activation, on one Q8_1 quantisation of it
+    /// (a `quantize_q8_1` launch, then one product launch each).
+    SharedAct(SharedAct),
 }
 
 impl Fusion {
@@ -48,14 +53,14 @@ impl Fusion {
                 };
                 (name, None)
             }
-            Fusion::Products(r) => {
-                let p = nodes.get(r.products[0] as usize);
-                let w = p
-                    .and_then(|p| tensors.get(p.index()))
-                    .and_then(|t| tensors.get(t.src[0]?.index()))
-                    .map(|w| w.dtype.name());
-                (products::op_name(r), w)
-            }
+            Fusion::Products(r) => (
+                products::op_name(r),
+                weight_name(tensors, nodes, r.products[0]),
+            ),
+            Fusion::SharedAct(r) => (
+                shared_act::op_name(r),
+                weight_name(tensors, nodes, r.products[0]),
+            ),
             Fusion::ProductsRope(r) => {
                 let (_, w) = Fusion::Products(r.products).key(tensors, nodes);
                 let norm = r.products.norm.is_some();
@@ -73,6 +78,12 @@ impl Fusion {
             }
         }
     }
+}
+
+/// The dtype name of the weights of the product at offset `at` of a run.
+fn weight_name(tensors: &[Tensor], nodes: &[TensorId], at: u8) -> Option<&'static str> {
+    let p = tensors.get(nodes.get(at as usize)?.index())?;
+    Some(tensors.get(p.src[0]?.index())?.dtype.name())
 }
 
 /// One step of a split's execution.
@@ -100,6 +111,7 @@ const MATCHERS: &[Matcher] = &[
     products_rope::matcher,
     rope_store::matcher,
     products::matcher,
+    shared_act::matcher,
 ];
 
 /// The steps that compute `nodes` with the fusions `tuning` allows.

@@ -15,6 +15,7 @@ use crate::qmm;
 
 mod matmul;
 mod products;
+mod shared_act;
 mod support;
 
 pub(crate) use matmul::scratch_need;
@@ -632,6 +633,9 @@ pub(crate) fn run_fused(
         crate::fusion::Fusion::Products(r) => products::run_products(be, st, tensors, nodes, r),
         crate::fusion::Fusion::ProductsRope(r) => {
             products::run_products_rope(be, st, tensors, nodes, r)
+        }
+        crate::fusion::Fusion::SharedAct(r) => {
+            shared_act::run_shared_act(be, st, tensors, nodes, r)
         }
     }?;
     // A run that went as one launch is recorded as the run: op timing's key for it and

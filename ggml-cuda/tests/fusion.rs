@@ -1,6 +1,7 @@
 //! Fused decode-class runs against the unfused kernels, on cuda-sim (or the GPU under
 //! `GGML_RS_REQUIRE_GPU`): RMS norm x weight in the product's prologue, Q/K/V in one
-//! launch, gate + up + SwiGLU/GeGLU, and the residual add in the product's epilogue. A
+//! launch, gate + up + SwiGLU/GeGLU, and the residual add in the product's epilogue; and
+//! prompt-class products that share one quantisation of their activation. A
 //! fused launch writes every node it replaces, with the bits of the unfused kernels, so
 //! every node of every graph here is read back and compared. Runs that cannot be fused
 //! (an output over bytes the run reads, a tensor on another device) go node by node.
@@ -158,6 +159,94 @@ fn a_layer_fused_is_the_layer_unfused(
     // rms, mul, 3 products, product, add, rms, mul, 2 products, GLU, product, add.
     assert_eq!(plain, 14);
     assert_eq!(fused, 4);
+}
+
+/// A prompt-sized layer (the tiled class): Q, K, V and gate, up quantise their shared
+/// activation once (7 `quantize_q8_1` launches become 4), with every node's bytes those
+/// of the unfused layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles.
+#[rstest]
+#[case::q4_1_16_tokens(16, [DType::Q4_1; 7], true)]
+#[case::mixed_40_tokens_qmm(
+    40,
+    [DType::Q4K, DType::Q5_0, DType::Q6K, DType::Q8_0, DType::Q3K, DType::Q2K, DType::Q5K],
+    false
+)]
+fn a_prompt_layer_quantises_each_shared_activation_once(
+    #[case] n: usize,
+    #[case] dts: [DType; 7],
+    #[case] qgemm: bool,
+) {
+    let tuning = CudaTuning {
+        qgemm,
+        ..CudaTuning::default()
+    };
+    let be = gpu();
+    let quants = |t: CudaTuning| {
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let inputs = layer(&mut ctx, n, dts, false, 3 + n as u64);
+        let before = be.kernel_stats().launches_of(KernelId::QuantizeQ8_1);
+        let (outs, launches) = run_nodes(&be, &mut ctx, &inputs, t, 0);
+        let q = be.kernel_stats().launches_of(KernelId::QuantizeQ8_1) - before;
+        (outs, launches, q)
+    };
+    let (plain, n_plain, q_plain) = quants(tuning.without_fusions());
+    let (fused, n_fused, q_fused) = quants(tuning);
+    assert!(plain == fused, "shared quantisation changed a node's bytes");
+    assert_eq!((q_plain, q_fused), (7, 4));
+    assert_eq!(n_plain - n_fused, 3);
+    // fused_vs_unfused's 0xff fill: no node left unwritten.
+    fused_vs_unfused(|ctx| layer(ctx, n, dts, false, 3 + n as u64), tuning);
+}
+
+/// A prompt-class product whose output lies over the activation it shares with the next
+/// product (as an allocator may place it if the graph let it): the run goes node by node,
+/// so the second product quantises what the unfused one reads, with the unfused bits.
+#[test]
+fn a_shared_activation_overwritten_by_a_product_is_quantised_again() {
+    let be = gpu();
+    let (k, m, n) = (64, 64, 8);
+    let mut r = Lcg(21);
+    let xv = r.vec(k * n);
+    let wv = quantize_rows(DType::Q8_0, &r.vec(k * m), k);
+    let mut results = Vec::new();
+    for tuning in [
+        CudaTuning::default().without_fusions(),
+        CudaTuning::default(),
+    ] {
+        be.set_tuning(tuning);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+        let w = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
+        let y1 = ctx.mul_mat(w, x).unwrap();
+        let y2 = ctx.mul_mat(w, x).unwrap();
+        let buf = be.alloc_buffer(16384).unwrap();
+        be.buffer_clear(buf.id, 0).unwrap();
+        // y1 (64 x 8 f32, as large as x) over x.
+        for (id, at) in [(x, 0), (w, 4096), (y1, 0), (y2, 12288)] {
+            ctx.tensors_mut()[id.index()].data = Some(DataRef {
+                buffer: buf.id,
+                addr: buf.base + at,
+            });
+        }
+        let ts = ctx.tensors();
+        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
+            .unwrap();
+        be.set_tensor_async(&ts[w.index()], 0, &wv).unwrap();
+        let before = be.kernel_stats().launches_of(KernelId::QuantizeQ8_1);
+        be.graph_compute(ts, &[y1, y2]).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(
+            be.kernel_stats().launches_of(KernelId::QuantizeQ8_1),
+            before + 2
+        );
+        let mut out = vec![0u8; 4 * m * n];
+        be.get_tensor(&ts[y2.index()], 0, &mut out).unwrap();
+        results.push(out);
+        be.free_buffer(buf.id).unwrap();
+    }
+    assert_eq!(results[0], results[1]);
 }
 
 /// Widths past one 32-chunk K-tile (embedding 1280, FFN 1536: 40 and 48 chunks, one

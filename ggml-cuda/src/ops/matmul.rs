@@ -34,6 +34,17 @@ pub(crate) fn scratch_need(tensors: &[Tensor], id: TensorId) -> usize {
 }
 
 pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
+    mul_mat_on(c, t, None)
+}
+
+/// Product `t`; for a 2-D product of the tiled class on the current kernels, `shared` is
+/// its activation already quantised to Q8_1 in scratch (address and strides, by
+/// [`quantize_shared`] for an earlier product of the same activation), else `None`.
+pub(super) fn mul_mat_on(
+    c: &mut Ctx<'_>,
+    t: &Tensor,
+    shared: Option<(u64, [usize; 3])>,
+) -> BackendResult<()> {
     let w = c.src(0)?;
     let x = c.src(1)?;
     let (m, n, b2, b3) = (t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
@@ -63,7 +74,10 @@ pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     let plain_2d = batch == 1 && w.ne[2] == 1 && w.ne[3] == 1;
     if !c.st.tuning.legacy_products && c.st.tuning.qgemm && class == MulMatClass::Mmq && plain_2d {
         check_weight_alignment(c, &w, wa)?;
-        let (xq, qnb) = quantize_to_scratch(c, &x, xa, [n, 1, 1])?;
+        let (xq, qnb) = match shared {
+            Some(q) => q,
+            None => quantize_to_scratch(c, &x, xa, [n, 1, 1])?,
+        };
         let k = w.ne[0];
         let d = dims(launch::qgemm(m, n, k / 32), c)?;
         let mut a = Args::new();
@@ -83,7 +97,10 @@ pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
         // the matrix-vector class quantises them in each block's prologue.
         let (xq, nbx, prequant) = match class {
             MulMatClass::Mmq => {
-                let (scratch, qnb) = quantize_to_scratch(c, &x, xa, [n, b2, b3])?;
+                let (scratch, qnb) = match shared {
+                    Some(q) if plain_2d => q,
+                    _ => quantize_to_scratch(c, &x, xa, [n, b2, b3])?,
+                };
                 (scratch, qnb, true)
             }
             MulMatClass::Mmvq => (xa, [x.nb[1], x.nb[2], x.nb[3]], false),
@@ -141,6 +158,15 @@ pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
 /// Quantises the f32 activations `x` (at `xa`, rows of K = `x.ne[0]` values, `rows`
 /// = [N, B2, B3] of them) to Q8_1 in scratch with `quantize_q8_1`: the scratch address
 /// and its byte strides of dims 1..3.
+/// The activation (operand 1) of the product `c` names quantised to Q8_1 in scratch, as
+/// [`mul_mat_on`] does for a 2-D product of the tiled class: for the other products of a
+/// run that read the same activation.
+pub(super) fn quantize_shared(c: &mut Ctx<'_>) -> BackendResult<(u64, [usize; 3])> {
+    let x = c.src(1)?;
+    let xa = c.addr(&x)?;
+    quantize_to_scratch(c, &x, xa, [x.ne[1], 1, 1])
+}
+
 fn quantize_to_scratch(
     c: &mut Ctx<'_>,
     x: &Tensor,
