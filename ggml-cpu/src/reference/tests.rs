@@ -507,3 +507,31 @@ fn fmax_and_its_tree_keep_x86_operand_order() {
     z[1] = 0.0;
     assert_eq!(tree16_max(z).to_bits(), (-0.0f32).to_bits());
 }
+
+/// The half-precision dots against sums computed here: small integers (every product and
+/// partial sum exact, so any order gives the integer sum), then one lane whose running
+/// sum rounds (2^24 + 1 + 1 in lane 0 stays 2^24 twice, ties to even, while the other
+/// lanes add 1 each and meet it only in the tree). On x86 the bf16 tiles run the scalar
+/// kernel, which calls `dot_bf16` itself: only values like these pin it.
+#[test]
+fn half_dots_sum_exact_products_in_sixteen_lanes() {
+    let xs: Vec<f32> = (0..40).map(|i| (i % 13) as f32 - 6.0).collect();
+    let ys: Vec<f32> = (0..40).map(|i| (i % 7) as f32 + 1.0).collect();
+    let exact: i64 = (0..40i64).map(|i| (i % 13 - 6) * (i % 7 + 1)).sum();
+    let exact = exact as f32;
+    assert_ne!(exact, 0.0);
+    let bf = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<u16>>();
+    let hf = |v: &[f32]| v.iter().map(|&x| f32_to_f16(x)).collect::<Vec<u16>>();
+    assert_eq!(dot_bf16(&bf(&xs), &bf(&ys)), exact);
+    assert_eq!(dot_f16(&hf(&xs), &hf(&ys)), exact);
+    // Lane 0 holds 2^24 (index 0), and its +1 at 16 and at 32 each round back to 2^24
+    // (ties to even); lanes 1..15 get 1 + 1 (indices l and 16 + l). The tree's pairs
+    // (2^24 + 2, + 4, + 8, + 16) are all exact: 2^24 + 30, not the exact sum's 2^24 + 32
+    // nor a sequential sum's 2^24.
+    let mut x = vec![1f32; 33];
+    x[0] = 16_777_216.0;
+    let y = vec![1f32; 33];
+    let want = 16_777_216.0 + 30.0;
+    assert_eq!(dot_bf16(&bf(&x), &bf(&y)), want);
+    assert_eq!(dot_f32(&x, &y), want);
+}
