@@ -34,7 +34,8 @@ pub(crate) enum Fusion {
     /// launch with the RoPE epilogue).
     ProductsRope(ProductsRope),
     /// Prompt-class products that read one activation, on one Q8_1 quantisation of it
-    /// (a `quantize_q8_1` launch, then one product launch each).
+    /// (by `quantize_q8_1`, or with the RMS norm and weight that make it by
+    /// `rms_norm_q8_1`), then one product launch each.
     SharedAct(SharedAct),
 }
 

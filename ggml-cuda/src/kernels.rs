@@ -29,7 +29,8 @@ pub enum KernelId {
     GetRowsF,
     /// `quant.ptx`: get_rows of quantised rows.
     GetRowsQ,
-    /// `quant.ptx`: activations to Q8_1 (for the first-generation products).
+    /// `quant.ptx`: activations to Q8_1 (for the tiled-class products and the first
+    /// generation).
     QuantizeQ8_1,
     /// `quant.ptx`: quantised mul_mat, matrix-vector class, first generation.
     Mmvq,
@@ -50,6 +51,9 @@ pub enum KernelId {
     MulMatFId,
     /// `norm.ptx`: rms_norm.
     RmsNorm,
+    /// `norm.ptx`: rms_norm_q8_1, RMS norm x weight with the result also quantised to
+    /// Q8_1 (a prompt's norm before the products that read it; a fusion).
+    RmsNormQ8_1,
     /// `softmax.ptx`: soft_max.
     SoftMax,
     /// `rope.ptx`: rope.
@@ -100,6 +104,7 @@ impl KernelId {
         KernelId::MulMatF,
         KernelId::MulMatFId,
         KernelId::RmsNorm,
+        KernelId::RmsNormQ8_1,
         KernelId::SoftMax,
         KernelId::Rope,
         KernelId::RopeStore,
@@ -194,7 +199,7 @@ pub const MODULES: [Module; 14] = [
     ),
     ptx_module!("qmm": Qmm = "qmm", Qgemm = "qgemm"),
     ptx_module!("mul_mat": MulMatF = "mul_mat_f", MulMatFId = "mul_mat_f_id"),
-    ptx_module!("norm": RmsNorm = "rms_norm"),
+    ptx_module!("norm": RmsNorm = "rms_norm", RmsNormQ8_1 = "rms_norm_q8_1"),
     ptx_module!("softmax": SoftMax = "soft_max"),
     ptx_module!("rope": Rope = "rope", RopeStore = "rope_store"),
     ptx_module!("flash_attn": FlashAttnExt = "flash_attn_ext", FlashAttnDec = "flash_attn_dec"),

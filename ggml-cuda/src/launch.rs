@@ -89,6 +89,16 @@ pub fn warp_per_row(rows: usize) -> Option<LaunchDims> {
     })
 }
 
+/// `rms_norm_q8_1`: one block of 8 warps per row (each warp quantises every eighth of the
+/// row's Q8_1 blocks).
+pub fn rms_norm_q8_1(rows: usize) -> Option<LaunchDims> {
+    check(LaunchDims {
+        grid: (u32::try_from(rows).ok().filter(|&r| r > 0)?, 1, 1),
+        block: (32, 8, 1),
+        shared: 0,
+    })
+}
+
 /// mul_mat kernels: `mmvq` and `mul_mat_f` use one warp per (row m, column n); `mmq` one
 /// warp per (row m, 8 columns). `batch` = B2 * B3.
 pub fn mul_mat(class: Option<MulMatClass>, m: usize, n: usize, batch: usize) -> Option<LaunchDims> {

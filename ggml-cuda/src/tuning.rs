@@ -31,7 +31,8 @@ pub struct CudaTuning {
     /// Capture a split's kernels into a CUDA graph once the same split (same nodes,
     /// shapes and addresses) comes again, and replay it with one launch after that.
     pub graphs: bool,
-    /// RMS norm × weight computed in the prologue of the products that read it.
+    /// RMS norm × weight computed in the prologue of the products that read it (decode
+    /// batches), or with its Q8_1 quantisation for them in one kernel (prompt batches).
     pub fuse_norm: bool,
     /// Products that share one activation (Q, K and V) in one launch.
     pub fuse_qkv: bool,

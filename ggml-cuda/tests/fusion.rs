@@ -1,7 +1,8 @@
 //! Fused decode-class runs against the unfused kernels, on cuda-sim (or the GPU under
 //! `GGML_RS_REQUIRE_GPU`): RMS norm x weight in the product's prologue, Q/K/V in one
 //! launch, gate + up + SwiGLU/GeGLU, and the residual add in the product's epilogue; and
-//! prompt-class products that share one quantisation of their activation. A
+//! prompt-class products that share one quantisation of their activation (made by the
+//! norm's kernel after a norm). A
 //! fused launch writes every node it replaces, with the bits of the unfused kernels, so
 //! every node of every graph here is read back and compared. Runs that cannot be fused
 //! (an output over bytes the run reads, a tensor on another device) go node by node.
@@ -161,42 +162,129 @@ fn a_layer_fused_is_the_layer_unfused(
     assert_eq!(fused, 4);
 }
 
-/// A prompt-sized layer (the tiled class): Q, K, V and gate, up quantise their shared
-/// activation once (7 `quantize_q8_1` launches become 4), with every node's bytes those
-/// of the unfused layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles.
+/// A prompt-sized layer (the tiled class): each norm, its weight and the Q8_1 blocks of
+/// the result in one `rms_norm_q8_1`, which Q, K, V (and gate, up) share; O and down
+/// quantise their own activations. 7 `quantize_q8_1`, 2 `rms_norm` and 2 MUL launches
+/// become 2 `quantize_q8_1` and 2 `rms_norm_q8_1`, with every node's bytes those of the
+/// unfused layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles. Without `fuse_norm`
+/// the norm runs alone and Q, K, V (gate, up) still share one `quantize_q8_1`.
+///
+/// Embeddings of 8 Q8_1 blocks (one per warp of `rms_norm_q8_1`), 10 (two warps take a
+/// second block) and 40 (five each, the next block's loads ahead of each).
 #[rstest]
-#[case::q4_1_16_tokens(16, [DType::Q4_1; 7], true)]
+#[case::q4_1_16_tokens(16, [DType::Q4_1; 7], true, 256)]
+#[case::q4_1_9_tokens_320(9, [DType::Q4_1; 7], true, 320)]
+#[case::q8_0_24_tokens_1280(24, [DType::Q8_0; 7], true, 1280)]
 #[case::mixed_40_tokens_qmm(
     40,
     [DType::Q4K, DType::Q5_0, DType::Q6K, DType::Q8_0, DType::Q3K, DType::Q2K, DType::Q5K],
-    false
+    false,
+    256
 )]
 fn a_prompt_layer_quantises_each_shared_activation_once(
     #[case] n: usize,
     #[case] dts: [DType; 7],
     #[case] qgemm: bool,
+    #[case] e: usize,
 ) {
+    let layer = |ctx: &mut Context<'_>, n, dts, geglu, seed| {
+        layer_of(ctx, n, dts, geglu, seed, (e, 64, 512))
+    };
     let tuning = CudaTuning {
         qgemm,
         ..CudaTuning::default()
     };
     let be = gpu();
-    let quants = |t: CudaTuning| {
+    let counts = |t: CudaTuning| {
         let mut s = storage();
         let mut ctx = Context::new(&mut s);
         let inputs = layer(&mut ctx, n, dts, false, 3 + n as u64);
-        let before = be.kernel_stats().launches_of(KernelId::QuantizeQ8_1);
+        let stats = be.kernel_stats();
         let (outs, launches) = run_nodes(&be, &mut ctx, &inputs, t, 0);
-        let q = be.kernel_stats().launches_of(KernelId::QuantizeQ8_1) - before;
-        (outs, launches, q)
+        let after = be.kernel_stats();
+        let of = |k| after.launches_of(k) - stats.launches_of(k);
+        let kernels = [
+            of(KernelId::QuantizeQ8_1),
+            of(KernelId::RmsNorm),
+            of(KernelId::RmsNormQ8_1),
+        ];
+        (outs, launches, kernels)
     };
-    let (plain, n_plain, q_plain) = quants(tuning.without_fusions());
-    let (fused, n_fused, q_fused) = quants(tuning);
-    assert!(plain == fused, "shared quantisation changed a node's bytes");
-    assert_eq!((q_plain, q_fused), (7, 4));
-    assert_eq!(n_plain - n_fused, 3);
+    let (plain, n_plain, k_plain) = counts(tuning.without_fusions());
+    let (fused, n_fused, k_fused) = counts(tuning);
+    assert!(plain == fused, "the fused runs changed a node's bytes");
+    assert_eq!(k_plain, [7, 2, 0]);
+    assert_eq!(k_fused, [2, 0, 2]);
+    assert_eq!(n_plain - n_fused, 7);
+    let no_norm = CudaTuning {
+        fuse_norm: false,
+        ..tuning
+    };
+    let (alone, _, k_alone) = counts(no_norm);
+    assert!(plain == alone, "shared quantisation changed a node's bytes");
+    assert_eq!(k_alone, [4, 2, 0]);
     // fused_vs_unfused's 0xff fill: no node left unwritten.
     fused_vs_unfused(|ctx| layer(ctx, n, dts, false, 3 + n as u64), tuning);
+}
+
+/// The norm's output placed by hand over the norm weight: the unfused kernels, one after
+/// the other, make the MUL read the norm's first row as its weight; one fused kernel would
+/// read the weight of some rows before and of others after it is overwritten. The run
+/// goes node by node, with the unfused bits.
+#[test]
+fn a_prompt_norm_over_its_weight_runs_node_by_node() {
+    let be = gpu();
+    let (k, m, n) = (64, 32, 8);
+    let mut r = Lcg(5);
+    let xv = r.vec(k * n);
+    let gv = r.vec(k);
+    let wv = quantize_rows(DType::Q4_0, &r.vec(k * m), k);
+    let mut results = Vec::new();
+    for tuning in [
+        CudaTuning::default().without_fusions(),
+        CudaTuning::default(),
+    ] {
+        be.set_tuning(tuning);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+        let g = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+        let w = ctx.new_tensor(DType::Q4_0, [k, m, 1, 1]).unwrap();
+        let rn = ctx.rms_norm(x, 1e-5).unwrap();
+        let cur = ctx.mul(rn, g).unwrap();
+        let y = ctx.mul_mat(w, cur).unwrap();
+        let buf = be.alloc_buffer(16384).unwrap();
+        be.buffer_clear(buf.id, 0).unwrap();
+        // rn (64 x 8 f32) starts at g's bytes.
+        for (id, at) in [
+            (x, 0),
+            (g, 4096),
+            (w, 10240),
+            (rn, 4096),
+            (cur, 8192),
+            (y, 12288),
+        ] {
+            ctx.tensors_mut()[id.index()].data = Some(DataRef {
+                buffer: buf.id,
+                addr: buf.base + at,
+            });
+        }
+        let ts = ctx.tensors();
+        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
+            .unwrap();
+        be.set_tensor_async(&ts[g.index()], 0, &f32_bytes(&gv))
+            .unwrap();
+        be.set_tensor_async(&ts[w.index()], 0, &wv).unwrap();
+        let before = be.kernel_stats().launches_of(KernelId::RmsNorm);
+        be.graph_compute(ts, &[rn, cur, y]).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(be.kernel_stats().launches_of(KernelId::RmsNorm), before + 1);
+        let mut out = vec![0u8; 4 * m * n];
+        be.get_tensor(&ts[y.index()], 0, &mut out).unwrap();
+        results.push(out);
+        be.free_buffer(buf.id).unwrap();
+    }
+    assert_eq!(results[0], results[1]);
 }
 
 /// A prompt-class product whose output lies over the activation it shares with the next

@@ -959,6 +959,12 @@ fn every_kernel_launches_with_its_parameter_list() {
     outs.push(ctx.div(logits, sums).unwrap());
     // Greedy sampling's argmax over rows.
     outs.push(ctx.argmax(x).unwrap());
+    // A prompt's norm and its weight before a tiled-class product: rms_norm_q8_1 (four
+    // launches with the first generation, two with the second).
+    let gw = ctx.new_tensor(DType::F32, [k, 1, 1, 1]).unwrap();
+    let rn = ctx.rms_norm(x, 1e-6).unwrap();
+    let cur = ctx.mul(rn, gw).unwrap();
+    outs.push(ctx.mul_mat(wq, cur).unwrap());
     // Once with each generation of quantised products: the first quantises activations
     // in a kernel of its own before each of its 3 products, the second before its
     // tiled-class ones. Two small uploads travel as one batch, scattered by upload_scatter.
@@ -970,7 +976,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];
     run(&be, &mut ctx, &inputs, o);
     let first = be.kernel_stats().launches.iter().sum::<u64>();
-    assert_eq!(first, 31);
+    assert_eq!(first, 35);
     be.set_tuning(CudaTuning::default());
     run(&be, &mut ctx, &inputs, o);
     let st = be.kernel_stats();
@@ -981,10 +987,11 @@ fn every_kernel_launches_with_its_parameter_list() {
         .collect();
     assert!(missing.is_empty(), "never launched: {missing:?}");
     // The second run: one launch less for the decode-class product (its prologue
-    // quantises), the same for the tiled one and for MUL_MAT_ID of 8 tokens.
+    // quantises), the same for the tiled one and for MUL_MAT_ID of 8 tokens, two less for
+    // the prompt's norm run.
     assert_eq!(
         st.launches.iter().sum::<u64>(),
-        first + 30,
+        first + 32,
         "{st:?} for {outs:?}"
     );
 }

@@ -161,14 +161,21 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
             ("tg2", "cuda-sim:0#1")
         ]
     );
-    // Prompts run node by node; decode steps (fewer than 8 tokens) fuse the products with
-    // their norms, GLU and residual adds, and the ropes with the cache stores into the
-    // epilogue of the Q, K and V products, each fused run timed as one step of its own
-    // kind.
+    // Prompts run each norm with its weight and Q8_1 quantisation for the products that
+    // read it (one step with them), the other nodes one by one; decode steps (fewer than
+    // 8 tokens) fuse the products with their norms, GLU and residual adds, and the ropes
+    // with the cache stores into the epilogue of the Q, K and V products, each fused run
+    // timed as one step of its own kind.
     for p in &profiles {
         let ops: Vec<String> = p.ops.iter().map(|o| o.to_string()).collect();
         let want: &[&str] = if p.test == "pp8" {
-            &["MUL_MAT q4_1", "FLASH_ATTN_EXT", "RMS_NORM", "ROPE"]
+            &[
+                "RMS_NORM+MUL_MAT*3 q4_1",
+                "RMS_NORM+MUL_MAT*2 q4_1",
+                "MUL_MAT q4_1",
+                "FLASH_ATTN_EXT",
+                "ROPE",
+            ]
         } else {
             &[
                 "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2 q4_1",

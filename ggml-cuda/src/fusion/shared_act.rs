@@ -1,12 +1,14 @@
 //! Prompt-class quantised products that read one activation (Q, K and V; gate and up):
-//! the activation is quantised to Q8_1 once for all of them instead of once per product.
+//! the activation is quantised to Q8_1 once for all of them instead of once per product
+//! (`fuse_qkv`), and when it is an RMS norm times a weight row, by the norm's own kernel
+//! (`rms_norm_q8_1`, `fuse_norm`), which writes the norm and the MUL too.
 //!
 //! Each product still runs its own `qgemm` (or, with `no-qgemm`, `qmm`) launch on the
 //! same Q8_1 blocks the unfused path would have made for it: the quantisation of one
 //! activation gives the same bytes every time, so the results are bit for bit those of
 //! the unfused nodes. A run is matched on shapes alone; whether the bytes allow it (no
-//! product writes over the activation) is decided when it is launched, with the
-//! addresses.
+//! output over bytes the run reads or writes elsewhere) is decided when it is launched,
+//! with the addresses.
 
 use ggml_core::{DType, Op, Tensor, TensorId};
 
@@ -15,21 +17,67 @@ use crate::launch::MMQ_MIN_N;
 use crate::reference::is_kernel_quant;
 use crate::CudaTuning;
 
-/// A matched run: offsets (within the run) of its 2 or 3 products.
+/// A matched run: offsets (within the run) of its norm and of its products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SharedAct {
+    /// RMS_NORM and the MUL by its weight, whose output the products read.
+    pub norm: Option<(u8, u8)>,
     /// The products (the first `n` entries).
     pub products: [u8; 3],
-    /// Number of products (2 or 3).
+    /// Number of products (1 to 3; 2 or 3 without a norm).
     pub n: u8,
 }
 
-/// The name op timing gives a run: `MUL_MAT*2` or `MUL_MAT*3`.
+/// The name op timing gives a run.
 pub(crate) fn op_name(r: &SharedAct) -> &'static str {
-    match r.n {
-        2 => "MUL_MAT*2",
-        _ => "MUL_MAT*3",
+    match (r.norm.is_some(), r.n) {
+        (true, 1) => "RMS_NORM+MUL_MAT",
+        (true, 2) => "RMS_NORM+MUL_MAT*2",
+        (true, _) => "RMS_NORM+MUL_MAT*3",
+        (false, 2) => "MUL_MAT*2",
+        (false, _) => "MUL_MAT*3",
     }
+}
+
+/// An f32 matrix (at most 2-D) with unit element stride.
+fn f32_2d(t: &Tensor) -> bool {
+    t.dtype == DType::F32 && t.ne[2] == 1 && t.ne[3] == 1 && t.nb[0] == 4
+}
+
+/// RMS_NORM at `nodes[i]` of a prompt-sized matrix whose rows split into Q8_1 blocks, and
+/// the MUL by a weight row after it (views aside): the MUL's position and output.
+fn norm(tensors: &[Tensor], nodes: &[TensorId], i: usize) -> Option<(usize, TensorId)> {
+    let r_id = nodes[i];
+    let r = tensors.get(r_id.index())?;
+    if !matches!(r.op, Op::RmsNorm { .. }) || !f32_2d(r) || r.ne[1] < MMQ_MIN_N || r.ne[0] % 32 != 0
+    {
+        return None;
+    }
+    let x = tensors.get(r.src[0]?.index())?;
+    if !f32_2d(x) || x.ne != r.ne {
+        return None;
+    }
+    let j = skip_views(tensors, nodes, i + 1)?;
+    let m_id = *nodes.get(j)?;
+    let m = tensors.get(m_id.index())?;
+    if m.op != Op::Mul || !f32_2d(m) || m.ne != r.ne {
+        return None;
+    }
+    let w = match (m.src[0], m.src[1]) {
+        (Some(a), Some(b)) if a == r_id && b != r_id => tensors.get(b.index())?,
+        (Some(a), Some(b)) if b == r_id && a != r_id => tensors.get(a.index())?,
+        _ => return None,
+    };
+    let weight_ok = w.dtype == DType::F32 && w.ne == [r.ne[0], 1, 1, 1] && w.nb[0] == 4;
+    weight_ok.then_some((j, m_id))
+}
+
+/// The first node at or after `i` that is not a view (`nodes.len()` if none).
+fn skip_views(tensors: &[Tensor], nodes: &[TensorId], mut i: usize) -> Option<usize> {
+    while i < nodes.len() && tensors.get(nodes[i].index())?.op.is_view() {
+        i += 1;
+    }
+    Some(i)
 }
 
 /// Whether node `id` is a plain 2-D product of the tiled class on quantised weights (the
@@ -55,39 +103,47 @@ fn tiled_product(tensors: &[Tensor], id: TensorId) -> Option<(TensorId, usize)> 
     ok.then_some((a_id, w.ne[0]))
 }
 
-/// The run of 2 or 3 consecutive (views aside) tiled products reading one activation that
-/// starts at `nodes[i]`, if `tuning` allows it.
+/// The run that starts at `nodes[i]`, if `tuning` allows one: an optional norm (RMS_NORM
+/// and its weight's MUL, `fuse_norm`), then 1 to 3 consecutive (views aside) tiled
+/// products reading one activation (the MUL's output after a norm; more than one needs
+/// `fuse_qkv`), at least two products without a norm.
 pub(crate) fn matcher(
     tensors: &[Tensor],
     nodes: &[TensorId],
     i: usize,
     tuning: &CudaTuning,
 ) -> Option<(Fusion, usize)> {
-    if tuning.legacy_products || !tuning.fuse_qkv {
+    if tuning.legacy_products {
         return None;
     }
-    let (act, k) = tiled_product(tensors, nodes[i])?;
+    let off = |j: usize| u8::try_from(j - i).ok();
+    let (norm_at, mut act, mut at) = match tuning.fuse_norm.then(|| norm(tensors, nodes, i)) {
+        Some(Some((m, act))) => (Some((0, off(m)?)), Some(act), m + 1),
+        _ => (None, None, i),
+    };
+    let most = if tuning.fuse_qkv { 3 } else { 1 };
     let mut products = [0u8; 3];
-    let mut n = 1;
-    let mut at = i + 1;
-    while n < 3 {
-        let mut j = at;
-        while j < nodes.len() && tensors.get(nodes[j].index())?.op.is_view() {
-            j += 1;
+    let mut n = 0;
+    let mut k_of = None;
+    while n < most {
+        let j = skip_views(tensors, nodes, at)?;
+        let Some((a, k)) = nodes.get(j).and_then(|&id| tiled_product(tensors, id)) else {
+            break;
+        };
+        if act.is_some_and(|x| x != a) || k_of.is_some_and(|x| x != k) {
+            break;
         }
-        match nodes.get(j).and_then(|&id| tiled_product(tensors, id)) {
-            Some(p) if p == (act, k) => {
-                products[n] = u8::try_from(j - i).ok()?;
-                n += 1;
-                at = j + 1;
-            }
-            _ => break,
-        }
+        act = Some(a);
+        k_of = Some(k);
+        products[n] = off(j)?;
+        n += 1;
+        at = j + 1;
     }
-    if n < 2 {
+    if n == 0 || (norm_at.is_none() && n < 2) {
         return None;
     }
     let run = SharedAct {
+        norm: norm_at,
         products,
         n: n as u8,
     };
@@ -128,6 +184,7 @@ mod tests {
         vec![q, q3, k, v, o, h, gate, up, act, d]
     }
 
+    /// Each run's first and end node, and its products (plus 10 with a norm).
     fn runs(steps: &[Step]) -> Vec<(usize, usize, u8)> {
         steps
             .iter()
@@ -136,7 +193,7 @@ mod tests {
                     fusion: Fusion::SharedAct(r),
                     start,
                     end,
-                } => Some((*start, *end, r.n)),
+                } => Some((*start, *end, r.n + 10 * r.norm.is_some() as u8)),
                 _ => None,
             })
             .collect()
@@ -186,5 +243,44 @@ mod tests {
         // x then y; y on float weights (no Q8_1); then four on y: at most three a run.
         let nodes = [a, b, c, d, e, f, g];
         assert_eq!(runs(&plan(ctx.tensors(), &nodes, &t)), [(3, 6, 3)]);
+    }
+
+    #[test]
+    fn a_norm_and_its_weight_quantise_for_the_products_that_read_them() {
+        let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 32];
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor(DType::F32, [64, 16, 1, 1]).unwrap();
+        let g = ctx.new_tensor(DType::F32, [64, 1, 1, 1]).unwrap();
+        let g2 = ctx.new_tensor(DType::F32, [64, 16, 1, 1]).unwrap();
+        let w = ctx.new_tensor(DType::Q4_1, [64, 32, 1, 1]).unwrap();
+        let rn = ctx.rms_norm(x, 1e-5).unwrap();
+        let cur = ctx.mul(rn, g).unwrap();
+        let q = ctx.mul_mat(w, cur).unwrap();
+        let k = ctx.mul_mat(w, cur).unwrap();
+        let v = ctx.mul_mat(w, cur).unwrap();
+        let t = CudaTuning::default();
+        let nodes = [rn, cur, q, k, v];
+        assert_eq!(runs(&plan(ctx.tensors(), &nodes, &t)), [(0, 5, 13)]);
+        let no_norm = CudaTuning {
+            fuse_norm: false,
+            ..t
+        };
+        assert_eq!(runs(&plan(ctx.tensors(), &nodes, &no_norm)), [(2, 5, 3)]);
+        // Without fuse_qkv the norm takes its first product; K and V go alone.
+        let no_qkv = CudaTuning {
+            fuse_qkv: false,
+            ..t
+        };
+        assert_eq!(runs(&plan(ctx.tensors(), &nodes, &no_qkv)), [(0, 3, 11)]);
+        // A MUL by a full matrix is no norm weight; a row not of Q8_1 blocks is no
+        // prompt norm either.
+        let cur2 = ctx.mul(rn, g2).unwrap();
+        let p = ctx.mul_mat(w, cur2).unwrap();
+        assert!(runs(&plan(ctx.tensors(), &[rn, cur2, p], &t)).is_empty());
+        let y = ctx.new_tensor(DType::F32, [48, 16, 1, 1]).unwrap();
+        let gy = ctx.new_tensor(DType::F32, [48, 1, 1, 1]).unwrap();
+        let ry = ctx.rms_norm(y, 1e-5).unwrap();
+        let my = ctx.mul(ry, gy).unwrap();
+        assert!(runs(&plan(ctx.tensors(), &[ry, my], &t)).is_empty());
     }
 }

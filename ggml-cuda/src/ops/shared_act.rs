@@ -1,17 +1,22 @@
 //! Launching a run of prompt-class products that read one activation
-//! ([`SharedAct`](crate::fusion::SharedAct)): one `quantize_q8_1`, then each product on
-//! its Q8_1 blocks.
+//! ([`SharedAct`](crate::fusion::SharedAct)): the activation quantised to Q8_1 once (by
+//! `quantize_q8_1`, or by `rms_norm_q8_1` with the norm and its weight), then each
+//! product on those blocks.
 
-use ggml_core::{BackendResult, Tensor, TensorId};
+use ggml_core::{BackendResult, Op, Tensor, TensorId};
 
 use super::matmul::{mul_mat_on, quantize_shared};
-use super::{check, run, Ctx};
+use super::{check, dims, run, Ctx};
 use crate::backend::{CudaBackend, State};
 use crate::fusion::SharedAct;
+use crate::kernels::KernelId;
+use crate::launch::{self, Args};
+use crate::reference::Q8_1_BLOCK;
 
-/// Enqueues run `r` of `nodes`, or node by node where a product is not supported or its
-/// output overlaps the activation (which the later products would then read changed,
-/// while the unfused nodes would quantise it again: the run must see what they see).
+/// Enqueues run `r` of `nodes`, or node by node where a node is not supported, a tensor
+/// is outside this backend's memory, or an output overlaps bytes the run reads or writes
+/// elsewhere (a product over the activation, which the unfused nodes after it would read
+/// changed and quantise again: the run must compute what they compute).
 pub(crate) fn run_shared_act(
     be: &CudaBackend,
     st: &mut State,
@@ -19,46 +24,126 @@ pub(crate) fn run_shared_act(
     nodes: &[TensorId],
     r: SharedAct,
 ) -> BackendResult<()> {
-    let ids: Vec<TensorId> = r.products[..r.n as usize]
-        .iter()
-        .map(|&o| nodes[o as usize])
-        .collect();
-    if !fusable(be, st, tensors, &ids) {
+    let node = |o: u8| &tensors[nodes[o as usize].index()];
+    if !fusable(be, st, tensors, nodes, r) {
         return nodes.iter().try_for_each(|&id| run(be, st, tensors, id));
     }
-    let mut c = Ctx {
-        be,
-        st,
-        tensors,
-        node: &tensors[ids[0].index()],
+    let first = node(r.products[0]);
+    let q = match r.norm {
+        Some((ro, mo)) => norm_q8_1(be, st, tensors, nodes[ro as usize], node(mo))?,
+        None => quantize_shared(&mut Ctx {
+            be,
+            st,
+            tensors,
+            node: first,
+        })?,
     };
-    let q = quantize_shared(&mut c)?;
-    for id in ids {
-        let node = &tensors[id.index()];
+    for &o in &r.products[..r.n as usize] {
+        let p = node(o);
         let mut c = Ctx {
             be,
             st,
             tensors,
-            node,
+            node: p,
         };
-        mul_mat_on(&mut c, node, Some(q))?;
+        mul_mat_on(&mut c, p, Some(q))?;
     }
     Ok(())
 }
 
-/// Whether every product passes the support check, every tensor is in this backend's
-/// memory, and no product's output overlaps the activation.
-fn fusable(be: &CudaBackend, st: &State, tensors: &[Tensor], ids: &[TensorId]) -> bool {
+/// `rms_norm_q8_1`: RMS_NORM `rms_id` and MUL `mul` written, and the MUL's output
+/// quantised to Q8_1 in scratch: the scratch's address and strides as `mul_mat_on` takes
+/// them.
+fn norm_q8_1(
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    rms_id: TensorId,
+    mul: &Tensor,
+) -> BackendResult<(u64, [usize; 3])> {
+    let rms = &tensors[rms_id.index()];
+    let mut c = Ctx {
+        be,
+        st,
+        tensors,
+        node: rms,
+    };
+    let Op::RmsNorm { eps } = rms.op else {
+        unreachable!("the matcher checked the norm's op")
+    };
+    let x = c.src(0)?;
+    let w = weight_of(tensors, rms_id, mul);
+    let (k, n) = (rms.ne[0], rms.ne[1]);
+    let row = k / 32 * Q8_1_BLOCK;
+    let qnb = [row, row * n, row * n];
+    let scratch = be.scratch(c.st, row * n)?;
+    let d = dims(launch::rms_norm_q8_1(n), &c)?;
+    let mut a = Args::new();
+    a.u64(c.addr(&x)?)
+        .u64(c.addr(rms)?)
+        .u64(c.addr(&w)?)
+        .u64(c.addr(mul)?)
+        .u64(scratch);
+    a.u32(k as u32).u32(n as u32).f32(eps);
+    a.usize(x.nb[1])
+        .usize(rms.nb[1])
+        .usize(mul.nb[1])
+        .usize(qnb[0]);
+    c.launch(KernelId::RmsNormQ8_1, d, &mut a)?;
+    Ok((scratch, qnb))
+}
+
+/// The MUL's operand other than the norm `rms_id`: the norm weight.
+fn weight_of(tensors: &[Tensor], rms_id: TensorId, mul: &Tensor) -> Tensor {
+    let other = match (mul.src[0], mul.src[1]) {
+        (Some(a), Some(b)) if a == rms_id => b,
+        (Some(a), _) => a,
+        _ => unreachable!("the matcher checked the MUL's operands"),
+    };
+    tensors[other.index()]
+}
+
+/// Whether every node passes the support check, every tensor is in this backend's
+/// memory, and the bytes allow the run: the norm's two outputs apart from each other and
+/// from what the norm reads, and no product's output over the shared activation.
+fn fusable(
+    be: &CudaBackend,
+    st: &State,
+    tensors: &[Tensor],
+    nodes: &[TensorId],
+    r: SharedAct,
+) -> bool {
     let span = |t: &Tensor| {
         be.tensor_range(st, t, 0, t.nbytes())
             .ok()
             .map(|a| (a, a + t.nbytes() as u64))
     };
-    let node = |id: TensorId| &tensors[id.index()];
-    let Some(x) = node(ids[0]).src[1].and_then(|a| span(&tensors[a.index()])) else {
+    let apart = |a: (u64, u64), b: (u64, u64)| a.1 <= b.0 || b.1 <= a.0;
+    let id = |o: u8| nodes[o as usize];
+    let node = |o: u8| &tensors[id(o).index()];
+    let products = &r.products[..r.n as usize];
+    let Some(act) = node(products[0]).src[1].and_then(|a| span(&tensors[a.index()])) else {
         return false;
     };
-    ids.iter().all(|&id| {
-        check(tensors, id).is_ok() && span(node(id)).is_some_and(|o| o.1 <= x.0 || x.1 <= o.0)
-    })
+    let norm_ok = match r.norm {
+        None => true,
+        Some((ro, mo)) => {
+            let (rms, mul) = (node(ro), node(mo));
+            let x = rms.src[0].and_then(|x| span(&tensors[x.index()]));
+            let w = span(&weight_of(tensors, id(ro), mul));
+            match (span(rms), span(mul), x, w) {
+                (Some(rs), Some(ms), Some(x), Some(w)) => {
+                    check(tensors, id(ro)).is_ok()
+                        && check(tensors, id(mo)).is_ok()
+                        && [rs, ms].iter().all(|&o| apart(o, x) && apart(o, w))
+                        && apart(rs, ms)
+                }
+                _ => false,
+            }
+        }
+    };
+    norm_ok
+        && products
+            .iter()
+            .all(|&o| check(tensors, id(o)).is_ok() && span(node(o)).is_some_and(|s| apart(s, act)))
 }
