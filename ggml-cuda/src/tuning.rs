@@ -43,7 +43,8 @@ pub struct CudaTuning {
     pub fuse_qkv_rope: bool,
     /// Gate and up products with the gated activation (SwiGLU, GeGLU), in one launch.
     pub fuse_glu: bool,
-    /// A residual add in the epilogue of the product that feeds it.
+    /// A residual add in the epilogue of the product that feeds it (`qmm` for decode
+    /// batches, `qgemm` for prompt batches).
     pub fuse_add: bool,
     /// 2-D quantised products of the tiled class (8 columns or more) on `qgemm`, a
     /// register-tiled GEMM with `qmm`'s per-output arithmetic (same bits), instead of

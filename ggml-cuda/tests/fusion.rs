@@ -164,10 +164,12 @@ fn a_layer_fused_is_the_layer_unfused(
 
 /// A prompt-sized layer (the tiled class): each norm, its weight and the Q8_1 blocks of
 /// the result in one `rms_norm_q8_1`, which Q, K, V (and gate, up) share; O and down
-/// quantise their own activations. 7 `quantize_q8_1`, 2 `rms_norm` and 2 MUL launches
-/// become 2 `quantize_q8_1` and 2 `rms_norm_q8_1`, with every node's bytes those of the
-/// unfused layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles. Without `fuse_norm`
-/// the norm runs alone and Q, K, V (gate, up) still share one `quantize_q8_1`.
+/// quantise their own activations, and on `qgemm` add the residual in its epilogue.
+/// 7 `quantize_q8_1`, 2 `rms_norm` and 4 binary (MUL, ADD) launches become 2
+/// `quantize_q8_1` and 2 `rms_norm_q8_1`, with every node's bytes those of the unfused
+/// layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles (the adds apart). Without
+/// `fuse_norm` the norm runs alone and Q, K, V (gate, up) still share one
+/// `quantize_q8_1`.
 ///
 /// Embeddings of 8 Q8_1 blocks (one per warp of `rms_norm_q8_1`), 10 (two warps take a
 /// second block) and 40 (five each, the next block's loads ahead of each).
@@ -207,22 +209,25 @@ fn a_prompt_layer_quantises_each_shared_activation_once(
             of(KernelId::QuantizeQ8_1),
             of(KernelId::RmsNorm),
             of(KernelId::RmsNormQ8_1),
+            of(KernelId::Binary),
         ];
         (outs, launches, kernels)
     };
     let (plain, n_plain, k_plain) = counts(tuning.without_fusions());
     let (fused, n_fused, k_fused) = counts(tuning);
     assert!(plain == fused, "the fused runs changed a node's bytes");
-    assert_eq!(k_plain, [7, 2, 0]);
-    assert_eq!(k_fused, [2, 0, 2]);
-    assert_eq!(n_plain - n_fused, 7);
+    // The residual adds go into qgemm's epilogue (qmm's tiles keep them apart).
+    let adds = if qgemm { 0 } else { 2 };
+    assert_eq!(k_plain, [7, 2, 0, 4]);
+    assert_eq!(k_fused, [2, 0, 2, adds]);
+    assert_eq!(n_plain - n_fused, 9 - adds);
     let no_norm = CudaTuning {
         fuse_norm: false,
         ..tuning
     };
     let (alone, _, k_alone) = counts(no_norm);
     assert!(plain == alone, "shared quantisation changed a node's bytes");
-    assert_eq!(k_alone, [4, 2, 0]);
+    assert_eq!(k_alone, [4, 2, 0, 2 + adds]);
     // fused_vs_unfused's 0xff fill: no node left unwritten.
     fused_vs_unfused(|ctx| layer(ctx, n, dts, false, 3 + n as u64), tuning);
 }
@@ -331,6 +336,55 @@ fn a_shared_activation_overwritten_by_a_product_is_quantised_again() {
         );
         let mut out = vec![0u8; 4 * m * n];
         be.get_tensor(&ts[y2.index()], 0, &mut out).unwrap();
+        results.push(out);
+        be.free_buffer(buf.id).unwrap();
+    }
+    assert_eq!(results[0], results[1]);
+}
+
+/// A prompt-class product placed by hand over the residual its ADD reads: unfused, the
+/// ADD reads the product's values there; `qgemm`'s epilogue would read the residual's
+/// before some blocks wrote over it. The run goes node by node, with the unfused bits.
+#[test]
+fn a_residual_under_its_product_is_added_node_by_node() {
+    let be = gpu();
+    let (k, m, n) = (64, 64, 8);
+    let mut r = Lcg(33);
+    let (xv, rv) = (r.vec(k * n), r.vec(m * n));
+    let wv = quantize_rows(DType::Q8_0, &r.vec(k * m), k);
+    let mut results = Vec::new();
+    for tuning in [
+        CudaTuning::default().without_fusions(),
+        CudaTuning::default(),
+    ] {
+        be.set_tuning(tuning);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+        let res = ctx.new_tensor(DType::F32, [m, n, 1, 1]).unwrap();
+        let w = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
+        let y = ctx.mul_mat(w, x).unwrap();
+        let e = ctx.add(y, res).unwrap();
+        let buf = be.alloc_buffer(16384).unwrap();
+        be.buffer_clear(buf.id, 0).unwrap();
+        for (id, at) in [(x, 0), (res, 4096), (w, 8192), (y, 4096), (e, 12288)] {
+            ctx.tensors_mut()[id.index()].data = Some(DataRef {
+                buffer: buf.id,
+                addr: buf.base + at,
+            });
+        }
+        let ts = ctx.tensors();
+        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
+            .unwrap();
+        be.set_tensor_async(&ts[res.index()], 0, &f32_bytes(&rv))
+            .unwrap();
+        be.set_tensor_async(&ts[w.index()], 0, &wv).unwrap();
+        let before = be.kernel_stats().launches_of(KernelId::Binary);
+        be.graph_compute(ts, &[y, e]).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(be.kernel_stats().launches_of(KernelId::Binary), before + 1);
+        let mut out = vec![0u8; 4 * m * n];
+        be.get_tensor(&ts[e.index()], 0, &mut out).unwrap();
         results.push(out);
         be.free_buffer(buf.id).unwrap();
     }

@@ -162,7 +162,8 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
         ]
     );
     // Prompts run each norm with its weight and Q8_1 quantisation for the products that
-    // read it (one step with them), the other nodes one by one; decode steps (fewer than
+    // read it (one step with them), and the residual adds in the epilogue of the products
+    // before them, the other nodes one by one; decode steps (fewer than
     // 8 tokens) fuse the products with their norms, GLU and residual adds, and the ropes
     // with the cache stores into the epilogue of the Q, K and V products, each fused run
     // timed as one step of its own kind.
@@ -172,7 +173,7 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
             &[
                 "RMS_NORM+MUL_MAT*3 q4_1",
                 "RMS_NORM+MUL_MAT*2 q4_1",
-                "MUL_MAT q4_1",
+                "MUL_MAT+ADD q4_1",
                 "FLASH_ATTN_EXT",
                 "ROPE",
             ]
@@ -226,7 +227,7 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
         assert_eq!(products("tg2", dev), 2 * products("pp8", dev), "{dev}");
     }
     let table = harness::bench::op_profile_table(&profiles);
-    assert!(table.contains("| MUL_MAT q4_1 |"), "{table}");
+    assert!(table.contains("| MUL_MAT+ADD q4_1 |"), "{table}");
     assert!(table.contains("tg2 on cuda-sim:0#1:"), "{table}");
     for g in session.cuda_backends() {
         assert!(g.take_op_times().unwrap().is_empty(), "timing left on");

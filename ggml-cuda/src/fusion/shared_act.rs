@@ -24,13 +24,20 @@ pub(crate) struct SharedAct {
     pub norm: Option<(u8, u8)>,
     /// The products (the first `n` entries).
     pub products: [u8; 3],
-    /// Number of products (1 to 3; 2 or 3 without a norm).
+    /// Number of products (1 to 3; 2 or 3 without a norm or an add).
     pub n: u8,
+    /// The ADD of a single product's output and a residual, computed in `qgemm`'s
+    /// epilogue (`fuse_add`).
+    pub add: Option<u8>,
 }
 
 /// The name op timing gives a run.
 pub(crate) fn op_name(r: &SharedAct) -> &'static str {
     match (r.norm.is_some(), r.n) {
+        _ if r.add.is_some() => match r.norm {
+            Some(_) => "RMS_NORM+MUL_MAT+ADD",
+            None => "MUL_MAT+ADD",
+        },
         (true, 1) => "RMS_NORM+MUL_MAT",
         (true, 2) => "RMS_NORM+MUL_MAT*2",
         (true, _) => "RMS_NORM+MUL_MAT*3",
@@ -139,15 +146,49 @@ pub(crate) fn matcher(
         n += 1;
         at = j + 1;
     }
-    if n == 0 || (norm_at.is_none() && n < 2) {
+    if n == 0 {
+        return None;
+    }
+    let last = i + products[n - 1] as usize;
+    let add = match n == 1 && tuning.fuse_add && tuning.qgemm {
+        true => residual_add(tensors, nodes, last),
+        false => None,
+    };
+    if norm_at.is_none() && n < 2 && add.is_none() {
         return None;
     }
     let run = SharedAct {
         norm: norm_at,
         products,
         n: n as u8,
+        add: match add {
+            Some(j) => Some(off(j)?),
+            None => None,
+        },
     };
-    Some((Fusion::SharedAct(run), products[n - 1] as usize + 1))
+    Some((Fusion::SharedAct(run), add.unwrap_or(last) + 1 - i))
+}
+
+/// The ADD right after product `nodes[p]` (views aside) of its output and an f32 residual
+/// of the same shape: its position.
+fn residual_add(tensors: &[Tensor], nodes: &[TensorId], p: usize) -> Option<usize> {
+    let j = skip_views(tensors, nodes, p + 1)?;
+    let add = tensors.get(nodes.get(j)?.index())?;
+    let prod_id = nodes[p];
+    let prod = tensors.get(prod_id.index())?;
+    let res = match (add.src[0], add.src[1]) {
+        (Some(a), Some(b)) if a == prod_id && b != prod_id => b,
+        (Some(a), Some(b)) if b == prod_id && a != prod_id => a,
+        _ => return None,
+    };
+    let res = tensors.get(res.index())?;
+    let ok = add.op == Op::Add
+        && f32_2d(add)
+        && f32_2d(res)
+        && f32_2d(prod)
+        && add.ne == prod.ne
+        && res.ne == prod.ne;
+    ok.then_some(j)
 }
 
 #[cfg(test)]
@@ -184,7 +225,8 @@ mod tests {
         vec![q, q3, k, v, o, h, gate, up, act, d]
     }
 
-    /// Each run's first and end node, and its products (plus 10 with a norm).
+    /// Each run's first and end node, and its products (plus 10 with a norm, 100 with an
+    /// add).
     fn runs(steps: &[Step]) -> Vec<(usize, usize, u8)> {
         steps
             .iter()
@@ -193,7 +235,11 @@ mod tests {
                     fusion: Fusion::SharedAct(r),
                     start,
                     end,
-                } => Some((*start, *end, r.n + 10 * r.norm.is_some() as u8)),
+                } => Some((
+                    *start,
+                    *end,
+                    r.n + 10 * r.norm.is_some() as u8 + 100 * r.add.is_some() as u8,
+                )),
                 _ => None,
             })
             .collect()
@@ -205,18 +251,32 @@ mod tests {
         let mut ctx = Context::new(&mut s);
         let nodes = layer(&mut ctx, 512);
         let t = CudaTuning::default();
-        // Q, (view), K, V; gate, up. O and down read activations of their own.
+        // Q, (view), K, V; O and its residual add; gate, up. Down reads an activation of
+        // its own and has no add after it.
         assert_eq!(
             runs(&plan(ctx.tensors(), &nodes, &t)),
-            [(0, 4, 3), (6, 8, 2)]
+            [(0, 4, 3), (4, 6, 101), (6, 8, 2)]
         );
-        // The switch, the legacy kernels, and decode-sized batches (the decode fusions'
-        // matter, not this one) leave no such run.
+        // The add needs qgemm's epilogue and its switch.
+        for no_add in [
+            CudaTuning { qgemm: false, ..t },
+            CudaTuning {
+                fuse_add: false,
+                ..t
+            },
+        ] {
+            assert_eq!(
+                runs(&plan(ctx.tensors(), &nodes, &no_add)),
+                [(0, 4, 3), (6, 8, 2)]
+            );
+        }
+        // Without fuse_qkv only the add's run is left; the legacy kernels and decode-sized
+        // batches (the decode fusions' matter, not this one) leave none.
         let off = CudaTuning {
             fuse_qkv: false,
             ..t
         };
-        assert!(runs(&plan(ctx.tensors(), &nodes, &off)).is_empty());
+        assert_eq!(runs(&plan(ctx.tensors(), &nodes, &off)), [(4, 6, 101)]);
         assert!(runs(&plan(ctx.tensors(), &nodes, &CudaTuning::legacy())).is_empty());
         let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 48];
         let mut ctx = Context::new(&mut s);

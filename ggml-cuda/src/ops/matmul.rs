@@ -34,16 +34,28 @@ pub(crate) fn scratch_need(tensors: &[Tensor], id: TensorId) -> usize {
 }
 
 pub(super) fn mul_mat(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
-    mul_mat_on(c, t, None)
+    mul_mat_on(c, t, None, None)
+}
+
+/// A residual ADD that `qgemm` computes in its epilogue: `e = out + res`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ResidualAdd {
+    /// The residual's address and column byte stride.
+    pub res: (u64, usize),
+    /// The ADD output's address and column byte stride.
+    pub e: (u64, usize),
 }
 
 /// Product `t`; for a 2-D product of the tiled class on the current kernels, `shared` is
 /// its activation already quantised to Q8_1 in scratch (address and strides, by
 /// [`quantize_shared`] for an earlier product of the same activation), else `None`.
+/// `add`: the residual ADD after it, for a product that runs on `qgemm` only (an
+/// internal error otherwise).
 pub(super) fn mul_mat_on(
     c: &mut Ctx<'_>,
     t: &Tensor,
     shared: Option<(u64, [usize; 3])>,
+    add: Option<ResidualAdd>,
 ) -> BackendResult<()> {
     let w = c.src(0)?;
     let x = c.src(1)?;
@@ -87,9 +99,19 @@ pub(super) fn mul_mat_on(
             .u32(m as u32)
             .usize(w.nb[1]);
         a.u64(ta).usize(t.nb[1]);
+        let add = add.map_or([(0, 0); 2], |r| [r.res, r.e]);
+        for (addr, stride) in add {
+            a.u64(addr).usize(stride);
+        }
         c.launch(KernelId::Qgemm, d, &mut a)?;
         c.be.count_class(class);
         return Ok(());
+    }
+    if add.is_some() {
+        return Err(c.fail(
+            BackendErrorKind::InvalidArgument,
+            "a fused residual add on a product that does not run on qgemm",
+        ));
     }
     if !c.st.tuning.legacy_products {
         // The tiled class takes the activations quantised once by quantize_q8_1 (a

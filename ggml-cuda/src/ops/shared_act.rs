@@ -1,11 +1,11 @@
 //! Launching a run of prompt-class products that read one activation
 //! ([`SharedAct`](crate::fusion::SharedAct)): the activation quantised to Q8_1 once (by
 //! `quantize_q8_1`, or by `rms_norm_q8_1` with the norm and its weight), then each
-//! product on those blocks.
+//! product on those blocks (a single one with a residual ADD in `qgemm`'s epilogue).
 
 use ggml_core::{BackendResult, Op, Tensor, TensorId};
 
-use super::matmul::{mul_mat_on, quantize_shared};
+use super::matmul::{mul_mat_on, quantize_shared, ResidualAdd};
 use super::{check, dims, run, Ctx};
 use crate::backend::{CudaBackend, State};
 use crate::fusion::SharedAct;
@@ -46,9 +46,30 @@ pub(crate) fn run_shared_act(
             tensors,
             node: p,
         };
-        mul_mat_on(&mut c, p, Some(q))?;
+        let add = match r.add {
+            Some(ao) => {
+                let e = node(ao);
+                let res = residual_of(tensors, nodes[o as usize], e);
+                Some(ResidualAdd {
+                    res: (c.addr(&res)?, res.nb[1]),
+                    e: (c.addr(e)?, e.nb[1]),
+                })
+            }
+            None => None,
+        };
+        mul_mat_on(&mut c, p, Some(q), add)?;
     }
     Ok(())
+}
+
+/// The ADD's operand other than product `p`: the residual.
+fn residual_of(tensors: &[Tensor], p: TensorId, add: &Tensor) -> Tensor {
+    let other = match (add.src[0], add.src[1]) {
+        (Some(a), Some(b)) if a == p => b,
+        (Some(a), _) => a,
+        _ => unreachable!("the matcher checked the ADD's operands"),
+    };
+    tensors[other.index()]
 }
 
 /// `rms_norm_q8_1`: RMS_NORM `rms_id` and MUL `mul` written, and the MUL's output
@@ -142,7 +163,30 @@ fn fusable(
             }
         }
     };
+    // The ADD's output is written while the product's blocks still read the weights, and
+    // after its own block wrote the product: apart from both and from the residual, which
+    // the product must not overwrite either (the unfused ADD reads it afterwards).
+    let add_ok = match r.add {
+        None => true,
+        Some(ao) => {
+            let p = node(products[0]);
+            let e = node(ao);
+            let res = span(&residual_of(tensors, id(products[0]), e));
+            let w = p.src[0].and_then(|w| span(&tensors[w.index()]));
+            match (span(p), span(e), res, w) {
+                (Some(ps), Some(es), Some(rs), Some(ws)) => {
+                    check(tensors, id(ao)).is_ok()
+                        && apart(es, ps)
+                        && apart(es, rs)
+                        && apart(es, ws)
+                        && apart(ps, rs)
+                }
+                _ => false,
+            }
+        }
+    };
     norm_ok
+        && add_ok
         && products
             .iter()
             .all(|&o| check(tensors, id(o)).is_ok() && span(node(o)).is_some_and(|s| apart(s, act)))
