@@ -164,7 +164,8 @@ fn a_layer_fused_is_the_layer_unfused(
 
 /// A prompt-sized layer (the tiled class): each norm, its weight and the Q8_1 blocks of
 /// the result in one `rms_norm_q8_1`, which Q, K, V (and gate, up) share; O and down
-/// quantise their own activations, and on `qgemm` add the residual in its epilogue.
+/// quantise their own activations, and on `qgemm` add the residual in its epilogue (and
+/// Q, K, V, or gate and up, are one `qgemm` launch).
 /// 7 `quantize_q8_1`, 2 `rms_norm` and 4 binary (MUL, ADD) launches become 2
 /// `quantize_q8_1` and 2 `rms_norm_q8_1`, with every node's bytes those of the unfused
 /// layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles (the adds apart). Without
@@ -173,24 +174,32 @@ fn a_layer_fused_is_the_layer_unfused(
 ///
 /// Embeddings of 8 Q8_1 blocks (one per warp of `rms_norm_q8_1`), 10 (two warps take a
 /// second block) and 40 (five each, the next block's loads ahead of each).
+/// K and V of 48 rows (a partial row block in the merged launch) and mixed dtypes (each
+/// matrix's blocks unpack their own) on `qgemm` too.
 #[rstest]
-#[case::q4_1_16_tokens(16, [DType::Q4_1; 7], true, 256)]
-#[case::q4_1_9_tokens_320(9, [DType::Q4_1; 7], true, 320)]
-#[case::q8_0_24_tokens_1280(24, [DType::Q8_0; 7], true, 1280)]
+#[case::q4_1_16_tokens(16, [DType::Q4_1; 7], true, (256, 64))]
+#[case::q4_1_9_tokens_320(9, [DType::Q4_1; 7], true, (320, 64))]
+#[case::q8_0_24_tokens_1280(24, [DType::Q8_0; 7], true, (1280, 64))]
+#[case::mixed_33_tokens_kv_48(
+    33,
+    [DType::Q4K, DType::Q5_0, DType::Q6K, DType::Q8_0, DType::Q3K, DType::Q2K, DType::Q5K],
+    true,
+    (256, 48)
+)]
 #[case::mixed_40_tokens_qmm(
     40,
     [DType::Q4K, DType::Q5_0, DType::Q6K, DType::Q8_0, DType::Q3K, DType::Q2K, DType::Q5K],
     false,
-    256
+    (256, 64)
 )]
 fn a_prompt_layer_quantises_each_shared_activation_once(
     #[case] n: usize,
     #[case] dts: [DType; 7],
     #[case] qgemm: bool,
-    #[case] e: usize,
+    #[case] (e, kv): (usize, usize),
 ) {
     let layer = |ctx: &mut Context<'_>, n, dts, geglu, seed| {
-        layer_of(ctx, n, dts, geglu, seed, (e, 64, 512))
+        layer_of(ctx, n, dts, geglu, seed, (e, kv, 512))
     };
     let tuning = CudaTuning {
         qgemm,
@@ -210,24 +219,27 @@ fn a_prompt_layer_quantises_each_shared_activation_once(
             of(KernelId::RmsNorm),
             of(KernelId::RmsNormQ8_1),
             of(KernelId::Binary),
+            of(KernelId::Qgemm) + of(KernelId::Qmm),
         ];
         (outs, launches, kernels)
     };
     let (plain, n_plain, k_plain) = counts(tuning.without_fusions());
     let (fused, n_fused, k_fused) = counts(tuning);
     assert!(plain == fused, "the fused runs changed a node's bytes");
-    // The residual adds go into qgemm's epilogue (qmm's tiles keep them apart).
+    // The residual adds go into qgemm's epilogue, and Q, K, V (gate, up) into one qgemm
+    // launch; qmm's tiles keep them apart.
     let adds = if qgemm { 0 } else { 2 };
-    assert_eq!(k_plain, [7, 2, 0, 4]);
-    assert_eq!(k_fused, [2, 0, 2, adds]);
-    assert_eq!(n_plain - n_fused, 9 - adds);
+    let (products, merged) = if qgemm { (4, 3) } else { (7, 0) };
+    assert_eq!(k_plain, [7, 2, 0, 4, 7]);
+    assert_eq!(k_fused, [2, 0, 2, adds, products]);
+    assert_eq!(n_plain - n_fused, 9 - adds + merged);
     let no_norm = CudaTuning {
         fuse_norm: false,
         ..tuning
     };
     let (alone, _, k_alone) = counts(no_norm);
     assert!(plain == alone, "shared quantisation changed a node's bytes");
-    assert_eq!(k_alone, [4, 2, 0, 2 + adds]);
+    assert_eq!(k_alone, [4, 2, 0, 2 + adds, products]);
     // fused_vs_unfused's 0xff fill: no node left unwritten.
     fused_vs_unfused(|ctx| layer(ctx, n, dts, false, 3 + n as u64), tuning);
 }

@@ -293,8 +293,11 @@ fn profile_joins_every_launch_with_its_record() {
     assert!(!gemms.is_empty(), "the prompt ran no qgemm");
     for l in gemms {
         let c = &l.counters;
-        // Whole 32 x 32 tiles: at least the op's multiply-adds, all of them int8.
+        // Whole 32 x 32 tiles: at least the op's multiply-adds (of every matrix of a
+        // merged launch), all of them int8; 8 tokens fill a quarter of a tile's columns
+        // (the model's row counts are multiples of 32).
         assert!(c.tensor_macs >= l.macs && l.macs > 0, "{}: {c:?}", l.node);
+        assert!(c.tensor_macs <= 4 * l.macs, "{}: {} {c:?}", l.node, l.macs);
         assert_eq!(c.tensor_macs_int8, c.tensor_macs, "{}", l.node);
     }
     // Each launch's critical warp accounts for the whole critical path, line by line.

@@ -90,20 +90,7 @@ pub(super) fn mul_mat_on(
             Some(q) => q,
             None => quantize_to_scratch(c, &x, xa, [n, 1, 1])?,
         };
-        let k = w.ne[0];
-        let d = dims(launch::qgemm(m, n, k / 32), c)?;
-        let mut a = Args::new();
-        a.u64(xq).usize(qnb[0]).u32((k / 32) as u32).u32(n as u32);
-        a.u64(wa)
-            .u32(w.dtype.ggml_id() | (w.dtype.type_size() as u32) << 8)
-            .u32(m as u32)
-            .usize(w.nb[1]);
-        a.u64(ta).usize(t.nb[1]);
-        let add = add.map_or([(0, 0); 2], |r| [r.res, r.e]);
-        for (addr, stride) in add {
-            a.u64(addr).usize(stride);
-        }
-        c.launch(KernelId::Qgemm, d, &mut a)?;
+        launch_qgemm(c, &[(w, wa, *t, ta)], (xq, qnb), add)?;
         c.be.count_class(class);
         return Ok(());
     }
@@ -180,6 +167,66 @@ pub(super) fn mul_mat_on(
 /// Quantises the f32 activations `x` (at `xa`, rows of K = `x.ne[0]` values, `rows`
 /// = [N, B2, B3] of them) to Q8_1 in scratch with `quantize_q8_1`: the scratch address
 /// and its byte strides of dims 1..3.
+/// `qgemm` for up to 3 products `(weights, their address, output, its address)` of one
+/// activation, already quantised to Q8_1 at `xq` (address and strides), in one launch:
+/// blocks of the first matrix's rows, then the second's, then the third's. `add`: a
+/// residual ADD of a single product's output (an internal error with more).
+pub(super) fn launch_qgemm(
+    c: &mut Ctx<'_>,
+    mats: &[(Tensor, u64, Tensor, u64)],
+    (xq, qnb): (u64, [usize; 3]),
+    add: Option<ResidualAdd>,
+) -> BackendResult<()> {
+    let Some((w0, _, t0, _)) = mats.first() else {
+        return Err(c.fail(BackendErrorKind::InvalidArgument, "qgemm without a matrix"));
+    };
+    if mats.len() > 3 || (add.is_some() && mats.len() > 1) {
+        return Err(c.fail(
+            BackendErrorKind::InvalidArgument,
+            "qgemm takes 3 matrices at most, and a residual add with one only",
+        ));
+    }
+    let (k, n) = (w0.ne[0], t0.ne[1]);
+    // Each matrix's first block: the running sum of their row-block counts.
+    let mut starts = [0u32; 4];
+    for (i, (w, ..)) in mats.iter().enumerate() {
+        let blocks = dims(launch::qgemm(w.ne[1], n, k / 32), c)?.grid.0;
+        starts[i + 1] = starts[i]
+            .checked_add(blocks)
+            .ok_or_else(|| c.fail(BackendErrorKind::InvalidArgument, "qgemm grid too large"))?;
+    }
+    let total = starts[mats.len()];
+    let mut d = dims(launch::qgemm(w0.ne[1], n, k / 32), c)?;
+    d.grid.0 = total;
+    let mut a = Args::new();
+    a.u64(xq).usize(qnb[0]).u32((k / 32) as u32).u32(n as u32);
+    let matrix = |a: &mut Args, (w, wa, t, ta): &(Tensor, u64, Tensor, u64)| {
+        a.u64(*wa)
+            .u32(w.dtype.ggml_id() | (w.dtype.type_size() as u32) << 8)
+            .u32(w.ne[1] as u32)
+            .usize(w.nb[1]);
+        a.u64(*ta).usize(t.nb[1]);
+    };
+    matrix(&mut a, &mats[0]);
+    let add = add.map_or([(0, 0); 2], |r| [r.res, r.e]);
+    for (addr, stride) in add {
+        a.u64(addr).usize(stride);
+    }
+    // Matrices 1 and 2 start at their first block (the grid's end when absent).
+    a.u32(if mats.len() > 1 { starts[1] } else { total });
+    a.u32(if mats.len() > 2 { starts[2] } else { total });
+    for i in 1..3 {
+        match mats.get(i) {
+            Some(m) => matrix(&mut a, m),
+            None => {
+                a.u64(0).u32(0).u32(0).usize(0);
+                a.u64(0).usize(0);
+            }
+        }
+    }
+    c.launch(KernelId::Qgemm, d, &mut a)
+}
+
 /// The activation (operand 1) of the product `c` names quantised to Q8_1 in scratch, as
 /// [`mul_mat_on`] does for a 2-D product of the tiled class: for the other products of a
 /// run that read the same activation.

@@ -1,15 +1,19 @@
 //! Launching a run of prompt-class products that read one activation
 //! ([`SharedAct`](crate::fusion::SharedAct)): the activation quantised to Q8_1 once (by
-//! `quantize_q8_1`, or by `rms_norm_q8_1` with the norm and its weight), then each
-//! product on those blocks (a single one with a residual ADD in `qgemm`'s epilogue).
+//! `quantize_q8_1`, or by `rms_norm_q8_1` with the norm and its weight), then the
+//! products on those blocks: on `qgemm` in one launch (a single one with a residual ADD
+//! in its epilogue), on `qmm` one launch each.
 
 use ggml_core::{BackendResult, Op, Tensor, TensorId};
 
-use super::matmul::{mul_mat_on, quantize_shared, ResidualAdd};
+use super::matmul::{
+    check_weight_alignment, launch_qgemm, mul_mat_on, quantize_shared, ResidualAdd,
+};
 use super::{check, dims, run, Ctx};
 use crate::backend::{CudaBackend, State};
 use crate::fusion::SharedAct;
 use crate::kernels::KernelId;
+use crate::launch::MulMatClass;
 use crate::launch::{self, Args};
 use crate::reference::Q8_1_BLOCK;
 
@@ -38,7 +42,37 @@ pub(crate) fn run_shared_act(
             node: first,
         })?,
     };
-    for &o in &r.products[..r.n as usize] {
+    let products = &r.products[..r.n as usize];
+    if st.tuning.qgemm && products.len() > 1 {
+        // On qgemm the products go as one launch, each matrix's row blocks in turn.
+        let mut c = Ctx {
+            be,
+            st,
+            tensors,
+            node: first,
+        };
+        let mut mats = Vec::with_capacity(products.len());
+        for &o in products {
+            let p = node(o);
+            let w = c.src_of(p, 0)?;
+            let wa = c.addr(&w)?;
+            check_weight_alignment(&c, &w, wa)?;
+            mats.push((w, wa, *p, c.addr(p)?));
+        }
+        launch_qgemm(&mut c, &mats, q, None)?;
+        // A recorded launch counts the multiply-adds of every product it computes.
+        if let Some(l) = c.st.recorded.as_mut().and_then(|r| r.last_mut()) {
+            l.macs = mats
+                .iter()
+                .map(|(_, _, p, _)| crate::replay::node_macs(tensors, p, KernelId::Qgemm))
+                .sum();
+        }
+        for _ in products {
+            be.count_class(MulMatClass::Mmq);
+        }
+        return Ok(());
+    }
+    for &o in products {
         let p = node(o);
         let mut c = Ctx {
             be,

@@ -484,7 +484,12 @@ const HEADER: &str = "
 //   p_res     0, or f32 residual [M, N] (column byte stride p_nbr): then also
 //             e = out + res (add.rn, as the ADD's binary kernel) into p_e (stride p_nbe)
 //   p_nbr, p_e, p_nbe
-// Grid:   (ceil(M / 32), ceil(N / 32), 1)
+//   p_mb1, p_mb2             up to two more matrices in the same launch (products of the
+//             same activation): blocks x >= p_mb1 compute matrix 1, x >= p_mb2 matrix 2
+//             (gridDim.x for none); the residual add is for a single matrix only
+//   p_w1, p_dt1, p_m1, p_nbw1, p_d1, p_nbd1   matrix 1, as p_w .. p_nbd
+//   p_w2, p_dt2, p_m2, p_nbw2, p_d2, p_nbd2   matrix 2, as p_w .. p_nbd
+// Grid:   (ceil(M / 32) summed over the matrices, ceil(N / 32), 1)
 // Block:  (128, 1, 1)
 // Shared: dynamic, 8 chunks x 32 rows x 80 bytes of unpacked weight chunks, then
 //         8 chunks x 32 columns x 48 bytes of activation blocks (qmm_smem)
@@ -508,7 +513,21 @@ const HEADER: &str = "
     .param .u64 p_res,
     .param .u64 p_nbr,
     .param .u64 p_e,
-    .param .u64 p_nbe
+    .param .u64 p_nbe,
+    .param .u32 p_mb1,
+    .param .u32 p_mb2,
+    .param .u64 p_w1,
+    .param .u32 p_dt1,
+    .param .u32 p_m1,
+    .param .u64 p_nbw1,
+    .param .u64 p_d1,
+    .param .u64 p_nbd1,
+    .param .u64 p_w2,
+    .param .u32 p_dt2,
+    .param .u32 p_m2,
+    .param .u64 p_nbw2,
+    .param .u64 p_d2,
+    .param .u64 p_nbd2
 )
 .maxntid 128, 1, 1
 {
@@ -539,7 +558,15 @@ const HEADER: &str = "
     .reg .b64 %yrd<8>, %yrw, %yrb, %yra;
 
     mov.u32 %thr, %tid.x;
+    // The block's matrix: 0 below p_mb1, 1 from p_mb1, 2 from p_mb2; its first row.
     mov.u32 %t0, %ctaid.x;
+    ld.param.u32 %t2, [p_mb1];
+    ld.param.u32 %t3, [p_mb2];
+    setp.ge.u32 %p2, %t0, %t2;
+    setp.ge.u32 %p3, %t0, %t3;
+    @%p2 sub.u32 %t0, %t0, %t2;
+    @%p3 sub.u32 %t0, %t0, %t3;
+    @%p3 add.u32 %t0, %t0, %t2;
     shl.b32 %m0, %t0, 5;
     mov.u32 %t0, %ctaid.y;
     shl.b32 %n0, %t0, 5;
@@ -549,15 +576,27 @@ const HEADER: &str = "
     ld.param.u32 %nch, [p_nchunks];
     ld.param.u32 %N, [p_n];
     ld.param.u64 %wq, [p_w];
-    cvta.to.global.u64 %wq, %wq;
     ld.param.u32 %gdt, [p_dt];
-    and.b32 %gdt, %gdt, 255;
-    setp.ne.u32 %pnq2, %gdt, 10;
     ld.param.u32 %M, [p_m];
     ld.param.u64 %nbw, [p_nbw];
     ld.param.u64 %dq, [p_d];
-    cvta.to.global.u64 %dq, %dq;
     ld.param.u64 %nbd, [p_nbd];
+    @%p2 ld.param.u64 %wq, [p_w1];
+    @%p2 ld.param.u32 %gdt, [p_dt1];
+    @%p2 ld.param.u32 %M, [p_m1];
+    @%p2 ld.param.u64 %nbw, [p_nbw1];
+    @%p2 ld.param.u64 %dq, [p_d1];
+    @%p2 ld.param.u64 %nbd, [p_nbd1];
+    @%p3 ld.param.u64 %wq, [p_w2];
+    @%p3 ld.param.u32 %gdt, [p_dt2];
+    @%p3 ld.param.u32 %M, [p_m2];
+    @%p3 ld.param.u64 %nbw, [p_nbw2];
+    @%p3 ld.param.u64 %dq, [p_d2];
+    @%p3 ld.param.u64 %nbd, [p_nbd2];
+    cvta.to.global.u64 %wq, %wq;
+    and.b32 %gdt, %gdt, 255;
+    setp.ne.u32 %pnq2, %gdt, 10;
+    cvta.to.global.u64 %dq, %dq;
     mov.u64 %sW, qmm_smem;
     add.u64 %sA, %sW, @A_OFFSET@;
     mov.f32 %ac0, 0f00000000;
