@@ -403,6 +403,58 @@ fn a_residual_under_its_product_is_added_node_by_node() {
     assert_eq!(results[0], results[1]);
 }
 
+/// Q's output placed by hand over K's weights: one `qgemm` launch for both would have K's
+/// blocks read weights that Q's blocks write at the same time on a GPU, so the products
+/// go one launch each, in order, with the unfused bits.
+#[test]
+fn an_output_over_another_products_weights_is_not_one_launch() {
+    let be = gpu();
+    let (k, m, n) = (64, 32, 8);
+    let mut r = Lcg(41);
+    let xv = r.vec(k * n);
+    let (wqv, wkv) = (
+        quantize_rows(DType::Q8_0, &r.vec(k * m), k),
+        quantize_rows(DType::Q8_0, &r.vec(k * m), k),
+    );
+    let mut results = Vec::new();
+    for tuning in [
+        CudaTuning::default().without_fusions(),
+        CudaTuning::default(),
+    ] {
+        be.set_tuning(tuning);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let x = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+        let wq = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
+        let wk = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
+        let q = ctx.mul_mat(wq, x).unwrap();
+        let kk = ctx.mul_mat(wk, x).unwrap();
+        let buf = be.alloc_buffer(16384).unwrap();
+        be.buffer_clear(buf.id, 0).unwrap();
+        // q (32 x 8 f32, 1 KiB) over the first of wk's 2176 bytes.
+        for (id, at) in [(x, 0), (wq, 4096), (wk, 8192), (q, 8192), (kk, 12288)] {
+            ctx.tensors_mut()[id.index()].data = Some(DataRef {
+                buffer: buf.id,
+                addr: buf.base + at,
+            });
+        }
+        let ts = ctx.tensors();
+        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
+            .unwrap();
+        be.set_tensor_async(&ts[wq.index()], 0, &wqv).unwrap();
+        be.set_tensor_async(&ts[wk.index()], 0, &wkv).unwrap();
+        let before = be.kernel_stats().launches_of(KernelId::Qgemm);
+        be.graph_compute(ts, &[q, kk]).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(be.kernel_stats().launches_of(KernelId::Qgemm), before + 2);
+        let mut out = vec![0u8; 4 * m * n];
+        be.get_tensor(&ts[kk.index()], 0, &mut out).unwrap();
+        results.push(out);
+        be.free_buffer(buf.id).unwrap();
+    }
+    assert_eq!(results[0], results[1]);
+}
+
 /// Widths past one 32-chunk K-tile (embedding 1280, FFN 1536: 40 and 48 chunks, one
 /// 64-chunk tile of the decode class): fused equal to unfused, and 64-chunk tiles equal to
 /// 32-chunk ones.

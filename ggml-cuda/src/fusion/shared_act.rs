@@ -3,12 +3,13 @@
 //! (`fuse_qkv`), and when it is an RMS norm times a weight row, by the norm's own kernel
 //! (`rms_norm_q8_1`, `fuse_norm`), which writes the norm and the MUL too.
 //!
-//! Each product still runs its own `qgemm` (or, with `no-qgemm`, `qmm`) launch on the
-//! same Q8_1 blocks the unfused path would have made for it: the quantisation of one
-//! activation gives the same bytes every time, so the results are bit for bit those of
-//! the unfused nodes. A run is matched on shapes alone; whether the bytes allow it (no
-//! output over bytes the run reads or writes elsewhere) is decided when it is launched,
-//! with the addresses.
+//! The products then run on the same Q8_1 blocks the unfused path would have made for
+//! each of them (the quantisation of one activation gives the same bytes every time): on
+//! `qgemm` as one launch (each matrix's row blocks in turn), where a single product may
+//! also add a residual in its epilogue (`fuse_add`), or with `no-qgemm` one `qmm` launch
+//! each. Every output is bit for bit the unfused nodes'. A run is matched on shapes alone;
+//! whether the bytes allow it (no output over bytes the run reads or writes elsewhere) is
+//! decided when it is launched, with the addresses.
 
 use ggml_core::{DType, Op, Tensor, TensorId};
 

@@ -160,7 +160,8 @@ fn weight_of(tensors: &[Tensor], rms_id: TensorId, mul: &Tensor) -> Tensor {
 
 /// Whether every node passes the support check, every tensor is in this backend's
 /// memory, and the bytes allow the run: the norm's two outputs apart from each other and
-/// from what the norm reads, and no product's output over the shared activation.
+/// from what the norm reads; the products' outputs apart from the shared activation, from
+/// each other and from the weights; the ADD's as its comment below says.
 fn fusable(
     be: &CudaBackend,
     st: &State,
@@ -219,9 +220,20 @@ fn fusable(
             }
         }
     };
-    norm_ok
-        && add_ok
-        && products
-            .iter()
-            .all(|&o| check(tensors, id(o)).is_ok() && span(node(o)).is_some_and(|s| apart(s, act)))
+    // The products' outputs: apart from the activation, from each other and from every
+    // product's weights (one launch writes them all while its blocks still read).
+    let outs: Option<Vec<(u64, u64)>> = products.iter().map(|&o| span(node(o))).collect();
+    let weights: Option<Vec<(u64, u64)>> = products
+        .iter()
+        .map(|&o| node(o).src[0].and_then(|w| span(&tensors[w.index()])))
+        .collect();
+    let products_ok = match (outs, weights) {
+        (Some(outs), Some(weights)) => outs.iter().enumerate().all(|(i, &o)| {
+            apart(o, act)
+                && outs[i + 1..].iter().all(|&p| apart(o, p))
+                && weights.iter().all(|&w| apart(o, w))
+        }),
+        _ => false,
+    };
+    norm_ok && add_ok && products_ok && products.iter().all(|&o| check(tensors, id(o)).is_ok())
 }
