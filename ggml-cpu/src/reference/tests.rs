@@ -287,6 +287,30 @@ fn alibi_slopes_as_ggml() {
         let want = 2f32.powi(-(h as i32 + 1));
         assert!((alibi_slope(8.0, h, 8) - want).abs() < 1e-7);
     }
+    // Head counts that are not powers of two (ggml, after the ALiBi paper): the first
+    // 2^floor(log2 n) heads as above, the others the odd powers of m1 = 2^(-max_bias / 2 /
+    // 2^floor(log2 n)). 12 heads, max_bias 8: heads 8..11 take 2^-0.5, 2^-1.5, 2^-2.5,
+    // 2^-3.5. 6 heads, max_bias 8: 2^-2, 2^-4, 2^-6, 2^-8, then 2^-1, 2^-3.
+    let cases: [(usize, f64, &[f64]); 2] = [
+        (
+            12,
+            8.0,
+            &[
+                -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0, -0.5, -1.5, -2.5, -3.5,
+            ],
+        ),
+        (6, 8.0, &[-2.0, -4.0, -6.0, -8.0, -1.0, -3.0]),
+    ];
+    for (n, bias, exps) in cases {
+        for (h, e) in exps.iter().enumerate() {
+            let want = 2f64.powf(*e);
+            let got = alibi_slope(bias as f32, h, n) as f64;
+            assert!(
+                ((got - want) / want).abs() < 1e-6,
+                "head {h} of {n}: {got} vs {want}"
+            );
+        }
+    }
 }
 
 /// Gemma 3's attention shape: head size 256, 4 query heads on 1 KV head, F16 K and V,
