@@ -81,6 +81,25 @@ impl Fusion {
     }
 }
 
+/// The index of the first node at or after `i` that is not a view (`nodes.len()` if
+/// none).
+pub(crate) fn skip_views(tensors: &[Tensor], nodes: &[TensorId], mut i: usize) -> usize {
+    while i < nodes.len() && tensors[nodes[i].index()].op.is_view() {
+        i += 1;
+    }
+    i
+}
+
+/// The operand of binary node `t` other than `id`, when exactly one of its two operands
+/// is `id` (a norm's weight beside the norm, a residual beside a product).
+pub(crate) fn other_operand(t: &Tensor, id: TensorId) -> Option<TensorId> {
+    match (t.src[0], t.src[1]) {
+        (Some(a), Some(b)) if a == id && b != id => Some(b),
+        (Some(a), Some(b)) if b == id && a != id => Some(a),
+        _ => None,
+    }
+}
+
 /// The dtype name of the weights of the product at offset `at` of a run.
 fn weight_name(tensors: &[Tensor], nodes: &[TensorId], at: u8) -> Option<&'static str> {
     let p = tensors.get(nodes.get(at as usize)?.index())?;

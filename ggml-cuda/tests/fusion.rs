@@ -162,6 +162,40 @@ fn a_layer_fused_is_the_layer_unfused(
     assert_eq!(fused, 4);
 }
 
+/// Runs `nodes` of `ctx` with the backend's tuning, every tensor of `places` at its byte
+/// offset in one 16 KiB buffer (placed by hand, overlaps included) and `inputs` uploaded:
+/// `out`'s bytes and the launches of `kernel` the run took.
+fn run_placed(
+    be: &CudaBackend,
+    ctx: &mut Context<'_>,
+    places: &[(TensorId, u64)],
+    inputs: &[(TensorId, Vec<u8>)],
+    nodes: &[TensorId],
+    out: TensorId,
+    kernel: KernelId,
+) -> (Vec<u8>, u64) {
+    let buf = be.alloc_buffer(16384).unwrap();
+    be.buffer_clear(buf.id, 0).unwrap();
+    for &(id, at) in places {
+        ctx.tensors_mut()[id.index()].data = Some(DataRef {
+            buffer: buf.id,
+            addr: buf.base + at,
+        });
+    }
+    let ts = ctx.tensors();
+    for (id, bytes) in inputs {
+        be.set_tensor_async(&ts[id.index()], 0, bytes).unwrap();
+    }
+    let before = be.kernel_stats().launches_of(kernel);
+    be.graph_compute(ts, nodes).unwrap();
+    be.synchronize().unwrap();
+    let launches = be.kernel_stats().launches_of(kernel) - before;
+    let mut bytes = vec![0u8; ts[out.index()].nbytes()];
+    be.get_tensor(&ts[out.index()], 0, &mut bytes).unwrap();
+    be.free_buffer(buf.id).unwrap();
+    (bytes, launches)
+}
+
 /// A prompt-sized layer (the tiled class): each norm, its weight and the Q8_1 blocks of
 /// the result in one `rms_norm_q8_1`, which Q, K, V (and gate, up) share; O and down
 /// quantise their own activations, and on `qgemm` add the residual in its epilogue (and
@@ -270,36 +304,24 @@ fn a_prompt_norm_over_its_weight_runs_node_by_node() {
         let rn = ctx.rms_norm(x, 1e-5).unwrap();
         let cur = ctx.mul(rn, g).unwrap();
         let y = ctx.mul_mat(w, cur).unwrap();
-        let buf = be.alloc_buffer(16384).unwrap();
-        be.buffer_clear(buf.id, 0).unwrap();
-        // rn (64 x 8 f32) starts at g's bytes.
-        for (id, at) in [
-            (x, 0),
-            (g, 4096),
-            (w, 10240),
-            (rn, 4096),
-            (cur, 8192),
-            (y, 12288),
-        ] {
-            ctx.tensors_mut()[id.index()].data = Some(DataRef {
-                buffer: buf.id,
-                addr: buf.base + at,
-            });
-        }
-        let ts = ctx.tensors();
-        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
-            .unwrap();
-        be.set_tensor_async(&ts[g.index()], 0, &f32_bytes(&gv))
-            .unwrap();
-        be.set_tensor_async(&ts[w.index()], 0, &wv).unwrap();
-        let before = be.kernel_stats().launches_of(KernelId::RmsNorm);
-        be.graph_compute(ts, &[rn, cur, y]).unwrap();
-        be.synchronize().unwrap();
-        assert_eq!(be.kernel_stats().launches_of(KernelId::RmsNorm), before + 1);
-        let mut out = vec![0u8; 4 * m * n];
-        be.get_tensor(&ts[y.index()], 0, &mut out).unwrap();
+        let (out, launches) = run_placed(
+            &be,
+            &mut ctx,
+            &[
+                (x, 0),
+                (g, 4096),
+                (w, 10240),
+                (rn, 4096),
+                (cur, 8192),
+                (y, 12288),
+            ],
+            &[(x, f32_bytes(&xv)), (g, f32_bytes(&gv)), (w, wv.clone())],
+            &[rn, cur, y],
+            y,
+            KernelId::RmsNorm,
+        );
+        assert_eq!(launches, 1);
         results.push(out);
-        be.free_buffer(buf.id).unwrap();
     }
     assert_eq!(results[0], results[1]);
 }
@@ -326,30 +348,17 @@ fn a_shared_activation_overwritten_by_a_product_is_quantised_again() {
         let w = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
         let y1 = ctx.mul_mat(w, x).unwrap();
         let y2 = ctx.mul_mat(w, x).unwrap();
-        let buf = be.alloc_buffer(16384).unwrap();
-        be.buffer_clear(buf.id, 0).unwrap();
-        // y1 (64 x 8 f32, as large as x) over x.
-        for (id, at) in [(x, 0), (w, 4096), (y1, 0), (y2, 12288)] {
-            ctx.tensors_mut()[id.index()].data = Some(DataRef {
-                buffer: buf.id,
-                addr: buf.base + at,
-            });
-        }
-        let ts = ctx.tensors();
-        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
-            .unwrap();
-        be.set_tensor_async(&ts[w.index()], 0, &wv).unwrap();
-        let before = be.kernel_stats().launches_of(KernelId::QuantizeQ8_1);
-        be.graph_compute(ts, &[y1, y2]).unwrap();
-        be.synchronize().unwrap();
-        assert_eq!(
-            be.kernel_stats().launches_of(KernelId::QuantizeQ8_1),
-            before + 2
+        let (out, launches) = run_placed(
+            &be,
+            &mut ctx,
+            &[(x, 0), (w, 4096), (y1, 0), (y2, 12288)],
+            &[(x, f32_bytes(&xv)), (w, wv.clone())],
+            &[y1, y2],
+            y2,
+            KernelId::QuantizeQ8_1,
         );
-        let mut out = vec![0u8; 4 * m * n];
-        be.get_tensor(&ts[y2.index()], 0, &mut out).unwrap();
+        assert_eq!(launches, 2);
         results.push(out);
-        be.free_buffer(buf.id).unwrap();
     }
     assert_eq!(results[0], results[1]);
 }
@@ -377,28 +386,17 @@ fn a_residual_under_its_product_is_added_node_by_node() {
         let w = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
         let y = ctx.mul_mat(w, x).unwrap();
         let e = ctx.add(y, res).unwrap();
-        let buf = be.alloc_buffer(16384).unwrap();
-        be.buffer_clear(buf.id, 0).unwrap();
-        for (id, at) in [(x, 0), (res, 4096), (w, 8192), (y, 4096), (e, 12288)] {
-            ctx.tensors_mut()[id.index()].data = Some(DataRef {
-                buffer: buf.id,
-                addr: buf.base + at,
-            });
-        }
-        let ts = ctx.tensors();
-        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
-            .unwrap();
-        be.set_tensor_async(&ts[res.index()], 0, &f32_bytes(&rv))
-            .unwrap();
-        be.set_tensor_async(&ts[w.index()], 0, &wv).unwrap();
-        let before = be.kernel_stats().launches_of(KernelId::Binary);
-        be.graph_compute(ts, &[y, e]).unwrap();
-        be.synchronize().unwrap();
-        assert_eq!(be.kernel_stats().launches_of(KernelId::Binary), before + 1);
-        let mut out = vec![0u8; 4 * m * n];
-        be.get_tensor(&ts[e.index()], 0, &mut out).unwrap();
+        let (out, launches) = run_placed(
+            &be,
+            &mut ctx,
+            &[(x, 0), (res, 4096), (w, 8192), (y, 4096), (e, 12288)],
+            &[(x, f32_bytes(&xv)), (res, f32_bytes(&rv)), (w, wv.clone())],
+            &[y, e],
+            e,
+            KernelId::Binary,
+        );
+        assert_eq!(launches, 1);
         results.push(out);
-        be.free_buffer(buf.id).unwrap();
     }
     assert_eq!(results[0], results[1]);
 }
@@ -429,28 +427,17 @@ fn an_output_over_another_products_weights_is_not_one_launch() {
         let wk = ctx.new_tensor(DType::Q8_0, [k, m, 1, 1]).unwrap();
         let q = ctx.mul_mat(wq, x).unwrap();
         let kk = ctx.mul_mat(wk, x).unwrap();
-        let buf = be.alloc_buffer(16384).unwrap();
-        be.buffer_clear(buf.id, 0).unwrap();
-        // q (32 x 8 f32, 1 KiB) over the first of wk's 2176 bytes.
-        for (id, at) in [(x, 0), (wq, 4096), (wk, 8192), (q, 8192), (kk, 12288)] {
-            ctx.tensors_mut()[id.index()].data = Some(DataRef {
-                buffer: buf.id,
-                addr: buf.base + at,
-            });
-        }
-        let ts = ctx.tensors();
-        be.set_tensor_async(&ts[x.index()], 0, &f32_bytes(&xv))
-            .unwrap();
-        be.set_tensor_async(&ts[wq.index()], 0, &wqv).unwrap();
-        be.set_tensor_async(&ts[wk.index()], 0, &wkv).unwrap();
-        let before = be.kernel_stats().launches_of(KernelId::Qgemm);
-        be.graph_compute(ts, &[q, kk]).unwrap();
-        be.synchronize().unwrap();
-        assert_eq!(be.kernel_stats().launches_of(KernelId::Qgemm), before + 2);
-        let mut out = vec![0u8; 4 * m * n];
-        be.get_tensor(&ts[kk.index()], 0, &mut out).unwrap();
+        let (out, launches) = run_placed(
+            &be,
+            &mut ctx,
+            &[(x, 0), (wq, 4096), (wk, 8192), (q, 8192), (kk, 12288)],
+            &[(x, f32_bytes(&xv)), (wq, wqv.clone()), (wk, wkv.clone())],
+            &[q, kk],
+            kk,
+            KernelId::Qgemm,
+        );
+        assert_eq!(launches, 2);
         results.push(out);
-        be.free_buffer(buf.id).unwrap();
     }
     assert_eq!(results[0], results[1]);
 }

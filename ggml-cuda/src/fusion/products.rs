@@ -16,7 +16,7 @@
 
 use ggml_core::{DType, Op, Tensor, TensorId};
 
-use super::Fusion;
+use super::{skip_views, Fusion};
 use crate::launch::MMQ_MIN_N;
 use crate::reference::is_kernel_quant;
 use crate::CudaTuning;
@@ -65,14 +65,6 @@ pub(crate) fn op_name(r: &ProductRun) -> &'static str {
         (false, 2, _) => "MUL_MAT*2",
         (false, _, _) => "MUL_MAT*3",
     }
-}
-
-/// The index of the first node at or after `i` that is not a view.
-fn skip_views(tensors: &[Tensor], nodes: &[TensorId], mut i: usize) -> usize {
-    while i < nodes.len() && tensors[nodes[i].index()].op.is_view() {
-        i += 1;
-    }
-    i
 }
 
 fn get(tensors: &[Tensor], id: Option<TensorId>) -> Option<&Tensor> {

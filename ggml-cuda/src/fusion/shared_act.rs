@@ -13,7 +13,7 @@
 
 use ggml_core::{DType, Op, Tensor, TensorId};
 
-use super::Fusion;
+use super::{other_operand, skip_views, Fusion};
 use crate::launch::MMQ_MIN_N;
 use crate::reference::is_kernel_quant;
 use crate::CudaTuning;
@@ -65,27 +65,15 @@ fn norm(tensors: &[Tensor], nodes: &[TensorId], i: usize) -> Option<(usize, Tens
     if !f32_2d(x) || x.ne != r.ne {
         return None;
     }
-    let j = skip_views(tensors, nodes, i + 1)?;
+    let j = skip_views(tensors, nodes, i + 1);
     let m_id = *nodes.get(j)?;
     let m = tensors.get(m_id.index())?;
     if m.op != Op::Mul || !f32_2d(m) || m.ne != r.ne {
         return None;
     }
-    let w = match (m.src[0], m.src[1]) {
-        (Some(a), Some(b)) if a == r_id && b != r_id => tensors.get(b.index())?,
-        (Some(a), Some(b)) if b == r_id && a != r_id => tensors.get(a.index())?,
-        _ => return None,
-    };
+    let w = tensors.get(other_operand(m, r_id)?.index())?;
     let weight_ok = w.dtype == DType::F32 && w.ne == [r.ne[0], 1, 1, 1] && w.nb[0] == 4;
     weight_ok.then_some((j, m_id))
-}
-
-/// The first node at or after `i` that is not a view (`nodes.len()` if none).
-fn skip_views(tensors: &[Tensor], nodes: &[TensorId], mut i: usize) -> Option<usize> {
-    while i < nodes.len() && tensors.get(nodes[i].index())?.op.is_view() {
-        i += 1;
-    }
-    Some(i)
 }
 
 /// Whether node `id` is a plain 2-D product of the tiled class on quantised weights (the
@@ -134,7 +122,7 @@ pub(crate) fn matcher(
     let mut n = 0;
     let mut k_of = None;
     while n < most {
-        let j = skip_views(tensors, nodes, at)?;
+        let j = skip_views(tensors, nodes, at);
         let Some((a, k)) = nodes.get(j).and_then(|&id| tiled_product(tensors, id)) else {
             break;
         };
@@ -173,16 +161,11 @@ pub(crate) fn matcher(
 /// The ADD right after product `nodes[p]` (views aside) of its output and an f32 residual
 /// of the same shape: its position.
 fn residual_add(tensors: &[Tensor], nodes: &[TensorId], p: usize) -> Option<usize> {
-    let j = skip_views(tensors, nodes, p + 1)?;
+    let j = skip_views(tensors, nodes, p + 1);
     let add = tensors.get(nodes.get(j)?.index())?;
     let prod_id = nodes[p];
     let prod = tensors.get(prod_id.index())?;
-    let res = match (add.src[0], add.src[1]) {
-        (Some(a), Some(b)) if a == prod_id && b != prod_id => b,
-        (Some(a), Some(b)) if b == prod_id && a != prod_id => a,
-        _ => return None,
-    };
-    let res = tensors.get(res.index())?;
+    let res = tensors.get(other_operand(add, prod_id)?.index())?;
     let ok = add.op == Op::Add
         && f32_2d(add)
         && f32_2d(res)

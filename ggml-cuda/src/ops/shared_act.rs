@@ -11,7 +11,7 @@ use super::matmul::{
 };
 use super::{check, dims, run, Ctx};
 use crate::backend::{CudaBackend, State};
-use crate::fusion::SharedAct;
+use crate::fusion::{other_operand, SharedAct};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
 use crate::launch::{self, Args};
@@ -83,7 +83,7 @@ pub(crate) fn run_shared_act(
         let add = match r.add {
             Some(ao) => {
                 let e = node(ao);
-                let res = residual_of(tensors, nodes[o as usize], e);
+                let res = other_of(tensors, e, nodes[o as usize]);
                 Some(ResidualAdd {
                     res: (c.addr(&res)?, res.nb[1]),
                     e: (c.addr(e)?, e.nb[1]),
@@ -94,16 +94,6 @@ pub(crate) fn run_shared_act(
         mul_mat_on(&mut c, p, Some(q), add)?;
     }
     Ok(())
-}
-
-/// The ADD's operand other than product `p`: the residual.
-fn residual_of(tensors: &[Tensor], p: TensorId, add: &Tensor) -> Tensor {
-    let other = match (add.src[0], add.src[1]) {
-        (Some(a), Some(b)) if a == p => b,
-        (Some(a), _) => a,
-        _ => unreachable!("the matcher checked the ADD's operands"),
-    };
-    tensors[other.index()]
 }
 
 /// `rms_norm_q8_1`: RMS_NORM `rms_id` and MUL `mul` written, and the MUL's output
@@ -127,7 +117,7 @@ fn norm_q8_1(
         unreachable!("the matcher checked the norm's op")
     };
     let x = c.src(0)?;
-    let w = weight_of(tensors, rms_id, mul);
+    let w = other_of(tensors, mul, rms_id);
     let (k, n) = (rms.ne[0], rms.ne[1]);
     let row = k / 32 * Q8_1_BLOCK;
     let qnb = [row, row * n, row * n];
@@ -148,13 +138,10 @@ fn norm_q8_1(
     Ok((scratch, qnb))
 }
 
-/// The MUL's operand other than the norm `rms_id`: the norm weight.
-fn weight_of(tensors: &[Tensor], rms_id: TensorId, mul: &Tensor) -> Tensor {
-    let other = match (mul.src[0], mul.src[1]) {
-        (Some(a), Some(b)) if a == rms_id => b,
-        (Some(a), _) => a,
-        _ => unreachable!("the matcher checked the MUL's operands"),
-    };
+/// The operand of binary node `t` other than `id` (a norm's weight, a product's
+/// residual), which the matcher found.
+fn other_of(tensors: &[Tensor], t: &Tensor, id: TensorId) -> Tensor {
+    let other = other_operand(t, id).expect("the matcher checked the operands");
     tensors[other.index()]
 }
 
@@ -186,7 +173,7 @@ fn fusable(
         Some((ro, mo)) => {
             let (rms, mul) = (node(ro), node(mo));
             let x = rms.src[0].and_then(|x| span(&tensors[x.index()]));
-            let w = span(&weight_of(tensors, id(ro), mul));
+            let w = span(&other_of(tensors, mul, id(ro)));
             match (span(rms), span(mul), x, w) {
                 (Some(rs), Some(ms), Some(x), Some(w)) => {
                     check(tensors, id(ro)).is_ok()
@@ -206,7 +193,7 @@ fn fusable(
         Some(ao) => {
             let p = node(products[0]);
             let e = node(ao);
-            let res = span(&residual_of(tensors, id(products[0]), e));
+            let res = span(&other_of(tensors, e, id(products[0])));
             let w = p.src[0].and_then(|w| span(&tensors[w.index()]));
             match (span(p), span(e), res, w) {
                 (Some(ps), Some(es), Some(rs), Some(ws)) => {
