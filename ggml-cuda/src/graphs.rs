@@ -175,6 +175,7 @@ impl KeyBuilder {
             t.fuse_qkv_rope,
             t.legacy_prompt_attn,
             t.qgemm,
+            t.mma_attn,
         ];
         self.words.push(
             bits.iter()

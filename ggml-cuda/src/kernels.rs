@@ -67,6 +67,11 @@ pub enum KernelId {
     /// blocks and combined in order, for every batch (first written for decode-sized
     /// ones, hence the name).
     FlashAttnDec,
+    /// `fattn_mma.ptx` (generated): flash_attn_mma_d64, prompt attention (8 queries or
+    /// more) on f16 tensor cores for f16 K/V of head size 64.
+    FlashAttnMma64,
+    /// `fattn_mma.ptx` (generated): flash_attn_mma_d128, the same for head size 128.
+    FlashAttnMma128,
     /// `rows.ptx`: sum_rows.
     SumRows,
     /// `rows.ptx`: argsort_top_k.
@@ -110,6 +115,8 @@ impl KernelId {
         KernelId::RopeStore,
         KernelId::FlashAttnExt,
         KernelId::FlashAttnDec,
+        KernelId::FlashAttnMma64,
+        KernelId::FlashAttnMma128,
         KernelId::SumRows,
         KernelId::ArgsortTopK,
         KernelId::UploadScatter,
@@ -176,7 +183,7 @@ macro_rules! ptx_module {
 }
 
 /// All modules, in load order.
-pub const MODULES: [Module; 14] = [
+pub const MODULES: [Module; 15] = [
     ptx_module!("binary": Binary = "binary"),
     ptx_module!(
         "unary":
@@ -203,6 +210,11 @@ pub const MODULES: [Module; 14] = [
     ptx_module!("softmax": SoftMax = "soft_max"),
     ptx_module!("rope": Rope = "rope", RopeStore = "rope_store"),
     ptx_module!("flash_attn": FlashAttnExt = "flash_attn_ext", FlashAttnDec = "flash_attn_dec"),
+    ptx_module!(
+        "fattn_mma":
+        FlashAttnMma64 = "flash_attn_mma_d64",
+        FlashAttnMma128 = "flash_attn_mma_d128",
+    ),
     ptx_module!("rows": SumRows = "sum_rows", ArgsortTopK = "argsort_top_k"),
     ptx_module!("upload": UploadScatter = "upload_scatter"),
     ptx_module!("argmax": Argmax = "argmax"),
@@ -258,13 +270,17 @@ pub fn entries(ptx: &str) -> Vec<EntryInfo> {
 }
 
 /// Whether a PTX opcode (`ex2.approx.ftz.f32`, `div.full.f32`, ...) is inexact: an
-/// `.approx` form or `div.full` (both approximate within documented bounds; every other
-/// instruction the kernels use is exactly defined by the PTX ISA).
+/// `.approx` form, `div.full` (both approximate within documented bounds), or an `mma`
+/// with f16/bf16 inputs (the ISA leaves its accumulation open; cuda-sim models it). Every
+/// other instruction the kernels use, integer `mma` included, is exactly defined by the
+/// PTX ISA.
 pub fn is_inexact_opcode(opcode: &str) -> bool {
     let mut parts = opcode.split('.');
     let mnemonic = parts.next().unwrap_or("");
     let mods: Vec<&str> = parts.collect();
-    mods.contains(&"approx") || (mnemonic == "div" && mods.contains(&"full"))
+    mods.contains(&"approx")
+        || (mnemonic == "div" && mods.contains(&"full"))
+        || (mnemonic == "mma" && mods.iter().any(|m| matches!(*m, "f16" | "bf16")))
 }
 
 /// One function of a PTX text: its name, whether its own body has an inexact
@@ -454,6 +470,8 @@ mod tests {
                 KernelId::SoftMax,
                 KernelId::FlashAttnExt,
                 KernelId::FlashAttnDec,
+                KernelId::FlashAttnMma64,
+                KernelId::FlashAttnMma128,
             ]
         );
         // Every call names a function of its own module.
@@ -554,6 +572,15 @@ L1:
         );
         assert!(is_inexact_opcode("sqrt.approx.f32") && !is_inexact_opcode("sqrt.rn.f32"));
         assert!(!is_inexact_opcode("div.rn.f32") && !is_inexact_opcode("approx"));
+        assert!(is_inexact_opcode(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+        ));
+        assert!(is_inexact_opcode(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+        ));
+        assert!(!is_inexact_opcode(
+            "mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32"
+        ));
     }
 
     #[test]

@@ -483,6 +483,41 @@ pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> 
     })
 }
 
+/// KV positions per tile of `flash_attn_mma` (tile `i` holds positions `64i..64i+63`).
+pub const FA_MMA_TILE: usize = 64;
+/// Query rows (heads of one KV head times queries) one `flash_attn_mma` block computes:
+/// 16 per warp, 4 warps.
+pub const FA_MMA_ROWS: usize = 64;
+
+/// flash_attn_mma for head size `d` (64 or 128), `n_q` queries of `gqa` query heads per
+/// KV head, `heads_kv` KV heads: one block of 128 threads per ([`FA_MMA_ROWS`] query
+/// rows, KV head, i3); the shared memory is static. `None` for other head sizes or a grid
+/// beyond CUDA's limits; the tile count must fit the kernel's 32-bit position counter.
+pub fn flash_attn_mma(
+    d: usize,
+    gqa: usize,
+    heads_kv: usize,
+    n_q: usize,
+    n_kv: usize,
+    ne3: usize,
+) -> Option<LaunchDims> {
+    if !matches!(d, 64 | 128) || gqa == 0 || heads_kv == 0 || n_q == 0 || ne3 == 0 {
+        return None;
+    }
+    u32::try_from(n_kv.checked_add(FA_MMA_TILE)?).ok()?;
+    let rows = n_q.checked_mul(gqa)?;
+    u32::try_from(rows).ok()?;
+    check(LaunchDims {
+        grid: (
+            div_ceil_u32(rows, FA_MMA_ROWS)?,
+            u32::try_from(heads_kv).ok()?,
+            u32::try_from(ne3).ok()?,
+        ),
+        block: (128, 1, 1),
+        shared: 0,
+    })
+}
+
 /// KV positions per tile of `flash_attn_dec` (tile `i` holds positions `128i..128i+127`).
 pub const FA_DEC_TILE: usize = 128;
 /// Query rows (heads of one KV head times queries) one `flash_attn_dec` block computes.
@@ -762,6 +797,21 @@ mod tests {
             assert!(l.grid.0 * want_w >= 9);
         }
         assert!(flash_attn(512, 512, 1, 1, 1).is_none());
+    }
+
+    #[test]
+    fn flash_attn_mma_grids() {
+        // SmolLM2's pp512: 1536 rows of each of 3 KV heads.
+        let l = flash_attn_mma(64, 3, 3, 512, 512, 1).unwrap();
+        assert_eq!((l.grid, l.block, l.shared), ((24, 3, 1), (128, 1, 1), 0));
+        assert_eq!(
+            flash_attn_mma(128, 1, 2, 65, 100, 2).unwrap().grid,
+            (2, 2, 2)
+        );
+        for bad in [(256, 1, 1, 8), (64, 0, 1, 8), (64, 1, 0, 8), (64, 1, 1, 0)] {
+            assert!(flash_attn_mma(bad.0, bad.1, bad.2, bad.3, 64, 1).is_none());
+        }
+        assert!(flash_attn_mma(64, 1, 1, 8, u32::MAX as usize, 1).is_none());
     }
 
     #[test]

@@ -496,6 +496,11 @@ pub(crate) fn run(
                     max_bias,
                     softcap,
                 };
+                if q.ne[1] >= MMQ_MIN_N && c.st.tuning.mma_attn {
+                    if let Some(kernel) = mma_attn_kernel(&c, [&q, &k, &v], mask.as_ref(), &p)? {
+                        return flash_attn_mma(&mut c, &t, kernel, [&q, &k, &v], mask.as_ref(), p);
+                    }
+                }
                 return flash_attn_dec(&mut c, &t, [&q, &k, &v], mask.as_ref(), p);
             }
             let d = dims(
@@ -551,6 +556,80 @@ struct AttnArgs {
 /// with vector loads.
 fn rows_vectorisable(t: &Tensor, addr: u64) -> bool {
     addr % 16 == 0 && t.ne[0] % 8 == 0 && t.nb[1..].iter().all(|s| s % 16 == 0)
+}
+
+/// The `flash_attn_mma` entry for an attention, or `None` when it needs what only
+/// `flash_attn_dec` has: K and V other than f16, a head size other than 64 or 128 (or
+/// Dv != D), soft-capping, ALiBi, an f32 mask, an odd n_kv, or rows the kernel's vector
+/// loads cannot read (q pairs 8-byte, K/V rows 16-byte, mask pairs 4-byte aligned).
+fn mma_attn_kernel(
+    c: &Ctx<'_>,
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    p: &AttnArgs,
+) -> BackendResult<Option<KernelId>> {
+    let kernel = match (q.ne[0], v.ne[0]) {
+        (64, 64) => KernelId::FlashAttnMma64,
+        (128, 128) => KernelId::FlashAttnMma128,
+        _ => return Ok(None),
+    };
+    let q_pairs = q.dtype == DType::F32
+        && q.nb[0] == 4
+        && c.addr(q)? % 8 == 0
+        && q.nb[1..].iter().all(|s| s % 8 == 0);
+    let kv_rows = |x: &Tensor| -> BackendResult<bool> {
+        Ok(x.dtype == DType::F16 && x.nb[0] == 2 && rows_vectorisable(x, c.addr(x)?))
+    };
+    let mask_pairs = match mask {
+        None => true,
+        Some(m) => m.dtype == DType::F16 && m.nb[0] == 2 && m.nb[1] % 4 == 0 && c.addr(m)? % 4 == 0,
+    };
+    let plain = p.softcap == 0.0 && p.max_bias == 0.0 && k.ne[1] % 2 == 0;
+    Ok((q_pairs && kv_rows(k)? && kv_rows(v)? && mask_pairs && plain).then_some(kernel))
+}
+
+/// FLASH_ATTN_EXT of a prompt batch on f16 tensor cores: `flash_attn_mma` (see
+/// `kernels/fattn_mma.ptx`), 64 query rows of one KV head a block, K/V tiles of 64
+/// positions shared by its 4 warps. Each row's arithmetic depends on KV positions only,
+/// so every prompt batch gives a query the same bits (not those of a decode: another
+/// kernel class).
+fn flash_attn_mma(
+    c: &mut Ctx<'_>,
+    t: &Tensor,
+    kernel: KernelId,
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    p: AttnArgs,
+) -> BackendResult<()> {
+    let (d, h, n_q, ne3) = (q.ne[0], q.ne[2], q.ne[1], q.ne[3]);
+    let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
+    let gqa = h / h_kv;
+    let dims = launch::flash_attn_mma(d, gqa, h_kv, n_q, n_kv, ne3).ok_or_else(|| {
+        c.fail(
+            BackendErrorKind::UnsupportedOp,
+            "shape outside the kernel's launch limits",
+        )
+    })?;
+    let (qa, ka, va, ta) = (c.addr(q)?, c.addr(k)?, c.addr(v)?, c.addr(t)?);
+    let ma = match mask {
+        Some(m) => c.addr(m)?,
+        None => 0,
+    };
+    let mut a = Args::new();
+    a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta);
+    a.u32(n_kv as u32)
+        .u32(n_q as u32)
+        .u32(h as u32)
+        .u32(gqa as u32)
+        .u32((n_q * gqa) as u32)
+        .u32(n_kv.div_ceil(launch::FA_MMA_TILE) as u32)
+        .u32(mask.is_some() as u32);
+    a.f32(p.scale);
+    strides(&mut a, &q.nb[1..]);
+    strides(&mut a, &k.nb[1..]);
+    strides(&mut a, &v.nb[1..]);
+    a.usize(mask.map_or(0, |m| m.nb[1]));
+    c.launch(kernel, dims, &mut a)
 }
 
 /// FLASH_ATTN_EXT for any number of queries: `flash_attn_dec`, the KV range in fixed

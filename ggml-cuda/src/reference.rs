@@ -630,6 +630,111 @@ pub fn flash_attn_decode(p: &AttnDecode<'_>) -> Vec<f32> {
     out
 }
 
+/// The output `[dv, h, n_q, ne3]` of `flash_attn_mma` (f16 K and V, D = Dv, no
+/// soft-capping or ALiBi: `p.softcap` and `p.max_bias` must be 0), operation for operation
+/// in the kernel's order (see the kernel's header in `kernels/fattn_mma.ptx`): each
+/// `mma.sync` element as `model` computes it (cuda-sim's [`MmaModel::SM90`] by default),
+/// `.approx` instructions as [`ex2_approx`]. `p.k` and `p.v` hold f16 values.
+///
+/// [`MmaModel::SM90`]: cuda_sim::tensor::MmaModel::SM90
+pub fn flash_attn_mma(p: &AttnDecode<'_>, model: &cuda_sim::tensor::MmaModel) -> Vec<f32> {
+    use cuda_sim::tensor::HalfInput;
+    const TILE: usize = 64;
+    assert!(p.softcap == 0.0 && p.max_bias == 0.0 && p.d == p.dv && p.d % 16 == 0);
+    let (d, n_kv, n_q, h) = (p.d, p.n_kv, p.n_q, p.h);
+    let gqa = h / p.h_kv;
+    let tiles = n_kv.div_ceil(TILE);
+    let f16 = |x: f32| f32_to_f16(x);
+    let mma =
+        |c: f32, a: &[u16], b: &[u16]| f32::from_bits(model.dot(HalfInput::F16, c.to_bits(), a, b));
+    let mut out = vec![0f32; d * h * n_q * p.ne3];
+    for i3 in 0..p.ne3 {
+        for hk in 0..p.h_kv {
+            let kv_row = |j: usize| j + n_kv * (hk + p.h_kv * i3);
+            let k16: Vec<u16> = p.k[d * kv_row(0)..d * kv_row(n_kv)]
+                .iter()
+                .map(|&x| f16(x))
+                .collect();
+            // V transposed: column e holds v[j][e] over j, so an mma's B column is a slice.
+            let mut vt = vec![0u16; d * tiles * TILE];
+            for j in 0..n_kv {
+                for e in 0..d {
+                    vt[e * tiles * TILE + j] = f16(p.v[d * kv_row(j) + e]);
+                }
+            }
+            for iq in 0..n_q {
+                for g in 0..gqa {
+                    let hh = hk * gqa + g;
+                    let q16: Vec<u16> = p.q[d * (iq + n_q * (hh + h * i3))..][..d]
+                        .iter()
+                        .map(|&x| f16(x))
+                        .collect();
+                    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                    let mut o = vec![0f32; d];
+                    for tile in 0..tiles {
+                        let mut s = [f32::NEG_INFINITY; TILE];
+                        for (t, sj) in s.iter_mut().enumerate() {
+                            let j = tile * TILE + t;
+                            if j >= n_kv {
+                                continue;
+                            }
+                            let kj = &k16[d * j..d * (j + 1)];
+                            let mut acc = 0f32;
+                            for st in 0..d / 16 {
+                                acc = mma(
+                                    acc,
+                                    &q16[16 * st..16 * st + 16],
+                                    &kj[16 * st..16 * st + 16],
+                                );
+                            }
+                            let mv = p.mask.map_or(0.0, |mk| mk[iq * n_kv + j]);
+                            *sj = acc * p.scale + mv;
+                        }
+                        let x = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                        let big = m.max(x);
+                        let u = if big == f32::NEG_INFINITY { 0.0 } else { big };
+                        let c = ex2_approx((m - u) * LOG2E);
+                        m = big;
+                        let pj: Vec<f32> =
+                            s.iter().map(|&sj| ex2_approx((sj - u) * LOG2E)).collect();
+                        // Lane k's 16 values (positions 8n + 2k, 8n + 2k + 1) by a
+                        // pairwise tree.
+                        let lane = |k: usize| {
+                            let mut v: Vec<f32> = (0..TILE / 8)
+                                .flat_map(|n| [pj[8 * n + 2 * k], pj[8 * n + 2 * k + 1]])
+                                .collect();
+                            while v.len() > 1 {
+                                v = v.chunks(2).map(|w| w[0] + w[1]).collect();
+                            }
+                            v[0]
+                        };
+                        let total = (lane(0) + lane(1)) + (lane(2) + lane(3));
+                        l = l.mul_add(c, total);
+                        let p16: Vec<u16> = pj.iter().map(|&x| f16(x)).collect();
+                        for (e, oe) in o.iter_mut().enumerate() {
+                            *oe *= c;
+                            let col = &vt[e * tiles * TILE + tile * TILE..][..TILE];
+                            for kk in 0..TILE / 16 {
+                                *oe = mma(
+                                    *oe,
+                                    &p16[16 * kk..16 * kk + 16],
+                                    &col[16 * kk..16 * kk + 16],
+                                );
+                            }
+                        }
+                    }
+                    let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
+                    let row = &mut out[d * (hh + h * (iq + n_q * i3))..][..d];
+                    for (r, x) in row.iter_mut().zip(&o) {
+                        *r = x * inv;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Normalised mean squared error `Σ(a−b)² / Σb²` (llama.cpp's test-backend-ops metric),
 /// with `b` the reference. 0 when both are all zeros.
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {

@@ -19,6 +19,7 @@
 //! | `legacy-products` | the first quantised product kernels (`mmvq`/`mmq`/`mmvq_id` with a separate `quantize_q8_1`); fusions of products need the current ones and are off with it |
 //! | `legacy-decode-attn` | the first flash-attention kernel (`flash_attn_ext`) for decode-sized batches (fewer than 8 queries) |
 //! | `legacy-prompt-attn` | the first flash-attention kernel for prompt batches (8 queries or more) |
+//! | `no-mma-attn` | prompt batches on the tiled FMA kernel (`flash_attn_dec`, the bits of a decode) instead of `flash_attn_mma` on f16 tensor cores |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
 
 use std::fmt;
@@ -58,6 +59,10 @@ pub struct CudaTuning {
     /// Run the first flash-attention kernel for prompt batches (8 queries or more)
     /// instead of the tiled one.
     pub legacy_prompt_attn: bool,
+    /// Prompt batches (8 queries or more) with f16 K/V of head size 64 or 128 on
+    /// `flash_attn_mma` (f16 tensor cores; another kernel class: not the bits of a
+    /// decode) instead of the tiled FMA kernel. `legacy_prompt_attn` wins over it.
+    pub mma_attn: bool,
 }
 
 impl Default for CudaTuning {
@@ -74,6 +79,7 @@ impl Default for CudaTuning {
             legacy_products: false,
             legacy_decode_attn: false,
             legacy_prompt_attn: false,
+            mma_attn: true,
         }
     }
 }
@@ -94,6 +100,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("legacy-products", |t| t.legacy_products = true),
     ("legacy-decode-attn", |t| t.legacy_decode_attn = true),
     ("legacy-prompt-attn", |t| t.legacy_prompt_attn = true),
+    ("no-mma-attn", |t| t.mma_attn = false),
 ];
 
 impl CudaTuning {
@@ -111,6 +118,7 @@ impl CudaTuning {
             legacy_products: true,
             legacy_decode_attn: true,
             legacy_prompt_attn: true,
+            mma_attn: false,
         }
     }
 

@@ -1,16 +1,20 @@
-//! Tiled attention (`flash_attn_dec`, every batch since it replaced `flash_attn_ext` for
-//! prompts too) against `reference::flash_attn_decode`, which follows the kernel
-//! operation for operation.
+//! The attention kernels against their references, which follow each kernel operation
+//! for operation: the tiled FMA kernel `flash_attn_dec` (every decode batch, and prompts
+//! with `no-mma-attn` or what the tensor-core kernel lacks) against
+//! `reference::flash_attn_decode`, and `flash_attn_mma` (prompt batches of 8 queries or
+//! more, f16 K/V of head size 64 or 128, on f16 tensor cores) against
+//! `reference::flash_attn_mma` with cuda-sim's mma model.
 //!
 //! On cuda-sim this binary turns the approx check off, so `ex2.approx`/`lg2.approx` are
-//! correctly rounded as the reference models them and every comparison is bit for bit.
-//! On a GPU (`GGML_RS_REQUIRE_GPU`) the approximate instructions may differ by their ISA
-//! bound, so results are compared by NMSE there (and against the reference with the
-//! approx check on in `gpu.rs`). The invariance tests (padding, number of queries,
-//! repeated launches) are bit for bit on both.
+//! correctly rounded and f16 `mma` follows the model, as the references compute them, and
+//! every comparison is bit for bit. On a GPU (`GGML_RS_REQUIRE_GPU`) the approximate
+//! instructions may differ by their ISA bound, so results are compared by NMSE there
+//! (and against the reference with the approx check on in `gpu.rs`). The invariance
+//! tests (padding, number of queries, repeated launches) are bit for bit on both.
 #![allow(clippy::too_many_arguments)]
 
 use ggml_core::{AttnParams, Context, DType, Tensor, TensorId};
+use ggml_cuda::cuda_sim::tensor::MmaModel;
 use ggml_cuda::reference::{self, nmse, AttnDecode};
 use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
 
@@ -18,14 +22,30 @@ mod common;
 use common::{driver, f32_bytes, run_all, Lcg};
 use ggml_test_kit::bytes::bits;
 
-/// cuda-sim with every check but the approx one (see the module doc).
+/// cuda-sim with every check but the approx one (see the module doc), prompts on the
+/// tiled FMA kernel ([`dec_tuning`]).
 fn backend() -> CudaBackend {
+    let be = mma_backend();
+    be.set_tuning(dec_tuning());
+    be
+}
+
+/// As [`backend`] with the default tuning: prompts on the tensor-core kernel.
+fn mma_backend() -> CudaBackend {
     if driver() == ggml_cuda::DriverKind::Sim {
         let mut cfg = ggml_cuda::cuda_sim::driver::SimConfig::from_env().expect("CUDA_SIM_*");
         cfg.checks.approx_at_bound = false;
         ggml_cuda::cuda_sim::driver::Driver::configure_global(cfg).expect("one configuration");
     }
     common::gpu()
+}
+
+/// The default tuning but prompts on `flash_attn_dec` (`no-mma-attn`).
+fn dec_tuning() -> CudaTuning {
+    CudaTuning {
+        mma_attn: false,
+        ..CudaTuning::default()
+    }
 }
 
 fn exact() -> bool {
@@ -121,7 +141,16 @@ impl Problem {
     }
 
     fn reference(&self) -> Vec<f32> {
-        reference::flash_attn_decode(&AttnDecode {
+        reference::flash_attn_decode(&self.args())
+    }
+
+    /// What `flash_attn_mma` computes (cuda-sim's default mma model).
+    fn reference_mma(&self) -> Vec<f32> {
+        reference::flash_attn_mma(&self.args(), &MmaModel::default())
+    }
+
+    fn args(&self) -> AttnDecode<'_> {
+        AttnDecode {
             q: &self.q,
             k: &self.k,
             v: &self.v,
@@ -137,7 +166,7 @@ impl Problem {
             scale: self.params.scale,
             softcap: self.params.softcap,
             max_bias: self.params.max_bias,
-        })
+        }
     }
 
     /// Runs the op: q stored `[d, h, n_q, ne3]` and permuted as a model graph does; K and
@@ -415,10 +444,10 @@ fn tiled_attention_matches_its_reference(
     be.set_tuning(CudaTuning {
         legacy_decode_attn: true,
         legacy_prompt_attn: true,
-        ..CudaTuning::default()
+        ..dec_tuning()
     });
     let old = p.run(&be);
-    be.set_tuning(CudaTuning::default());
+    be.set_tuning(dec_tuning());
     let want = p.reference();
     let what = format!(
         "tiled attention (the first kernel vs the reference: NMSE {:e})",
@@ -515,7 +544,7 @@ fn each_legacy_attention_switch_covers_its_batches(#[case] decode: bool, #[case]
     be.set_tuning(CudaTuning {
         legacy_decode_attn: decode,
         legacy_prompt_attn: prompt,
-        ..CudaTuning::default()
+        ..dec_tuning()
     });
     for (n_q, legacy) in [(3, decode), (7, decode), (8, prompt), (20, prompt)] {
         let p = Problem::new(
@@ -704,4 +733,224 @@ fn non_finite_keys_and_values_follow_the_reference() {
         );
     }
     assert_matches_but_nan_payloads(&got, &want);
+}
+
+/// Launches of `k` while `f` runs.
+fn launches(be: &CudaBackend, k: KernelId, f: impl FnOnce()) -> u64 {
+    let before = be.kernel_stats().launches_of(k);
+    f();
+    be.kernel_stats().launches_of(k) - before
+}
+
+/// The tensor-core kernel against its reference: SmolLM2's heads (D 64, 9 over 3) on a
+/// prompt from an empty cache and after a chunk, at the 8-query threshold, with a sliding
+/// window, without a mask, a partial last tile (n_kv 100) and many tiles, one head per KV
+/// head over two i3, and head size 128 (its one-stage pipeline). Each launches
+/// `flash_attn_mma` once and `flash_attn_dec` never; the FMA kernel's result (another
+/// class, the same attention) stays within an NMSE of 1e-6 of it.
+#[rstest::rstest]
+#[case::smollm2_prompt_from_empty(64, SMOL, 40, 64, 1, None, 1, Some(DType::F16))]
+#[case::smollm2_prompt_after_a_chunk(64, SMOL, 24, 256, 100, None, 1, Some(DType::F16))]
+#[case::eight_queries(64, SMOL, 8, 128, 60, None, 1, Some(DType::F16))]
+#[case::sliding_window(64, SMOL, 33, 320, 200, Some(70), 1, Some(DType::F16))]
+#[case::no_mask(64, SMOL, 12, 200, 200, None, 1, None)]
+#[case::partial_tile(64, SMOL, 9, 100, 80, None, 1, Some(DType::F16))]
+#[case::many_tiles(64, SMOL, 9, 1100, 1050, None, 1, Some(DType::F16))]
+#[case::one_head_per_kv_head_two_i3(64, (6, 6), 17, 130, 100, None, 2, Some(DType::F16))]
+#[case::head_size_128(128, (8, 2), 20, 300, 250, None, 1, Some(DType::F16))]
+#[case::head_size_128_no_mask(128, (4, 4), 9, 66, 66, None, 2, None)]
+fn mma_attention_matches_its_reference(
+    #[case] d: usize,
+    #[case] heads: (usize, usize),
+    #[case] n_q: usize,
+    #[case] n_kv: usize,
+    #[case] used: usize,
+    #[case] window: Option<usize>,
+    #[case] ne3: usize,
+    #[case] mask: Option<DType>,
+) {
+    let be = mma_backend();
+    let scale = 1.0 / (d as f32).sqrt();
+    let p = Problem::new(
+        d as u64 * 7 + n_q as u64,
+        (d, d),
+        heads,
+        n_q,
+        n_kv,
+        used,
+        window,
+        ne3,
+        DType::F16,
+        mask,
+        AttnParams::scaled(scale),
+    );
+    let kernel = if d == 64 {
+        KernelId::FlashAttnMma64
+    } else {
+        KernelId::FlashAttnMma128
+    };
+    let mut got = Vec::new();
+    let dec = launches(&be, KernelId::FlashAttnDec, || {
+        assert_eq!(launches(&be, kernel, || got = p.run(&be)), 1);
+    });
+    assert_eq!(dec, 0);
+    be.set_tuning(dec_tuning());
+    let fma = p.run(&be);
+    be.set_tuning(CudaTuning::default());
+    let want = p.reference_mma();
+    let what = format!(
+        "mma attention (the FMA kernel vs this reference: NMSE {:e})",
+        nmse(&fma, &want)
+    );
+    assert_matches(&got, &want, &what);
+    let e = nmse(&got, &fma);
+    assert!(e < 1e-6, "tensor-core vs FMA kernel: NMSE {e:e}");
+}
+
+/// Padding the KV range with masked cells leaves every bit of the tensor-core kernel's
+/// result as it was, as do a second launch and any prompt-sized subset of the queries
+/// (8 and 20 of 40, starting inside a block's and a warp's rows): a row's bits do not
+/// depend on which rows share its warp or block, or on which tiles a warp skips.
+#[test]
+fn mma_attention_ignores_padding_batching_and_reruns() {
+    let be = mma_backend();
+    let (d, n_q, used) = (64, 40, 150);
+    let base = Problem::new(
+        21,
+        (d, d),
+        SMOL,
+        n_q,
+        192,
+        used,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    let want = base.run(&be);
+    assert_matches(&want, &base.reference_mma(), "n_kv 192");
+    assert_eq!(bits(&base.run(&be)), bits(&want), "second launch");
+    for n_kv in [256, 300, 1024] {
+        let mut p = base.clone();
+        p.n_kv = n_kv;
+        let mut r = Lcg(5);
+        let widen = |x: &[f32], r: &mut Lcg| {
+            let mut y = f16_round(&r.vec(d * n_kv * base.h_kv));
+            for hk in 0..base.h_kv {
+                for j in 0..base.n_kv {
+                    let (from, to) = (d * (j + base.n_kv * hk), d * (j + n_kv * hk));
+                    y[to..to + d].copy_from_slice(&x[from..from + d]);
+                }
+            }
+            y
+        };
+        p.k = widen(&base.k, &mut r);
+        p.v = widen(&base.v, &mut r);
+        p.m = vec![f32::NEG_INFINITY; n_kv * n_q];
+        for iq in 0..n_q {
+            p.m[iq * n_kv..iq * n_kv + base.n_kv]
+                .copy_from_slice(&base.m[iq * base.n_kv..(iq + 1) * base.n_kv]);
+        }
+        assert_eq!(bits(&p.run(&be)), bits(&want), "n_kv {n_kv}");
+    }
+    let (h, dv) = (base.h, base.dv);
+    for (from, count) in [(5, 8), (13, 20), (32, 8)] {
+        let mut p = base.clone();
+        p.n_q = count;
+        p.q = (0..h)
+            .flat_map(|hh| base.q[d * (from + n_q * hh)..][..d * count].to_vec())
+            .collect();
+        p.m = base.m[from * base.n_kv..(from + count) * base.n_kv].to_vec();
+        assert_eq!(
+            bits(&p.run(&be)),
+            bits(&want[from * h * dv..(from + count) * h * dv]),
+            "queries {from}..{}",
+            from + count
+        );
+    }
+}
+
+/// What the tensor-core kernel lacks goes to `flash_attn_dec`, bit for bit its
+/// reference: f32 K/V, soft-capping, ALiBi, an f32 mask, a head size other than 64 or
+/// 128, an odd n_kv; and with `no-mma-attn` every prompt; fewer than 8 queries always.
+#[rstest::rstest]
+#[case::f32_kv(64, 12, 128, DType::F32, Some(DType::F16), 0.0, 0.0, true)]
+#[case::softcap(64, 12, 128, DType::F16, Some(DType::F16), 30.0, 0.0, true)]
+#[case::alibi(64, 12, 128, DType::F16, Some(DType::F16), 0.0, 8.0, true)]
+#[case::f32_mask(64, 12, 128, DType::F16, Some(DType::F32), 0.0, 0.0, true)]
+#[case::head_size_80(80, 12, 128, DType::F16, Some(DType::F16), 0.0, 0.0, true)]
+#[case::odd_n_kv(64, 12, 127, DType::F16, Some(DType::F16), 0.0, 0.0, true)]
+#[case::switched_off(64, 12, 128, DType::F16, Some(DType::F16), 0.0, 0.0, false)]
+#[case::seven_queries(64, 7, 128, DType::F16, Some(DType::F16), 0.0, 0.0, true)]
+fn attention_the_mma_kernel_lacks_runs_on_the_fma_kernel(
+    #[case] d: usize,
+    #[case] n_q: usize,
+    #[case] n_kv: usize,
+    #[case] kv: DType,
+    #[case] mask: Option<DType>,
+    #[case] softcap: f32,
+    #[case] max_bias: f32,
+    #[case] mma_attn: bool,
+) {
+    let be = mma_backend();
+    be.set_tuning(CudaTuning {
+        mma_attn,
+        ..CudaTuning::default()
+    });
+    let p = Problem::new(
+        31,
+        (d, d),
+        (6, 2),
+        n_q,
+        n_kv,
+        n_kv - 20,
+        None,
+        1,
+        kv,
+        mask,
+        AttnParams {
+            scale: 0.1,
+            max_bias,
+            softcap,
+        },
+    );
+    let mut got = Vec::new();
+    let mma = launches(&be, KernelId::FlashAttnMma64, || {
+        assert_eq!(
+            launches(&be, KernelId::FlashAttnDec, || got = p.run(&be)),
+            1
+        );
+    });
+    be.set_tuning(CudaTuning::default());
+    assert_eq!(mma, 0);
+    assert_matches(&got, &p.reference(), "flash_attn_dec");
+}
+
+/// Rows that see nothing get +0 from the tensor-core kernel (l = 0), as from the FMA
+/// kernel, while the rows beside them in the same warp are computed.
+#[test]
+fn mma_attention_gives_zeros_for_fully_masked_rows() {
+    let be = mma_backend();
+    let mut p = Problem::new(
+        8,
+        (64, 64),
+        SMOL,
+        10,
+        128,
+        60,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    // Queries 3 and 4 see nothing (rows 9..15 of the first warp).
+    p.m[3 * 128..5 * 128].fill(f32::NEG_INFINITY);
+    let got = p.run(&be);
+    assert_matches(&got, &p.reference_mma(), "masked rows");
+    let row = 9 * 64;
+    assert!(got[3 * row..5 * row].iter().all(|&x| x.to_bits() == 0));
+    assert!(got[..3 * row].iter().all(|&x| x != 0.0));
+    assert!(got[5 * row..].iter().any(|&x| x != 0.0));
 }

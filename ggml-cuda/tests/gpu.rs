@@ -940,10 +940,17 @@ fn every_kernel_launches_with_its_parameter_list() {
     let row0 = ctx.new_tensor(DType::I32, [1, 1, 1, 1]).unwrap();
     outs.push(ctx.set_rows(kcache, kf, row0).unwrap());
     // 8 queries: the first kernel (flash_attn_ext) in the run with the legacy tunings
-    // below, the tiled one otherwise (as for the 4 queries above).
+    // below, the tensor-core one otherwise (head sizes 64 and 128).
     let q8 = ctx.new_tensor(DType::F32, [64, 8, 2, 1]).unwrap();
     outs.push(
         ctx.flash_attn_ext(q8, tk, tv, None, AttnParams::scaled(0.125))
+            .unwrap(),
+    );
+    let q128 = ctx.new_tensor(DType::F32, [128, 8, 2, 1]).unwrap();
+    let tk128 = ctx.new_tensor(DType::F16, [128, 16, 2, 1]).unwrap();
+    let tv128 = ctx.new_tensor(DType::F16, [128, 16, 2, 1]).unwrap();
+    outs.push(
+        ctx.flash_attn_ext(q128, tk128, tv128, None, AttnParams::scaled(0.088))
             .unwrap(),
     );
     // The MoE ops: quantised and float experts, div, clamp, sum_rows, argsort_top_k.
@@ -976,7 +983,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];
     run(&be, &mut ctx, &inputs, o);
     let first = be.kernel_stats().launches.iter().sum::<u64>();
-    assert_eq!(first, 35);
+    assert_eq!(first, 36);
     be.set_tuning(CudaTuning::default());
     run(&be, &mut ctx, &inputs, o);
     let st = be.kernel_stats();
@@ -991,7 +998,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     // the prompt's norm run.
     assert_eq!(
         st.launches.iter().sum::<u64>(),
-        first + 32,
+        first + 33,
         "{st:?} for {outs:?}"
     );
 }

@@ -36,7 +36,10 @@ pub struct GoldenKey {
     /// Chunk limit (`None`: the whole text).
     pub chunks: Option<usize>,
     /// `None` for the exact computation; for tensor-reduce, `tensor-reduce:N:f32` or
-    /// `tensor-reduce:N:bf16>=B` (N devices, BF16 from B bytes).
+    /// `tensor-reduce:N:bf16>=B` (N devices, BF16 from B bytes); `decode-class` (after
+    /// a tensor-reduce variant: `...:decode-class`) for GPU cells whose micro-batches
+    /// are under 8 tokens, which run the GPU's decode kernel class (DESIGN.md,
+    /// invariant 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
 }

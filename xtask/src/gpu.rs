@@ -697,6 +697,7 @@ pub const TUNINGS: &[&str] = &[
     "no-fuse-glu",
     "no-fuse-add",
     "no-qgemm",
+    "no-mma-attn",
     "legacy-products",
     "legacy-decode-attn",
     "legacy-prompt-attn",

@@ -10,7 +10,8 @@
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
 //! - `fetch-model [--model NAME]`: download a known GGUF (SmolLM2 by default, or
 //!   gemma3-270m) into the cache and print its path;
-//! - `gen-ptx`: write the generated PTX (`ggml-cuda/kernels/qmm.ptx`) from its generator;
+//! - `gen-ptx`: write the generated PTX (`ggml-cuda/kernels/qmm.ptx`, `fattn_mma.ptx`)
+//!   from its generators;
 //! - `ptx-check`: assemble every PTX kernel with `ptxas` for sm_80 and sm_90;
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
@@ -19,6 +20,7 @@ mod aarch64;
 mod all_gather;
 mod bench_vs_llama;
 mod calibrate;
+mod fattn_ptx;
 mod faults;
 mod fetch;
 mod fuzz;
@@ -84,7 +86,9 @@ commands:
                  (probes.json, kernels.json from `gpu-test`), profiling the same
                  passes on cuda-sim; prints every row's error, writes DIR/fit.json
   gen-ptx        write ggml-cuda/kernels/qmm.ptx (the quantised products, one loop per
-                 weight dtype) from xtask/src/qmm_ptx.rs; a test fails while it is stale
+                 weight dtype) from xtask/src/qmm_ptx.rs and fattn_mma.ptx (prompt
+                 attention on tensor cores) from xtask/src/fattn_ptx.rs; a test fails
+                 while either is stale
   ptx-check [--write]
                  assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
                  sm_80 and sm_90; fail if ggml-cuda/kernels/ptxas-resources.txt
@@ -115,7 +119,9 @@ fn main() -> ExitCode {
         Some("gpu-test") => Shell::new()
             .map_err(|e| e.to_string())
             .and_then(|sh| gpu::gpu_test(&sh, &workspace_root(), &args[1..])),
-        Some("gen-ptx") => qmm_ptx::gen_ptx(&workspace_root()),
+        Some("gen-ptx") => {
+            qmm_ptx::gen_ptx(&workspace_root()).and_then(|()| fattn_ptx::gen_ptx(&workspace_root()))
+        }
         Some("ptx-check") => Shell::new().map_err(|e| e.to_string()).and_then(|sh| {
             let write = match args.get(1).map(String::as_str) {
                 None => Ok(false),

@@ -3,7 +3,7 @@
 use crate::kernels::KernelId;
 
 /// Successful launches of each kernel since the backend was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelStats {
     /// Quantised mul_mats run in the matrix-vector class (fewer than
     /// [`MMQ_MIN_N`](crate::MMQ_MIN_N) columns: `mmvq`, or `qmm` with one column tile),
@@ -13,6 +13,16 @@ pub struct KernelStats {
     pub mmq: u64,
     /// Launches per kernel, indexed by `KernelId as usize`.
     pub launches: [u64; KernelId::COUNT],
+}
+
+impl Default for KernelStats {
+    fn default() -> Self {
+        KernelStats {
+            mmvq: 0,
+            mmq: 0,
+            launches: [0; KernelId::COUNT],
+        }
+    }
 }
 
 impl KernelStats {

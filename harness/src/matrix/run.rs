@@ -122,13 +122,25 @@ fn key(m: &MatrixCell, matrix: &Matrix, hardware: &str, model: &str, text: &str)
         n_ctx: ppl.n_ctx,
         n_batch: ppl.n_batch,
         chunks: ppl.max_chunks,
-        variant: (m.cell.split == crate::session::SplitMode::TensorReduce).then(|| {
-            let n = m.cell.devices.count();
-            match m.cell.reduce_bf16_min {
-                Some(b) => format!("tensor-reduce:{n}:bf16>={b}"),
-                None => format!("tensor-reduce:{n}:f32"),
-            }
-        }),
+        variant: variant(m, hardware),
+    }
+}
+
+/// The golden key's variant of a cell (see [`GoldenKey::variant`]).
+fn variant(m: &MatrixCell, hardware: &str) -> Option<String> {
+    let reduce = (m.cell.split == crate::session::SplitMode::TensorReduce).then(|| {
+        let n = m.cell.devices.count();
+        match m.cell.reduce_bf16_min {
+            Some(b) => format!("tensor-reduce:{n}:bf16>={b}"),
+            None => format!("tensor-reduce:{n}:f32"),
+        }
+    });
+    let decode_class =
+        hardware != "cpu" && m.cell.n_ubatch != 0 && m.cell.n_ubatch < ggml_cuda::MMQ_MIN_N;
+    match (reduce, decode_class) {
+        (Some(r), true) => Some(format!("{r}:decode-class")),
+        (r, false) => r,
+        (None, true) => Some("decode-class".into()),
     }
 }
 
