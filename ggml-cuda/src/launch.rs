@@ -489,10 +489,32 @@ pub const FA_MMA_TILE: usize = 64;
 /// 16 per warp, 4 warps.
 pub const FA_MMA_ROWS: usize = 64;
 
+/// KV tiles per chunk of `flash_attn_mma` (chunk `c` holds positions
+/// `128c..128c+127`); fixed, so that a row's bits do not depend on n_kv. Equal to the
+/// generator's `CHUNK_TILES` (`xtask/src/fattn_ptx.rs`).
+pub const FA_MMA_CHUNK_TILES: usize = 2;
+
+/// Geometry of one `flash_attn_mma` launch and the scratch its chunk combine needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashAttnMma {
+    /// Grid and block (the shared memory is static).
+    pub dims: LaunchDims,
+    /// KV chunks: `ceil(ceil(n_kv / 64) / FA_MMA_CHUNK_TILES)`, at least 1.
+    pub chunks: u32,
+    /// Row blocks per KV head: `ceil(n_q * gqa / 64)`.
+    pub row_blocks: u32,
+    /// Bytes of the (m, l) pairs of the partials (0 with one chunk).
+    pub ml_bytes: usize,
+    /// Bytes of the partials in all: the pairs, then `D` f32 per (row, chunk).
+    pub part_bytes: usize,
+    /// u32 counters: one per (row block, KV head, i3); 0 with one chunk.
+    pub counters: usize,
+}
+
 /// flash_attn_mma for head size `d` (64 or 128), `n_q` queries of `gqa` query heads per
 /// KV head, `heads_kv` KV heads: one block of 128 threads per ([`FA_MMA_ROWS`] query
-/// rows, KV head, i3); the shared memory is static. `None` for other head sizes or a grid
-/// beyond CUDA's limits; the tile count must fit the kernel's 32-bit position counter.
+/// rows, KV chunk, KV head, i3). `None` for other head sizes or a grid beyond CUDA's
+/// limits; positions and `(rows + 64) * gqa` must fit the kernel's 32 bits.
 pub fn flash_attn_mma(
     d: usize,
     gqa: usize,
@@ -500,21 +522,53 @@ pub fn flash_attn_mma(
     n_q: usize,
     n_kv: usize,
     ne3: usize,
-) -> Option<LaunchDims> {
+) -> Option<FlashAttnMma> {
     if !matches!(d, 64 | 128) || gqa == 0 || heads_kv == 0 || n_q == 0 || ne3 == 0 {
         return None;
     }
     u32::try_from(n_kv.checked_add(FA_MMA_TILE)?).ok()?;
     let rows = n_q.checked_mul(gqa)?;
-    u32::try_from(rows).ok()?;
-    check(LaunchDims {
+    // The kernel divides row indices (under rows + 64) by gqa with div_magic.
+    u32::try_from(rows.checked_add(FA_MMA_ROWS)?.checked_mul(gqa)?).ok()?;
+    let chunks = n_kv
+        .div_ceil(FA_MMA_TILE)
+        .div_ceil(FA_MMA_CHUNK_TILES)
+        .max(1);
+    let row_blocks = rows.div_ceil(FA_MMA_ROWS);
+    // ... and block indices by the chunk count.
+    u32::try_from(row_blocks.checked_mul(chunks)?.checked_mul(chunks)?).ok()?;
+    let dims = check(LaunchDims {
         grid: (
-            div_ceil_u32(rows, FA_MMA_ROWS)?,
+            u32::try_from(row_blocks.checked_mul(chunks)?).ok()?,
             u32::try_from(heads_kv).ok()?,
             u32::try_from(ne3).ok()?,
         ),
         block: (128, 1, 1),
         shared: 0,
+    })?;
+    // Partial index ((i3 H_kv + hk) 64 nrb + r) nch + ch in 32 bits, as the kernel has it.
+    let slots = heads_kv
+        .checked_mul(ne3)?
+        .checked_mul(row_blocks * FA_MMA_ROWS)?
+        .checked_mul(chunks)?;
+    u32::try_from(slots).ok()?;
+    let (ml_bytes, part_bytes, counters) = if chunks == 1 {
+        (0, 0, 0)
+    } else {
+        let ml = slots * 8;
+        (
+            ml,
+            ml.checked_add(slots.checked_mul(4 * d)?)?,
+            heads_kv * ne3 * row_blocks,
+        )
+    };
+    Some(FlashAttnMma {
+        dims,
+        chunks: chunks as u32,
+        row_blocks: row_blocks as u32,
+        ml_bytes,
+        part_bytes,
+        counters,
     })
 }
 
@@ -801,13 +855,22 @@ mod tests {
 
     #[test]
     fn flash_attn_mma_grids() {
-        // SmolLM2's pp512: 1536 rows of each of 3 KV heads.
+        // SmolLM2's pp512: 1536 rows of each of 3 KV heads, 4 chunks of 128 positions.
         let l = flash_attn_mma(64, 3, 3, 512, 512, 1).unwrap();
-        assert_eq!((l.grid, l.block, l.shared), ((24, 3, 1), (128, 1, 1), 0));
         assert_eq!(
-            flash_attn_mma(128, 1, 2, 65, 100, 2).unwrap().grid,
-            (2, 2, 2)
+            (l.dims.grid, l.dims.block, l.dims.shared),
+            ((96, 3, 1), (128, 1, 1), 0)
         );
+        assert_eq!((l.chunks, l.row_blocks, l.counters), (4, 24, 72));
+        assert_eq!(l.ml_bytes, 3 * 1536 * 4 * 8);
+        assert_eq!(l.part_bytes, l.ml_bytes + 3 * 1536 * 4 * 64 * 4);
+        // One chunk: no partials, no counters.
+        let one = flash_attn_mma(128, 1, 2, 65, 100, 2).unwrap();
+        assert_eq!(
+            (one.dims.grid, one.chunks, one.part_bytes, one.counters),
+            ((2, 2, 2), 1, 0, 0)
+        );
+        assert_eq!(flash_attn_mma(64, 1, 1, 8, 0, 1).unwrap().chunks, 1);
         for bad in [(256, 1, 1, 8), (64, 0, 1, 8), (64, 1, 0, 8), (64, 1, 1, 0)] {
             assert!(flash_attn_mma(bad.0, bad.1, bad.2, bad.3, 64, 1).is_none());
         }

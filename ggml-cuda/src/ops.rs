@@ -604,7 +604,7 @@ fn flash_attn_mma(
     let (d, h, n_q, ne3) = (q.ne[0], q.ne[2], q.ne[1], q.ne[3]);
     let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
     let gqa = h / h_kv;
-    let dims = launch::flash_attn_mma(d, gqa, h_kv, n_q, n_kv, ne3).ok_or_else(|| {
+    let geo = launch::flash_attn_mma(d, gqa, h_kv, n_q, n_kv, ne3).ok_or_else(|| {
         c.fail(
             BackendErrorKind::UnsupportedOp,
             "shape outside the kernel's launch limits",
@@ -615,21 +615,35 @@ fn flash_attn_mma(
         Some(m) => c.addr(m)?,
         None => 0,
     };
+    let (part, ctr) = match geo.chunks {
+        1 => (0, 0),
+        _ => c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?,
+    };
+    let opart = if part == 0 {
+        0
+    } else {
+        part + geo.ml_bytes as u64
+    };
     let mut a = Args::new();
     a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta);
+    a.u64(part).u64(opart).u64(ctr);
     a.u32(n_kv as u32)
         .u32(n_q as u32)
         .u32(h as u32)
         .u32(gqa as u32)
         .u32((n_q * gqa) as u32)
         .u32(n_kv.div_ceil(launch::FA_MMA_TILE) as u32)
-        .u32(mask.is_some() as u32);
+        .u32(mask.is_some() as u32)
+        .u32(launch::div_magic(gqa as u32))
+        .u32(geo.chunks)
+        .u32(launch::div_magic(geo.chunks))
+        .u32(geo.row_blocks);
     a.f32(p.scale);
     strides(&mut a, &q.nb[1..]);
     strides(&mut a, &k.nb[1..]);
     strides(&mut a, &v.nb[1..]);
     a.usize(mask.map_or(0, |m| m.nb[1]));
-    c.launch(kernel, dims, &mut a)
+    c.launch(kernel, geo.dims, &mut a)
 }
 
 /// FLASH_ATTN_EXT for any number of queries: `flash_attn_dec`, the KV range in fixed

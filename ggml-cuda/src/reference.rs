@@ -634,93 +634,56 @@ pub fn flash_attn_decode(p: &AttnDecode<'_>) -> Vec<f32> {
 /// soft-capping or ALiBi: `p.softcap` and `p.max_bias` must be 0), operation for operation
 /// in the kernel's order (see the kernel's header in `kernels/fattn_mma.ptx`): each
 /// `mma.sync` element as `model` computes it (cuda-sim's [`MmaModel::SM90`] by default),
-/// `.approx` instructions as [`ex2_approx`]. `p.k` and `p.v` hold f16 values.
+/// `.approx` instructions as [`ex2_approx`], the KV chunks combined in order. `p.k` and
+/// `p.v` hold f16 values.
 ///
 /// [`MmaModel::SM90`]: cuda_sim::tensor::MmaModel::SM90
 pub fn flash_attn_mma(p: &AttnDecode<'_>, model: &cuda_sim::tensor::MmaModel) -> Vec<f32> {
-    use cuda_sim::tensor::HalfInput;
-    const TILE: usize = 64;
     assert!(p.softcap == 0.0 && p.max_bias == 0.0 && p.d == p.dv && p.d % 16 == 0);
     let (d, n_kv, n_q, h) = (p.d, p.n_kv, p.n_q, p.h);
     let gqa = h / p.h_kv;
-    let tiles = n_kv.div_ceil(TILE);
-    let f16 = |x: f32| f32_to_f16(x);
-    let mma =
-        |c: f32, a: &[u16], b: &[u16]| f32::from_bits(model.dot(HalfInput::F16, c.to_bits(), a, b));
+    let tiles = n_kv.div_ceil(MMA_TILE);
+    let chunks = tiles.div_ceil(crate::launch::FA_MMA_CHUNK_TILES).max(1);
     let mut out = vec![0f32; d * h * n_q * p.ne3];
     for i3 in 0..p.ne3 {
         for hk in 0..p.h_kv {
-            let kv_row = |j: usize| j + n_kv * (hk + p.h_kv * i3);
-            let k16: Vec<u16> = p.k[d * kv_row(0)..d * kv_row(n_kv)]
+            let first = n_kv * (hk + p.h_kv * i3);
+            let k16: Vec<u16> = p.k[d * first..d * (first + n_kv)]
                 .iter()
-                .map(|&x| f16(x))
+                .map(|&x| f32_to_f16(x))
                 .collect();
-            // V transposed: column e holds v[j][e] over j, so an mma's B column is a slice.
-            let mut vt = vec![0u16; d * tiles * TILE];
+            // V transposed (positions past n_kv zero): column e is an mma's B column.
+            let mut vt = vec![0u16; d * tiles * MMA_TILE];
             for j in 0..n_kv {
                 for e in 0..d {
-                    vt[e * tiles * TILE + j] = f16(p.v[d * kv_row(j) + e]);
+                    vt[e * tiles * MMA_TILE + j] = f32_to_f16(p.v[d * (first + j) + e]);
                 }
             }
+            let kv = MmaKv {
+                k16: &k16,
+                vt: &vt,
+                tiles,
+                n_kv,
+                d,
+            };
             for iq in 0..n_q {
-                for g in 0..gqa {
-                    let hh = hk * gqa + g;
+                for hh in hk * gqa..(hk + 1) * gqa {
                     let q16: Vec<u16> = p.q[d * (iq + n_q * (hh + h * i3))..][..d]
                         .iter()
-                        .map(|&x| f16(x))
+                        .map(|&x| f32_to_f16(x))
                         .collect();
-                    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                    let mut o = vec![0f32; d];
-                    for tile in 0..tiles {
-                        let mut s = [f32::NEG_INFINITY; TILE];
-                        for (t, sj) in s.iter_mut().enumerate() {
-                            let j = tile * TILE + t;
-                            if j >= n_kv {
-                                continue;
-                            }
-                            let kj = &k16[d * j..d * (j + 1)];
-                            let mut acc = 0f32;
-                            for st in 0..d / 16 {
-                                acc = mma(
-                                    acc,
-                                    &q16[16 * st..16 * st + 16],
-                                    &kj[16 * st..16 * st + 16],
-                                );
-                            }
-                            let mv = p.mask.map_or(0.0, |mk| mk[iq * n_kv + j]);
-                            *sj = acc * p.scale + mv;
-                        }
-                        let x = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                        let big = m.max(x);
-                        let u = if big == f32::NEG_INFINITY { 0.0 } else { big };
-                        let c = ex2_approx((m - u) * LOG2E);
-                        m = big;
-                        let pj: Vec<f32> =
-                            s.iter().map(|&sj| ex2_approx((sj - u) * LOG2E)).collect();
-                        // Lane k's 16 values (positions 8n + 2k, 8n + 2k + 1) by a
-                        // pairwise tree.
-                        let lane = |k: usize| {
-                            let mut v: Vec<f32> = (0..TILE / 8)
-                                .flat_map(|n| [pj[8 * n + 2 * k], pj[8 * n + 2 * k + 1]])
-                                .collect();
-                            while v.len() > 1 {
-                                v = v.chunks(2).map(|w| w[0] + w[1]).collect();
-                            }
-                            v[0]
-                        };
-                        let total = (lane(0) + lane(1)) + (lane(2) + lane(3));
-                        l = l.mul_add(c, total);
-                        let p16: Vec<u16> = pj.iter().map(|&x| f16(x)).collect();
-                        for (e, oe) in o.iter_mut().enumerate() {
-                            *oe *= c;
-                            let col = &vt[e * tiles * TILE + tile * TILE..][..TILE];
-                            for kk in 0..TILE / 16 {
-                                *oe = mma(
-                                    *oe,
-                                    &p16[16 * kk..16 * kk + 16],
-                                    &col[16 * kk..16 * kk + 16],
-                                );
-                            }
+                    let mask = p.mask.map(|m| &m[iq * n_kv..(iq + 1) * n_kv]);
+                    let parts: Vec<MmaPartial> = (0..chunks)
+                        .map(|c| mma_chunk(&kv, &q16, mask, p.scale, c, model))
+                        .collect();
+                    // The combine in chunk order (one live chunk: its o * (1 / l) exactly).
+                    let big = parts.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.m));
+                    let (mut l, mut o) = (0f32, vec![0f32; d]);
+                    for c in parts.iter().filter(|c| c.m != f32::NEG_INFINITY) {
+                        let f = ex2_approx((c.m - big) * LOG2E);
+                        l = c.l.mul_add(f, l);
+                        for (x, y) in o.iter_mut().zip(&c.o) {
+                            *x = y.mul_add(f, *x);
                         }
                     }
                     let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
@@ -733,6 +696,89 @@ pub fn flash_attn_mma(p: &AttnDecode<'_>, model: &cuda_sim::tensor::MmaModel) ->
         }
     }
     out
+}
+
+/// KV positions per tile of `flash_attn_mma`.
+const MMA_TILE: usize = crate::launch::FA_MMA_TILE;
+
+/// One KV head's keys and values as [`flash_attn_mma`] reads them.
+struct MmaKv<'a> {
+    /// f16 keys, row j at `d * j`.
+    k16: &'a [u16],
+    /// f16 values transposed: `vt[e * tiles * 64 + j]`.
+    vt: &'a [u16],
+    tiles: usize,
+    n_kv: usize,
+    d: usize,
+}
+
+/// One row's state after one KV chunk of `flash_attn_mma`.
+struct MmaPartial {
+    m: f32,
+    l: f32,
+    o: Vec<f32>,
+}
+
+/// The (m, l, o) of one query row over the tiles of KV chunk `chunk`, from a fresh state.
+fn mma_chunk(
+    kv: &MmaKv<'_>,
+    q16: &[u16],
+    mask: Option<&[f32]>,
+    scale: f32,
+    chunk: usize,
+    model: &cuda_sim::tensor::MmaModel,
+) -> MmaPartial {
+    use cuda_sim::tensor::HalfInput;
+    let d = kv.d;
+    let mma =
+        |c: f32, a: &[u16], b: &[u16]| f32::from_bits(model.dot(HalfInput::F16, c.to_bits(), a, b));
+    let per = crate::launch::FA_MMA_CHUNK_TILES;
+    let (mut m, mut l, mut o) = (f32::NEG_INFINITY, 0f32, vec![0f32; d]);
+    for tile in chunk * per..((chunk + 1) * per).min(kv.tiles) {
+        let mut s = [f32::NEG_INFINITY; MMA_TILE];
+        for (t, sj) in s.iter_mut().enumerate() {
+            let j = tile * MMA_TILE + t;
+            if j >= kv.n_kv {
+                continue;
+            }
+            let kj = &kv.k16[d * j..d * (j + 1)];
+            let mut acc = 0f32;
+            for st in 0..d / 16 {
+                acc = mma(acc, &q16[16 * st..16 * st + 16], &kj[16 * st..16 * st + 16]);
+            }
+            *sj = acc * scale + mask.map_or(0.0, |mk| mk[j]);
+        }
+        let x = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let big = m.max(x);
+        let u = if big == f32::NEG_INFINITY { 0.0 } else { big };
+        let c = ex2_approx((m - u) * LOG2E);
+        m = big;
+        let pj: Vec<f32> = s.iter().map(|&sj| ex2_approx((sj - u) * LOG2E)).collect();
+        // Lane k's 16 values (positions 8n + 2k, 8n + 2k + 1) by a pairwise tree.
+        let lane = |k: usize| {
+            let mut v: Vec<f32> = (0..MMA_TILE / 8)
+                .flat_map(|n| [pj[8 * n + 2 * k], pj[8 * n + 2 * k + 1]])
+                .collect();
+            while v.len() > 1 {
+                v = v.chunks(2).map(|w| w[0] + w[1]).collect();
+            }
+            v[0]
+        };
+        l = l.mul_add(c, (lane(0) + lane(1)) + (lane(2) + lane(3)));
+        let p16: Vec<u16> = pj.iter().map(|&x| f32_to_f16(x)).collect();
+        for (e, oe) in o.iter_mut().enumerate() {
+            *oe *= c;
+            let col = &kv.vt[e * kv.tiles * MMA_TILE + tile * MMA_TILE..][..MMA_TILE];
+            for kk in 0..MMA_TILE / 16 {
+                *oe = mma(
+                    *oe,
+                    &p16[16 * kk..16 * kk + 16],
+                    &col[16 * kk..16 * kk + 16],
+                );
+            }
+        }
+    }
+    MmaPartial { m, l, o }
 }
 
 /// Normalised mean squared error `Σ(a−b)² / Σb²` (llama.cpp's test-backend-ops metric),

@@ -22,6 +22,9 @@ pub const HEAD_SIZES: [u32; 2] = [64, 128];
 
 /// KV positions per tile.
 const BC: u32 = 64;
+/// Tiles per KV chunk: the chunks are fixed, so that a row's bits do not depend on n_kv
+/// (the host's `launch::FA_MMA_CHUNK_TILES`).
+pub const CHUNK_TILES: u32 = 2;
 /// Warps per block (16 query rows each).
 const WARPS: u32 = 4;
 /// Threads per block.
@@ -79,6 +82,7 @@ pub fn generate() -> String {
             ".shared .align 16 .b8 fam{d}_smem[{}];",
             shared_bytes(d)
         );
+        let _ = writeln!(out, ".shared .align 4 .u32 fam{d}_last;");
     }
     out.push('\n');
     for d in HEAD_SIZES {
@@ -127,6 +131,16 @@ fn head(d: u32) -> String {
 //     T = (t_0 + t_1) + (t_2 + t_3) (shfl.bfly 1 then 2); l = fma.rn(l, c, T);
 //   o[e] = o[e] * c (mul.rn); then for each 16 positions k in order
 //     o[e] = mma(f16(p)[16k..], v[16k..][e], o[e]) (p rounded to f16, cvt.rn).
+// The KV range is also cut into chunks of {ct} tiles ({cpos} positions) at fixed places, one
+// block per chunk; each chunk's rows start from m = -inf, l = 0, o = 0. With one chunk
+// (n_kv <= {cpos}) out = o * (1 / l) directly; else each block writes its chunk's (m, l, o)
+// per row, counts itself on its row block's counter after a fence, and the block that
+// counts last combines the chunks in order (and resets the counter):
+//   M = max_c m_c; for each chunk c with m_c > -inf: f = ex2.approx((m_c - M) * log2 e),
+//   L = fma.rn(l_c, f, L), o = fma.rn(o_c, f, o) (from 0); out = o * (1 / L) (div.rn),
+//   0 when L = 0.
+// With one live chunk that is out = o * (1 / l) bit for bit (f = 1), so the bits depend
+// on positions only, not on n_kv.
 // A warp skips a tile whose every mask value (rows and positions) is -inf: for such a row
 // the step above changes nothing (c = 1 or m = -inf, p = 0, and zero products leave an mma
 // accumulator as it is), so the bits do not depend on which rows share a warp.
@@ -140,6 +154,10 @@ fn head(d: u32) -> String {
 //   p_v       f16 values [D, n_kv, H_kv, ne3], rows 16-byte aligned
 //   p_mask    f16 mask [n_kv, >= n_q] (unused when p_hasm = 0), rows 4-byte aligned
 //   p_dst     f32 output [D, H, n_q, ne3], contiguous
+//   p_part    f32 (m, l) pairs of the chunk partials [nch, rows_p, H_kv, ne3], rows_p =
+//             64 nrb (unused when nch = 1)
+//   p_opart   f32 o of the chunk partials [D, nch, rows_p, H_kv, ne3] (unused when nch = 1)
+//   p_ctr     u32 counters [nrb, H_kv, ne3], 0 before the launch (left 0 after)
 //   p_nkv     n_kv (even)
 //   p_nq      n_q
 //   p_h       H (query heads)
@@ -147,12 +165,16 @@ fn head(d: u32) -> String {
 //   p_rows    n_q * gqa
 //   p_ntiles  ceil(n_kv / {BC})
 //   p_hasm    1: a mask, 0: none
+//   p_mgq     division magic of gqa (launch::div_magic: ceil(2^32 / gqa), 0 for 1)
+//   p_nch     KV chunks: ceil(n_tiles / {ct})
+//   p_mgch    division magic of nch
+//   p_nrb     row blocks: ceil(rows / 64)
 //   p_scale   factor applied to q.k
 //   p_nbq1, p_nbq2, p_nbq3   q byte strides of dims 1..3
 //   p_nbk1, p_nbk2, p_nbk3   k byte strides of dims 1..3
 //   p_nbv1, p_nbv2, p_nbv3   v byte strides of dims 1..3
 //   p_nbm1    mask byte stride of dim 1
-// Grid:   (ceil(rows / 64), H_kv, ne3)
+// Grid:   (nrb * nch, H_kv, ne3): block x takes row block x / nch, chunk x % nch
 // Block:  ({THREADS}, 1, 1)
 // Shared: static, fam{d}_smem: {st} x (K tile, V tile), {tb} bytes each
 // Reduction: over d in mma steps of 16 (scores); over KV positions in fixed tiles of {BC},
@@ -164,6 +186,9 @@ fn head(d: u32) -> String {
     .param .u64 p_v,
     .param .u64 p_mask,
     .param .u64 p_dst,
+    .param .u64 p_part,
+    .param .u64 p_opart,
+    .param .u64 p_ctr,
     .param .u32 p_nkv,
     .param .u32 p_nq,
     .param .u32 p_h,
@@ -171,6 +196,10 @@ fn head(d: u32) -> String {
     .param .u32 p_rows,
     .param .u32 p_ntiles,
     .param .u32 p_hasm,
+    .param .u32 p_mgq,
+    .param .u32 p_nch,
+    .param .u32 p_mgch,
+    .param .u32 p_nrb,
     .param .f32 p_scale,
     .param .u64 p_nbq1,
     .param .u64 p_nbq2,
@@ -186,6 +215,8 @@ fn head(d: u32) -> String {
 {{
 ",
         last = BC - 1,
+        ct = CHUNK_TILES,
+        cpos = CHUNK_TILES * BC,
         tb = tile_bytes(d),
     )
 }
@@ -215,7 +246,8 @@ fn entry(d: u32) -> String {
     e(".reg .pred %pva, %pvb, %pma, %pmb, %pza, %pzb, %pq, %pl, %plive;");
     e(".reg .b32 %t<4>;");
     e(".reg .b32 %thr, %lane, %warp, %g, %tig, %bx, %hk, %i3, %nkv, %nq, %h, %gqa, %rows, %ntiles, %hasm;");
-    e(".reg .b32 %ra, %rb, %iqa, %iqb, %ha, %hb, %jt, %jrow, %jn, %tile, %sz, %row0, %col;");
+    e(".reg .b32 %ra, %rb, %iqa, %iqb, %ha, %hb, %jt, %jrow, %jn, %tile, %tend, %sz, %row0, %col;");
+    e(".reg .b32 %nch, %nrb, %rbk, %ch;");
     e(".reg .b64 %rd<4>;");
     e(".reg .b64 %kbase, %vbase, %kp, %vp, %kn, %vn, %kstep, %vstep, %ktile, %vtile, %qpa, %qpb, %mra, %mrb, %nbm1;");
     e(".reg .b64 %smem, %sdk, %sdv, %sK, %sV, %lk, %lv, %oa, %ob;");
@@ -239,22 +271,40 @@ fn entry(d: u32) -> String {
     e("mov.u32 %bx, %ctaid.x;");
     e("mov.u32 %hk, %ctaid.y;");
     e("mov.u32 %i3, %ctaid.z;");
-    for p in ["nkv", "nq", "h", "gqa", "rows", "ntiles", "hasm"] {
+    for p in [
+        "nkv", "nq", "h", "gqa", "rows", "ntiles", "hasm", "nch", "nrb",
+    ] {
         e(&format!("ld.param.u32 %{p}, [p_{p}];"));
     }
     e("ld.param.f32 %scale, [p_scale];");
     e("mov.f32 %fz, 0f00000000;");
     e(&format!("mov.f32 %ninf, {NEG_INF};"));
+    e("// Row block rbk = bx / nch (magic), chunk ch; its tiles tile..tend-1.");
+    e("ld.param.u32 %t1, [p_mgch];");
+    e("setp.eq.u32 %p0, %nch, 1;");
+    e("selp.u32 %t2, 1, 0, %p0;");
+    e("mul.hi.u32 %rbk, %bx, %t1;");
+    e("mad.lo.u32 %rbk, %bx, %t2, %rbk;");
+    e("mul.lo.u32 %t0, %rbk, %nch;");
+    e("sub.u32 %ch, %bx, %t0;");
+    e(&format!("mul.lo.u32 %tile, %ch, {CHUNK_TILES};"));
+    e(&format!("add.u32 %tend, %tile, {CHUNK_TILES};"));
+    e("min.u32 %tend, %tend, %ntiles;");
     e("// The lane's two rows (g and g + 8 of the warp's 16), their query and head.");
-    e("shl.b32 %ra, %bx, 6;");
+    e("shl.b32 %ra, %rbk, 6;");
     e("shl.b32 %t0, %warp, 4;");
     e("add.u32 %ra, %ra, %t0;");
     e("add.u32 %ra, %ra, %g;");
     e("add.u32 %rb, %ra, 8;");
     e("setp.lt.u32 %pva, %ra, %rows;");
     e("setp.lt.u32 %pvb, %rb, %rows;");
+    e("// iq = r / gqa by the host's magic (launch::div_magic): mul.hi, or r when gqa = 1.");
+    e("ld.param.u32 %t1, [p_mgq];");
+    e("setp.eq.u32 %p0, %gqa, 1;");
+    e("selp.u32 %t2, 1, 0, %p0;");
     for (r, iq, hh) in [("ra", "iqa", "ha"), ("rb", "iqb", "hb")] {
-        e(&format!("div.u32 %{iq}, %{r}, %gqa;"));
+        e(&format!("mul.hi.u32 %{iq}, %{r}, %t1;"));
+        e(&format!("mad.lo.u32 %{iq}, %{r}, %t2, %{iq};"));
         e(&format!("mul.lo.u32 %t0, %{iq}, %gqa;"));
         e(&format!("sub.u32 %t0, %{r}, %t0;"));
         e(&format!("mad.lo.u32 %{hh}, %hk, %gqa, %t0;"));
@@ -282,24 +332,40 @@ fn entry(d: u32) -> String {
         e(&format!("cvt.u64.u32 %rd2, %{hh};"));
         e(&format!("mad.lo.u64 %{qp}, %rd2, %rd3, %{qp};"));
     }
+    // Every load first (into the score and mask registers, free until the first tile),
+    // then the conversions.
+    let quads = [
+        ("pva", "qpa", 0),
+        ("pvb", "qpb", 0),
+        ("pva", "qpa", 32),
+        ("pvb", "qpb", 32),
+    ];
+    let tmp = |i: u32| {
+        if i < 4 * nt {
+            format!("%s{i}")
+        } else {
+            format!("%mf{}", i - 4 * nt)
+        }
+    };
     for s in 0..ks {
-        for (i, (pv, qp, off)) in [
-            ("pva", "qpa", 0),
-            ("pvb", "qpb", 0),
-            ("pva", "qpa", 32),
-            ("pvb", "qpb", 32),
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (i, (pv, qp, off)) in quads.into_iter().enumerate() {
             let r = 4 * s + i as u32;
-            e(&format!("mov.b32 %qa{r}, 0;"));
+            e(&format!("mov.f32 {}, 0f00000000;", tmp(2 * r)));
+            e(&format!("mov.f32 {}, 0f00000000;", tmp(2 * r + 1)));
             e(&format!(
-                "@%{pv} ld.global.v2.f32 {{%f0, %f1}}, [%{qp}+{}];",
+                "@%{pv} ld.global.v2.f32 {{{}, {}}}, [%{qp}+{}];",
+                tmp(2 * r),
+                tmp(2 * r + 1),
                 64 * s + off
             ));
-            e(&format!("@%{pv} cvt.rn.f16x2.f32 %qa{r}, %f1, %f0;"));
         }
+    }
+    for r in 0..4 * ks {
+        e(&format!(
+            "cvt.rn.f16x2.f32 %qa{r}, {}, {};",
+            tmp(2 * r + 1),
+            tmp(2 * r)
+        ));
     }
     e("// Mask rows (lane's pair of positions 2tig, 2tig + 1 of each 8).");
     e("ld.param.u64 %rd0, [p_mask];");
@@ -374,16 +440,24 @@ fn entry(d: u32) -> String {
     for i in 0..4 * nd {
         e(&format!("mov.f32 %o{i}, 0f00000000;"));
     }
+    e("// Start at the chunk's first tile: positions, mask pointers, K/V copy pointers.");
+    e(&format!("mul.lo.u32 %t0, %tile, {BC};"));
     e("shl.b32 %jt, %tig, 1;");
-    e("mov.u32 %jrow, %row0;");
-    e("mov.u32 %tile, 0;");
+    e("add.u32 %jt, %jt, %t0;");
+    e("add.u32 %jrow, %row0, %t0;");
+    e(&format!("mul.wide.u32 %rd0, %tile, {};", 2 * BC));
+    e("add.u64 %mra, %mra, %rd0;");
+    e("add.u64 %mrb, %mrb, %rd0;");
+    e("cvt.u64.u32 %rd0, %tile;");
+    e("mad.lo.u64 %kn, %rd0, %ktile, %kn;");
+    e("mad.lo.u64 %vn, %rd0, %vtile, %vn;");
     if st == 2 {
         e("// Prologue: tile 0 into stage 0.");
         e("mov.u64 %sdv, %sdk;");
         k_issue(&mut e, nload, rstep, rb, tb);
         e("cp.async.commit_group;");
     }
-    load_mask(&mut e, nt);
+    load_mask(&mut e, nt, 0);
     e(&format!("TILE_{d}:"));
     e("// This tile's mask values (loaded a tile ahead as f16 pairs) to f32; whether any of");
     e("// the warp's is finite (else the warp skips the tile).");
@@ -392,6 +466,8 @@ fn entry(d: u32) -> String {
         e(&format!("cvt.f32.f16 %mf{}, %h0;", 2 * i));
         e(&format!("cvt.f32.f16 %mf{}, %h1;", 2 * i + 1));
     }
+    e("// The next tile's mask pairs, in flight while this tile is computed.");
+    load_mask(&mut e, nt, BC);
     let mf: Vec<String> = (0..4 * nt).map(|i| format!("%mf{i}")).collect();
     max_tree(&mut e, "xa", &mf);
     e("setp.ne.f32 %p0, %xa, %ninf;");
@@ -407,7 +483,7 @@ fn entry(d: u32) -> String {
         e("// Stage (tile+1)&1 is free once every warp is past tile - 1: the next tile into it.");
         e("bar.sync 0;");
         e("add.u32 %t0, %tile, 1;");
-        e("setp.lt.u32 %p3, %t0, %ntiles;");
+        e("setp.lt.u32 %p3, %t0, %tend;");
         e(&format!("@!%p3 bra ISSUED_{d};"));
         e("and.b32 %t0, %t0, 1;");
         e(&format!("mul.lo.u32 %t0, %t0, {};", 2 * tb));
@@ -566,10 +642,11 @@ fn entry(d: u32) -> String {
     e(&format!("add.u64 %mra, %mra, {};", 2 * BC));
     e(&format!("add.u64 %mrb, %mrb, {};", 2 * BC));
     e(&format!("add.u32 %jt, %jt, {BC};"));
-    load_mask(&mut e, nt);
     e("add.u32 %tile, %tile, 1;");
-    e("setp.lt.u32 %p0, %tile, %ntiles;");
+    e("setp.lt.u32 %p0, %tile, %tend;");
     e(&format!("@%p0 bra TILE_{d};"));
+    e("setp.ne.u32 %p0, %nch, 1;");
+    e(&format!("@%p0 bra PARTIAL_{d};"));
     e("// out = o / l (0 for a row with no unmasked position).");
     e("ld.param.u64 %rd0, [p_dst];");
     e("cvta.to.global.u64 %rd0, %rd0;");
@@ -600,8 +677,172 @@ fn entry(d: u32) -> String {
         }
     }
     e("ret;");
+    partial_and_combine(&mut e, d);
     k.push_str("}\n\n");
     k
+}
+
+/// The split-KV epilogue (`nch > 1`): this chunk's (m, l, o) per row to the partials, a
+/// fence and the row block's counter; the last block combines every chunk in order (see
+/// the kernel's header) and resets the counter. Combine: thread t takes row 64 rbk + t/2
+/// and half t%2 of its D outputs.
+fn partial_and_combine(e: &mut impl FnMut(&str), d: u32) {
+    let nd = d / 8;
+    let half = d / 2;
+    e(&format!("PARTIAL_{d}:"));
+    e("// Partial index P = ((i3 H_kv + hk) 64 nrb + r) nch + ch.");
+    e("mov.u32 %t0, %nctaid.y;");
+    e("mad.lo.u32 %t0, %i3, %t0, %hk;");
+    e("mul.lo.u32 %t3, %t0, %nrb;");
+    e("shl.b32 %t1, %t3, 6;");
+    e("ld.param.u64 %rd2, [p_part];");
+    e("cvta.to.global.u64 %rd2, %rd2;");
+    e("ld.param.u64 %rd3, [p_opart];");
+    e("cvta.to.global.u64 %rd3, %rd3;");
+    e("setp.eq.u32 %p1, %tig, 0;");
+    for (r, m, l, pv, off) in [("ra", "ma", "la", "pva", 0), ("rb", "mb", "lb", "pvb", 2)] {
+        e(&format!("add.u32 %t2, %t1, %{r};"));
+        e("mad.lo.u32 %t2, %t2, %nch, %ch;");
+        e("mul.wide.u32 %rd0, %t2, 8;");
+        e("add.u64 %rd0, %rd2, %rd0;");
+        e(&format!("and.pred %p2, %p1, %{pv};"));
+        e(&format!("@%p2 st.global.v2.f32 [%rd0], {{%{m}, %{l}}};"));
+        e(&format!("mul.wide.u32 %rd0, %t2, {};", 4 * d));
+        e("add.u64 %rd0, %rd3, %rd0;");
+        e("shl.b32 %t0, %tig, 3;");
+        e("cvt.u64.u32 %rd1, %t0;");
+        e("add.u64 %rd0, %rd0, %rd1;");
+        for n in 0..nd {
+            e(&format!(
+                "@%{pv} st.global.v2.f32 [%rd0+{}], {{%o{}, %o{}}};",
+                32 * n,
+                4 * n + off,
+                4 * n + off + 1
+            ));
+        }
+    }
+    e("// Count this block on its row block's counter; the last one combines.");
+    e("membar.gl;");
+    e("bar.sync 0;");
+    e("ld.param.u64 %rd1, [p_ctr];");
+    e("cvta.to.global.u64 %rd1, %rd1;");
+    e("add.u32 %t0, %t3, %rbk;");
+    e("mul.wide.u32 %rd0, %t0, 4;");
+    e("add.u64 %rd1, %rd1, %rd0;");
+    e(&format!("mov.u64 %rd0, fam{d}_last;"));
+    e("setp.eq.u32 %p1, %thr, 0;");
+    e(&format!("@!%p1 bra COUNTED_{d};"));
+    e("atom.global.add.u32 %t0, [%rd1], 1;");
+    e("add.u32 %t2, %t0, 1;");
+    e("setp.eq.u32 %p2, %t2, %nch;");
+    e("selp.u32 %t2, 1, 0, %p2;");
+    e("st.shared.u32 [%rd0], %t2;");
+    e("@%p2 st.global.u32 [%rd1], 0;");
+    e(&format!("COUNTED_{d}:"));
+    e("bar.sync 0;");
+    e("ld.shared.u32 %t2, [%rd0];");
+    e("setp.eq.u32 %p2, %t2, 0;");
+    e("@%p2 ret;");
+    e("membar.gl;");
+    e("// Combine: row r = 64 rbk + thr/2, outputs (thr%2) D/2 .. +D/2.");
+    e("shr.u32 %t0, %thr, 1;");
+    e("shl.b32 %ra, %rbk, 6;");
+    e("add.u32 %ra, %ra, %t0;");
+    e("setp.ge.u32 %p2, %ra, %rows;");
+    e("@%p2 ret;");
+    e("add.u32 %t2, %t1, %ra;");
+    e("mul.lo.u32 %t2, %t2, %nch;");
+    e("mul.wide.u32 %rd0, %t2, 8;");
+    e("add.u64 %kp, %rd2, %rd0;");
+    e(&format!("mul.wide.u32 %rd0, %t2, {};", 4 * d));
+    e("add.u64 %vp, %rd3, %rd0;");
+    e("and.b32 %t0, %thr, 1;");
+    e(&format!("mul.wide.u32 %rd0, %t0, {};", 4 * half));
+    e("add.u64 %vp, %vp, %rd0;");
+    e("// M = max of the chunks' m.");
+    e("mov.f32 %ma, %ninf;");
+    e("mov.u64 %rd0, %kp;");
+    e("mov.u32 %t0, 0;");
+    e(&format!("CMAX_{d}:"));
+    e("ld.global.f32 %f0, [%rd0];");
+    e("max.f32 %ma, %ma, %f0;");
+    e("add.u64 %rd0, %rd0, 8;");
+    e("add.u32 %t0, %t0, 1;");
+    e("setp.lt.u32 %p2, %t0, %nch;");
+    e(&format!("@%p2 bra CMAX_{d};"));
+    e("mov.f32 %la, 0f00000000;");
+    for i in 0..half {
+        e(&format!("mov.f32 %o{i}, 0f00000000;"));
+    }
+    e("mov.u32 %t0, 0;");
+    // The chunk's (m, l) and o values loaded together (into the score and mask
+    // registers), then its factor, then the sums.
+    let tmp = |i: u32| {
+        if i < 32 {
+            format!("%s{i}")
+        } else {
+            format!("%mf{}", i - 32)
+        }
+    };
+    e(&format!("CSUM_{d}:"));
+    e("ld.global.v2.f32 {%f0, %f1}, [%kp];");
+    for q in 0..half / 4 {
+        e(&format!(
+            "ld.global.v4.f32 {{{}, {}, {}, {}}}, [%vp+{}];",
+            tmp(4 * q),
+            tmp(4 * q + 1),
+            tmp(4 * q + 2),
+            tmp(4 * q + 3),
+            16 * q
+        ));
+    }
+    e("setp.eq.f32 %p2, %f0, %ninf;");
+    e(&format!("@%p2 bra CNEXT_{d};"));
+    e("sub.rn.f32 %f0, %f0, %ma;");
+    e(&format!("mul.rn.f32 %f0, %f0, {LOG2E};"));
+    e("ex2.approx.f32 %f0, %f0;");
+    e("fma.rn.f32 %la, %f1, %f0, %la;");
+    for o in 0..half {
+        e(&format!("fma.rn.f32 %o{o}, {}, %f0, %o{o};", tmp(o)));
+    }
+    e(&format!("CNEXT_{d}:"));
+    e("add.u64 %kp, %kp, 8;");
+    e(&format!("add.u64 %vp, %vp, {};", 4 * d));
+    e("add.u32 %t0, %t0, 1;");
+    e("setp.lt.u32 %p2, %t0, %nch;");
+    e(&format!("@%p2 bra CSUM_{d};"));
+    e("// out = o / L into row (iq, h) of the output.");
+    e("setp.eq.f32 %pq, %la, 0f00000000;");
+    e("div.rn.f32 %ia, 0f3F800000, %la;");
+    e("@%pq mov.f32 %ia, 0f00000000;");
+    e("ld.param.u32 %t1, [p_mgq];");
+    e("setp.eq.u32 %p0, %gqa, 1;");
+    e("selp.u32 %t2, 1, 0, %p0;");
+    e("mul.hi.u32 %iqa, %ra, %t1;");
+    e("mad.lo.u32 %iqa, %ra, %t2, %iqa;");
+    e("mul.lo.u32 %t0, %iqa, %gqa;");
+    e("sub.u32 %t0, %ra, %t0;");
+    e("mad.lo.u32 %ha, %hk, %gqa, %t0;");
+    e("mad.lo.u32 %t2, %i3, %nq, %iqa;");
+    e("mad.lo.u32 %t2, %t2, %h, %ha;");
+    e(&format!("mul.wide.u32 %rd1, %t2, {};", 4 * d));
+    e("ld.param.u64 %rd0, [p_dst];");
+    e("cvta.to.global.u64 %rd0, %rd0;");
+    e("add.u64 %rd0, %rd0, %rd1;");
+    e("and.b32 %t0, %thr, 1;");
+    e(&format!("mul.wide.u32 %rd1, %t0, {};", 4 * half));
+    e("add.u64 %rd0, %rd0, %rd1;");
+    for q in 0..half / 4 {
+        for i in 0..4 {
+            let o = 4 * q + i;
+            e(&format!("mul.rn.f32 %s{i}, %o{o}, %ia;"));
+        }
+        e(&format!(
+            "st.global.v4.f32 [%rd0+{}], {{%s0, %s1, %s2, %s3}};",
+            16 * q
+        ));
+    }
+    e("ret;");
 }
 
 /// Score n-tiles whose `mma`s are interleaved (their K fragments held at once: 4
@@ -652,12 +893,12 @@ fn reduce_tree(e: &mut impl FnMut(&str), op: &str, dst: &str, vals: &[String]) {
     e(&format!("{op} %{dst}, {}, {};", level[0], level[1]));
 }
 
-/// Loads the mask pairs of the tile at `%jt` (positions `%jt + 8n`, rows a and b) into
-/// `%mk`: the f16 pair from the mask, +0 pairs without one, -inf past n_kv or for rows
-/// past the end.
-fn load_mask(e: &mut impl FnMut(&str), nt: u32) {
+/// Loads the mask pairs of the tile `ahead` positions past `%jt` (positions
+/// `%jt + ahead + 8n`, rows a and b) into `%mk`: the f16 pair from the mask, +0 pairs
+/// without one, -inf past n_kv or for rows past the end.
+fn load_mask(e: &mut impl FnMut(&str), nt: u32, ahead: u32) {
     for n in 0..nt {
-        e(&format!("add.u32 %t0, %jt, {};", 8 * n));
+        e(&format!("add.u32 %t0, %jt, {};", ahead + 8 * n));
         e("setp.lt.u32 %p0, %t0, %nkv;");
         for (i, pm, pz, mr) in [(0, "pma", "pza", "mra"), (1, "pmb", "pzb", "mrb")] {
             let r = 2 * n + i;
@@ -665,7 +906,10 @@ fn load_mask(e: &mut impl FnMut(&str), nt: u32) {
             e(&format!("and.pred %p2, %p0, %{pz};"));
             e(&format!("mov.b32 %mk{r}, 0xFC00FC00;"));
             e(&format!("@%p2 mov.b32 %mk{r}, 0;"));
-            e(&format!("@%p1 ld.global.b32 %mk{r}, [%{mr}+{}];", 16 * n));
+            e(&format!(
+                "@%p1 ld.global.b32 %mk{r}, [%{mr}+{}];",
+                2 * ahead + 16 * n
+            ));
         }
     }
 }
