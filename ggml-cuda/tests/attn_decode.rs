@@ -928,16 +928,20 @@ fn attention_the_mma_kernel_lacks_runs_on_the_fma_kernel(
 }
 
 /// Rows that see nothing get +0 from the tensor-core kernel (l = 0), as from the FMA
-/// kernel, while the rows beside them in the same warp are computed.
-#[test]
-fn mma_attention_gives_zeros_for_fully_masked_rows() {
+/// kernel, while the rows beside them in the same warp are computed: with one KV chunk
+/// (128 positions: out = o / l directly) and with three (the combine skips chunks that saw
+/// nothing, so a row that saw nothing anywhere is 0, not NaN).
+#[rstest::rstest]
+#[case::one_chunk(128)]
+#[case::three_chunks(320)]
+fn mma_attention_gives_zeros_for_fully_masked_rows(#[case] n_kv: usize) {
     let be = mma_backend();
     let mut p = Problem::new(
         8,
         (64, 64),
         SMOL,
         10,
-        128,
+        n_kv,
         60,
         None,
         1,
@@ -946,7 +950,7 @@ fn mma_attention_gives_zeros_for_fully_masked_rows() {
         AttnParams::scaled(0.125),
     );
     // Queries 3 and 4 see nothing (rows 9..15 of the first warp).
-    p.m[3 * 128..5 * 128].fill(f32::NEG_INFINITY);
+    p.m[3 * n_kv..5 * n_kv].fill(f32::NEG_INFINITY);
     let got = p.run(&be);
     assert_matches(&got, &p.reference_mma(), "masked rows");
     let row = 9 * 64;
