@@ -89,12 +89,15 @@ pub fn warp_per_row(rows: usize) -> Option<LaunchDims> {
     })
 }
 
-/// `rms_norm_q8_1`: one block of 8 warps per row (each warp quantises every eighth of the
-/// row's Q8_1 blocks).
-pub fn rms_norm_q8_1(rows: usize) -> Option<LaunchDims> {
+/// `rms_norm_q8_1` over `rows` rows of `n` values: one block per row, a warp per Q8_1
+/// block (at most 32 warps, each then taking every 32nd block).
+pub fn rms_norm_q8_1(rows: usize, n: usize) -> Option<LaunchDims> {
+    // One warp per Q8_1 block of the row (each warp recomputes the row's scale), at most
+    // 32 (then warps take several blocks).
+    let warps = (n / 32).clamp(1, 32) as u32;
     check(LaunchDims {
         grid: (u32::try_from(rows).ok().filter(|&r| r > 0)?, 1, 1),
-        block: (32, 8, 1),
+        block: (32, warps, 1),
         shared: 0,
     })
 }

@@ -206,8 +206,8 @@ fn run_placed(
 /// `fuse_norm` the norm runs alone and Q, K, V (gate, up) still share one
 /// `quantize_q8_1`.
 ///
-/// Embeddings of 8 Q8_1 blocks (one per warp of `rms_norm_q8_1`), 10 (two warps take a
-/// second block) and 40 (five each, the next block's loads ahead of each).
+/// Embeddings of 8 and 10 Q8_1 blocks (one per warp of `rms_norm_q8_1`) and 40 (32
+/// warps, 8 of which take a second block, its loads ahead of the first's quantisation).
 /// K and V of 48 rows (a partial row block in the merged launch) and mixed dtypes (each
 /// matrix's blocks unpack their own) on `qgemm` too.
 #[rstest]

@@ -122,7 +122,7 @@ fn norm_q8_1(
     let row = k / 32 * Q8_1_BLOCK;
     let qnb = [row, row * n, row * n];
     let scratch = be.scratch(c.st, row * n)?;
-    let d = dims(launch::rms_norm_q8_1(n), &c)?;
+    let d = dims(launch::rms_norm_q8_1(n, k), &c)?;
     let mut a = Args::new();
     a.u64(c.addr(&x)?)
         .u64(c.addr(rms)?)
