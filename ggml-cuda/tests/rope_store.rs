@@ -1,7 +1,8 @@
 //! The RoPE + KV-cache store fusion (`fuse_rope_store`): the fused launch writes the
 //! roped Q and K and both cache rows with exactly the bits of the rope and set_rows
 //! kernels, over normal and NeoX RoPE, partial rotation, YaRN, every cache type, decode
-//! batches of 1..7 tokens and SmolLM2's and Gemma 3's head layouts; bad row indices fail
+//! batches of 1..7 tokens and prompts of 12 and 40, SmolLM2's and Gemma 3's head layouts;
+//! bad row indices fail
 //! as set_rows does; with its switch off nothing fuses.
 
 use ggml_core::{
@@ -170,7 +171,9 @@ fn yarn(mut p: RopeParams) -> RopeParams {
 #[rstest::rstest]
 #[case::smollm2_one_token(64, 9, 3, 1, RopeParams::llama(64, 100000.0), DType::F16, true)]
 #[case::smollm2_seven_tokens(64, 9, 3, 7, RopeParams::llama(64, 100000.0), DType::F16, true)]
+#[case::smollm2_prompt_40(64, 9, 3, 40, RopeParams::llama(64, 100000.0), DType::F16, true)]
 #[case::gemma3_neox(256, 4, 1, 1, neox(RopeParams::llama(256, 1e6)), DType::F16, true)]
+#[case::gemma3_neox_prompt_12(256, 4, 1, 12, neox(RopeParams::llama(256, 1e6)), DType::F16, true)]
 #[case::gemma3_neox_five(256, 4, 1, 5, neox(RopeParams::llama(256, 10000.0)), DType::F16, true)]
 #[case::partial_rotation_f32_cache(64, 2, 2, 3, RopeParams::llama(32, 10000.0), DType::F32, true)]
 #[case::partial_neox_bf16_cache(
@@ -254,10 +257,11 @@ fn bad_rows_fail_as_set_rows_does(#[case] bad: i32) {
 
 /// The model's allocation: the roped K takes the bytes of Q's source. One token still
 /// fuses everything (its block reads all inputs before writing) and gives the unfused
-/// bits; two tokens fuse only K's rope and the stores.
+/// bits; two tokens or more (a prompt) fuse only K's rope and the stores.
 #[rstest::rstest]
 #[case::one_token(1, [0, 0, 1])]
 #[case::two_tokens(2, [1, 0, 1])]
+#[case::sixteen_tokens(16, [1, 0, 1])]
 fn roped_k_over_the_q_source(#[case] n: usize, #[case] launches: [u64; 3]) {
     let be = gpu();
     let s = Step {

@@ -166,8 +166,9 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
         ]
     );
     // Prompts run each norm with its weight and Q8_1 quantisation for the products that
-    // read it (one step with them), and the residual adds in the epilogue of the products
-    // before them, the other nodes one by one; decode steps (fewer than
+    // read it (one step with them), the residual adds in the epilogue of the products
+    // before them, and the ropes with the cache stores, the other nodes one by one;
+    // decode steps (fewer than
     // 8 tokens) fuse the products with their norms, GLU and residual adds, and the ropes
     // with the cache stores into the epilogue of the Q, K and V products, each fused run
     // timed as one step of its own kind.
@@ -179,7 +180,7 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
                 "RMS_NORM+MUL_MAT*2 q4_1",
                 "MUL_MAT+ADD q4_1",
                 "FLASH_ATTN_EXT",
-                "ROPE",
+                "ROPE*2+SET_ROWS*2",
             ]
         } else {
             &[

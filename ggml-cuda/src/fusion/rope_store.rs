@@ -1,4 +1,5 @@
-//! The RoPE + KV-cache store fusion of a decode step (`rope_store` in `kernels/rope.ptx`).
+//! The RoPE + KV-cache store fusion (`rope_store` in `kernels/rope.ptx`), for decode steps
+//! and prompts alike (one block per token).
 //!
 //! A model graph in llama.cpp's order computes, per layer, the Q, K and V products, then
 //! RoPE of Q and of K, then stores the roped K and the V rows into the KV cache
@@ -10,7 +11,7 @@
 //! ropes and `set_rows`, with exactly one store of a roped K (its source a contiguous
 //! reshape of a contiguous rope output), at most one other rope (Q: same parameters and
 //! positions) and at most one other store (V: the same row indices, an f32 source not
-//! computed in the run); f32 ropes of fewer than [`MMQ_MIN_N`] tokens; every tensor
+//! computed in the run); f32 ropes of any number of tokens; every tensor
 //! allocated, and no written bytes overlapping any other tensor of the run. The longest
 //! qualifying prefix of the run is fused (K rope and its store at least), else nothing:
 //! a Gemma 3 graph, whose Q/K norms may sit between the ropes, fuses what is adjacent.
@@ -18,7 +19,7 @@
 use ggml_core::{DType, Op, Tensor, TensorId};
 
 use super::Fusion;
-use crate::launch::{self, MMQ_MIN_N};
+use crate::launch;
 use crate::CudaTuning;
 
 /// Where the nodes of a fused run sit, as offsets from its first node.
@@ -183,7 +184,7 @@ fn valid(p: &Parts, roles: RopeStore) -> bool {
             && x.ne[3] == 1
     };
     let (ks, kflat) = &p.k_store;
-    let shapes = n < MMQ_MIN_N
+    let shapes = n > 0
         && ne3 == 1
         && rope_ok(&p.k)
         && p.q.as_ref().is_none_or(rope_ok)
@@ -342,9 +343,10 @@ mod tests {
             ..CudaTuning::default()
         };
         assert!(fused(&plan(&ts, &nodes, &off)).is_empty());
-        // Prompt-sized batches are not fused.
-        let (ts, nodes) = layer(8, false);
-        assert!(fused(&plan(&ts, &nodes, &CudaTuning::default())).is_empty());
+        // Prompt-sized batches fuse too (one block per token), and not with the switch off.
+        let (ts, nodes) = layer(40, false);
+        assert_eq!(fused(&plan(&ts, &nodes, &CudaTuning::default())).len(), 1);
+        assert!(fused(&plan(&ts, &nodes, &off)).is_empty());
     }
 
     #[test]
