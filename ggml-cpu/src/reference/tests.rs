@@ -559,3 +559,115 @@ fn half_dots_sum_exact_products_in_sixteen_lanes() {
     assert_eq!(dot_bf16(&bf(&x), &bf(&y)), want);
     assert_eq!(dot_f32(&x, &y), want);
 }
+
+/// Normal (GPT-J style) RoPE rotates adjacent pairs (2i, 2i + 1); with partial rotation the
+/// values past `n_dims` are copied. Against f64 (the running-product angles as in
+/// `rope_close_to_f64`), so a wrong pairing is off by O(1).
+#[test]
+fn rope_normal_pairs_adjacent_values_close_to_f64() {
+    let p = RopeParams::llama(32, 10000.0);
+    let mut cache = vec![0f32; 32];
+    rope_cache(11.0, &p, &mut cache);
+    let mut r = rng(4);
+    let x: Vec<f32> = (0..48).map(|_| r()).collect();
+    let mut out = vec![0f32; 48];
+    rope_row(&x, &cache, RopeMode::Normal, 32, &mut out);
+    for i in 0..16 {
+        let th = 11.0f64 * 10000f64.powf(-2.0 * i as f64 / 32.0);
+        let (c, s) = (th.cos(), th.sin());
+        let (x0, x1) = (x[2 * i] as f64, x[2 * i + 1] as f64);
+        assert!(
+            (out[2 * i] as f64 - (x0 * c - x1 * s)).abs() < 1e-4,
+            "pair {i}"
+        );
+        assert!(
+            (out[2 * i + 1] as f64 - (x0 * s + x1 * c)).abs() < 1e-4,
+            "pair {i}"
+        );
+    }
+    assert_eq!(&out[32..], &x[32..]);
+}
+
+/// `HostTensor::get` reads I32 elements as their value in f32 (and F16, BF16 widened).
+#[test]
+fn host_tensor_get_converts_each_dtype() {
+    let ti = Tensor::contiguous(DType::I32, [3, 1, 1, 1]).unwrap();
+    let bi: Vec<u8> = [-7i32, 0, 1 << 20]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let h = HostTensor {
+        desc: &ti,
+        bytes: &bi,
+    };
+    let got: Vec<f32> = (0..3).map(|i| h.get([i, 0, 0, 0])).collect();
+    assert_eq!(got, [-7.0, 0.0, 1048576.0]);
+    let th = Tensor::contiguous(DType::F16, [1, 1, 1, 1]).unwrap();
+    let bh = f32_to_f16(-2.5).to_le_bytes();
+    assert_eq!(
+        HostTensor {
+            desc: &th,
+            bytes: &bh
+        }
+        .get([0; 4]),
+        -2.5
+    );
+}
+
+/// GET_ROWS takes row `idx[i1, i2, i3]` of matrix (i2, i3) of the source (each i3 its
+/// own), and refuses an index below 0 or past the rows.
+#[test]
+fn get_rows_per_matrix_and_bad_indices() {
+    let (k, rows, ne2, ne3, n) = (4usize, 3usize, 2usize, 2usize, 2usize);
+    let ta = Tensor::contiguous(DType::F32, [k, rows, ne2, ne3]).unwrap();
+    let a: Vec<u8> = (0..k * rows * ne2 * ne3)
+        .flat_map(|v| (v as f32).to_le_bytes())
+        .collect();
+    let ti = Tensor::contiguous(DType::I32, [n, ne2, ne3, 1]).unwrap();
+    let ids = [2i32, 0, 1, 1, 0, 2, 2, 1];
+    let ib: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut node = Tensor::contiguous(DType::F32, [k, n, ne2, ne3]).unwrap();
+    node.op = Op::GetRows;
+    let host = |desc, bytes| HostTensor { desc, bytes };
+    let mut out = vec![0u8; node.nbytes()];
+    compute(&node, &[host(&ta, &a[..]), host(&ti, &ib[..])], &mut out).unwrap();
+    let got: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    for i3 in 0..ne3 {
+        for i2 in 0..ne2 {
+            for i1 in 0..n {
+                let r = ids[(i3 * ne2 + i2) * n + i1] as usize;
+                let from = ((i3 * ne2 + i2) * rows + r) * k;
+                let to = ((i3 * ne2 + i2) * n + i1) * k;
+                let want: Vec<f32> = (from..from + k).map(|v| v as f32).collect();
+                assert_eq!(
+                    &got[to..to + k],
+                    &want[..],
+                    "row {i1} of matrix ({i2}, {i3})"
+                );
+            }
+        }
+    }
+    for bad in [-1i32, 3] {
+        let mut b = ids;
+        b[5] = bad;
+        let bb: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let src = [
+            HostTensor {
+                desc: &ta,
+                bytes: &a,
+            },
+            HostTensor {
+                desc: &ti,
+                bytes: &bb,
+            },
+        ];
+        assert_eq!(
+            compute(&node, &src, &mut out),
+            Err("row index out of range"),
+            "index {bad}"
+        );
+    }
+}
