@@ -558,6 +558,28 @@ fn rows_vectorisable(t: &Tensor, addr: u64) -> bool {
     addr % 16 == 0 && t.ne[0] % 8 == 0 && t.nb[1..].iter().all(|s| s % 16 == 0)
 }
 
+/// The error of an attention shape a kernel's launch cannot cover.
+fn outside_launch_limits(c: &Ctx<'_>) -> BackendError {
+    c.fail(
+        BackendErrorKind::UnsupportedOp,
+        "shape outside the kernel's launch limits",
+    )
+}
+
+/// Device addresses of an attention's q, K, V, mask (0 without one) and output.
+fn attn_addrs(
+    c: &Ctx<'_>,
+    t: &Tensor,
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+) -> BackendResult<[u64; 5]> {
+    let ma = match mask {
+        Some(m) => c.addr(m)?,
+        None => 0,
+    };
+    Ok([c.addr(q)?, c.addr(k)?, c.addr(v)?, ma, c.addr(t)?])
+}
+
 /// The `flash_attn_mma` entry for an attention, or `None` when it needs what only
 /// `flash_attn_dec` has: K and V other than f16, a head size other than 64 or 128 (or
 /// Dv != D), soft-capping, ALiBi, an f32 mask, an odd n_kv, or rows the kernel's vector
@@ -604,17 +626,9 @@ fn flash_attn_mma(
     let (d, h, n_q, ne3) = (q.ne[0], q.ne[2], q.ne[1], q.ne[3]);
     let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
     let gqa = h / h_kv;
-    let geo = launch::flash_attn_mma(d, gqa, h_kv, n_q, n_kv, ne3).ok_or_else(|| {
-        c.fail(
-            BackendErrorKind::UnsupportedOp,
-            "shape outside the kernel's launch limits",
-        )
-    })?;
-    let (qa, ka, va, ta) = (c.addr(q)?, c.addr(k)?, c.addr(v)?, c.addr(t)?);
-    let ma = match mask {
-        Some(m) => c.addr(m)?,
-        None => 0,
-    };
+    let geo = launch::flash_attn_mma(d, gqa, h_kv, n_q, n_kv, ne3)
+        .ok_or_else(|| outside_launch_limits(c))?;
+    let [qa, ka, va, ma, ta] = attn_addrs(c, t, [q, k, v], mask)?;
     let (part, ctr) = match geo.chunks {
         1 => (0, 0),
         _ => c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?,
@@ -660,17 +674,9 @@ fn flash_attn_dec(
 ) -> BackendResult<()> {
     let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
     let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
-    let geo = launch::flash_attn_dec(d, dv, h, h_kv, n_q, n_kv, ne3).ok_or_else(|| {
-        c.fail(
-            BackendErrorKind::UnsupportedOp,
-            "shape outside the kernel's launch limits",
-        )
-    })?;
-    let (qa, ka, va, ta) = (c.addr(q)?, c.addr(k)?, c.addr(v)?, c.addr(t)?);
-    let ma = match mask {
-        Some(m) => c.addr(m)?,
-        None => 0,
-    };
+    let geo = launch::flash_attn_dec(d, dv, h, h_kv, n_q, n_kv, ne3)
+        .ok_or_else(|| outside_launch_limits(c))?;
+    let [qa, ka, va, ma, ta] = attn_addrs(c, t, [q, k, v], mask)?;
     let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
     let (m0, m1, nhl2) = alibi(p.max_bias, h);
     let mut a = Args::new();

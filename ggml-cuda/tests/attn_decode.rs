@@ -140,6 +140,43 @@ impl Problem {
         }
     }
 
+    /// The same problem over `n_kv` positions (at least the current ones): the new
+    /// positions get random K/V (from `seed`) and a masked (-inf) mask.
+    fn padded(&self, n_kv: usize, seed: u64) -> Problem {
+        let mut p = self.clone();
+        p.n_kv = n_kv;
+        let mut r = Lcg(seed);
+        let mut widen = |x: &[f32], width: usize| {
+            let mut y = f16_round(&r.vec(width * n_kv * self.h_kv));
+            for hk in 0..self.h_kv {
+                for j in 0..self.n_kv {
+                    let (from, to) = (width * (j + self.n_kv * hk), width * (j + n_kv * hk));
+                    y[to..to + width].copy_from_slice(&x[from..from + width]);
+                }
+            }
+            y
+        };
+        p.k = widen(&self.k, self.d);
+        p.v = widen(&self.v, self.dv);
+        p.m = vec![f32::NEG_INFINITY; n_kv * self.n_q];
+        for iq in 0..self.n_q {
+            p.m[iq * n_kv..iq * n_kv + self.n_kv]
+                .copy_from_slice(&self.m[iq * self.n_kv..(iq + 1) * self.n_kv]);
+        }
+        p
+    }
+
+    /// Queries `from..from + count` alone (one i3).
+    fn queries(&self, from: usize, count: usize) -> Problem {
+        let mut p = self.clone();
+        p.n_q = count;
+        p.q = (0..self.h)
+            .flat_map(|hh| self.q[self.d * (from + self.n_q * hh)..][..self.d * count].to_vec())
+            .collect();
+        p.m = self.m[from * self.n_kv..(from + count) * self.n_kv].to_vec();
+        p
+    }
+
     fn reference(&self) -> Vec<f32> {
         reference::flash_attn_decode(&self.args())
     }
@@ -485,49 +522,24 @@ fn attention_ignores_padding_batching_and_reruns() {
     assert_eq!(bits(&base.run(&be)), bits(&want), "second launch");
     // The same cells in a longer KV range: 512 (the next bucket) and 300 (a partial tile).
     for n_kv in [512, 300, 1024] {
-        let mut p = base.clone();
-        p.n_kv = n_kv;
-        let widen = |x: &[f32], width: usize, r: &mut Lcg| {
-            let mut y = f16_round(&r.vec(width * n_kv * base.h_kv));
-            for hk in 0..base.h_kv {
-                for j in 0..base.n_kv {
-                    let (from, to) = (width * (j + base.n_kv * hk), width * (j + n_kv * hk));
-                    y[to..to + width].copy_from_slice(&x[from..from + width]);
-                }
-            }
-            y
-        };
-        let mut r = Lcg(99);
-        p.k = widen(&base.k, d, &mut r);
-        p.v = widen(&base.v, d, &mut r);
-        p.m = vec![f32::NEG_INFINITY; n_kv * n_q];
-        for iq in 0..n_q {
-            p.m[iq * n_kv..iq * n_kv + base.n_kv]
-                .copy_from_slice(&base.m[iq * base.n_kv..(iq + 1) * base.n_kv]);
-        }
-        assert_eq!(bits(&p.run(&be)), bits(&want), "n_kv {n_kv}");
+        assert_eq!(
+            bits(&base.padded(n_kv, 99).run(&be)),
+            bits(&want),
+            "n_kv {n_kv}"
+        );
     }
     // Each query alone, and queries 5..10 together: the rows of the 12-query result,
     // bit for bit.
     let (h, dv) = (base.h, base.dv);
-    let some = |from: usize, count: usize| {
-        let mut p = base.clone();
-        p.n_q = count;
-        p.q = (0..h)
-            .flat_map(|hh| base.q[d * (from + n_q * hh)..][..d * count].to_vec())
-            .collect();
-        p.m = base.m[from * base.n_kv..(from + count) * base.n_kv].to_vec();
-        p.run(&be)
-    };
     for iq in 0..n_q {
         assert_eq!(
-            bits(&some(iq, 1)),
+            bits(&base.queries(iq, 1).run(&be)),
             bits(&want[iq * h * dv..(iq + 1) * h * dv]),
             "query {iq} alone"
         );
     }
     assert_eq!(
-        bits(&some(5, 5)),
+        bits(&base.queries(5, 5).run(&be)),
         bits(&want[5 * h * dv..10 * h * dv]),
         "queries 5..10"
     );
@@ -832,38 +844,16 @@ fn mma_attention_ignores_padding_batching_and_reruns() {
     assert_matches(&want, &base.reference_mma(), "n_kv 192");
     assert_eq!(bits(&base.run(&be)), bits(&want), "second launch");
     for n_kv in [256, 300, 1024] {
-        let mut p = base.clone();
-        p.n_kv = n_kv;
-        let mut r = Lcg(5);
-        let widen = |x: &[f32], r: &mut Lcg| {
-            let mut y = f16_round(&r.vec(d * n_kv * base.h_kv));
-            for hk in 0..base.h_kv {
-                for j in 0..base.n_kv {
-                    let (from, to) = (d * (j + base.n_kv * hk), d * (j + n_kv * hk));
-                    y[to..to + d].copy_from_slice(&x[from..from + d]);
-                }
-            }
-            y
-        };
-        p.k = widen(&base.k, &mut r);
-        p.v = widen(&base.v, &mut r);
-        p.m = vec![f32::NEG_INFINITY; n_kv * n_q];
-        for iq in 0..n_q {
-            p.m[iq * n_kv..iq * n_kv + base.n_kv]
-                .copy_from_slice(&base.m[iq * base.n_kv..(iq + 1) * base.n_kv]);
-        }
-        assert_eq!(bits(&p.run(&be)), bits(&want), "n_kv {n_kv}");
+        assert_eq!(
+            bits(&base.padded(n_kv, 5).run(&be)),
+            bits(&want),
+            "n_kv {n_kv}"
+        );
     }
     let (h, dv) = (base.h, base.dv);
     for (from, count) in [(5, 8), (13, 20), (32, 8)] {
-        let mut p = base.clone();
-        p.n_q = count;
-        p.q = (0..h)
-            .flat_map(|hh| base.q[d * (from + n_q * hh)..][..d * count].to_vec())
-            .collect();
-        p.m = base.m[from * base.n_kv..(from + count) * base.n_kv].to_vec();
         assert_eq!(
-            bits(&p.run(&be)),
+            bits(&base.queries(from, count).run(&be)),
             bits(&want[from * h * dv..(from + count) * h * dv]),
             "queries {from}..{}",
             from + count

@@ -239,6 +239,31 @@ pub fn ptx_check(sh: &Shell, root: &Path, write: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes generated PTX `text` to `out` (relative to `root`) unless it is already there,
+/// saying which (`cargo xtask gen-ptx`).
+pub fn write_generated(root: &Path, out: &str, text: &str) -> Result<(), String> {
+    let path = root.join(out);
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    if old == text {
+        println!("gen-ptx: {out} is up to date");
+        return Ok(());
+    }
+    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("gen-ptx: wrote {out}");
+    Ok(())
+}
+
+/// Fails (a test) unless the checked-in `out` is `text`, what its generator writes now.
+#[cfg(test)]
+pub fn assert_checked_in(out: &str, text: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let on_disk = std::fs::read_to_string(root.join(out)).unwrap_or_else(|e| panic!("{out}: {e}"));
+    assert!(
+        on_disk == text,
+        "{out} is stale: run `cargo xtask gen-ptx` and commit the result"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::{is_info, ARCHS, RESOURCE_TABLE};

@@ -18,16 +18,7 @@ pub const OUT: &str = "ggml-cuda/kernels/qmm.ptx";
 
 /// Writes [`OUT`] under `root`.
 pub fn gen_ptx(root: &Path) -> Result<(), String> {
-    let path = root.join(OUT);
-    let text = generate();
-    let old = std::fs::read_to_string(&path).unwrap_or_default();
-    if old == text {
-        println!("gen-ptx: {OUT} is up to date");
-        return Ok(());
-    }
-    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    println!("gen-ptx: wrote {OUT}");
-    Ok(())
+    crate::ptx::write_generated(root, OUT, &generate())
 }
 
 /// The weight dtypes: label, ggml type id.
@@ -2018,12 +2009,7 @@ mod tests {
 
     #[test]
     fn checked_in_qmm_ptx_is_current() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let on_disk = std::fs::read_to_string(root.join(OUT)).expect("qmm.ptx exists");
-        assert!(
-            on_disk == generate(),
-            "{OUT} is stale: run `cargo xtask gen-ptx` and commit the result"
-        );
+        crate::ptx::assert_checked_in(OUT, &generate());
     }
 
     #[test]
