@@ -671,3 +671,46 @@ fn get_rows_per_matrix_and_bad_indices() {
         );
     }
 }
+
+/// SET_ROWS writes source row i into row idx[i] (the last of repeated indices wins) and
+/// refuses an index below 0 or past the destination's rows.
+#[test]
+fn set_rows_places_rows_and_refuses_bad_indices() {
+    let (k, n, rows) = (3usize, 3usize, 4usize);
+    let ta = Tensor::contiguous(DType::F32, [k, n, 1, 1]).unwrap();
+    let a: Vec<u8> = (0..k * n).flat_map(|v| (v as f32).to_le_bytes()).collect();
+    let ti = Tensor::contiguous(DType::I32, [n, 1, 1, 1]).unwrap();
+    let mut node = Tensor::contiguous(DType::F32, [k, rows, 1, 1]).unwrap();
+    node.op = Op::SetRows;
+    let run = |ids: [i32; 3], out: &mut [u8]| {
+        let ib: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let src = [
+            HostTensor {
+                desc: &ta,
+                bytes: &a,
+            },
+            HostTensor {
+                desc: &ti,
+                bytes: &ib,
+            },
+        ];
+        compute(&node, &src, out)
+    };
+    let mut out = vec![0u8; node.nbytes()];
+    run([3, 0, 3], &mut out).unwrap();
+    let got: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(
+        got,
+        [3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 6.0, 7.0, 8.0]
+    );
+    for bad in [-1i32, 4] {
+        assert_eq!(
+            run([0, bad, 1], &mut out),
+            Err("row index out of range"),
+            "index {bad}"
+        );
+    }
+}
