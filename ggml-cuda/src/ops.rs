@@ -629,14 +629,13 @@ fn flash_attn_mma(
     let geo = launch::flash_attn_mma(d, gqa, h_kv, n_q, n_kv, ne3)
         .ok_or_else(|| outside_launch_limits(c))?;
     let [qa, ka, va, ma, ta] = attn_addrs(c, t, [q, k, v], mask)?;
-    let (part, ctr) = match geo.chunks {
-        1 => (0, 0),
-        _ => c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?,
-    };
-    let opart = if part == 0 {
-        0
-    } else {
-        part + geo.ml_bytes as u64
+    // The partials' (m, l) pairs, then their o values; none with one chunk.
+    let (part, opart, ctr) = match geo.chunks {
+        1 => (0, 0, 0),
+        _ => {
+            let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
+            (part, part + geo.ml_bytes as u64, ctr)
+        }
     };
     let mut a = Args::new();
     a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta);

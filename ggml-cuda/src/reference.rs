@@ -551,7 +551,7 @@ pub fn flash_attn_decode(p: &AttnDecode<'_>) -> Vec<f32> {
                 };
                 let kv_row = |j: usize| j + n_kv * (hk + p.h_kv * i3);
                 // Each tile's (m, s, a); m = -inf for a tile without live positions.
-                let mut parts: Vec<(f32, f32, Vec<f32>)> = Vec::with_capacity(tiles);
+                let mut parts: Vec<AttnPartial> = Vec::with_capacity(tiles);
                 for tile in 0..tiles {
                     let live = |t: usize| tile * TILE + t < n_kv;
                     let mut sc = [f32::NEG_INFINITY; TILE];
@@ -602,28 +602,9 @@ pub fn flash_attn_decode(p: &AttnDecode<'_>) -> Vec<f32> {
                             s += sc;
                         }
                     }
-                    parts.push((m, s, a));
+                    parts.push(AttnPartial { m, l: s, o: a });
                 }
-                let big_m = parts
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |acc, (m, _, _)| acc.max(*m));
-                let row = &mut out[dv * (hh + h * (iq + n_q * i3))..][..dv];
-                if big_m == f32::NEG_INFINITY {
-                    continue;
-                }
-                let mut sum = 0f32;
-                let mut acc = vec![0f32; dv];
-                for (m, s, a) in parts.iter().filter(|(m, _, _)| *m != f32::NEG_INFINITY) {
-                    let f = ex2_approx((m - big_m) * LOG2E);
-                    sum = s.mul_add(f, sum);
-                    for (x, y) in acc.iter_mut().zip(a) {
-                        *x = y.mul_add(f, *x);
-                    }
-                }
-                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                for (o, x) in row.iter_mut().zip(&acc) {
-                    *o = x * inv;
-                }
+                combine_in_order(&parts, &mut out[dv * (hh + h * (iq + n_q * i3))..][..dv]);
             }
         }
     }
@@ -673,24 +654,11 @@ pub fn flash_attn_mma(p: &AttnDecode<'_>, model: &cuda_sim::tensor::MmaModel) ->
                         .map(|&x| f32_to_f16(x))
                         .collect();
                     let mask = p.mask.map(|m| &m[iq * n_kv..(iq + 1) * n_kv]);
-                    let parts: Vec<MmaPartial> = (0..chunks)
+                    let parts: Vec<AttnPartial> = (0..chunks)
                         .map(|c| mma_chunk(&kv, &q16, mask, p.scale, c, model))
                         .collect();
-                    // The combine in chunk order (one live chunk: its o * (1 / l) exactly).
-                    let big = parts.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.m));
-                    let (mut l, mut o) = (0f32, vec![0f32; d]);
-                    for c in parts.iter().filter(|c| c.m != f32::NEG_INFINITY) {
-                        let f = ex2_approx((c.m - big) * LOG2E);
-                        l = c.l.mul_add(f, l);
-                        for (x, y) in o.iter_mut().zip(&c.o) {
-                            *x = y.mul_add(f, *x);
-                        }
-                    }
-                    let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
-                    let row = &mut out[d * (hh + h * (iq + n_q * i3))..][..d];
-                    for (r, x) in row.iter_mut().zip(&o) {
-                        *r = x * inv;
-                    }
+                    // One live chunk gives its own o * (1 / l) exactly.
+                    combine_in_order(&parts, &mut out[d * (hh + h * (iq + n_q * i3))..][..d]);
                 }
             }
         }
@@ -712,11 +680,31 @@ struct MmaKv<'a> {
     d: usize,
 }
 
-/// One row's state after one KV chunk of `flash_attn_mma`.
-struct MmaPartial {
+/// One query row's online-softmax state over part of the KV range (a tile of
+/// `flash_attn_dec`, a chunk of `flash_attn_mma`): max, sum of weights, weighted values.
+struct AttnPartial {
     m: f32,
     l: f32,
     o: Vec<f32>,
+}
+
+/// The tiled attention kernels' combine of a row's partials, in their order: M = max m;
+/// for each partial with m > -inf, f = ex2.approx((m - M) log2 e), L = fma(l, f, L),
+/// o = fma(o_p, f, o) from 0; `row` = o * (1 / L), or +0 when L = 0.
+fn combine_in_order(parts: &[AttnPartial], row: &mut [f32]) {
+    let big = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.m));
+    let (mut l, mut o) = (0f32, vec![0f32; row.len()]);
+    for p in parts.iter().filter(|p| p.m != f32::NEG_INFINITY) {
+        let f = ex2_approx((p.m - big) * LOG2E);
+        l = p.l.mul_add(f, l);
+        for (x, y) in o.iter_mut().zip(&p.o) {
+            *x = y.mul_add(f, *x);
+        }
+    }
+    let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
+    for (r, x) in row.iter_mut().zip(&o) {
+        *r = x * inv;
+    }
 }
 
 /// The (m, l, o) of one query row over the tiles of KV chunk `chunk`, from a fresh state.
@@ -727,7 +715,7 @@ fn mma_chunk(
     scale: f32,
     chunk: usize,
     model: &cuda_sim::tensor::MmaModel,
-) -> MmaPartial {
+) -> AttnPartial {
     use cuda_sim::tensor::HalfInput;
     let d = kv.d;
     let mma =
@@ -778,7 +766,7 @@ fn mma_chunk(
             }
         }
     }
-    MmaPartial { m, l, o }
+    AttnPartial { m, l, o }
 }
 
 /// Normalised mean squared error `Σ(a−b)² / Σb²` (llama.cpp's test-backend-ops metric),

@@ -237,12 +237,12 @@ fn entry(d: u32) -> String {
     e(".reg .pred %pva, %pvb, %pma, %pmb, %pza, %pzb, %pq, %pl, %plive;");
     e(".reg .b32 %t<4>;");
     e(".reg .b32 %thr, %lane, %warp, %g, %tig, %bx, %hk, %i3, %nkv, %nq, %h, %gqa, %rows, %ntiles, %hasm;");
-    e(".reg .b32 %ra, %rb, %iqa, %iqb, %ha, %hb, %jt, %jrow, %jn, %tile, %tend, %sz, %row0, %col;");
+    e(".reg .b32 %ra, %rb, %iqa, %iqb, %ha, %hb, %jt, %jrow, %tile, %tend, %sz, %row0, %col;");
     e(".reg .b32 %nch, %nrb, %rbk, %ch;");
     e(".reg .b64 %rd<4>;");
     e(".reg .b64 %kbase, %vbase, %kp, %vp, %kn, %vn, %kstep, %vstep, %ktile, %vtile, %qpa, %qpb, %mra, %mrb, %nbm1;");
     e(".reg .b64 %smem, %sdk, %sdv, %sK, %sV, %lk, %lv, %oa, %ob;");
-    e(".reg .f32 %f<4>;");
+    e(".reg .f32 %f<2>;");
     e(".reg .f32 %scale, %fz, %ninf, %ma, %mb, %la, %lb, %ca, %cb, %xa, %xb, %ua, %ub, %ta, %tb, %ia, %ib;");
     e(".reg .b16 %h<2>;");
     e(&format!(".reg .b32 %qa<{}>;", 4 * ks));
@@ -252,7 +252,7 @@ fn entry(d: u32) -> String {
     e(&format!(".reg .f32 %rt<{}>;", 2 * nt));
     e(&format!(".reg .f32 %o<{}>;", 4 * nd));
     e(&format!(".reg .b32 %pa<{}>;", 4 * kk));
-    e(&format!(".reg .b32 %kb<{}>;", 4 * score_group(d).max(1)));
+    e(&format!(".reg .b32 %kb<{}>;", 4 * score_group(d)));
     e("");
     e("mov.u32 %thr, %tid.x;");
     e("and.b32 %lane, %thr, 31;");
@@ -528,7 +528,7 @@ fn entry(d: u32) -> String {
                     e(&format!(
                         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{}}}, {{{}}}, {{%kb{r}, %kb{}}}, {{{c}}};",
                         acc("s", n),
-                        frag("qa", s),
+                        acc("qa", s),
                         r + 1
                     ));
                 }
@@ -622,7 +622,7 @@ fn entry(d: u32) -> String {
                 let o = acc("o", 2 * np + half);
                 e(&format!(
                     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{o}}}, {{{}}}, {{%kb{}, %kb{}}}, {{{o}}};",
-                    frag("pa", q),
+                    acc("pa", q),
                     2 * half,
                     2 * half + 1
                 ));
@@ -867,7 +867,6 @@ fn reduce_tree(e: &mut impl FnMut(&str), op: &str, dst: &str, vals: &[String]) {
         return;
     }
     let mut level: Vec<String> = vals.to_vec();
-    let mut first = true;
     while level.len() > 2 {
         let next: Vec<String> = (0..level.len() / 2).map(|i| format!("%rt{i}")).collect();
         for (i, out) in next.iter().enumerate() {
@@ -878,9 +877,7 @@ fn reduce_tree(e: &mut impl FnMut(&str), op: &str, dst: &str, vals: &[String]) {
             ));
         }
         level = next;
-        first = false;
     }
-    debug_assert!(!first);
     e(&format!("{op} %{dst}, {}, {};", level[0], level[1]));
 }
 
@@ -905,17 +902,13 @@ fn load_mask(e: &mut impl FnMut(&str), nt: u32, ahead: u32) {
     }
 }
 
-/// The four accumulator registers of n-tile `n` of `%{name}`.
+/// The four registers `%{name}4n..4n+3`: an accumulator's n-tile `n`, or an A
+/// fragment's k-step `n`.
 fn acc(name: &str, n: u32) -> String {
     (0..4)
         .map(|i| format!("%{name}{}", 4 * n + i))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The four A-fragment registers of k-step `s` of `%{name}`.
-fn frag(name: &str, s: u32) -> String {
-    acc(name, s)
 }
 
 /// The thread's cp.async copies of one tile: K rows into `%sdv`'s stage from `%kn`, V

@@ -95,26 +95,39 @@ fn gelu_close_to_f64_with_ggml_rules() {
     assert_eq!(gelu(-1.0), f16_to_f32(f32_to_f16(-0.158_808)));
 }
 
-#[test]
-fn rope_close_to_f64() {
-    let p = RopeParams::llama(64, 10000.0);
-    let mut cache = vec![0f32; 64];
-    rope_cache(37.0, &p, &mut cache);
-    let mut r = rng(2);
-    let x: Vec<f32> = (0..80).map(|_| r()).collect();
-    let mut out = vec![0f32; 80];
-    rope_row(&x, &cache, RopeMode::Neox, 64, &mut out);
-    for i in 0..32 {
-        let th = 37.0f64 * 10000f64.powf(-2.0 * i as f64 / 64.0);
+/// RoPE of one row of `ne0` values at position `pos` (base 1e4, `n_dims` rotated) against
+/// f64 angles: each pair `pair(i)` rotated, the values past `n_dims` copied.
+fn assert_rope_close(mode: RopeMode, pos: f32, n_dims: usize, ne0: usize, seed: u64) {
+    let p = RopeParams::llama(n_dims as u32, 10000.0);
+    let mut cache = vec![0f32; n_dims];
+    rope_cache(pos, &p, &mut cache);
+    let mut r = rng(seed);
+    let x: Vec<f32> = (0..ne0).map(|_| r()).collect();
+    let mut out = vec![0f32; ne0];
+    rope_row(&x, &cache, mode, n_dims, &mut out);
+    for i in 0..n_dims / 2 {
+        let (a, b) = match mode {
+            RopeMode::Normal => (2 * i, 2 * i + 1),
+            RopeMode::Neox => (i, i + n_dims / 2),
+        };
+        let th = pos as f64 * 10000f64.powf(-2.0 * i as f64 / n_dims as f64);
         let (c, s) = (th.cos(), th.sin());
-        let (x0, x1) = (x[i] as f64, x[i + 32] as f64);
-        assert!((out[i] as f64 - (x0 * c - x1 * s)).abs() < 1e-4, "pair {i}");
+        let (x0, x1) = (x[a] as f64, x[b] as f64);
         assert!(
-            (out[i + 32] as f64 - (x0 * s + x1 * c)).abs() < 1e-4,
-            "pair {i}"
+            (out[a] as f64 - (x0 * c - x1 * s)).abs() < 1e-4,
+            "{mode:?} pair {i}"
+        );
+        assert!(
+            (out[b] as f64 - (x0 * s + x1 * c)).abs() < 1e-4,
+            "{mode:?} pair {i}"
         );
     }
-    assert_eq!(&out[64..], &x[64..]);
+    assert_eq!(&out[n_dims..], &x[n_dims..]);
+}
+
+#[test]
+fn rope_close_to_f64() {
+    assert_rope_close(RopeMode::Neox, 37.0, 64, 80, 2);
 }
 
 /// Gemma 3's rope: NeoX pairs over a whole head of 256, bases 1e4 and 1e6. The
@@ -561,31 +574,10 @@ fn half_dots_sum_exact_products_in_sixteen_lanes() {
 }
 
 /// Normal (GPT-J style) RoPE rotates adjacent pairs (2i, 2i + 1); with partial rotation the
-/// values past `n_dims` are copied. Against f64 (the running-product angles as in
-/// `rope_close_to_f64`), so a wrong pairing is off by O(1).
+/// values past `n_dims` are copied. Against f64, so a wrong pairing is off by O(1).
 #[test]
 fn rope_normal_pairs_adjacent_values_close_to_f64() {
-    let p = RopeParams::llama(32, 10000.0);
-    let mut cache = vec![0f32; 32];
-    rope_cache(11.0, &p, &mut cache);
-    let mut r = rng(4);
-    let x: Vec<f32> = (0..48).map(|_| r()).collect();
-    let mut out = vec![0f32; 48];
-    rope_row(&x, &cache, RopeMode::Normal, 32, &mut out);
-    for i in 0..16 {
-        let th = 11.0f64 * 10000f64.powf(-2.0 * i as f64 / 32.0);
-        let (c, s) = (th.cos(), th.sin());
-        let (x0, x1) = (x[2 * i] as f64, x[2 * i + 1] as f64);
-        assert!(
-            (out[2 * i] as f64 - (x0 * c - x1 * s)).abs() < 1e-4,
-            "pair {i}"
-        );
-        assert!(
-            (out[2 * i + 1] as f64 - (x0 * s + x1 * c)).abs() < 1e-4,
-            "pair {i}"
-        );
-    }
-    assert_eq!(&out[32..], &x[32..]);
+    assert_rope_close(RopeMode::Normal, 11.0, 32, 48, 4);
 }
 
 /// `HostTensor::get` reads I32 elements as their value in f32 (and F16, BF16 widened).

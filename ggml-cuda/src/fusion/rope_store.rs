@@ -184,8 +184,7 @@ fn valid(p: &Parts, roles: RopeStore) -> bool {
             && x.ne[3] == 1
     };
     let (ks, kflat) = &p.k_store;
-    let shapes = n > 0
-        && ne3 == 1
+    let shapes = ne3 == 1
         && rope_ok(&p.k)
         && p.q.as_ref().is_none_or(rope_ok)
         && store_ok(&p.k_store)
