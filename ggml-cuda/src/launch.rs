@@ -298,9 +298,10 @@ pub fn qmm(
 pub const QGEMM_TILE: usize = 32;
 /// Threads of a `qgemm` block.
 pub const QGEMM_THREADS: u32 = 128;
-/// Shared memory of a `qgemm` block: 8 chunks x 32 rows x 80 bytes of unpacked weights,
-/// then 8 chunks x 32 columns x 48 bytes of activation blocks (its PTX header).
-pub const QGEMM_SHARED: u32 = 8 * 32 * 80 + 8 * 32 * 48;
+/// Shared memory of a `qgemm` block: 32 row lines of 8 unpacked weight chunks of 80 bytes
+/// padded by 16, then 32 column lines of 8 activation blocks of 48 bytes padded by 16 (its
+/// PTX header; the padding keeps both the stores and the loads free of bank conflicts).
+pub const QGEMM_SHARED: u32 = 32 * (8 * 80 + 16) + 32 * (8 * 48 + 16);
 
 /// `qgemm` over an `m` x `n` output of `nchunks` chunks: one block of
 /// [`QGEMM_THREADS`] per 32 x 32 tile.

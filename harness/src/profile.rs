@@ -283,12 +283,21 @@ pub fn pass_seconds(launches: &[ProfiledLaunch], pass: &str) -> f64 {
 }
 
 /// The share of the products' and attention's multiply-adds done on tensor cores in
-/// `pass` (0 when the pass has none).
+/// `pass` (0 when the pass has none): the multiply-adds of tensor-core instructions over
+/// those plus the nominal multiply-adds of the launches that ran none.
+///
+/// A launch with tensor-core instructions counts what they did and nothing else: the
+/// kernels that have them (`qgemm`, `flash_attn_mma`) do every product on them, and what
+/// they skip is not done at all (attention's fully masked tiles: half of a causal prompt,
+/// which the op's nominal count, every query times every KV position, includes). A launch
+/// without them counts its op's nominal multiply-adds, an upper bound of what its FMA or
+/// dp4a instructions did.
 pub fn tensor_core_fraction(launches: &[ProfiledLaunch], pass: &str) -> f64 {
     let (mut all, mut tc) = (0u64, 0u64);
     for l in launches.iter().filter(|l| l.pass == pass) {
-        all += l.macs;
-        tc += l.counters.tensor_macs;
+        let t = l.counters.tensor_macs;
+        all += if t > 0 { t } else { l.macs };
+        tc += t;
     }
     if all == 0 {
         0.0

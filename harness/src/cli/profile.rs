@@ -125,7 +125,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     println!();
     if pp_s > 0.0 {
         println!(
-            "modelled pp{}: {:.0} t/s (tensor-core share of multiply-adds {:.1} %)",
+            "modelled pp{}: {:.0} t/s (tensor-core share of multiply-adds {:.2} %)",
             a.n_prompt,
             a.n_prompt as f64 / pp_s,
             100.0 * profile::tensor_core_fraction(&launches, &pp)
@@ -133,7 +133,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     }
     if tg_s > 0.0 {
         println!(
-            "modelled tg{}: {:.0} t/s (tensor-core share {:.1} %)",
+            "modelled tg{}: {:.0} t/s (tensor-core share {:.2} %)",
             a.n_gen,
             1.0 / tg_s,
             100.0 * profile::tensor_core_fraction(&launches, "tg")

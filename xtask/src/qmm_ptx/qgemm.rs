@@ -21,14 +21,20 @@ const BN: u32 = 32;
 /// Threads per block.
 const THREADS: u32 = 128;
 /// Bytes of one unpacked (row, chunk) weight entry in shared memory: U0..U7, {sc0, sc1,
-/// zs0, zs1}, {dw, mw, dm, m01}, then 16 bytes of padding so that the 16 rows a
-/// quarter-warp reads fall in different banks.
+/// zs0, zs1}, {dw, mw, dm, m01}, then 16 bytes of padding, so that the 8 chunks of one row
+/// a quarter-warp stores fall in different banks.
 const W_ENTRY: u32 = 80;
+/// Bytes of one row's line of [`TK`] weight entries, padded by 16 bytes: the 8 rows a
+/// quarter-warp reads in the compute loop (one chunk of each) start 16 bytes apart in the
+/// banks (a line of `TK * W_ENTRY`, a multiple of 128, put them all in one bank group).
+const W_LINE: u32 = TK * W_ENTRY + 16;
 /// Bytes of one (column, chunk) activation entry: `{da, sa, sum_lo, sum_hi, q[32]}`.
 const A_ENTRY: u32 = 48;
-/// Offset of the activation entries in shared memory (32 KiB in all with them: the host's
+/// Bytes of one column's line of [`TK`] activation entries, padded as [`W_LINE`].
+const A_LINE: u32 = TK * A_ENTRY + 16;
+/// Offset of the activation lines in shared memory (33 KiB in all with them: the host's
 /// `launch::QGEMM_SHARED`).
-const A_OFFSET: u32 = TK * BM * W_ENTRY;
+const A_OFFSET: u32 = BM * W_LINE;
 
 /// The formats whose values are stored offset by a zero point (their chunk's integer dot
 /// subtracts `zs0 * sum_lo + zs1 * sum_hi`, as `qmm`'s stage B does for them).
@@ -130,8 +136,9 @@ pub fn qgemm() -> String {
     dp4a.s32.s32 %t6, %W7, 0x01010101, %t6;
 ";
     a += &format!(
-        "    mad.lo.u32 %t0, %qc, {BN}, %qcl;
-    mul.wide.u32 %rd0, %t0, {A_ENTRY};
+        "    mul.lo.u32 %t0, %qc, {A_ENTRY};
+    mad.lo.u32 %t0, %qcl, {A_LINE}, %t0;
+    cvt.u64.u32 %rd0, %t0;
     add.u64 %rd0, %sA, %rd0;
     mov.b32 %t7, %f0;
     mov.b32 %t8, %f1;
@@ -152,8 +159,9 @@ pub fn qgemm() -> String {
     f += "    trap;\n";
     let setup = task("%m0", "%M", "%j") + "    mad.lo.u64 %rw, %rd0, %nbw, %wq;\n";
     let store = format!(
-        "    mad.lo.u32 %t0, %qc, {BM}, %qcl;
-    mul.wide.u32 %rd0, %t0, {W_ENTRY};
+        "    mul.lo.u32 %t0, %qc, {W_ENTRY};
+    mad.lo.u32 %t0, %qcl, {W_LINE}, %t0;
+    cvt.u64.u32 %rd0, %t0;
     add.u64 %rd0, %sW, %rd0;
     st.shared.v4.b32 [%rd0], {{%U0, %U1, %U2, %U3}};
     st.shared.v4.b32 [%rd0+16], {{%U4, %U5, %U6, %U7}};
@@ -192,16 +200,16 @@ pub fn qgemm() -> String {
     add.u32 %tr, %t4, %t2;
     shl.b32 %t6, %t3, 1;
     add.u32 %tcl, %t5, %t6;
-    mul.wide.u32 %rd0, %tr, {W_ENTRY};
+    mul.wide.u32 %rd0, %tr, {W_LINE};
     add.u64 %pw, %sW, %rd0;
     mul.wide.u32 %rd1, %t3, 4;
     add.u64 %pwa, %pw, %rd1;
     add.u32 %t7, %t5, %t2;
-    mul.wide.u32 %rd0, %t7, {A_ENTRY};
+    mul.wide.u32 %rd0, %t7, {A_LINE};
     add.u64 %pb, %sA, %rd0;
     add.u64 %pb, %pb, %rd1;
     add.u64 %pb, %pb, 16;
-    mul.wide.u32 %rd0, %tcl, {A_ENTRY};
+    mul.wide.u32 %rd0, %tcl, {A_LINE};
     add.u64 %pa, %sA, %rd0;
     mov.b32 %qz, 0;
     mov.u32 %qc, 0;
@@ -218,8 +226,7 @@ pub fn qgemm() -> String {
     add.u64 %pb, %pb, {1};
     add.u32 %qc, %qc, 1;
 ",
-        BM * W_ENTRY,
-        BN * A_ENTRY
+        W_ENTRY, A_ENTRY
     );
     for (label, (x, y), (nx, ny)) in [
         ("QG_CHUNK", ("qx", "qy"), ("qX", "qY")),
@@ -308,13 +315,9 @@ QG_STORE:
 /// sum_lo + m1 * sum_hi), acc), each step for the 8 outputs before the next, so that no
 /// instruction waits for the one just before it.
 fn mma_block(x: &str, y: &str, ahead: bool) -> String {
-    let row = 8 * W_ENTRY; // row r1 = r0 + 8
-    let col8 = 8 * A_ENTRY; // column + 8
-    let (w, a) = if ahead {
-        (BM * W_ENTRY, BN * A_ENTRY)
-    } else {
-        (0, 0)
-    };
+    let row = 8 * W_LINE; // row r1 = r0 + 8
+    let col8 = 8 * A_LINE; // column + 8
+    let (w, a) = if ahead { (W_ENTRY, A_ENTRY) } else { (0, 0) };
     let mut f = format!(
         "    ld.shared.b32 %qw0, [%pwa+{w}];
     ld.shared.b32 %qw1, [%pwa+{}];
@@ -352,10 +355,10 @@ fn mma_block(x: &str, y: &str, ahead: bool) -> String {
 /// `%{y}0..7` (second halves), as [`mma_block`]'s doc says; `label` names its branch
 /// targets.
 fn chain(x: &str, y: &str, label: &str) -> String {
-    let col8 = 8 * A_ENTRY;
-    let row = 8 * W_ENTRY;
+    let col8 = 8 * A_LINE;
+    let row = 8 * W_LINE;
     let mut f = String::new();
-    let col = [0, A_ENTRY, col8, col8 + A_ENTRY];
+    let col = [0, A_LINE, col8, col8 + A_LINE];
     for (j, off) in col.iter().enumerate() {
         f += &format!(
             "    ld.shared.v4.b32 {{%qa{}, %qa{}, %qa{}, %qa{}}}, [%pa+{off}];\n",
@@ -491,8 +494,9 @@ const HEADER: &str = "
 //   p_w2, p_dt2, p_m2, p_nbw2, p_d2, p_nbd2   matrix 2, as p_w .. p_nbd
 // Grid:   (ceil(M / 32) summed over the matrices, ceil(N / 32), 1)
 // Block:  (128, 1, 1)
-// Shared: dynamic, 8 chunks x 32 rows x 80 bytes of unpacked weight chunks, then
-//         8 chunks x 32 columns x 48 bytes of activation blocks (qmm_smem)
+// Shared: dynamic, 32 row lines of 8 unpacked weight chunks (80 bytes each) padded to
+//         656 bytes, then 32 column lines of 8 activation blocks (48 bytes each) padded
+//         to 400 bytes (qmm_smem): 33792 bytes
 // Reduction: per output as the file header, like qmm: each chunk's integer dot product
 //   (an s32 mma per half chunk, then sc0, sc1 and the zero-point terms: exact in any
 //   order),
