@@ -37,26 +37,31 @@ fn yarn_cache_f64(pos: f64, p: &RopeParams) -> Vec<f64> {
 
 /// YaRN configurations whose correction range `[low, high]` lies inside the rotated
 /// pairs (so the ramp takes the values 1, between, and 0): 8 dims give `[1, 3]`
-/// (corr dims 1.31 and 2.81), 64 dims `[10, 23]` (10.5 and 22.5).
+/// (corr dims 1.31 and 2.81), 64 dims `[10, 23]` (10.5 and 22.5). With base 10 and
+/// beta_fast 200 the range's end is clamped: corr dims 2.05 and 11.26 give `[2, 7]`
+/// (`n_dims - 1`), so pair 3's ramp is 1 - 1/5.
 #[rstest]
-#[case::small(5.0, 8, 0.25, 1.0, 1.0)]
-#[case::half_mix(5.0, 8, 0.25, 0.5, 0.9)]
-#[case::llama_like(37.0, 64, 0.125, 1.0, 1.0)]
+#[case::small(5.0, 8, 0.25, 1.0, 1.0, 10_000.0, 32.0)]
+#[case::half_mix(5.0, 8, 0.25, 0.5, 0.9, 10_000.0, 32.0)]
+#[case::llama_like(37.0, 64, 0.125, 1.0, 1.0, 10_000.0, 32.0)]
+#[case::end_clamped(5.0, 8, 0.25, 1.0, 1.0, 10.0, 200.0)]
 fn rope_cache_with_yarn_follows_ggml(
     #[case] pos: f32,
     #[case] n_dims: u32,
     #[case] freq_scale: f32,
     #[case] ext_factor: f32,
     #[case] attn_factor: f32,
+    #[case] freq_base: f32,
+    #[case] beta_fast: f32,
 ) {
     let p = RopeParams {
         mode: RopeMode::Normal,
         n_dims,
-        freq_base: 10_000.0,
+        freq_base,
         freq_scale,
         ext_factor,
         attn_factor,
-        beta_fast: 32.0,
+        beta_fast,
         beta_slow: 1.0,
         n_ctx_orig: 4096,
     };
@@ -70,6 +75,27 @@ fn rope_cache_with_yarn_follows_ggml(
             "entry {i}: {got} vs {want} (ggml's formulas in f64)"
         );
     }
+}
+
+/// `rope_cache` fills the pairs of the rotated dimensions only: a cache longer than
+/// `n_dims` (a head whose tail is not rotated) keeps its other entries.
+#[test]
+fn rope_cache_fills_only_the_rotated_pairs() {
+    let p = RopeParams {
+        mode: RopeMode::Neox,
+        n_dims: 8,
+        freq_base: 10_000.0,
+        freq_scale: 1.0,
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig: 4096,
+    };
+    let mut cache = vec![-7f32; 20];
+    rope_cache(3.0, &p, &mut cache);
+    assert!(cache[..8].iter().all(|&v| v != -7.0), "{cache:?}");
+    assert!(cache[8..].iter().all(|&v| v == -7.0), "{cache:?}");
 }
 
 /// A CONT node from F32 into I32 (C's `(int32_t)` conversion, truncation toward zero, as
