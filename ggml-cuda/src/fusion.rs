@@ -34,8 +34,8 @@ pub(crate) enum Fusion {
     /// launch with the RoPE epilogue).
     ProductsRope(ProductsRope),
     /// Prompt-class products that read one activation, on one Q8_1 quantisation of it
-    /// (by `quantize_q8_1`, or with the RMS norm and weight that make it by
-    /// `rms_norm_q8_1`), then one product launch each.
+    /// (by `quantize_q8_1`, with the RMS norm and weight that make it by `rms_norm_q8_1`,
+    /// or with the SwiGLU that makes it by `swiglu_q8_1`), then the products' launches.
     SharedAct(SharedAct),
 }
 

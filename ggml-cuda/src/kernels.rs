@@ -32,6 +32,9 @@ pub enum KernelId {
     /// `quant.ptx`: activations to Q8_1 (for the tiled-class products and the first
     /// generation).
     QuantizeQ8_1,
+    /// `unary.ptx`: swiglu_q8_1, SWIGLU with its result also quantised to Q8_1 (a
+    /// prompt's SwiGLU before the product that reads it; a fusion).
+    SwigluQ8_1,
     /// `quant.ptx`: quantised mul_mat, matrix-vector class, first generation.
     Mmvq,
     /// `quant.ptx`: quantised mul_mat, tiled class, first generation.
@@ -101,6 +104,7 @@ impl KernelId {
         KernelId::GetRowsF,
         KernelId::GetRowsQ,
         KernelId::QuantizeQ8_1,
+        KernelId::SwigluQ8_1,
         KernelId::Mmvq,
         KernelId::Mmq,
         KernelId::MmvqId,
@@ -190,6 +194,7 @@ pub const MODULES: [Module; 15] = [
         Scale = "scale",
         Silu = "silu",
         Swiglu = "swiglu",
+        SwigluQ8_1 = "swiglu_q8_1",
         Gelu = "gelu",
         Geglu = "geglu",
         Clamp = "clamp",
@@ -455,7 +460,7 @@ mod tests {
             .into_iter()
             .filter(|k| k.uses_approx())
             .collect();
-        // silu and swiglu use ex2.approx directly, gelu and geglu through gelu_tab, a
+        // silu, swiglu and swiglu_q8_1 use ex2.approx directly, gelu and geglu through gelu_tab, a
         // .func; scale and clamp share unary.ptx (and its comments naming ex2.approx)
         // but call only ld_any / st_any. qmm has ex2.approx in its SwiGLU epilogue only
         // (the bit-for-bit product tests check its other launches on either driver).
@@ -466,6 +471,7 @@ mod tests {
                 KernelId::Swiglu,
                 KernelId::Gelu,
                 KernelId::Geglu,
+                KernelId::SwigluQ8_1,
                 KernelId::Qmm,
                 KernelId::SoftMax,
                 KernelId::FlashAttnExt,

@@ -42,7 +42,9 @@ pub struct CudaTuning {
     /// That RoPE + KV store in the epilogue of the Q, K and V products it reads (needs
     /// `fuse_rope_store` and the current products).
     pub fuse_qkv_rope: bool,
-    /// Gate and up products with the gated activation (SwiGLU, GeGLU), in one launch.
+    /// Gate and up products with the gated activation (SwiGLU, GeGLU), in one launch
+    /// (decode batches); a SwiGLU with its Q8_1 quantisation for the products that read it,
+    /// in one kernel (prompt batches).
     pub fuse_glu: bool,
     /// A residual add in the epilogue of the product that feeds it (`qmm` for decode
     /// batches, `qgemm` for prompt batches).

@@ -197,14 +197,15 @@ fn run_placed(
 }
 
 /// A prompt-sized layer (the tiled class): each norm, its weight and the Q8_1 blocks of
-/// the result in one `rms_norm_q8_1`, which Q, K, V (and gate, up) share; O and down
-/// quantise their own activations, and on `qgemm` add the residual in its epilogue (and
-/// Q, K, V, or gate and up, are one `qgemm` launch).
-/// 7 `quantize_q8_1`, 2 `rms_norm` and 4 binary (MUL, ADD) launches become 2
-/// `quantize_q8_1` and 2 `rms_norm_q8_1`, with every node's bytes those of the unfused
-/// layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles (the adds apart). Without
-/// `fuse_norm` the norm runs alone and Q, K, V (gate, up) still share one
-/// `quantize_q8_1`.
+/// the result in one `rms_norm_q8_1`, which Q, K, V (and gate, up) share; the SwiGLU and
+/// the Q8_1 blocks of its result in one `swiglu_q8_1`, which down reads; O quantises its
+/// own activation; on `qgemm` O and down add the residual in their epilogues (and Q, K,
+/// V, or gate and up, are one `qgemm` launch).
+/// 7 `quantize_q8_1`, 2 `rms_norm`, 4 binary (MUL, ADD) and a `swiglu` launch become 1
+/// `quantize_q8_1`, 2 `rms_norm_q8_1` and a `swiglu_q8_1`, with every node's bytes those
+/// of the unfused layer, on `qgemm` and with `no-qgemm` on `qmm`'s tiles (the adds
+/// apart). Without `fuse_norm` the norm runs alone and Q, K, V (gate, up) still share one
+/// `quantize_q8_1`; without `fuse_glu` the SwiGLU runs alone and down quantises it.
 ///
 /// Embeddings of 8 and 10 Q8_1 blocks (one per warp of `rms_norm_q8_1`) and 40 (32
 /// warps, 8 of which take a second block, its loads ahead of the first's quantisation).
@@ -254,6 +255,8 @@ fn a_prompt_layer_quantises_each_shared_activation_once(
             of(KernelId::RmsNormQ8_1),
             of(KernelId::Binary),
             of(KernelId::Qgemm) + of(KernelId::Qmm),
+            of(KernelId::Swiglu),
+            of(KernelId::SwigluQ8_1),
         ];
         (outs, launches, kernels)
     };
@@ -264,16 +267,23 @@ fn a_prompt_layer_quantises_each_shared_activation_once(
     // launch; qmm's tiles keep them apart.
     let adds = if qgemm { 0 } else { 2 };
     let (products, merged) = if qgemm { (4, 3) } else { (7, 0) };
-    assert_eq!(k_plain, [7, 2, 0, 4, 7]);
-    assert_eq!(k_fused, [2, 0, 2, adds, products]);
-    assert_eq!(n_plain - n_fused, 9 - adds + merged);
+    assert_eq!(k_plain, [7, 2, 0, 4, 7, 1, 0]);
+    assert_eq!(k_fused, [1, 0, 2, adds, products, 0, 1]);
+    assert_eq!(n_plain - n_fused, 10 - adds + merged);
     let no_norm = CudaTuning {
         fuse_norm: false,
         ..tuning
     };
     let (alone, _, k_alone) = counts(no_norm);
     assert!(plain == alone, "shared quantisation changed a node's bytes");
-    assert_eq!(k_alone, [4, 2, 0, 2 + adds, products]);
+    assert_eq!(k_alone, [3, 2, 0, 2 + adds, products, 0, 1]);
+    let no_glu = CudaTuning {
+        fuse_glu: false,
+        ..tuning
+    };
+    let (apart, _, k_apart) = counts(no_glu);
+    assert!(plain == apart, "the SwiGLU alone changed a node's bytes");
+    assert_eq!(k_apart, [2, 0, 2, adds, products, 1, 0]);
     // fused_vs_unfused's 0xff fill: no node left unwritten.
     fused_vs_unfused(|ctx| layer(ctx, n, dts, false, 3 + n as u64), tuning);
 }

@@ -972,6 +972,10 @@ fn every_kernel_launches_with_its_parameter_list() {
     let rn = ctx.rms_norm(x, 1e-6).unwrap();
     let cur = ctx.mul(rn, gw).unwrap();
     outs.push(ctx.mul_mat(wq, cur).unwrap());
+    // A prompt's SwiGLU before a tiled-class product: swiglu_q8_1 with the second
+    // generation (three launches with the first, two with the second).
+    let sg = ctx.swiglu(x, x).unwrap();
+    outs.push(ctx.mul_mat(wq, sg).unwrap());
     // Once with each generation of quantised products: the first quantises activations
     // in a kernel of its own before each of its 3 products, the second before its
     // tiled-class ones. Two small uploads travel as one batch, scattered by upload_scatter.
@@ -983,7 +987,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];
     run(&be, &mut ctx, &inputs, o);
     let first = be.kernel_stats().launches.iter().sum::<u64>();
-    assert_eq!(first, 36);
+    assert_eq!(first, 39);
     be.set_tuning(CudaTuning::default());
     run(&be, &mut ctx, &inputs, o);
     let st = be.kernel_stats();
@@ -995,10 +999,10 @@ fn every_kernel_launches_with_its_parameter_list() {
     assert!(missing.is_empty(), "never launched: {missing:?}");
     // The second run: one launch less for the decode-class product (its prologue
     // quantises), the same for the tiled one and for MUL_MAT_ID of 8 tokens, two less for
-    // the prompt's norm run.
+    // the prompt's norm run and one less for its SwiGLU run.
     assert_eq!(
         st.launches.iter().sum::<u64>(),
-        first + 33,
+        first + 35,
         "{st:?} for {outs:?}"
     );
 }

@@ -166,8 +166,9 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
         ]
     );
     // Prompts run each norm with its weight and Q8_1 quantisation for the products that
-    // read it (one step with them), the residual adds in the epilogue of the products
-    // before them, and the ropes with the cache stores, the other nodes one by one;
+    // read it (one step with them), the SwiGLU likewise with the down product, the
+    // residual adds in the epilogue of the products before them, and the ropes with the
+    // cache stores, the other nodes one by one;
     // decode steps (fewer than
     // 8 tokens) fuse the products with their norms, GLU and residual adds, and the ropes
     // with the cache stores into the epilogue of the Q, K and V products, each fused run
@@ -179,6 +180,7 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
                 "RMS_NORM+MUL_MAT*3 q4_1",
                 "RMS_NORM+MUL_MAT*2 q4_1",
                 "MUL_MAT+ADD q4_1",
+                "SWIGLU+MUL_MAT+ADD q4_1",
                 "FLASH_ATTN_EXT",
                 "ROPE*2+SET_ROWS*2",
             ]
@@ -213,13 +215,20 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
             .map(|o| {
                 let name = o.to_string();
                 let n = match name.split(' ').next().unwrap_or("") {
-                    "MUL_MAT" | "MUL_MAT+ADD" | "RMS_NORM+MUL_MAT" | "RMS_NORM+MUL_MAT+ADD" => 1,
+                    "MUL_MAT"
+                    | "MUL_MAT+ADD"
+                    | "RMS_NORM+MUL_MAT"
+                    | "RMS_NORM+MUL_MAT+ADD"
+                    | "SWIGLU+MUL_MAT"
+                    | "SWIGLU+MUL_MAT+ADD" => 1,
                     "MUL_MAT*2"
                     | "MUL_MAT*2+GLU"
                     | "RMS_NORM+MUL_MAT*2"
-                    | "RMS_NORM+MUL_MAT*2+GLU" => 2,
+                    | "RMS_NORM+MUL_MAT*2+GLU"
+                    | "SWIGLU+MUL_MAT*2" => 2,
                     "MUL_MAT*3"
                     | "RMS_NORM+MUL_MAT*3"
+                    | "SWIGLU+MUL_MAT*3"
                     | "MUL_MAT*3+ROPE*2+SET_ROWS*2"
                     | "RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2" => 3,
                     _ => 0,
@@ -239,6 +248,25 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
     }
 }
 
+/// Every launch of `session`'s passes as `settings` profiles them, with a KV cache of
+/// `n_ctx` cells.
+fn profiled(
+    session: &Session,
+    n_ctx: usize,
+    settings: &harness::profile::ProfileSettings,
+) -> Vec<harness::profile::ProfiledLaunch> {
+    let mut kv = session.kv_cache(n_ctx).unwrap();
+    let mut exec = session.executor().unwrap();
+    harness::profile::profile_model(
+        &session.model,
+        exec.as_mut(),
+        &mut kv,
+        &session.cuda_backends(),
+        settings,
+    )
+    .unwrap()
+}
+
 /// `ggml-harness profile` on an emulated GPU: every launch of a prompt and of a decoded
 /// token (node kernels, fused runs and the scatter of batched uploads alike) is joined
 /// with the backend's record of it and priced, the decoded token's products are fused
@@ -246,11 +274,9 @@ fn op_profile_reports_every_gpu_and_turns_timing_off() {
 /// cores.
 #[test]
 fn profile_joins_every_launch_with_its_record() {
-    use harness::profile::{profile_model, ProfileSettings};
+    use harness::profile::ProfileSettings;
     let config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
     let session = Session::open(&model(DType::Q4_1), config).unwrap();
-    let mut kv = session.kv_cache(16).unwrap();
-    let mut exec = session.executor().unwrap();
     let settings = ProfileSettings {
         gpu: ggml_cuda::cuda_sim::cost::GpuSpec::h100_sxm(),
         sample_blocks: Some(2),
@@ -260,14 +286,7 @@ fn profile_joins_every_launch_with_its_record() {
         launch: ggml_cuda::cuda_sim::cost::LaunchKind::Stream,
         stall_lines: true,
     };
-    let launches = profile_model(
-        &session.model,
-        exec.as_mut(),
-        &mut kv,
-        &session.cuda_backends(),
-        &settings,
-    )
-    .unwrap();
+    let launches = profiled(&session, 16, &settings);
     for pass in ["pp8", "tg"] {
         let n = launches.iter().filter(|l| l.pass == pass).count();
         assert!(n > 0, "{pass}: no launches");
@@ -325,12 +344,10 @@ fn profile_joins_every_launch_with_its_record() {
 /// position of a batch instead of branching around it.)
 #[test]
 fn profile_at_a_later_position_attends_the_filled_cache() {
-    use harness::profile::{profile_model, ProfileSettings};
+    use harness::profile::ProfileSettings;
     let config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
     let session = Session::open(&model(DType::Q4_1), config).unwrap();
-    let mut kv = session.kv_cache(32).unwrap();
-    let mut exec = session.executor().unwrap();
-    let mut counted = |gen_position: usize, op: &str| -> (u64, u64) {
+    let counted = |gen_position: usize, op: &str| -> (u64, u64) {
         let settings = ProfileSettings {
             gpu: ggml_cuda::cuda_sim::cost::GpuSpec::h200(),
             sample_blocks: None,
@@ -340,14 +357,7 @@ fn profile_at_a_later_position_attends_the_filled_cache() {
             launch: ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode,
             stall_lines: false,
         };
-        let launches = profile_model(
-            &session.model,
-            exec.as_mut(),
-            &mut kv,
-            &session.cuda_backends(),
-            &settings,
-        )
-        .unwrap();
+        let launches = profiled(&session, 32, &settings);
         assert!(launches.iter().all(|l| l.pass == "tg"));
         launches
             .iter()
@@ -377,7 +387,7 @@ fn profile_at_a_later_position_attends_the_filled_cache() {
 /// fused residual ADD: the residual read and the sum written too).
 #[test]
 fn pp512_products_and_attention_on_tensor_cores_with_dram_near_the_bytes() {
-    use harness::profile::{profile_model, tensor_core_fraction, ProfileSettings};
+    use harness::profile::{tensor_core_fraction, ProfileSettings};
     use harness::synthetic::{write_synthetic, SyntheticSpec};
     let (k, ff, n_tok) = (576usize, 1536usize, 512usize);
     let spec = SyntheticSpec {
@@ -394,8 +404,6 @@ fn pp512_products_and_attention_on_tensor_cores_with_dram_near_the_bytes() {
     write_synthetic(&spec, &path).unwrap();
     let config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
     let session = Session::open(&path, config).unwrap();
-    let mut kv = session.kv_cache(n_tok).unwrap();
-    let mut exec = session.executor().unwrap();
     let settings = ProfileSettings {
         gpu: ggml_cuda::cuda_sim::cost::GpuSpec::h200(),
         sample_blocks: None,
@@ -405,14 +413,7 @@ fn pp512_products_and_attention_on_tensor_cores_with_dram_near_the_bytes() {
         launch: ggml_cuda::cuda_sim::cost::LaunchKind::Stream,
         stall_lines: false,
     };
-    let launches = profile_model(
-        &session.model,
-        exec.as_mut(),
-        &mut kv,
-        &session.cuda_backends(),
-        &settings,
-    )
-    .unwrap();
+    let launches = profiled(&session, n_tok, &settings);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         !launches

@@ -1,7 +1,8 @@
 //! Prompt-class quantised products that read one activation (Q, K and V; gate and up):
 //! the activation is quantised to Q8_1 once for all of them instead of once per product
 //! (`fuse_qkv`), and when it is an RMS norm times a weight row, by the norm's own kernel
-//! (`rms_norm_q8_1`, `fuse_norm`), which writes the norm and the MUL too.
+//! (`rms_norm_q8_1`, `fuse_norm`), which writes the norm and the MUL too; when it is a
+//! SwiGLU, by the SwiGLU's (`swiglu_q8_1`, `fuse_glu`), which writes the SwiGLU too.
 //!
 //! The products then run on the same Q8_1 blocks the unfused path would have made for
 //! each of them (the quantisation of one activation gives the same bytes every time): on
@@ -23,6 +24,8 @@ use crate::CudaTuning;
 pub(crate) struct SharedAct {
     /// RMS_NORM and the MUL by its weight, whose output the products read.
     pub norm: Option<(u8, u8)>,
+    /// The SWIGLU whose output the products read (never with a norm).
+    pub glu: Option<u8>,
     /// The products (the first `n` entries).
     pub products: [u8; 3],
     /// Number of products (1 to 3; 2 or 3 without a norm or an add).
@@ -34,6 +37,14 @@ pub(crate) struct SharedAct {
 
 /// The name op timing gives a run.
 pub(crate) fn op_name(r: &SharedAct) -> &'static str {
+    if r.glu.is_some() {
+        return match (r.add.is_some(), r.n) {
+            (true, _) => "SWIGLU+MUL_MAT+ADD",
+            (false, 1) => "SWIGLU+MUL_MAT",
+            (false, 2) => "SWIGLU+MUL_MAT*2",
+            (false, _) => "SWIGLU+MUL_MAT*3",
+        };
+    }
     match (r.norm.is_some(), r.n) {
         _ if r.add.is_some() => match r.norm {
             Some(_) => "RMS_NORM+MUL_MAT+ADD",
@@ -76,6 +87,24 @@ fn norm(tensors: &[Tensor], nodes: &[TensorId], i: usize) -> Option<(usize, Tens
     weight_ok.then_some((j, m_id))
 }
 
+/// SWIGLU at `nodes[i]` of prompt-sized 2-D f32 operands whose rows split into Q8_1
+/// blocks (what `swiglu_q8_1` computes).
+fn swiglu(tensors: &[Tensor], nodes: &[TensorId], i: usize) -> bool {
+    let Some(g) = tensors.get(nodes[i].index()) else {
+        return false;
+    };
+    let operand = |s: Option<TensorId>| {
+        s.and_then(|s| tensors.get(s.index()))
+            .is_some_and(|x| f32_2d(x) && x.ne == g.ne)
+    };
+    g.op == Op::Swiglu
+        && f32_2d(g)
+        && g.ne[1] >= MMQ_MIN_N
+        && g.ne[0] % 32 == 0
+        && operand(g.src[0])
+        && operand(g.src[1])
+}
+
 /// Whether node `id` is a plain 2-D product of the tiled class on quantised weights (the
 /// shape `ops::matmul` sends to `qgemm` or `qmm` with activations quantised beforehand):
 /// its activation and K.
@@ -100,9 +129,9 @@ fn tiled_product(tensors: &[Tensor], id: TensorId) -> Option<(TensorId, usize)> 
 }
 
 /// The run that starts at `nodes[i]`, if `tuning` allows one: an optional norm (RMS_NORM
-/// and its weight's MUL, `fuse_norm`), then 1 to 3 consecutive (views aside) tiled
-/// products reading one activation (the MUL's output after a norm; more than one needs
-/// `fuse_qkv`), at least two products without a norm.
+/// and its weight's MUL, `fuse_norm`) or SWIGLU (`fuse_glu`), then 1 to 3 consecutive
+/// (views aside) tiled products reading one activation (the MUL's or the SWIGLU's output
+/// after one; more than one needs `fuse_qkv`), at least two products without either.
 pub(crate) fn matcher(
     tensors: &[Tensor],
     nodes: &[TensorId],
@@ -117,6 +146,11 @@ pub(crate) fn matcher(
         Some(Some((m, act))) => (Some((0, off(m)?)), Some(act), m + 1),
         _ => (None, None, i),
     };
+    let glu_at = (norm_at.is_none() && tuning.fuse_glu && swiglu(tensors, nodes, i)).then(|| {
+        act = Some(nodes[i]);
+        at = i + 1;
+        0
+    });
     let most = if tuning.fuse_qkv { 3 } else { 1 };
     let mut products = [0u8; 3];
     let mut n = 0;
@@ -143,11 +177,12 @@ pub(crate) fn matcher(
         true => residual_add(tensors, nodes, last),
         false => None,
     };
-    if norm_at.is_none() && n < 2 && add.is_none() {
+    if norm_at.is_none() && glu_at.is_none() && n < 2 && add.is_none() {
         return None;
     }
     let run = SharedAct {
         norm: norm_at,
+        glu: glu_at,
         products,
         n: n as u8,
         add: match add {
@@ -209,8 +244,8 @@ mod tests {
         vec![q, q3, k, v, o, h, gate, up, act, d]
     }
 
-    /// Each run's first and end node, and its products (plus 10 with a norm, 100 with an
-    /// add).
+    /// Each run's first and end node, and its products (plus 10 with a norm, 20 with a
+    /// SwiGLU, 100 with an add).
     fn runs(steps: &[Step]) -> Vec<(usize, usize, u8)> {
         steps
             .iter()
@@ -222,7 +257,9 @@ mod tests {
                 } => Some((
                     *start,
                     *end,
-                    r.n + 10 * r.norm.is_some() as u8 + 100 * r.add.is_some() as u8,
+                    r.n + 10 * r.norm.is_some() as u8
+                        + 20 * r.glu.is_some() as u8
+                        + 100 * r.add.is_some() as u8,
                 )),
                 _ => None,
             })
@@ -235,10 +272,18 @@ mod tests {
         let mut ctx = Context::new(&mut s);
         let nodes = layer(&mut ctx, 512);
         let t = CudaTuning::default();
-        // Q, (view), K, V; O and its residual add; gate, up. Down reads an activation of
-        // its own and has no add after it.
+        // Q, (view), K, V; O and its residual add; gate, up; the SwiGLU and down, which
+        // reads it (no add after it here).
         assert_eq!(
             runs(&plan(ctx.tensors(), &nodes, &t)),
+            [(0, 4, 3), (4, 6, 101), (6, 8, 2), (8, 10, 21)]
+        );
+        let no_glu = CudaTuning {
+            fuse_glu: false,
+            ..t
+        };
+        assert_eq!(
+            runs(&plan(ctx.tensors(), &nodes, &no_glu)),
             [(0, 4, 3), (4, 6, 101), (6, 8, 2)]
         );
         // The add needs qgemm's epilogue and its switch.
@@ -251,16 +296,20 @@ mod tests {
         ] {
             assert_eq!(
                 runs(&plan(ctx.tensors(), &nodes, &no_add)),
-                [(0, 4, 3), (6, 8, 2)]
+                [(0, 4, 3), (6, 8, 2), (8, 10, 21)]
             );
         }
-        // Without fuse_qkv only the add's run is left; the legacy kernels and decode-sized
-        // batches (the decode fusions' matter, not this one) leave none.
+        // Without fuse_qkv only the add's and the SwiGLU's runs are left; the legacy
+        // kernels and decode-sized batches (the decode fusions' matter, not this one) leave
+        // none.
         let off = CudaTuning {
             fuse_qkv: false,
             ..t
         };
-        assert_eq!(runs(&plan(ctx.tensors(), &nodes, &off)), [(4, 6, 101)]);
+        assert_eq!(
+            runs(&plan(ctx.tensors(), &nodes, &off)),
+            [(4, 6, 101), (8, 10, 21)]
+        );
         assert!(runs(&plan(ctx.tensors(), &nodes, &CudaTuning::legacy())).is_empty());
         let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 48];
         let mut ctx = Context::new(&mut s);
@@ -326,5 +375,34 @@ mod tests {
         let ry = ctx.rms_norm(y, 1e-5).unwrap();
         let my = ctx.mul(ry, gy).unwrap();
         assert!(runs(&plan(ctx.tensors(), &[ry, my], &t)).is_empty());
+    }
+
+    #[test]
+    fn a_swiglu_quantises_for_its_products_and_takes_their_add() {
+        let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 32];
+        let mut ctx = Context::new(&mut s);
+        let g = ctx.new_tensor(DType::F32, [96, 16, 1, 1]).unwrap();
+        let u = ctx.new_tensor(DType::F32, [96, 16, 1, 1]).unwrap();
+        let res = ctx.new_tensor(DType::F32, [64, 16, 1, 1]).unwrap();
+        let w = ctx.new_tensor(DType::Q4_1, [96, 64, 1, 1]).unwrap();
+        let act = ctx.swiglu(g, u).unwrap();
+        let d = ctx.mul_mat(w, act).unwrap();
+        let e = ctx.add(d, res).unwrap();
+        let t = CudaTuning::default();
+        assert_eq!(runs(&plan(ctx.tensors(), &[act, d, e], &t)), [(0, 3, 121)]);
+        // Two products of the SwiGLU share its blocks (no add then).
+        let d2 = ctx.mul_mat(w, act).unwrap();
+        assert_eq!(runs(&plan(ctx.tensors(), &[act, d, d2], &t)), [(0, 3, 22)]);
+        // A SwiGLU alone, one of a decode-sized batch, and a GeGLU are no run.
+        assert!(runs(&plan(ctx.tensors(), &[act], &t)).is_empty());
+        let g4 = ctx
+            .new_tensor(DType::F32, [96, MMQ_MIN_N - 1, 1, 1])
+            .unwrap();
+        let a4 = ctx.swiglu(g4, g4).unwrap();
+        let p4 = ctx.mul_mat(w, a4).unwrap();
+        assert!(runs(&plan(ctx.tensors(), &[a4, p4], &t)).is_empty());
+        let ge = ctx.geglu(g, u).unwrap();
+        let pe = ctx.mul_mat(w, ge).unwrap();
+        assert!(runs(&plan(ctx.tensors(), &[ge, pe], &t)).is_empty());
     }
 }

@@ -1,6 +1,7 @@
 //! Launching a run of prompt-class products that read one activation
 //! ([`SharedAct`](crate::fusion::SharedAct)): the activation quantised to Q8_1 once (by
-//! `quantize_q8_1`, or by `rms_norm_q8_1` with the norm and its weight), then the
+//! `quantize_q8_1`, by `rms_norm_q8_1` with the norm and its weight, or by `swiglu_q8_1`
+//! with the SwiGLU), then the
 //! products on those blocks: on `qgemm` in one launch (a single one with a residual ADD
 //! in its epilogue), on `qmm` one launch each.
 
@@ -33,9 +34,10 @@ pub(crate) fn run_shared_act(
         return nodes.iter().try_for_each(|&id| run(be, st, tensors, id));
     }
     let first = node(r.products[0]);
-    let q = match r.norm {
-        Some((ro, mo)) => norm_q8_1(be, st, tensors, nodes[ro as usize], node(mo))?,
-        None => quantize_shared(&mut Ctx {
+    let q = match (r.norm, r.glu) {
+        (Some((ro, mo)), _) => norm_q8_1(be, st, tensors, nodes[ro as usize], node(mo))?,
+        (None, Some(go)) => swiglu_q8_1(be, st, tensors, node(go))?,
+        (None, None) => quantize_shared(&mut Ctx {
             be,
             st,
             tensors,
@@ -138,6 +140,41 @@ fn norm_q8_1(
     Ok((scratch, qnb))
 }
 
+/// `swiglu_q8_1`: SWIGLU `glu` written, and its output quantised to Q8_1 in scratch: the
+/// scratch's address and strides as `mul_mat_on` takes them.
+fn swiglu_q8_1(
+    be: &CudaBackend,
+    st: &mut State,
+    tensors: &[Tensor],
+    glu: &Tensor,
+) -> BackendResult<(u64, [usize; 3])> {
+    let mut c = Ctx {
+        be,
+        st,
+        tensors,
+        node: glu,
+    };
+    let (a, b) = (c.src(0)?, c.src(1)?);
+    let (k, n) = (glu.ne[0], glu.ne[1]);
+    let row = k / 32 * Q8_1_BLOCK;
+    let qnb = [row, row * n, row * n];
+    let scratch = be.scratch(c.st, row * n)?;
+    // The grid and block of `quantize_q8_1`: a warp per Q8_1 block.
+    let d = dims(launch::quantize_q8_1(k, n, 1), &c)?;
+    let mut args = Args::new();
+    args.u64(c.addr(&a)?)
+        .u64(c.addr(&b)?)
+        .u64(c.addr(glu)?)
+        .u64(scratch);
+    args.u32((k / 32) as u32);
+    args.usize(a.nb[1])
+        .usize(b.nb[1])
+        .usize(glu.nb[1])
+        .usize(qnb[0]);
+    c.launch(KernelId::SwigluQ8_1, d, &mut args)?;
+    Ok((scratch, qnb))
+}
+
 /// The operand of binary node `t` other than `id` (a norm's weight, a product's
 /// residual), which the matcher found.
 fn other_of(tensors: &[Tensor], t: &Tensor, id: TensorId) -> Tensor {
@@ -146,8 +183,8 @@ fn other_of(tensors: &[Tensor], t: &Tensor, id: TensorId) -> Tensor {
 }
 
 /// Whether every node passes the support check, every tensor is in this backend's
-/// memory, and the bytes allow the run: the norm's two outputs apart from each other and
-/// from what the norm reads; the products' outputs apart from the shared activation, from
+/// memory, and the bytes allow the run: the SwiGLU's output apart from its operands; the
+/// norm's two outputs apart from each other and from what the norm reads; the products' outputs apart from the shared activation, from
 /// each other and from the weights; the ADD's as its comment below says.
 fn fusable(
     be: &CudaBackend,
@@ -167,6 +204,21 @@ fn fusable(
     let products = &r.products[..r.n as usize];
     let Some(act) = node(products[0]).src[1].and_then(|a| span(&tensors[a.index()])) else {
         return false;
+    };
+    // The SwiGLU's output apart from both operands (each lane reads its own element before
+    // writing it, but a shifted overlap would let one warp read what another wrote).
+    let glu_ok = match r.glu {
+        None => true,
+        Some(go) => {
+            let g = node(go);
+            let operand = |i: usize| g.src[i].and_then(|x| span(&tensors[x.index()]));
+            match (span(g), operand(0), operand(1)) {
+                (Some(gs), Some(a), Some(b)) => {
+                    check(tensors, id(go)).is_ok() && apart(gs, a) && apart(gs, b)
+                }
+                _ => false,
+            }
+        }
     };
     let norm_ok = match r.norm {
         None => true,
@@ -222,5 +274,9 @@ fn fusable(
         }),
         _ => false,
     };
-    norm_ok && add_ok && products_ok && products.iter().all(|&o| check(tensors, id(o)).is_ok())
+    glu_ok
+        && norm_ok
+        && add_ok
+        && products_ok
+        && products.iter().all(|&o| check(tensors, id(o)).is_ok())
 }
