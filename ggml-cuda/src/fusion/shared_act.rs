@@ -28,7 +28,7 @@ pub(crate) struct SharedAct {
     pub glu: Option<u8>,
     /// The products (the first `n` entries).
     pub products: [u8; 3],
-    /// Number of products (1 to 3; 2 or 3 without a norm or an add).
+    /// Number of products (1 to 3; 2 or 3 without a norm, a SwiGLU or an add).
     pub n: u8,
     /// The ADD of a single product's output and a residual, computed in `qgemm`'s
     /// epilogue (`fuse_add`).
