@@ -98,6 +98,33 @@ fn rope_cache_fills_only_the_rotated_pairs() {
     assert!(cache[8..].iter().all(|&v| v == -7.0), "{cache:?}");
 }
 
+/// A CONT node from I32 into I32 copies every value exactly, also those an f32 cannot
+/// hold (2^24 + 1, the extremes), each at its row-major flat index.
+#[test]
+fn i32_copy_keeps_every_value_exactly() {
+    let ne = [3, 2, 1, 1];
+    let src = Tensor::contiguous(DType::I32, ne).unwrap();
+    let values = [16_777_217i32, -16_777_219, i32::MAX, i32::MIN, 5, -1];
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut node = Tensor::contiguous(DType::I32, ne).unwrap();
+    node.op = Op::Cont;
+    let mut out = vec![0u8; 4 * values.len()];
+    compute(
+        &node,
+        &[HostTensor {
+            desc: &src,
+            bytes: &bytes,
+        }],
+        &mut out,
+    )
+    .unwrap();
+    let got: Vec<i32> = out
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, values);
+}
+
 /// A CONT node from F32 into I32 (C's `(int32_t)` conversion, truncation toward zero, as
 /// ggml's f32 to i32 copy) over two rows: every element at its row-major flat index.
 #[test]
