@@ -98,6 +98,96 @@ fn rope_cache_fills_only_the_rotated_pairs() {
     assert!(cache[8..].iter().all(|&v| v == -7.0), "{cache:?}");
 }
 
+/// MUL_MAT of every weight kind the reference dots differently (f32, f16, Q8_0), with
+/// the weights broadcast over both batch dims (each weight matrix serves two of b's in
+/// dim 2 and two in dim 3): each output within rounding of the dot, computed here in f64,
+/// of what the reference's operands hold (f16-rounded weights and activations; Q8_0
+/// weights dequantised and activations quantised to Q8_0 and back).
+#[rstest]
+fn mul_mat_broadcasts_and_dots_each_weight_kind(
+    #[values(DType::F32, DType::F16, DType::Q8_0)] dt: DType,
+) {
+    use ggml_core::quant::{dequantize_row, quantize_row};
+    let (k, m, n) = (64, 3, 2);
+    let (a_ne, b_ne) = ([k, m, 1, 2], [k, n, 2, 4]);
+    let wv: Vec<f32> = (0..k * m * 2)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 23.0)
+        .collect();
+    let yv: Vec<f32> = (0..k * n * 8)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 19.0)
+        .collect();
+    let round = |t: DType, v: &[f32]| -> (Vec<u8>, Vec<f32>) {
+        let mut bytes = vec![0u8; t.row_size(k).unwrap() * v.len() / k];
+        let mut back = vec![0f32; v.len()];
+        for (r, row) in v.chunks(k).enumerate() {
+            let rs = t.row_size(k).unwrap();
+            quantize_row(t, row, &mut bytes[r * rs..(r + 1) * rs]).unwrap();
+            dequantize_row(
+                t,
+                &bytes[r * rs..(r + 1) * rs],
+                &mut back[r * k..(r + 1) * k],
+            )
+            .unwrap();
+        }
+        (bytes, back)
+    };
+    let (wbytes, wseen) = match dt {
+        DType::F32 => (
+            wv.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            wv.clone(),
+        ),
+        _ => round(dt, &wv),
+    };
+    let yseen = match dt {
+        DType::F32 => yv.clone(),
+        DType::F16 => round(DType::F16, &yv).1,
+        _ => round(DType::Q8_0, &yv).1,
+    };
+    let ybytes: Vec<u8> = yv.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let a = Tensor::contiguous(dt, a_ne).unwrap();
+    let b = Tensor::contiguous(DType::F32, b_ne).unwrap();
+    let mut node = Tensor::contiguous(DType::F32, [m, n, 2, 4]).unwrap();
+    node.op = Op::MulMat;
+    let mut out = vec![0u8; 4 * m * n * 8];
+    compute(
+        &node,
+        &[
+            HostTensor {
+                desc: &a,
+                bytes: &wbytes,
+            },
+            HostTensor {
+                desc: &b,
+                bytes: &ybytes,
+            },
+        ],
+        &mut out,
+    )
+    .unwrap();
+    for i3 in 0..4 {
+        for i2 in 0..2 {
+            for j in 0..n {
+                for i in 0..m {
+                    let wrow = ((i3 / 2) * m + i) * k;
+                    let yrow = ((i3 * 2 + i2) * n + j) * k;
+                    let (mut want, mut mag) = (0f64, 0f64);
+                    for x in 0..k {
+                        let p = wseen[wrow + x] as f64 * yseen[yrow + x] as f64;
+                        want += p;
+                        mag += p.abs();
+                    }
+                    let o = 4 * (((i3 * 2 + i2) * n + j) * m + i);
+                    let got = f32::from_le_bytes(out[o..o + 4].try_into().unwrap()) as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * mag + 1e-6,
+                        "{dt:?} out[{i}, {j}, {i2}, {i3}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A CONT node from I32 into I32 copies every value exactly, also those an f32 cannot
 /// hold (2^24 + 1, the extremes), each at its row-major flat index.
 #[test]
