@@ -188,56 +188,34 @@ fn mul_mat_broadcasts_and_dots_each_weight_kind(
     }
 }
 
+/// A CONT node of a 3 x 2 matrix of `src_dtype` (its little-endian `bytes`) into I32,
+/// through the reference: the values, in flat order.
+fn cont_into_i32(src_dtype: DType, bytes: &[u8]) -> Vec<i32> {
+    let ne = [3, 2, 1, 1];
+    let src = Tensor::contiguous(src_dtype, ne).unwrap();
+    let mut node = Tensor::contiguous(DType::I32, ne).unwrap();
+    node.op = Op::Cont;
+    let mut out = vec![0u8; 4 * 6];
+    compute(&node, &[HostTensor { desc: &src, bytes }], &mut out).unwrap();
+    out.chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
 /// A CONT node from I32 into I32 copies every value exactly, also those an f32 cannot
 /// hold (2^24 + 1, the extremes), each at its row-major flat index.
 #[test]
 fn i32_copy_keeps_every_value_exactly() {
-    let ne = [3, 2, 1, 1];
-    let src = Tensor::contiguous(DType::I32, ne).unwrap();
     let values = [16_777_217i32, -16_777_219, i32::MAX, i32::MIN, 5, -1];
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let mut node = Tensor::contiguous(DType::I32, ne).unwrap();
-    node.op = Op::Cont;
-    let mut out = vec![0u8; 4 * values.len()];
-    compute(
-        &node,
-        &[HostTensor {
-            desc: &src,
-            bytes: &bytes,
-        }],
-        &mut out,
-    )
-    .unwrap();
-    let got: Vec<i32> = out
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    assert_eq!(got, values);
+    assert_eq!(cont_into_i32(DType::I32, &bytes), values);
 }
 
 /// A CONT node from F32 into I32 (C's `(int32_t)` conversion, truncation toward zero, as
 /// ggml's f32 to i32 copy) over two rows: every element at its row-major flat index.
 #[test]
 fn conversion_into_i32_writes_each_element_at_its_index() {
-    let ne = [3, 2, 1, 1];
-    let src = Tensor::contiguous(DType::F32, ne).unwrap();
     let values = [1.5f32, -2.7, 3.0, 100.9, -0.2, 7.0];
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let mut node = Tensor::contiguous(DType::I32, ne).unwrap();
-    node.op = Op::Cont;
-    let mut out = vec![0u8; 4 * values.len()];
-    compute(
-        &node,
-        &[HostTensor {
-            desc: &src,
-            bytes: &bytes,
-        }],
-        &mut out,
-    )
-    .unwrap();
-    let got: Vec<i32> = out
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    assert_eq!(got, [1, -2, 3, 100, 0, 7]);
+    assert_eq!(cont_into_i32(DType::F32, &bytes), [1, -2, 3, 100, 0, 7]);
 }
