@@ -236,6 +236,19 @@ pub(super) fn quantize_shared(c: &mut Ctx<'_>) -> BackendResult<(u64, [usize; 3]
     quantize_to_scratch(c, &x, xa, [x.ne[1], 1, 1])
 }
 
+/// Scratch for the Q8_1 blocks of a `[k, n, b2, b3]` activation, the rows packed: its
+/// address and the byte strides of dims 1..3, as `mul_mat_on` takes them.
+pub(super) fn q8_1_scratch(
+    c: &mut Ctx<'_>,
+    k: usize,
+    [n, b2, b3]: [usize; 3],
+) -> BackendResult<(u64, [usize; 3])> {
+    let row = k / 32 * Q8_1_BLOCK;
+    let qnb = [row, row * n, row * n * b2];
+    let scratch = c.be.scratch(c.st, qnb[2] * b3)?;
+    Ok((scratch, qnb))
+}
+
 fn quantize_to_scratch(
     c: &mut Ctx<'_>,
     x: &Tensor,
@@ -244,9 +257,7 @@ fn quantize_to_scratch(
 ) -> BackendResult<(u64, [usize; 3])> {
     let k = x.ne[0];
     let nchunks = k / 32;
-    let row = nchunks * Q8_1_BLOCK;
-    let qnb = [row, row * n, row * n * b2];
-    let scratch = c.be.scratch(c.st, qnb[2] * b3)?;
+    let (scratch, qnb) = q8_1_scratch(c, k, [n, b2, b3])?;
     let dq = dims(launch::quantize_q8_1(k, n, b2 * b3), c)?;
     let mut a = Args::new();
     a.u64(xa).u64(scratch).u32(nchunks as u32).u32(b2 as u32);
@@ -355,9 +366,7 @@ pub(super) fn mul_mat_id(c: &mut Ctx<'_>, t: &Tensor) -> BackendResult<()> {
     // First generation: activations to Q8_1 in scratch: [K/32 blocks, B1, T].
     let k = w.ne[0];
     let nchunks = k / 32;
-    let row = nchunks * Q8_1_BLOCK;
-    let qnb = [row, row * b1, row * b1 * tokens];
-    let scratch = c.be.scratch(c.st, qnb[2])?;
+    let (scratch, qnb) = q8_1_scratch(c, k, [b1, tokens, 1])?;
     let dq = dims(launch::quantize_q8_1(k, b1, tokens), c)?;
     let mut a = Args::new();
     a.u64(xa)

@@ -8,7 +8,7 @@
 use ggml_core::{BackendResult, Op, Tensor, TensorId};
 
 use super::matmul::{
-    check_weight_alignment, launch_qgemm, mul_mat_on, quantize_shared, ResidualAdd,
+    check_weight_alignment, launch_qgemm, mul_mat_on, q8_1_scratch, quantize_shared, ResidualAdd,
 };
 use super::{check, dims, run, Ctx};
 use crate::backend::{CudaBackend, State};
@@ -16,7 +16,6 @@ use crate::fusion::{other_operand, SharedAct};
 use crate::kernels::KernelId;
 use crate::launch::MulMatClass;
 use crate::launch::{self, Args};
-use crate::reference::Q8_1_BLOCK;
 
 /// Enqueues run `r` of `nodes`, or node by node where a node is not supported, a tensor
 /// is outside this backend's memory, or an output overlaps bytes the run reads or writes
@@ -121,9 +120,7 @@ fn norm_q8_1(
     let x = c.src(0)?;
     let w = other_of(tensors, mul, rms_id);
     let (k, n) = (rms.ne[0], rms.ne[1]);
-    let row = k / 32 * Q8_1_BLOCK;
-    let qnb = [row, row * n, row * n];
-    let scratch = be.scratch(c.st, row * n)?;
+    let (scratch, qnb) = q8_1_scratch(&mut c, k, [n, 1, 1])?;
     let d = dims(launch::rms_norm_q8_1(n, k), &c)?;
     let mut a = Args::new();
     a.u64(c.addr(&x)?)
@@ -156,9 +153,7 @@ fn swiglu_q8_1(
     };
     let (a, b) = (c.src(0)?, c.src(1)?);
     let (k, n) = (glu.ne[0], glu.ne[1]);
-    let row = k / 32 * Q8_1_BLOCK;
-    let qnb = [row, row * n, row * n];
-    let scratch = be.scratch(c.st, row * n)?;
+    let (scratch, qnb) = q8_1_scratch(&mut c, k, [n, 1, 1])?;
     // The grid and block of `quantize_q8_1`: a warp per Q8_1 block.
     let d = dims(launch::quantize_q8_1(k, n, 1), &c)?;
     let mut args = Args::new();
@@ -184,8 +179,9 @@ fn other_of(tensors: &[Tensor], t: &Tensor, id: TensorId) -> Tensor {
 
 /// Whether every node passes the support check, every tensor is in this backend's
 /// memory, and the bytes allow the run: the SwiGLU's output apart from its operands; the
-/// norm's two outputs apart from each other and from what the norm reads; the products' outputs apart from the shared activation, from
-/// each other and from the weights; the ADD's as its comment below says.
+/// norm's two outputs apart from each other and from what the norm reads; the products'
+/// outputs apart from the shared activation, from each other and from the weights; the
+/// ADD's as its comment below says.
 fn fusable(
     be: &CudaBackend,
     st: &State,
