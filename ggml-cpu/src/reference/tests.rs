@@ -706,3 +706,80 @@ fn set_rows_places_rows_and_refuses_bad_indices() {
         );
     }
 }
+
+/// ALiBi as llama.cpp feeds it: a mask of finite distances `-|i - j|` (and `-inf` for the
+/// future), scaled by each head's slope and added to the score; against f64 with the slopes
+/// computed here (4 heads, max_bias 8: slope 2^(-2(h + 1))).
+#[test]
+fn flash_attention_with_alibi_distances_close_to_f64() {
+    let (d, n_kv, n_q, h) = (16usize, 9usize, 2usize, 4usize);
+    let mut r = rng(11);
+    let mk = |ne: [usize; 4]| Tensor::contiguous(DType::F32, ne).unwrap();
+    let (tq, tk) = (mk([d, n_q, h, 1]), mk([d, n_kv, 1, 1]));
+    let tm = Tensor::contiguous(DType::F16, [n_kv, n_q, 1, 1]).unwrap();
+    let q: Vec<f32> = (0..d * n_q * h).map(|_| r()).collect();
+    let k: Vec<f32> = (0..d * n_kv).map(|_| r()).collect();
+    let v: Vec<f32> = (0..d * n_kv).map(|_| r()).collect();
+    // Query iq sits at position n_kv - n_q + iq.
+    let pos = |iq: usize| (n_kv - n_q + iq) as f64;
+    let dist = |j: usize, iq: usize| match j as f64 <= pos(iq) {
+        true => Some(-(pos(iq) - j as f64)),
+        false => None,
+    };
+    let m: Vec<f32> = (0..n_kv * n_q)
+        .map(|i| dist(i % n_kv, i / n_kv).map_or(f32::NEG_INFINITY, |x| x as f32))
+        .collect();
+    let b32 = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    let b16 = |x: &[f32]| {
+        x.iter()
+            .flat_map(|&f| f32_to_f16(f).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    let (bq, bk, bv, bm) = (b32(&q), b32(&k), b32(&v), b16(&m));
+    let scale = 0.5f32;
+    let mut node = Tensor::contiguous(DType::F32, [d, h, n_q, 1]).unwrap();
+    node.op = Op::FlashAttnExt {
+        scale,
+        max_bias: 8.0,
+        softcap: 0.0,
+    };
+    let host = |desc, bytes| HostTensor { desc, bytes };
+    let src = [
+        host(&tq, &bq[..]),
+        host(&tk, &bk[..]),
+        host(&tk, &bv[..]),
+        host(&tm, &bm[..]),
+    ];
+    let mut out = vec![0u8; d * h * n_q * 4];
+    compute(&node, &src, &mut out).unwrap();
+    for iq in 0..n_q {
+        for hh in 0..h {
+            let slope = 2f64.powi(-2 * (hh as i32 + 1));
+            let qr = &q[(hh * n_q + iq) * d..][..d];
+            let s: Vec<(usize, f64)> = (0..n_kv)
+                .filter_map(|j| {
+                    let dot: f64 = qr
+                        .iter()
+                        .zip(&k[j * d..][..d])
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum();
+                    dist(j, iq).map(|x| (j, dot * scale as f64 + slope * x))
+                })
+                .collect();
+            let mx = s.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|p| (p.1 - mx).exp()).sum();
+            for i in 0..d {
+                let want: f64 = s
+                    .iter()
+                    .map(|&(j, sj)| (sj - mx).exp() / z * v[j * d + i] as f64)
+                    .sum();
+                let o = (iq * h + hh) * d + i;
+                let got = f32::from_le_bytes(out[4 * o..4 * o + 4].try_into().unwrap());
+                assert!(
+                    (got as f64 - want).abs() < 1e-5,
+                    "query {iq} head {hh} dim {i}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
