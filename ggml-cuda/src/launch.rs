@@ -154,9 +154,12 @@ pub const QMM_MAX_THREADS_DECODE: usize = 512;
 /// Columns per block of `qmm` in the tiled class (N >= [`MMQ_MIN_N`]); below it a block
 /// takes all N columns.
 pub const QMM_MMQ_COLUMNS: usize = 8;
-/// Blocks `qmm` aims for at least, when choosing its rows per block: two per SM of an
-/// H100/H200 (132 SMs).
-const QMM_MIN_BLOCKS: usize = 264;
+/// Blocks `qmm` aims for at least, when choosing its rows per block: one per SM of an
+/// H100/H200 (132 SMs). Modelled on the H200 (`ggml-harness profile --gen-position 64`),
+/// SmolLM2's gate + up run (3072 rows) takes 9.54 µs at 8 rows a block (384 blocks, each
+/// loading and normalising the activation), 8.69 at 16 (192), 9.82 at 32 (96); the Q, K
+/// and V run (960 rows) 7.51 at 8 (120 blocks), 8.18 at 16.
+const QMM_MIN_BLOCKS: usize = 132;
 
 /// Byte offsets of the W, S and norm-scale regions of a `qmm` block's shared memory, and
 /// its size, for `rows` rows, `nt` columns and K-tiles of `tc` chunks (see its PTX
@@ -792,9 +795,12 @@ mod tests {
 
     #[test]
     fn qmm_rows_per_block() {
-        // Small matrices: 8 rows per block (the most blocks); the output matrix: 64.
+        // Small matrices: 8 rows per block (the most blocks); a gate + up run of 2 x 1536
+        // rows: 16 (192 blocks, one per SM at least); the output matrix: 64.
         assert_eq!(qmm_rows(1, 192, 18), Some(8));
         assert_eq!(qmm_rows(1, 1536, 18), Some(8));
+        assert_eq!(qmm_rows(1, 960, 18), Some(8));
+        assert_eq!(qmm_rows(1, 3072, 18), Some(16));
         assert_eq!(qmm_rows(1, 49152, 18), Some(64));
         assert_eq!(qmm_rows(1, 576, 48), Some(8));
         // The tiled class: 32 rows (its shared memory opts in past 48 KiB); 7 columns: at
