@@ -348,29 +348,8 @@ fn flash_attention_head_256_gqa4_f16_close_to_f64() {
             false => f32::NEG_INFINITY,
         })
         .collect();
-    let b32 = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
-    let b16 = |x: &[f32]| {
-        x.iter()
-            .flat_map(|&f| f32_to_f16(f).to_le_bytes())
-            .collect::<Vec<u8>>()
-    };
-    let (bq, bk, bv, bm) = (b32(&q), b16(&k), b16(&v), b16(&m));
     let scale = 1.0 / 16.0;
-    let mut node = Tensor::contiguous(DType::F32, [d, h, n_q, 1]).unwrap();
-    node.op = Op::FlashAttnExt {
-        scale,
-        max_bias: 0.0,
-        softcap: 0.0,
-    };
-    let host = |desc, bytes| HostTensor { desc, bytes };
-    let src = [
-        host(&tq, &bq[..]),
-        host(&tk, &bk[..]),
-        host(&tk, &bv[..]),
-        host(&tm, &bm[..]),
-    ];
-    let mut out = vec![0u8; d * h * n_q * 4];
-    compute(&node, &src, &mut out).unwrap();
+    let out = flash_attn_with_f16_mask([&tq, &tk, &tm], [&q, &k, &v, &m], scale, 0.0);
     for iq in 0..n_q {
         for hh in 0..h {
             // With F16 K, q is rounded to f16 for the dot (ggml's q_to_vec_dot).
@@ -729,29 +708,8 @@ fn flash_attention_with_alibi_distances_close_to_f64() {
     let m: Vec<f32> = (0..n_kv * n_q)
         .map(|i| dist(i % n_kv, i / n_kv).map_or(f32::NEG_INFINITY, |x| x as f32))
         .collect();
-    let b32 = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
-    let b16 = |x: &[f32]| {
-        x.iter()
-            .flat_map(|&f| f32_to_f16(f).to_le_bytes())
-            .collect::<Vec<u8>>()
-    };
-    let (bq, bk, bv, bm) = (b32(&q), b32(&k), b32(&v), b16(&m));
     let scale = 0.5f32;
-    let mut node = Tensor::contiguous(DType::F32, [d, h, n_q, 1]).unwrap();
-    node.op = Op::FlashAttnExt {
-        scale,
-        max_bias: 8.0,
-        softcap: 0.0,
-    };
-    let host = |desc, bytes| HostTensor { desc, bytes };
-    let src = [
-        host(&tq, &bq[..]),
-        host(&tk, &bk[..]),
-        host(&tk, &bv[..]),
-        host(&tm, &bm[..]),
-    ];
-    let mut out = vec![0u8; d * h * n_q * 4];
-    compute(&node, &src, &mut out).unwrap();
+    let out = flash_attn_with_f16_mask([&tq, &tk, &tm], [&q, &k, &v, &m], scale, 8.0);
     for iq in 0..n_q {
         for hh in 0..h {
             let slope = 2f64.powi(-2 * (hh as i32 + 1));
@@ -782,4 +740,47 @@ fn flash_attention_with_alibi_distances_close_to_f64() {
             }
         }
     }
+}
+
+/// Runs the reference FLASH_ATTN_EXT on f32 queries `q` ([D, n_q, H]), keys and values of
+/// `tk`'s dtype (F32 or F16, one KV head) and an F16 mask, into an f32 output [D, H, n_q];
+/// the values are given as f32 and converted to each tensor's dtype here.
+fn flash_attn_with_f16_mask(
+    [tq, tk, tm]: [&Tensor; 3],
+    [q, k, v, m]: [&[f32]; 4],
+    scale: f32,
+    max_bias: f32,
+) -> Vec<u8> {
+    let bytes = |dt: DType, x: &[f32]| -> Vec<u8> {
+        match dt {
+            DType::F16 => x
+                .iter()
+                .flat_map(|&f| f32_to_f16(f).to_le_bytes())
+                .collect(),
+            _ => x.iter().flat_map(|f| f.to_le_bytes()).collect(),
+        }
+    };
+    let (bq, bk, bv, bm) = (
+        bytes(DType::F32, q),
+        bytes(tk.dtype, k),
+        bytes(tk.dtype, v),
+        bytes(DType::F16, m),
+    );
+    let [d, n_q, h, _] = tq.ne;
+    let mut node = Tensor::contiguous(DType::F32, [d, h, n_q, 1]).unwrap();
+    node.op = Op::FlashAttnExt {
+        scale,
+        max_bias,
+        softcap: 0.0,
+    };
+    let host = |desc, bytes| HostTensor { desc, bytes };
+    let src = [
+        host(tq, &bq[..]),
+        host(tk, &bk[..]),
+        host(tk, &bv[..]),
+        host(tm, &bm[..]),
+    ];
+    let mut out = vec![0u8; d * h * n_q * 4];
+    compute(&node, &src, &mut out).unwrap();
+    out
 }
