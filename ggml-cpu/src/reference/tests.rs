@@ -357,25 +357,16 @@ fn flash_attention_head_256_gqa4_f16_close_to_f64() {
                 .iter()
                 .map(|&x| h16(x))
                 .collect();
-            let s: Vec<f64> = (0..n_kv)
+            let s: Vec<(usize, f64)> = (0..n_kv)
                 .filter(|&j| visible(j, iq))
                 .map(|j| {
                     let kr = &k[j * d..][..d];
-                    qr.iter()
-                        .zip(kr)
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum::<f64>()
-                        * scale as f64
+                    let dot: f64 = qr.iter().zip(kr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    (j, dot * scale as f64)
                 })
                 .collect();
-            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
-            for i in 0..d {
-                let want: f64 = s
-                    .iter()
-                    .enumerate()
-                    .map(|(j, sj)| (sj - mx).exp() / z * v[j * d + i] as f64)
-                    .sum();
+            let wants = attention_f64(&s, &v, d);
+            for (i, &want) in wants.iter().enumerate() {
                 let o = (iq * h + hh) * d + i;
                 let got = f32::from_le_bytes(out[4 * o..4 * o + 4].try_into().unwrap());
                 assert!(
@@ -429,20 +420,16 @@ fn flash_attention_close_to_f64_at(scale: f32) {
     let mut out = vec![0u8; d * h * 4];
     compute(&node, &src, &mut out).unwrap();
     for hh in 0..h {
-        let s: Vec<f64> = (0..n_kv)
+        let s: Vec<(usize, f64)> = (0..n_kv)
             .map(|j| {
-                (0..d)
+                let dot: f64 = (0..d)
                     .map(|i| q[hh * d + i] as f64 * k[j * d + i] as f64)
-                    .sum::<f64>()
-                    * scale as f64
+                    .sum();
+                (j, dot * scale as f64)
             })
             .collect();
-        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
-        for i in 0..d {
-            let want: f64 = (0..n_kv)
-                .map(|j| (s[j] - mx).exp() / z * v[j * d + i] as f64)
-                .sum();
+        let wants = attention_f64(&s, &v, d);
+        for (i, &want) in wants.iter().enumerate() {
             let o = hh * d + i;
             let got = f32::from_le_bytes(out[4 * o..4 * o + 4].try_into().unwrap());
             assert!(
@@ -724,13 +711,8 @@ fn flash_attention_with_alibi_distances_close_to_f64() {
                     dist(j, iq).map(|x| (j, dot * scale as f64 + slope * x))
                 })
                 .collect();
-            let mx = s.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|p| (p.1 - mx).exp()).sum();
-            for i in 0..d {
-                let want: f64 = s
-                    .iter()
-                    .map(|&(j, sj)| (sj - mx).exp() / z * v[j * d + i] as f64)
-                    .sum();
+            let wants = attention_f64(&s, &v, d);
+            for (i, &want) in wants.iter().enumerate() {
                 let o = (iq * h + hh) * d + i;
                 let got = f32::from_le_bytes(out[4 * o..4 * o + 4].try_into().unwrap());
                 assert!(
@@ -783,4 +765,19 @@ fn flash_attn_with_f16_mask(
     let mut out = vec![0u8; d * h * n_q * 4];
     compute(&node, &src, &mut out).unwrap();
     out
+}
+
+/// Softmax attention in f64: the scores `(j, s_j)` of the positions a query sees, and the
+/// output's `d` values, each the softmax-weighted sum of value rows `j` of `v` ([d, n_kv]).
+fn attention_f64(scores: &[(usize, f64)], v: &[f32], d: usize) -> Vec<f64> {
+    let mx = scores.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = scores.iter().map(|p| (p.1 - mx).exp()).sum();
+    (0..d)
+        .map(|i| {
+            scores
+                .iter()
+                .map(|&(j, sj)| (sj - mx).exp() / z * v[j * d + i] as f64)
+                .sum()
+        })
+        .collect()
 }
