@@ -95,6 +95,7 @@ fn bench(c: &mut Criterion) {
         grid: [rows as u32, 1, 1],
         block: [32, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let run = || launch(&module, "dot", &cfg, &argv, &mem, Checks::ALL, threads).expect("runs");
     let per_launch = run().warp_instructions;
@@ -177,6 +178,7 @@ fn bench_mma(c: &mut Criterion) {
         grid: [1, 1, 1],
         block: [32, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let model = Checks {
         approx_at_bound: false,

@@ -85,6 +85,9 @@ pub enum FaultKind {
     /// `trap`, an instruction the emulator cannot execute with these operands, or a
     /// call/return mismatch.
     IllegalInstruction,
+    /// In a launch with programmatic stream serialisation, a global access before
+    /// `griddepcontrol.wait`: the grid before it may still be writing or reading it.
+    DependencyRace,
 }
 
 impl FaultKind {
@@ -98,6 +101,7 @@ impl FaultKind {
             FaultKind::IllegalInstruction => ErrorCode::IllegalInstruction,
             FaultKind::UninitializedRead
             | FaultKind::SharedRace
+            | FaultKind::DependencyRace
             | FaultKind::SyncMask
             | FaultKind::BarrierDivergence => ErrorCode::LaunchFailed,
         }
@@ -113,7 +117,7 @@ impl FaultKind {
             | FaultKind::LocalOrSharedOutOfBounds
             | FaultKind::IllegalInstruction => "memcheck",
             FaultKind::UninitializedRead => "initcheck",
-            FaultKind::SharedRace => "racecheck",
+            FaultKind::SharedRace | FaultKind::DependencyRace => "racecheck",
             FaultKind::SyncMask | FaultKind::BarrierDivergence => "synccheck",
         }
     }

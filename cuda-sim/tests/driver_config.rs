@@ -84,6 +84,13 @@ fn every_variable() {
         Some(16)
     );
     assert_eq!(parse(&[("CUDA_SIM_DEVICES", "0")]).unwrap().devices, 0);
+    assert_eq!(cfg.compute_capability, (8, 0));
+    assert_eq!(
+        parse(&[("CUDA_SIM_ARCH", "SM_90")])
+            .unwrap()
+            .compute_capability,
+        (9, 0)
+    );
 }
 
 #[test]
@@ -100,6 +107,7 @@ fn bad_values_name_the_variable_and_the_value() {
         ("CUDA_SIM_CHECKS", "all,none"),
         ("CUDA_SIM_THREADS", "0"),
         ("CUDA_SIM_THREADS", "many"),
+        ("CUDA_SIM_ARCH", "sm_75"),
     ];
     for (var, value) in cases {
         let e = parse(&[(var, value)]).unwrap_err();

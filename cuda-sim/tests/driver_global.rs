@@ -26,6 +26,7 @@ fn environment_and_the_global_driver() {
     std::env::set_var("CUDA_SIM_CHECKS", "racecheck");
     std::env::set_var("CUDA_SIM_THREADS", "2");
     std::env::set_var("CUDA_SIM_INTERPRET", "0");
+    std::env::set_var("CUDA_SIM_ARCH", "sm_90");
     let cfg = SimConfig::from_env().unwrap();
     assert_eq!(
         cfg,
@@ -39,6 +40,7 @@ fn environment_and_the_global_driver() {
             },
             exec_threads: 2,
             interpret: false,
+            compute_capability: (9, 0),
         }
     );
 

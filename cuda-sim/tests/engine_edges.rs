@@ -39,6 +39,7 @@ fn run(
         grid: [1, 1, 1],
         block,
         dynamic_shared: 0,
+        programmatic: false,
     };
     match launch(&module, "k", &cfg, &[&BASE.to_le_bytes()], &mem, checks, 1) {
         Ok(_) => {}
@@ -717,6 +718,7 @@ fn launch_statistics_count_warp_steps_and_executing_lanes() {
         grid: [1, 1, 1],
         block: [40, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let stats = launch(
         &module,

@@ -30,6 +30,7 @@ fn run(
         grid: [grid, 1, 1],
         block: [block, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let out = BASE.to_le_bytes();
     let nb = n.to_le_bytes();

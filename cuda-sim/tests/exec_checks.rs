@@ -24,6 +24,7 @@ fn run(m: &Module, block: [u32; 3], mem: &FlatMemory, checks: Checks) -> Result<
         grid: [2, 1, 1],
         block,
         dynamic_shared: 0,
+        programmatic: false,
     };
     match launch(m, "k", &cfg, &[&out, &n], mem, checks, 2) {
         Ok(_) => Ok(()),

@@ -80,6 +80,7 @@ impl Copy {
             grid: [(self.n / 128) as u32, 1, 1],
             block: [128, 1, 1],
             dynamic_shared: 0,
+            programmatic: false,
         };
         launch_profiled(
             &self.m,
@@ -230,6 +231,7 @@ fn shared_wavefronts_by_stride(#[case] stride: u32, #[case] wavefronts: u64) {
         grid: [1, 1, 1],
         block: [32, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let s = stride.to_le_bytes();
     let (_, c) = launch_profiled(
@@ -257,6 +259,7 @@ fn run_plain(text: &str, kernel: &str, grid: u32, block: u32) -> LaunchCounters 
         grid: [grid, 1, 1],
         block: [block, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     launch_profiled(
         &m,
@@ -405,6 +408,7 @@ fn a_barrier_passes_the_latest_arrivals_lines_to_the_warps_it_releases() {
         grid: [1, 1, 1],
         block: [64, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let opts = ProfileOptions {
         latencies: lat,
@@ -506,6 +510,7 @@ fn l2_sees_each_blocks_reads_once_and_every_store() {
         grid: [blocks as u32, 1, 1],
         block: [threads as u32, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     for host_threads in [1, 3] {
         let c = launch_profiled(

@@ -26,6 +26,7 @@ fn run(text: &str) -> [u8; 16] {
         grid: [1, 1, 1],
         block: [1, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let p = BASE.to_le_bytes();
     launch(&m, "k", &cfg, &[&p], &mem, Checks::ALL, 1).unwrap_or_else(|e| panic!("{e:?}"));
@@ -140,6 +141,7 @@ fn functions_shared_memory_and_parameters() {
         grid: [1, 1, 1],
         block: [1, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let (p, n, blob, x) = (
         BASE.to_le_bytes(),

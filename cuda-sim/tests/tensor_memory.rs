@@ -36,6 +36,7 @@ fn run(
         grid: [grid, 1, 1],
         block: [block, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     match launch(m, "k", &cfg, args, mem, checks, 2) {
         Ok(_) => Ok(()),

@@ -175,6 +175,7 @@ fn run_mma(
         grid: [1, 1, 1],
         block: [32, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     launch(&m, "k", &cfg, &args, &mem, checks, 1)?;
     let mut out = vec![0u8; 4 * 32 * s.nd];

@@ -248,6 +248,7 @@ impl<'a> Kit<'a> {
             grid: (grid, 1, 1),
             block: (block, 1, 1),
             shared: 0,
+            programmatic: false,
         };
         self.be.dev.api.launch(f, &d, self.be.stream, args)
     }
@@ -757,6 +758,7 @@ mod tests {
                 grid: [1, 1, 1],
                 block: [32, 1, 1],
                 dynamic_shared: 0,
+                programmatic: false,
             };
             let n = cases.len() as u32;
             let args: [&[u8]; 5] = [

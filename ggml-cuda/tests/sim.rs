@@ -223,6 +223,7 @@ fn quantize_q8_1_bytes_equal_the_mirror() {
         grid: [nchunks.div_ceil(8) as u32, rows as u32, 1],
         block: [256, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     launch(
         &module,

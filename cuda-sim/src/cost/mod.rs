@@ -120,6 +120,10 @@ pub struct Prediction {
     pub throughput_s: f64,
     /// One critical path, seconds.
     pub path_s: f64,
+    /// For a kernel with `griddepcontrol.wait`: the part of `path_s` after the wait's
+    /// release (see [`LaunchCounters::post_wait_path`]). With programmatic stream
+    /// serialisation the launch and the rest of the path can overlap the grid before.
+    pub post_wait_s: Option<f64>,
     /// The launch cost, seconds.
     pub launch_s: f64,
     /// The wave quantisation factor `q` of the SM-local terms.
@@ -199,13 +203,15 @@ pub fn predict(
     terms.sort_by(|x, y| y.1.total_cmp(&x.1));
     let (top, throughput_s) = terms[0];
     let lat = spec.latencies_f64();
-    let p = &c.critical_path;
-    let path_cycles = p.issue as f64
-        + p.alu as f64 * lat[0]
-        + p.special as f64 * lat[1]
-        + p.shared as f64 * lat[2]
-        + p.global as f64 * lat[3];
-    let path_s = path_cycles / clock;
+    let price = |p: &crate::profile::PathCounts| {
+        p.issue as f64
+            + p.alu as f64 * lat[0]
+            + p.special as f64 * lat[1]
+            + p.shared as f64 * lat[2]
+            + p.global as f64 * lat[3]
+    };
+    let path_s = price(&c.critical_path) / clock;
+    let post_wait_s = c.post_wait_path.as_ref().map(|p| price(p) / clock);
     let launch_s = match launch {
         LaunchKind::Stream => t.launch_stream_s,
         LaunchKind::GraphNode => t.launch_graph_node_s,
@@ -240,6 +246,7 @@ pub fn predict(
         terms,
         throughput_s,
         path_s,
+        post_wait_s,
         launch_s,
         wave_factor: q,
         occupancy: occ,
@@ -261,6 +268,29 @@ impl GpuSpec {
 }
 
 impl Prediction {
+    /// The path before `griddepcontrol.wait`, seconds (0 for a kernel without it).
+    pub fn pre_wait_s(&self) -> f64 {
+        self.post_wait_s
+            .map_or(0.0, |post| (self.path_s - post).max(0.0))
+    }
+
+    /// How much of this launch, made with programmatic stream serialisation right after
+    /// `prev` on the same stream, runs while `prev` still runs, in seconds: its launch
+    /// and its path up to `griddepcontrol.wait`, at most as long as `prev` runs after
+    /// its own wait. The kernels here run `griddepcontrol.launch_dependents` right after
+    /// their wait, so a dependent is launched when `prev`'s wait returns; a kernel
+    /// without the wait (no trigger either) lets its dependent launch only when it ends,
+    /// and hides nothing.
+    pub fn programmatic_overlap_s(&self, prev: &Prediction) -> f64 {
+        if self.post_wait_s.is_none() || prev.post_wait_s.is_none() {
+            return 0.0;
+        }
+        let prev_after_release = prev.time_s - prev.launch_s - prev.pre_wait_s();
+        (self.launch_s + self.pre_wait_s())
+            .min(prev_after_release)
+            .max(0.0)
+    }
+
     /// One line: time, bound, the three largest terms, occupancy.
     pub fn summary(&self) -> String {
         let top: Vec<String> = self
@@ -379,6 +409,42 @@ mod tests {
         let launch = t.launch_graph_node_s;
         assert!((node.time_s - (path + launch + node.throughput_s)).abs() < 1e-12);
         assert_eq!(node.wave_factor, 132.0);
+    }
+
+    #[test]
+    fn a_programmatic_launch_hides_its_launch_and_pre_wait_path_behind_the_grid_before() {
+        let spec = GpuSpec::h200();
+        let t = &spec.tunables;
+        let clock = spec.arch.clock_hz;
+        // 10 global hops before the wait and 30 after it.
+        let kernel = |pre: u64, post: u64| {
+            let mut c = streaming(256);
+            c.critical_path = PathCounts {
+                global: pre + post,
+                ..Default::default()
+            };
+            c.post_wait_path = Some(PathCounts {
+                global: post,
+                ..Default::default()
+            });
+            c
+        };
+        let a = predict(&spec, &kernel(10, 30), None, LaunchKind::GraphNode).unwrap();
+        let b = predict(&spec, &kernel(10, 30), None, LaunchKind::GraphNode).unwrap();
+        let pre = 10.0 * t.global_latency / clock;
+        assert!((b.pre_wait_s() - pre).abs() < 1e-15);
+        let hidden = b.programmatic_overlap_s(&a);
+        assert!((hidden - (b.launch_s + pre)).abs() < 1e-15, "{hidden}");
+        // Behind a short grid only what it leaves after its own wait is hidden.
+        let short = predict(&spec, &kernel(10, 1), None, LaunchKind::GraphNode).unwrap();
+        let after = short.time_s - short.launch_s - short.pre_wait_s();
+        assert!((b.programmatic_overlap_s(&short) - after).abs() < 1e-15);
+        assert!(after < b.launch_s + pre);
+        // No wait on either side: nothing overlaps.
+        let plain = predict(&spec, &streaming(256), None, LaunchKind::GraphNode).unwrap();
+        assert_eq!(plain.pre_wait_s(), 0.0);
+        assert_eq!(b.programmatic_overlap_s(&plain), 0.0);
+        assert_eq!(plain.programmatic_overlap_s(&a), 0.0);
     }
 
     #[test]

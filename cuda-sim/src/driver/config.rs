@@ -40,6 +40,11 @@ pub struct SimConfig {
     /// of the driver (calls, launches, waits, bytes copied) quickly, on models far too
     /// large to interpret.
     pub interpret: bool,
+    /// The compute capability the devices report (`CUDA_SIM_ARCH`: `sm_80`, the default,
+    /// or `sm_90`). A module whose `.target` is newer does not load, and launches with
+    /// programmatic stream serialisation need sm_90, as on a GPU; the arithmetic is the
+    /// same on both.
+    pub compute_capability: (i32, i32),
 }
 
 impl Default for SimConfig {
@@ -51,6 +56,7 @@ impl Default for SimConfig {
             checks: Checks::ALL,
             exec_threads: default_threads(),
             interpret: true,
+            compute_capability: (8, 0),
         }
     }
 }
@@ -139,6 +145,13 @@ impl SimConfig {
                         "expected 1 (run kernels) or 0 (check and count launches only)",
                     ))
                 }
+            };
+        }
+        if let Some(v) = var("CUDA_SIM_ARCH") {
+            cfg.compute_capability = match v.to_ascii_lowercase().as_str() {
+                "sm_80" | "80" | "8.0" => (8, 0),
+                "sm_90" | "90" | "9.0" => (9, 0),
+                _ => return Err(bad("CUDA_SIM_ARCH", &v, "expected sm_80 or sm_90")),
             };
         }
         Ok(cfg)

@@ -66,7 +66,8 @@ use stream::{StreamKind, StreamShared};
 /// The CUDA version the emulated driver reports (`cuDriverGetVersion`): 13.0, as
 /// driver 580.
 pub const DRIVER_VERSION: i32 = 13000;
-/// The compute capability of the emulated devices (sm_80).
+/// The compute capability of the emulated devices unless configured otherwise (sm_80;
+/// see [`SimConfig::compute_capability`]).
 pub const COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
 
 macro_rules! handle {
@@ -257,16 +258,14 @@ impl Driver {
     /// The device's name, e.g. `cuda-sim GPU 0 (emulated sm_80)`.
     pub fn device_name(&self, dev: usize) -> Result<String, CuError> {
         self.device(dev)?;
-        Ok(format!(
-            "cuda-sim GPU {dev} (emulated sm_{}{})",
-            COMPUTE_CAPABILITY.0, COMPUTE_CAPABILITY.1
-        ))
+        let (major, minor) = self.shared.cfg.compute_capability;
+        Ok(format!("cuda-sim GPU {dev} (emulated sm_{major}{minor})"))
     }
 
-    /// The compute capability: (8, 0).
+    /// The compute capability: (8, 0) unless configured otherwise.
     pub fn compute_capability(&self, dev: usize) -> Result<(i32, i32), CuError> {
         self.device(dev)?;
-        Ok(COMPUTE_CAPABILITY)
+        Ok(self.shared.cfg.compute_capability)
     }
 
     /// The device's memory size (the configured `memory_per_device`).

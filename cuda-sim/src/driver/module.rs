@@ -76,6 +76,17 @@ impl Driver {
                 ))
             }
         };
+        let (major, minor) = self.shared.cfg.compute_capability;
+        let device_sm = (major * 10 + minor) as u32;
+        if module.target_sm() > device_sm {
+            return Err(CuError::new(
+                ErrorCode::InvalidPtx,
+                format!(
+                    "{file}: .target sm_{} is newer than the device (sm_{device_sm})",
+                    module.target_sm()
+                ),
+            ));
+        }
         let id = self.next_id();
         let m = LoadedModule {
             dev,
@@ -163,6 +174,27 @@ impl Driver {
         s: StreamHandle,
         args: &[&[u8]],
     ) -> Result<(), CuError> {
+        self.launch_ex(f, grid, block, shared, s, args, false)
+    }
+
+    /// [`launch`](Driver::launch) as `cuLaunchKernelEx`, with programmatic stream
+    /// serialisation when `programmatic` (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`,
+    /// sm_90 and newer; `CUDA_ERROR_NOT_SUPPORTED` on an older device): the grid may start
+    /// before the one before it on the stream has finished, and must run
+    /// `griddepcontrol.wait` before it touches global memory (racecheck checks this; the
+    /// grids still run one after the other here). Captured into a graph, the flag stays
+    /// with the kernel node.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_ex(
+        &self,
+        f: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: StreamHandle,
+        args: &[&[u8]],
+        programmatic: bool,
+    ) -> Result<(), CuError> {
         let func = self.function_of(f)?;
         let st = self.stream_of(s)?;
         if func.module.dev != st.dev {
@@ -176,6 +208,16 @@ impl Driver {
         }
         self.check_sticky(st.dev)?;
         let name = &func.name;
+        if programmatic && self.shared.cfg.compute_capability.0 < 9 {
+            return Err(CuError::new(
+                ErrorCode::NotSupported,
+                format!(
+                    "launch of {name}: programmatic stream serialisation needs sm_90 or newer \
+                     (the device is sm_{}{})",
+                    self.shared.cfg.compute_capability.0, self.shared.cfg.compute_capability.1
+                ),
+            ));
+        }
         for (axis, ((&g, &b), (&gmax, &bmax))) in grid
             .iter()
             .zip(&block)
@@ -246,6 +288,7 @@ impl Driver {
                     grid,
                     block,
                     dynamic_shared: shared,
+                    programmatic,
                 },
                 args: args.iter().map(|a| a.to_vec()).collect(),
                 stamp: self.shared.profile.stamp(st.id),

@@ -62,6 +62,8 @@ pub struct LaunchRecord {
     pub module_file: String,
     /// The stream's launch tag when it was enqueued ([`Driver::set_launch_tag`]).
     pub tag: Option<u64>,
+    /// Launched with programmatic stream serialisation ([`Driver::launch_ex`]).
+    pub programmatic: bool,
     /// What it executed; `dram` is set (from the device's L2 model) unless profiling
     /// was turned off before it ran.
     pub counters: LaunchCounters,
@@ -166,6 +168,7 @@ impl ProfileState {
                 kernel: l.kernel.clone(),
                 module_file: l.module.file.clone(),
                 tag: stamp.tag,
+                programmatic: l.cfg.programmatic,
                 counters,
             });
         }

@@ -11,7 +11,8 @@ use super::arith;
 use super::{bits, half};
 use crate::fault::{Checks, FaultKind, KernelFault};
 use crate::mem::{GlobalMemory, MemError, Region};
-use crate::profile::collect::{Collector, Stamp};
+use crate::profile::collect::{Collector, Stamp, WAIT_RELEASE};
+use crate::profile::{InstrClass, MemSpace};
 use crate::ptx::ir::{Addr, AddrBase, BinOp, Instr, Op, Operand, ShflMode, Space, Special, Ty};
 use crate::ptx::Module;
 
@@ -29,6 +30,9 @@ pub(crate) struct Launch<'a> {
     pub checks: Checks,
     pub shared_bytes: usize,
     pub profile: Option<crate::profile::ProfileOptions>,
+    /// Launched with programmatic stream serialisation: global accesses before
+    /// `griddepcontrol.wait` are faults (racecheck).
+    pub programmatic: bool,
     /// Serialises global atomics: blocks run on several host threads, and memory is
     /// bytes, so a read-modify-write of a word takes this lock.
     pub atomic_lock: std::sync::Mutex<()>,
@@ -70,6 +74,8 @@ struct Warp {
     async_ready: Stamp,
     /// Issue-clock cycles by source line (profiler, with `stall_lines` only).
     stalls: HashMap<u32, u64>,
+    /// Lanes that have run `griddepcontrol.wait`.
+    waited: u32,
 }
 
 /// Shadow of one shared byte for racecheck: epoch, last writer warp, reader warp,
@@ -133,6 +139,17 @@ pub(crate) struct BlockRunner<'a> {
     pub thread_instructions: u64,
     /// The counters, when the launch is profiled.
     pub prof: Option<Box<Collector>>,
+}
+
+/// Whether `op` reads or writes global memory (generic addresses included).
+fn touches_global(op: &Op) -> bool {
+    match InstrClass::of(op) {
+        InstrClass::Load { space, .. } | InstrClass::Store { space, .. } => {
+            matches!(space, MemSpace::Global)
+        }
+        InstrClass::Atomic { space } => matches!(space, MemSpace::Global),
+        _ => false,
+    }
 }
 
 /// Advances the program counter of the lanes in `group` (branch-free, vectorised).
@@ -268,6 +285,7 @@ impl<'a> BlockRunner<'a> {
                 clock: Stamp::default(),
                 async_ready: Stamp::default(),
                 stalls: HashMap::new(),
+                waited: 0,
             });
         }
         for (w, warp) in warps.iter_mut().enumerate() {
@@ -280,6 +298,7 @@ impl<'a> BlockRunner<'a> {
             warp.clock = Stamp::default();
             warp.async_ready = Stamp::default();
             warp.stalls.clear();
+            warp.waited = 0;
             let fr = self.new_frame(self.l.entry, warp.lanes, None);
             warp.frames.push(fr);
         }
@@ -483,7 +502,14 @@ impl<'a> BlockRunner<'a> {
                         &mut w.async_ready,
                     );
                     if p.stall_lines() {
-                        *w.stalls.entry(ins.line).or_default() += w.clock.t - before;
+                        // Past a `griddepcontrol.wait` the clock counts from its release.
+                        let after = w.clock.t;
+                        let spent = if before < WAIT_RELEASE && after >= WAIT_RELEASE {
+                            after - WAIT_RELEASE
+                        } else {
+                            after - before
+                        };
+                        *w.stalls.entry(ins.line).or_default() += spent;
                     }
                 }
             }
@@ -555,6 +581,11 @@ impl<'a> BlockRunner<'a> {
                     }
                     step(&mut top.pc, group);
                 }
+                Op::GridDepWait => {
+                    w.waited |= exec;
+                    step(&mut top.pc, group);
+                }
+                Op::GridDepLaunch => step(&mut top.pc, group),
                 Op::BarSync => {
                     if exec != 0 {
                         let all = w.lanes & !w.exited;
@@ -577,6 +608,24 @@ impl<'a> BlockRunner<'a> {
                     }
                 }
                 _ => {
+                    if self.l.programmatic
+                        && self.l.checks.racecheck
+                        && exec & !w.waited != 0
+                        && touches_global(&ins.op)
+                    {
+                        let lane = (exec & !w.waited).trailing_zeros() as usize;
+                        return Err(self.fault(
+                            FaultKind::DependencyRace,
+                            ins,
+                            w,
+                            lane,
+                            None,
+                            "a global memory access before griddepcontrol.wait in a launch with \
+                             programmatic stream serialisation (the grid before it may still \
+                             be running)"
+                                .into(),
+                        ));
+                    }
                     let exited = w.exited;
                     let (id, lanes) = (w.id, w.lanes);
                     let top = w.frames.last_mut().expect("frame");

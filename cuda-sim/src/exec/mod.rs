@@ -40,6 +40,11 @@ pub struct LaunchConfig {
     pub block: [u32; 3],
     /// Bytes of dynamic (`.extern .shared`) shared memory per block.
     pub dynamic_shared: u32,
+    /// Launched with programmatic stream serialisation (`cuLaunchKernelEx`'s
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): the grid may start while
+    /// the one before it finishes, so no thread may touch global memory before its
+    /// `griddepcontrol.wait` (a racecheck fault here).
+    pub programmatic: bool,
 }
 
 /// What a launch executed.
@@ -245,6 +250,7 @@ fn run(
         checks,
         shared_bytes,
         profile,
+        programmatic: cfg.programmatic,
         atomic_lock: Mutex::new(()),
     };
     let n_blocks = gx as u64 * gy as u64 * gz as u64;

@@ -309,6 +309,8 @@ impl InstrClass {
             // A hint: issued, no bytes of its own (the load it serves counts them).
             Op::Prefetch { .. }
             | Op::Fence
+            | Op::GridDepWait
+            | Op::GridDepLaunch
             | Op::CpAsyncCommit
             | Op::CpAsyncWait { .. }
             | Op::BarWarpSync { .. }

@@ -16,6 +16,11 @@ pub(crate) struct Stamp {
     pub(crate) path: PathCounts,
 }
 
+/// The issue time a warp's clock jumps to at `griddepcontrol.wait`: far beyond any path,
+/// so that what follows the wait is timed from it (its release) and what came before
+/// delays nothing after it.
+pub(crate) const WAIT_RELEASE: u64 = 1 << 40;
+
 /// What a launch's worker counted.
 pub(crate) struct Collector {
     pub(crate) c: LaunchCounters,
@@ -25,6 +30,8 @@ pub(crate) struct Collector {
     lat: Latencies,
     /// The latest block end so far.
     crit: Stamp,
+    /// The latest arrival at `griddepcontrol.wait` so far.
+    pre_wait: Stamp,
     /// Whether to keep the critical warp's cycles by source line.
     stall_lines: bool,
     /// The cycles by source line of the warp that ended `crit`.
@@ -141,6 +148,8 @@ fn sources(op: &Op, f: &mut impl FnMut(u16)) {
         | Op::Exit
         | Op::Trap
         | Op::Fence
+        | Op::GridDepWait
+        | Op::GridDepLaunch
         | Op::CpAsyncCommit
         | Op::CpAsyncWait { .. } => {}
     }
@@ -172,6 +181,8 @@ fn destinations(op: &Op, f: &mut impl FnMut(u16)) {
         Op::Mma(m) => m.d.iter().for_each(|&r| f(r)),
         Op::Ldmatrix { d, .. } => d.iter().for_each(|&r| f(r)),
         Op::Fence
+        | Op::GridDepWait
+        | Op::GridDepLaunch
         | Op::Prefetch { .. }
         | Op::CpAsync { .. }
         | Op::CpAsyncCommit
@@ -203,6 +214,7 @@ impl Collector {
             block_reads: HashSet::new(),
             lat: opts.latencies,
             crit: Stamp::default(),
+            pre_wait: Stamp::default(),
             stall_lines: opts.stall_lines,
             crit_stalls: Vec::new(),
             addrs: Vec::with_capacity(32),
@@ -297,7 +309,7 @@ impl Collector {
     }
 
     fn schedule(
-        &self,
+        &mut self,
         ins: &Instr,
         class: InstrClass,
         ready: &mut [Stamp],
@@ -324,6 +336,13 @@ impl Collector {
             wait(g);
         }
         sources(&ins.op, &mut wait);
+        if matches!(ins.op, Op::GridDepWait) && exec != 0 && issue.t < WAIT_RELEASE {
+            self.pre_wait = self.pre_wait.max(issue);
+            issue = Stamp {
+                t: WAIT_RELEASE,
+                path: Default::default(),
+            };
+        }
         *clock = issue;
         let mut done = issue;
         match hop_of(class) {
@@ -476,6 +495,7 @@ impl Collector {
             self.crit = o.crit;
             self.crit_stalls = o.crit_stalls;
         }
+        self.pre_wait = self.pre_wait.max(o.pre_wait);
     }
 
     /// The launch's counters: sums scaled to `blocks` when fewer were interpreted.
@@ -487,8 +507,21 @@ impl Collector {
         c.unique_read_sectors = touched.iter().filter(|(_, f)| f & READ != 0).count() as u64;
         c.unique_write_sectors = touched.iter().filter(|(_, f)| f & WRITE != 0).count() as u64;
         c.touched = touched;
-        c.critical_path = self.crit.path;
-        c.critical_path_cycles = self.crit.t;
+        if self.crit.t >= WAIT_RELEASE {
+            let (pre, post) = (self.pre_wait.path, self.crit.path);
+            c.critical_path = PathCounts {
+                issue: pre.issue + post.issue,
+                alu: pre.alu + post.alu,
+                special: pre.special + post.special,
+                shared: pre.shared + post.shared,
+                global: pre.global + post.global,
+            };
+            c.critical_path_cycles = self.pre_wait.t + (self.crit.t - WAIT_RELEASE);
+            c.post_wait_path = Some(post);
+        } else {
+            c.critical_path = self.crit.path;
+            c.critical_path_cycles = self.crit.t;
+        }
         c.critical_stalls = self.crit_stalls;
         if c.sampled() && c.blocks_interpreted > 0 {
             let (n, k) = (c.blocks as u128, c.blocks_interpreted as u128);

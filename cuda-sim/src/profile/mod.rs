@@ -180,6 +180,12 @@ pub struct LaunchCounters {
     pub critical_path: PathCounts,
     /// Its length in cycles at the profiling latencies.
     pub critical_path_cycles: u64,
+    /// For a kernel that runs `griddepcontrol.wait`: the longest path from the wait's
+    /// release to the end of a warp. `critical_path` is then the latest arrival at the
+    /// wait plus this (the kernel's path when the wait returns at once); a launch with
+    /// programmatic stream serialisation can run the part before the wait while the grid
+    /// before it finishes. `None` for a kernel without the wait.
+    pub post_wait_path: Option<PathCounts>,
     /// With [`ProfileOptions::stall_lines`]: the cycles of the critical path at each PTX
     /// source line (1-based, of the module's text), sorted by line: one issue cycle per
     /// instruction plus its wait for its operands, along the warp that ends the path and,

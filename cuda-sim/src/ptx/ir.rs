@@ -582,6 +582,14 @@ pub enum Op {
     Prefetch { addr: Addr },
     /// `bar.sync 0` / `barrier.sync 0`.
     BarSync,
+    /// `griddepcontrol.wait` (sm_90): waits until the grids this one depends on have
+    /// completed and their memory is visible. In a launch with programmatic stream
+    /// serialisation no thread may touch global memory before it (checked); otherwise it
+    /// returns at once. Kernels run one after another here, so it changes no state.
+    GridDepWait,
+    /// `griddepcontrol.launch_dependents` (sm_90): lets a programmatic dependent grid be
+    /// scheduled once every block has run it or exited. A scheduling hint: no state.
+    GridDepLaunch,
     /// `bra target` (instruction index).
     Bra { target: u32 },
     /// `call (ret), func, (args)`: caller param offsets copied to the callee's params.

@@ -74,6 +74,7 @@ pub struct Module {
     pub(crate) local_bytes: usize,
     pub(crate) shared_bytes: usize,
     pub(crate) extern_shared: Option<usize>,
+    pub(crate) target_sm: u32,
 }
 
 impl fmt::Debug for Module {
@@ -83,6 +84,39 @@ impl fmt::Debug for Module {
             .field("kernels", &self.kernel_names())
             .finish_non_exhaustive()
     }
+}
+
+/// The text of a PTX module written for `.target sm_80` as a GPU of architecture
+/// `sm` (`major * 10 + minor`) is given it: on sm_90 and newer retargeted to sm_90, so
+/// that its `griddepcontrol` instructions (programmatic dependent launch) assemble;
+/// below that with those lines commented out (the wait returns at once on a grid not
+/// launched programmatically, so dropping it changes nothing). Lines keep their numbers,
+/// so fault reports and profiles point into the original text.
+pub fn for_arch(ptx: &str, sm: u32) -> std::borrow::Cow<'_, str> {
+    let mut changed = false;
+    let lines: Vec<String> = ptx
+        .lines()
+        .map(|l| {
+            let t = l.trim_start();
+            if sm >= 90 && t == ".target sm_80" {
+                changed = true;
+                l.replacen("sm_80", "sm_90", 1)
+            } else if sm < 90 && t.starts_with("griddepcontrol.") {
+                changed = true;
+                format!("// (sm_90 only) {l}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    if !changed {
+        return std::borrow::Cow::Borrowed(ptx);
+    }
+    let mut out = lines.join("\n");
+    if ptx.ends_with('\n') {
+        out.push('\n');
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 impl Module {
@@ -97,6 +131,7 @@ impl Module {
                 local_bytes: p.local_bytes,
                 shared_bytes: p.shared_bytes,
                 extern_shared: p.extern_shared,
+                target_sm: p.target_sm,
             }),
             Err((line, message)) => Err(PtxError {
                 file: file.to_string(),
@@ -108,6 +143,11 @@ impl Module {
                 message,
             }),
         }
+    }
+
+    /// The `.target` architecture as `major * 10 + minor` (80 for `sm_80`).
+    pub fn target_sm(&self) -> u32 {
+        self.target_sm
     }
 
     /// The `.entry` names, in source order.

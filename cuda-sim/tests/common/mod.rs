@@ -20,6 +20,7 @@ pub fn profile_k(
         grid: [blocks, 1, 1],
         block: [threads, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let (_, c) = launch_profiled(
         m,

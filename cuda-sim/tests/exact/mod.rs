@@ -98,6 +98,7 @@ DONE:
         grid: [n.div_ceil(32) as u32, 1, 1],
         block: [32, 1, 1],
         dynamic_shared: 0,
+        programmatic: false,
     };
     let args: [&[u8]; 3] = [
         &BASE.to_le_bytes(),

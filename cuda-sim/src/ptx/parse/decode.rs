@@ -633,6 +633,14 @@ pub(super) fn decode(
             want(0)?;
             Op::Exit
         }
+        "griddepcontrol" => {
+            want(0)?;
+            match mods.as_slice() {
+                ["wait"] => Op::GridDepWait,
+                ["launch_dependents"] => Op::GridDepLaunch,
+                _ => return unsupported("expected griddepcontrol.wait or .launch_dependents"),
+            }
+        }
         "trap" => {
             want(0)?;
             Op::Trap

@@ -24,6 +24,8 @@ pub(crate) struct Parsed {
     pub shared_bytes: usize,
     /// Offset of the `.extern .shared` array (dynamic shared memory), if declared.
     pub extern_shared: Option<usize>,
+    /// The `.target` architecture as `major * 10 + minor` (80 for `sm_80`; 0 if none).
+    pub target_sm: u32,
 }
 
 struct Sym {
@@ -43,6 +45,8 @@ struct P<'a> {
     funcs: Vec<Function>,
     func_index: HashMap<String, u32>,
     call_fixups: Vec<(usize, usize, String, u32)>,
+    /// `.target sm_XY` as XY (0 before the directive).
+    target_sm: u32,
 }
 
 fn err<T>(line: u32, msg: impl Into<String>) -> Result<T, PErr> {
@@ -102,8 +106,23 @@ pub(crate) fn parse(text: &str) -> Result<Parsed, PErr> {
         funcs: Vec::new(),
         func_index: HashMap::new(),
         call_fixups: Vec::new(),
+        target_sm: 0,
     };
     p.module()?;
+    // ptxas' rule: an instruction newer than the target architecture is an error.
+    for f in &p.funcs {
+        for ins in &f.code {
+            if matches!(ins.op, Op::GridDepWait | Op::GridDepLaunch) && p.target_sm < 90 {
+                return err(
+                    ins.line,
+                    format!(
+                        "griddepcontrol requires .target sm_90 or higher (the module targets sm_{})",
+                        p.target_sm
+                    ),
+                );
+            }
+        }
+    }
     for (fi, at, name, line) in std::mem::take(&mut p.call_fixups) {
         let target = *p
             .func_index
@@ -143,6 +162,7 @@ pub(crate) fn parse(text: &str) -> Result<Parsed, PErr> {
         }
     }
     Ok(Parsed {
+        target_sm: p.target_sm,
         functions: p.funcs,
         local_bytes: p.local_bytes,
         shared_bytes: p.shared_bytes,

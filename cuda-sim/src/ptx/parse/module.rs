@@ -119,7 +119,13 @@ impl<'a> P<'a> {
                 }
                 ".target" => {
                     self.next()?;
-                    self.word()?;
+                    let arch = self.word()?;
+                    let sm = arch
+                        .strip_prefix("sm_")
+                        .map(|n| n.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
+                        .and_then(|n| n.parse::<u32>().ok())
+                        .ok_or((l, format!("unknown target architecture '{arch}'")))?;
+                    self.target_sm = sm;
                     while self.is_punct(',') {
                         self.next()?;
                         self.word()?;
