@@ -141,6 +141,7 @@ impl CudaBackend {
             grid: (s.n, s.chunks, 1),
             block: (256, 1, 1),
             shared: 0,
+            programmatic: false,
         };
         let mut a = Args::new();
         a.u64(s.buf).u64(s.desc).u32(s.n);

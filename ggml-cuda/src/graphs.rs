@@ -176,6 +176,7 @@ impl KeyBuilder {
             t.legacy_prompt_attn,
             t.qgemm,
             t.mma_attn,
+            t.pdl,
         ];
         self.words.push(
             bits.iter()

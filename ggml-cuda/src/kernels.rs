@@ -175,6 +175,21 @@ pub struct Module {
     pub kernels: &'static [(KernelId, &'static str)],
 }
 
+/// Whether `.entry` `entry` of PTX text `source` runs `griddepcontrol.wait` (a line of
+/// its body that starts with it; a commented-out one does not count).
+pub(crate) fn entry_waits_for_grid(source: &str, entry: &str) -> bool {
+    let head = format!(".visible .entry {entry}(");
+    let mut inside = false;
+    for line in source.lines().map(str::trim_start) {
+        if line.starts_with(".visible .entry") {
+            inside = line.starts_with(&head);
+        } else if inside && line.starts_with("griddepcontrol.wait") {
+            return true;
+        }
+    }
+    false
+}
+
 /// A [`Module`] for `kernels/<file>.ptx` with its kernels' ids and `.entry` names.
 macro_rules! ptx_module {
     ($file:literal: $($id:ident = $entry:literal),+ $(,)?) => {

@@ -28,6 +28,12 @@ pub struct LaunchDims {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory in bytes.
     pub shared: u32,
+    /// Launch with programmatic stream serialisation (Hopper's programmatic dependent
+    /// launch): the grid may start while the kernel before it on the stream finishes and
+    /// waits for it at its `griddepcontrol.wait`. Set at launch for the kernels that have
+    /// the wait, on sm_90 and newer, unless [`CudaTuning::pdl`](crate::CudaTuning::pdl)
+    /// is off; the shapes' functions here leave it `false`.
+    pub programmatic: bool,
 }
 
 /// The kernel class of a quantised mul_mat; both give bit-identical results because
@@ -74,6 +80,7 @@ pub fn elementwise(n: usize) -> Option<LaunchDims> {
         grid: (div_ceil_u32(n, ELEMENTWISE_BLOCK as usize)?, 1, 1),
         block: (ELEMENTWISE_BLOCK, 1, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -86,6 +93,7 @@ pub fn warp_per_row(rows: usize) -> Option<LaunchDims> {
         grid: (div_ceil_u32(rows, 4)?, 1, 1),
         block: (32, 4, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -99,6 +107,7 @@ pub fn rms_norm_q8_1(rows: usize, n: usize) -> Option<LaunchDims> {
         grid: (u32::try_from(rows).ok().filter(|&r| r > 0)?, 1, 1),
         block: (32, warps, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -120,6 +129,7 @@ pub fn mul_mat(class: Option<MulMatClass>, m: usize, n: usize, batch: usize) -> 
         ),
         block: (32, 4, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -137,6 +147,7 @@ pub fn mul_mat_id(m: usize, n_used: usize, tokens: usize) -> Option<LaunchDims> 
         ),
         block: (32, 4, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -294,6 +305,7 @@ pub fn qmm(
         ),
         block: (qmm_threads(rows, nt, nchunks) as u32, 1, 1),
         shared: u32::try_from(qmm_shared(rows, nt, qmm_tile(nt, nchunks))).ok()?,
+        programmatic: false,
     })
 }
 
@@ -320,6 +332,7 @@ pub fn qgemm(m: usize, n: usize, nchunks: usize) -> Option<LaunchDims> {
         ),
         block: (QGEMM_THREADS, 1, 1),
         shared: QGEMM_SHARED,
+        programmatic: false,
     })
 }
 
@@ -332,6 +345,7 @@ pub fn sum_rows(rows: usize) -> Option<LaunchDims> {
         grid: (div_ceil_u32(rows, SUM_ROWS_BLOCK as usize)?, 1, 1),
         block: (SUM_ROWS_BLOCK, 1, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -347,6 +361,7 @@ pub fn argmax(rows: usize) -> Option<LaunchDims> {
         grid: (u32::try_from(rows).ok()?, 1, 1),
         block: (ARGMAX_BLOCK, 1, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -361,6 +376,7 @@ pub fn argsort_top_k(n: usize, rows: usize) -> Option<LaunchDims> {
         grid: (u32::try_from(rows).ok()?, 1, 1),
         block: ((n.div_ceil(32) * 32).min(256) as u32, 1, 1),
         shared: (8 * n) as u32,
+        programmatic: false,
     })
 }
 
@@ -377,6 +393,7 @@ pub fn quantize_q8_1(k: usize, rows: usize, batch: usize) -> Option<LaunchDims> 
         ),
         block: (256, 1, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -399,6 +416,7 @@ pub fn get_rows(quantized: bool, n: usize, k: usize, zl: usize) -> Option<Launch
         grid: (x, u32::try_from(k).ok()?, u32::try_from(zl).ok()?),
         block: (bx, 1, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -417,6 +435,7 @@ pub fn rope(ne: [usize; 4]) -> Option<LaunchDims> {
         ),
         block: (threads, 1, 1),
         shared: 0,
+        programmatic: false,
     })
 }
 
@@ -449,6 +468,7 @@ pub fn rope_store(ne0: usize, hq: usize, hk: usize, nv: usize, n: usize) -> Opti
         grid: (u32::try_from(n).ok()?, 1, 1),
         block: (threads, 1, 1),
         shared,
+        programmatic: false,
     })
 }
 
@@ -487,6 +507,7 @@ pub fn flash_attn(d: usize, dv: usize, heads: usize, n_q: usize, ne3: usize) -> 
         ),
         block: (32, wpb as u32, 1),
         shared: u32::try_from(per_warp * wpb).ok()?,
+        programmatic: false,
     })
 }
 
@@ -552,6 +573,7 @@ pub fn flash_attn_mma(
         ),
         block: (128, 1, 1),
         shared: 0,
+        programmatic: false,
     })?;
     // Partial index ((i3 H_kv + hk) 64 nrb + r) nch + ch in 32 bits, as the kernel has it.
     let slots = heads_kv
@@ -640,6 +662,7 @@ pub fn flash_attn_dec(
         ),
         block: (FA_DEC_THREADS, 1, 1),
         shared: u32::try_from(shared).ok()?,
+        programmatic: false,
     })?;
     let rows = ne3.checked_mul(n_q)?.checked_mul(heads)?;
     let part_bytes = rows.checked_mul(tiles)?.checked_mul((dv + 2) * 4)?;

@@ -7,7 +7,12 @@
 //!   devices `cuda:0xN` ([`CudaBackend::new_virtual`]).
 //! - The kernels are PTX written by hand (`kernels/*.ptx`, one file per op family, PTX ISA
 //!   8.0 for `sm_80`), embedded in the binary and JIT-compiled by the driver once per
-//!   device context ([`kernels`]).
+//!   device context ([`kernels`]). On sm_90 and newer the text is retargeted to sm_90 and
+//!   the decode products and attention, which wait for the grid before them with
+//!   `griddepcontrol.wait` before touching global memory, are launched with programmatic
+//!   stream serialisation (programmatic dependent launch: their launch and prologue
+//!   overlap the kernel before them; [`CudaTuning::pdl`]); below sm_90 those lines are
+//!   commented out ([`cuda_sim::ptx::for_arch`]).
 //! - libcuda is loaded at run time: the crate builds and its tests pass on machines
 //!   without CUDA; creating a backend there returns an error that says why.
 //!

@@ -100,6 +100,11 @@ impl Ctx<'_> {
     fn launch(&mut self, k: KernelId, d: LaunchDims, args: &mut Args) -> BackendResult<()> {
         let dev = &self.be.dev;
         let f = dev.kernels.get(k);
+        // Its module keeps the wait only on sm_90 and newer (kernels::entry_waits_for_grid).
+        let d = LaunchDims {
+            programmatic: self.st.tuning.pdl && dev.kernels.waits_for_grid(k),
+            ..d
+        };
         let fail = |e: crate::driver::CuError| self.be.cu(e).at(self.op(), self.node.name);
         if d.shared > launch::DEFAULT_MAX_SHARED {
             // launch::flash_attn keeps the request within the device limit.

@@ -13,6 +13,7 @@
 //! |---|---|
 //! | `default` | everything on, current kernels (what [`CudaTuning::default`] gives) |
 //! | `no-graphs` | launch every kernel from the host, never replay a captured graph |
+//! | `no-pdl` | no programmatic dependent launch: every kernel starts when the one before it has ended (it is only used on sm_90 and newer) |
 //! | `no-fuse` | every fusion off |
 //! | `no-fuse-norm`, `no-fuse-qkv`, `no-fuse-rope-store`, `no-fuse-qkv-rope`, `no-fuse-glu`, `no-fuse-add` | one fusion off |
 //! | `no-qgemm` | 2-D products of 8 columns or more on `qmm`'s 8-column tiles instead of `qgemm`'s 32 x 32 register tiles (same bits) |
@@ -32,6 +33,12 @@ pub struct CudaTuning {
     /// Capture a split's kernels into a CUDA graph once the same split (same nodes,
     /// shapes and addresses) comes again, and replay it with one launch after that.
     pub graphs: bool,
+    /// Programmatic dependent launch (sm_90 and newer): the kernels that wait for the
+    /// grid before them with `griddepcontrol.wait` (`qmm`, `flash_attn_dec`) are launched
+    /// with programmatic stream serialisation, so that their launch and their work up to
+    /// the wait (parameters, addresses, weight prefetches) overlap the kernel before
+    /// them. Same bits: the wait comes before any global memory access.
+    pub pdl: bool,
     /// RMS norm × weight computed in the prologue of the products that read it (decode
     /// batches), or with its Q8_1 quantisation for them in one kernel (prompt batches).
     pub fuse_norm: bool,
@@ -71,6 +78,7 @@ impl Default for CudaTuning {
     fn default() -> CudaTuning {
         CudaTuning {
             graphs: true,
+            pdl: true,
             fuse_norm: true,
             fuse_qkv: true,
             fuse_rope_store: true,
@@ -92,6 +100,7 @@ type Switch = fn(&mut CudaTuning);
 /// The list items and what each sets, in the order [`CudaTuning`]'s `Display` writes them.
 const SWITCHES: &[(&str, Switch)] = &[
     ("no-graphs", |t| t.graphs = false),
+    ("no-pdl", |t| t.pdl = false),
     ("no-fuse-norm", |t| t.fuse_norm = false),
     ("no-fuse-qkv", |t| t.fuse_qkv = false),
     ("no-fuse-rope-store", |t| t.fuse_rope_store = false),
@@ -110,6 +119,7 @@ impl CudaTuning {
     pub fn legacy() -> CudaTuning {
         CudaTuning {
             graphs: false,
+            pdl: false,
             fuse_norm: false,
             fuse_qkv: false,
             fuse_rope_store: false,

@@ -72,11 +72,23 @@ pub struct ProfiledLaunch {
     pub counters: LaunchCounters,
     /// The kernel's `ptxas -v` resources on the GPU's architecture.
     pub resources: Option<KernelResources>,
-    /// The cost model's time for it.
+    /// The cost model's time for it, alone.
     pub prediction: Prediction,
+    /// Launched with programmatic stream serialisation (programmatic dependent launch).
+    pub programmatic: bool,
+    /// The part of `prediction.time_s` that runs while the launch before it on its
+    /// device still runs ([`Prediction::programmatic_overlap_s`]; 0 unless
+    /// `programmatic`).
+    pub hidden_s: f64,
 }
 
 impl ProfiledLaunch {
+    /// Modelled seconds it adds to its pass: its time less what overlaps the launch
+    /// before it.
+    pub fn modelled_s(&self) -> f64 {
+        self.prediction.time_s - self.hidden_s
+    }
+
     /// `MUL_MAT q4_1`, `ADD`.
     pub fn op_name(&self) -> String {
         match self.op.1 {
@@ -178,9 +190,27 @@ pub fn profile_pass(
             counters: r.counters,
             resources: res,
             prediction,
+            programmatic: r.programmatic,
+            hidden_s: 0.0,
         });
     }
+    hide_programmatic_prologues(&mut out);
     Ok(out)
+}
+
+/// Sets [`ProfiledLaunch::hidden_s`] of every programmatic launch from the launch before
+/// it on the same device (in launch order), as the GPU would overlap them.
+fn hide_programmatic_prologues(launches: &mut [ProfiledLaunch]) {
+    let mut order: Vec<usize> = (0..launches.len()).collect();
+    order.sort_by_key(|&i| (launches[i].device, launches[i].index));
+    for w in order.windows(2) {
+        let (prev, this) = (w[0], w[1]);
+        if launches[this].programmatic && launches[prev].device == launches[this].device {
+            launches[this].hidden_s = launches[this]
+                .prediction
+                .programmatic_overlap_s(&launches[prev].prediction);
+        }
+    }
 }
 
 /// The two passes the figures are for: a prompt of `n_prompt` tokens into an empty
@@ -260,13 +290,13 @@ pub fn op_rows(launches: &[ProfiledLaunch], pass: &str) -> Vec<(String, OpRow)> 
     for l in launches.iter().filter(|l| l.pass == pass) {
         let r = rows.entry(l.op_name()).or_default();
         r.calls += 1;
-        r.seconds += l.prediction.time_s;
+        r.seconds += l.modelled_s();
         r.warp_instructions += l.counters.warp_instructions;
         r.thread_instructions += l.counters.thread_instructions;
         r.dram_bytes += cost::dram_bytes(&l.counters);
         r.macs += l.macs;
         r.tensor_macs += l.counters.tensor_macs;
-        *r.bound.entry(l.prediction.bound.name()).or_default() += l.prediction.time_s;
+        *r.bound.entry(l.prediction.bound.name()).or_default() += l.modelled_s();
     }
     let mut v: Vec<(String, OpRow)> = rows.into_iter().collect();
     v.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds).then(a.0.cmp(&b.0)));
@@ -278,7 +308,7 @@ pub fn pass_seconds(launches: &[ProfiledLaunch], pass: &str) -> f64 {
     launches
         .iter()
         .filter(|l| l.pass == pass)
-        .map(|l| l.prediction.time_s)
+        .map(ProfiledLaunch::modelled_s)
         .sum()
 }
 
@@ -347,7 +377,7 @@ pub fn stall_report(launches: &[ProfiledLaunch], pass: &str, top: usize) -> Stri
         let Some(l) = launches
             .iter()
             .filter(|l| l.pass == pass && l.op_name() == op)
-            .max_by(|a, b| a.prediction.time_s.total_cmp(&b.prediction.time_s))
+            .max_by(|a, b| a.modelled_s().total_cmp(&b.modelled_s()))
         else {
             continue;
         };
@@ -464,7 +494,10 @@ pub fn json(launches: &[ProfiledLaunch], settings: &ProfileSettings, extra: Valu
                 "kernel": l.kernel.entry().1,
                 "grid": c.grid,
                 "block": c.block,
-                "modelled_us": l.prediction.time_s * 1e6,
+                "modelled_us": l.modelled_s() * 1e6,
+                "alone_us": l.prediction.time_s * 1e6,
+                "programmatic": l.programmatic,
+                "hidden_us": l.hidden_s * 1e6,
                 "bound": l.prediction.bound.name(),
                 "warp_instructions": c.warp_instructions,
                 "lane_utilisation": c.lane_utilisation(),

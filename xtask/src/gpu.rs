@@ -689,6 +689,7 @@ const RUN_SH: &str = include_str!("gpu_run.sh");
 pub const TUNINGS: &[&str] = &[
     "default",
     "no-graphs",
+    "no-pdl",
     "no-fuse",
     "no-fuse-norm",
     "no-fuse-qkv",

@@ -166,10 +166,18 @@ pub fn ptx_check(sh: &Shell, root: &Path, write: bool) -> Result<(), String> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         for arch in ARCHS {
             let cubin = out_dir.join(format!("{name}.{arch}.cubin"));
             let arch_flag = format!("-arch={arch}");
-            let output = cmd!(sh, "{ptxas} {arch_flag} -O3 -v {file} -o {cubin}")
+            // The text a GPU of this architecture is given (ggml-cuda loads it so):
+            // sm_90-only lines commented out below sm_90, retargeted from sm_90 on.
+            let sm: u32 = arch.trim_start_matches("sm_").parse().unwrap_or(0);
+            let variant = out_dir.join(format!("{name}.{arch}.ptx"));
+            std::fs::write(&variant, cuda_sim::ptx::for_arch(&text, sm).as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", variant.display()))?;
+            let output = cmd!(sh, "{ptxas} {arch_flag} -O3 -v {variant} -o {cubin}")
                 .quiet()
                 .ignore_status()
                 .output()

@@ -57,15 +57,13 @@ fn select_group() -> String {
     )
 }
 
-/// Prefetches into L1 what the current K-tile (`%tb`, `%TCa` chunks) reads from global
-/// memory: the activation lines, the norm weight's, and the weight blocks of this
-/// thread's stage-B tasks in each group. Labels get `tag`.
-fn prefetch(tag: &str) -> String {
-    let mut f = format!(
-        "    // Prefetch what the tile reads (the loads come after the norm and stage A).
-    mul.lo.u32 %t2, %nv, %TCa;
+/// Prefetches into L1 the activation lines the current K-tile (`%tb`, `%TCa` chunks)
+/// reads. Labels get `tag`.
+fn prefetch_activation(tag: &str) -> String {
+    format!(
+        "    mul.lo.u32 %t2, %nv, %TCa;
     setp.ge.u32 %p0, %thr, %t2;
-    @%p0 bra PF{tag}_NW;
+    @%p0 bra PF{tag}_XD;
     add.u32 %t4, %bjt0, %tb;
     cvt.u64.u32 %rd0, %br0;
     mad.lo.u64 %rd1, %rd0, %nbx1, %xb;
@@ -73,7 +71,23 @@ fn prefetch(tag: &str) -> String {
     mul.wide.u32 %rd0, %t4, %t5;
     add.u64 %rd1, %rd1, %rd0;
     prefetch.global.L1 [%rd1];
-PF{tag}_NW:
+PF{tag}_XD:
+"
+    )
+}
+
+/// Prefetches into L1 what the current K-tile (`%tb`, `%TCa` chunks) reads from global
+/// memory: the activation lines (unless `activation` is false), the norm weight's, and
+/// the weight blocks of this thread's stage-B tasks in each group. Labels get `tag`.
+fn prefetch(tag: &str, activation: bool) -> String {
+    let mut f = String::from(
+        "    // Prefetch what the tile reads (the loads come after the norm and stage A).\n",
+    );
+    if activation {
+        f += &prefetch_activation(tag);
+    }
+    f += &format!(
+        "PF{tag}_NW:
     @!%pnorm bra PF{tag}_W;
     setp.ge.u32 %p0, %thr, %TCa;
     @%p0 bra PF{tag}_W;
@@ -135,6 +149,28 @@ PF{tag}_DONE:
     f
 }
 
+/// The first tile's prefetches around the wait for the grid before this one
+/// (programmatic dependent launch, sm_90): the weights and the norm weight, which no
+/// kernel writes, before it; the activation, which the grid before may still be
+/// writing, after it (a line prefetched early could be stale in L1).
+fn first_prefetch_and_wait() -> String {
+    let mut f = prefetch("F", false);
+    f += GRID_WAIT;
+    f += &prefetch_activation("F");
+    f
+}
+
+/// `griddepcontrol.wait` and `.launch_dependents`: above them the kernel reads only
+/// its parameters and prefetches weights; from here on it reads and writes global
+/// memory, once the grid before it has finished (`cuda_sim::ptx::for_arch` comments
+/// both lines out below sm_90).
+const GRID_WAIT: &str =
+    "    // Programmatic dependent launch: wait for the grid before this one, then let the
+    // next one start its own prologue.
+    griddepcontrol.wait;
+    griddepcontrol.launch_dependents;
+";
+
 /// The whole generated file.
 pub fn generate() -> String {
     let mut dispatch = String::new();
@@ -162,8 +198,8 @@ pub fn generate() -> String {
     }
     let qmm = SKELETON
         .replace("@SELECT_GROUP@\n", &select_group())
-        .replace("@PREFETCH_FIRST@\n", &prefetch("F"))
-        .replace("@PREFETCH_NEXT@\n", &prefetch("N"))
+        .replace("@PREFETCH_FIRST@\n", &first_prefetch_and_wait())
+        .replace("@PREFETCH_NEXT@\n", &prefetch("N", true))
         .replace("@B_DISPATCH@\n", &dispatch)
         .replace("@B_LOOPS@\n", &loops)
         .replace("@STAGE_C@\n", &stage_c())
@@ -1379,7 +1415,9 @@ BATCH0:
     bra SETUP_ROWS;
 SETUP_IDS:
     // Slot e = ctaid.y, token t = ctaid.z: expert ids[e, t] (the whole CTA leaves on a
-    // bad one), activation row (e mod B1, t).
+    // bad one), activation row (e mod B1, t). The ids are the grid before's output: the
+    // wait comes first here (it returns at once the second time).
+    griddepcontrol.wait;
     mov.u32 %t2, %ctaid.y;
     mov.u32 %t3, %ctaid.z;
     ld.param.u64 %rd0, [p_ids];

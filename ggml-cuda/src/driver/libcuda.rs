@@ -49,6 +49,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuFuncSetAttribute",
     "cuLaunchKernel",
+    "cuLaunchKernelEx",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
     "cuGraphInstantiateWithFlags",
@@ -343,6 +344,39 @@ impl Api for LibCuda {
     fn launch(&self, f: Func, d: &LaunchDims, s: Stream, args: &mut Args) -> Result<(), CuError> {
         let mut ptrs = [std::ptr::null_mut::<c_void>(); Args::MAX];
         let params = args.pointers(&mut ptrs);
+        if d.programmatic {
+            // Programmatic dependent launch: one attribute, programmatic stream
+            // serialisation allowed (the kernel waits with griddepcontrol.wait).
+            // SAFETY: an all-zero attribute is a valid value of this plain C union.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: d.grid.0,
+                gridDimY: d.grid.1,
+                gridDimZ: d.grid.2,
+                blockDimX: d.block.0,
+                blockDimY: d.block.1,
+                blockDimZ: d.block.2,
+                sharedMemBytes: d.shared,
+                hStream: stream_of(s),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `config` and `attr` outlive the call.
+            return ck(
+                unsafe {
+                    sys::cuLaunchKernelEx(
+                        &config,
+                        f.0 as usize as sys::CUfunction,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                },
+                "cuLaunchKernelEx failed",
+            );
+        }
         // SAFETY: `params` points at `args`' slots, which outlive the call (the driver
         // copies the values at launch); the caller matched the argument list to the
         // kernel's .param list and range-checked every pointer argument.

@@ -258,11 +258,20 @@ pub(crate) trait Api: Send + Sync {
 /// The loaded kernels of one device.
 pub(crate) struct Kernels {
     funcs: Vec<Func>,
+    /// Per kernel: whether its code as loaded runs `griddepcontrol.wait` (so that it may
+    /// be launched with programmatic stream serialisation).
+    waits: Vec<bool>,
 }
 
 impl Kernels {
     pub(crate) fn get(&self, id: KernelId) -> Func {
         self.funcs[id as usize]
+    }
+
+    /// Whether kernel `id` waits for the grid before it (`griddepcontrol.wait`): only
+    /// on sm_90 and newer, where its module keeps the instruction.
+    pub(crate) fn waits_for_grid(&self, id: KernelId) -> bool {
+        self.waits.get(id as usize).copied().unwrap_or(false)
     }
 }
 
@@ -358,7 +367,10 @@ fn open_device(api: &'static dyn Api, kind: DriverKind, ordinal: usize) -> Resul
         ctx: opened.ctx,
         name: opened.name,
         cc: opened.cc,
-        kernels: Kernels { funcs: Vec::new() },
+        kernels: Kernels {
+            funcs: Vec::new(),
+            waits: Vec::new(),
+        },
         modules: Vec::new(),
         peers: Mutex::new(Vec::new()),
     };
@@ -369,16 +381,20 @@ fn open_device(api: &'static dyn Api, kind: DriverKind, ordinal: usize) -> Resul
         ));
     }
     device.bind()?;
+    let sm = (device.cc.0 * 10 + device.cc.1) as u32;
     for m in MODULES {
-        let module = api.module_load(device.ctx, m.file, m.source)?;
+        let source = cuda_sim::ptx::for_arch(m.source, sm);
+        let module = api.module_load(device.ctx, m.file, &source)?;
         device.modules.push(module);
         for &(id, entry) in m.kernels {
             let f = api.module_function(module, entry)?;
             let idx = id as usize;
             if device.kernels.funcs.len() <= idx {
                 device.kernels.funcs.resize(idx + 1, Func(0));
+                device.kernels.waits.resize(idx + 1, false);
             }
             device.kernels.funcs[idx] = f;
+            device.kernels.waits[idx] = crate::kernels::entry_waits_for_grid(&source, entry);
         }
     }
     Ok(device)

@@ -169,13 +169,14 @@ impl Api for Sim {
             .map(|(s, p)| &s[..p.size])
             .collect();
         self.drv
-            .launch(
+            .launch_ex(
                 f,
                 [d.grid.0, d.grid.1, d.grid.2],
                 [d.block.0, d.block.1, d.block.2],
                 d.shared,
                 StreamHandle(s.0),
                 &values,
+                d.programmatic,
             )
             .map_err(conv)
     }

@@ -46,6 +46,20 @@ pub struct ProfileArgs {
     run: RunArgs,
 }
 
+/// Makes cuda-sim's devices the architecture `gpu` is (sm_90 for the Hopper GPUs), so
+/// that the kernels run as they would there (the sm_90 text of the PTX, launched with
+/// programmatic stream serialisation where they wait for the grid before), unless
+/// `CUDA_SIM_ARCH` says otherwise.
+fn emulate_the_priced_architecture(gpu: &ggml_cuda::cuda_sim::cost::GpuSpec) -> Result<()> {
+    use ggml_cuda::cuda_sim::driver::{Driver, SimConfig};
+    let mut cfg = SimConfig::from_env().map_err(HarnessError::Usage)?;
+    if std::env::var_os("CUDA_SIM_ARCH").is_none() {
+        let cc = gpu.arch.compute_capability;
+        cfg.compute_capability = if cc >= 90 { (9, 0) } else { (8, 0) };
+    }
+    Driver::configure_global(cfg).map_err(|e| HarnessError::Model(e.detail))
+}
+
 /// Runs `ggml-harness profile`.
 pub fn run(a: ProfileArgs) -> Result<()> {
     use harness::profile;
@@ -70,6 +84,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         },
         stall_lines: a.stalls > 0,
     };
+    emulate_the_priced_architecture(&settings.gpu)?;
     let path = harness::model_path(a.model.as_deref())?;
     let session = Session::open(&path, config.clone())?;
     let mut kv = session.kv_cache(a.n_prompt.max(a.gen_position + 1))?;
@@ -97,7 +112,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{name} on {} priced for {} (MODELLED, not measured; {}; {})",
+        "{name} on {} priced for {} (MODELLED, not measured; {}; {}; {})",
         config.devices,
         settings.gpu.name,
         match settings.sample_blocks {
@@ -107,6 +122,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         match settings.launch {
             ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode => "kernels as graph nodes",
             ggml_cuda::cuda_sim::cost::LaunchKind::Stream => "kernels launched on a stream",
+        },
+        if launches.iter().any(|l| l.programmatic) {
+            "programmatic dependent launch"
+        } else {
+            "no programmatic dependent launch"
         }
     );
     let pp = format!("pp{}", a.n_prompt);

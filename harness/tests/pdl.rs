@@ -1,0 +1,152 @@
+//! Programmatic dependent launch through the whole stack, on cuda-sim's devices emulating
+//! sm_90 (every test of this binary configures them so, before the first backend opens):
+//! greedy generation gives bit for bit the logits it gives without it (`no-pdl`), with
+//! CUDA graphs, in every split mode, on the dense and the MoE model, under the race
+//! checker and the interpreter's check that no programmatically launched kernel touches
+//! global memory before its `griddepcontrol.wait`; and the profile of a decoded token
+//! launches every decode product and attention so, and prices the overlap.
+
+use ggml_core::DType;
+use ggml_cuda::cuda_sim::driver::{Driver, SimConfig};
+use ggml_cuda::{CudaTuning, KernelId};
+use harness::batch::Batch;
+use harness::session::{RunConfig, Session, SplitMode};
+use rstest::rstest;
+
+/// cuda-sim's global driver with sm_90 devices (the rest as `CUDA_SIM_*` say).
+fn sm90() {
+    let mut cfg = SimConfig::from_env().expect("CUDA_SIM_*");
+    cfg.compute_capability = (9, 0);
+    Driver::configure_global(cfg).expect("one configuration for this test binary");
+}
+
+/// The logits (as bits) of a prompt and of 4 greedily generated tokens, and the races.
+fn generate(
+    model: &std::path::Path,
+    devices: &str,
+    split: SplitMode,
+    n_copies: usize,
+    pdl: bool,
+) -> (Vec<Vec<u32>>, usize) {
+    sm90();
+    let mut config = RunConfig::simple(devices.parse().unwrap(), split, n_copies, 2);
+    config.check_races = true;
+    config.cuda_tuning = CudaTuning {
+        pdl,
+        ..CudaTuning::default()
+    };
+    let session = Session::open(model, config).unwrap();
+    let mut kv = session.kv_cache(64).unwrap();
+    let mut exec = session.executor().unwrap();
+    let prompt: Vec<u32> = "Hi, PDL".bytes().map(u32::from).collect();
+    let mut batch = Batch::default();
+    for (i, &t) in prompt.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == prompt.len());
+    }
+    let mut logits = vec![exec.forward(&session.model, &mut kv, &batch).unwrap()];
+    for i in 0..4 {
+        let last = logits.last().unwrap();
+        let tok = (0..last.len())
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]).then(b.cmp(&a)))
+            .unwrap() as u32;
+        let mut b = Batch::default();
+        b.push(tok, (prompt.len() + i) as i32, 0, true);
+        logits.push(exec.forward(&session.model, &mut kv, &b).unwrap());
+    }
+    let races = session.race_log.as_ref().unwrap().race_count();
+    let bits = logits
+        .into_iter()
+        .map(|l| l.iter().map(|x| x.to_bits()).collect())
+        .collect();
+    (bits, races)
+}
+
+#[rstest]
+#[case::one_gpu("cuda-sim:0", SplitMode::None, 1, false)]
+#[case::layer_split_two_slots("cuda-sim:0,cuda-sim:1", SplitMode::Layer, 2, false)]
+#[case::tensor_split("cuda-sim:0x2", SplitMode::Tensor, 1, false)]
+#[case::moe("cuda-sim:0", SplitMode::None, 1, true)]
+fn generation_is_bit_identical_with_programmatic_launches(
+    #[case] devices: &str,
+    #[case] split: SplitMode,
+    #[case] n_copies: usize,
+    #[case] moe: bool,
+) {
+    let model = if moe {
+        harness::synthetic::cached_moe_model(DType::Q4_1).unwrap()
+    } else {
+        harness::synthetic::cached_model(DType::Q4_1).unwrap()
+    };
+    let (on, races_on) = generate(&model, devices, split, n_copies, true);
+    let (off, races_off) = generate(&model, devices, split, n_copies, false);
+    assert_eq!((races_on, races_off), (0, 0));
+    assert_eq!(on.len(), 5);
+    for (i, (a, b)) in on.iter().zip(&off).enumerate() {
+        assert!(a == b, "{devices}: logits of step {i} differ with PDL");
+    }
+}
+
+/// A decoded token profiled on sm_90: every `qmm` and `flash_attn_dec` launch is
+/// programmatic and nothing else is; each one after another programmatic launch hides
+/// its launch and pre-wait path (some of its modelled time), and the pass's modelled
+/// time is the sum of what each launch adds. With `no-pdl` none is, and nothing hides.
+#[test]
+fn a_decoded_token_launches_its_products_and_attention_programmatically() {
+    use harness::profile::{pass_seconds, profile_model, ProfileSettings};
+    sm90();
+    let profile = |tuning: CudaTuning| {
+        let mut config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
+        config.cuda_tuning = tuning;
+        let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
+        let session = Session::open(&path, config).unwrap();
+        let mut kv = session.kv_cache(16).unwrap();
+        let mut exec = session.executor().unwrap();
+        let settings = ProfileSettings {
+            gpu: ggml_cuda::cuda_sim::cost::GpuSpec::h200(),
+            sample_blocks: Some(2),
+            n_prompt: 0,
+            n_gen: 1,
+            gen_position: 4,
+            launch: ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode,
+            stall_lines: false,
+        };
+        profile_model(
+            &session.model,
+            exec.as_mut(),
+            &mut kv,
+            &session.cuda_backends(),
+            &settings,
+        )
+        .unwrap()
+    };
+    let on = profile(CudaTuning::default());
+    let waits = |k: KernelId| matches!(k, KernelId::Qmm | KernelId::FlashAttnDec);
+    assert!(on.iter().filter(|l| waits(l.kernel)).count() >= 4);
+    let mut hidden = 0;
+    for (i, l) in on.iter().enumerate() {
+        assert_eq!(l.programmatic, waits(l.kernel), "{} {:?}", l.node, l.kernel);
+        assert!(
+            l.counters.post_wait_path.is_some() == waits(l.kernel),
+            "{}",
+            l.node
+        );
+        let after_a_waiting_one = i > 0 && waits(on[i - 1].kernel);
+        assert_eq!(
+            l.hidden_s > 0.0,
+            l.programmatic && after_a_waiting_one,
+            "{}",
+            l.node
+        );
+        assert!(l.hidden_s <= l.prediction.launch_s + l.prediction.pre_wait_s() + 1e-15);
+        hidden += (l.hidden_s > 0.0) as usize;
+    }
+    assert!(hidden >= 3, "{hidden}");
+    let sum: f64 = on.iter().map(|l| l.prediction.time_s - l.hidden_s).sum();
+    assert!((pass_seconds(&on, "tg") - sum).abs() < 1e-12);
+    let off = profile(CudaTuning {
+        pdl: false,
+        ..CudaTuning::default()
+    });
+    assert!(off.iter().all(|l| !l.programmatic && l.hidden_s == 0.0));
+    assert!(pass_seconds(&on, "tg") < pass_seconds(&off, "tg"));
+}
