@@ -243,11 +243,7 @@ const EPI_ROPE: &str = "EPI_ROPE:
     setp.ge.u32 %p1, %t12, %t9;
     @%p1 bra EPI_RWRITE;
     // theta_t: float(pos) times theta_scale t times, in order.
-    ld.param.u64 %rd3, [p_pos];
-    cvta.to.global.u64 %rd3, %rd3;
-    ld.param.u64 %rd4, [p_nbp0];
-    mad.lo.u64 %rd3, %rd1, %rd4, %rd3;
-    ld.global.s32 %t9, [%rd3];
+    mov.b32 %t9, %fres;
     cvt.rn.f32.s32 %f2, %t9;
     ld.param.f32 %f3, [p_theta_scale];
     // (eight at a time, then the last 0 to 7 each under its own predicate: the loop's
@@ -1570,6 +1566,20 @@ SETUP_MATS:
     sub.u32 %djt, %T, %djt;
 @PREFETCH_FIRST@
     @%pres ld.global.f32 %fres, [%ra];
+    // The RoPE epilogue's position of this thread's column, now: its latency passes
+    // during the norm and the tiles instead of heading the epilogue's theta chain. It
+    // rides in %fres (as bits: the RoPE epilogue has no residual), as one more register
+    // live through the kernel would spill; its cache row stays in the epilogue, where
+    // the chain hides that load.
+    @!%prope bra ROPE_LOADED;
+    @!%pact bra ROPE_LOADED;
+    cvt.u64.u32 %rd0, %cn;
+    ld.param.u64 %rd1, [p_pos];
+    cvta.to.global.u64 %rd1, %rd1;
+    ld.param.u64 %rd2, [p_nbp0];
+    mad.lo.u64 %rd1, %rd0, %rd2, %rd1;
+    ld.global.f32 %fres, [%rd1];
+ROPE_LOADED:
     // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
     // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order).
     @!%pnorm bra NORM_DONE;
