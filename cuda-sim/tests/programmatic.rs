@@ -127,9 +127,16 @@ fn the_profile_splits_the_critical_path_at_the_wait() {
     let m = Module::parse("pdl.ptx", &ptx).unwrap();
     let mem = memory();
     let (a, b) = (BASE.to_le_bytes(), (BASE + 512).to_le_bytes());
-    let opts = ProfileOptions::default();
+    let opts = ProfileOptions {
+        stall_lines: true,
+        ..ProfileOptions::default()
+    };
     let (_, c) =
         launch_profiled(&m, "k", &cfg(true), &[&a, &b], &mem, Checks::ALL, 1, &opts).unwrap();
+    // The critical warp's cycles by line add up to the path (the jump of its clock at the
+    // wait is not charged to the wait's line).
+    let by_line: u64 = c.critical_stalls.iter().map(|&(_, n)| n).sum();
+    assert_eq!(by_line, c.critical_path_cycles, "{:?}", c.critical_stalls);
     let post = c.post_wait_path.expect("the kernel waits");
     assert_eq!(post.global, 2, "{post:?}");
     assert_eq!(c.critical_path.global, 2);

@@ -505,7 +505,7 @@ impl<'a> BlockRunner<'a> {
                         // Past a `griddepcontrol.wait` the clock counts from its release.
                         let after = w.clock.t;
                         let spent = if before < WAIT_RELEASE && after >= WAIT_RELEASE {
-                            after - WAIT_RELEASE
+                            p.wait_issue() + (after - WAIT_RELEASE)
                         } else {
                             after - before
                         };

@@ -32,6 +32,9 @@ pub(crate) struct Collector {
     crit: Stamp,
     /// The latest arrival at `griddepcontrol.wait` so far.
     pre_wait: Stamp,
+    /// The cycles the last `griddepcontrol.wait` took to issue (before the clock jumped
+    /// to [`WAIT_RELEASE`]), for the stall lines.
+    wait_issue: u64,
     /// Whether to keep the critical warp's cycles by source line.
     stall_lines: bool,
     /// The cycles by source line of the warp that ended `crit`.
@@ -215,6 +218,7 @@ impl Collector {
             lat: opts.latencies,
             crit: Stamp::default(),
             pre_wait: Stamp::default(),
+            wait_issue: 0,
             stall_lines: opts.stall_lines,
             crit_stalls: Vec::new(),
             addrs: Vec::with_capacity(32),
@@ -338,6 +342,7 @@ impl Collector {
         sources(&ins.op, &mut wait);
         if matches!(ins.op, Op::GridDepWait) && exec != 0 && issue.t < WAIT_RELEASE {
             self.pre_wait = self.pre_wait.max(issue);
+            self.wait_issue = issue.t - clock.t;
             issue = Stamp {
                 t: WAIT_RELEASE,
                 path: Default::default(),
@@ -433,6 +438,12 @@ impl Collector {
         };
         t.requests += 1;
         t.wavefronts += w;
+    }
+
+    /// The cycles the last `griddepcontrol.wait` took to issue before the warp's clock
+    /// jumped to [`WAIT_RELEASE`] (what its source line is charged).
+    pub(crate) fn wait_issue(&self) -> u64 {
+        self.wait_issue
     }
 
     /// Whether warps should keep their cycles by source line for [`Self::end_block`].
