@@ -228,7 +228,12 @@ impl Call {
     /// Grid, block and shared memory, or `None` past the launch limits.
     pub fn dims(&self) -> Option<LaunchDims> {
         let (rows, ctas) = self.rows()?;
-        launch::qmm(ctas, self.ny, self.nz, rows, self.nt(), self.k / 32)
+        let mut d = launch::qmm(ctas, self.ny, self.nz, rows, self.nt(), self.k / 32)?;
+        if self.rope.is_some() {
+            // The RoPE table past the norm scales: cos and sin of each output.
+            d.shared += u32::try_from(rows * self.nt() * 8).ok()?;
+        }
+        Some(d)
     }
 
     /// The arguments, in the order of the kernel's parameters.

@@ -19,6 +19,8 @@ use rstest::rstest;
 /// A decode step's attention inputs: norm, Q/K/V products, ropes, cache stores.
 #[derive(Clone, Copy, Debug)]
 struct Step {
+    /// Embedding width (the products' K).
+    e: usize,
     /// Head dimension, Q heads, KV heads, tokens.
     d: usize,
     hq: usize,
@@ -53,6 +55,7 @@ type Outcome = (Result<Vec<Vec<u8>>, (BackendErrorKind, String)>, [u64; 2]);
 
 fn run(be: &CudaBackend, s: Step, idx: &[i32], tuning: CudaTuning) -> Outcome {
     let Step {
+        e,
         d,
         hq,
         hk,
@@ -62,7 +65,6 @@ fn run(be: &CudaBackend, s: Step, idx: &[i32], tuning: CudaTuning) -> Outcome {
         weights,
         alias,
     } = s;
-    let e = 128;
     let mut st = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 40];
     let mut ctx = Context::new(&mut st);
     let mut r = Lcg(d as u64 * 131 + n as u64 * 7 + hq as u64);
@@ -166,6 +168,7 @@ fn yarn(mut p: RopeParams) -> RopeParams {
 
 fn step(d: usize, hq: usize, hk: usize, n: usize, rope: RopeParams, cache: DType) -> Step {
     Step {
+        e: 128,
         d,
         hq,
         hk,
@@ -181,6 +184,12 @@ fn step(d: usize, hq: usize, hk: usize, n: usize, rope: RopeParams, cache: DType
 #[rstest]
 #[case::smollm2_one_token(step(64, 9, 3, 1, smollm2(), DType::F16))]
 #[case::smollm2_seven_tokens(step(64, 9, 3, 7, smollm2(), DType::F16))]
+// SmolLM2's width: blocks of 5 warps, the last idle during the norm of 1 to 4 tokens
+// makes the CTA's RoPE table (cos and sin of each output); with 5 or more tokens it
+// computes a norm column and the epilogue computes them itself.
+#[case::smollm2_width_one_token(Step { e: 576, ..step(64, 9, 3, 1, smollm2(), DType::F16) })]
+#[case::smollm2_width_four_tokens(Step { e: 576, ..step(64, 9, 3, 4, smollm2(), DType::F16) })]
+#[case::smollm2_width_five_tokens(Step { e: 576, ..step(64, 9, 3, 5, smollm2(), DType::F16) })]
 #[case::partial_rotation_f32_cache(step(64, 2, 2, 3, RopeParams::llama(32, 10000.0), DType::F32))]
 #[case::bf16_cache_q8_0(Step { weights: DType::Q8_0, ..step(32, 4, 2, 2, RopeParams::llama(32, 10000.0), DType::BF16) })]
 #[case::q5_0_heads_of_sixteen(Step { weights: DType::Q5_0, ..step(16, 8, 2, 1, RopeParams::llama(16, 10000.0), DType::F16) })]

@@ -205,14 +205,118 @@ pub fn generate() -> String {
         .replace("@STAGE_C@\n", &stage_c())
         .replace("@NORM_SUM@\n", &norm_sum())
         .replace(
+            "@RT_TABLE@",
+            &RT_TABLE
+                .replace("@TABLE_MADE@", TABLE_MADE)
+                .replace("@COS_SIN@", &cos_sin("RT")),
+        )
+        .replace(
             "@EPI_ROPE@\n",
             &EPI_ROPE
-                .replace("@SINCOS@", &sincos_inline())
-                .replace("@TH8@", &"    mul.rn.f32 %f2, %f2, %f3;\n".repeat(8))
-                .replace("@TH_LAST@", &theta_last()),
+                .replace("@TABLE_MADE@", TABLE_MADE)
+                .replace("@COS_SIN@", &cos_sin("EPI")),
         );
     qmm + &qgemm::qgemm()
 }
+
+/// `%p1`: whether the CTA's RoPE table is made (see [`RT_TABLE`]): its last warp
+/// computes no norm column and one round of its lanes covers every output (a CTA with
+/// a RoPE role; clobbers `%t14`).
+const TABLE_MADE: &str = "    shr.u32 %t14, %T, 5;
+    sub.u32 %t14, %t14, 1;
+    setp.ge.u32 %p1, %t14, %nv;
+    mul.lo.u32 %t14, %R, %nv;
+    setp.le.u32 %p2, %t14, 32;
+    and.pred %p1, %p1, %p2;
+";
+
+/// cos and sin of pair `%t13` at the position whose bits are in `%t9`, times mscale, into
+/// `%f12` and `%f13`: rope.ptx's `rope_store` instruction for instruction (theta by
+/// repeated multiplication from float(pos), YaRN's freq_scale (its ramp is off:
+/// ext_factor 0), `sincos_f`, mscale). Labels get `tag`.
+fn cos_sin(tag: &str) -> String {
+    format!(
+        "    // theta_t: float(pos) times theta_scale t times, in order.
+    cvt.rn.f32.s32 %f2, %t9;
+    ld.param.f32 %f3, [p_theta_scale];
+    // (eight at a time, then the last 0 to 7 each under its own predicate: the loop's
+    // tests stay off the chain)
+    mov.u32 %t14, %t13;
+{tag}_TH8:
+    setp.lt.u32 %p1, %t14, 8;
+    @%p1 bra {tag}_TH_LAST;
+{th8}    sub.u32 %t14, %t14, 8;
+    bra {tag}_TH8;
+{tag}_TH_LAST:
+{th_last}    // theta = freq_scale * theta (YaRN without its ramp: ext_factor is 0 here)
+    ld.param.f32 %f4, [p_freq_scale];
+    mul.rn.f32 %f5, %f4, %f2;
+{sincos}    ld.param.f32 %f14, [p_mscale];
+    mul.rn.f32 %f12, %f12, %f14;
+    mul.rn.f32 %f13, %f13, %f14;
+",
+        th8 = "    mul.rn.f32 %f2, %f2, %f3;\n".repeat(8),
+        th_last = theta_last(),
+        sincos = sincos_inline(),
+    )
+}
+
+/// The RoPE table of a CTA with a RoPE role (Q or K), made at NORM_DONE by its last warp
+/// when that warp computes no norm column (so it is idle there) and its lanes cover the
+/// CTA's outputs in one round ([`TABLE_MADE`]): lane o < R * nv takes output (row o mod
+/// R, column o / R) and writes its cos and sin times mscale, as the epilogue would
+/// compute them, to 8 bytes at 32 + 8 o past the norm scales. The theta chain and
+/// `sincos_f` (about 1,400 cycles) then run while warp 0 computes the norm, off the
+/// critical path; the epilogue reads the pair after the barriers between.
+const RT_TABLE: &str = "    @!%prope bra RT_DONE;
+@TABLE_MADE@    @!%p1 bra RT_DONE;
+    shr.u32 %t9, %T, 5;
+    sub.u32 %t9, %t9, 1;
+    shr.u32 %t10, %thr, 5;
+    setp.ne.u32 %p0, %t10, %t9;
+    @%p0 bra RT_DONE;
+    and.b32 %t11, %thr, 31;
+    mul.lo.u32 %t10, %R, %nv;
+    setp.ge.u32 %p0, %t11, %t10;
+    @%p0 bra RT_DONE;
+    // The role of the CTA's matrix: Q (1) or K (2) only.
+    ld.param.u32 %t5, [p_rflags];
+    shl.b32 %t6, %ga, 1;
+    shr.u32 %t6, %t5, %t6;
+    and.b32 %t6, %t6, 3;
+    setp.eq.u32 %p0, %t6, 0;
+    @%p0 bra RT_DONE;
+    setp.eq.u32 %p0, %t6, 3;
+    @%p0 bra RT_DONE;
+    // Row mb + (o mod R) of the matrix, column o / R.
+    sub.u32 %t12, %R, 1;
+    and.b32 %t12, %t11, %t12;
+    shr.u32 %t7, %t11, %lR;
+    add.u32 %t0, %mb, %t12;
+    setp.ge.u32 %p0, %t0, %Ma;
+    @%p0 bra RT_DONE;
+    // d = r mod ne0, pair t = d / 2; past n_dims no rotation.
+    ld.param.u32 %t9, [p_ne0];
+    ld.param.u32 %t10, [p_mg_ne0];
+    mul.hi.u32 %t10, %t0, %t10;
+    mul.lo.u32 %t10, %t10, %t9;
+    sub.u32 %t10, %t0, %t10;
+    shr.u32 %t13, %t10, 1;
+    and.b32 %t10, %t10, 0xFFFFFFFE;
+    ld.param.u32 %t9, [p_n_dims];
+    setp.ge.u32 %p0, %t10, %t9;
+    @%p0 bra RT_DONE;
+    cvt.u64.u32 %rd0, %t7;
+    ld.param.u64 %rd1, [p_pos];
+    cvta.to.global.u64 %rd1, %rd1;
+    ld.param.u64 %rd2, [p_nbp0];
+    mad.lo.u64 %rd1, %rd0, %rd2, %rd1;
+    ld.global.s32 %t9, [%rd1];
+@COS_SIN@    mul.wide.u32 %rd0, %t11, 8;
+    add.u64 %rd0, %sN, %rd0;
+    st.shared.v2.f32 [%rd0+32], {%f12, %f13};
+RT_DONE:
+";
 
 /// The RoPE + KV-store epilogue (`p_rflags`): in `%t0` the thread's row r, `%rd0` = 4r,
 /// `%rd1` its column, `%t6` the CTA's role, `%f8` the value of row r ^ 1, `%t8` the cache row. Each step is
@@ -242,27 +346,17 @@ const EPI_ROPE: &str = "EPI_ROPE:
     ld.param.u32 %t9, [p_n_dims];
     setp.ge.u32 %p1, %t12, %t9;
     @%p1 bra EPI_RWRITE;
-    // theta_t: float(pos) times theta_scale t times, in order.
+    // cos and sin of pair t times mscale: from the table the CTA's idle warp made
+    // during the norm (RT_TABLE), else here.
+@TABLE_MADE@    @!%p1 bra EPI_CS;
+    mad.lo.u32 %t9, %cn, %R, %cr;
+    mul.wide.u32 %rd3, %t9, 8;
+    add.u64 %rd3, %sN, %rd3;
+    ld.shared.v2.f32 {%f12, %f13}, [%rd3+32];
+    bra EPI_ROTATE;
+EPI_CS:
     mov.b32 %t9, %fres;
-    cvt.rn.f32.s32 %f2, %t9;
-    ld.param.f32 %f3, [p_theta_scale];
-    // (eight at a time, then the last 0 to 7 each under its own predicate: the loop's
-    // tests stay off the chain)
-    mov.u32 %t14, %t13;
-EPI_TH8:
-    setp.lt.u32 %p1, %t14, 8;
-    @%p1 bra EPI_TH_LAST;
-@TH8@    sub.u32 %t14, %t14, 8;
-    bra EPI_TH8;
-EPI_TH_LAST:
-@TH_LAST@EPI_YARN:
-    // theta = freq_scale * theta (YaRN without its ramp: ext_factor is 0 here)
-    ld.param.f32 %f4, [p_freq_scale];
-    mul.rn.f32 %f5, %f4, %f2;
-EPI_SINCOS:
-@SINCOS@    ld.param.f32 %f14, [p_mscale];
-    mul.rn.f32 %f12, %f12, %f14;
-    mul.rn.f32 %f13, %f13, %f14;
+@COS_SIN@EPI_ROTATE:
     // x0, x1: the values of rows 2t and 2t + 1; row 2t gets x0 cos - x1 sin, row 2t + 1
     // x0 sin + x1 cos.
     selp.f32 %f1, %f8, %acc, %p3;
@@ -1620,7 +1714,7 @@ NORM_MEAN:
     add.u32 %t0, %t0, %t2;
     bra NORM_COL;
 NORM_DONE:
-    // CTA (0, 0, 0) writes the norm outputs.
+@RT_TABLE@    // CTA (0, 0, 0) writes the norm outputs.
     mov.u32 %t0, %ctaid.x;
     mov.u32 %t1, %ctaid.y;
     or.b32 %t0, %t0, %t1;
