@@ -207,17 +207,27 @@ pub fn generate() -> String {
         .replace(
             "@RT_TABLE@",
             &RT_TABLE
+                .replace("@D_OF_ROW@", D_OF_ROW)
                 .replace("@TABLE_MADE@", TABLE_MADE)
                 .replace("@COS_SIN@", &cos_sin("RT")),
         )
         .replace(
             "@EPI_ROPE@\n",
             &EPI_ROPE
+                .replace("@D_OF_ROW@", D_OF_ROW)
                 .replace("@TABLE_MADE@", TABLE_MADE)
                 .replace("@COS_SIN@", &cos_sin("EPI")),
         );
     qmm + &qgemm::qgemm()
 }
+
+/// `%t10` = d = row `%t0` mod ne0, the head's by mul.hi with `p_mg_ne0` (clobbers `%t9`).
+const D_OF_ROW: &str = "    ld.param.u32 %t9, [p_ne0];
+    ld.param.u32 %t10, [p_mg_ne0];
+    mul.hi.u32 %t10, %t0, %t10;
+    mul.lo.u32 %t10, %t10, %t9;
+    sub.u32 %t10, %t0, %t10;
+";
 
 /// `%p1`: whether the CTA's RoPE table is made (see [`RT_TABLE`]): its last warp
 /// computes no norm column and one round of its lanes covers every output (a CTA with
@@ -296,12 +306,7 @@ const RT_TABLE: &str = "    @!%prope bra RT_DONE;
     setp.ge.u32 %p0, %t0, %Ma;
     @%p0 bra RT_DONE;
     // d = r mod ne0, pair t = d / 2; past n_dims no rotation.
-    ld.param.u32 %t9, [p_ne0];
-    ld.param.u32 %t10, [p_mg_ne0];
-    mul.hi.u32 %t10, %t0, %t10;
-    mul.lo.u32 %t10, %t10, %t9;
-    sub.u32 %t10, %t0, %t10;
-    shr.u32 %t13, %t10, 1;
+@D_OF_ROW@    shr.u32 %t13, %t10, 1;
     and.b32 %t10, %t10, 0xFFFFFFFE;
     ld.param.u32 %t9, [p_n_dims];
     setp.ge.u32 %p0, %t10, %t9;
@@ -333,12 +338,7 @@ const EPI_ROPE: &str = "EPI_ROPE:
     setp.eq.u32 %p1, %t6, 3;
     @%p1 bra EPI_VSTORE;
     // d = r mod ne0 (the head is mul.hi(r, p_mg_ne0)), pair t = d / 2, %p3: d odd.
-    ld.param.u32 %t9, [p_ne0];
-    ld.param.u32 %t10, [p_mg_ne0];
-    mul.hi.u32 %t10, %t0, %t10;
-    mul.lo.u32 %t10, %t10, %t9;
-    sub.u32 %t10, %t0, %t10;
-    and.b32 %t11, %t10, 1;
+@D_OF_ROW@    and.b32 %t11, %t10, 1;
     setp.ne.u32 %p3, %t11, 0;
     sub.u32 %t12, %t10, %t11;
     shr.u32 %t13, %t10, 1;
