@@ -209,14 +209,14 @@ pub fn generate() -> String {
             &RT_TABLE
                 .replace("@D_OF_ROW@", D_OF_ROW)
                 .replace("@TABLE_MADE@", TABLE_MADE)
-                .replace("@COS_SIN@", &cos_sin("RT")),
+                .replace("@COS_SIN@", &cos_sin("RT", "%rd0")),
         )
         .replace(
             "@EPI_ROPE@\n",
             &EPI_ROPE
                 .replace("@D_OF_ROW@", D_OF_ROW)
                 .replace("@TABLE_MADE@", TABLE_MADE)
-                .replace("@COS_SIN@", &cos_sin("EPI")),
+                .replace("@COS_SIN@", &cos_sin("EPI", "%rd1")),
         );
     qmm + &qgemm::qgemm()
 }
@@ -240,13 +240,19 @@ const TABLE_MADE: &str = "    shr.u32 %t14, %T, 5;
     and.pred %p1, %p1, %p2;
 ";
 
-/// cos and sin of pair `%t13` at the position whose bits are in `%t9`, times mscale, into
-/// `%f12` and `%f13`: rope.ptx's `rope_store` instruction for instruction (theta by
-/// repeated multiplication from float(pos), YaRN's freq_scale (its ramp is off:
-/// ext_factor 0), `sincos_f`, mscale). Labels get `tag`.
-fn cos_sin(tag: &str) -> String {
+/// cos and sin of pair `%t13` at the position of column `col` (a 64-bit register),
+/// times mscale, into `%f12` and `%f13`: rope.ptx's `rope_store` instruction for
+/// instruction (theta by repeated multiplication from float(pos), YaRN's freq_scale (its
+/// ramp is off: ext_factor 0), `sincos_f`, mscale). Labels get `tag`; clobbers `%rd3`,
+/// `%rd4`, `%t9`, `%t14`.
+fn cos_sin(tag: &str, col: &str) -> String {
     format!(
-        "    // theta_t: float(pos) times theta_scale t times, in order.
+        "    ld.param.u64 %rd3, [p_pos];
+    cvta.to.global.u64 %rd3, %rd3;
+    ld.param.u64 %rd4, [p_nbp0];
+    mad.lo.u64 %rd3, {col}, %rd4, %rd3;
+    ld.global.s32 %t9, [%rd3];
+    // theta_t: float(pos) times theta_scale t times, in order.
     cvt.rn.f32.s32 %f2, %t9;
     ld.param.f32 %f3, [p_theta_scale];
     // (eight at a time, then the last 0 to 7 each under its own predicate: the loop's
@@ -312,11 +318,6 @@ const RT_TABLE: &str = "    @!%prope bra RT_DONE;
     setp.ge.u32 %p0, %t10, %t9;
     @%p0 bra RT_DONE;
     cvt.u64.u32 %rd0, %t7;
-    ld.param.u64 %rd1, [p_pos];
-    cvta.to.global.u64 %rd1, %rd1;
-    ld.param.u64 %rd2, [p_nbp0];
-    mad.lo.u64 %rd1, %rd0, %rd2, %rd1;
-    ld.global.s32 %t9, [%rd1];
 @COS_SIN@    mul.wide.u32 %rd0, %t11, 8;
     add.u64 %rd0, %sN, %rd0;
     st.shared.v2.f32 [%rd0+32], {%f12, %f13};
@@ -355,7 +356,6 @@ const EPI_ROPE: &str = "EPI_ROPE:
     ld.shared.v2.f32 {%f12, %f13}, [%rd3+32];
     bra EPI_ROTATE;
 EPI_CS:
-    mov.b32 %t9, %fres;
 @COS_SIN@EPI_ROTATE:
     // x0, x1: the values of rows 2t and 2t + 1; row 2t gets x0 cos - x1 sin, row 2t + 1
     // x0 sin + x1 cos.
@@ -1660,20 +1660,6 @@ SETUP_MATS:
     sub.u32 %djt, %T, %djt;
 @PREFETCH_FIRST@
     @%pres ld.global.f32 %fres, [%ra];
-    // The RoPE epilogue's position of this thread's column, now: its latency passes
-    // during the norm and the tiles instead of heading the epilogue's theta chain. It
-    // rides in %fres (as bits: the RoPE epilogue has no residual), as one more register
-    // live through the kernel would spill; its cache row stays in the epilogue, where
-    // the chain hides that load.
-    @!%prope bra ROPE_LOADED;
-    @!%pact bra ROPE_LOADED;
-    cvt.u64.u32 %rd0, %cn;
-    ld.param.u64 %rd1, [p_pos];
-    cvta.to.global.u64 %rd1, %rd1;
-    ld.param.u64 %rd2, [p_nbp0];
-    mad.lo.u64 %rd1, %rd0, %rd2, %rd1;
-    ld.global.f32 %fres, [%rd1];
-ROPE_LOADED:
     // Norm prologue: warp w computes the scale of columns w, w + T/32, ... exactly as
     // rms_norm does (lane l adds x_i^2 for i = l, l+32, ... in order).
     @!%pnorm bra NORM_DONE;

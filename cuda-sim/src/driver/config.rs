@@ -56,7 +56,7 @@ impl Default for SimConfig {
             checks: Checks::ALL,
             exec_threads: default_threads(),
             interpret: true,
-            compute_capability: (8, 0),
+            compute_capability: super::COMPUTE_CAPABILITY,
         }
     }
 }
