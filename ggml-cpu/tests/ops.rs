@@ -296,6 +296,28 @@ fn mul_mat_quant(
     });
 }
 
+/// K-quant products with enough columns for the panel tiles: matrices broadcast over
+/// the batch (r2 = 2), partial last panels and row groups, activations that are a
+/// transposed view (converted row by row).
+#[rstest]
+fn mul_mat_kquant_panels(
+    bes: &[CpuBackend],
+    #[values(Q2K, Q3K, Q4K, Q5K, Q6K)] w: DType,
+    #[values(16, 33)] n: usize,
+) {
+    check(bes, 17, |ctx| {
+        let a = f(w, [768, 11, 2, 1])(ctx);
+        let b = f(DType::F32, [768, n, 4, 1])(ctx);
+        Spec::new(ctx.mul_mat(a, b).unwrap())
+    });
+    check(bes, 18, |ctx| {
+        let a = f(w, [256, 6, 1, 1])(ctx);
+        let b = f(DType::F32, [n, 256, 1, 1])(ctx);
+        let bt = ctx.transpose(b).unwrap();
+        Spec::new(ctx.mul_mat(a, bt).unwrap())
+    });
+}
+
 #[test]
 fn mul_mat_non_contiguous_operands() {
     // KQ with a permuted K view (rows dense) and a permuted Q.

@@ -18,6 +18,9 @@ use ggml_core::{DType, Tensor};
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference::f32_to_bf16;
+use crate::simd::panel::{
+    kp_row_bytes, panel_bytes, scatter_column, Panel, PANEL_COLS, PANEL_ROWS, Q8K_BLOCK,
+};
 use crate::simd::{Gemv, MmTile, Unpacked};
 
 /// Weight rows per chunk.
@@ -29,6 +32,11 @@ pub(crate) const NC: usize = 16;
 pub(crate) const NC_UNPACKED: usize = 128;
 /// Fewest activation rows for which weight rows are unpacked first.
 pub(crate) const MIN_UNPACKED_COLS: usize = 8;
+/// Activation rows per chunk with panel tiles (8 panels).
+pub(crate) const NC_PANEL: usize = 8 * PANEL_COLS;
+/// Fewest activation rows for which the level's panel tiles run (a panel of 16 columns
+/// costs the same whatever number of them are real).
+pub(crate) const MIN_PANEL_COLS: usize = 16;
 /// Chunks per thread when there is one activation column.
 pub(crate) const GEMV_CHUNKS: usize = 8;
 
@@ -74,7 +82,11 @@ pub(crate) fn operand_scratch(a: &Tensor, b: &Tensor, tensors: &[Tensor]) -> usi
         .row_size(k)
         .unwrap_or(0)
         .max(crate::simd::packed_row_bytes(k));
-    let wb = round64(b.nrows() * vrs);
+    let mut wb = round64(b.nrows() * vrs);
+    if a.dtype.block_size() == 256 && a.dtype.is_weight_quant() {
+        // Activation panels (`crate::simd::panel`), for levels with panel tiles.
+        wb = wb.max(round64(panels_bytes(b.ne, k)));
+    }
     let wa = if needs_gather(a.dtype, a.ne, a.nb, data_addr(a, tensors)) {
         round64(a.nrows() * a.dtype.row_size(k).unwrap_or(0))
     } else {
@@ -92,16 +104,27 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
     (operand_scratch(a, b, tensors), thread_scratch(a))
 }
 
-/// Per-thread scratch bytes of a product with weights `a`: a row of f32 for conversions,
-/// or 4 unpacked weight rows.
+/// Per-thread scratch bytes of a product with weights `a`: a row of f32 for conversions
+/// (and, for K-quant weights, its Q8_K row on the way into a panel), or 4 unpacked weight
+/// rows.
 pub(crate) fn thread_scratch(a: &Tensor) -> usize {
     let k = a.ne[0];
-    let unpacked = if a.dtype.is_quantized() {
+    let mut unpacked = if a.dtype.is_quantized() {
         4 * crate::simd::unpacked_row_bytes(a.dtype, k)
     } else {
         0
     };
+    if a.dtype.block_size() == 256 && a.dtype.is_weight_quant() {
+        let convert = 4 * (k + 16) + k / 256 * Q8K_BLOCK;
+        unpacked = unpacked.max(PANEL_ROWS * kp_row_bytes(k)).max(convert);
+    }
     (4 * (k + 16)).max(unpacked)
+}
+
+/// Bytes of the activation panels of activations of shape `ne` (rows of `k` values): a
+/// whole number of panels per matrix.
+pub(crate) fn panels_bytes(ne: [usize; 4], k: usize) -> usize {
+    ne[1].div_ceil(PANEL_COLS) * ne[2] * ne[3] * panel_bytes(k)
 }
 
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
@@ -114,6 +137,12 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     } else {
         None
     };
+    // Many activation columns: the level's outer-product panel tiles where it has them.
+    let panel = if gemv.is_none() && dst.ne[1] >= MIN_PANEL_COLS {
+        (c.k.panel)(a.dtype)
+    } else {
+        None
+    };
     let packer = match gemv {
         Some(g) => Some(g.pack),
         None => (c.k.pack)(a.dtype),
@@ -122,11 +151,17 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         Some(p) => (p.row_bytes)(k),
         None => vdt.row_size(k).unwrap_or(0),
     };
-    let wb = round64(b.nrows() * vrs);
+    let wb = match panel {
+        Some(_) => round64(panels_bytes(b.ne, k)),
+        None => round64(b.nrows() * vrs),
+    };
     let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
     let ars = a.dtype.row_size(k).unwrap_or(0);
     if phase == 0 {
-        convert_b(c, th, b, 0, vdt, vrs, packer);
+        match panel {
+            Some(_) => convert_b_panels(c, th, b),
+            None => convert_b(c, th, b, 0, vdt, vrs, packer),
+        }
         if gather {
             gather_a(c, th, a, wb, ars);
         }
@@ -151,19 +186,23 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     // Several columns: weight rows unpacked once per chunk where the level can.
     // Not for a few columns: unpacking a row costs about as much as one column's dots
     // (Gemma 3's K-quant products at generation ran 22 % slower with it on 1 thread).
-    let unpacked = if gemv.is_none() && n_all >= MIN_UNPACKED_COLS {
+    let unpacked = if gemv.is_none() && panel.is_none() && n_all >= MIN_UNPACKED_COLS {
         (c.k.unpacked)(a.dtype)
     } else {
         None
     };
-    let nc = if unpacked.is_some() { NC_UNPACKED } else { NC };
+    let nc = match (panel, unpacked) {
+        (Some(_), _) => NC_PANEL,
+        (None, Some(_)) => NC_UNPACKED,
+        (None, None) => NC,
+    };
     let (m_chunks, n_chunks) = (m_all.div_ceil(mc), n_all.div_ceil(nc));
     let total = m_chunks * n_chunks * batches;
     let mut out = [0f32; 16];
     let urb = crate::simd::unpacked_row_bytes(a.dtype, k);
-    let uscratch: &mut [u8] = match unpacked {
-        Some(_) => c.scratch_bytes(),
-        None => &mut [],
+    let uscratch: &mut [u8] = match (panel, unpacked) {
+        (None, None) => &mut [],
+        _ => c.scratch_bytes(),
     };
     // One column: each thread streams its own run of chunks (see `crate::runs`).
     let mut runs = (n_all == 1).then(|| c.runs.take(total, th.ith));
@@ -245,6 +284,62 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
             // barrier after it published them); read-only now.
             unsafe { std::slice::from_raw_parts(c.wdata.add(row * vrs), vrs) }
         };
+        if let Some(pn) = panel {
+            // Each group of 4 weight rows is unpacked once, then runs against every
+            // panel of the chunk, 2 panels at a time.
+            let pbytes = panel_bytes(k);
+            let ppb = b.ne[1].div_ceil(PANEL_COLS);
+            let panel_at = |p: usize| -> &[u8] {
+                let at = ((i3 * b.ne[2] + i2) * ppb + p) * pbytes;
+                // SAFETY: panel p of this matrix's activations, written in phase 0 (the
+                // barrier after it published them); read-only now.
+                unsafe { std::slice::from_raw_parts(c.wdata.add(at), pbytes) }
+            };
+            let krb = kp_row_bytes(k);
+            let mut m = m0;
+            while m < m1 {
+                let nrows = (m1 - m).min(PANEL_ROWS);
+                prefetch_past(m + nrows);
+                let rows = unpack_panel_rows(
+                    pn,
+                    a.dtype,
+                    k,
+                    nrows,
+                    |r| {
+                        // SAFETY: as `arows` below: a dense weight row of `ars` bytes that
+                        // nobody writes now.
+                        unsafe { std::slice::from_raw_parts(wrow(m + r), ars) }
+                    },
+                    uscratch,
+                    krb,
+                );
+                let (p0, p1) = (n0 / PANEL_COLS, n1.div_ceil(PANEL_COLS));
+                let mut p = p0;
+                while p < p1 {
+                    let np = (p1 - p).min(2);
+                    let ps = [panel_at(p), panel_at(p + np - 1)];
+                    let mut pout = [0f32; 128];
+                    (pn.tile)(a.dtype, k, &rows, &ps[..np], &mut pout);
+                    for r in 0..nrows {
+                        for pp in 0..np {
+                            let col0 = (p + pp) * PANEL_COLS;
+                            for cc in 0..PANEL_COLS.min(n1 - col0) {
+                                let o = base
+                                    .wrapping_add((m + r) * dst.nb[0] + (col0 + cc) * dst.nb[1]);
+                                // SAFETY: output element (m+r, col0+cc, i2, i3): inside the
+                                // resolved destination, written only by this chunk's thread.
+                                unsafe {
+                                    (o as *mut f32).write_unaligned(pout[(r * 2 + pp) * 16 + cc])
+                                };
+                            }
+                        }
+                    }
+                    p += np;
+                }
+                m += nrows;
+            }
+            continue;
+        }
         if let Some(u) = unpacked {
             // Each group of 4 weight rows is unpacked once, then runs against every
             // column of the chunk.
@@ -334,6 +429,59 @@ pub(super) fn unpack_rows<'s>(
         *r = u;
     }
     rows
+}
+
+/// Unpacks `nrows` (1 to 4) weight rows `src(r)` for the panel tiles into `scratch`, `krb`
+/// ([`kp_row_bytes`]) bytes each; a short group repeats its first row (whose results
+/// are not stored).
+fn unpack_panel_rows<'s, 'w>(
+    pn: Panel,
+    w: DType,
+    k: usize,
+    nrows: usize,
+    src: impl Fn(usize) -> &'w [u8],
+    scratch: &'s mut [u8],
+    krb: usize,
+) -> [&'s [u8]; PANEL_ROWS] {
+    for (r, out) in scratch.chunks_exact_mut(krb).take(nrows).enumerate() {
+        (pn.unpack)(w, k, src(r), out);
+    }
+    let scratch: &'s [u8] = scratch;
+    std::array::from_fn(|r| {
+        let r = if r < nrows { r } else { 0 };
+        &scratch[r * krb..(r + 1) * krb]
+    })
+}
+
+/// Converts the rows of `b` (split between threads) to Q8_K and writes each as its column
+/// of the activation panels (`crate::simd::panel`): matrix `(i2, i3)`'s row `i1` is column
+/// `i1 % 16` of its panel `i1 / 16`, the matrices' panels one after the other.
+fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, b: TView) {
+    let k = b.ne[0];
+    let nb = k / 256;
+    let (pbytes, ppb) = (panel_bytes(k), b.ne[1].div_ceil(PANEL_COLS));
+    let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
+    let (fpart, qrow) = c.scratch_bytes().split_at_mut(4 * (k + 16));
+    // SAFETY: the thread scratch is 64-byte aligned; its first 4(k + 16) bytes as f32.
+    let sc = unsafe { std::slice::from_raw_parts_mut(fpart.as_mut_ptr() as *mut f32, k + 16) };
+    let qrow = &mut qrow[..nb * Q8K_BLOCK];
+    for r in r0..r1 {
+        let (i1, i2, i3) = b.row_index(r);
+        // SAFETY: row of the resolved activations (never aliased by the result).
+        let x: &[f32] = match unsafe { b.row_f32(i1, i2, i3) } {
+            Some(s) => s,
+            None => {
+                unsafe { b.read_row(i1, i2, i3, sc) };
+                &sc[..k]
+            }
+        };
+        (c.k.quantize)(DType::Q8K, x, qrow);
+        let at = ((i3 * b.ne[2] + i2) * ppb + i1 / PANEL_COLS) * pbytes;
+        // SAFETY: the panel lies in the activation area of the shared scratch
+        // (`panels_bytes`); column i1 % 16 of it belongs to row r, which only this thread
+        // converts.
+        unsafe { scatter_column(qrow, nb, i1 % PANEL_COLS, c.wdata.add(at)) };
+    }
 }
 
 /// `out[r * 4 + c] = dot(arows[r], brows[c])`: by the matrix × vector kernel when there is

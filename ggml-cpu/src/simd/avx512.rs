@@ -25,6 +25,7 @@ pub(crate) static KERNELS_VNNI: Kernels = Kernels {
     pack: vnni::pack,
     gemv: vnni::gemv,
     unpacked: vnni::unpacked,
+    panel: vnni::panel,
     ..KERNELS
 };
 
@@ -55,6 +56,7 @@ mod vnni {
         dot_s,
         128
     );
+    x86_kpanel!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni");
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]

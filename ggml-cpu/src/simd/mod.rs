@@ -15,6 +15,9 @@ mod x86_elementwise;
 mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
 #[macro_use]
+mod x86_kpanel;
+#[cfg(target_arch = "x86_64")]
+#[macro_use]
 mod x86_quant;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -22,6 +25,7 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+pub(crate) mod panel;
 mod scalar;
 
 use ggml_core::DType;
@@ -84,6 +88,9 @@ pub(crate) struct Kernels {
     /// Weight rows unpacked once per chunk for a dtype, if the level does that; used
     /// instead of `mm` for several activation columns.
     pub unpacked: fn(DType) -> Option<Unpacked>,
+    /// Outer-product tiles on activation panels ([`panel`]) for a dtype, if the level
+    /// has them; used by mul_mat for products with at least a panel of columns.
+    pub panel: fn(DType) -> Option<panel::Panel>,
 }
 
 /// A level's tile on weight rows unpacked once and reused for every activation column

@@ -56,6 +56,7 @@ macro_rules! kernels_table {
             pack: $pack,
             gemv: super::no_gemv,
             unpacked: $unpacked,
+            panel: super::panel::no_panel,
         }
     };
 }

@@ -253,6 +253,13 @@ fn check_tile_on(k: &Kernels, w: DType, kk: usize, a: &[Vec<u8>], y: &[Vec<f32>]
         (u.tile)(w, kk, &ur, &br, &mut out);
         outs.push(("unpacked tile", out));
     }
+    if let Some(po) = panel_products(k, w, kk, a, &std) {
+        let mut out = [f32::NAN; 16];
+        for (ri, row) in po.iter().enumerate() {
+            out[ri * 4..ri * 4 + nc].copy_from_slice(row);
+        }
+        outs.push(("panel tile", out));
+    }
     for (what, out) in outs {
         for ri in 0..nr {
             for ci in 0..nc {
@@ -264,6 +271,101 @@ fn check_tile_on(k: &Kernels, w: DType, kk: usize, a: &[Vec<u8>], y: &[Vec<f32>]
                     k.isa,
                     out[ri * 4 + ci]
                 );
+            }
+        }
+    }
+}
+
+/// The products of weight rows `a` (dtype `w`, `kk` values) with the Q8_K activation rows
+/// `std` by level `k`'s panel tiles, `[row][column]`; `None` where the level has none.
+/// Rows run 4 at a time (a short last group repeats row 0), columns 2 panels at a time.
+fn panel_products(
+    k: &Kernels,
+    w: DType,
+    kk: usize,
+    a: &[Vec<u8>],
+    std: &[Vec<u8>],
+) -> Option<Vec<Vec<f32>>> {
+    use super::panel::{kp_row_bytes, panel_bytes, scatter_column, PANEL_COLS, PANEL_ROWS};
+    let pn = (k.panel)(w)?;
+    let nb = kk / 256;
+    let npanels = std.len().div_ceil(PANEL_COLS);
+    // Unwritten columns of a last panel hold a pattern; their results are not read.
+    let mut panels = vec![0x5Au8; npanels * panel_bytes(kk)];
+    for (c, row) in std.iter().enumerate() {
+        let at = (c / PANEL_COLS) * panel_bytes(kk);
+        // SAFETY: panel c / 16 lies inside `panels`, written by this thread only.
+        unsafe { scatter_column(row, nb, c % PANEL_COLS, panels.as_mut_ptr().add(at)) };
+    }
+    let un: Vec<Vec<u8>> = a
+        .iter()
+        .map(|row| {
+            let mut o = vec![0xAAu8; kp_row_bytes(kk)];
+            (pn.unpack)(w, kk, row, &mut o);
+            o
+        })
+        .collect();
+    let mut res = vec![vec![f32::NAN; std.len()]; a.len()];
+    for r0 in (0..a.len()).step_by(PANEL_ROWS) {
+        let rows: [&[u8]; PANEL_ROWS] =
+            std::array::from_fn(|r| un.get(r0 + r).unwrap_or(&un[r0]).as_slice());
+        for p0 in (0..npanels).step_by(2) {
+            let np = (npanels - p0).min(2);
+            let ps: Vec<&[u8]> = (p0..p0 + np)
+                .map(|p| &panels[p * panel_bytes(kk)..(p + 1) * panel_bytes(kk)])
+                .collect();
+            let mut out = [f32::NAN; 128];
+            (pn.tile)(w, kk, &rows, &ps, &mut out);
+            for r in 0..PANEL_ROWS.min(a.len() - r0) {
+                for p in 0..np {
+                    for c in 0..PANEL_COLS {
+                        let col = (p0 + p) * PANEL_COLS + c;
+                        if col < std.len() {
+                            res[r0 + r][col] = out[(r * 2 + p) * 16 + c];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Some(res)
+}
+
+/// The panel tiles on many columns (1, 2 and 3 panels, partial last panels) and rows
+/// (partial last groups) against the reference, bit for bit.
+#[rstest]
+fn kquant_panel_tiles_match_reference(
+    #[values(DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K)] w: DType,
+) {
+    let mut rng = Xorshift::new(w as u64 + 123);
+    for k in all_tables() {
+        if (k.panel)(w).is_none() {
+            continue;
+        }
+        for (kk, nr, nc) in [(256, 4, 16), (768, 5, 17), (2304, 3, 32), (4864, 7, 45)] {
+            let nb = kk / 256;
+            let a: Vec<Vec<u8>> = (0..nr)
+                .map(|_| xorshift_dot_blocks(w, nb, &mut rng))
+                .collect();
+            let std: Vec<Vec<u8>> = (0..nc)
+                .map(|_| {
+                    let mut o = vec![0u8; DType::Q8K.row_size(kk).unwrap()];
+                    ggml_core::quant::quantize_row(DType::Q8K, &rng.vec(kk, 2.0), &mut o).unwrap();
+                    o
+                })
+                .collect();
+            let got = panel_products(k, w, kk, &a, &std).unwrap();
+            for (ri, row) in a.iter().enumerate() {
+                for (ci, col) in std.iter().enumerate() {
+                    let want = r::vec_dot_quant(w, row, col, kk);
+                    assert_eq!(
+                        got[ri][ci].to_bits(),
+                        want.to_bits(),
+                        "{:?} {w} k={kk} panel {nr}x{nc} at ({ri},{ci}): {} vs {want}",
+                        k.isa,
+                        got[ri][ci]
+                    );
+                }
             }
         }
     }
