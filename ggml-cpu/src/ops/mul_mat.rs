@@ -19,7 +19,7 @@ use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference::f32_to_bf16;
 use crate::simd::panel::{
-    kp_row_bytes, panel_bytes, scatter_column, Panel, PANEL_COLS, PANEL_ROWS, Q8K_BLOCK,
+    kp_row_bytes, panel_bytes, scatter_column, Panel, PANEL_COLS, PANEL_ROWS,
 };
 use crate::simd::{Gemv, MmTile, Unpacked};
 
@@ -83,9 +83,9 @@ pub(crate) fn operand_scratch(a: &Tensor, b: &Tensor, tensors: &[Tensor]) -> usi
         .unwrap_or(0)
         .max(crate::simd::packed_row_bytes(k));
     let mut wb = round64(b.nrows() * vrs);
-    if a.dtype.block_size() == 256 && a.dtype.is_weight_quant() {
+    if a.dtype.is_weight_quant() {
         // Activation panels (`crate::simd::panel`), for levels with panel tiles.
-        wb = wb.max(round64(panels_bytes(b.ne, k)));
+        wb = wb.max(round64(panels_bytes(a.dtype, b.ne, k)));
     }
     let wa = if needs_gather(a.dtype, a.ne, a.nb, data_addr(a, tensors)) {
         round64(a.nrows() * a.dtype.row_size(k).unwrap_or(0))
@@ -105,8 +105,8 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
 }
 
 /// Per-thread scratch bytes of a product with weights `a`: a row of f32 for conversions
-/// (and, for K-quant weights, its Q8_K row on the way into a panel), or 4 unpacked weight
-/// rows.
+/// (and, for quantised weights, its quantised row on the way into a panel), or 4 unpacked
+/// weight rows.
 pub(crate) fn thread_scratch(a: &Tensor) -> usize {
     let k = a.ne[0];
     let mut unpacked = if a.dtype.is_quantized() {
@@ -114,17 +114,19 @@ pub(crate) fn thread_scratch(a: &Tensor) -> usize {
     } else {
         0
     };
-    if a.dtype.block_size() == 256 && a.dtype.is_weight_quant() {
-        let convert = 4 * (k + 16) + k / 256 * Q8K_BLOCK;
-        unpacked = unpacked.max(PANEL_ROWS * kp_row_bytes(k)).max(convert);
+    if a.dtype.is_weight_quant() {
+        let convert = 4 * (k + 16) + a.dtype.vec_dot_type().row_size(k).unwrap_or(0);
+        unpacked = unpacked
+            .max(PANEL_ROWS * kp_row_bytes(a.dtype, k))
+            .max(convert);
     }
     (4 * (k + 16)).max(unpacked)
 }
 
-/// Bytes of the activation panels of activations of shape `ne` (rows of `k` values): a
-/// whole number of panels per matrix.
-pub(crate) fn panels_bytes(ne: [usize; 4], k: usize) -> usize {
-    ne[1].div_ceil(PANEL_COLS) * ne[2] * ne[3] * panel_bytes(k)
+/// Bytes of the activation panels of activations of shape `ne` (rows of `k` values) for
+/// weights of dtype `w`: a whole number of panels per matrix.
+pub(crate) fn panels_bytes(w: DType, ne: [usize; 4], k: usize) -> usize {
+    ne[1].div_ceil(PANEL_COLS) * ne[2] * ne[3] * panel_bytes(w, k)
 }
 
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
@@ -152,14 +154,14 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         None => vdt.row_size(k).unwrap_or(0),
     };
     let wb = match panel {
-        Some(_) => round64(panels_bytes(b.ne, k)),
+        Some(_) => round64(panels_bytes(a.dtype, b.ne, k)),
         None => round64(b.nrows() * vrs),
     };
     let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
     let ars = a.dtype.row_size(k).unwrap_or(0);
     if phase == 0 {
         match panel {
-            Some(_) => convert_b_panels(c, th, b),
+            Some(_) => convert_b_panels(c, th, a.dtype, b),
             None => convert_b(c, th, b, 0, vdt, vrs, packer),
         }
         if gather {
@@ -287,7 +289,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         if let Some(pn) = panel {
             // Each group of 4 weight rows is unpacked once, then runs against every
             // panel of the chunk, 2 panels at a time.
-            let pbytes = panel_bytes(k);
+            let pbytes = panel_bytes(a.dtype, k);
             let ppb = b.ne[1].div_ceil(PANEL_COLS);
             let panel_at = |p: usize| -> &[u8] {
                 let at = ((i3 * b.ne[2] + i2) * ppb + p) * pbytes;
@@ -295,7 +297,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 // barrier after it published them); read-only now.
                 unsafe { std::slice::from_raw_parts(c.wdata.add(at), pbytes) }
             };
-            let krb = kp_row_bytes(k);
+            let krb = kp_row_bytes(a.dtype, k);
             let mut m = m0;
             while m < m1 {
                 let nrows = (m1 - m).min(PANEL_ROWS);
@@ -320,17 +322,24 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                     let ps = [panel_at(p), panel_at(p + np - 1)];
                     let mut pout = [0f32; 128];
                     (pn.tile)(a.dtype, k, &rows, &ps[..np], &mut pout);
-                    for r in 0..nrows {
-                        for pp in 0..np {
-                            let col0 = (p + pp) * PANEL_COLS;
-                            for cc in 0..PANEL_COLS.min(n1 - col0) {
-                                let o = base
-                                    .wrapping_add((m + r) * dst.nb[0] + (col0 + cc) * dst.nb[1]);
-                                // SAFETY: output element (m+r, col0+cc, i2, i3): inside the
-                                // resolved destination, written only by this chunk's thread.
+                    for pp in 0..np {
+                        let col0 = (p + pp) * PANEL_COLS;
+                        for cc in 0..PANEL_COLS.min(n1 - col0) {
+                            let v = &pout[(pp * PANEL_COLS + cc) * 4..][..4];
+                            let col = base.wrapping_add(m * dst.nb[0] + (col0 + cc) * dst.nb[1]);
+                            if nrows == 4 && dst.nb[0] == 4 {
+                                // SAFETY: output elements (m..m+4, col0+cc, i2, i3): adjacent,
+                                // inside the resolved destination, written only by this
+                                // chunk's thread.
                                 unsafe {
-                                    (o as *mut f32).write_unaligned(pout[(r * 2 + pp) * 16 + cc])
+                                    (col as *mut [f32; 4]).write_unaligned([v[0], v[1], v[2], v[3]])
                                 };
+                                continue;
+                            }
+                            for (r, &x) in v.iter().enumerate().take(nrows) {
+                                let o = col.wrapping_add(r * dst.nb[0]);
+                                // SAFETY: output element (m+r, col0+cc, i2, i3): as above.
+                                unsafe { (o as *mut f32).write_unaligned(x) };
                             }
                         }
                     }
@@ -453,18 +462,19 @@ fn unpack_panel_rows<'s, 'w>(
     })
 }
 
-/// Converts the rows of `b` (split between threads) to Q8_K and writes each as its column
-/// of the activation panels (`crate::simd::panel`): matrix `(i2, i3)`'s row `i1` is column
-/// `i1 % 16` of its panel `i1 / 16`, the matrices' panels one after the other.
-fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, b: TView) {
+/// Converts the rows of `b` (split between threads) to the dot type of weights `w` and
+/// writes each as its column of the activation panels (`crate::simd::panel`): matrix
+/// `(i2, i3)`'s row `i1` is column `i1 % 16` of its panel `i1 / 16`, the matrices' panels
+/// one after the other.
+fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, w: DType, b: TView) {
     let k = b.ne[0];
-    let nb = k / 256;
-    let (pbytes, ppb) = (panel_bytes(k), b.ne[1].div_ceil(PANEL_COLS));
+    let vdt = w.vec_dot_type();
+    let (pbytes, ppb) = (panel_bytes(w, k), b.ne[1].div_ceil(PANEL_COLS));
     let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
     let (fpart, qrow) = c.scratch_bytes().split_at_mut(4 * (k + 16));
     // SAFETY: the thread scratch is 64-byte aligned; its first 4(k + 16) bytes as f32.
     let sc = unsafe { std::slice::from_raw_parts_mut(fpart.as_mut_ptr() as *mut f32, k + 16) };
-    let qrow = &mut qrow[..nb * Q8K_BLOCK];
+    let qrow = &mut qrow[..vdt.row_size(k).unwrap_or(0)];
     for r in r0..r1 {
         let (i1, i2, i3) = b.row_index(r);
         // SAFETY: row of the resolved activations (never aliased by the result).
@@ -475,12 +485,12 @@ fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, b: TView) {
                 &sc[..k]
             }
         };
-        (c.k.quantize)(DType::Q8K, x, qrow);
+        (c.k.quantize)(vdt, x, qrow);
         let at = ((i3 * b.ne[2] + i2) * ppb + i1 / PANEL_COLS) * pbytes;
         // SAFETY: the panel lies in the activation area of the shared scratch
         // (`panels_bytes`); column i1 % 16 of it belongs to row r, which only this thread
         // converts.
-        unsafe { scatter_column(qrow, nb, i1 % PANEL_COLS, c.wdata.add(at)) };
+        unsafe { scatter_column(w, qrow, k, i1 % PANEL_COLS, c.wdata.add(at)) };
     }
 }
 

@@ -1,4 +1,4 @@
-//! Activation panels for the outer-product K-quant tiles.
+//! Activation panels for the outer-product tiles.
 //!
 //! A panel holds [`PANEL_COLS`] activation rows (the product's columns) quantised to Q8_K
 //! and interleaved so that one vector register loads the same 4 quants of every column:
@@ -12,6 +12,10 @@
 //!   every column, column `c` at byte `4160 + 64i + 4c`.
 //!
 //! The bytes are exactly those of the columns' Q8_K rows, rearranged; so are the dots.
+//!
+//! For the legacy formats (blocks of 32 with Q8_0 or Q8_1 activations) a block of a panel
+//! takes [`LP_BLOCK_BYTES`]: 8 vectors of quants (as above), the columns' scales `d` and
+//! Q8_1 sums `s` (0 for Q8_0) as f32, and the sums of each column's 32 quants as i32.
 
 use ggml_core::DType;
 
@@ -30,9 +34,22 @@ pub(crate) const PANEL_D_AT: usize = 4096;
 /// Byte offset, in a panel super-block, of the columns' group-sum pairs.
 pub(crate) const PANEL_BSUM_AT: usize = 4096 + 64;
 
-/// Bytes of a panel of activation rows of `k` values (`k` a multiple of 256).
-pub(crate) fn panel_bytes(k: usize) -> usize {
-    k / 256 * PANEL_SB_BYTES
+/// Bytes of one block of a legacy-format panel.
+pub(crate) const LP_BLOCK_BYTES: usize = 704;
+
+/// Byte offsets, in a legacy panel block, of the columns' `d`, `s` and quant sums.
+pub(crate) const LP_D_AT: usize = 512;
+pub(crate) const LP_S_AT: usize = 576;
+pub(crate) const LP_SUM_AT: usize = 640;
+
+/// Bytes of a panel of activation rows of `k` values for weights of dtype `w` (`k` a
+/// multiple of its block size).
+pub(crate) fn panel_bytes(w: DType, k: usize) -> usize {
+    if w.block_size() == 256 {
+        k / 256 * PANEL_SB_BYTES
+    } else {
+        k / 32 * LP_BLOCK_BYTES
+    }
 }
 
 /// Bytes per super-block of a weight row unpacked for the panel tiles: 256 quants as u8
@@ -46,15 +63,27 @@ pub(crate) const KP_AUX_AT: usize = 320;
 pub(crate) const KP_D_AT: usize = 352;
 pub(crate) const KP_DMIN_AT: usize = 356;
 
-/// Bytes of a weight row of `k` values unpacked for the panel tiles.
-pub(crate) fn kp_row_bytes(k: usize) -> usize {
-    k / 256 * KP_SB_BYTES
+/// Bytes per block of a legacy-format weight row unpacked for the panel tiles: 32 quants
+/// as u8 without the format's offset, `d` and `m` (0 without mins) as f32.
+pub(crate) const LW_BLOCK_BYTES: usize = 40;
+
+/// Byte offsets in an unpacked legacy block (see [`LW_BLOCK_BYTES`]).
+pub(crate) const LW_D_AT: usize = 32;
+pub(crate) const LW_M_AT: usize = 36;
+
+/// Bytes of a weight row of dtype `w` and `k` values unpacked for the panel tiles.
+pub(crate) fn kp_row_bytes(w: DType, k: usize) -> usize {
+    if w.block_size() == 256 {
+        k / 256 * KP_SB_BYTES
+    } else {
+        k / 32 * LW_BLOCK_BYTES
+    }
 }
 
 /// Weight rows per panel tile.
 pub(crate) const PANEL_ROWS: usize = 4;
 
-/// A panel tile: `out[(r·2 + p)·16 + c] = dot(rows[r], column c of panels[p])` for the 4
+/// A panel tile: `out[(p·16 + c)·4 + r] = dot(rows[r], column c of panels[p])` for the 4
 /// unpacked weight rows `rows` of dtype `w` and 1 or 2 panels, each of `k` values.
 pub(crate) type PanelTile =
     fn(w: DType, k: usize, rows: &[&[u8]; PANEL_ROWS], panels: &[&[u8]], out: &mut [f32; 128]);
@@ -73,12 +102,19 @@ pub(crate) fn no_panel(_w: DType) -> Option<Panel> {
     None
 }
 
-/// Writes the Q8_K row `row` (`nb` blocks) as column `col` of the panel at `panel`.
+/// Writes the activation row `row` (`k` values, quantised to `w.vec_dot_type()`) as column
+/// `col` of the panel at `panel`.
 ///
 /// # Safety
-/// `panel` points to `nb * PANEL_SB_BYTES` writable bytes; no one else accesses column
+/// `panel` points to `panel_bytes(w, k)` writable bytes; no one else accesses column
 /// `col`'s bytes of it meanwhile (other columns may be written concurrently).
-pub(crate) unsafe fn scatter_column(row: &[u8], nb: usize, col: usize, panel: *mut u8) {
+pub(crate) unsafe fn scatter_column(w: DType, row: &[u8], k: usize, col: usize, panel: *mut u8) {
+    if w.block_size() != 256 {
+        // SAFETY: as this function's.
+        unsafe { scatter_legacy_column(w.vec_dot_type(), row, k / 32, col, panel) };
+        return;
+    }
+    let nb = k / 256;
     assert!(col < PANEL_COLS && row.len() >= nb * Q8K_BLOCK);
     for j in 0..nb {
         let x = &row[j * Q8K_BLOCK..(j + 1) * Q8K_BLOCK];
@@ -95,6 +131,38 @@ pub(crate) unsafe fn scatter_column(row: &[u8], nb: usize, col: usize, panel: *m
                 let s = &x[260 + 4 * i..264 + 4 * i];
                 std::ptr::copy_nonoverlapping(s.as_ptr(), p.add(PANEL_BSUM_AT + 64 * i), 4);
             }
+        }
+    }
+}
+
+/// [`scatter_column`] for a Q8_0 or Q8_1 row of `nb` blocks.
+///
+/// # Safety
+/// As [`scatter_column`]'s.
+unsafe fn scatter_legacy_column(vdt: DType, row: &[u8], nb: usize, col: usize, panel: *mut u8) {
+    let (bb, qs_at) = match vdt {
+        DType::Q8_0 => (34, 2),
+        DType::Q8_1 => (36, 4),
+        _ => panic!("no legacy panels for activations of {vdt}"),
+    };
+    assert!(col < PANEL_COLS && row.len() >= nb * bb);
+    let f16 =
+        |b: &[u8], at: usize| crate::reference::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]));
+    for j in 0..nb {
+        let x = &row[j * bb..(j + 1) * bb];
+        let qs = &x[qs_at..qs_at + 32];
+        let s = if qs_at == 4 { f16(x, 2) } else { 0.0 };
+        let sum: i32 = qs.iter().map(|&q| i32::from(q as i8)).sum();
+        // SAFETY: every write is inside block j of the panel, in column col's bytes
+        // (caller).
+        unsafe {
+            let p = panel.add(j * LP_BLOCK_BYTES + 4 * col);
+            for v in 0..8 {
+                std::ptr::copy_nonoverlapping(qs[4 * v..].as_ptr(), p.add(64 * v), 4);
+            }
+            (p.add(LP_D_AT) as *mut f32).write_unaligned(f16(x, 0));
+            (p.add(LP_S_AT) as *mut f32).write_unaligned(s);
+            (p.add(LP_SUM_AT) as *mut i32).write_unaligned(sum);
         }
     }
 }

@@ -288,19 +288,26 @@ fn panel_products(
 ) -> Option<Vec<Vec<f32>>> {
     use super::panel::{kp_row_bytes, panel_bytes, scatter_column, PANEL_COLS, PANEL_ROWS};
     let pn = (k.panel)(w)?;
-    let nb = kk / 256;
     let npanels = std.len().div_ceil(PANEL_COLS);
+    let pb = panel_bytes(w, kk);
     // Unwritten columns of a last panel hold a pattern; their results are not read.
-    let mut panels = vec![0x5Au8; npanels * panel_bytes(kk)];
+    let mut panels = vec![0x5Au8; npanels * pb];
     for (c, row) in std.iter().enumerate() {
-        let at = (c / PANEL_COLS) * panel_bytes(kk);
         // SAFETY: panel c / 16 lies inside `panels`, written by this thread only.
-        unsafe { scatter_column(row, nb, c % PANEL_COLS, panels.as_mut_ptr().add(at)) };
+        unsafe {
+            scatter_column(
+                w,
+                row,
+                kk,
+                c % PANEL_COLS,
+                panels.as_mut_ptr().add(c / PANEL_COLS * pb),
+            )
+        };
     }
     let un: Vec<Vec<u8>> = a
         .iter()
         .map(|row| {
-            let mut o = vec![0xAAu8; kp_row_bytes(kk)];
+            let mut o = vec![0xAAu8; kp_row_bytes(w, kk)];
             (pn.unpack)(w, kk, row, &mut o);
             o
         })
@@ -312,7 +319,7 @@ fn panel_products(
         for p0 in (0..npanels).step_by(2) {
             let np = (npanels - p0).min(2);
             let ps: Vec<&[u8]> = (p0..p0 + np)
-                .map(|p| &panels[p * panel_bytes(kk)..(p + 1) * panel_bytes(kk)])
+                .map(|p| &panels[p * pb..(p + 1) * pb])
                 .collect();
             let mut out = [f32::NAN; 128];
             (pn.tile)(w, kk, &rows, &ps, &mut out);
@@ -321,7 +328,7 @@ fn panel_products(
                     for c in 0..PANEL_COLS {
                         let col = (p0 + p) * PANEL_COLS + c;
                         if col < std.len() {
-                            res[r0 + r][col] = out[(r * 2 + p) * 16 + c];
+                            res[r0 + r][col] = out[(p * 16 + c) * 4 + r];
                         }
                     }
                 }
@@ -334,23 +341,29 @@ fn panel_products(
 /// The panel tiles on many columns (1, 2 and 3 panels, partial last panels) and rows
 /// (partial last groups) against the reference, bit for bit.
 #[rstest]
-fn kquant_panel_tiles_match_reference(
-    #[values(DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K)] w: DType,
-) {
-    let mut rng = Xorshift::new(w as u64 + 123);
+fn panel_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize) {
+    let w = QUANT_DTYPES[wi];
+    let mut rng = Xorshift::new(wi as u64 + 123);
+    let vdt = w.vec_dot_type();
+    // K-quants: 1, 3, 9 and 19 super-blocks; legacy: 1, 9, 20 and 25 blocks.
+    let shapes = if w.block_size() == 256 {
+        [(256, 4, 16), (768, 5, 17), (2304, 3, 32), (4864, 7, 45)]
+    } else {
+        [(32, 4, 16), (288, 5, 17), (640, 3, 32), (800, 7, 45)]
+    };
     for k in all_tables() {
         if (k.panel)(w).is_none() {
             continue;
         }
-        for (kk, nr, nc) in [(256, 4, 16), (768, 5, 17), (2304, 3, 32), (4864, 7, 45)] {
-            let nb = kk / 256;
+        for (kk, nr, nc) in shapes {
+            let nb = kk / w.block_size();
             let a: Vec<Vec<u8>> = (0..nr)
                 .map(|_| xorshift_dot_blocks(w, nb, &mut rng))
                 .collect();
             let std: Vec<Vec<u8>> = (0..nc)
                 .map(|_| {
-                    let mut o = vec![0u8; DType::Q8K.row_size(kk).unwrap()];
-                    ggml_core::quant::quantize_row(DType::Q8K, &rng.vec(kk, 2.0), &mut o).unwrap();
+                    let mut o = vec![0u8; vdt.row_size(kk).unwrap()];
+                    ggml_core::quant::quantize_row(vdt, &rng.vec(kk, 2.0), &mut o).unwrap();
                     o
                 })
                 .collect();

@@ -18,8 +18,9 @@
 macro_rules! x86_kpanel {
     ($feat:literal) => {
         use crate::simd::panel::{
-            kp_row_bytes, Panel, KP_AUX_AT, KP_DMIN_AT, KP_D_AT, KP_SB_BYTES, KP_SCALES_AT,
-            PANEL_BSUM_AT, PANEL_D_AT, PANEL_ROWS, PANEL_SB_BYTES,
+            Panel, KP_AUX_AT, KP_DMIN_AT, KP_D_AT, KP_SB_BYTES, KP_SCALES_AT, LP_BLOCK_BYTES,
+            LP_D_AT, LP_SUM_AT, LP_S_AT, LW_BLOCK_BYTES, LW_D_AT, LW_M_AT, PANEL_BSUM_AT,
+            PANEL_D_AT, PANEL_ROWS, PANEL_SB_BYTES,
         };
 
         /// Unpacks a weight row of `k` values of format `F` for the panel tiles
@@ -27,7 +28,7 @@ macro_rules! x86_kpanel {
         #[target_feature(enable = $feat)]
         unsafe fn kp_unpack_row<const F: u8>(k: usize, row: &[u8], out: &mut [u8]) {
             let (xb, nb) = (kq_bytes(F), k / 256);
-            assert!(row.len() >= nb * xb && out.len() >= kp_row_bytes(k));
+            assert!(row.len() >= nb * xb && out.len() >= nb * KP_SB_BYTES);
             for j in 0..nb {
                 // SAFETY: block j < nb of the row and KP_SB_BYTES of room for it (lengths
                 // asserted); same features.
@@ -68,7 +69,7 @@ macro_rules! x86_kpanel {
         }
 
         /// The 4 unpacked weight rows `w` of format `F` against the `NP` panels `y`, each
-        /// of `nb` super-blocks, into `out[(r·2 + p)·16 + c]`.
+        /// of `nb` super-blocks, into `out[(p·16 + c)·4 + r]`.
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn kp_tile_gen<const F: u8, const NP: usize>(
@@ -162,22 +163,8 @@ macro_rules! x86_kpanel {
                     }
                 }
             }
-            for r in 0..PANEL_ROWS {
-                for p in 0..NP {
-                    // `reference::tree8`, lane-wise.
-                    let l = |t: usize| lanes[t][r][p];
-                    let a = [
-                        _mm512_add_ps(l(0), l(4)),
-                        _mm512_add_ps(l(1), l(5)),
-                        _mm512_add_ps(l(2), l(6)),
-                        _mm512_add_ps(l(3), l(7)),
-                    ];
-                    let b = [_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3])];
-                    let o = out[(r * 2 + p) * 16..].as_mut_ptr();
-                    // SAFETY: 16 floats of out at (r·2 + p)·16 ≤ 112.
-                    unsafe { _mm512_storeu_ps(o, _mm512_add_ps(b[0], b[1])) };
-                }
-            }
+            // SAFETY: same features.
+            unsafe { kp_store(&lanes, out) };
         }
 
         /// The panel tile of format `F`: 1 or 2 panels.
@@ -198,7 +185,201 @@ macro_rules! x86_kpanel {
             }
         }
 
-        /// [`kp_unpack_row`] by dtype.
+        /// Unpacks a weight row of `k` values of legacy format `w` for the panel tiles
+        /// (`simd::panel::LW_BLOCK_BYTES` per block): the 32 quants as u8 in value order,
+        /// without the format's offset (Q4_0's 8, Q5_0's 16, Q8_0's −128), then `d` and `m`.
+        #[target_feature(enable = $feat)]
+        unsafe fn lp_unpack_row(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
+            let (xb, nb) = (w.type_size(), k / 32);
+            assert!(row.len() >= nb * xb && out.len() >= nb * LW_BLOCK_BYTES);
+            let m4 = _mm_set1_epi8(15);
+            for j in 0..nb {
+                // SAFETY: block j < nb of the row and LW_BLOCK_BYTES of room for it (lengths
+                // asserted); same features.
+                unsafe {
+                    let p = row.as_ptr().add(j * xb);
+                    let o = out.as_mut_ptr().add(j * LW_BLOCK_BYTES);
+                    let nibbles = |at: usize| {
+                        let v = _mm_loadu_si128(p.add(at) as *const __m128i);
+                        let lo = _mm_and_si128(v, m4);
+                        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+                    };
+                    // Bit l of `qh` is the fifth bit of value l.
+                    let fifth = |at: usize| {
+                        let qh = (p.add(at) as *const u32).read_unaligned();
+                        _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(16))
+                    };
+                    let (q, m) = match w {
+                        DType::Q4_0 => (nibbles(2), 0.0),
+                        DType::Q4_1 => (nibbles(4), rd_f16p(p, 2)),
+                        DType::Q5_0 => (_mm256_or_si256(nibbles(6), fifth(2)), 0.0),
+                        DType::Q5_1 => (_mm256_or_si256(nibbles(8), fifth(4)), rd_f16p(p, 2)),
+                        DType::Q8_0 => {
+                            let v = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                            (_mm256_xor_si256(v, _mm256_set1_epi8(-128)), 0.0)
+                        }
+                        _ => panic!("no legacy panel tiles for {w}"),
+                    };
+                    _mm256_storeu_si256(o as *mut __m256i, q);
+                    (o.add(LW_D_AT) as *mut f32).write_unaligned(rd_f16p(p, 0));
+                    (o.add(LW_M_AT) as *mut f32).write_unaligned(m);
+                }
+            }
+        }
+
+        /// The f16 at byte `at` of `p`, as f32.
+        #[inline(always)]
+        unsafe fn rd_f16p(p: *const u8, at: usize) -> f32 {
+            // SAFETY: 2 readable bytes at p + at (caller).
+            crate::reference::f16_to_f32(unsafe { (p.add(at) as *const u16).read_unaligned() })
+        }
+
+        /// The 4 unpacked weight rows `w` of a legacy format against the `NP` panels `y`,
+        /// each of `nb` blocks, into `out[(r·2 + p)·16 + c]`. `SHIFT`: log2 of the
+        /// format's offset (0: none); `MIN`: the formats with `m` (Q4_1, Q5_1).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn lp_tile_gen<const SHIFT: u32, const MIN: bool, const NP: usize>(
+            nb: usize,
+            w: &[&[u8]; PANEL_ROWS],
+            y: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            assert!(y.len() == NP);
+            for r in w {
+                assert!(r.len() >= nb * LW_BLOCK_BYTES);
+            }
+            for p in y {
+                assert!(p.len() >= nb * LP_BLOCK_BYTES);
+            }
+            let zi = _mm512_setzero_si512();
+            let mut lanes = [[[_mm512_setzero_ps(); NP]; PANEL_ROWS]; 8];
+            for j in 0..nb {
+                // SAFETY: block j < nb of every row and panel (lengths asserted); same
+                // features.
+                unsafe {
+                    let wp: [*const u8; PANEL_ROWS] =
+                        core::array::from_fn(|r| w[r].as_ptr().add(j * LW_BLOCK_BYTES));
+                    let yp: [*const u8; NP] =
+                        core::array::from_fn(|p| y[p].as_ptr().add(j * LP_BLOCK_BYTES));
+                    let mut a = [[zi; NP]; PANEL_ROWS];
+                    for v in 0..8 {
+                        let act: [__m512i; NP] = core::array::from_fn(|p| {
+                            _mm512_loadu_si512(yp[p].add(64 * v) as *const _)
+                        });
+                        for r in 0..PANEL_ROWS {
+                            let q = kp_bcast(wp[r].add(4 * v));
+                            for p in 0..NP {
+                                a[r][p] = _mm512_dpbusd_epi32(a[r][p], q, act[p]);
+                            }
+                        }
+                    }
+                    // Σ (u − off)·y = Σ u·y − off·Σ y.
+                    if SHIFT > 0 {
+                        let off: [__m512i; NP] = core::array::from_fn(|p| {
+                            let sum = _mm512_loadu_si512(yp[p].add(LP_SUM_AT) as *const _);
+                            _mm512_slli_epi32::<SHIFT>(sum)
+                        });
+                        for r in 0..PANEL_ROWS {
+                            for p in 0..NP {
+                                a[r][p] = _mm512_sub_epi32(a[r][p], off[p]);
+                            }
+                        }
+                    }
+                    let dy: [__m512; NP] =
+                        core::array::from_fn(|p| _mm512_loadu_ps(yp[p].add(LP_D_AT) as *const f32));
+                    let sy: [__m512; NP] =
+                        core::array::from_fn(|p| _mm512_loadu_ps(yp[p].add(LP_S_AT) as *const f32));
+                    let lane = &mut lanes[j % 8];
+                    for r in 0..PANEL_ROWS {
+                        let dx =
+                            _mm512_set1_ps((wp[r].add(LW_D_AT) as *const f32).read_unaligned());
+                        let mx =
+                            _mm512_set1_ps((wp[r].add(LW_M_AT) as *const f32).read_unaligned());
+                        for p in 0..NP {
+                            let mut v = _mm512_mul_ps(
+                                _mm512_mul_ps(dx, dy[p]),
+                                _mm512_cvtepi32_ps(a[r][p]),
+                            );
+                            if MIN {
+                                v = _mm512_add_ps(v, _mm512_mul_ps(mx, sy[p]));
+                            }
+                            lane[r][p] = _mm512_add_ps(lane[r][p], v);
+                        }
+                    }
+                }
+            }
+            // SAFETY: same features.
+            unsafe { kp_store(&lanes, out) };
+        }
+
+        /// The legacy panel tile of format (`SHIFT`, `MIN`): 1 or 2 panels.
+        #[target_feature(enable = $feat)]
+        unsafe fn lp_tile<const SHIFT: u32, const MIN: bool>(
+            k: usize,
+            w: &[&[u8]; PANEL_ROWS],
+            y: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            // SAFETY: same features.
+            unsafe {
+                match y.len() {
+                    1 => lp_tile_gen::<SHIFT, MIN, 1>(k / 32, w, y, out),
+                    2 => lp_tile_gen::<SHIFT, MIN, 2>(k / 32, w, y, out),
+                    n => panic!("a panel tile takes 1 or 2 panels, not {n}"),
+                }
+            }
+        }
+
+        /// `reference::tree8` of every row's and panel's 8 lane registers, lane-wise, into
+        /// `out[(p·16 + c)·4 + r]` (each column's 4 rows adjacent, as in the destination).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn kp_store<const NP: usize>(
+            lanes: &[[[__m512; NP]; PANEL_ROWS]; 8],
+            out: &mut [f32; 128],
+        ) {
+            for p in 0..NP {
+                let row: [__m512; PANEL_ROWS] = core::array::from_fn(|r| {
+                    let l = |t: usize| lanes[t][r][p];
+                    let a = [
+                        _mm512_add_ps(l(0), l(4)),
+                        _mm512_add_ps(l(1), l(5)),
+                        _mm512_add_ps(l(2), l(6)),
+                        _mm512_add_ps(l(3), l(7)),
+                    ];
+                    let b = [_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3])];
+                    _mm512_add_ps(b[0], b[1])
+                });
+                // Transposed: within each 128-bit block first (c_k's block L is column
+                // 4L + k), then the blocks (o_L: columns 4L..4L + 4).
+                let t0 = _mm512_unpacklo_ps(row[0], row[1]);
+                let t1 = _mm512_unpackhi_ps(row[0], row[1]);
+                let t2 = _mm512_unpacklo_ps(row[2], row[3]);
+                let t3 = _mm512_unpackhi_ps(row[2], row[3]);
+                let c0 = _mm512_shuffle_ps::<0x44>(t0, t2);
+                let c1 = _mm512_shuffle_ps::<0xEE>(t0, t2);
+                let c2 = _mm512_shuffle_ps::<0x44>(t1, t3);
+                let c3 = _mm512_shuffle_ps::<0xEE>(t1, t3);
+                let u0 = _mm512_shuffle_f32x4::<0x44>(c0, c1);
+                let u1 = _mm512_shuffle_f32x4::<0xEE>(c0, c1);
+                let u2 = _mm512_shuffle_f32x4::<0x44>(c2, c3);
+                let u3 = _mm512_shuffle_f32x4::<0xEE>(c2, c3);
+                let o = [
+                    _mm512_shuffle_f32x4::<0x88>(u0, u2),
+                    _mm512_shuffle_f32x4::<0xDD>(u0, u2),
+                    _mm512_shuffle_f32x4::<0x88>(u1, u3),
+                    _mm512_shuffle_f32x4::<0xDD>(u1, u3),
+                ];
+                for (l, v) in o.iter().enumerate() {
+                    // SAFETY: 16 floats of out at 64p + 16l ≤ 112.
+                    unsafe { _mm512_storeu_ps(out[64 * p + 16 * l..].as_mut_ptr(), *v) };
+                }
+            }
+        }
+
+        /// [`kp_unpack_row`] and [`lp_unpack_row`] by dtype.
         fn kp_unpack(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
             // SAFETY: the table holding this entry is installed only where the level's
             // features were detected.
@@ -209,7 +390,7 @@ macro_rules! x86_kpanel {
                     DType::Q4K => kp_unpack_row::<KQ4>(k, row, out),
                     DType::Q5K => kp_unpack_row::<KQ5>(k, row, out),
                     DType::Q6K => kp_unpack_row::<KQ6>(k, row, out),
-                    _ => panic!("no panel tiles for {w}"),
+                    _ => lp_unpack_row(w, k, row, out),
                 }
             }
         }
@@ -230,16 +411,30 @@ macro_rules! x86_kpanel {
                     DType::Q4K => kp_tile::<KQ4>(k, rows, panels, out),
                     DType::Q5K => kp_tile::<KQ5>(k, rows, panels, out),
                     DType::Q6K => kp_tile::<KQ6>(k, rows, panels, out),
+                    DType::Q4_0 => lp_tile::<3, false>(k, rows, panels, out),
+                    DType::Q4_1 => lp_tile::<0, true>(k, rows, panels, out),
+                    DType::Q5_0 => lp_tile::<4, false>(k, rows, panels, out),
+                    DType::Q5_1 => lp_tile::<0, true>(k, rows, panels, out),
+                    DType::Q8_0 => lp_tile::<7, false>(k, rows, panels, out),
                     _ => panic!("no panel tiles for {w}"),
                 }
             }
         }
 
-        /// The level's panel tiles: the K-quants.
+        /// The level's panel tiles: the K-quants and the legacy formats.
         pub(crate) fn panel(w: DType) -> Option<Panel> {
             matches!(
                 w,
-                DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K
+                DType::Q2K
+                    | DType::Q3K
+                    | DType::Q4K
+                    | DType::Q5K
+                    | DType::Q6K
+                    | DType::Q4_0
+                    | DType::Q4_1
+                    | DType::Q5_0
+                    | DType::Q5_1
+                    | DType::Q8_0
             )
             .then_some(Panel {
                 unpack: kp_unpack,
