@@ -121,6 +121,8 @@ fn mul_mat(c: &mut Criterion) {
             // test-backend-ops perf's shape, for a side-by-side with llama.cpp.
             (1, 14336, 4096),
             (512, 14336, 4096),
+            // Gemma 3 270M's gate/up (Q5_0 in its Q4_K_M file): the panel tiles at K = 640.
+            (512, 640, 2048),
         ] {
             let g = setup(&be, |ctx| {
                 let a = ctx.new_tensor(w, [k, m, 1, 1]).unwrap();

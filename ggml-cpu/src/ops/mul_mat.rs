@@ -3,13 +3,16 @@
 //! Phase 0 converts every activation row to the weights' dot type (`vec_dot_type`:
 //! Q8_0, Q8_1, Q8_K, F16, BF16 or F32) into shared scratch, and gathers weights whose
 //! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
-//! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of up
-//! to 4 × 4 dot products. A single activation column runs the level's matrix × vector
-//! kernel (`gemv`, with its own activation layout) where it has one, on up to 4 rows at
-//! a time, and each thread takes a contiguous run of the chunks ([`crate::runs`]) so
-//! that its prefetch streams the weights without a restart at every chunk. Every dot
-//! product has the same operations whatever the kernel, tile, chunk or thread (see
-//! [`crate::reference`]), so the split never shows in the result.
+//! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of
+//! up to 4 × 4 dot products. With at least 16 activation columns and quantised weights,
+//! a level with panel tiles ([`crate::simd::panel`]: AVX-512 VNNI) gets the activations
+//! as panels of 16 interleaved columns instead, and runs outer-product tiles of 4
+//! weight rows (unpacked once per chunk) × 2 panels. A single activation column runs
+//! the level's matrix × vector kernel (`gemv`, with its own activation layout) where it
+//! has one, on up to 4 rows at a time, and each thread takes a contiguous run of the
+//! chunks ([`crate::runs`]) so that its prefetch streams the weights without a restart
+//! at every chunk. Every dot product has the same operations whatever the kernel, tile,
+//! chunk or thread (see [`crate::reference`]), so the split never shows in the result.
 
 use std::sync::atomic::Ordering;
 
