@@ -5,9 +5,9 @@
 //! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
 //! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of
 //! up to 4 × 4 dot products. With at least 16 activation columns and quantised weights,
-//! a level with panel tiles ([`crate::simd::panel`]: AVX-512 VNNI) gets the activations
-//! as panels of 16 interleaved columns instead, and runs outer-product tiles of 4
-//! weight rows (unpacked once per chunk) × 2 panels. A single activation column runs
+//! a level with panel tiles ([`crate::simd::panel`]: AVX-512 VNNI, AVX2) gets the
+//! activations as panels of 16 (AVX2: 8) interleaved columns instead, and runs
+//! outer-product tiles of 4 weight rows (unpacked once per chunk) × 2 panels. A single activation column runs
 //! the level's matrix × vector kernel (`gemv`, with its own activation layout) where it
 //! has one, on up to 4 rows at a time, and each thread takes a contiguous run of the
 //! chunks ([`crate::runs`]) so that its prefetch streams the weights without a restart
@@ -21,9 +21,7 @@ use ggml_core::{DType, Tensor};
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference::f32_to_bf16;
-use crate::simd::panel::{
-    kp_row_bytes, panel_bytes, scatter_column, Panel, PANEL_COLS, PANEL_ROWS,
-};
+use crate::simd::panel::{kp_row_bytes, panel_bytes, scatter_column, Panel, PANEL_ROWS};
 use crate::simd::{Gemv, MmTile, Unpacked};
 
 /// Weight rows per chunk.
@@ -35,8 +33,8 @@ pub(crate) const NC: usize = 16;
 pub(crate) const NC_UNPACKED: usize = 128;
 /// Fewest activation rows for which weight rows are unpacked first.
 pub(crate) const MIN_UNPACKED_COLS: usize = 8;
-/// Activation rows per chunk with panel tiles (8 panels).
-pub(crate) const NC_PANEL: usize = 8 * PANEL_COLS;
+/// Activation rows per chunk with panel tiles (8 panels of 16, or 16 of 8 columns).
+pub(crate) const NC_PANEL: usize = 128;
 /// Fewest activation rows for which the level's panel tiles run (a panel of 16 columns
 /// costs the same whatever number of them are real).
 pub(crate) const MIN_PANEL_COLS: usize = 16;
@@ -88,7 +86,7 @@ pub(crate) fn operand_scratch(a: &Tensor, b: &Tensor, tensors: &[Tensor]) -> usi
     let mut wb = round64(b.nrows() * vrs);
     if a.dtype.is_weight_quant() {
         // Activation panels (`crate::simd::panel`), for levels with panel tiles.
-        wb = wb.max(round64(panels_bytes(a.dtype, b.ne, k)));
+        wb = wb.max(round64(panels_bytes(a.dtype, b.ne, k, MIN_PANEL_COLS)));
     }
     let wa = if needs_gather(a.dtype, a.ne, a.nb, data_addr(a, tensors)) {
         round64(a.nrows() * a.dtype.row_size(k).unwrap_or(0))
@@ -126,10 +124,11 @@ pub(crate) fn thread_scratch(a: &Tensor) -> usize {
     (4 * (k + 16)).max(unpacked)
 }
 
-/// Bytes of the activation panels of activations of shape `ne` (rows of `k` values) for
-/// weights of dtype `w`: a whole number of panels per matrix.
-pub(crate) fn panels_bytes(w: DType, ne: [usize; 4], k: usize) -> usize {
-    ne[1].div_ceil(PANEL_COLS) * ne[2] * ne[3] * panel_bytes(w, k)
+/// Bytes of the activation panels of `cols` columns of activations of shape `ne` (rows of
+/// `k` values) for weights of dtype `w`: a whole number of panels per matrix (at most
+/// `cols = MIN_PANEL_COLS`, the widest, wastes the most).
+pub(crate) fn panels_bytes(w: DType, ne: [usize; 4], k: usize, cols: usize) -> usize {
+    ne[1].div_ceil(cols) * ne[2] * ne[3] * panel_bytes(w, k, cols)
 }
 
 pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
@@ -157,14 +156,14 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         None => vdt.row_size(k).unwrap_or(0),
     };
     let wb = match panel {
-        Some(_) => round64(panels_bytes(a.dtype, b.ne, k)),
+        Some(pn) => round64(panels_bytes(a.dtype, b.ne, k, pn.cols)),
         None => round64(b.nrows() * vrs),
     };
     let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
     let ars = a.dtype.row_size(k).unwrap_or(0);
     if phase == 0 {
         match panel {
-            Some(_) => convert_b_panels(c, th, a.dtype, b),
+            Some(pn) => convert_b_panels(c, th, a.dtype, b, pn.cols),
             None => convert_b(c, th, b, 0, vdt, vrs, packer),
         }
         if gather {
@@ -292,8 +291,9 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
         if let Some(pn) = panel {
             // Each group of 4 weight rows is unpacked once, then runs against every
             // panel of the chunk, 2 panels at a time.
-            let pbytes = panel_bytes(a.dtype, k);
-            let ppb = b.ne[1].div_ceil(PANEL_COLS);
+            let cols = pn.cols;
+            let pbytes = panel_bytes(a.dtype, k, cols);
+            let ppb = b.ne[1].div_ceil(cols);
             let panel_at = |p: usize| -> &[u8] {
                 let at = ((i3 * b.ne[2] + i2) * ppb + p) * pbytes;
                 // SAFETY: panel p of this matrix's activations, written in phase 0 (the
@@ -318,7 +318,7 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                     uscratch,
                     krb,
                 );
-                let (p0, p1) = (n0 / PANEL_COLS, n1.div_ceil(PANEL_COLS));
+                let (p0, p1) = (n0 / cols, n1.div_ceil(cols));
                 let mut p = p0;
                 while p < p1 {
                     let np = (p1 - p).min(2);
@@ -326,9 +326,9 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                     let mut pout = [0f32; 128];
                     (pn.tile)(a.dtype, k, &rows, &ps[..np], &mut pout);
                     for pp in 0..np {
-                        let col0 = (p + pp) * PANEL_COLS;
-                        for cc in 0..PANEL_COLS.min(n1 - col0) {
-                            let v = &pout[(pp * PANEL_COLS + cc) * 4..][..4];
+                        let col0 = (p + pp) * cols;
+                        for cc in 0..cols.min(n1 - col0) {
+                            let v = &pout[(pp * cols + cc) * 4..][..4];
                             let col = base.wrapping_add(m * dst.nb[0] + (col0 + cc) * dst.nb[1]);
                             if nrows == 4 && dst.nb[0] == 4 {
                                 // SAFETY: output elements (m..m+4, col0+cc, i2, i3): adjacent,
@@ -466,13 +466,13 @@ fn unpack_panel_rows<'s, 'w>(
 }
 
 /// Converts the rows of `b` (split between threads) to the dot type of weights `w` and
-/// writes each as its column of the activation panels (`crate::simd::panel`): matrix
-/// `(i2, i3)`'s row `i1` is column `i1 % 16` of its panel `i1 / 16`, the matrices' panels
-/// one after the other.
-fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, w: DType, b: TView) {
+/// writes each as its column of the activation panels of `cols` columns
+/// (`crate::simd::panel`): matrix `(i2, i3)`'s row `i1` is column `i1 % cols` of its
+/// panel `i1 / cols`, the matrices' panels one after the other.
+fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, w: DType, b: TView, cols: usize) {
     let k = b.ne[0];
     let vdt = w.vec_dot_type();
-    let (pbytes, ppb) = (panel_bytes(w, k), b.ne[1].div_ceil(PANEL_COLS));
+    let (pbytes, ppb) = (panel_bytes(w, k, cols), b.ne[1].div_ceil(cols));
     let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
     let (fpart, qrow) = c.scratch_bytes().split_at_mut(4 * (k + 16));
     // SAFETY: the thread scratch is 64-byte aligned; its first 4(k + 16) bytes as f32.
@@ -489,11 +489,11 @@ fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, w: DType, b: TView) {
             }
         };
         (c.k.quantize)(vdt, x, qrow);
-        let at = ((i3 * b.ne[2] + i2) * ppb + i1 / PANEL_COLS) * pbytes;
+        let at = ((i3 * b.ne[2] + i2) * ppb + i1 / cols) * pbytes;
         // SAFETY: the panel lies in the activation area of the shared scratch
-        // (`panels_bytes`); column i1 % 16 of it belongs to row r, which only this thread
+        // (`panels_bytes`); column i1 % cols of it belongs to row r, which only this thread
         // converts.
-        unsafe { scatter_column(w, qrow, k, i1 % PANEL_COLS, c.wdata.add(at)) };
+        unsafe { scatter_column(w, qrow, k, cols, i1 % cols, c.wdata.add(at)) };
     }
 }
 

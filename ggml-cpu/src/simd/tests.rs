@@ -286,22 +286,18 @@ fn panel_products(
     a: &[Vec<u8>],
     std: &[Vec<u8>],
 ) -> Option<Vec<Vec<f32>>> {
-    use super::panel::{kp_row_bytes, panel_bytes, scatter_column, PANEL_COLS, PANEL_ROWS};
+    use super::panel::{kp_row_bytes, panel_bytes, scatter_column, PANEL_ROWS};
     let pn = (k.panel)(w)?;
-    let npanels = std.len().div_ceil(PANEL_COLS);
-    let pb = panel_bytes(w, kk);
+    let cols = pn.cols;
+    let npanels = std.len().div_ceil(cols);
+    let pb = panel_bytes(w, kk, cols);
     // Unwritten columns of a last panel hold a pattern; their results are not read.
     let mut panels = vec![0x5Au8; npanels * pb];
     for (c, row) in std.iter().enumerate() {
-        // SAFETY: panel c / 16 lies inside `panels`, written by this thread only.
+        // SAFETY: panel c / cols lies inside `panels`, written by this thread only.
         unsafe {
-            scatter_column(
-                w,
-                row,
-                kk,
-                c % PANEL_COLS,
-                panels.as_mut_ptr().add(c / PANEL_COLS * pb),
-            )
+            let at = panels.as_mut_ptr().add(c / cols * pb);
+            scatter_column(w, row, kk, cols, c % cols, at)
         };
     }
     let un: Vec<Vec<u8>> = a
@@ -325,10 +321,10 @@ fn panel_products(
             (pn.tile)(w, kk, &rows, &ps, &mut out);
             for r in 0..PANEL_ROWS.min(a.len() - r0) {
                 for p in 0..np {
-                    for c in 0..PANEL_COLS {
-                        let col = (p0 + p) * PANEL_COLS + c;
+                    for c in 0..cols {
+                        let col = (p0 + p) * cols + c;
                         if col < std.len() {
-                            res[r0 + r][col] = out[(p * 16 + c) * 4 + r];
+                            res[r0 + r][col] = out[(p * cols + c) * 4 + r];
                         }
                     }
                 }

@@ -18,10 +18,20 @@
 macro_rules! x86_kpanel {
     ($feat:literal) => {
         use crate::simd::panel::{
-            Panel, KP_AUX_AT, KP_DMIN_AT, KP_D_AT, KP_SB_BYTES, KP_SCALES_AT, LP_BLOCK_BYTES,
-            LP_D_AT, LP_SUM_AT, LP_S_AT, LW_BLOCK_BYTES, LW_D_AT, LW_M_AT, PANEL_BSUM_AT,
-            PANEL_D_AT, PANEL_ROWS, PANEL_SB_BYTES,
+            kpanel_bsum_at, kpanel_d_at, kpanel_sb_bytes, lpanel_block_bytes, lpanel_d_at,
+            lpanel_s_at, lpanel_sum_at, Panel, KP_AUX_AT, KP_DMIN_AT, KP_D_AT, KP_SB_BYTES,
+            KP_SCALES_AT, LW_BLOCK_BYTES, LW_D_AT, LW_M_AT, PANEL_ROWS,
         };
+
+        /// Columns per panel: the 16 lanes of a zmm register.
+        const COLS: usize = 16;
+        const PANEL_SB_BYTES: usize = kpanel_sb_bytes(COLS);
+        const PANEL_D_AT: usize = kpanel_d_at(COLS);
+        const PANEL_BSUM_AT: usize = kpanel_bsum_at(COLS);
+        const LP_BLOCK_BYTES: usize = lpanel_block_bytes(COLS);
+        const LP_D_AT: usize = lpanel_d_at(COLS);
+        const LP_S_AT: usize = lpanel_s_at(COLS);
+        const LP_SUM_AT: usize = lpanel_sum_at(COLS);
 
         /// Unpacks a weight row of `k` values of format `F` for the panel tiles
         /// (`simd::panel::KP_SB_BYTES` per super-block).
@@ -437,6 +447,7 @@ macro_rules! x86_kpanel {
                     | DType::Q8_0
             )
             .then_some(Panel {
+                cols: COLS,
                 unpack: kp_unpack,
                 tile: kp_tile_dyn,
             })
