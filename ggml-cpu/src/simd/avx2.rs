@@ -9,17 +9,21 @@ use super::{Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
 
-pub(crate) static KERNELS: Kernels = kernels_table!(
-    Isa::Avx2,
-    heads: None,
-    quantize: quantize,
-    mm: mm,
-    pack: pack,
-    unpacked: unpacked,
-);
+pub(crate) static KERNELS: Kernels = Kernels {
+    panel,
+    ..kernels_table!(
+        Isa::Avx2,
+        heads: None,
+        quantize: quantize,
+        mm: mm,
+        pack: pack,
+        unpacked: unpacked,
+    )
+};
 
 // Q8_0 quants stay signed: `maddubs` would saturate on `q + 128`.
 x86_quant!("avx2,fma,f16c", dot_u, dot_s, 0);
+x86_kpanel_avx2!("avx2,fma,f16c");
 
 /// `acc` plus the dots of each lane's 4 u8 of `x` with its 4 i8 of `y` (u8 ≤ 31 here, so
 /// `maddubs` never saturates).

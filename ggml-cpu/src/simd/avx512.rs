@@ -9,14 +9,17 @@ use super::{Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
 
-pub(crate) static KERNELS: Kernels = kernels_table!(
-    Isa::Avx512,
-    heads: Some(dots_f16_heads),
-    quantize: super::avx2::KERNELS.quantize,
-    mm: mm,
-    pack: super::avx2::KERNELS.pack,
-    unpacked: super::avx2::KERNELS.unpacked,
-);
+pub(crate) static KERNELS: Kernels = Kernels {
+    panel: super::avx2::KERNELS.panel,
+    ..kernels_table!(
+        Isa::Avx512,
+        heads: Some(dots_f16_heads),
+        quantize: super::avx2::KERNELS.quantize,
+        mm: mm,
+        pack: super::avx2::KERNELS.pack,
+        unpacked: super::avx2::KERNELS.unpacked,
+    )
+};
 
 pub(crate) static KERNELS_VNNI: Kernels = Kernels {
     isa: Isa::Avx512Vnni,

@@ -409,12 +409,25 @@ fn quant_tiles_match_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usize
     }
 }
 
-/// K-quant tiles at the integer extremes: every quant, scale and min byte at one
-/// pattern (all bits set: the largest quants and scales, Q6_K's and Q3_K's most negative
-/// scales), activations at ±127, so any saturating or overflowing integer step shows.
+/// Quantised tiles (4 × 4, unpacked and panel) at the integer extremes: every quant,
+/// scale and min byte at one pattern (all bits set: the largest quants and scales, Q6_K's
+/// and Q3_K's most negative scales), activations at their largest magnitudes, so any
+/// saturating or overflowing integer step shows.
 #[rstest]
-fn kquant_tiles_match_reference_at_extremes(
-    #[values(DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K)] w: DType,
+fn quant_tiles_match_reference_at_extremes(
+    #[values(
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0
+    )]
+    w: DType,
 ) {
     let mut rng = Xorshift::new(99);
     let kk = 2304;
@@ -424,11 +437,12 @@ fn kquant_tiles_match_reference_at_extremes(
         for _ in 0..4 {
             // Random blocks give finite f16 scales at their offsets; every other byte
             // takes the pattern.
-            let mut row = xorshift_dot_blocks(w, kk / 256, &mut rng);
+            let mut row = xorshift_dot_blocks(w, kk / w.block_size(), &mut rng);
             let f16_bytes: &[usize] = match w {
                 DType::Q2K => &[80, 81, 82, 83],
                 DType::Q3K => &[108, 109],
                 DType::Q6K => &[208, 209],
+                DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0, 1],
                 _ => &[0, 1, 2, 3],
             };
             for b in row.chunks_exact_mut(ts) {

@@ -15,23 +15,14 @@
 // per column with the reference's operations, each super-block into its own register
 // of 8 lane registers, and `tree8` becomes vertical adds.
 
-macro_rules! x86_kpanel {
+/// The weight-row unpacking of the panel tiles (`simd::panel`'s layouts), shared by the
+/// AVX-512 VNNI and AVX2 tiles; needs `x86_kquant!`'s `kq_unpack` in scope.
+macro_rules! x86_panel_unpack {
     ($feat:literal) => {
         use crate::simd::panel::{
-            kpanel_bsum_at, kpanel_d_at, kpanel_sb_bytes, lpanel_block_bytes, lpanel_d_at,
-            lpanel_s_at, lpanel_sum_at, Panel, KP_AUX_AT, KP_DMIN_AT, KP_D_AT, KP_SB_BYTES,
-            KP_SCALES_AT, LW_BLOCK_BYTES, LW_D_AT, LW_M_AT, PANEL_ROWS,
+            KP_AUX_AT, KP_DMIN_AT, KP_D_AT, KP_SB_BYTES, KP_SCALES_AT, LW_BLOCK_BYTES, LW_D_AT,
+            LW_M_AT,
         };
-
-        /// Columns per panel: the 16 lanes of a zmm register.
-        const COLS: usize = 16;
-        const PANEL_SB_BYTES: usize = kpanel_sb_bytes(COLS);
-        const PANEL_D_AT: usize = kpanel_d_at(COLS);
-        const PANEL_BSUM_AT: usize = kpanel_bsum_at(COLS);
-        const LP_BLOCK_BYTES: usize = lpanel_block_bytes(COLS);
-        const LP_D_AT: usize = lpanel_d_at(COLS);
-        const LP_S_AT: usize = lpanel_s_at(COLS);
-        const LP_SUM_AT: usize = lpanel_sum_at(COLS);
 
         /// Unpacks a weight row of `k` values of format `F` for the panel tiles
         /// (`simd::panel::KP_SB_BYTES` per super-block).
@@ -70,6 +61,102 @@ macro_rules! x86_kpanel {
                 }
             }
         }
+
+        /// Unpacks a weight row of `k` values of legacy format `w` for the panel tiles
+        /// (`simd::panel::LW_BLOCK_BYTES` per block): the 32 quants as u8 in value order,
+        /// without the format's offset (Q4_0's 8, Q5_0's 16, Q8_0's −128), then `d` and `m`.
+        #[target_feature(enable = $feat)]
+        unsafe fn lp_unpack_row(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
+            let (xb, nb) = (w.type_size(), k / 32);
+            assert!(row.len() >= nb * xb && out.len() >= nb * LW_BLOCK_BYTES);
+            let m4 = _mm_set1_epi8(15);
+            for j in 0..nb {
+                // SAFETY: block j < nb of the row and LW_BLOCK_BYTES of room for it (lengths
+                // asserted); same features.
+                unsafe {
+                    let p = row.as_ptr().add(j * xb);
+                    let o = out.as_mut_ptr().add(j * LW_BLOCK_BYTES);
+                    let nibbles = |at: usize| {
+                        let v = _mm_loadu_si128(p.add(at) as *const __m128i);
+                        let lo = _mm_and_si128(v, m4);
+                        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+                    };
+                    // Bit l of `qh` is the fifth bit of value l: byte l takes byte l / 8 of
+                    // `qh`, and 16 where its bit l % 8 is set.
+                    let fifth = |at: usize| {
+                        let qh = (p.add(at) as *const i32).read_unaligned();
+                        let idx = _mm256_setr_epi64x(
+                            0,
+                            0x0101_0101_0101_0101,
+                            0x0202_0202_0202_0202,
+                            0x0303_0303_0303_0303,
+                        );
+                        let b = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), idx);
+                        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+                        _mm256_and_si256(set, _mm256_set1_epi8(16))
+                    };
+                    let (q, m) = match w {
+                        DType::Q4_0 => (nibbles(2), 0.0),
+                        DType::Q4_1 => (nibbles(4), rd_f16p(p, 2)),
+                        DType::Q5_0 => (_mm256_or_si256(nibbles(6), fifth(2)), 0.0),
+                        DType::Q5_1 => (_mm256_or_si256(nibbles(8), fifth(4)), rd_f16p(p, 2)),
+                        DType::Q8_0 => {
+                            let v = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                            (_mm256_xor_si256(v, _mm256_set1_epi8(-128)), 0.0)
+                        }
+                        _ => panic!("no legacy panel tiles for {w}"),
+                    };
+                    _mm256_storeu_si256(o as *mut __m256i, q);
+                    (o.add(LW_D_AT) as *mut f32).write_unaligned(rd_f16p(p, 0));
+                    (o.add(LW_M_AT) as *mut f32).write_unaligned(m);
+                }
+            }
+        }
+
+        /// The f16 at byte `at` of `p`, as f32.
+        #[inline(always)]
+        unsafe fn rd_f16p(p: *const u8, at: usize) -> f32 {
+            // SAFETY: 2 readable bytes at p + at (caller).
+            crate::reference::f16_to_f32(unsafe { (p.add(at) as *const u16).read_unaligned() })
+        }
+
+        /// [`kp_unpack_row`] and [`lp_unpack_row`] by dtype.
+        fn kp_unpack(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
+            // SAFETY: the table holding this entry is installed only where the level's
+            // features were detected.
+            unsafe {
+                match w {
+                    DType::Q2K => kp_unpack_row::<KQ2>(k, row, out),
+                    DType::Q3K => kp_unpack_row::<KQ3>(k, row, out),
+                    DType::Q4K => kp_unpack_row::<KQ4>(k, row, out),
+                    DType::Q5K => kp_unpack_row::<KQ5>(k, row, out),
+                    DType::Q6K => kp_unpack_row::<KQ6>(k, row, out),
+                    _ => lp_unpack_row(w, k, row, out),
+                }
+            }
+        }
+    };
+}
+
+macro_rules! x86_kpanel {
+    ($feat:literal) => {
+        use crate::simd::panel::{
+            kpanel_bsum_at, kpanel_d_at, kpanel_sb_bytes, lpanel_block_bytes, lpanel_d_at,
+            lpanel_s_at, lpanel_sum_at, Panel, PANEL_ROWS,
+        };
+        x86_panel_unpack!($feat);
+
+        /// Columns per panel: the 16 lanes of a zmm register.
+        const COLS: usize = 16;
+        const PANEL_SB_BYTES: usize = kpanel_sb_bytes(COLS);
+        const PANEL_D_AT: usize = kpanel_d_at(COLS);
+        const PANEL_BSUM_AT: usize = kpanel_bsum_at(COLS);
+        const LP_BLOCK_BYTES: usize = lpanel_block_bytes(COLS);
+        const LP_D_AT: usize = lpanel_d_at(COLS);
+        const LP_S_AT: usize = lpanel_s_at(COLS);
+        const LP_SUM_AT: usize = lpanel_sum_at(COLS);
 
         /// Reads the i32 at `p` broadcast to 16 lanes.
         #[inline(always)]
@@ -195,58 +282,8 @@ macro_rules! x86_kpanel {
             }
         }
 
-        /// Unpacks a weight row of `k` values of legacy format `w` for the panel tiles
-        /// (`simd::panel::LW_BLOCK_BYTES` per block): the 32 quants as u8 in value order,
-        /// without the format's offset (Q4_0's 8, Q5_0's 16, Q8_0's −128), then `d` and `m`.
-        #[target_feature(enable = $feat)]
-        unsafe fn lp_unpack_row(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
-            let (xb, nb) = (w.type_size(), k / 32);
-            assert!(row.len() >= nb * xb && out.len() >= nb * LW_BLOCK_BYTES);
-            let m4 = _mm_set1_epi8(15);
-            for j in 0..nb {
-                // SAFETY: block j < nb of the row and LW_BLOCK_BYTES of room for it (lengths
-                // asserted); same features.
-                unsafe {
-                    let p = row.as_ptr().add(j * xb);
-                    let o = out.as_mut_ptr().add(j * LW_BLOCK_BYTES);
-                    let nibbles = |at: usize| {
-                        let v = _mm_loadu_si128(p.add(at) as *const __m128i);
-                        let lo = _mm_and_si128(v, m4);
-                        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-                        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
-                    };
-                    // Bit l of `qh` is the fifth bit of value l.
-                    let fifth = |at: usize| {
-                        let qh = (p.add(at) as *const u32).read_unaligned();
-                        _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(16))
-                    };
-                    let (q, m) = match w {
-                        DType::Q4_0 => (nibbles(2), 0.0),
-                        DType::Q4_1 => (nibbles(4), rd_f16p(p, 2)),
-                        DType::Q5_0 => (_mm256_or_si256(nibbles(6), fifth(2)), 0.0),
-                        DType::Q5_1 => (_mm256_or_si256(nibbles(8), fifth(4)), rd_f16p(p, 2)),
-                        DType::Q8_0 => {
-                            let v = _mm256_loadu_si256(p.add(2) as *const __m256i);
-                            (_mm256_xor_si256(v, _mm256_set1_epi8(-128)), 0.0)
-                        }
-                        _ => panic!("no legacy panel tiles for {w}"),
-                    };
-                    _mm256_storeu_si256(o as *mut __m256i, q);
-                    (o.add(LW_D_AT) as *mut f32).write_unaligned(rd_f16p(p, 0));
-                    (o.add(LW_M_AT) as *mut f32).write_unaligned(m);
-                }
-            }
-        }
-
-        /// The f16 at byte `at` of `p`, as f32.
-        #[inline(always)]
-        unsafe fn rd_f16p(p: *const u8, at: usize) -> f32 {
-            // SAFETY: 2 readable bytes at p + at (caller).
-            crate::reference::f16_to_f32(unsafe { (p.add(at) as *const u16).read_unaligned() })
-        }
-
         /// The 4 unpacked weight rows `w` of a legacy format against the `NP` panels `y`,
-        /// each of `nb` blocks, into `out[(r·2 + p)·16 + c]`. `SHIFT`: log2 of the
+        /// each of `nb` blocks, into `out[(p·16 + c)·4 + r]`. `SHIFT`: log2 of the
         /// format's offset (0: none); `MIN`: the formats with `m` (Q4_1, Q5_1).
         #[inline]
         #[target_feature(enable = $feat)]
@@ -389,22 +426,6 @@ macro_rules! x86_kpanel {
             }
         }
 
-        /// [`kp_unpack_row`] and [`lp_unpack_row`] by dtype.
-        fn kp_unpack(w: DType, k: usize, row: &[u8], out: &mut [u8]) {
-            // SAFETY: the table holding this entry is installed only where the level's
-            // features were detected.
-            unsafe {
-                match w {
-                    DType::Q2K => kp_unpack_row::<KQ2>(k, row, out),
-                    DType::Q3K => kp_unpack_row::<KQ3>(k, row, out),
-                    DType::Q4K => kp_unpack_row::<KQ4>(k, row, out),
-                    DType::Q5K => kp_unpack_row::<KQ5>(k, row, out),
-                    DType::Q6K => kp_unpack_row::<KQ6>(k, row, out),
-                    _ => lp_unpack_row(w, k, row, out),
-                }
-            }
-        }
-
         /// [`kp_tile`] by dtype.
         fn kp_tile_dyn(
             w: DType,
@@ -445,6 +466,384 @@ macro_rules! x86_kpanel {
                     | DType::Q5_0
                     | DType::Q5_1
                     | DType::Q8_0
+            )
+            .then_some(Panel {
+                cols: COLS,
+                unpack: kp_unpack,
+                tile: kp_tile_dyn,
+            })
+        }
+    };
+}
+
+// The AVX2 tiles: 8 columns per panel (a ymm register). Without VNNI a step is a
+// `vpmaddubsw` (u8 weights × i8 activations, pairs summed into i16) and an i16 add; the
+// i16 sums run over as many steps as cannot overflow (or saturate) for the format's
+// largest quant, and one `vpmaddwd` by the group scale (or by 1) widens them to i32.
+// Q8_0 weights (u = q + 128 would saturate `vpmaddubsw`) have no AVX2 panel tiles.
+macro_rules! x86_kpanel_avx2 {
+    ($feat:literal) => {
+        use crate::simd::panel::{
+            kpanel_bsum_at, kpanel_d_at, kpanel_sb_bytes, lpanel_block_bytes, lpanel_d_at,
+            lpanel_s_at, lpanel_sum_at, Panel, PANEL_ROWS,
+        };
+        x86_panel_unpack!($feat);
+
+        /// Columns per panel: the 8 lanes of a ymm register.
+        const COLS: usize = 8;
+        const PANEL_SB_BYTES: usize = kpanel_sb_bytes(COLS);
+        const PANEL_D_AT: usize = kpanel_d_at(COLS);
+        const PANEL_BSUM_AT: usize = kpanel_bsum_at(COLS);
+        const LP_BLOCK_BYTES: usize = lpanel_block_bytes(COLS);
+        const LP_D_AT: usize = lpanel_d_at(COLS);
+        const LP_S_AT: usize = lpanel_s_at(COLS);
+        const LP_SUM_AT: usize = lpanel_sum_at(COLS);
+
+        /// Reads the i32 at `p` broadcast to 8 lanes.
+        #[inline(always)]
+        unsafe fn kp_bcast(p: *const u8) -> __m256i {
+            // SAFETY: 4 readable bytes at p (caller).
+            _mm256_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
+        }
+
+        /// Reads the i16 at `p` broadcast to 16 lanes.
+        #[inline(always)]
+        unsafe fn kp_bcast16(p: *const u8) -> __m256i {
+            // SAFETY: 2 readable bytes at p (caller).
+            _mm256_set1_epi16(unsafe { (p as *const i16).read_unaligned() })
+        }
+
+        /// Dwords of quants summed in i16 lanes before widening, for a largest weight
+        /// quant `umax`: each lane gathers 2 products of at most `umax·128` per step, and
+        /// `2·steps·umax·128` stays below 2^15 (the groups' bounds: 16 values, 32 for Q4_K).
+        const fn kp_span(umax: usize, group: usize) -> usize {
+            let mut s = group;
+            while 2 * s * umax * 128 > 32767 {
+                s /= 2;
+            }
+            s
+        }
+
+        /// The 4 unpacked weight rows `w` of format `F` against the `NP` panels `y`, each
+        /// of `nb` super-blocks, into `out[(p·8 + c)·4 + r]`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn kp_tile_gen<const F: u8, const NP: usize>(
+            nb: usize,
+            w: &[&[u8]; PANEL_ROWS],
+            y: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            assert!(y.len() == NP);
+            for r in w {
+                assert!(r.len() >= nb * KP_SB_BYTES);
+            }
+            for p in y {
+                assert!(p.len() >= nb * PANEL_SB_BYTES);
+            }
+            let span = match F {
+                KQ2 => kp_span(3, 4),
+                KQ3 => kp_span(7, 4),
+                KQ4 => kp_span(15, 8),
+                KQ5 => kp_span(31, 4),
+                _ => kp_span(63, 4),
+            };
+            let zi = _mm256_setzero_si256();
+            let mut lanes = [[[_mm256_setzero_ps(); NP]; PANEL_ROWS]; 8];
+            for j in 0..nb {
+                // SAFETY: super-block j < nb of every row and panel (lengths asserted);
+                // same features.
+                unsafe {
+                    let wp: [*const u8; PANEL_ROWS] =
+                        core::array::from_fn(|r| w[r].as_ptr().add(j * KP_SB_BYTES));
+                    let yp: [*const u8; NP] =
+                        core::array::from_fn(|p| y[p].as_ptr().add(j * PANEL_SB_BYTES));
+                    let mut s = [[zi; NP]; PANEL_ROWS];
+                    for g in 0..64 / span {
+                        let mut a = [[zi; NP]; PANEL_ROWS];
+                        for t in 0..span {
+                            let v = g * span + t;
+                            let act: [__m256i; NP] = core::array::from_fn(|p| {
+                                _mm256_loadu_si256(yp[p].add(4 * COLS * v) as *const _)
+                            });
+                            for r in 0..PANEL_ROWS {
+                                let q = kp_bcast(wp[r].add(4 * v));
+                                for p in 0..NP {
+                                    let d = _mm256_maddubs_epi16(q, act[p]);
+                                    a[r][p] = _mm256_add_epi16(a[r][p], d);
+                                }
+                            }
+                        }
+                        // The scale of the group of 16 the span lies in (scales are
+                        // stored per 16, Q4_K/Q5_K's twice).
+                        let gi = g * span / 4;
+                        for r in 0..PANEL_ROWS {
+                            let sc = kp_bcast16(wp[r].add(KP_SCALES_AT + 4 * gi));
+                            for p in 0..NP {
+                                let d = _mm256_madd_epi16(a[r][p], sc);
+                                s[r][p] = _mm256_add_epi32(s[r][p], d);
+                            }
+                        }
+                    }
+                    let mut m = [[zi; NP]; PANEL_ROWS];
+                    for i in 0..8 {
+                        let bs: [__m256i; NP] = core::array::from_fn(|p| {
+                            _mm256_loadu_si256(yp[p].add(PANEL_BSUM_AT + 4 * COLS * i) as *const _)
+                        });
+                        for r in 0..PANEL_ROWS {
+                            let ax = kp_bcast(wp[r].add(KP_AUX_AT + 4 * i));
+                            for p in 0..NP {
+                                m[r][p] = _mm256_add_epi32(m[r][p], _mm256_madd_epi16(ax, bs[p]));
+                            }
+                        }
+                    }
+                    let dy: [__m256; NP] = core::array::from_fn(|p| {
+                        _mm256_loadu_ps(yp[p].add(PANEL_D_AT) as *const f32)
+                    });
+                    let lane = &mut lanes[j % 8];
+                    for r in 0..PANEL_ROWS {
+                        let dx =
+                            _mm256_set1_ps((wp[r].add(KP_D_AT) as *const f32).read_unaligned());
+                        let dm =
+                            _mm256_set1_ps((wp[r].add(KP_DMIN_AT) as *const f32).read_unaligned());
+                        for p in 0..NP {
+                            let v = if kq_has_min(F) {
+                                let t = _mm256_mul_ps(
+                                    _mm256_mul_ps(dx, dy[p]),
+                                    _mm256_cvtepi32_ps(s[r][p]),
+                                );
+                                let u = _mm256_mul_ps(
+                                    _mm256_mul_ps(dm, dy[p]),
+                                    _mm256_cvtepi32_ps(m[r][p]),
+                                );
+                                _mm256_sub_ps(t, u)
+                            } else {
+                                let si = _mm256_sub_epi32(s[r][p], m[r][p]);
+                                _mm256_mul_ps(_mm256_mul_ps(dx, dy[p]), _mm256_cvtepi32_ps(si))
+                            };
+                            lane[r][p] = _mm256_add_ps(lane[r][p], v);
+                        }
+                    }
+                }
+            }
+            // SAFETY: same features.
+            unsafe { kp_store(&lanes, out) };
+        }
+
+        /// The panel tile of format `F`: 1 or 2 panels.
+        #[target_feature(enable = $feat)]
+        unsafe fn kp_tile<const F: u8>(
+            k: usize,
+            w: &[&[u8]; PANEL_ROWS],
+            y: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            // SAFETY: same features.
+            unsafe {
+                match y.len() {
+                    1 => kp_tile_gen::<F, 1>(k / 256, w, y, out),
+                    2 => kp_tile_gen::<F, 2>(k / 256, w, y, out),
+                    n => panic!("a panel tile takes 1 or 2 panels, not {n}"),
+                }
+            }
+        }
+
+        /// The 4 unpacked weight rows `w` of a legacy format against the `NP` panels `y`,
+        /// each of `nb` blocks, into `out[(p·8 + c)·4 + r]`. `SHIFT`: log2 of the format's
+        /// offset (0: none); `MIN`: the formats with `m`; `SPAN`: dwords summed in i16.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn lp_tile_gen<
+            const SHIFT: i32,
+            const MIN: bool,
+            const SPAN: usize,
+            const NP: usize,
+        >(
+            nb: usize,
+            w: &[&[u8]; PANEL_ROWS],
+            y: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            assert!(y.len() == NP);
+            for r in w {
+                assert!(r.len() >= nb * LW_BLOCK_BYTES);
+            }
+            for p in y {
+                assert!(p.len() >= nb * LP_BLOCK_BYTES);
+            }
+            let zi = _mm256_setzero_si256();
+            let ones = _mm256_set1_epi16(1);
+            let mut lanes = [[[_mm256_setzero_ps(); NP]; PANEL_ROWS]; 8];
+            for j in 0..nb {
+                // SAFETY: block j < nb of every row and panel (lengths asserted); same
+                // features.
+                unsafe {
+                    let wp: [*const u8; PANEL_ROWS] =
+                        core::array::from_fn(|r| w[r].as_ptr().add(j * LW_BLOCK_BYTES));
+                    let yp: [*const u8; NP] =
+                        core::array::from_fn(|p| y[p].as_ptr().add(j * LP_BLOCK_BYTES));
+                    let mut s = [[zi; NP]; PANEL_ROWS];
+                    for g in 0..8 / SPAN {
+                        let mut a = [[zi; NP]; PANEL_ROWS];
+                        for t in 0..SPAN {
+                            let v = g * SPAN + t;
+                            let act: [__m256i; NP] = core::array::from_fn(|p| {
+                                _mm256_loadu_si256(yp[p].add(4 * COLS * v) as *const _)
+                            });
+                            for r in 0..PANEL_ROWS {
+                                let q = kp_bcast(wp[r].add(4 * v));
+                                for p in 0..NP {
+                                    let d = _mm256_maddubs_epi16(q, act[p]);
+                                    a[r][p] = _mm256_add_epi16(a[r][p], d);
+                                }
+                            }
+                        }
+                        for r in 0..PANEL_ROWS {
+                            for p in 0..NP {
+                                let d = _mm256_madd_epi16(a[r][p], ones);
+                                s[r][p] = _mm256_add_epi32(s[r][p], d);
+                            }
+                        }
+                    }
+                    // Σ (u − off)·y = Σ u·y − off·Σ y.
+                    if SHIFT > 0 {
+                        let off: [__m256i; NP] = core::array::from_fn(|p| {
+                            let sum = _mm256_loadu_si256(yp[p].add(LP_SUM_AT) as *const _);
+                            _mm256_slli_epi32::<SHIFT>(sum)
+                        });
+                        for r in 0..PANEL_ROWS {
+                            for p in 0..NP {
+                                s[r][p] = _mm256_sub_epi32(s[r][p], off[p]);
+                            }
+                        }
+                    }
+                    let dy: [__m256; NP] =
+                        core::array::from_fn(|p| _mm256_loadu_ps(yp[p].add(LP_D_AT) as *const f32));
+                    let sy: [__m256; NP] =
+                        core::array::from_fn(|p| _mm256_loadu_ps(yp[p].add(LP_S_AT) as *const f32));
+                    let lane = &mut lanes[j % 8];
+                    for r in 0..PANEL_ROWS {
+                        let dx =
+                            _mm256_set1_ps((wp[r].add(LW_D_AT) as *const f32).read_unaligned());
+                        let mx =
+                            _mm256_set1_ps((wp[r].add(LW_M_AT) as *const f32).read_unaligned());
+                        for p in 0..NP {
+                            let mut v = _mm256_mul_ps(
+                                _mm256_mul_ps(dx, dy[p]),
+                                _mm256_cvtepi32_ps(s[r][p]),
+                            );
+                            if MIN {
+                                v = _mm256_add_ps(v, _mm256_mul_ps(mx, sy[p]));
+                            }
+                            lane[r][p] = _mm256_add_ps(lane[r][p], v);
+                        }
+                    }
+                }
+            }
+            // SAFETY: same features.
+            unsafe { kp_store(&lanes, out) };
+        }
+
+        /// The legacy panel tile of format (`SHIFT`, `MIN`, `SPAN`): 1 or 2 panels.
+        #[target_feature(enable = $feat)]
+        unsafe fn lp_tile<const SHIFT: i32, const MIN: bool, const SPAN: usize>(
+            k: usize,
+            w: &[&[u8]; PANEL_ROWS],
+            y: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            // SAFETY: same features.
+            unsafe {
+                match y.len() {
+                    1 => lp_tile_gen::<SHIFT, MIN, SPAN, 1>(k / 32, w, y, out),
+                    2 => lp_tile_gen::<SHIFT, MIN, SPAN, 2>(k / 32, w, y, out),
+                    n => panic!("a panel tile takes 1 or 2 panels, not {n}"),
+                }
+            }
+        }
+
+        /// `reference::tree8` of every row's and panel's 8 lane registers, lane-wise, into
+        /// `out[(p·8 + c)·4 + r]` (each column's 4 rows adjacent, as in the destination).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn kp_store<const NP: usize>(
+            lanes: &[[[__m256; NP]; PANEL_ROWS]; 8],
+            out: &mut [f32; 128],
+        ) {
+            for p in 0..NP {
+                let row: [__m256; PANEL_ROWS] = core::array::from_fn(|r| {
+                    let l = |t: usize| lanes[t][r][p];
+                    let a = [
+                        _mm256_add_ps(l(0), l(4)),
+                        _mm256_add_ps(l(1), l(5)),
+                        _mm256_add_ps(l(2), l(6)),
+                        _mm256_add_ps(l(3), l(7)),
+                    ];
+                    let b = [_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])];
+                    _mm256_add_ps(b[0], b[1])
+                });
+                // Transposed within each 128-bit half (c_k's half L is column 4L + k),
+                // then the halves paired (o_l: columns 2l, 2l + 1).
+                let t0 = _mm256_unpacklo_ps(row[0], row[1]);
+                let t1 = _mm256_unpackhi_ps(row[0], row[1]);
+                let t2 = _mm256_unpacklo_ps(row[2], row[3]);
+                let t3 = _mm256_unpackhi_ps(row[2], row[3]);
+                let c0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let c1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let c2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let c3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let o = [
+                    _mm256_permute2f128_ps::<0x20>(c0, c1),
+                    _mm256_permute2f128_ps::<0x20>(c2, c3),
+                    _mm256_permute2f128_ps::<0x31>(c0, c1),
+                    _mm256_permute2f128_ps::<0x31>(c2, c3),
+                ];
+                for (l, v) in o.iter().enumerate() {
+                    // SAFETY: 8 floats of out at 32p + 8l ≤ 56.
+                    unsafe { _mm256_storeu_ps(out[32 * p + 8 * l..].as_mut_ptr(), *v) };
+                }
+            }
+        }
+
+        /// [`kp_tile`] and [`lp_tile`] by dtype.
+        fn kp_tile_dyn(
+            w: DType,
+            k: usize,
+            rows: &[&[u8]; PANEL_ROWS],
+            panels: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            // SAFETY: the table holding this entry is installed only where the level's
+            // features were detected.
+            unsafe {
+                match w {
+                    DType::Q2K => kp_tile::<KQ2>(k, rows, panels, out),
+                    DType::Q3K => kp_tile::<KQ3>(k, rows, panels, out),
+                    DType::Q4K => kp_tile::<KQ4>(k, rows, panels, out),
+                    DType::Q5K => kp_tile::<KQ5>(k, rows, panels, out),
+                    DType::Q6K => kp_tile::<KQ6>(k, rows, panels, out),
+                    DType::Q4_0 => lp_tile::<3, false, { kp_span(15, 8) }>(k, rows, panels, out),
+                    DType::Q4_1 => lp_tile::<0, true, { kp_span(15, 8) }>(k, rows, panels, out),
+                    DType::Q5_0 => lp_tile::<4, false, { kp_span(31, 8) }>(k, rows, panels, out),
+                    DType::Q5_1 => lp_tile::<0, true, { kp_span(31, 8) }>(k, rows, panels, out),
+                    _ => panic!("no panel tiles for {w}"),
+                }
+            }
+        }
+
+        /// The level's panel tiles: the K-quants and the legacy formats but Q8_0.
+        pub(crate) fn panel(w: DType) -> Option<Panel> {
+            matches!(
+                w,
+                DType::Q2K
+                    | DType::Q3K
+                    | DType::Q4K
+                    | DType::Q5K
+                    | DType::Q6K
+                    | DType::Q4_0
+                    | DType::Q4_1
+                    | DType::Q5_0
+                    | DType::Q5_1
             )
             .then_some(Panel {
                 cols: COLS,
