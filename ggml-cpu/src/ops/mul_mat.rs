@@ -33,8 +33,9 @@ pub(crate) const NC: usize = 16;
 pub(crate) const NC_UNPACKED: usize = 128;
 /// Fewest activation rows for which weight rows are unpacked first.
 pub(crate) const MIN_UNPACKED_COLS: usize = 8;
-/// Activation rows per chunk with panel tiles (8 panels of 16, or 16 of 8 columns).
-pub(crate) const NC_PANEL: usize = 128;
+/// Activation rows per chunk with panel tiles (16 panels of 16, or 32 of 8 columns): each
+/// group of weight rows is unpacked once per chunk.
+pub(crate) const NC_PANEL: usize = 256;
 /// Fewest activation rows for which the level's panel tiles run (a panel of 16 columns
 /// costs the same whatever number of them are real).
 pub(crate) const MIN_PANEL_COLS: usize = 16;
@@ -301,6 +302,8 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 unsafe { std::slice::from_raw_parts(c.wdata.add(at), pbytes) }
             };
             let krb = kp_row_bytes(a.dtype, k);
+            // Every tile writes all the entries it is read back at.
+            let mut pout = [0f32; 128];
             let mut m = m0;
             while m < m1 {
                 let nrows = (m1 - m).min(PANEL_ROWS);
@@ -323,7 +326,6 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 while p < p1 {
                     let np = (p1 - p).min(2);
                     let ps = [panel_at(p), panel_at(p + np - 1)];
-                    let mut pout = [0f32; 128];
                     (pn.tile)(a.dtype, k, &rows, &ps[..np], &mut pout);
                     for pp in 0..np {
                         let col0 = (p + pp) * cols;
