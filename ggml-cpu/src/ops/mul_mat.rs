@@ -482,14 +482,7 @@ fn convert_b_panels(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, w: DType, b: TView, col
     let qrow = &mut qrow[..vdt.row_size(k).unwrap_or(0)];
     for r in r0..r1 {
         let (i1, i2, i3) = b.row_index(r);
-        // SAFETY: row of the resolved activations (never aliased by the result).
-        let x: &[f32] = match unsafe { b.row_f32(i1, i2, i3) } {
-            Some(s) => s,
-            None => {
-                unsafe { b.read_row(i1, i2, i3, sc) };
-                &sc[..k]
-            }
-        };
+        let x = activation_row(b, (i1, i2, i3), sc);
         (c.k.quantize)(vdt, x, qrow);
         let at = ((i3 * b.ne[2] + i2) * ppb + i1 / cols) * pbytes;
         // SAFETY: the panel lies in the activation area of the shared scratch
@@ -564,16 +557,7 @@ pub(crate) fn convert_b(
     let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
     let sc = c.scratch_f32();
     for r in r0..r1 {
-        let (i1, i2, i3) = b.row_index(r);
-        // SAFETY: row of the resolved activations (the result never aliases them: it is
-        // a fresh tensor and phase 0 writes only scratch).
-        let x: &[f32] = match unsafe { b.row_f32(i1, i2, i3) } {
-            Some(s) => s,
-            None => {
-                unsafe { b.read_row(i1, i2, i3, sc) };
-                &sc[..k]
-            }
-        };
+        let x = activation_row(b, b.row_index(r), sc);
         // SAFETY: row r of the activation area of the shared scratch, written by this
         // thread only (rows are split between threads).
         let out = unsafe { std::slice::from_raw_parts_mut(c.wdata.add(off + r * vrs), vrs) };
@@ -599,6 +583,21 @@ pub(crate) fn convert_b(
                 }
             }
             _ => (c.k.quantize)(vdt, x, out),
+        }
+    }
+}
+
+/// Row `(i1, i2, i3)` of the activations `b` as f32: in place where it is dense f32, else
+/// converted into `sc` (at least `b.ne[0]` values).
+fn activation_row(b: TView, (i1, i2, i3): (usize, usize, usize), sc: &mut [f32]) -> &[f32] {
+    // SAFETY: a row of the resolved activations; the result never aliases them (it is a
+    // fresh tensor) and phase 0 writes only scratch.
+    match unsafe { b.row_f32(i1, i2, i3) } {
+        Some(s) => s,
+        None => {
+            // SAFETY: as above; `sc` holds the row.
+            unsafe { b.read_row(i1, i2, i3, sc) };
+            &sc[..b.ne[0]]
         }
     }
 }
