@@ -1,22 +1,25 @@
-// Outer-product K-quant tiles for AVX-512 VNNI, instantiated by `x86_kpanel!` inside a
+// Outer-product tiles on activation panels (`simd::panel`) for x86: `x86_kpanel!` (AVX-512
+// VNNI, 16 columns) and `x86_kpanel_avx2!` (AVX2, 8 columns), each instantiated inside a
 // module that also holds `x86_kquant!`'s unpacking (`kq_unpack`).
 //
-// The reference (`reference::block_value`) per super-block j of 256 values: the exact
-// integers `sumi = Σ_g scale_g·Σ_{16} q·y` and `summins = Σ_g min_g·bsum_g`, then
-// `(dx·dy)·sumi`, minus `(dminx·dy)·summins` for the formats with mins, added to lane
-// j mod 8; the lanes combine by `reference::tree8`.
+// The reference (`reference::block_value`) per (super-)block j: exact integer dots, then
+// the format's float formula (K-quants: `(dx·dy)·sumi`, minus `(dminx·dy)·summins` for
+// the formats with mins; legacy: `(dx·dy)·sumi`, plus `mx·sy` for Q4_1/Q5_1), added to
+// lane j mod 8; the lanes combine by `reference::tree8`.
 //
-// Here the 16 lanes of a register are 16 activation columns (a panel, `simd::panel`):
-// every step broadcasts one dword of a weight row's unpacked quants (u8, no offset) and
-// runs one `vpdpbusd` against the same dword of 16 columns, so a group's partial dot of
-// 16 columns takes 4 (8 for Q4_K/Q5_K's groups of 32) instructions, and its scale one
-// `vpmulld`. The aux terms (mins, or `offset·scale_g` for Q3_K/Q6_K) meet the group sums
-// in 8 `vpdpwssd`. The integers are exact in any order; the float formula then runs
-// per column with the reference's operations, each super-block into its own register
-// of 8 lane registers, and `tree8` becomes vertical adds.
+// Here the lanes of a register are activation columns: every step broadcasts one dword of
+// a weight row's unpacked quants (u8, no offset) and runs it against the same dword of
+// every column of a panel. On AVX-512 VNNI a step is one `vpdpbusd`, and a group's sum
+// meets its scale in one `vpmulld`; on AVX2 a step is `vpmaddubsw` + an i16 add, the i16
+// sums run over as many steps as the format's largest quant allows without overflow
+// (`span`), and one `vpmaddwd` by the scale (or by 1) widens them to i32. The aux terms
+// (mins, or `offset·scale_g` for Q3_K/Q6_K) meet the Q8_K group sums in pairs of i16; a
+// legacy format's offset is a shift and a subtraction of the column's quant sum. The
+// integers are exact in any order; the float formula then runs per column with the
+// reference's operations, each block into its own lane register, and `tree8` becomes
+// vertical adds. The tile bodies (`x86_panel_tiles!`) are shared; each level supplies its
+// vector types and the few operations that differ.
 
-/// The weight-row unpacking of the panel tiles (`simd::panel`'s layouts), shared by the
-/// AVX-512 VNNI and AVX2 tiles; needs `x86_kquant!`'s `kq_unpack` in scope.
 macro_rules! x86_panel_unpack {
     ($feat:literal) => {
         use crate::simd::panel::{
@@ -140,7 +143,15 @@ macro_rules! x86_panel_unpack {
     };
 }
 
-macro_rules! x86_kpanel {
+/// The panel tiles over a level's vector operations, which the invoking macro defines:
+/// the types `VI` (i32 lanes) and `VF` (f32 lanes) of `COLS` lanes, `vi_zero`, `vi_load`,
+/// `bcast32`, `dot_step` (a step of u8 × i8 dots into the group accumulator), `widen_scaled`
+/// (a group accumulator times the i32/i16 scale at a pointer, as i32), `widen` (the same
+/// times 1), `madd_acc` (i16 pairs dot, accumulated), `vi_add`, `vi_sub`, `vi_shl`, `vi_cvt`,
+/// `vf_zero`, `vf_load`, `vf_set1`, `vf_add`, `vf_sub`, `vf_mul`, `kp_store` (tree8 and the
+/// transposed store), `span(umax, group)` (dwords summed before widening), and
+/// `Q8_0_PANELS`.
+macro_rules! x86_panel_tiles {
     ($feat:literal) => {
         use crate::simd::panel::{
             kpanel_bsum_at, kpanel_d_at, kpanel_sb_bytes, lpanel_block_bytes, lpanel_d_at,
@@ -148,8 +159,6 @@ macro_rules! x86_kpanel {
         };
         x86_panel_unpack!($feat);
 
-        /// Columns per panel: the 16 lanes of a zmm register.
-        const COLS: usize = 16;
         const PANEL_SB_BYTES: usize = kpanel_sb_bytes(COLS);
         const PANEL_D_AT: usize = kpanel_d_at(COLS);
         const PANEL_BSUM_AT: usize = kpanel_bsum_at(COLS);
@@ -158,15 +167,20 @@ macro_rules! x86_kpanel {
         const LP_S_AT: usize = lpanel_s_at(COLS);
         const LP_SUM_AT: usize = lpanel_sum_at(COLS);
 
-        /// Reads the i32 at `p` broadcast to 16 lanes.
-        #[inline(always)]
-        unsafe fn kp_bcast(p: *const u8) -> __m512i {
-            // SAFETY: 4 readable bytes at p (caller).
-            _mm512_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
+        /// The largest unpacked quant (no offset) of K-quant format `f`, and the dwords of
+        /// its scale groups (16 values; Q4_K and Q5_K: 32).
+        const fn kq_umax_group(f: u8) -> (usize, usize) {
+            match f {
+                KQ2 => (3, 4),
+                KQ3 => (7, 4),
+                KQ4 => (15, 8),
+                KQ5 => (31, 8),
+                _ => (63, 4),
+            }
         }
 
         /// The 4 unpacked weight rows `w` of format `F` against the `NP` panels `y`, each
-        /// of `nb` super-blocks, into `out[(p·16 + c)·4 + r]`.
+        /// of `nb` super-blocks, into `out[(p·COLS + c)·4 + r]`.
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn kp_tile_gen<const F: u8, const NP: usize>(
@@ -182,10 +196,9 @@ macro_rules! x86_kpanel {
             for p in y {
                 assert!(p.len() >= nb * PANEL_SB_BYTES);
             }
-            // Dwords of quants per scale group: 16 values, or 32 for Q4_K/Q5_K.
-            let steps = if matches!(F, KQ4 | KQ5) { 8 } else { 4 };
-            let zi = _mm512_setzero_si512();
-            let mut lanes = [[[_mm512_setzero_ps(); NP]; PANEL_ROWS]; 8];
+            let (umax, group) = kq_umax_group(F);
+            let steps = span(umax, group);
+            let mut lanes = [[[vf_zero(); NP]; PANEL_ROWS]; 8];
             for j in 0..nb {
                 // SAFETY: super-block j < nb of every row and panel (lengths asserted);
                 // same features.
@@ -194,68 +207,57 @@ macro_rules! x86_kpanel {
                         core::array::from_fn(|r| w[r].as_ptr().add(j * KP_SB_BYTES));
                     let yp: [*const u8; NP] =
                         core::array::from_fn(|p| y[p].as_ptr().add(j * PANEL_SB_BYTES));
-                    let mut s = [[zi; NP]; PANEL_ROWS];
+                    let mut s = [[vi_zero(); NP]; PANEL_ROWS];
                     for g in 0..64 / steps {
-                        let mut a = [[zi; NP]; PANEL_ROWS];
+                        let mut a = [[vi_zero(); NP]; PANEL_ROWS];
                         for t in 0..steps {
                             let v = g * steps + t;
-                            let act: [__m512i; NP] = core::array::from_fn(|p| {
-                                _mm512_loadu_si512(yp[p].add(64 * v) as *const _)
-                            });
+                            let act: [VI; NP] =
+                                core::array::from_fn(|p| vi_load(yp[p].add(4 * COLS * v)));
                             for r in 0..PANEL_ROWS {
-                                let q = kp_bcast(wp[r].add(4 * v));
+                                let q = bcast32(wp[r].add(4 * v));
                                 for p in 0..NP {
-                                    a[r][p] = _mm512_dpbusd_epi32(a[r][p], q, act[p]);
+                                    a[r][p] = dot_step(a[r][p], q, act[p]);
                                 }
                             }
                         }
-                        // Q4_K/Q5_K: groups 2g and 2g + 1 share their chunk's scale.
-                        let gi = if steps == 8 { 2 * g } else { g };
+                        // The scale of the group of 16 the steps lie in (stored per 16,
+                        // Q4_K's and Q5_K's twice).
+                        let gi = g * steps / 4;
                         for r in 0..PANEL_ROWS {
-                            let sc = kp_bcast(wp[r].add(KP_SCALES_AT + 4 * gi));
+                            let sc = wp[r].add(KP_SCALES_AT + 4 * gi);
                             for p in 0..NP {
-                                s[r][p] =
-                                    _mm512_add_epi32(s[r][p], _mm512_mullo_epi32(a[r][p], sc));
+                                s[r][p] = vi_add(s[r][p], widen_scaled(a[r][p], sc));
                             }
                         }
                     }
-                    let mut m = [[zi; NP]; PANEL_ROWS];
+                    let mut m = [[vi_zero(); NP]; PANEL_ROWS];
                     for i in 0..8 {
-                        let bs: [__m512i; NP] = core::array::from_fn(|p| {
-                            _mm512_loadu_si512(yp[p].add(PANEL_BSUM_AT + 64 * i) as *const _)
+                        let bs: [VI; NP] = core::array::from_fn(|p| {
+                            vi_load(yp[p].add(PANEL_BSUM_AT + 4 * COLS * i))
                         });
                         for r in 0..PANEL_ROWS {
-                            let ax = kp_bcast(wp[r].add(KP_AUX_AT + 4 * i));
+                            let ax = bcast32(wp[r].add(KP_AUX_AT + 4 * i));
                             for p in 0..NP {
-                                m[r][p] = _mm512_dpwssd_epi32(m[r][p], ax, bs[p]);
+                                m[r][p] = madd_acc(m[r][p], ax, bs[p]);
                             }
                         }
                     }
-                    let dy: [__m512; NP] = core::array::from_fn(|p| {
-                        _mm512_loadu_ps(yp[p].add(PANEL_D_AT) as *const f32)
-                    });
+                    let dy: [VF; NP] = core::array::from_fn(|p| vf_load(yp[p].add(PANEL_D_AT)));
                     let lane = &mut lanes[j % 8];
                     for r in 0..PANEL_ROWS {
-                        let dx =
-                            _mm512_set1_ps((wp[r].add(KP_D_AT) as *const f32).read_unaligned());
-                        let dm =
-                            _mm512_set1_ps((wp[r].add(KP_DMIN_AT) as *const f32).read_unaligned());
+                        let dx = vf_set1(wp[r].add(KP_D_AT));
+                        let dm = vf_set1(wp[r].add(KP_DMIN_AT));
                         for p in 0..NP {
                             let v = if kq_has_min(F) {
-                                let t = _mm512_mul_ps(
-                                    _mm512_mul_ps(dx, dy[p]),
-                                    _mm512_cvtepi32_ps(s[r][p]),
-                                );
-                                let u = _mm512_mul_ps(
-                                    _mm512_mul_ps(dm, dy[p]),
-                                    _mm512_cvtepi32_ps(m[r][p]),
-                                );
-                                _mm512_sub_ps(t, u)
+                                let t = vf_mul(vf_mul(dx, dy[p]), vi_cvt(s[r][p]));
+                                let u = vf_mul(vf_mul(dm, dy[p]), vi_cvt(m[r][p]));
+                                vf_sub(t, u)
                             } else {
-                                let si = _mm512_sub_epi32(s[r][p], m[r][p]);
-                                _mm512_mul_ps(_mm512_mul_ps(dx, dy[p]), _mm512_cvtepi32_ps(si))
+                                let si = vi_sub(s[r][p], m[r][p]);
+                                vf_mul(vf_mul(dx, dy[p]), vi_cvt(si))
                             };
-                            lane[r][p] = _mm512_add_ps(lane[r][p], v);
+                            lane[r][p] = vf_add(lane[r][p], v);
                         }
                     }
                 }
@@ -264,7 +266,91 @@ macro_rules! x86_kpanel {
             unsafe { kp_store(&lanes, out) };
         }
 
-        /// The panel tile of format `F`: 1 or 2 panels.
+        /// The 4 unpacked weight rows `w` of a legacy format against the `NP` panels `y`,
+        /// each of `nb` blocks, into `out[(p·COLS + c)·4 + r]`. `SHIFT`: log2 of the
+        /// format's offset (0: none); `MIN`: the formats with `m` (Q4_1, Q5_1); `UMAX`:
+        /// the largest unpacked quant.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn lp_tile_gen<
+            const SHIFT: u32,
+            const MIN: bool,
+            const UMAX: usize,
+            const NP: usize,
+        >(
+            nb: usize,
+            w: &[&[u8]; PANEL_ROWS],
+            y: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            assert!(y.len() == NP);
+            for r in w {
+                assert!(r.len() >= nb * LW_BLOCK_BYTES);
+            }
+            for p in y {
+                assert!(p.len() >= nb * LP_BLOCK_BYTES);
+            }
+            let steps = span(UMAX, 8);
+            let mut lanes = [[[vf_zero(); NP]; PANEL_ROWS]; 8];
+            for j in 0..nb {
+                // SAFETY: block j < nb of every row and panel (lengths asserted); same
+                // features.
+                unsafe {
+                    let wp: [*const u8; PANEL_ROWS] =
+                        core::array::from_fn(|r| w[r].as_ptr().add(j * LW_BLOCK_BYTES));
+                    let yp: [*const u8; NP] =
+                        core::array::from_fn(|p| y[p].as_ptr().add(j * LP_BLOCK_BYTES));
+                    let mut s = [[vi_zero(); NP]; PANEL_ROWS];
+                    for g in 0..8 / steps {
+                        let mut a = [[vi_zero(); NP]; PANEL_ROWS];
+                        for t in 0..steps {
+                            let v = g * steps + t;
+                            let act: [VI; NP] =
+                                core::array::from_fn(|p| vi_load(yp[p].add(4 * COLS * v)));
+                            for r in 0..PANEL_ROWS {
+                                let q = bcast32(wp[r].add(4 * v));
+                                for p in 0..NP {
+                                    a[r][p] = dot_step(a[r][p], q, act[p]);
+                                }
+                            }
+                        }
+                        for r in 0..PANEL_ROWS {
+                            for p in 0..NP {
+                                s[r][p] = vi_add(s[r][p], widen(a[r][p]));
+                            }
+                        }
+                    }
+                    // Σ (u − off)·y = Σ u·y − off·Σ y.
+                    if SHIFT > 0 {
+                        let off: [VI; NP] =
+                            core::array::from_fn(|p| vi_shl(vi_load(yp[p].add(LP_SUM_AT)), SHIFT));
+                        for r in 0..PANEL_ROWS {
+                            for p in 0..NP {
+                                s[r][p] = vi_sub(s[r][p], off[p]);
+                            }
+                        }
+                    }
+                    let dy: [VF; NP] = core::array::from_fn(|p| vf_load(yp[p].add(LP_D_AT)));
+                    let sy: [VF; NP] = core::array::from_fn(|p| vf_load(yp[p].add(LP_S_AT)));
+                    let lane = &mut lanes[j % 8];
+                    for r in 0..PANEL_ROWS {
+                        let dx = vf_set1(wp[r].add(LW_D_AT));
+                        let mx = vf_set1(wp[r].add(LW_M_AT));
+                        for p in 0..NP {
+                            let mut v = vf_mul(vf_mul(dx, dy[p]), vi_cvt(s[r][p]));
+                            if MIN {
+                                v = vf_add(v, vf_mul(mx, sy[p]));
+                            }
+                            lane[r][p] = vf_add(lane[r][p], v);
+                        }
+                    }
+                }
+            }
+            // SAFETY: same features.
+            unsafe { kp_store(&lanes, out) };
+        }
+
+        /// The K-quant panel tile of format `F`: 1 or 2 panels.
         #[target_feature(enable = $feat)]
         unsafe fn kp_tile<const F: u8>(
             k: usize,
@@ -282,88 +368,9 @@ macro_rules! x86_kpanel {
             }
         }
 
-        /// The 4 unpacked weight rows `w` of a legacy format against the `NP` panels `y`,
-        /// each of `nb` blocks, into `out[(p·16 + c)·4 + r]`. `SHIFT`: log2 of the
-        /// format's offset (0: none); `MIN`: the formats with `m` (Q4_1, Q5_1).
-        #[inline]
+        /// The legacy panel tile of format (`SHIFT`, `MIN`, `UMAX`): 1 or 2 panels.
         #[target_feature(enable = $feat)]
-        unsafe fn lp_tile_gen<const SHIFT: u32, const MIN: bool, const NP: usize>(
-            nb: usize,
-            w: &[&[u8]; PANEL_ROWS],
-            y: &[&[u8]],
-            out: &mut [f32; 128],
-        ) {
-            assert!(y.len() == NP);
-            for r in w {
-                assert!(r.len() >= nb * LW_BLOCK_BYTES);
-            }
-            for p in y {
-                assert!(p.len() >= nb * LP_BLOCK_BYTES);
-            }
-            let zi = _mm512_setzero_si512();
-            let mut lanes = [[[_mm512_setzero_ps(); NP]; PANEL_ROWS]; 8];
-            for j in 0..nb {
-                // SAFETY: block j < nb of every row and panel (lengths asserted); same
-                // features.
-                unsafe {
-                    let wp: [*const u8; PANEL_ROWS] =
-                        core::array::from_fn(|r| w[r].as_ptr().add(j * LW_BLOCK_BYTES));
-                    let yp: [*const u8; NP] =
-                        core::array::from_fn(|p| y[p].as_ptr().add(j * LP_BLOCK_BYTES));
-                    let mut a = [[zi; NP]; PANEL_ROWS];
-                    for v in 0..8 {
-                        let act: [__m512i; NP] = core::array::from_fn(|p| {
-                            _mm512_loadu_si512(yp[p].add(64 * v) as *const _)
-                        });
-                        for r in 0..PANEL_ROWS {
-                            let q = kp_bcast(wp[r].add(4 * v));
-                            for p in 0..NP {
-                                a[r][p] = _mm512_dpbusd_epi32(a[r][p], q, act[p]);
-                            }
-                        }
-                    }
-                    // Σ (u − off)·y = Σ u·y − off·Σ y.
-                    if SHIFT > 0 {
-                        let off: [__m512i; NP] = core::array::from_fn(|p| {
-                            let sum = _mm512_loadu_si512(yp[p].add(LP_SUM_AT) as *const _);
-                            _mm512_slli_epi32::<SHIFT>(sum)
-                        });
-                        for r in 0..PANEL_ROWS {
-                            for p in 0..NP {
-                                a[r][p] = _mm512_sub_epi32(a[r][p], off[p]);
-                            }
-                        }
-                    }
-                    let dy: [__m512; NP] =
-                        core::array::from_fn(|p| _mm512_loadu_ps(yp[p].add(LP_D_AT) as *const f32));
-                    let sy: [__m512; NP] =
-                        core::array::from_fn(|p| _mm512_loadu_ps(yp[p].add(LP_S_AT) as *const f32));
-                    let lane = &mut lanes[j % 8];
-                    for r in 0..PANEL_ROWS {
-                        let dx =
-                            _mm512_set1_ps((wp[r].add(LW_D_AT) as *const f32).read_unaligned());
-                        let mx =
-                            _mm512_set1_ps((wp[r].add(LW_M_AT) as *const f32).read_unaligned());
-                        for p in 0..NP {
-                            let mut v = _mm512_mul_ps(
-                                _mm512_mul_ps(dx, dy[p]),
-                                _mm512_cvtepi32_ps(a[r][p]),
-                            );
-                            if MIN {
-                                v = _mm512_add_ps(v, _mm512_mul_ps(mx, sy[p]));
-                            }
-                            lane[r][p] = _mm512_add_ps(lane[r][p], v);
-                        }
-                    }
-                }
-            }
-            // SAFETY: same features.
-            unsafe { kp_store(&lanes, out) };
-        }
-
-        /// The legacy panel tile of format (`SHIFT`, `MIN`): 1 or 2 panels.
-        #[target_feature(enable = $feat)]
-        unsafe fn lp_tile<const SHIFT: u32, const MIN: bool>(
+        unsafe fn lp_tile<const SHIFT: u32, const MIN: bool, const UMAX: usize>(
             k: usize,
             w: &[&[u8]; PANEL_ROWS],
             y: &[&[u8]],
@@ -372,11 +379,174 @@ macro_rules! x86_kpanel {
             // SAFETY: same features.
             unsafe {
                 match y.len() {
-                    1 => lp_tile_gen::<SHIFT, MIN, 1>(k / 32, w, y, out),
-                    2 => lp_tile_gen::<SHIFT, MIN, 2>(k / 32, w, y, out),
+                    1 => lp_tile_gen::<SHIFT, MIN, UMAX, 1>(k / 32, w, y, out),
+                    2 => lp_tile_gen::<SHIFT, MIN, UMAX, 2>(k / 32, w, y, out),
                     n => panic!("a panel tile takes 1 or 2 panels, not {n}"),
                 }
             }
+        }
+
+        /// [`kp_tile`] and [`lp_tile`] by dtype.
+        fn kp_tile_dyn(
+            w: DType,
+            k: usize,
+            rows: &[&[u8]; PANEL_ROWS],
+            panels: &[&[u8]],
+            out: &mut [f32; 128],
+        ) {
+            // SAFETY: the table holding this entry is installed only where the level's
+            // features were detected.
+            unsafe {
+                match w {
+                    DType::Q2K => kp_tile::<KQ2>(k, rows, panels, out),
+                    DType::Q3K => kp_tile::<KQ3>(k, rows, panels, out),
+                    DType::Q4K => kp_tile::<KQ4>(k, rows, panels, out),
+                    DType::Q5K => kp_tile::<KQ5>(k, rows, panels, out),
+                    DType::Q6K => kp_tile::<KQ6>(k, rows, panels, out),
+                    DType::Q4_0 => lp_tile::<3, false, 15>(k, rows, panels, out),
+                    DType::Q4_1 => lp_tile::<0, true, 15>(k, rows, panels, out),
+                    DType::Q5_0 => lp_tile::<4, false, 31>(k, rows, panels, out),
+                    DType::Q5_1 => lp_tile::<0, true, 31>(k, rows, panels, out),
+                    DType::Q8_0 if Q8_0_PANELS => lp_tile::<7, false, 255>(k, rows, panels, out),
+                    _ => panic!("no panel tiles for {w}"),
+                }
+            }
+        }
+
+        /// The level's panel tiles: the K-quants and the legacy formats (Q8_0 where
+        /// `Q8_0_PANELS`).
+        pub(crate) fn panel(w: DType) -> Option<Panel> {
+            let fits = match w {
+                DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => true,
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => true,
+                DType::Q8_0 => Q8_0_PANELS,
+                _ => false,
+            };
+            fits.then_some(Panel {
+                cols: COLS,
+                unpack: kp_unpack,
+                tile: kp_tile_dyn,
+            })
+        }
+    };
+}
+
+/// The AVX-512 VNNI panel tiles: 16 columns (a zmm register), `vpdpbusd` steps.
+macro_rules! x86_kpanel {
+    ($feat:literal) => {
+        /// Columns per panel: the 16 lanes of a zmm register.
+        const COLS: usize = 16;
+        /// Q8_0's `q + 128` is a valid `vpdpbusd` operand.
+        const Q8_0_PANELS: bool = true;
+        type VI = __m512i;
+        type VF = __m512;
+
+        /// `vpdpbusd` sums in i32, so a whole group runs before its scale.
+        const fn span(_umax: usize, group: usize) -> usize {
+            group
+        }
+
+        #[inline(always)]
+        fn vi_zero() -> VI {
+            // SAFETY: the level's features (the only callers run with them).
+            unsafe { _mm512_setzero_si512() }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_load(p: *const u8) -> VI {
+            // SAFETY: 64 readable bytes at p (caller).
+            unsafe { _mm512_loadu_si512(p as *const _) }
+        }
+
+        /// The i32 at `p` broadcast to every lane.
+        #[inline(always)]
+        unsafe fn bcast32(p: *const u8) -> VI {
+            // SAFETY: 4 readable bytes at p (caller).
+            unsafe { _mm512_set1_epi32((p as *const i32).read_unaligned()) }
+        }
+
+        #[inline(always)]
+        unsafe fn dot_step(a: VI, q: VI, act: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_dpbusd_epi32(a, q, act) }
+        }
+
+        #[inline(always)]
+        unsafe fn widen_scaled(a: VI, scale: *const u8) -> VI {
+            // SAFETY: an i32 scale at `scale` (caller).
+            unsafe { _mm512_mullo_epi32(a, bcast32(scale)) }
+        }
+
+        #[inline(always)]
+        fn widen(a: VI) -> VI {
+            a
+        }
+
+        #[inline(always)]
+        unsafe fn madd_acc(m: VI, ax: VI, bs: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_dpwssd_epi32(m, ax, bs) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_add(a: VI, b: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_add_epi32(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_sub(a: VI, b: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_sub_epi32(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_shl(a: VI, n: u32) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_sll_epi32(a, _mm_cvtsi32_si128(n as i32)) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_cvt(a: VI) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_cvtepi32_ps(a) }
+        }
+
+        #[inline(always)]
+        fn vf_zero() -> VF {
+            // SAFETY: the level's features (the only callers run with them).
+            unsafe { _mm512_setzero_ps() }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_load(p: *const u8) -> VF {
+            // SAFETY: 64 readable bytes at p (caller).
+            unsafe { _mm512_loadu_ps(p as *const f32) }
+        }
+
+        /// The f32 at `p` broadcast to every lane.
+        #[inline(always)]
+        unsafe fn vf_set1(p: *const u8) -> VF {
+            // SAFETY: 4 readable bytes at p (caller).
+            unsafe { _mm512_set1_ps((p as *const f32).read_unaligned()) }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_add(a: VF, b: VF) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_add_ps(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_sub(a: VF, b: VF) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_sub_ps(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_mul(a: VF, b: VF) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm512_mul_ps(a, b) }
         }
 
         /// `reference::tree8` of every row's and panel's 8 lane registers, lane-wise, into
@@ -426,340 +596,139 @@ macro_rules! x86_kpanel {
             }
         }
 
-        /// [`kp_tile`] by dtype.
-        fn kp_tile_dyn(
-            w: DType,
-            k: usize,
-            rows: &[&[u8]; PANEL_ROWS],
-            panels: &[&[u8]],
-            out: &mut [f32; 128],
-        ) {
-            // SAFETY: as `kp_unpack`.
-            unsafe {
-                match w {
-                    DType::Q2K => kp_tile::<KQ2>(k, rows, panels, out),
-                    DType::Q3K => kp_tile::<KQ3>(k, rows, panels, out),
-                    DType::Q4K => kp_tile::<KQ4>(k, rows, panels, out),
-                    DType::Q5K => kp_tile::<KQ5>(k, rows, panels, out),
-                    DType::Q6K => kp_tile::<KQ6>(k, rows, panels, out),
-                    DType::Q4_0 => lp_tile::<3, false>(k, rows, panels, out),
-                    DType::Q4_1 => lp_tile::<0, true>(k, rows, panels, out),
-                    DType::Q5_0 => lp_tile::<4, false>(k, rows, panels, out),
-                    DType::Q5_1 => lp_tile::<0, true>(k, rows, panels, out),
-                    DType::Q8_0 => lp_tile::<7, false>(k, rows, panels, out),
-                    _ => panic!("no panel tiles for {w}"),
-                }
-            }
-        }
-
-        /// The level's panel tiles: the K-quants and the legacy formats.
-        pub(crate) fn panel(w: DType) -> Option<Panel> {
-            matches!(
-                w,
-                DType::Q2K
-                    | DType::Q3K
-                    | DType::Q4K
-                    | DType::Q5K
-                    | DType::Q6K
-                    | DType::Q4_0
-                    | DType::Q4_1
-                    | DType::Q5_0
-                    | DType::Q5_1
-                    | DType::Q8_0
-            )
-            .then_some(Panel {
-                cols: COLS,
-                unpack: kp_unpack,
-                tile: kp_tile_dyn,
-            })
-        }
+        x86_panel_tiles!($feat);
     };
 }
 
-// The AVX2 tiles: 8 columns per panel (a ymm register). Without VNNI a step is a
-// `vpmaddubsw` (u8 weights × i8 activations, pairs summed into i16) and an i16 add; the
-// i16 sums run over as many steps as cannot overflow (or saturate) for the format's
-// largest quant, and one `vpmaddwd` by the group scale (or by 1) widens them to i32.
-// Q8_0 weights (u = q + 128 would saturate `vpmaddubsw`) have no AVX2 panel tiles.
+/// The AVX2 panel tiles: 8 columns (a ymm register). Without VNNI a step is a
+/// `vpmaddubsw` (u8 weights × i8 activations, pairs summed into i16) and an i16 add.
+/// Q8_0 weights (u = q + 128 would saturate `vpmaddubsw`) have no AVX2 panel tiles.
 macro_rules! x86_kpanel_avx2 {
     ($feat:literal) => {
-        use crate::simd::panel::{
-            kpanel_bsum_at, kpanel_d_at, kpanel_sb_bytes, lpanel_block_bytes, lpanel_d_at,
-            lpanel_s_at, lpanel_sum_at, Panel, PANEL_ROWS,
-        };
-        x86_panel_unpack!($feat);
-
         /// Columns per panel: the 8 lanes of a ymm register.
         const COLS: usize = 8;
-        const PANEL_SB_BYTES: usize = kpanel_sb_bytes(COLS);
-        const PANEL_D_AT: usize = kpanel_d_at(COLS);
-        const PANEL_BSUM_AT: usize = kpanel_bsum_at(COLS);
-        const LP_BLOCK_BYTES: usize = lpanel_block_bytes(COLS);
-        const LP_D_AT: usize = lpanel_d_at(COLS);
-        const LP_S_AT: usize = lpanel_s_at(COLS);
-        const LP_SUM_AT: usize = lpanel_sum_at(COLS);
-
-        /// Reads the i32 at `p` broadcast to 8 lanes.
-        #[inline(always)]
-        unsafe fn kp_bcast(p: *const u8) -> __m256i {
-            // SAFETY: 4 readable bytes at p (caller).
-            _mm256_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
-        }
-
-        /// Reads the i16 at `p` broadcast to 16 lanes.
-        #[inline(always)]
-        unsafe fn kp_bcast16(p: *const u8) -> __m256i {
-            // SAFETY: 2 readable bytes at p (caller).
-            _mm256_set1_epi16(unsafe { (p as *const i16).read_unaligned() })
-        }
+        const Q8_0_PANELS: bool = false;
+        type VI = __m256i;
+        type VF = __m256;
 
         /// Dwords of quants summed in i16 lanes before widening, for a largest weight
         /// quant `umax`: each lane gathers 2 products of at most `umax·128` per step, and
-        /// `2·steps·umax·128` stays below 2^15 (the groups' bounds: 16 values, 32 for Q4_K).
-        const fn kp_span(umax: usize, group: usize) -> usize {
+        /// `2·steps·umax·128` stays below 2^15 (at most a group: 16 values, 32 for
+        /// Q4_K/Q5_K). Never below 1 (Q8_0, which no step count fits, has no tiles here).
+        const fn span(umax: usize, group: usize) -> usize {
             let mut s = group;
-            while 2 * s * umax * 128 > 32767 {
+            while s > 1 && 2 * s * umax * 128 > 32767 {
                 s /= 2;
             }
             s
         }
 
-        /// The 4 unpacked weight rows `w` of format `F` against the `NP` panels `y`, each
-        /// of `nb` super-blocks, into `out[(p·8 + c)·4 + r]`.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn kp_tile_gen<const F: u8, const NP: usize>(
-            nb: usize,
-            w: &[&[u8]; PANEL_ROWS],
-            y: &[&[u8]],
-            out: &mut [f32; 128],
-        ) {
-            assert!(y.len() == NP);
-            for r in w {
-                assert!(r.len() >= nb * KP_SB_BYTES);
-            }
-            for p in y {
-                assert!(p.len() >= nb * PANEL_SB_BYTES);
-            }
-            let span = match F {
-                KQ2 => kp_span(3, 4),
-                KQ3 => kp_span(7, 4),
-                KQ4 => kp_span(15, 8),
-                KQ5 => kp_span(31, 4),
-                _ => kp_span(63, 4),
-            };
-            let zi = _mm256_setzero_si256();
-            let mut lanes = [[[_mm256_setzero_ps(); NP]; PANEL_ROWS]; 8];
-            for j in 0..nb {
-                // SAFETY: super-block j < nb of every row and panel (lengths asserted);
-                // same features.
-                unsafe {
-                    let wp: [*const u8; PANEL_ROWS] =
-                        core::array::from_fn(|r| w[r].as_ptr().add(j * KP_SB_BYTES));
-                    let yp: [*const u8; NP] =
-                        core::array::from_fn(|p| y[p].as_ptr().add(j * PANEL_SB_BYTES));
-                    let mut s = [[zi; NP]; PANEL_ROWS];
-                    for g in 0..64 / span {
-                        let mut a = [[zi; NP]; PANEL_ROWS];
-                        for t in 0..span {
-                            let v = g * span + t;
-                            let act: [__m256i; NP] = core::array::from_fn(|p| {
-                                _mm256_loadu_si256(yp[p].add(4 * COLS * v) as *const _)
-                            });
-                            for r in 0..PANEL_ROWS {
-                                let q = kp_bcast(wp[r].add(4 * v));
-                                for p in 0..NP {
-                                    let d = _mm256_maddubs_epi16(q, act[p]);
-                                    a[r][p] = _mm256_add_epi16(a[r][p], d);
-                                }
-                            }
-                        }
-                        // The scale of the group of 16 the span lies in (scales are
-                        // stored per 16, Q4_K/Q5_K's twice).
-                        let gi = g * span / 4;
-                        for r in 0..PANEL_ROWS {
-                            let sc = kp_bcast16(wp[r].add(KP_SCALES_AT + 4 * gi));
-                            for p in 0..NP {
-                                let d = _mm256_madd_epi16(a[r][p], sc);
-                                s[r][p] = _mm256_add_epi32(s[r][p], d);
-                            }
-                        }
-                    }
-                    let mut m = [[zi; NP]; PANEL_ROWS];
-                    for i in 0..8 {
-                        let bs: [__m256i; NP] = core::array::from_fn(|p| {
-                            _mm256_loadu_si256(yp[p].add(PANEL_BSUM_AT + 4 * COLS * i) as *const _)
-                        });
-                        for r in 0..PANEL_ROWS {
-                            let ax = kp_bcast(wp[r].add(KP_AUX_AT + 4 * i));
-                            for p in 0..NP {
-                                m[r][p] = _mm256_add_epi32(m[r][p], _mm256_madd_epi16(ax, bs[p]));
-                            }
-                        }
-                    }
-                    let dy: [__m256; NP] = core::array::from_fn(|p| {
-                        _mm256_loadu_ps(yp[p].add(PANEL_D_AT) as *const f32)
-                    });
-                    let lane = &mut lanes[j % 8];
-                    for r in 0..PANEL_ROWS {
-                        let dx =
-                            _mm256_set1_ps((wp[r].add(KP_D_AT) as *const f32).read_unaligned());
-                        let dm =
-                            _mm256_set1_ps((wp[r].add(KP_DMIN_AT) as *const f32).read_unaligned());
-                        for p in 0..NP {
-                            let v = if kq_has_min(F) {
-                                let t = _mm256_mul_ps(
-                                    _mm256_mul_ps(dx, dy[p]),
-                                    _mm256_cvtepi32_ps(s[r][p]),
-                                );
-                                let u = _mm256_mul_ps(
-                                    _mm256_mul_ps(dm, dy[p]),
-                                    _mm256_cvtepi32_ps(m[r][p]),
-                                );
-                                _mm256_sub_ps(t, u)
-                            } else {
-                                let si = _mm256_sub_epi32(s[r][p], m[r][p]);
-                                _mm256_mul_ps(_mm256_mul_ps(dx, dy[p]), _mm256_cvtepi32_ps(si))
-                            };
-                            lane[r][p] = _mm256_add_ps(lane[r][p], v);
-                        }
-                    }
-                }
-            }
-            // SAFETY: same features.
-            unsafe { kp_store(&lanes, out) };
+        #[inline(always)]
+        fn vi_zero() -> VI {
+            // SAFETY: the level's features (the only callers run with them).
+            unsafe { _mm256_setzero_si256() }
         }
 
-        /// The panel tile of format `F`: 1 or 2 panels.
-        #[target_feature(enable = $feat)]
-        unsafe fn kp_tile<const F: u8>(
-            k: usize,
-            w: &[&[u8]; PANEL_ROWS],
-            y: &[&[u8]],
-            out: &mut [f32; 128],
-        ) {
-            // SAFETY: same features.
+        #[inline(always)]
+        unsafe fn vi_load(p: *const u8) -> VI {
+            // SAFETY: 32 readable bytes at p (caller).
+            unsafe { _mm256_loadu_si256(p as *const _) }
+        }
+
+        /// The i32 at `p` broadcast to every lane.
+        #[inline(always)]
+        unsafe fn bcast32(p: *const u8) -> VI {
+            // SAFETY: 4 readable bytes at p (caller).
+            unsafe { _mm256_set1_epi32((p as *const i32).read_unaligned()) }
+        }
+
+        #[inline(always)]
+        unsafe fn dot_step(a: VI, q: VI, act: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_add_epi16(a, _mm256_maddubs_epi16(q, act)) }
+        }
+
+        /// The i16 sums times the scale at `scale` (an i32 whose low half is the i16),
+        /// pairs added into i32.
+        #[inline(always)]
+        unsafe fn widen_scaled(a: VI, scale: *const u8) -> VI {
+            // SAFETY: 2 readable bytes at `scale` (caller).
             unsafe {
-                match y.len() {
-                    1 => kp_tile_gen::<F, 1>(k / 256, w, y, out),
-                    2 => kp_tile_gen::<F, 2>(k / 256, w, y, out),
-                    n => panic!("a panel tile takes 1 or 2 panels, not {n}"),
-                }
+                _mm256_madd_epi16(a, _mm256_set1_epi16((scale as *const i16).read_unaligned()))
             }
         }
 
-        /// The 4 unpacked weight rows `w` of a legacy format against the `NP` panels `y`,
-        /// each of `nb` blocks, into `out[(p·8 + c)·4 + r]`. `SHIFT`: log2 of the format's
-        /// offset (0: none); `MIN`: the formats with `m`; `SPAN`: dwords summed in i16.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn lp_tile_gen<
-            const SHIFT: i32,
-            const MIN: bool,
-            const SPAN: usize,
-            const NP: usize,
-        >(
-            nb: usize,
-            w: &[&[u8]; PANEL_ROWS],
-            y: &[&[u8]],
-            out: &mut [f32; 128],
-        ) {
-            assert!(y.len() == NP);
-            for r in w {
-                assert!(r.len() >= nb * LW_BLOCK_BYTES);
-            }
-            for p in y {
-                assert!(p.len() >= nb * LP_BLOCK_BYTES);
-            }
-            let zi = _mm256_setzero_si256();
-            let ones = _mm256_set1_epi16(1);
-            let mut lanes = [[[_mm256_setzero_ps(); NP]; PANEL_ROWS]; 8];
-            for j in 0..nb {
-                // SAFETY: block j < nb of every row and panel (lengths asserted); same
-                // features.
-                unsafe {
-                    let wp: [*const u8; PANEL_ROWS] =
-                        core::array::from_fn(|r| w[r].as_ptr().add(j * LW_BLOCK_BYTES));
-                    let yp: [*const u8; NP] =
-                        core::array::from_fn(|p| y[p].as_ptr().add(j * LP_BLOCK_BYTES));
-                    let mut s = [[zi; NP]; PANEL_ROWS];
-                    for g in 0..8 / SPAN {
-                        let mut a = [[zi; NP]; PANEL_ROWS];
-                        for t in 0..SPAN {
-                            let v = g * SPAN + t;
-                            let act: [__m256i; NP] = core::array::from_fn(|p| {
-                                _mm256_loadu_si256(yp[p].add(4 * COLS * v) as *const _)
-                            });
-                            for r in 0..PANEL_ROWS {
-                                let q = kp_bcast(wp[r].add(4 * v));
-                                for p in 0..NP {
-                                    let d = _mm256_maddubs_epi16(q, act[p]);
-                                    a[r][p] = _mm256_add_epi16(a[r][p], d);
-                                }
-                            }
-                        }
-                        for r in 0..PANEL_ROWS {
-                            for p in 0..NP {
-                                let d = _mm256_madd_epi16(a[r][p], ones);
-                                s[r][p] = _mm256_add_epi32(s[r][p], d);
-                            }
-                        }
-                    }
-                    // Σ (u − off)·y = Σ u·y − off·Σ y.
-                    if SHIFT > 0 {
-                        let off: [__m256i; NP] = core::array::from_fn(|p| {
-                            let sum = _mm256_loadu_si256(yp[p].add(LP_SUM_AT) as *const _);
-                            _mm256_slli_epi32::<SHIFT>(sum)
-                        });
-                        for r in 0..PANEL_ROWS {
-                            for p in 0..NP {
-                                s[r][p] = _mm256_sub_epi32(s[r][p], off[p]);
-                            }
-                        }
-                    }
-                    let dy: [__m256; NP] =
-                        core::array::from_fn(|p| _mm256_loadu_ps(yp[p].add(LP_D_AT) as *const f32));
-                    let sy: [__m256; NP] =
-                        core::array::from_fn(|p| _mm256_loadu_ps(yp[p].add(LP_S_AT) as *const f32));
-                    let lane = &mut lanes[j % 8];
-                    for r in 0..PANEL_ROWS {
-                        let dx =
-                            _mm256_set1_ps((wp[r].add(LW_D_AT) as *const f32).read_unaligned());
-                        let mx =
-                            _mm256_set1_ps((wp[r].add(LW_M_AT) as *const f32).read_unaligned());
-                        for p in 0..NP {
-                            let mut v = _mm256_mul_ps(
-                                _mm256_mul_ps(dx, dy[p]),
-                                _mm256_cvtepi32_ps(s[r][p]),
-                            );
-                            if MIN {
-                                v = _mm256_add_ps(v, _mm256_mul_ps(mx, sy[p]));
-                            }
-                            lane[r][p] = _mm256_add_ps(lane[r][p], v);
-                        }
-                    }
-                }
-            }
-            // SAFETY: same features.
-            unsafe { kp_store(&lanes, out) };
+        #[inline(always)]
+        unsafe fn widen(a: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_madd_epi16(a, _mm256_set1_epi16(1)) }
         }
 
-        /// The legacy panel tile of format (`SHIFT`, `MIN`, `SPAN`): 1 or 2 panels.
-        #[target_feature(enable = $feat)]
-        unsafe fn lp_tile<const SHIFT: i32, const MIN: bool, const SPAN: usize>(
-            k: usize,
-            w: &[&[u8]; PANEL_ROWS],
-            y: &[&[u8]],
-            out: &mut [f32; 128],
-        ) {
-            // SAFETY: same features.
-            unsafe {
-                match y.len() {
-                    1 => lp_tile_gen::<SHIFT, MIN, SPAN, 1>(k / 32, w, y, out),
-                    2 => lp_tile_gen::<SHIFT, MIN, SPAN, 2>(k / 32, w, y, out),
-                    n => panic!("a panel tile takes 1 or 2 panels, not {n}"),
-                }
-            }
+        #[inline(always)]
+        unsafe fn madd_acc(m: VI, ax: VI, bs: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_add_epi32(m, _mm256_madd_epi16(ax, bs)) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_add(a: VI, b: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_add_epi32(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_sub(a: VI, b: VI) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_sub_epi32(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_shl(a: VI, n: u32) -> VI {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_sll_epi32(a, _mm_cvtsi32_si128(n as i32)) }
+        }
+
+        #[inline(always)]
+        unsafe fn vi_cvt(a: VI) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_cvtepi32_ps(a) }
+        }
+
+        #[inline(always)]
+        fn vf_zero() -> VF {
+            // SAFETY: the level's features (the only callers run with them).
+            unsafe { _mm256_setzero_ps() }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_load(p: *const u8) -> VF {
+            // SAFETY: 32 readable bytes at p (caller).
+            unsafe { _mm256_loadu_ps(p as *const f32) }
+        }
+
+        /// The f32 at `p` broadcast to every lane.
+        #[inline(always)]
+        unsafe fn vf_set1(p: *const u8) -> VF {
+            // SAFETY: 4 readable bytes at p (caller).
+            unsafe { _mm256_set1_ps((p as *const f32).read_unaligned()) }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_add(a: VF, b: VF) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_add_ps(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_sub(a: VF, b: VF) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_sub_ps(a, b) }
+        }
+
+        #[inline(always)]
+        unsafe fn vf_mul(a: VF, b: VF) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe { _mm256_mul_ps(a, b) }
         }
 
         /// `reference::tree8` of every row's and panel's 8 lane registers, lane-wise, into
@@ -805,51 +774,6 @@ macro_rules! x86_kpanel_avx2 {
             }
         }
 
-        /// [`kp_tile`] and [`lp_tile`] by dtype.
-        fn kp_tile_dyn(
-            w: DType,
-            k: usize,
-            rows: &[&[u8]; PANEL_ROWS],
-            panels: &[&[u8]],
-            out: &mut [f32; 128],
-        ) {
-            // SAFETY: the table holding this entry is installed only where the level's
-            // features were detected.
-            unsafe {
-                match w {
-                    DType::Q2K => kp_tile::<KQ2>(k, rows, panels, out),
-                    DType::Q3K => kp_tile::<KQ3>(k, rows, panels, out),
-                    DType::Q4K => kp_tile::<KQ4>(k, rows, panels, out),
-                    DType::Q5K => kp_tile::<KQ5>(k, rows, panels, out),
-                    DType::Q6K => kp_tile::<KQ6>(k, rows, panels, out),
-                    DType::Q4_0 => lp_tile::<3, false, { kp_span(15, 8) }>(k, rows, panels, out),
-                    DType::Q4_1 => lp_tile::<0, true, { kp_span(15, 8) }>(k, rows, panels, out),
-                    DType::Q5_0 => lp_tile::<4, false, { kp_span(31, 8) }>(k, rows, panels, out),
-                    DType::Q5_1 => lp_tile::<0, true, { kp_span(31, 8) }>(k, rows, panels, out),
-                    _ => panic!("no panel tiles for {w}"),
-                }
-            }
-        }
-
-        /// The level's panel tiles: the K-quants and the legacy formats but Q8_0.
-        pub(crate) fn panel(w: DType) -> Option<Panel> {
-            matches!(
-                w,
-                DType::Q2K
-                    | DType::Q3K
-                    | DType::Q4K
-                    | DType::Q5K
-                    | DType::Q6K
-                    | DType::Q4_0
-                    | DType::Q4_1
-                    | DType::Q5_0
-                    | DType::Q5_1
-            )
-            .then_some(Panel {
-                cols: COLS,
-                unpack: kp_unpack,
-                tile: kp_tile_dyn,
-            })
-        }
+        x86_panel_tiles!($feat);
     };
 }
