@@ -146,7 +146,7 @@ impl Ctx<'_> {
     /// Launches `qmm` for `call`.
     fn launch_qmm(&mut self, call: &qmm::Call) -> BackendResult<()> {
         let d = dims(call.dims(), self)?;
-        let mut a = call.args().ok_or_else(|| {
+        let mut a = call.args_with(self.st.tuning.q8_window).ok_or_else(|| {
             self.fail(
                 BackendErrorKind::UnsupportedOp,
                 "shape outside the kernel's launch limits",

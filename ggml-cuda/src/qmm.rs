@@ -236,8 +236,9 @@ impl Call {
         Some(d)
     }
 
-    /// The arguments, in the order of the kernel's parameters.
-    pub fn args(&self) -> Option<Args> {
+    /// The arguments, in the order of the kernel's parameters, with Q8_0 blocks loaded
+    /// through 48-byte windows when `q8_window` (the tuning of that name; same values).
+    pub fn args_with(&self, q8_window: bool) -> Option<Args> {
         let (rows, _) = self.rows()?;
         let mut a = Args::new();
         a.u64(self.x);
@@ -254,7 +255,8 @@ impl Call {
             | if self.ids.is_some() { 8 } else { 0 }
             | if self.prequant { 16 } else { 0 }
             | if self.rope.is_some() { 32 } else { 0 }
-            | rows.trailing_zeros() << 8;
+            | rows.trailing_zeros() << 8
+            | u32::from(q8_window) << 12;
         let chunks = self.k / 32;
         let tc = launch::qmm_tile(self.nt(), chunks);
         let [offw, offs, offn, _] = launch::qmm_layout(rows, self.nt(), tc);
@@ -434,7 +436,7 @@ mod tests {
             .into_iter()
             .find(|e| e.name == name)
             .unwrap();
-        let a = call().args().unwrap();
+        let a = call().args_with(false).unwrap();
         assert_eq!(a.len(), e.params.len());
     }
 

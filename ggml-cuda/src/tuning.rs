@@ -21,6 +21,7 @@
 //! | `legacy-decode-attn` | the first flash-attention kernel (`flash_attn_ext`) for decode-sized batches (fewer than 8 queries) |
 //! | `legacy-prompt-attn` | the first flash-attention kernel for prompt batches (8 queries or more) |
 //! | `no-mma-attn` | prompt batches on the tiled FMA kernel (`flash_attn_dec`, the bits of a decode) instead of `flash_attn_mma` on f16 tensor cores |
+//! | `q8-window` | `qmm` loads each Q8_0 block through three 16-byte loads of the 48 aligned bytes around it instead of nine or ten narrow ones (same bits; off by default until a GPU has measured it) |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
 
 use std::fmt;
@@ -72,6 +73,13 @@ pub struct CudaTuning {
     /// `flash_attn_mma` (f16 tensor cores; another kernel class: not the bits of a
     /// decode) instead of the tiled FMA kernel. `legacy_prompt_attn` wins over it.
     pub mma_attn: bool,
+    /// `qmm` loads each Q8_0 weight block (34 bytes, 2-byte aligned) through three
+    /// 16-byte loads of the 48 aligned bytes around it, where those lie inside the
+    /// matrix, instead of nine or ten 2- and 4-byte loads: about a third of the sectors
+    /// per warp load (cuda-sim's count for SmolLM2's output head: 8.90 M -> 3.15 M).
+    /// Same bits. Off by default: the cost model prices each block's distinct sectors
+    /// (an ideal L1), which this does not change, so only a GPU can say whether it helps.
+    pub q8_window: bool,
 }
 
 impl Default for CudaTuning {
@@ -90,6 +98,7 @@ impl Default for CudaTuning {
             legacy_decode_attn: false,
             legacy_prompt_attn: false,
             mma_attn: true,
+            q8_window: false,
         }
     }
 }
@@ -112,6 +121,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("legacy-decode-attn", |t| t.legacy_decode_attn = true),
     ("legacy-prompt-attn", |t| t.legacy_prompt_attn = true),
     ("no-mma-attn", |t| t.mma_attn = false),
+    ("q8-window", |t| t.q8_window = true),
 ];
 
 impl CudaTuning {
@@ -131,6 +141,7 @@ impl CudaTuning {
             legacy_decode_attn: true,
             legacy_prompt_attn: true,
             mma_attn: false,
+            q8_window: false,
         }
     }
 

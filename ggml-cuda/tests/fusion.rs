@@ -545,6 +545,56 @@ fn norm_and_output_head() {
     assert_eq!((plain, fused), (3, 1));
 }
 
+/// `q8-window` (Q8_0 blocks through 16-byte loads of the 48 aligned bytes around them)
+/// against the narrow loads: every node's bytes equal. Rows of 4 blocks (136 bytes: every
+/// offset of a block in its 16 bytes) and of 3 (102 bytes: rows 2-byte aligned), K-tiles
+/// shorter than a row (72 chunks), 7 columns; each matrix's last
+/// blocks take the narrow loads (their window would pass its end).
+#[rstest]
+#[case::head_fused(128, 1200, 1, true)]
+#[case::rows_of_3_blocks(96, 301, 1, true)]
+#[case::two_tiles_a_row(2304, 70, 2, false)]
+#[case::seven_columns(608, 50, 7, false)]
+fn q8_window_loads_give_the_narrow_loads_bits(
+    #[case] e: usize,
+    #[case] m: usize,
+    #[case] n: usize,
+    #[case] norm: bool,
+) {
+    let build = |ctx: &mut Context<'_>| {
+        let mut r = Lcg(17 + e as u64);
+        let x = ctx.new_tensor(DType::F32, [e, n, 1, 1]).unwrap();
+        let g = ctx.new_tensor(DType::F32, [e, 1, 1, 1]).unwrap();
+        let w = ctx.new_tensor(DType::Q8_0, [e, m, 1, 1]).unwrap();
+        let cur = if norm {
+            let rn = ctx.rms_norm(x, 1e-6).unwrap();
+            ctx.mul(rn, g).unwrap()
+        } else {
+            x
+        };
+        ctx.mul_mat(w, cur).unwrap();
+        vec![
+            (x, f32_bytes(&r.vec(e * n))),
+            (g, f32_bytes(&r.vec(e))),
+            (w, quantize_rows(DType::Q8_0, &r.vec(e * m), e)),
+        ]
+    };
+    let be = gpu();
+    let mut runs = Vec::new();
+    for q8_window in [false, true] {
+        let tuning = CudaTuning {
+            q8_window,
+            ..CudaTuning::default()
+        };
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let inputs = build(&mut ctx);
+        runs.push(run_nodes(&be, &mut ctx, &inputs, tuning, 0).0);
+    }
+    assert!(runs[0] == runs[1], "q8-window changed the bytes");
+    be.set_tuning(CudaTuning::default());
+}
+
 /// The fused norm's sum of squares at every split of a lane's values into its blocks (16
 /// at a time while 20 or more are left, then 16, 8, 4, 2, 1): K/32 from 1 to 44, two
 /// columns, fused against unfused.

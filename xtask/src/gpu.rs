@@ -699,6 +699,7 @@ pub const TUNINGS: &[&str] = &[
     "no-fuse-add",
     "no-qgemm",
     "no-mma-attn",
+    "q8-window",
     "legacy-products",
     "legacy-decode-attn",
     "legacy-prompt-attn",

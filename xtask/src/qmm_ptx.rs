@@ -193,7 +193,7 @@ pub fn generate() -> String {
             &LOOP
                 .replace("@ZP@", zp)
                 .replace("@DT@", name)
-                .replace("@FRAG@", fragment(name).trim_end_matches('\n')),
+                .replace("@FRAG@", qmm_fragment(name).trim_end_matches('\n')),
         );
     }
     let qmm = SKELETON
@@ -848,6 +848,88 @@ const KQ_INDEX: &str = "    shr.u32 %t0, %j, 3;
     and.b32 %st, %s, 3;
 ";
 
+/// [`fragment`] as `qmm`'s stage B runs it. With flags bit 12 (the `q8-window` tuning),
+/// Q8_0 loads the 48 bytes from its block's address rounded down to 16 (`o` = the address
+/// mod 16, even: the 34 bytes lie inside) in three 16-byte loads, where they lie inside
+/// the matrix, and shifts the block out of them in registers: a warp's loads then touch
+/// about a third of the sectors that [`ld_words`]' nine or ten narrow loads touch (lanes'
+/// blocks are 34 bytes apart; the output head: 8.90 M -> 3.15 M sectors). Same values.
+fn qmm_fragment(dtype: &str) -> String {
+    let global = fragment(dtype);
+    if dtype != "Q8_0" {
+        return global;
+    }
+    let load_end = global
+        .find("    cvt.f32.f16 %dw")
+        .expect("the Q8_0 fragment converts d after its loads");
+    let (loads, rest) = global.split_at(load_end);
+    let (block, narrow) = loads.split_at(loads.find("    ld.global").expect("a first load"));
+    let win: Vec<String> = (0..8)
+        .map(|i| format!("%W{i}"))
+        .chain((0..4).map(|i| format!("%X{i}")))
+        .collect();
+    let mut f = format!(
+        "{block}    // The window [a16, a16 + 48), a16 = rb - o, when asked for (flags bit 12) and
+    // inside [w, w + M * nbw).
+    and.b32 %t1, %flags, 4096;
+    setp.ne.u32 %p3, %t1, 0;
+    cvt.u32.u64 %t1, %rb;
+    and.b32 %t1, %t1, 15;
+    cvt.u64.u32 %rd1, %t1;
+    sub.u64 %ra, %rb, %rd1;
+    setp.ge.u64 %p1, %ra, %gw;
+    cvt.u64.u32 %rd1, %gM;
+    mad.lo.u64 %rd1, %rd1, %gnbw, %gw;
+    add.u64 %rd0, %ra, 48;
+    setp.le.u64 %p2, %rd0, %rd1;
+    and.pred %p1, %p1, %p2;
+    and.pred %p1, %p1, %p3;
+    @!%p1 bra B_Q8_0_NARROW;
+    ld.global.nc.v4.b32 {{%W0, %W1, %W2, %W3}}, [%ra];
+    ld.global.nc.v4.b32 {{%W4, %W5, %W6, %W7}}, [%ra+16];
+    ld.global.nc.v4.b32 {{%X0, %X1, %X2, %X3}}, [%ra+32];
+    // Words o / 4 .. of the window to the front: by 1 word where bit 2 of o is set, by
+    // 2 where bit 3 is.
+    and.b32 %t2, %t1, 4;
+    setp.ne.u32 %p1, %t2, 0;
+"
+    );
+    for k in 0..11 {
+        f += &format!(
+            "    selp.b32 {}, {}, {}, %p1;\n",
+            win[k],
+            win[k + 1],
+            win[k]
+        );
+    }
+    f += "    and.b32 %t2, %t1, 8;\n    setp.ne.u32 %p1, %t2, 0;\n";
+    for k in 0..9 {
+        f += &format!(
+            "    selp.b32 {}, {}, {}, %p1;\n",
+            win[k],
+            win[k + 2],
+            win[k]
+        );
+    }
+    f += "    // d at byte o mod 4 of word 0 (0 or 2), the quants from byte o mod 4 + 2: word i
+    // = words (i, i + 1) shifted right by 16 or 32 bits.
+    and.b32 %t2, %t1, 2;
+    shl.b32 %t2, %t2, 3;
+    shr.b32 %t3, %W0, %t2;
+    mov.b32 {%hh0, %hh1}, %t3;
+    add.u32 %t2, %t2, 16;
+";
+    for i in 0..8 {
+        f += &format!(
+            "    shf.r.clamp.b32 %W{i}, {}, {}, %t2;\n",
+            win[i],
+            win[i + 1]
+        );
+    }
+    f += &format!("    bra B_Q8_0_HAVE;\nB_Q8_0_NARROW:\n{narrow}B_Q8_0_HAVE:\n{rest}");
+    f
+}
+
 /// The fragment of `dtype`: from the row address `%rw` and the chunk index `%j`,
 /// computes the chunk's 32 unsigned quants `%U0..%U7` (value 4i+b in byte b of `%U{i}`),
 /// its integer scales `%sc0` (values 0..15), `%sc1` (16..31), the zero-point terms
@@ -1253,7 +1335,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //             2 swiglu, 3 geglu); bit 3: ids mode (MUL_MAT_ID); bit 4: p_x holds
 //             Q8_1 blocks (quantize_q8_1's, strides p_nbx*) instead of f32 values;
 //             bit 5: the RoPE + KV-store epilogue (p_rflags; epilogue 0);
-//             bits 8-11: log2(R)
+//             bits 8-11: log2(R); bit 12: Q8_0 blocks through 16-byte loads of a
+//             48-byte window (the `q8-window` tuning; same values)
 //   p_nw      norm weight, f32 [K] (norm prologue)
 //   p_eps     norm epsilon
 //   p_rk      1/K rounded to f32 (the norm's mean)
