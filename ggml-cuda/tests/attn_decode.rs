@@ -706,6 +706,34 @@ fn non_finite_inputs_in_a_single_tile_follow_the_reference() {
     assert!(!nan_heads[6..].contains(&true), "{nan_heads:?}");
 }
 
+/// A query row with a NaN element scores NaN at every position, so its tile maximum is
+/// NaN: a single tile's own combine must then take the combine's arithmetic as it is
+/// (M = max(-inf, NaN) = -inf: zeros), not its shortcut for a finite maximum.
+#[test]
+fn a_nan_query_row_in_a_single_tile_follows_the_reference() {
+    let be = backend();
+    let mut p = Problem::new(
+        13,
+        (64, 64),
+        SMOL,
+        1,
+        128,
+        90,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    // Head 2 of query 0: a NaN in its query row.
+    p.q[2 * 64 + 5] = f32::NAN;
+    let got = p.run(&be);
+    assert_matches_but_nan_payloads(&got, &p.reference());
+    let head2 = &got[2 * 64..3 * 64];
+    assert!(head2.iter().all(|x| x.to_bits() == 0), "{head2:?}");
+    assert!(!nan_heads(&got, 0).contains(&true));
+}
+
 /// Non-finite inputs take the same path as the reference: an infinite key element in
 /// tile 5 of 9 (the combine reads tiles four at a time; for a head whose score is +inf
 /// that tile's m is +inf, its factor NaN and the others' 0) and a NaN value element in
