@@ -177,6 +177,7 @@ impl KeyBuilder {
             t.qgemm,
             t.mma_attn,
             t.pdl,
+            t.q8_window,
         ];
         self.words.push(
             bits.iter()
