@@ -707,8 +707,8 @@ fn non_finite_inputs_in_a_single_tile_follow_the_reference() {
 }
 
 /// A query row with a NaN element scores NaN at every position, so its tile maximum is
-/// NaN: a single tile's own combine must then take the combine's arithmetic as it is
-/// (M = max(-inf, NaN) = -inf: zeros), not its shortcut for a finite maximum.
+/// NaN: a single tile's own combine then follows the combine's arithmetic (M = max(-inf,
+/// NaN) = -inf: zeros), as the reference does.
 #[test]
 fn a_nan_query_row_in_a_single_tile_follows_the_reference() {
     let be = backend();
