@@ -894,23 +894,22 @@ fn qmm_fragment(dtype: &str) -> String {
     setp.ne.u32 %p1, %t2, 0;
 "
     );
-    for k in 0..11 {
-        f += &format!(
-            "    selp.b32 {}, {}, {}, %p1;\n",
-            win[k],
-            win[k + 1],
-            win[k]
-        );
-    }
+    // Word k takes word k + by where %p1, k ascending (each read before it is written).
+    let rotate = |by: usize, words: usize| -> String {
+        (0..words)
+            .map(|k| {
+                format!(
+                    "    selp.b32 {}, {}, {}, %p1;\n",
+                    win[k],
+                    win[k + by],
+                    win[k]
+                )
+            })
+            .collect()
+    };
+    f += &rotate(1, 11);
     f += "    and.b32 %t2, %t1, 8;\n    setp.ne.u32 %p1, %t2, 0;\n";
-    for k in 0..9 {
-        f += &format!(
-            "    selp.b32 {}, {}, {}, %p1;\n",
-            win[k],
-            win[k + 2],
-            win[k]
-        );
-    }
+    f += &rotate(2, 9);
     f += "    // d at byte o mod 4 of word 0 (0 or 2), the quants from byte o mod 4 + 2: word i
     // = words (i, i + 1) shifted right by 16 or 32 bits.
     and.b32 %t2, %t1, 2;
