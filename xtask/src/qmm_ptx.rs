@@ -855,24 +855,19 @@ const KQ_INDEX: &str = "    shr.u32 %t0, %j, 3;
 /// about a third of the sectors that [`ld_words`]' nine or ten narrow loads touch (lanes'
 /// blocks are 34 bytes apart; the output head: 8.90 M -> 3.15 M sectors). Same values.
 fn qmm_fragment(dtype: &str) -> String {
-    let global = fragment(dtype);
     if dtype != "Q8_0" {
-        return global;
+        return fragment(dtype);
     }
-    let load_end = global
-        .find("    cvt.f32.f16 %dw")
-        .expect("the Q8_0 fragment converts d after its loads");
-    let (loads, rest) = global.split_at(load_end);
-    let (block, narrow) = loads.split_at(loads.find("    ld.global").expect("a first load"));
     let win: Vec<String> = (0..8)
         .map(|i| format!("%W{i}"))
         .chain((0..4).map(|i| format!("%X{i}")))
         .collect();
-    let mut f = format!(
-        "{block}    // The window [a16, a16 + 48), a16 = rb - o, when asked for (flags bit 12) and
+    let mut f = legacy_block(34);
+    f += "    // The window [a16, a16 + 48), a16 = rb - o, when asked for (flags bit 12) and
     // inside [w, w + M * nbw).
     and.b32 %t1, %flags, 4096;
-    setp.ne.u32 %p3, %t1, 0;
+    setp.eq.u32 %p1, %t1, 0;
+    @%p1 bra B_Q8_0_NARROW;
     cvt.u32.u64 %t1, %rb;
     and.b32 %t1, %t1, 15;
     cvt.u64.u32 %rd1, %t1;
@@ -883,17 +878,15 @@ fn qmm_fragment(dtype: &str) -> String {
     add.u64 %rd0, %ra, 48;
     setp.le.u64 %p2, %rd0, %rd1;
     and.pred %p1, %p1, %p2;
-    and.pred %p1, %p1, %p3;
     @!%p1 bra B_Q8_0_NARROW;
-    ld.global.nc.v4.b32 {{%W0, %W1, %W2, %W3}}, [%ra];
-    ld.global.nc.v4.b32 {{%W4, %W5, %W6, %W7}}, [%ra+16];
-    ld.global.nc.v4.b32 {{%X0, %X1, %X2, %X3}}, [%ra+32];
+    ld.global.nc.v4.b32 {%W0, %W1, %W2, %W3}, [%ra];
+    ld.global.nc.v4.b32 {%W4, %W5, %W6, %W7}, [%ra+16];
+    ld.global.nc.v4.b32 {%X0, %X1, %X2, %X3}, [%ra+32];
     // Words o / 4 .. of the window to the front: by 1 word where bit 2 of o is set, by
     // 2 where bit 3 is.
     and.b32 %t2, %t1, 4;
     setp.ne.u32 %p1, %t2, 0;
-"
-    );
+";
     // Word k takes word k + by where %p1, k ascending (each read before it is written).
     let rotate = |by: usize, words: usize| -> String {
         (0..words)
@@ -925,7 +918,33 @@ fn qmm_fragment(dtype: &str) -> String {
             win[i + 1]
         );
     }
-    f += &format!("    bra B_Q8_0_HAVE;\nB_Q8_0_NARROW:\n{narrow}B_Q8_0_HAVE:\n{rest}");
+    f += "    bra B_Q8_0_HAVE;\nB_Q8_0_NARROW:\n";
+    f += &q8_0_narrow_loads();
+    f += "B_Q8_0_HAVE:\n";
+    f += &q8_0_unpack();
+    f
+}
+
+/// Q8_0's block at `%rb` into `%hh0` (d) and `%W0..%W7` (the quants, as i8x4 words):
+/// a 16-bit load, then [`ld_words`] from the 2-byte aligned quants.
+fn q8_0_narrow_loads() -> String {
+    let mut f = String::from(
+        "    ld.global.nc.b16 %hh0, [%rb];
+    add.u64 %ra, %rb, 2;
+",
+    );
+    f += &aligned4("%ra");
+    f += &ld_regs("W", 8, "%ra", "%pal");
+    f
+}
+
+/// Q8_0's chunk outputs from `%hh0` and `%W0..%W7`: u = q xor 0x80, z = 128.
+fn q8_0_unpack() -> String {
+    let mut f = String::from("    cvt.f32.f16 %dw, %hh0;\n    mov.f32 %mw, 0f00000000;\n");
+    for i in 0..8 {
+        f += &format!("    xor.b32 %U{i}, %W{i}, 0x80808080;\n");
+    }
+    f += &plain_chunk_with_zero_point(128);
     f
 }
 
@@ -996,16 +1015,8 @@ fn fragment(dtype: &str) -> String {
         "Q8_0" => {
             // {d: f16, qs: i8[32]} = 34 bytes, 2-byte aligned; u = q xor 0x80, z = 128.
             f += &legacy_block(34);
-            f += "    ld.global.nc.b16 %hh0, [%rb];
-    add.u64 %ra, %rb, 2;
-";
-            f += &aligned4("%ra");
-            f += &ld_regs("W", 8, "%ra", "%pal");
-            f += "    cvt.f32.f16 %dw, %hh0;\n    mov.f32 %mw, 0f00000000;\n";
-            for i in 0..8 {
-                f += &format!("    xor.b32 %U{i}, %W{i}, 0x80808080;\n");
-            }
-            f += &plain_chunk_with_zero_point(128);
+            f += &q8_0_narrow_loads();
+            f += &q8_0_unpack();
         }
         "Q2_K" => {
             // {scales[16], qs[64], d, dmin: f16} = 84 bytes, 4-byte aligned. Sub-block s:
