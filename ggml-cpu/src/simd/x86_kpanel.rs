@@ -148,8 +148,8 @@ macro_rules! x86_panel_unpack {
 /// `bcast32`, `dot_step` (a step of u8 × i8 dots into the group accumulator), `widen_scaled`
 /// (a group accumulator times the i32/i16 scale at a pointer, as i32), `widen` (the same
 /// times 1), `madd_acc` (i16 pairs dot, accumulated), `vi_add`, `vi_sub`, `vi_shl`, `vi_cvt`,
-/// `vf_zero`, `vf_load`, `vf_set1`, `vf_add`, `vf_sub`, `vf_mul`, `kp_store` (tree8 and the
-/// transposed store), `span(umax, group)` (dwords summed before widening), and
+/// `vf_zero`, `vf_load`, `vf_set1`, `vf_add`, `vf_sub`, `vf_mul`, `kp_store` (the rows'
+/// `lanes_tree8` and the transposed store), `span(umax, group)` (dwords summed before widening), and
 /// `Q8_0_PANELS`.
 macro_rules! x86_panel_tiles {
     ($feat:literal) => {
@@ -158,6 +158,22 @@ macro_rules! x86_panel_tiles {
             lpanel_s_at, lpanel_sum_at, Panel, PANEL_ROWS,
         };
         x86_panel_unpack!($feat);
+
+        /// `reference::tree8` of 8 lane registers, lane-wise: ((l0 + l4) + (l2 + l6)) +
+        /// ((l1 + l5) + (l3 + l7)).
+        #[inline(always)]
+        unsafe fn lanes_tree8(l: [VF; 8]) -> VF {
+            // SAFETY: the level's features (caller).
+            unsafe {
+                let a = [
+                    vf_add(l[0], l[4]),
+                    vf_add(l[1], l[5]),
+                    vf_add(l[2], l[6]),
+                    vf_add(l[3], l[7]),
+                ];
+                vf_add(vf_add(a[0], a[2]), vf_add(a[1], a[3]))
+            }
+        }
 
         const PANEL_SB_BYTES: usize = kpanel_sb_bytes(COLS);
         const PANEL_D_AT: usize = kpanel_d_at(COLS);
@@ -559,15 +575,8 @@ macro_rules! x86_kpanel {
         ) {
             for p in 0..NP {
                 let row: [__m512; PANEL_ROWS] = core::array::from_fn(|r| {
-                    let l = |t: usize| lanes[t][r][p];
-                    let a = [
-                        _mm512_add_ps(l(0), l(4)),
-                        _mm512_add_ps(l(1), l(5)),
-                        _mm512_add_ps(l(2), l(6)),
-                        _mm512_add_ps(l(3), l(7)),
-                    ];
-                    let b = [_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3])];
-                    _mm512_add_ps(b[0], b[1])
+                    // SAFETY: the level's features (this function's).
+                    unsafe { lanes_tree8(core::array::from_fn(|t| lanes[t][r][p])) }
                 });
                 // Transposed: within each 128-bit block first (c_k's block L is column
                 // 4L + k), then the blocks (o_L: columns 4L..4L + 4).
@@ -741,15 +750,8 @@ macro_rules! x86_kpanel_avx2 {
         ) {
             for p in 0..NP {
                 let row: [__m256; PANEL_ROWS] = core::array::from_fn(|r| {
-                    let l = |t: usize| lanes[t][r][p];
-                    let a = [
-                        _mm256_add_ps(l(0), l(4)),
-                        _mm256_add_ps(l(1), l(5)),
-                        _mm256_add_ps(l(2), l(6)),
-                        _mm256_add_ps(l(3), l(7)),
-                    ];
-                    let b = [_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])];
-                    _mm256_add_ps(b[0], b[1])
+                    // SAFETY: the level's features (this function's).
+                    unsafe { lanes_tree8(core::array::from_fn(|t| lanes[t][r][p])) }
                 });
                 // Transposed within each 128-bit half (c_k's half L is column 4L + k),
                 // then the halves paired (o_l: columns 2l, 2l + 1).
