@@ -272,15 +272,20 @@ pub fn qmm_rows(nt: usize, total_rows: usize, nchunks: usize) -> Option<usize> {
 
 /// Threads per `qmm` block of `rows` rows and `nt` columns for K of `nchunks` chunks:
 /// one per (row, chunk) of a K-tile, up to [`QMM_MAX_THREADS`] ([`QMM_MAX_THREADS_DECODE`]
-/// with [`QMM_TILE_DECODE`]-chunk tiles), and at least one per output.
+/// with [`QMM_TILE_DECODE`]-chunk tiles, or below 8 columns when that many threads take
+/// every task at once), and at least one per output.
 pub fn qmm_threads(rows: usize, nt: usize, nchunks: usize) -> usize {
     let tc = qmm_tile(nt, nchunks);
-    let most = if tc == QMM_TILE {
+    let tasks = rows * nchunks.clamp(1, tc);
+    // Below 8 columns a block's tasks all run in one round when up to 512 threads hold
+    // them (each round waits for its weight loads); more tasks take 256-thread rounds,
+    // so that blocks of 84 registers a thread still fit three to an SM.
+    let one_round = nt < QMM_MMQ_COLUMNS && tasks <= QMM_MAX_THREADS_DECODE;
+    let most = if tc == QMM_TILE && !one_round {
         QMM_MAX_THREADS
     } else {
         QMM_MAX_THREADS_DECODE
     };
-    let tasks = rows * nchunks.clamp(1, tc);
     (tasks.min(most).max(rows * nt)).div_ceil(32) * 32
 }
 
@@ -848,6 +853,9 @@ mod tests {
         let d = qmm(72, 1, 1, 8, 1, 18).unwrap();
         assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6944));
         assert_eq!(qmm_threads(64, 1, 18), 256);
+        // SmolLM2's gate + up at 16 rows a block: 288 tasks, one round.
+        assert_eq!(qmm_threads(16, 1, 18), 288);
+        assert_eq!(qmm_threads(16, 8, 18), 256);
         assert_eq!(qmm_threads(32, 8, 1), 256);
         assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
     }

@@ -47,7 +47,7 @@ fn select_group() -> String {
     selp.b64 %gnbw, %nbwa, %nbw1, %p1;
     mov.u32 %gmb, %mb;
     selp.b32 %gRg, %R, %RH, %p1;
-    @%pglu mov.u32 %gRg, %RH;
+    @%pg2 mov.u32 %gRg, %RH;
     selp.b32 %groff, 0, %RH, %p1;
     shr.u32 %gts, %gdt, 8;
     and.b32 %gdt, %gdt, 255;
@@ -56,6 +56,21 @@ fn select_group() -> String {
 ",
     )
 }
+
+/// The weight row of stage-B task row `%br` of the current group: `%rw`, its first byte.
+/// A GLU whose two matrices share a dtype runs one group over both halves of the CTA's
+/// rows (`%gRs` = R/2: rows from there on are matrix 1's, at the same row numbers); any
+/// other launch has `%gRs` above every row.
+const TASK_ROW: &str = "    add.u32 %t0, %gmb, %br;
+    setp.ge.u32 %p1, %br, %gRs;
+    @%p1 sub.u32 %t0, %t0, %gRs;
+    sub.u32 %t1, %gM, 1;
+    min.u32 %t0, %t0, %t1;
+    selp.b64 %rw, %w1, %gw, %p1;
+    selp.b64 %rd1, %nbw1, %gnbw, %p1;
+    cvt.u64.u32 %rd0, %t0;
+    mad.lo.u64 %rw, %rd0, %rd1, %rw;
+";
 
 /// Prefetches into L1 the activation lines the current K-tile (`%tb`, `%TCa` chunks)
 /// reads. Labels get `tag`.
@@ -116,12 +131,7 @@ PF{tag}_LOOP:
     add.u32 %t0, %base, %thr;
     setp.ge.u32 %p0, %t0, %Q;
     @%p0 bra PF{tag}_ADVANCE;
-    add.u32 %t0, %gmb, %br;
-    sub.u32 %t1, %gM, 1;
-    min.u32 %t0, %t0, %t1;
-    cvt.u64.u32 %rd0, %t0;
-    mad.lo.u64 %rw, %rd0, %gnbw, %gw;
-    add.u32 %t0, %tb, %bjt;
+{TASK_ROW}    add.u32 %t0, %tb, %bjt;
     shr.u32 %t0, %t0, %gsh;
     mul.wide.u32 %rd0, %t0, %gts;
     add.u64 %rb, %rw, %rd0;
@@ -193,6 +203,7 @@ pub fn generate() -> String {
             &LOOP
                 .replace("@ZP@", zp)
                 .replace("@DT@", name)
+                .replace("@ROW@", TASK_ROW)
                 .replace("@FRAG@", qmm_fragment(name).trim_end_matches('\n')),
         );
     }
@@ -1238,12 +1249,7 @@ B_@DT@_LOOP:
     add.u32 %t0, %base, %thr;
     setp.ge.u32 %p0, %t0, %Q;
     @%p0 bra B_@DT@_ADVANCE;
-    add.u32 %t0, %gmb, %br;
-    sub.u32 %t1, %gM, 1;
-    min.u32 %t0, %t0, %t1;
-    cvt.u64.u32 %rd0, %t0;
-    mad.lo.u64 %rw, %rd0, %gnbw, %gw;
-    add.u32 %j, %tb, %bjt;
+@ROW@    add.u32 %j, %tb, %bjt;
 @FRAG@
     add.u32 %t2, %groff, %br;
     add.u32 %t3, %TC, 4;
@@ -1491,12 +1497,12 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 {
     .reg .pred %p<4>;
     .reg .pred %pn<8>;
-    .reg .pred %pnorm, %pglu, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres, %pdead, %prope;
+    .reg .pred %pnorm, %pglu, %pg2, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres, %pdead, %prope;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
     .reg .b32 %ga, %mb, %Ma, %dta, %M1, %dt1, %cn, %cr, %RH;
-    .reg .b32 %gdt, %gM, %gmb, %gRg, %groff, %gts, %gsh;
+    .reg .b32 %gdt, %gM, %gmb, %gRg, %gRs, %groff, %gts, %gsh;
     .reg .b32 %Q, %br, %bjt, %dr, %djt, %base, %j, %n, %s, %sn, %st, %ITC, %br0, %bjt0, %lR, %TC;
     .reg .b32 %sc0, %sc1, %zs0, %zs1, %m01, %x0, %x1, %slo, %shi;
     .reg .f32 %f<16>;
@@ -1717,6 +1723,14 @@ SETUP_MATS:
     setp.eq.u32 %p1, %t0, 10;
     and.pred %p1, %p1, %pglu;
     or.pred %pq2, %p0, %p1;
+    // A GLU over two matrices of one dtype: stage B takes both groups in one pass
+    // (TASK_ROW), so the CTA's loads of both wait for one round trip, not two.
+    setp.eq.u32 %p0, %dta, %dt1;
+    and.pred %p0, %p0, %pglu;
+    @%p0 mov.u32 %ngrp, 1;
+    selp.b32 %gRs, %RH, 0xFFFFFFFF, %p0;
+    not.pred %p0, %p0;
+    and.pred %pg2, %p0, %pglu;
 
     // Stage C's thread: output (row %cr of the CTA, column %cn of the tile).
     shr.u32 %cn, %thr, %lR;
@@ -2240,7 +2254,15 @@ mod tests {
             assert_eq!(text.matches(&format!("\nB_{name}:\n")).count(), 1, "{name}");
             assert!(text.contains(&format!("setp.eq.u32 %p0, %gdt, {id};")));
         }
-        for marker in ["@FRAG@", "@DT@", "@ZP@", "@B_", "@SELECT", "@PREFETCH"] {
+        for marker in [
+            "@FRAG@",
+            "@DT@",
+            "@ZP@",
+            "@ROW@",
+            "@B_",
+            "@SELECT",
+            "@PREFETCH",
+        ] {
             assert!(!text.contains(marker), "{marker} left in the output");
         }
     }
