@@ -167,9 +167,12 @@ pub const QMM_MAX_THREADS_DECODE: usize = 512;
 pub const QMM_MMQ_COLUMNS: usize = 8;
 /// Blocks `qmm` aims for at least, when choosing its rows per block: one per SM of an
 /// H100/H200 (132 SMs). Modelled on the H200 (`ggml-harness profile --gen-position 64`),
-/// SmolLM2's gate + up run (3072 rows) takes 9.54 µs at 8 rows a block (384 blocks, each
-/// loading and normalising the activation), 8.69 at 16 (192), 9.82 at 32 (96); the Q, K
-/// and V run (960 rows) 7.51 at 8 (120 blocks), 8.18 at 16.
+/// SmolLM2's gate + up run (3072 rows, both matrices in one stage-B pass) takes 7.08 µs
+/// at 8 rows a block (384 blocks, each loading and normalising the activation), 6.23 at
+/// 16 (192 blocks of 288 threads), 6.98 at 32 (96 blocks, stage B in three rounds of 256
+/// threads); the Q, K and V run (960 rows) 5.41 at 8 (120 blocks), 5.36 at 16; the O
+/// product (576 rows) 3.16 at 8 (72 blocks), more at 16 (the two MUL_MAT+ADD launches
+/// 3.78 -> 3.88 µs on average).
 const QMM_MIN_BLOCKS: usize = 132;
 
 /// Byte offsets of the W, S and norm-scale regions of a `qmm` block's shared memory, and
