@@ -178,6 +178,7 @@ impl KeyBuilder {
             t.mma_attn,
             t.pdl,
             t.q8_window,
+            t.attn_row_split,
         ];
         self.words.push(
             bits.iter()

@@ -611,8 +611,14 @@ pub fn flash_attn_mma(
 
 /// KV positions per tile of `flash_attn_dec` (tile `i` holds positions `128i..128i+127`).
 pub const FA_DEC_TILE: usize = 128;
-/// Query rows (heads of one KV head times queries) one `flash_attn_dec` block computes.
+/// Query rows (heads of one KV head times queries) one `flash_attn_dec` block computes at
+/// most.
 pub const FA_DEC_ROWS: usize = 8;
+/// Blocks below which `flash_attn_dec` splits a KV head's query rows over more, smaller
+/// groups when asked to (an H100's or H200's multiprocessors). The rows of a group share
+/// its tile's K and V loads; apart, each block reads them again from L2, but a decode's
+/// handful of blocks otherwise leaves all but a few multiprocessors idle.
+pub const FA_DEC_MIN_BLOCKS: usize = 132;
 /// Threads of a `flash_attn_dec` block.
 pub const FA_DEC_THREADS: u32 = 128;
 
@@ -623,7 +629,9 @@ pub struct FlashAttnDec {
     pub dims: LaunchDims,
     /// KV tiles: `max(1, ceil(n_kv / FA_DEC_TILE))`.
     pub tiles: u32,
-    /// Row groups per KV head: `ceil(gqa * n_q / FA_DEC_ROWS)`.
+    /// Query rows per group (at most [`FA_DEC_ROWS`]).
+    pub rows_per_group: u32,
+    /// Row groups per KV head: `ceil(gqa * n_q / rows_per_group)`.
     pub groups: u32,
     /// Bytes of the partials: `(Dv + 2) * 4` per (tile, query row, head, i3).
     pub part_bytes: usize,
@@ -633,8 +641,11 @@ pub struct FlashAttnDec {
 
 /// flash_attn_dec for `n_q` queries of `heads` query heads over `heads_kv` KV heads: one
 /// block of [`FA_DEC_THREADS`] per (KV tile, KV head and group of up to [`FA_DEC_ROWS`]
-/// query rows, i3). `None` for head sizes above [`MAX_HEAD_DIM`], heads not a multiple of
-/// `heads_kv`, or a grid beyond CUDA's limits.
+/// query rows, i3). With `split_rows`, a grid of fewer than [`FA_DEC_MIN_BLOCKS`] blocks
+/// takes the largest groups that still give that many, or groups of one row. Any grouping
+/// gives the same bits. `None` for head sizes above [`MAX_HEAD_DIM`], heads not a multiple
+/// of `heads_kv`, or a grid beyond CUDA's limits.
+#[allow(clippy::too_many_arguments)]
 pub fn flash_attn_dec(
     d: usize,
     dv: usize,
@@ -643,6 +654,7 @@ pub fn flash_attn_dec(
     n_q: usize,
     n_kv: usize,
     ne3: usize,
+    split_rows: bool,
 ) -> Option<FlashAttnDec> {
     if d == 0
         || dv == 0
@@ -657,9 +669,23 @@ pub fn flash_attn_dec(
         return None;
     }
     let gqa = heads / heads_kv;
-    let groups = (gqa * n_q).div_ceil(FA_DEC_ROWS);
+    let head_rows = gqa.checked_mul(n_q)?;
     let tiles = n_kv.div_ceil(FA_DEC_TILE).max(1);
-    let rc = (gqa * n_q).min(FA_DEC_ROWS);
+    let blocks_of = |rpg: usize| {
+        tiles
+            .saturating_mul(heads_kv)
+            .saturating_mul(ne3)
+            .saturating_mul(head_rows.div_ceil(rpg))
+    };
+    let rpg = match split_rows {
+        true => (1..=FA_DEC_ROWS)
+            .rev()
+            .find(|&r| blocks_of(r) >= FA_DEC_MIN_BLOCKS)
+            .unwrap_or(1),
+        false => FA_DEC_ROWS,
+    };
+    let groups = head_rows.div_ceil(rpg);
+    let rc = head_rows.min(rpg);
     let shared = 224 + 16 * (rc * d).div_ceil(4) + 4 * rc * (FA_DEC_TILE + 4 * dv);
     let y = heads_kv.checked_mul(groups)?;
     let dims = check(LaunchDims {
@@ -679,6 +705,7 @@ pub fn flash_attn_dec(
     Some(FlashAttnDec {
         dims,
         tiles: tiles as u32,
+        rows_per_group: rpg as u32,
         groups: groups as u32,
         part_bytes,
         counters: y * ne3,
@@ -924,22 +951,48 @@ mod tests {
     #[test]
     fn flash_attn_dec_grids() {
         // SmolLM2: 9 heads over 3 KV heads, one token, n_kv 256: 2 tiles x 3 heads.
-        let s = flash_attn_dec(64, 64, 9, 3, 1, 256, 1).unwrap();
+        let s = flash_attn_dec(64, 64, 9, 3, 1, 256, 1, false).unwrap();
         assert_eq!((s.dims.grid, s.dims.block), ((2, 3, 1), (128, 1, 1)));
         assert_eq!((s.tiles, s.groups, s.counters), (2, 1, 3));
         assert_eq!(s.part_bytes, 9 * 2 * 66 * 4);
         assert_eq!(s.dims.shared, 224 + 4 * 3 * (64 + 128 + 256));
         // q rows padded to 16 bytes: 3 rows of 18.
-        let odd = flash_attn_dec(18, 18, 3, 1, 1, 16, 1).unwrap();
+        let odd = flash_attn_dec(18, 18, 3, 1, 1, 16, 1, false).unwrap();
         assert_eq!(odd.dims.shared, 224 + 16 * 14 + 4 * 3 * (128 + 72));
         // Gemma 3 at 7 queries: 28 rows of the one KV head in 4 groups of 8.
-        let g = flash_attn_dec(256, 256, 4, 1, 7, 4096, 2).unwrap();
+        let g = flash_attn_dec(256, 256, 4, 1, 7, 4096, 2, false).unwrap();
         assert_eq!((g.dims.grid, g.groups, g.counters), ((32, 4, 2), 4, 8));
         assert!(g.dims.shared <= DEFAULT_MAX_SHARED, "{}", g.dims.shared);
         // No KV at all still runs one (empty) tile.
-        assert_eq!(flash_attn_dec(64, 64, 9, 3, 1, 0, 1).unwrap().tiles, 1);
-        assert!(flash_attn_dec(512, 64, 1, 1, 1, 16, 1).is_none());
-        assert!(flash_attn_dec(64, 64, 9, 2, 1, 16, 1).is_none());
+        assert_eq!(
+            flash_attn_dec(64, 64, 9, 3, 1, 0, 1, false).unwrap().tiles,
+            1
+        );
+        assert!(flash_attn_dec(512, 64, 1, 1, 1, 16, 1, false).is_none());
+        assert!(flash_attn_dec(64, 64, 9, 2, 1, 16, 1, false).is_none());
+    }
+
+    #[test]
+    fn flash_attn_dec_splits_rows_of_small_grids() {
+        // SmolLM2's decode: 3 rows per KV head, one tile: 9 blocks of one row.
+        let s = flash_attn_dec(64, 64, 9, 3, 1, 100, 1, true).unwrap();
+        assert_eq!((s.dims.grid, s.rows_per_group, s.groups), ((1, 9, 1), 1, 3));
+        assert_eq!(s.counters, 9);
+        assert_eq!(s.dims.shared, 224 + 16 * 16 + 4 * (128 + 256));
+        // Partials do not depend on the grouping.
+        let whole = flash_attn_dec(64, 64, 9, 3, 1, 100, 1, false).unwrap();
+        assert_eq!((whole.rows_per_group, whole.groups), (8, 1));
+        assert_eq!(s.part_bytes, whole.part_bytes);
+        // Gemma 3, 7 queries at n_kv 4096 (32 tiles): 28 rows in groups of 8 or 7 make 4
+        // groups, 128 blocks, short of 132; groups of 6 make 5, 160 blocks.
+        let g = flash_attn_dec(256, 256, 4, 1, 7, 4096, 1, true).unwrap();
+        assert_eq!(
+            (g.rows_per_group, g.groups, g.dims.grid),
+            (6, 5, (32, 5, 1))
+        );
+        // A grid already wide enough keeps groups of 8.
+        let wide = flash_attn_dec(64, 64, 9, 3, 4, 128 * 64, 1, true).unwrap();
+        assert_eq!((wide.rows_per_group, wide.groups), (8, 2));
     }
 
     /// `mul.hi(u, div_magic(d)) + u * (d == 1)` is `u / d` wherever `u * d < 2^32`.

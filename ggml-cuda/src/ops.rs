@@ -678,7 +678,8 @@ fn flash_attn_dec(
 ) -> BackendResult<()> {
     let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
     let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
-    let geo = launch::flash_attn_dec(d, dv, h, h_kv, n_q, n_kv, ne3)
+    let split = c.st.tuning.attn_row_split;
+    let geo = launch::flash_attn_dec(d, dv, h, h_kv, n_q, n_kv, ne3, split)
         .ok_or_else(|| outside_launch_limits(c))?;
     let [qa, ka, va, ma, ta] = attn_addrs(c, t, [q, k, v], mask)?;
     let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
@@ -716,7 +717,7 @@ fn flash_attn_dec(
     for divisor in [(h / h_kv) as u32, dv as u32, d as u32, geo.groups, g] {
         a.u32(launch::div_magic(divisor));
     }
-    a.u32(launch::FA_DEC_THREADS / g);
+    a.u32(launch::FA_DEC_THREADS / g).u32(geo.rows_per_group);
     c.launch(KernelId::FlashAttnDec, geo.dims, &mut a)
 }
 

@@ -20,6 +20,7 @@
 //! | `legacy-products` | the first quantised product kernels (`mmvq`/`mmq`/`mmvq_id` with a separate `quantize_q8_1`); fusions of products need the current ones and are off with it |
 //! | `legacy-decode-attn` | the first flash-attention kernel (`flash_attn_ext`) for decode-sized batches (fewer than 8 queries) |
 //! | `legacy-prompt-attn` | the first flash-attention kernel for prompt batches (8 queries or more) |
+//! | `no-attn-row-split` | `flash_attn_dec` keeps up to 8 query rows per block however few blocks that gives (a decode of SmolLM2: 3 instead of 9; same bits) |
 //! | `no-mma-attn` | prompt batches on the tiled FMA kernel (`flash_attn_dec`, the bits of a decode) instead of `flash_attn_mma` on f16 tensor cores |
 //! | `q8-window` | `qmm` loads each Q8_0 block through three 16-byte loads of the 48 aligned bytes around it instead of nine or ten narrow ones (same bits; off by default until a GPU has measured it) |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
@@ -69,6 +70,11 @@ pub struct CudaTuning {
     /// Run the first flash-attention kernel for prompt batches (8 queries or more)
     /// instead of the tiled one.
     pub legacy_prompt_attn: bool,
+    /// `flash_attn_dec` splits each KV head's query rows over groups of fewer rows when its
+    /// grid would have fewer blocks than an H100 or H200 has multiprocessors (a decode: 3
+    /// blocks for SmolLM2, 9 with one row each). Same bits: every row's arithmetic is its
+    /// own; each block reads its tile's K and V again.
+    pub attn_row_split: bool,
     /// Prompt batches (8 queries or more) with f16 K/V of head size 64 or 128 on
     /// `flash_attn_mma` (f16 tensor cores; another kernel class: not the bits of a
     /// decode) instead of the tiled FMA kernel. `legacy_prompt_attn` wins over it.
@@ -97,6 +103,7 @@ impl Default for CudaTuning {
             legacy_products: false,
             legacy_decode_attn: false,
             legacy_prompt_attn: false,
+            attn_row_split: true,
             mma_attn: true,
             q8_window: false,
         }
@@ -120,6 +127,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("legacy-products", |t| t.legacy_products = true),
     ("legacy-decode-attn", |t| t.legacy_decode_attn = true),
     ("legacy-prompt-attn", |t| t.legacy_prompt_attn = true),
+    ("no-attn-row-split", |t| t.attn_row_split = false),
     ("no-mma-attn", |t| t.mma_attn = false),
     ("q8-window", |t| t.q8_window = true),
 ];
@@ -140,6 +148,7 @@ impl CudaTuning {
             legacy_products: true,
             legacy_decode_attn: true,
             legacy_prompt_attn: true,
+            attn_row_split: false,
             mma_attn: false,
             q8_window: false,
         }

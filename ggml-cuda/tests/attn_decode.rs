@@ -16,7 +16,7 @@
 use ggml_core::{AttnParams, Context, DType, Tensor, TensorId};
 use ggml_cuda::cuda_sim::tensor::MmaModel;
 use ggml_cuda::reference::{self, nmse, AttnDecode};
-use ggml_cuda::{CudaBackend, CudaTuning, KernelId};
+use ggml_cuda::{launch, CudaBackend, CudaTuning, KernelId};
 
 mod common;
 use common::{driver, f32_bytes, run_all, Lcg};
@@ -476,6 +476,30 @@ fn tiled_attention_matches_its_reference(
         after.launches_of(KernelId::FlashAttnExt),
         before.launches_of(KernelId::FlashAttnExt)
     );
+    // Rows kept in groups of up to 8 however few blocks that gives: the same bits.
+    be.set_tuning(CudaTuning {
+        attn_row_split: false,
+        ..dec_tuning()
+    });
+    let grouped = p.run(&be);
+    // Each tuning launched the grid launch::flash_attn_dec gives it.
+    for split in [false, true] {
+        be.set_tuning(CudaTuning {
+            attn_row_split: split,
+            ..dec_tuning()
+        });
+        be.record_launches(true);
+        p.run(&be);
+        let launched: Vec<_> = be
+            .take_recorded_launches()
+            .into_iter()
+            .filter(|l| l.kernel == KernelId::FlashAttnDec)
+            .map(|l| l.dims.grid)
+            .collect();
+        be.record_launches(false);
+        let geo = launch::flash_attn_dec(d, d, heads.0, heads.1, n_q, n_kv, ne3, split).unwrap();
+        assert_eq!(launched, [geo.dims.grid], "attn_row_split {split}");
+    }
     // The first kernel computes the same attention (another reduction order); it runs
     // before the checks so that a failure says whether it agrees with the reference.
     be.set_tuning(CudaTuning {
@@ -491,6 +515,7 @@ fn tiled_attention_matches_its_reference(
         nmse(&old, &want)
     );
     assert_matches(&got, &want, &what);
+    assert_eq!(bits(&grouped), bits(&got), "no-attn-row-split");
     let e = nmse(&old, &got);
     assert!(e < 1e-9, "legacy kernel vs tiled kernel: NMSE {e:e}");
 }

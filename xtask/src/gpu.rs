@@ -699,6 +699,7 @@ pub const TUNINGS: &[&str] = &[
     "no-fuse-add",
     "no-qgemm",
     "no-mma-attn",
+    "no-attn-row-split",
     "q8-window",
     "legacy-products",
     "legacy-decode-attn",

@@ -271,8 +271,10 @@ pub(crate) fn check(tensors: &[Tensor], node: TensorId) -> Result<(), &'static s
                 .ok_or("flash_attn_ext: head size above 256 or grid too large")?;
             // Both kernels must fit: which one runs depends on the tuning and the batch.
             let (d, dv, h, n_q, ne3) = (q.ne[0], v.ne[0], q.ne[2], q.ne[1], q.ne[3]);
-            launch::flash_attn_dec(d, dv, h, k.ne[2], n_q, k.ne[1], ne3)
-                .ok_or("flash_attn_ext: tiled attention's grid too large")?;
+            for split in [false, true] {
+                launch::flash_attn_dec(d, dv, h, k.ne[2], n_q, k.ne[1], ne3, split)
+                    .ok_or("flash_attn_ext: tiled attention's grid too large")?;
+            }
             Ok(())
         }
         _ => Err("op has no CUDA kernel"),
