@@ -336,6 +336,112 @@ fn guard_table(before: &GpuSpec, pre: &[cost::RowError]) -> String {
     s
 }
 
+/// One end-to-end figure of a `ggml-harness bench --json` run: a test (`pp512`, `tg128`)
+/// and the tokens per second it measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchFigure {
+    /// `pp512`, `tg128`.
+    pub test: String,
+    /// Mean tokens per second.
+    pub tps: f64,
+}
+
+/// The figures of a `ggml-harness bench --json` output and the `--cuda-tuning` it ran
+/// with (`None` for an output written before bench recorded it).
+pub fn read_bench(path: &Path) -> Result<(Option<String>, Vec<BenchFigure>)> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(path, e.line(), e))?;
+    let results = v["results"].as_array().ok_or_else(|| {
+        bad(
+            path,
+            0,
+            "no \"results\" array (not a `bench --json` output?)",
+        )
+    })?;
+    let figures = results
+        .iter()
+        .map(|r| match (r["test"].as_str(), r["tps_mean"].as_f64()) {
+            (Some(test), Some(tps)) if tps > 0.0 => Ok(BenchFigure {
+                test: test.to_string(),
+                tps,
+            }),
+            _ => Err(bad(
+                path,
+                0,
+                format!("a result without test and tps_mean: {r}"),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((v["cuda_tuning"].as_str().map(str::to_string), figures))
+}
+
+/// The modelled seconds of bench test `test` (`pp512`: the `pp512` pass; `tgN`: the
+/// profiled token, `tg`) in `launches`, `None` for a test the profile has no pass for.
+fn test_seconds(launches: &[ProfiledLaunch], test: &str) -> Option<(f64, f64)> {
+    let (pass, tokens) = match test.strip_prefix("pp") {
+        Some(n) => (test.to_string(), n.parse::<f64>().ok()?),
+        None if test.starts_with("tg") => ("tg".to_string(), 1.0),
+        None => return None,
+    };
+    let s = crate::profile::pass_seconds(launches, &pass);
+    (s > 0.0).then_some((s, tokens))
+}
+
+/// One bench test measured and modelled before and after a fit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndToEnd {
+    /// `pp512`, `tg128`.
+    pub test: String,
+    /// Measured tokens per second.
+    pub measured_tps: f64,
+    /// Modelled under the constants before the fit (`None`: no such pass profiled).
+    pub before_tps: Option<f64>,
+    /// Modelled under the fitted constants.
+    pub after_tps: Option<f64>,
+}
+
+/// Each of `bench`'s tests against the same pass of `before` and `after` (the profiled
+/// launches priced with the constants before and after a fit). A generated token is
+/// modelled at the profile's position (0), where bench's tg128 averages positions 0..127.
+pub fn end_to_end(
+    before: &[ProfiledLaunch],
+    after: &[ProfiledLaunch],
+    bench: &[BenchFigure],
+) -> Vec<EndToEnd> {
+    let tps = |ls: &[ProfiledLaunch], test: &str| test_seconds(ls, test).map(|(s, n)| n / s);
+    bench
+        .iter()
+        .map(|f| EndToEnd {
+            test: f.test.clone(),
+            measured_tps: f.tps,
+            before_tps: tps(before, &f.test),
+            after_tps: tps(after, &f.test),
+        })
+        .collect()
+}
+
+/// [`end_to_end`]'s rows as a Markdown table (measured over modelled as a ratio of times:
+/// above 1, the GPU was slower than the model).
+pub fn end_to_end_table(rows: &[EndToEnd]) -> String {
+    let mut s = String::from(
+        "| bench test | measured t/s | modelled t/s before | modelled t/s after | measured/modelled time after |\n|---|---|---|---|---|\n",
+    );
+    let cell = |x: Option<f64>| x.map_or("not profiled".to_string(), |v| format!("{v:.1}"));
+    for r in rows {
+        let ratio = r
+            .after_tps
+            .map_or(String::new(), |a| format!("{:.2}", a / r.measured_tps));
+        s.push_str(&format!(
+            "| {} | {:.1} | {} | {} | {ratio} |\n",
+            r.test,
+            r.measured_tps,
+            cell(r.before_tps),
+            cell(r.after_tps)
+        ));
+    }
+    s
+}
+
 /// The fit as JSON.
 pub fn report_json(before: &GpuSpec, fitted: &FitReport, notes: &[String], run: Value) -> Value {
     json!({
@@ -362,6 +468,66 @@ pub fn report_json(before: &GpuSpec, fitted: &FitReport, notes: &[String], run: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The H200 kit's bench of its default tuning (written before bench recorded the
+    /// tuning), and what a file that is no bench output says.
+    #[test]
+    fn bench_figures_are_read_from_a_kit_run() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (tuning, figures) =
+            read_bench(&root.join("reference/cuda-h200-938b0ae/tuning-default.json")).unwrap();
+        assert_eq!(tuning, None);
+        let tests: Vec<&str> = figures.iter().map(|f| f.test.as_str()).collect();
+        assert_eq!(tests, ["pp512", "tg128"]);
+        assert!(
+            (figures[1].tps - 722.165).abs() < 1e-3,
+            "{}",
+            figures[1].tps
+        );
+        let dir = std::env::temp_dir().join(format!("fit-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_bench = dir.join("probes.json");
+        std::fs::write(&not_bench, r#"{"probes": []}"#).unwrap();
+        let e = read_bench(&not_bench).unwrap_err().to_string();
+        assert!(e.contains("results"), "{e}");
+        let tuned = dir.join("tuned.json");
+        std::fs::write(
+            &tuned,
+            r#"{"cuda_tuning": "no-pdl", "results": [{"test": "tg128", "tps_mean": 500.0}]}"#,
+        )
+        .unwrap();
+        assert_eq!(read_bench(&tuned).unwrap().0.as_deref(), Some("no-pdl"));
+        std::fs::write(&tuned, r#"{"results": [{"test": "tg128"}]}"#).unwrap();
+        assert!(read_bench(&tuned).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_end_to_end_table_gives_measured_over_modelled_time() {
+        let rows = [
+            EndToEnd {
+                test: "tg128".into(),
+                measured_tps: 727.0,
+                before_tps: Some(670.0),
+                after_tps: Some(754.0),
+            },
+            EndToEnd {
+                test: "pp512".into(),
+                measured_tps: 12206.0,
+                before_tps: None,
+                after_tps: None,
+            },
+        ];
+        let t = end_to_end_table(&rows);
+        assert!(
+            t.contains("| tg128 | 727.0 | 670.0 | 754.0 | 1.04 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| pp512 | 12206.0 | not profiled | not profiled |  |"),
+            "{t}"
+        );
+    }
 
     /// Each committed calibration is the fit it cites: every fitted family of that fit's
     /// report stands, every family drifted past its bound by 1.5x is void, and a family

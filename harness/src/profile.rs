@@ -198,6 +198,19 @@ pub fn profile_pass(
     Ok(out)
 }
 
+/// Prices `launches` again with `gpu`'s constants, each as a launch of kind `launch`, and
+/// their programmatic overlaps after them: what the same counters model under other
+/// constants (a fit's).
+pub fn reprice(launches: &mut [ProfiledLaunch], gpu: &GpuSpec, launch: LaunchKind) -> Result<()> {
+    for l in launches.iter_mut() {
+        l.prediction = cost::predict(gpu, &l.counters, l.resources.as_ref(), launch)
+            .map_err(|e| HarnessError::Model(format!("{} ({}): {e}", l.node, l.op_name())))?;
+        l.hidden_s = 0.0;
+    }
+    hide_programmatic_prologues(launches);
+    Ok(())
+}
+
 /// Sets [`ProfiledLaunch::hidden_s`] of every programmatic launch from the launch before
 /// it on the same device (in launch order), as the GPU would overlap them.
 fn hide_programmatic_prologues(launches: &mut [ProfiledLaunch]) {

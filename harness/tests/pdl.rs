@@ -4,7 +4,8 @@
 //! CUDA graphs, in every split mode, on the dense and the MoE model, under the race
 //! checker and the interpreter's check that no programmatically launched kernel touches
 //! global memory before its `griddepcontrol.wait`; and the profile of a decoded token
-//! launches every decode product and attention so, and prices the overlap.
+//! launches every decode product and attention so, and prices the overlap (again, as
+//! `profile::reprice` does for a fit's constants).
 
 use ggml_core::DType;
 use ggml_cuda::cuda_sim::driver::{Driver, SimConfig};
@@ -92,7 +93,8 @@ fn generation_is_bit_identical_with_programmatic_launches(
 /// time is the sum of what each launch adds. With `no-pdl` none is, and nothing hides.
 #[test]
 fn a_decoded_token_launches_its_products_and_attention_programmatically() {
-    use harness::profile::{pass_seconds, profile_model, ProfileSettings};
+    use ggml_cuda::cuda_sim::cost::{GpuSpec, LaunchKind};
+    use harness::profile::{pass_seconds, profile_model, reprice, ProfileSettings};
     sm90();
     let profile = |tuning: CudaTuning| {
         let mut config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
@@ -149,4 +151,31 @@ fn a_decoded_token_launches_its_products_and_attention_programmatically() {
     });
     assert!(off.iter().all(|l| !l.programmatic && l.hidden_s == 0.0));
     assert!(pass_seconds(&on, "tg") < pass_seconds(&off, "tg"));
+
+    // Priced again (what a fit's end-to-end check does): the same constants give the same
+    // figures; one more µs a graph node adds one µs a launch without PDL, and with it
+    // every overlap still stays within its launch and pre-wait path.
+    let same = |ls: &[harness::profile::ProfiledLaunch]| {
+        let mut again = ls.to_vec();
+        reprice(&mut again, &GpuSpec::h200(), LaunchKind::GraphNode).unwrap();
+        for (a, b) in ls.iter().zip(&again) {
+            assert_eq!(a.prediction, b.prediction, "{}", a.node);
+            assert_eq!(a.hidden_s.to_bits(), b.hidden_s.to_bits(), "{}", a.node);
+        }
+    };
+    same(&on);
+    same(&off);
+    let mut dearer = GpuSpec::h200();
+    dearer.tunables.launch_graph_node_s += 1e-6;
+    let mut off2 = off.clone();
+    reprice(&mut off2, &dearer, LaunchKind::GraphNode).unwrap();
+    let added = pass_seconds(&off2, "tg") - pass_seconds(&off, "tg");
+    assert!((added - off.len() as f64 * 1e-6).abs() < 1e-12, "{added}");
+    let mut on2 = on.clone();
+    reprice(&mut on2, &dearer, LaunchKind::GraphNode).unwrap();
+    for l in &on2 {
+        assert!(l.hidden_s <= l.prediction.launch_s + l.prediction.pre_wait_s() + 1e-15);
+    }
+    assert!(pass_seconds(&on2, "tg") > pass_seconds(&on, "tg"));
+    assert!(pass_seconds(&on2, "tg") - pass_seconds(&on, "tg") < added);
 }

@@ -84,7 +84,9 @@ commands:
   calibrate DIR [-- ARGS]
                  fit the cost model's constants to a GPU run's calibration folder
                  (probes.json, kernels.json from `gpu-test`), profiling the same
-                 passes on cuda-sim; prints every row's error, writes DIR/fit.json
+                 passes on cuda-sim; prints every row's error and, with the kit's
+                 tuning-default.json in DIR, the measured pp512 and tg128 beside the
+                 modelled ones; writes DIR/fit.json
   gen-ptx        write ggml-cuda/kernels/qmm.ptx (the quantised products, one loop per
                  weight dtype) from xtask/src/qmm_ptx.rs and fattn_mma.ptx (prompt
                  attention on tensor cores) from xtask/src/fattn_ptx.rs; a test fails

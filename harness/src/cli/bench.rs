@@ -142,6 +142,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "devices": config.devices.to_string(),
             "split_mode": config.split_mode.name(),
             "n_copies": config.n_copies,
+            "cuda_tuning": config.cuda_tuning.to_string(),
             "results": results,
             "read_probe_bytes_per_s": probe,
             "op_times": profiles.iter().map(|p| serde_json::json!({

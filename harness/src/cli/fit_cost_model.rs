@@ -44,6 +44,12 @@ pub struct FitArgs {
     /// CUDA graphs) or as graph nodes (a calibration folder's replays, default).
     #[arg(long)]
     stream_launches: bool,
+    /// A `ggml-harness bench --json` output of the same commit and GPU (the kit's
+    /// `tuning-<list>.json`): its pp512 and tg128 beside the passes modelled before and
+    /// after the fit, a check the per-kernel rows cannot give (what kernels cost together,
+    /// in a replayed graph). Profile with the `--cuda-tuning` it ran with. Repeatable.
+    #[arg(long, value_name = "FILE")]
+    bench: Vec<PathBuf>,
     /// Write the JSON report to FILE too.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -129,6 +135,18 @@ pub fn run(a: FitArgs) -> Result<()> {
         LaunchKind::GraphNode
     };
     let config = a.run.config()?;
+    let tuning = config.cuda_tuning.to_string();
+    let mut bench = Vec::new();
+    for file in &a.bench {
+        let (ran, figures) = fit::read_bench(file)?;
+        if let Some(ran) = ran.filter(|r| *r != tuning) {
+            return Err(HarnessError::Usage(format!(
+                "--bench {}: measured with --cuda-tuning {ran}, profiled with {tuning}: pass --cuda-tuning {ran}",
+                file.display()
+            )));
+        }
+        bench.extend(figures);
+    }
     let settings = profile::ProfileSettings {
         gpu: spec.clone(),
         sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
@@ -171,6 +189,15 @@ pub fn run(a: FitArgs) -> Result<()> {
     let fitted =
         cost::fit(&spec, &rows, &tunables).map_err(|e| HarnessError::Model(e.to_string()))?;
     print!("{}", fit::report(&spec, &rows, &fitted, &notes)?);
+    let end_to_end = if bench.is_empty() {
+        Vec::new()
+    } else {
+        let mut after = launches.clone();
+        profile::reprice(&mut after, &fitted.spec, launch)?;
+        let rows = fit::end_to_end(&launches, &after, &bench);
+        print!("\n{}", fit::end_to_end_table(&rows));
+        rows
+    };
     if let Some(out) = &a.out {
         let run = serde_json::json!({
             "model": path.file_name().map(|n| n.to_string_lossy().to_string()),
@@ -179,7 +206,16 @@ pub fn run(a: FitArgs) -> Result<()> {
             "measured": a.dir.as_ref().or(a.op_table.as_ref()).map(|p| p.display().to_string()),
             "sample_blocks": settings.sample_blocks,
         });
-        let v = fit::report_json(&spec, &fitted, &notes, run);
+        let mut v = fit::report_json(&spec, &fitted, &notes, run);
+        v["end_to_end"] = serde_json::json!(end_to_end
+            .iter()
+            .map(|r| serde_json::json!({
+                "test": r.test,
+                "measured_tps": r.measured_tps,
+                "modelled_tps_before": r.before_tps,
+                "modelled_tps_after": r.after_tps,
+            }))
+            .collect::<Vec<_>>());
         std::fs::write(out, serde_json::to_string_pretty(&v).expect("JSON") + "\n").map_err(
             |source| HarnessError::Io {
                 path: out.display().to_string(),
