@@ -12,7 +12,11 @@
 //!   times `bench --op-times` printed on an H200 (harness/reference/cuda-h200-op-times.tsv).
 //!
 //! The same passes are profiled on cuda-sim ([`crate::profile`]) with the same kernels
-//! (`--cuda-tuning` must be what the GPU ran) and joined with the measured rows.
+//! (`--cuda-tuning` must be what the GPU ran) and joined with the measured rows. A
+//! `bench --json` output of the same run ([`read_bench`]) is the end-to-end check the
+//! per-kernel rows cannot give: its pp512 and tg128 against the passes priced before and
+//! after the fit ([`end_to_end`]), kernels together in a replayed graph, overlaps
+//! included.
 
 use std::collections::BTreeMap;
 use std::path::Path;
