@@ -446,6 +446,19 @@ pub fn end_to_end_table(rows: &[EndToEnd]) -> String {
     s
 }
 
+/// [`end_to_end`]'s rows as JSON (the `end_to_end` array of a fit's JSON report).
+pub fn end_to_end_json(rows: &[EndToEnd]) -> Value {
+    json!(rows
+        .iter()
+        .map(|r| json!({
+            "test": r.test,
+            "measured_tps": r.measured_tps,
+            "modelled_tps_before": r.before_tps,
+            "modelled_tps_after": r.after_tps,
+        }))
+        .collect::<Vec<_>>())
+}
+
 /// The fit as JSON.
 pub fn report_json(before: &GpuSpec, fitted: &FitReport, notes: &[String], run: Value) -> Value {
     json!({

@@ -207,15 +207,7 @@ pub fn run(a: FitArgs) -> Result<()> {
             "sample_blocks": settings.sample_blocks,
         });
         let mut v = fit::report_json(&spec, &fitted, &notes, run);
-        v["end_to_end"] = serde_json::json!(end_to_end
-            .iter()
-            .map(|r| serde_json::json!({
-                "test": r.test,
-                "measured_tps": r.measured_tps,
-                "modelled_tps_before": r.before_tps,
-                "modelled_tps_after": r.after_tps,
-            }))
-            .collect::<Vec<_>>());
+        v["end_to_end"] = fit::end_to_end_json(&end_to_end);
         std::fs::write(out, serde_json::to_string_pretty(&v).expect("JSON") + "\n").map_err(
             |source| HarnessError::Io {
                 path: out.display().to_string(),
