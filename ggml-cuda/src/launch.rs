@@ -165,6 +165,20 @@ pub const QMM_MAX_THREADS_DECODE: usize = 512;
 /// Columns per block of `qmm` in the tiled class (N >= [`MMQ_MIN_N`]); below it a block
 /// takes all N columns.
 pub const QMM_MMQ_COLUMNS: usize = 8;
+/// Partials per output of `qmm`'s decode class (a product over fewer than
+/// [`MMQ_MIN_N`] tokens: its columns, or MUL_MAT_ID's tokens): chunk `j` of K feeds
+/// partial `j mod 8`, each on a lane of its own, and the 8 meet in the butterfly
+/// (`reference::mul_mat_q_dot_lanes`). The tiled class keeps one chain per output.
+pub const QMM_DECODE_LANES: usize = 8;
+
+/// Partials (and threads) per output of a `qmm` product over `tokens` tokens (its
+/// columns; MUL_MAT_ID: its tokens): [`QMM_DECODE_LANES`] in the decode class, else 1.
+pub fn qmm_lanes(tokens: usize) -> usize {
+    match mul_mat_class(tokens) {
+        MulMatClass::Mmvq => QMM_DECODE_LANES,
+        MulMatClass::Mmq => 1,
+    }
+}
 /// Blocks `qmm` aims for at least, when choosing its rows per block: one per SM of an
 /// H100/H200 (132 SMs). Modelled on the H200 (`ggml-harness profile --gen-position 64`),
 /// SmolLM2's gate + up run (3072 rows, both matrices in one stage-B pass) takes 7.08 µs
@@ -244,10 +258,10 @@ pub const QMM_MAX_SHARED: usize = 96 * 1024;
 /// Rows per `qmm` block (8, 16, 32 or 64) for blocks of `nt` columns over `total_rows`
 /// rows. Fewer than 8 columns: the largest that still gives `QMM_MIN_BLOCKS` blocks
 /// within the default 48 KiB of shared memory (latency matters: many small blocks); the
-/// tiled class: 32 rows (one output per thread of 256, fewer and fuller blocks). Always
-/// within the block's threads (one per output). `None` when `nt` is 0 or above 8. Any
-/// choice gives the same bits.
-pub fn qmm_rows(nt: usize, total_rows: usize, nchunks: usize) -> Option<usize> {
+/// tiled class: 32 rows (one output per thread of 256, fewer and fuller blocks). More
+/// than 8 rows only where `lanes` threads per output ([`qmm_lanes`]) fit in 256. `None`
+/// when `nt` is 0 or above 8. Any choice gives the same bits.
+pub fn qmm_rows(nt: usize, lanes: usize, total_rows: usize, nchunks: usize) -> Option<usize> {
     if nt == 0 || nt > QMM_MMQ_COLUMNS {
         return None;
     }
@@ -258,7 +272,7 @@ pub fn qmm_rows(nt: usize, total_rows: usize, nchunks: usize) -> Option<usize> {
     } else {
         DEFAULT_MAX_SHARED as usize
     };
-    let fits = |r: usize| r * nt <= QMM_MAX_THREADS && qmm_shared(r, nt, tc) <= limit;
+    let fits = |r: usize| r * nt * lanes <= QMM_MAX_THREADS && qmm_shared(r, nt, tc) <= limit;
     let forced = QMM_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     if forced != 0 && fits(forced) {
         return Some(forced);
@@ -276,8 +290,8 @@ pub fn qmm_rows(nt: usize, total_rows: usize, nchunks: usize) -> Option<usize> {
 /// Threads per `qmm` block of `rows` rows and `nt` columns for K of `nchunks` chunks:
 /// one per (row, chunk) of a K-tile, up to [`QMM_MAX_THREADS`] ([`QMM_MAX_THREADS_DECODE`]
 /// with [`QMM_TILE_DECODE`]-chunk tiles, or below 8 columns when that many threads take
-/// every task at once), and at least one per output.
-pub fn qmm_threads(rows: usize, nt: usize, nchunks: usize) -> usize {
+/// every task at once), and at least `lanes` per output ([`qmm_lanes`]).
+pub fn qmm_threads(rows: usize, nt: usize, lanes: usize, nchunks: usize) -> usize {
     let tc = qmm_tile(nt, nchunks);
     let tasks = rows * nchunks.clamp(1, tc);
     // Below 8 columns a block's tasks all run in one round when up to 512 threads hold
@@ -289,17 +303,19 @@ pub fn qmm_threads(rows: usize, nt: usize, nchunks: usize) -> usize {
     } else {
         QMM_MAX_THREADS_DECODE
     };
-    (tasks.min(most).max(rows * nt)).div_ceil(32) * 32
+    (tasks.min(most).max(rows * nt * lanes)).div_ceil(32) * 32
 }
 
 /// `qmm`: `ctas` blocks over the rows, `ny` over column tiles (or MUL_MAT_ID's slots),
-/// `nz` over batches (or tokens); `rows` x `nt` outputs per block, K of `nchunks` chunks.
+/// `nz` over batches (or tokens); `rows` x `nt` outputs per block of `lanes` threads each
+/// ([`qmm_lanes`]), K of `nchunks` chunks.
 pub fn qmm(
     ctas: usize,
     ny: usize,
     nz: usize,
     rows: usize,
     nt: usize,
+    lanes: usize,
     nchunks: usize,
 ) -> Option<LaunchDims> {
     if ctas == 0 || ny == 0 || nz == 0 || rows == 0 || nt == 0 || nchunks == 0 {
@@ -311,7 +327,7 @@ pub fn qmm(
             u32::try_from(ny).ok()?,
             u32::try_from(nz).ok()?,
         ),
-        block: (qmm_threads(rows, nt, nchunks) as u32, 1, 1),
+        block: (qmm_threads(rows, nt, lanes, nchunks) as u32, 1, 1),
         shared: u32::try_from(qmm_shared(rows, nt, qmm_tile(nt, nchunks))).ok()?,
         programmatic: false,
     })
@@ -854,40 +870,51 @@ mod tests {
     #[test]
     fn qmm_rows_per_block() {
         // Small matrices: 8 rows per block (the most blocks); a gate + up run of 2 x 1536
-        // rows: 16 (192 blocks, one per SM at least); the output matrix: 64.
-        assert_eq!(qmm_rows(1, 192, 18), Some(8));
-        assert_eq!(qmm_rows(1, 1536, 18), Some(8));
-        assert_eq!(qmm_rows(1, 960, 18), Some(8));
-        assert_eq!(qmm_rows(1, 3072, 18), Some(16));
-        assert_eq!(qmm_rows(1, 49152, 18), Some(64));
-        assert_eq!(qmm_rows(1, 576, 48), Some(8));
-        // The tiled class: 32 rows (its shared memory opts in past 48 KiB); 7 columns: at
-        // most 16 rows (48 KiB), 8 with 64-chunk tiles.
-        assert_eq!(qmm_rows(8, 1 << 20, 18), Some(32));
+        // rows: 16 (192 blocks, one per SM at least); the output matrix: 32 (8 lanes per
+        // output of 256 threads), 64 with one lane (a MUL_MAT_ID of 8 tokens or more).
+        let l8 = QMM_DECODE_LANES;
+        assert_eq!(qmm_lanes(1), l8);
+        assert_eq!(qmm_lanes(7), l8);
+        assert_eq!(qmm_lanes(8), 1);
+        assert_eq!(qmm_rows(1, l8, 192, 18), Some(8));
+        assert_eq!(qmm_rows(1, l8, 1536, 18), Some(8));
+        assert_eq!(qmm_rows(1, l8, 960, 18), Some(8));
+        assert_eq!(qmm_rows(1, l8, 3072, 18), Some(16));
+        assert_eq!(qmm_rows(1, l8, 49152, 18), Some(32));
+        assert_eq!(qmm_rows(1, 1, 49152, 18), Some(64));
+        assert_eq!(qmm_rows(1, l8, 576, 48), Some(8));
+        // The tiled class: 32 rows (its shared memory opts in past 48 KiB); 7 columns: 8
+        // rows (8 lanes per output), one lane: at most 16 (48 KiB), 8 with 64-chunk tiles.
+        assert_eq!(qmm_rows(8, 1, 1 << 20, 18), Some(32));
         assert!(qmm_shared(32, 8, QMM_TILE) <= QMM_MAX_SHARED);
-        assert_eq!(qmm_rows(7, 1 << 20, 18), Some(16));
-        assert_eq!(qmm_rows(7, 1 << 20, 48), Some(8));
-        assert_eq!(qmm_rows(0, 10, 18), None);
-        assert_eq!(qmm_rows(9, 10, 18), None);
+        assert_eq!(qmm_rows(7, l8, 1 << 20, 18), Some(8));
+        assert_eq!(qmm_rows(7, 1, 1 << 20, 18), Some(16));
+        assert_eq!(qmm_rows(7, 1, 1 << 20, 48), Some(8));
+        assert_eq!(qmm_rows(0, l8, 10, 18), None);
+        assert_eq!(qmm_rows(9, 1, 10, 18), None);
         for nt in 1..=7 {
             for nchunks in [18, 48, 200] {
-                let r = qmm_rows(nt, 1 << 20, nchunks).unwrap();
+                let r = qmm_rows(nt, l8, 1 << 20, nchunks).unwrap();
                 let tc = qmm_tile(nt, nchunks);
-                assert!(r * nt <= QMM_MAX_THREADS);
+                assert!(r == 8 || r * nt * l8 <= QMM_MAX_THREADS);
+                assert!(qmm_threads(r, nt, l8, nchunks) <= QMM_MAX_THREADS_DECODE);
                 assert!(qmm_shared(r, nt, tc) <= DEFAULT_MAX_SHARED as usize);
             }
         }
         assert_eq!(qmm_columns(7), 7);
         assert_eq!(qmm_columns(8), 8);
         // One thread per (row, chunk) of a tile: K = 576 (18 chunks) at 8 rows.
-        let d = qmm(72, 1, 1, 8, 1, 18).unwrap();
+        let d = qmm(72, 1, 1, 8, 1, l8, 18).unwrap();
         assert_eq!((d.grid, d.block, d.shared), ((72, 1, 1), (160, 1, 1), 6944));
-        assert_eq!(qmm_threads(64, 1, 18), 256);
+        assert_eq!(qmm_threads(64, 1, 1, 18), 256);
+        assert_eq!(qmm_threads(32, 1, l8, 18), 256);
         // SmolLM2's gate + up at 16 rows a block: 288 tasks, one round.
-        assert_eq!(qmm_threads(16, 1, 18), 288);
-        assert_eq!(qmm_threads(16, 8, 18), 256);
-        assert_eq!(qmm_threads(32, 8, 1), 256);
-        assert!(qmm(1, 70_000, 1, 8, 1, 18).is_none());
+        assert_eq!(qmm_threads(16, 1, l8, 18), 288);
+        assert_eq!(qmm_threads(16, 8, 1, 18), 256);
+        assert_eq!(qmm_threads(32, 8, 1, 1), 256);
+        // 7 columns of 8 rows: 8 lanes for each of the 56 outputs.
+        assert_eq!(qmm_threads(8, 7, l8, 1), 448);
+        assert!(qmm(1, 70_000, 1, 8, 1, l8, 18).is_none());
     }
 
     #[test]
@@ -897,11 +924,11 @@ mod tests {
         assert_eq!(qmm_tile(7, 48), QMM_TILE_DECODE);
         assert_eq!(qmm_tile(8, 48), QMM_TILE);
         // K = 1536 at 8 rows: one tile, a thread per (row, chunk).
-        let d = qmm(72, 1, 1, 8, 1, 48).unwrap();
+        let d = qmm(72, 1, 1, 8, 1, QMM_DECODE_LANES, 48).unwrap();
         assert_eq!((d.block, d.shared), ((384, 1, 1), 3072 + 8320 + 2176 + 32));
-        assert_eq!(qmm_threads(8, 1, 64), 512);
-        assert_eq!(qmm_threads(8, 1, 200), 512);
-        assert_eq!(qmm_threads(64, 1, 200), 512);
+        assert_eq!(qmm_threads(8, 1, QMM_DECODE_LANES, 64), 512);
+        assert_eq!(qmm_threads(8, 1, QMM_DECODE_LANES, 200), 512);
+        assert_eq!(qmm_threads(64, 1, 1, 200), 512);
         // The layout: A, then W, then S, then the norm scales.
         assert_eq!(
             qmm_layout(8, 1, 64),

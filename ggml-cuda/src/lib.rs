@@ -22,12 +22,15 @@
 //! soft_max, over KV positions in flash attention) gives element `i` to lane `i mod 32`
 //! of one warp, each lane accumulating in increasing index order, and combines the 32
 //! partials with a butterfly `shfl.xor` tree (offsets 16, 8, 4, 2, 1). The order depends
-//! only on the reduction length, never on the number of rows or tokens in a call, the
-//! grid, or how outputs are split across devices. Quantised products are the exception
-//! in form, not in spirit: each output is one sequential f32 chain over the 32-value
-//! chunks of K in index order (each chunk's integer dot exact), the same in both kernel
-//! classes ([`MulMatClass`]: below [`MMQ_MIN_N`] tokens one column tile, from there on
-//! tiles of 8) and in every fused run, so neither changes the bits;
+//! only on the reduction length and the kernel class (below [`MMQ_MIN_N`] tokens a call
+//! runs decode kernels, with orders of their own, as invariant 2 allows), never on the
+//! number of rows or tokens in a call within its class, the grid, or how outputs are
+//! split across devices. Quantised products follow the same
+//! rule with their own lanes: each chunk of 32 values of K has an exact integer dot, and
+//! the chunks' f32 terms are chained in index order, in one chain per output in the
+//! tiled class ([`MulMatClass::Mmq`]: [`MMQ_MIN_N`] tokens or more) and in 8 chains
+//! (chunk `j` in chain `j mod 8`, the chains meeting in a butterfly over lane distances
+//! 4, 2, 1) in the decode class (fewer tokens); every fused run keeps its class's order;
 //! [`CudaBackend::kernel_stats`] reports which class ran. [`reference`](mod@reference)
 //! reproduces each order on the host.
 //!

@@ -211,24 +211,39 @@ impl Call {
         }
     }
 
+    /// Partials per output: the decode class's [`launch::QMM_DECODE_LANES`] below
+    /// [`launch::MMQ_MIN_N`] tokens (columns; ids mode: tokens), else 1.
+    fn lanes(&self) -> usize {
+        launch::qmm_lanes(if self.ids.is_some() { self.nz } else { self.n })
+    }
+
     /// Rows per block and the blocks over the rows.
     fn rows(&self) -> Option<(usize, usize)> {
         let nt = self.nt();
+        let lanes = self.lanes();
         let ms = self.mats.iter().flatten().map(|m| m.m);
         if matches!(self.epi, Epilogue::Glu { .. }) {
             let m0 = self.mats[0]?.m;
-            let rows = launch::qmm_rows(nt, 2 * m0, self.k / 32)?;
+            let rows = launch::qmm_rows(nt, lanes, 2 * m0, self.k / 32)?;
             return Some((rows, m0.div_ceil(rows / 2)));
         }
         let total: usize = ms.clone().sum();
-        let rows = launch::qmm_rows(nt, total, self.k / 32)?;
+        let rows = launch::qmm_rows(nt, lanes, total, self.k / 32)?;
         Some((rows, ms.map(|m| m.div_ceil(rows)).sum()))
     }
 
     /// Grid, block and shared memory, or `None` past the launch limits.
     pub fn dims(&self) -> Option<LaunchDims> {
         let (rows, ctas) = self.rows()?;
-        let mut d = launch::qmm(ctas, self.ny, self.nz, rows, self.nt(), self.k / 32)?;
+        let mut d = launch::qmm(
+            ctas,
+            self.ny,
+            self.nz,
+            rows,
+            self.nt(),
+            self.lanes(),
+            self.k / 32,
+        )?;
         if self.rope.is_some() {
             // The RoPE table past the norm scales: cos and sin of each output.
             d.shared += u32::try_from(rows * self.nt() * 8).ok()?;
@@ -256,7 +271,8 @@ impl Call {
             | if self.prequant { 16 } else { 0 }
             | if self.rope.is_some() { 32 } else { 0 }
             | rows.trailing_zeros() << 8
-            | u32::from(q8_window) << 12;
+            | u32::from(q8_window) << 12
+            | u32::from(self.lanes() > 1) << 13;
         let chunks = self.k / 32;
         let tc = launch::qmm_tile(self.nt(), chunks);
         let [offw, offs, offn, _] = launch::qmm_layout(rows, self.nt(), tc);

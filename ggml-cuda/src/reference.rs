@@ -340,8 +340,14 @@ pub fn chunk_fma(c: &Chunk, a: &[u8], acc: f32) -> f32 {
 
 /// The butterfly `shfl.xor` tree over 32 lane partials (offsets 16, 8, 4, 2, 1), as every
 /// kernel combines its partials. Returns lane 0's result (all lanes agree).
-pub fn butterfly_sum(mut p: [f32; LANES]) -> f32 {
-    let mut off = LANES / 2;
+pub fn butterfly_sum(p: [f32; LANES]) -> f32 {
+    butterfly(p)
+}
+
+/// The butterfly `shfl.xor` tree over `N` lane partials (a power of two; offsets N/2,
+/// ..., 2, 1), each lane adding its partner's value to its own. Lane 0's result.
+fn butterfly<const N: usize>(mut p: [f32; N]) -> f32 {
+    let mut off = N / 2;
     while off > 0 {
         let prev = p;
         for (l, v) in p.iter_mut().enumerate() {
@@ -352,10 +358,10 @@ pub fn butterfly_sum(mut p: [f32; LANES]) -> f32 {
     p[0]
 }
 
-/// One output element of every current quantised product (`qmm`: MUL_MAT for any number
-/// of columns, MUL_MAT_ID, and every fused form): weight row `w` of `dtype` times the
-/// Q8_1 row `a`, over `nchunks` chunks of 32, as ONE sequential chain: `acc = 0`, then
-/// [`chunk_fma`] for chunk 0, 1, 2, ... in this order.
+/// One output element of the tiled class of the current quantised products (`qmm` with
+/// [`MMQ_MIN_N`](crate::MMQ_MIN_N) columns or more, `qgemm`, and their fused forms):
+/// weight row `w` of `dtype` times the Q8_1 row `a`, over `nchunks` chunks of 32, as ONE
+/// sequential chain: `acc = 0`, then [`chunk_fma`] for chunk 0, 1, 2, ... in this order.
 pub fn mul_mat_q_dot(dtype: DType, w: &[u8], a: &[u8], nchunks: usize) -> Option<f32> {
     let mut acc = 0.0f32;
     for j in 0..nchunks {
@@ -364,6 +370,38 @@ pub fn mul_mat_q_dot(dtype: DType, w: &[u8], a: &[u8], nchunks: usize) -> Option
         acc = chunk_fma(&c, ab, acc);
     }
     Some(acc)
+}
+
+/// One output element of the decode class of the current quantised products (`qmm` with
+/// fewer than [`MMQ_MIN_N`](crate::MMQ_MIN_N) columns, MUL_MAT_ID, and their fused
+/// forms): as [`mul_mat_q_dot`], but chunk `j` feeds partial `j mod 8` (each a chain in
+/// chunk order), and the 8 partials meet in the butterfly over lane distances 4, 2, 1:
+/// `((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))`.
+pub fn mul_mat_q_dot_lanes(dtype: DType, w: &[u8], a: &[u8], nchunks: usize) -> Option<f32> {
+    let mut p = [0.0f32; crate::launch::QMM_DECODE_LANES];
+    for j in 0..nchunks {
+        let c = unpack_chunk(dtype, w, j)?;
+        let ab = a.get(Q8_1_BLOCK * j..Q8_1_BLOCK * (j + 1))?;
+        let l = j % p.len();
+        p[l] = chunk_fma(&c, ab, p[l]);
+    }
+    Some(butterfly(p))
+}
+
+/// One output element of a quantised product of `n` columns: [`mul_mat_q_dot_lanes`]
+/// in the decode class (`n` below [`MMQ_MIN_N`](crate::MMQ_MIN_N)), else
+/// [`mul_mat_q_dot`].
+pub fn mul_mat_q_dot_class(
+    n: usize,
+    dtype: DType,
+    w: &[u8],
+    a: &[u8],
+    nchunks: usize,
+) -> Option<f32> {
+    match crate::mul_mat_class(n) {
+        crate::MulMatClass::Mmvq => mul_mat_q_dot_lanes(dtype, w, a, nchunks),
+        crate::MulMatClass::Mmq => mul_mat_q_dot(dtype, w, a, nchunks),
+    }
 }
 
 /// One output element of the first-generation quantised kernels (`mmvq`, `mmq`,
@@ -1032,6 +1070,43 @@ mod tests {
         assert_eq!(reordered, 8258048.5);
         // A row too short for its chunks has no dot.
         assert!(mul_mat_q_dot(DType::Q8_0, &w[..60], &xq, 3).is_none());
+    }
+
+    #[test]
+    fn lanes_dot_feeds_partial_j_mod_8() {
+        // 16 Q8_0 chunks: chunk 0 contributes t0 = 8258048 (f32 ulp 0.5), chunks 1 and 9
+        // 0.25 each, the others 0. Sequentially each 0.25 is a tie that rounds back to t0;
+        // in the decode class both land in partial 1 (0.5), which the butterfly adds to t0
+        // exactly.
+        let mut w = vec![0u8; 16 * 34];
+        let mut x = vec![0f32; 512];
+        for j in 0..16 {
+            w[34 * j..34 * j + 2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
+        }
+        w[2..34].fill(127);
+        x[..32].fill(127.0 * 16.0);
+        for j in [1, 9] {
+            w[34 * j + 2] = 1;
+            w[34 * j + 3] = 1;
+            x[32 * j] = 127.0 / 512.0;
+            x[32 * j + 1] = 1.0 / 512.0;
+        }
+        let mut xq = vec![0u8; 16 * Q8_1_BLOCK];
+        quantize_q8_1(&x, &mut xq);
+        assert_eq!(mul_mat_q_dot(DType::Q8_0, &w, &xq, 16).unwrap(), 8258048.0);
+        assert_eq!(
+            mul_mat_q_dot_lanes(DType::Q8_0, &w, &xq, 16).unwrap(),
+            8258048.5
+        );
+        assert_eq!(
+            mul_mat_q_dot_class(1, DType::Q8_0, &w, &xq, 16).unwrap(),
+            8258048.5
+        );
+        assert_eq!(
+            mul_mat_q_dot_class(8, DType::Q8_0, &w, &xq, 16).unwrap(),
+            8258048.0
+        );
+        assert!(mul_mat_q_dot_lanes(DType::Q8_0, &w[..60], &xq, 3).is_none());
     }
 
     #[test]

@@ -117,7 +117,8 @@ fn mul_mat_quantised(#[case] dtype: DType, #[case] k: usize, #[case] m: usize, #
     for col in 0..n {
         reference::quantize_q8_1(&x[col * k..(col + 1) * k], &mut q);
         for row in 0..m {
-            let want = reference::mul_mat_q_dot(dtype, &w[row * rs..(row + 1) * rs], &q, k / 32);
+            let want =
+                reference::mul_mat_q_dot_class(n, dtype, &w[row * rs..(row + 1) * rs], &q, k / 32);
             assert_eq!(
                 got[col * m + row].to_bits(),
                 want.unwrap().to_bits(),

@@ -1,6 +1,6 @@
 //! Every kernel against host references: bit for bit where the kernel has no `.approx`
 //! instruction (the mirrors in `ggml_cuda::reference` do its float operations in its
-//! order; the quantised products' per-output order is `reference::mul_mat_q_dot`'s), by
+//! order; the quantised products' per-output order is `reference::mul_mat_q_dot_class`'s), by
 //! NMSE where it has (silu, swiglu, soft_max, flash attention: 1e-7, 5e-4), plus
 //! bit-identity checks of invariant 2, copies and events.
 //!
@@ -278,7 +278,7 @@ fn binary_unary_norm() {
 
 /// The host's MUL_MAT of quantised weight rows `w` ([k, m] per matrix, `a2 * a3`
 /// matrices, contiguous) and f32 activations `x` ([k, n, b2, b3], contiguous), in the
-/// sequential per-output order every current kernel uses: out [m, n, b2, b3].
+/// per-output order of the kernel class of `n` columns: out [m, n, b2, b3].
 fn mul_mat_q_ref(
     dt: DType,
     w: &[u8],
@@ -299,7 +299,8 @@ fn mul_mat_q_ref(
                 for row in 0..m {
                     let at = (wm * m + row) * rs;
                     let o = ((i3 * b2 + i2) * n + col) * m + row;
-                    out[o] = reference::mul_mat_q_dot(dt, &w[at..at + rs], &q, k / 32).unwrap();
+                    out[o] =
+                        reference::mul_mat_q_dot_class(n, dt, &w[at..at + rs], &q, k / 32).unwrap();
                 }
             }
         }
@@ -310,10 +311,11 @@ fn mul_mat_q_ref(
 /// Every quantised weight dtype, K from one chunk to SmolLM2's FFN width (1536: two
 /// 32-chunk K-tiles of the tiled class, one 64-chunk tile below 8 columns) and 4352 (three
 /// 64-chunk tiles, the last of 8), M (37 or 13) not a multiple of any block's rows, N =
-/// 1..7 (one column tile) and 8, 17 (8-column tiles, the last partial): bit for bit the
-/// host's sequential order, so the two classes agree wherever their columns do.
+/// 1..7 (one column tile: the decode class, 8 partials per output) and 8, 17 (8-column
+/// tiles, the last partial: the tiled class, one sequential chain): bit for bit the host's
+/// order of each class, which depends on the class and not on the columns within it.
 #[rstest::rstest]
-fn mul_mat_quantised_is_the_sequential_order(
+fn mul_mat_quantised_follows_its_class_order(
     #[values(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dt: DType,
 ) {
     let be = gpu();
@@ -345,9 +347,9 @@ fn mul_mat_quantised_is_the_sequential_order(
             &[(tw, w.clone()), (tx, f32_bytes(&x))],
             &outs,
         );
-        let want = mul_mat_q_ref(dt, &w, &x, [k, m, 17], [1, 1], [1, 1]);
         for (&n, g) in ns.iter().zip(&got) {
-            assert_bits(&to_f32(g), &want[..m * n], &format!("{dt} K {k} N {n}"));
+            let want = mul_mat_q_ref(dt, &w, &x[..k * n], [k, m, n], [1, 1], [1, 1]);
+            assert_bits(&to_f32(g), &want, &format!("{dt} K {k} N {n}"));
         }
     }
     let st = be.kernel_stats();

@@ -4,10 +4,11 @@
 //!   the same IEEE operations in the same order, or integer compares), and against the
 //!   host mirrors in `ggml_cuda::reference`;
 //! - MUL_MAT_ID against the CUDA MUL_MAT of each token's expert bit for bit (the kernels
-//!   share mul_mat's per-output order); quantised experts against the host's
-//!   `reference::mul_mat_q_dot` bit for bit, float experts against the host mirror bit
-//!   for bit and against the CPU backend by NMSE at mul_mat's limit (5e-4: the GPU
-//!   quantises activations to Q8_1 where the CPU uses each format's own dot type);
+//!   share mul_mat's per-output order, that of the class of the token count); quantised
+//!   experts against the host's `reference::mul_mat_q_dot_class` bit for bit, float
+//!   experts against the host mirror bit for bit and against the CPU backend by NMSE at
+//!   mul_mat's limit (5e-4: the GPU quantises activations to Q8_1 where the CPU uses each
+//!   format's own dot type);
 //! - a bad expert id is a `BadData` error naming the node, not a read out of bounds;
 //! - a whole MoE FFN (router, top-k, weights, experts, combine) against the CPU.
 
@@ -354,9 +355,9 @@ fn k_of(dtype: DType) -> usize {
 /// projections: one activation row per token) and B1 = n_used (the down projection: one
 /// per slot), ids with repeats. Each output column (e, t) must be, bit for bit, the CUDA
 /// MUL_MAT of expert ids[e, t] with activation row (e mod B1, t), computed in the same
-/// graph over all B1 * T rows (5 rows: the matrix-vector class, 10: the tiled one,
-/// identical by invariant 2). Quantised: bit for bit the host's order; float: within
-/// mul_mat's NMSE limit of the CPU backend.
+/// graph over token t's B1 rows (the decode class, as the 5 tokens of the MUL_MAT_ID).
+/// Quantised: bit for bit the host's order; float: within mul_mat's NMSE limit of the
+/// CPU backend.
 #[rstest]
 fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
     #[values(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K)] dtype: DType,
@@ -378,7 +379,10 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
         for e in 0..N_AS {
             let nb = [tw.nb[0], tw.nb[1], tw.nb[2], tw.nb[2]];
             let we = ctx.view(w, [k, m, 1, 1], nb, e * tw.nb[2]).unwrap();
-            outs.push(ctx.mul_mat(we, x2).unwrap());
+            for t in 0..TOKENS {
+                let xt = ctx.view_2d(x2, k, b1, 4 * k, 4 * k * b1 * t).unwrap();
+                outs.push(ctx.mul_mat(we, xt).unwrap());
+            }
         }
         Case {
             inputs: vec![
@@ -393,9 +397,8 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
     for t in 0..TOKENS {
         for e in 0..N_USED {
             let id = ids[t * N_USED + e] as usize;
-            let col = t * b1 + e % b1;
-            let dense = to_f32(DType::F32, &gpu[1 + id]);
-            let want = &dense[col * m..(col + 1) * m];
+            let dense = to_f32(DType::F32, &gpu[1 + id * TOKENS + t]);
+            let want = &dense[e % b1 * m..(e % b1 + 1) * m];
             let have = &got[(t * N_USED + e) * m..][..m];
             let (hb, wb): (Vec<u32>, Vec<u32>) = (
                 have.iter().map(|v| v.to_bits()).collect(),
@@ -405,7 +408,7 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
         }
     }
     if dtype.is_quantized() {
-        // Quantised experts: bit for bit the host's sequential order.
+        // Quantised experts: bit for bit the host's order (of the decode class: 5 tokens).
         let wb = quantize_rows(dtype, &wv, k);
         let rs = dtype.row_size(k).unwrap();
         let mut q = vec![0u8; k / 32 * reference::Q8_1_BLOCK];
@@ -416,7 +419,8 @@ fn mul_mat_id_is_the_mul_mat_of_each_tokens_expert(
                 reference::quantize_q8_1(&xv[col * k..(col + 1) * k], &mut q);
                 for row in 0..m {
                     let at = (id * m + row) * rs;
-                    let want = reference::mul_mat_q_dot(dtype, &wb[at..at + rs], &q, k / 32);
+                    let want =
+                        reference::mul_mat_q_dot_class(TOKENS, dtype, &wb[at..at + rs], &q, k / 32);
                     let have = got[(t * N_USED + e) * m + row];
                     assert_eq!(
                         have.to_bits(),
@@ -662,7 +666,9 @@ fn mul_mat_id_of_a_prompt_batch_is_the_host_order(
             reference::quantize_q8_1(&xv[col * k..(col + 1) * k], &mut q);
             for row in 0..m {
                 let at = (id * m + row) * rs;
-                let want = reference::mul_mat_q_dot(dtype, &wb[at..at + rs], &q, k / 32).unwrap();
+                let want =
+                    reference::mul_mat_q_dot_class(tokens, dtype, &wb[at..at + rs], &q, k / 32)
+                        .unwrap();
                 let have = got[(t * N_USED + e) * m + row];
                 assert_eq!(
                     have.to_bits(),

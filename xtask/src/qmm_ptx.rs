@@ -581,14 +581,19 @@ NORM_TAIL:
 /// Chunks per unrolled group of stage C.
 const C_GROUP: usize = 8;
 
-/// Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order. The
-/// thread's chunk records lie at fixed strides from three pointers (W: 16 bytes, A: 48
-/// bytes, S: 4 bytes per chunk), so a group of [`C_GROUP`] chunks issues all its shared
-/// loads at once, then the products dw * da and float(sumi) (off the chain), then the
-/// chain's two fma per chunk back to back. The chunks left over, and every chunk when a
-/// group is Q2_K, go one at a time.
+/// Chunks per unrolled group of the decode class's stage C (a lane's chunks are 8
+/// apart: at K = 576 it has 2 or 3, at 1536 6).
+const C8_GROUP: usize = 2;
+
+/// Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order; in the
+/// decode class (`%pc8`) one chain per lane over chunks j = thr (mod 8) of the tile (a
+/// tile starts at a multiple of 8 chunks, so that is j mod 8 in K too), the 8 chains
+/// meeting in the epilogue. The thread's chunk records lie at fixed strides from three
+/// pointers (W: 16 bytes, A: 48 bytes, S: 4 bytes per chunk), so a group of chunks
+/// issues all its shared loads at once, then the products dw * da and float(sumi) (off
+/// the chain), then the chain's two fma per chunk back to back. The chunks left over,
+/// and every chunk when a group is Q2_K, go one at a time.
 fn stage_c() -> String {
-    let g = C_GROUP;
     let mut f = String::from(
         "    // Stage C: the f32 chain of output (cr, cn) over the tile's chunks, in order.
     @!%pact bra C_DONE;
@@ -604,17 +609,41 @@ fn stage_c() -> String {
     add.u64 %rd5, %sW, %rd0;
     mul.wide.u32 %rd0, %t0, 4;
     add.u64 %rd7, %sS, %rd0;
+    @%pc8 bra C8;
     mov.u32 %j, 0;
     @%pq2 bra C_ONE;
 ",
     );
+    f += &chunk_groups("C", C_GROUP, 1);
+    f += &one_chunk("C", 1);
+    f += "C8:
+    // The decode class: this lane's chunks j = thr (mod 8).
+    and.b32 %j, %thr, 7;
+    mul.wide.u32 %rd0, %j, 16;
+    add.u64 %rd5, %rd5, %rd0;
+    mul.wide.u32 %rd0, %j, 48;
+    add.u64 %rd6, %rd6, %rd0;
+    mul.wide.u32 %rd0, %j, 4;
+    add.u64 %rd7, %rd7, %rd0;
+    @%pq2 bra C8_ONE;
+";
+    f += &chunk_groups("C8", C8_GROUP, 8);
+    f += &one_chunk("C8", 8);
+    f
+}
+
+/// Stage C's groups of `g` chunks `step` apart (labels `{tag}_GROUP`, leaving for
+/// `{tag}_ONE` when fewer than `g` are left): the chunk index in `%j`, the record pointers
+/// in `%rd5`, `%rd6`, `%rd7`.
+fn chunk_groups(tag: &str, g: usize, step: usize) -> String {
     // The test for the next group is computed inside the group, so that its branch never
     // waits.
-    f += &format!(
-        "    mov.u32 %t12, {g};
-    setp.lt.u32 %p3, %TCa, {g};
-C_GROUP:
-    @%p3 bra C_ONE;
+    let span = step * (g - 1);
+    let mut f = format!(
+        "    add.u32 %t12, %j, {span};
+    setp.ge.u32 %p3, %t12, %TCa;
+{tag}_GROUP:
+    @%p3 bra {tag}_ONE;
 "
     );
     for k in 0..g {
@@ -622,24 +651,30 @@ C_GROUP:
             "    ld.shared.v2.b32 {{%cw{k}, %cm{k}}}, [%rd5+{}];
     ld.shared.v2.b32 {{%ca{k}, %cb{k}}}, [%rd6+{}];
 ",
-            16 * k,
-            48 * k
+            16 * step * k,
+            48 * step * k
         );
     }
-    for q in 0..g / 4 {
-        f += &format!(
-            "    ld.shared.v4.b32 {{%cs{}, %cs{}, %cs{}, %cs{}}}, [%rd7+{}];
+    if step == 1 {
+        for q in 0..g / 4 {
+            f += &format!(
+                "    ld.shared.v4.b32 {{%cs{}, %cs{}, %cs{}, %cs{}}}, [%rd7+{}];
 ",
-            4 * q,
-            4 * q + 1,
-            4 * q + 2,
-            4 * q + 3,
-            16 * q
-        );
+                4 * q,
+                4 * q + 1,
+                4 * q + 2,
+                4 * q + 3,
+                16 * q
+            );
+        }
+    } else {
+        for k in 0..g {
+            f += &format!("    ld.shared.b32 %cs{k}, [%rd7+{}];\n", 4 * step * k);
+        }
     }
     // (the .b32 registers feed the f32 instructions directly: a mov in between would
     // hold each product up by its latency)
-    f += &format!("    add.u32 %t13, %t12, {g};\n");
+    f += &format!("    add.u32 %t12, %t12, {};\n", step * g);
     for k in 0..g {
         f += &format!(
             "    mul.rn.f32 %cf{k}, %cw{k}, %ca{k};
@@ -647,7 +682,7 @@ C_GROUP:
 "
         );
     }
-    f += "    setp.gt.u32 %p3, %t13, %TCa;\n";
+    f += "    setp.ge.u32 %p3, %t12, %TCa;\n";
     for k in 0..g {
         f += &format!(
             "    fma.rn.f32 %acc, %cf{k}, %cg{k}, %acc;
@@ -656,22 +691,29 @@ C_GROUP:
         );
     }
     f += &format!(
-        "    mov.u32 %j, %t12;
-    mov.u32 %t12, %t13;
+        "    add.u32 %j, %j, {};
     add.u64 %rd5, %rd5, {};
     add.u64 %rd6, %rd6, {};
     add.u64 %rd7, %rd7, {};
-    bra C_GROUP;
+    bra {tag}_GROUP;
 ",
-        16 * g,
-        48 * g,
-        4 * g
+        step * g,
+        16 * step * g,
+        48 * step * g,
+        4 * step * g
     );
-    f += "C_ONE:
+    f
+}
+
+/// Stage C's chunks one at a time, `step` apart, from `%j` to the tile's end (labels
+/// `{tag}_ONE`, `{tag}_O0`), with Q2_K's min term.
+fn one_chunk(tag: &str, step: usize) -> String {
+    format!(
+        "{tag}_ONE:
     setp.ge.u32 %p0, %j, %TCa;
     @%p0 bra C_DONE;
-    ld.shared.v4.b32 {%W0, %W1, %W2, %W3}, [%rd5];
-    ld.shared.v4.b32 {%a0, %a1, %a2, %a3}, [%rd6];
+    ld.shared.v4.b32 {{%W0, %W1, %W2, %W3}}, [%rd5];
+    ld.shared.v4.b32 {{%a0, %a1, %a2, %a3}}, [%rd6];
     ld.shared.b32 %x0, [%rd7];
     mov.b32 %f0, %W0;
     mov.b32 %f1, %W1;
@@ -682,9 +724,9 @@ C_GROUP:
     cvt.rn.f32.s32 %f6, %x0;
     fma.rn.f32 %acc, %f5, %f6, %acc;
     fma.rn.f32 %acc, %f1, %f4, %acc;
-    @!%pq2 bra C_O0;
+    @!%pq2 bra {tag}_O0;
     setp.eq.f32 %p1, %f2, 0f00000000;
-    @%p1 bra C_O0;
+    @%p1 bra {tag}_O0;
     and.b32 %t10, %W3, 0xFFFF;
     shr.u32 %t11, %W3, 16;
     mul.lo.s32 %t10, %t10, %a2;
@@ -693,14 +735,17 @@ C_GROUP:
     neg.f32 %f5, %f5;
     cvt.rn.f32.s32 %f6, %t10;
     fma.rn.f32 %acc, %f5, %f6, %acc;
-C_O0:
-    add.u32 %j, %j, 1;
-    add.u64 %rd5, %rd5, 16;
-    add.u64 %rd6, %rd6, 48;
-    add.u64 %rd7, %rd7, 4;
-    bra C_ONE;
-";
-    f
+{tag}_O0:
+    add.u32 %j, %j, {step};
+    add.u64 %rd5, %rd5, {};
+    add.u64 %rd6, %rd6, {};
+    add.u64 %rd7, %rd7, {};
+    bra {tag}_ONE;
+",
+        16 * step,
+        48 * step,
+        4 * step
+    )
 }
 
 /// `dst[i]`, i = 0..n, = the 32-bit words at the 2-byte aligned address `[a]`, `[a+4]`,
@@ -1305,21 +1350,25 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 // one. PTX ISA 8.0, sm_80 and newer (JIT by the driver).
 //
 // Chunks and their unpacked form (u_i, z, sc0, sc1, dw, mw, m0, m1, dm) are those of
-// quant.ptx's header. Per output element y[m, n] the arithmetic is
-//     acc = 0
-//     for chunk j = 0, 1, ..., K/32 - 1, in this order:
+// quant.ptx's header. Per output element y[m, n] the arithmetic is, with L partials
+// (L = 8 in the decode class, flags bit 13: fewer than 8 columns, and MUL_MAT_ID; L = 1
+// in the tiled class, and in qgemm):
+//     acc[l] = 0 for l < L
+//     for chunk j = 0, 1, ..., K/32 - 1, in this order, with l = j mod L:
 //         sumi = sc0 * sum_{i<16} (u_i - z) a_i + sc1 * sum_{i>=16} (u_i - z) a_i (int32)
-//         acc  = fma(dw * da, float(sumi), acc)
-//         acc  = fma(mw, sa, acc)
+//         acc[l] = fma(dw * da, float(sumi), acc[l])
+//         acc[l] = fma(mw, sa, acc[l])
 //         if dm != 0:  mi = m0 * sum_{i<16} a_i + m1 * sum_{i>=16} a_i            (int32)
-//                      acc = fma(-(dm * da), float(mi), acc)
-//     y = acc
+//                      acc[l] = fma(-(dm * da), float(mi), acc[l])
+//     L = 1: y = acc[0]; L = 8: y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) +
+//     (acc3 + acc7)), the butterfly over lane distances 4, 2, 1
 // with {da, sa, a_i} the Q8_1 block j of the activation column, bit for bit as
 // quantize_q8_1 writes it (here computed in shared memory, never stored). The integer
 // sums are exact in any order (two's complement), so they are split over lanes freely;
-// the float part is ONE sequential chain per output, in chunk order. The result depends
-// on K and the data only: not on M, N, the tiling, the fusion or the grid, so every class
-// and every fused form gives the same bits (reference::mul_mat_q_dot).
+// the float part is L chains per output, each in chunk order, on L lanes of one warp. The
+// result depends on K, the class and the data only: not on M, N within the class, the
+// tiling, the fusion or the grid, so every fused form gives its class's bits
+// (reference::mul_mat_q_dot, reference::mul_mat_q_dot_lanes).
 
 .version 8.0
 .target sm_80
@@ -1352,7 +1401,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 //             Q8_1 blocks (quantize_q8_1's, strides p_nbx*) instead of f32 values;
 //             bit 5: the RoPE + KV-store epilogue (p_rflags; epilogue 0);
 //             bits 8-11: log2(R); bit 12: Q8_0 blocks through 16-byte loads of a
-//             48-byte window (the `q8-window` tuning; same values)
+//             48-byte window (the `q8-window` tuning; same values); bit 13: the
+//             decode class's order, 8 partials per output on 8 lanes (8 * R * NT <= T)
 //   p_nw      norm weight, f32 [K] (norm prologue)
 //   p_eps     norm epsilon
 //   p_rk      1/K rounded to f32 (the norm's mean)
@@ -1497,7 +1547,7 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
 {
     .reg .pred %p<4>;
     .reg .pred %pn<8>;
-    .reg .pred %pnorm, %pglu, %pg2, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres, %pdead, %prope;
+    .reg .pred %pnorm, %pglu, %pg2, %pids, %pq2, %pq8, %pv, %pal, %pwr, %pact, %pres, %pdead, %prope, %pc8;
     .reg .b16 %hh<8>, %xl<7>, %xh<7>;
     .reg .b32 %t<16>, %X<7>, %W<8>, %H<8>, %U<8>, %a<8>;
     .reg .b32 %thr, %T, %R, %NT, %NK, %N, %nv, %flags, %epi, %ngrp, %gi, %tb, %TCa;
@@ -1539,6 +1589,8 @@ const SKELETON: &str = r"// qmm.ptx -- quantised products, generation 2 (MUL_MAT
     setp.ne.u32 %pids, %t0, 0;
     and.b32 %t0, %flags, 16;
     setp.ne.u32 %pq8, %t0, 0;
+    and.b32 %t0, %flags, 8192;
+    setp.ne.u32 %pc8, %t0, 0;
     // Shared memory: A at 0, W after NT*1536 bytes, S after R*528 more, the norm scales
     // after R*NT*144 more.
     mov.u64 %sA, qmm_smem;
@@ -1732,17 +1784,25 @@ SETUP_MATS:
     not.pred %p0, %p0;
     and.pred %pg2, %p0, %pglu;
 
-    // Stage C's thread: output (row %cr of the CTA, column %cn of the tile).
-    shr.u32 %cn, %thr, %lR;
+    // Stage C's thread: output (row %cr of the CTA, column %cn of the tile); in the
+    // decode class (%pc8) 8 threads per output, thread thr taking output thr / 8 and
+    // its chunks j = thr (mod 8).
+    selp.b32 %t0, 3, 0, %pc8;
+    shr.u32 %t1, %thr, %t0;
+    shr.u32 %cn, %t1, %lR;
     sub.u32 %t0, %R, 1;
-    and.b32 %cr, %thr, %t0;
+    and.b32 %cr, %t1, %t0;
     setp.lt.u32 %pact, %cn, %nv;
     mov.f32 %acc, 0f00000000;
-    // The add epilogue's residual of this thread's output: its address now, the load
-    // after the first prefetches (so that nothing waits for either), its latency passing
-    // during the norm and the tiles.
-    setp.eq.u32 %pres, %epi, 1;
+    // The add epilogue's residual of this thread's output (the first of its 8 in the
+    // decode class): its address now, the load after the first prefetches (so that
+    // nothing waits for either), its latency passing during the norm and the tiles.
+    and.b32 %t1, %thr, 7;
+    @!%pc8 mov.u32 %t1, 0;
+    setp.eq.u32 %pres, %t1, 0;
     and.pred %pres, %pres, %pact;
+    setp.eq.u32 %p0, %epi, 1;
+    and.pred %pres, %pres, %p0;
     add.u32 %t3, %mb, %cr;
     setp.lt.u32 %p0, %t3, %Ma;
     and.pred %pres, %pres, %p0;
@@ -2095,6 +2155,20 @@ C_DONE:
     bra TILE;
 
 EPILOGUE:
+    @!%pc8 bra EPI_BEGIN;
+    // The decode class: each output's 8 partials meet in the butterfly over lane
+    // distances 4, 2, 1 (lane 0: ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))), and
+    // the first of its 8 threads goes on.
+    shfl.sync.bfly.b32 %f0, %acc, 4, 31, 0xffffffff;
+    add.rn.f32 %acc, %acc, %f0;
+    shfl.sync.bfly.b32 %f0, %acc, 2, 31, 0xffffffff;
+    add.rn.f32 %acc, %acc, %f0;
+    shfl.sync.bfly.b32 %f0, %acc, 1, 31, 0xffffffff;
+    add.rn.f32 %acc, %acc, %f0;
+    and.b32 %t0, %thr, 7;
+    setp.eq.u32 %p0, %t0, 0;
+    and.pred %pact, %pact, %p0;
+EPI_BEGIN:
     @%pglu bra EPI_GLU;
     @%prope bra EPI_ROLE;
     // One matrix per CTA: y, and with the add epilogue y + residual.
