@@ -1043,27 +1043,33 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sequential_dot_adds_chunks_in_index_order() {
-        // Q8_0 row of 3 chunks against activations built so that chunk 0 contributes
-        // t0 = 16 * 32 * 127 * 127 = 8258048 (f32 ulp 0.5) and chunks 1, 2 contribute 0.25
-        // each: in index order each 0.25 is a tie that rounds back to t0; any other order
-        // adds 0.25 + 0.25 first and ends at t0 + 0.5.
-        let mut w = vec![0u8; 3 * 34];
-        let mut x = vec![0f32; 96];
-        for j in 0..3 {
+    /// A Q8_0 row of `nchunks` chunks and its Q8_1 activation: chunk 0 contributes t0 =
+    /// 16 * 32 * 127 * 127 = 8258048 (f32 ulp 0.5), each chunk of `small` 0.25 (sumi 128 at
+    /// d = 1/512), the others 0.
+    fn tie_row(nchunks: usize, small: &[usize]) -> (Vec<u8>, Vec<u8>) {
+        let mut w = vec![0u8; nchunks * 34];
+        let mut x = vec![0f32; 32 * nchunks];
+        for j in 0..nchunks {
             w[34 * j..34 * j + 2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
         }
         w[2..34].fill(127);
         x[..32].fill(127.0 * 16.0);
-        for j in 1..3 {
+        for &j in small {
             w[34 * j + 2] = 1;
             w[34 * j + 3] = 1;
             x[32 * j] = 127.0 / 512.0;
             x[32 * j + 1] = 1.0 / 512.0;
         }
-        let mut xq = vec![0u8; 3 * Q8_1_BLOCK];
+        let mut xq = vec![0u8; nchunks * Q8_1_BLOCK];
         quantize_q8_1(&x, &mut xq);
+        (w, xq)
+    }
+
+    #[test]
+    fn sequential_dot_adds_chunks_in_index_order() {
+        // In index order each 0.25 is a tie that rounds back to t0; any other order adds
+        // 0.25 + 0.25 first and ends at t0 + 0.5.
+        let (w, xq) = tie_row(3, &[1, 2]);
         let got = mul_mat_q_dot(DType::Q8_0, &w, &xq, 3).unwrap();
         assert_eq!(got, 8258048.0);
         let reordered = 8258048.0f32 + (0.25f32 + 0.25);
@@ -1074,25 +1080,10 @@ mod tests {
 
     #[test]
     fn lanes_dot_feeds_partial_j_mod_8() {
-        // 16 Q8_0 chunks: chunk 0 contributes t0 = 8258048 (f32 ulp 0.5), chunks 1 and 9
-        // 0.25 each, the others 0. Sequentially each 0.25 is a tie that rounds back to t0;
-        // in the decode class both land in partial 1 (0.5), which the butterfly adds to t0
-        // exactly.
-        let mut w = vec![0u8; 16 * 34];
-        let mut x = vec![0f32; 512];
-        for j in 0..16 {
-            w[34 * j..34 * j + 2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
-        }
-        w[2..34].fill(127);
-        x[..32].fill(127.0 * 16.0);
-        for j in [1, 9] {
-            w[34 * j + 2] = 1;
-            w[34 * j + 3] = 1;
-            x[32 * j] = 127.0 / 512.0;
-            x[32 * j + 1] = 1.0 / 512.0;
-        }
-        let mut xq = vec![0u8; 16 * Q8_1_BLOCK];
-        quantize_q8_1(&x, &mut xq);
+        // 16 chunks, chunks 1 and 9 of 0.25: sequentially each is a tie that rounds back
+        // to t0; in the decode class both land in partial 1 (0.5), which the butterfly
+        // adds to t0 exactly.
+        let (w, xq) = tie_row(16, &[1, 9]);
         assert_eq!(mul_mat_q_dot(DType::Q8_0, &w, &xq, 16).unwrap(), 8258048.0);
         assert_eq!(
             mul_mat_q_dot_lanes(DType::Q8_0, &w, &xq, 16).unwrap(),
