@@ -179,6 +179,7 @@ impl KeyBuilder {
             t.pdl,
             t.q8_window,
             t.attn_row_split,
+            t.decode_lanes,
         ];
         self.words.push(
             bits.iter()

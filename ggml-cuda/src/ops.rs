@@ -145,8 +145,9 @@ impl Ctx<'_> {
 impl Ctx<'_> {
     /// Launches `qmm` for `call`.
     fn launch_qmm(&mut self, call: &qmm::Call) -> BackendResult<()> {
-        let d = dims(call.dims(), self)?;
-        let mut a = call.args_with(self.st.tuning.q8_window).ok_or_else(|| {
+        let t = self.st.tuning;
+        let d = dims(call.dims_with(t.decode_lanes), self)?;
+        let mut a = call.args_with(t.q8_window, t.decode_lanes).ok_or_else(|| {
             self.fail(
                 BackendErrorKind::UnsupportedOp,
                 "shape outside the kernel's launch limits",

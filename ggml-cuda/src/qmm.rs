@@ -212,15 +212,19 @@ impl Call {
     }
 
     /// Partials per output: the decode class's [`launch::QMM_DECODE_LANES`] below
-    /// [`launch::MMQ_MIN_N`] tokens (columns; ids mode: tokens), else 1.
-    fn lanes(&self) -> usize {
-        launch::qmm_lanes(if self.ids.is_some() { self.nz } else { self.n })
+    /// [`launch::MMQ_MIN_N`] tokens (columns; ids mode: tokens) when `decode_lanes` (the
+    /// tuning of that name), else 1.
+    fn lanes(&self, decode_lanes: bool) -> usize {
+        match decode_lanes {
+            true => launch::qmm_lanes(if self.ids.is_some() { self.nz } else { self.n }),
+            false => 1,
+        }
     }
 
     /// Rows per block and the blocks over the rows.
-    fn rows(&self) -> Option<(usize, usize)> {
+    fn rows(&self, decode_lanes: bool) -> Option<(usize, usize)> {
         let nt = self.nt();
-        let lanes = self.lanes();
+        let lanes = self.lanes(decode_lanes);
         let ms = self.mats.iter().flatten().map(|m| m.m);
         if matches!(self.epi, Epilogue::Glu { .. }) {
             let m0 = self.mats[0]?.m;
@@ -232,16 +236,24 @@ impl Call {
         Some((rows, ms.map(|m| m.div_ceil(rows)).sum()))
     }
 
-    /// Grid, block and shared memory, or `None` past the launch limits.
+    /// Grid, block and shared memory with the default tuning, or `None` past the launch
+    /// limits.
+    #[cfg(test)]
     pub fn dims(&self) -> Option<LaunchDims> {
-        let (rows, ctas) = self.rows()?;
+        self.dims_with(true)
+    }
+
+    /// Grid, block and shared memory, with the decode class's 8 lanes per output when
+    /// `decode_lanes` (the tuning of that name), or `None` past the launch limits.
+    pub fn dims_with(&self, decode_lanes: bool) -> Option<LaunchDims> {
+        let (rows, ctas) = self.rows(decode_lanes)?;
         let mut d = launch::qmm(
             ctas,
             self.ny,
             self.nz,
             rows,
             self.nt(),
-            self.lanes(),
+            self.lanes(decode_lanes),
             self.k / 32,
         )?;
         if self.rope.is_some() {
@@ -252,9 +264,10 @@ impl Call {
     }
 
     /// The arguments, in the order of the kernel's parameters, with Q8_0 blocks loaded
-    /// through 48-byte windows when `q8_window` (the tuning of that name; same values).
-    pub fn args_with(&self, q8_window: bool) -> Option<Args> {
-        let (rows, _) = self.rows()?;
+    /// through 48-byte windows when `q8_window` (the tuning of that name; same values),
+    /// and the decode class's 8 lanes per output when `decode_lanes` (its tuning).
+    pub fn args_with(&self, q8_window: bool, decode_lanes: bool) -> Option<Args> {
+        let (rows, _) = self.rows(decode_lanes)?;
         let mut a = Args::new();
         a.u64(self.x);
         for s in self.nbx {
@@ -272,7 +285,7 @@ impl Call {
             | if self.rope.is_some() { 32 } else { 0 }
             | rows.trailing_zeros() << 8
             | u32::from(q8_window) << 12
-            | u32::from(self.lanes() > 1) << 13;
+            | u32::from(self.lanes(decode_lanes) > 1) << 13;
         let chunks = self.k / 32;
         let tc = launch::qmm_tile(self.nt(), chunks);
         let [offw, offs, offn, _] = launch::qmm_layout(rows, self.nt(), tc);
@@ -452,7 +465,7 @@ mod tests {
             .into_iter()
             .find(|e| e.name == name)
             .unwrap();
-        let a = call().args_with(false).unwrap();
+        let a = call().args_with(false, true).unwrap();
         assert_eq!(a.len(), e.params.len());
     }
 

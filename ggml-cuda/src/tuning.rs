@@ -21,6 +21,7 @@
 //! | `legacy-decode-attn` | the first flash-attention kernel (`flash_attn_ext`) for decode-sized batches (fewer than 8 queries) |
 //! | `legacy-prompt-attn` | the first flash-attention kernel for prompt batches (8 queries or more) |
 //! | `no-attn-row-split` | `flash_attn_dec` keeps up to 8 query rows per block however few blocks that gives (a decode of SmolLM2: 3 instead of 9; same bits) |
+//! | `no-decode-lanes` | the decode class's quantised products in one chain per output on one thread, as the tiled class (not the decode class's bits: its 8 partials per output are another order) |
 //! | `no-mma-attn` | prompt batches on the tiled FMA kernel (`flash_attn_dec`, the bits of a decode) instead of `flash_attn_mma` on f16 tensor cores |
 //! | `q8-window` | `qmm` loads each Q8_0 block through three 16-byte loads of the 48 aligned bytes around it instead of nine or ten narrow ones (same bits; off by default until a GPU has measured it) |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
@@ -75,6 +76,11 @@ pub struct CudaTuning {
     /// blocks for SmolLM2, 9 with one row each). Same bits: every row's arithmetic is its
     /// own; each block reads its tile's K and V again.
     pub attn_row_split: bool,
+    /// Quantised products of the decode class (fewer than 8 tokens) feed chunk `j` of K
+    /// to partial `j mod 8`, 8 lanes per output, combined by a butterfly; off, they chain
+    /// every chunk in one sequence on one thread per output, as the tiled class does
+    /// (another order: the decode class's bits change with it).
+    pub decode_lanes: bool,
     /// Prompt batches (8 queries or more) with f16 K/V of head size 64 or 128 on
     /// `flash_attn_mma` (f16 tensor cores; another kernel class: not the bits of a
     /// decode) instead of the tiled FMA kernel. `legacy_prompt_attn` wins over it.
@@ -104,6 +110,7 @@ impl Default for CudaTuning {
             legacy_decode_attn: false,
             legacy_prompt_attn: false,
             attn_row_split: true,
+            decode_lanes: true,
             mma_attn: true,
             q8_window: false,
         }
@@ -128,6 +135,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("legacy-decode-attn", |t| t.legacy_decode_attn = true),
     ("legacy-prompt-attn", |t| t.legacy_prompt_attn = true),
     ("no-attn-row-split", |t| t.attn_row_split = false),
+    ("no-decode-lanes", |t| t.decode_lanes = false),
     ("no-mma-attn", |t| t.mma_attn = false),
     ("q8-window", |t| t.q8_window = true),
 ];
@@ -149,6 +157,7 @@ impl CudaTuning {
             legacy_decode_attn: true,
             legacy_prompt_attn: true,
             attn_row_split: false,
+            decode_lanes: false,
             mma_attn: false,
             q8_window: false,
         }
@@ -280,6 +289,7 @@ mod tests {
             "legacy-prompt-attn,legacy-decode-attn",
             "legacy",
             "no-fuse",
+            "no-decode-lanes,no-attn-row-split",
         ] {
             let t: CudaTuning = s.parse().unwrap();
             let back: CudaTuning = t.to_string().parse().unwrap();

@@ -362,6 +362,57 @@ fn mul_mat_quantised_follows_its_class_order(
     );
 }
 
+/// The `no-decode-lanes` tuning: a decode-class product (N = 1 and 3, K = 1536: 48
+/// chunks, 6 a lane) chains every chunk on one thread, the tiled class's order
+/// (`reference::mul_mat_q_dot`), and the default gives the 8 lanes' order; the two differ
+/// on this data, so each check can fail.
+#[rstest::rstest]
+fn decode_lanes_off_chains_every_chunk(#[values(Q4_1, Q8_0, Q4K)] dt: DType) {
+    let be = gpu();
+    let (k, m) = (1536, 13);
+    let mut rng = Lcg(17 + dt.ggml_id() as u64);
+    let w = lcg_quant_rows(dt, k * m, &mut rng, 0.005);
+    let x = rng.vec(k * 3);
+    let run_with = |tuning: CudaTuning, n: usize| {
+        be.set_tuning(tuning);
+        let mut s = storage();
+        let mut ctx = Context::new(&mut s);
+        let tw = ctx.new_tensor(dt, [k, m, 1, 1]).unwrap();
+        let tx = ctx.new_tensor(DType::F32, [k, n, 1, 1]).unwrap();
+        let out = ctx.mul_mat(tw, tx).unwrap();
+        to_f32(&run(
+            &be,
+            &mut ctx,
+            &[(tw, w.clone()), (tx, f32_bytes(&x[..k * n]))],
+            out,
+        ))
+    };
+    let chain_tuning: CudaTuning = "no-decode-lanes".parse().unwrap();
+    for n in [1, 3] {
+        let rs = dt.row_size(k).unwrap();
+        let mut chain = vec![0f32; m * n];
+        let mut lanes = vec![0f32; m * n];
+        let mut q = vec![0u8; k / 32 * Q8_1_BLOCK];
+        for col in 0..n {
+            reference::quantize_q8_1(&x[col * k..(col + 1) * k], &mut q);
+            for row in 0..m {
+                let wr = &w[row * rs..(row + 1) * rs];
+                chain[col * m + row] = reference::mul_mat_q_dot(dt, wr, &q, k / 32).unwrap();
+                lanes[col * m + row] = reference::mul_mat_q_dot_lanes(dt, wr, &q, k / 32).unwrap();
+            }
+        }
+        assert_ne!(
+            chain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            lanes.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{dt} N {n}: the two orders agree on this data"
+        );
+        let off = run_with(chain_tuning, n);
+        assert_bits(&off, &chain, &format!("{dt} N {n}, no-decode-lanes"));
+        let on = run_with(CudaTuning::default(), n);
+        assert_bits(&on, &lanes, &format!("{dt} N {n}, default"));
+    }
+}
+
 /// `qgemm` (2-D products of 8 columns or more, 32 x 32 register tiles over 8-chunk
 /// K-tiles) for every quantised dtype, with partial tiles in every direction: M = 70 (two
 /// full row tiles and 6 rows), N = 8 and 45 (a column tile of 8, one full and 13), K of

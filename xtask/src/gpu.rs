@@ -700,6 +700,7 @@ pub const TUNINGS: &[&str] = &[
     "no-qgemm",
     "no-mma-attn",
     "no-attn-row-split",
+    "no-decode-lanes",
     "q8-window",
     "legacy-products",
     "legacy-decode-attn",
