@@ -4,8 +4,9 @@
 //! Every switch exists so that one run on a GPU can show the effect of each step, old and
 //! new side by side. None changes what a graph means: a fused launch computes every node
 //! it replaces, bit for bit as the unfused kernels of the same generation do. The kernel
-//! generations (`legacy_*`) may differ in reduction order (DESIGN.md, invariant 2's
-//! kernel classes), so results are bit-identical only within one setting of those.
+//! generations (`legacy_*`) and the decode class's product order (`decode_lanes`) may
+//! differ in reduction order (DESIGN.md, invariant 2's kernel classes), so results are
+//! bit-identical only within one setting of those.
 //!
 //! Parsed from a comma-separated list (`--cuda-tuning` of `ggml-harness`):
 //!
