@@ -180,6 +180,7 @@ impl KeyBuilder {
             t.q8_window,
             t.attn_row_split,
             t.decode_lanes,
+            t.row_attn,
         ];
         self.words.push(
             bits.iter()

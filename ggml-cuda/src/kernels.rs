@@ -75,6 +75,14 @@ pub enum KernelId {
     FlashAttnMma64,
     /// `fattn_mma.ptx` (generated): flash_attn_mma_d128, the same for head size 128.
     FlashAttnMma128,
+    /// `fattn_row.ptx` (generated): flash_attn_row_d64, decode attention (fewer than 8
+    /// queries) with one query row per block for f16 K/V of head size 64: the bits of
+    /// `flash_attn_dec`.
+    FlashAttnRow64,
+    /// `fattn_row.ptx` (generated): flash_attn_row_d128, the same for head size 128.
+    FlashAttnRow128,
+    /// `fattn_row.ptx` (generated): flash_attn_row_d256, the same for head size 256.
+    FlashAttnRow256,
     /// `rows.ptx`: sum_rows.
     SumRows,
     /// `rows.ptx`: argsort_top_k.
@@ -121,6 +129,9 @@ impl KernelId {
         KernelId::FlashAttnDec,
         KernelId::FlashAttnMma64,
         KernelId::FlashAttnMma128,
+        KernelId::FlashAttnRow64,
+        KernelId::FlashAttnRow128,
+        KernelId::FlashAttnRow256,
         KernelId::SumRows,
         KernelId::ArgsortTopK,
         KernelId::UploadScatter,
@@ -202,7 +213,7 @@ macro_rules! ptx_module {
 }
 
 /// All modules, in load order.
-pub const MODULES: [Module; 15] = [
+pub const MODULES: [Module; 16] = [
     ptx_module!("binary": Binary = "binary"),
     ptx_module!(
         "unary":
@@ -234,6 +245,12 @@ pub const MODULES: [Module; 15] = [
         "fattn_mma":
         FlashAttnMma64 = "flash_attn_mma_d64",
         FlashAttnMma128 = "flash_attn_mma_d128",
+    ),
+    ptx_module!(
+        "fattn_row":
+        FlashAttnRow64 = "flash_attn_row_d64",
+        FlashAttnRow128 = "flash_attn_row_d128",
+        FlashAttnRow256 = "flash_attn_row_d256",
     ),
     ptx_module!("rows": SumRows = "sum_rows", ArgsortTopK = "argsort_top_k"),
     ptx_module!("upload": UploadScatter = "upload_scatter"),
@@ -493,6 +510,9 @@ mod tests {
                 KernelId::FlashAttnDec,
                 KernelId::FlashAttnMma64,
                 KernelId::FlashAttnMma128,
+                KernelId::FlashAttnRow64,
+                KernelId::FlashAttnRow128,
+                KernelId::FlashAttnRow256,
             ]
         );
         // Every call names a function of its own module.

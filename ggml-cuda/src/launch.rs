@@ -728,6 +728,67 @@ pub fn flash_attn_dec(
     })
 }
 
+/// Threads of a `flash_attn_row` block (one per position of a tile).
+pub const FA_ROW_THREADS: u32 = 128;
+
+/// Geometry of one `flash_attn_row` launch and the scratch it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashAttnRow {
+    /// Grid, block and shared memory (static: none at launch).
+    pub dims: LaunchDims,
+    /// KV tiles: `max(1, ceil(n_kv / FA_DEC_TILE))`.
+    pub tiles: u32,
+    /// Bytes of the partials' (m, s) pairs, 8 per (tile, row); 0 with one tile.
+    pub ms_bytes: usize,
+    /// Bytes of all the partials: the pairs, then `d * 4` per (tile, row) of a values.
+    pub part_bytes: usize,
+    /// u32 counters of the last-block combine, one per output row; 0 with one tile.
+    pub counters: usize,
+}
+
+/// flash_attn_row for `n_q` queries of `heads` query heads, head size `d` (= Dv): one
+/// block of [`FA_ROW_THREADS`] per (KV tile, head, query and i3). `None` for a head size
+/// without an entry (64, 128, 256), no queries, or a grid beyond CUDA's limits.
+pub fn flash_attn_row(
+    d: usize,
+    heads: usize,
+    n_q: usize,
+    n_kv: usize,
+    ne3: usize,
+) -> Option<FlashAttnRow> {
+    if !matches!(d, 64 | 128 | 256) || heads == 0 || n_q == 0 || ne3 == 0 {
+        return None;
+    }
+    let tiles = n_kv.div_ceil(FA_DEC_TILE).max(1);
+    let dims = check(LaunchDims {
+        grid: (
+            u32::try_from(tiles).ok()?,
+            u32::try_from(heads).ok()?,
+            u32::try_from(n_q.checked_mul(ne3)?).ok()?,
+        ),
+        block: (FA_ROW_THREADS, 1, 1),
+        shared: 0,
+        programmatic: false,
+    })?;
+    let rows = ne3.checked_mul(n_q)?.checked_mul(heads)?;
+    // The kernel indexes rows, partials and their a values with 32-bit products.
+    u32::try_from(rows.checked_mul(tiles)?.checked_mul(d)?).ok()?;
+    let (ms_bytes, part_bytes, counters) = match tiles {
+        1 => (0, 0, 0),
+        _ => {
+            let ms = rows * tiles * 8;
+            (ms, ms + rows * tiles * d * 4, rows)
+        }
+    };
+    Some(FlashAttnRow {
+        dims,
+        tiles: tiles as u32,
+        ms_bytes,
+        part_bytes,
+        counters,
+    })
+}
+
 /// The type an argument was packed as, checked against the kernel's `.param` list on
 /// cuda-sim (a mismatch there is a launch error, not a wrong result on a GPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -915,6 +976,22 @@ mod tests {
         // 7 columns of 8 rows: 8 lanes for each of the 56 outputs.
         assert_eq!(qmm_threads(8, 7, l8, 1), 448);
         assert!(qmm(1, 70_000, 1, 8, 1, l8, 18).is_none());
+    }
+
+    #[test]
+    fn flash_attn_row_grids() {
+        // A SmolLM2 decode at 65 positions: one tile, 9 heads, no partials.
+        let g = flash_attn_row(64, 9, 1, 65, 1).unwrap();
+        assert_eq!((g.dims.grid, g.dims.block), ((1, 9, 1), (128, 1, 1)));
+        assert_eq!((g.tiles, g.part_bytes, g.counters), (1, 0, 0));
+        // 3 queries over 2 i3 at 300 positions: 3 tiles, partials per (tile, row).
+        let g = flash_attn_row(128, 4, 3, 300, 2).unwrap();
+        assert_eq!(g.dims.grid, (3, 4, 6));
+        assert_eq!((g.ms_bytes, g.counters), (24 * 3 * 8, 24));
+        assert_eq!(g.part_bytes, 24 * 3 * 8 + 24 * 3 * 128 * 4);
+        assert!(flash_attn_row(80, 4, 1, 10, 1).is_none());
+        assert!(flash_attn_row(64, 0, 1, 10, 1).is_none());
+        assert!(flash_attn_row(64, 70_000, 1, 10, 1).is_none());
     }
 
     #[test]

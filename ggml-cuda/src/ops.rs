@@ -507,6 +507,11 @@ pub(crate) fn run(
                         return flash_attn_mma(&mut c, &t, kernel, [&q, &k, &v], mask.as_ref(), p);
                     }
                 }
+                if q.ne[1] < MMQ_MIN_N && c.st.tuning.row_attn {
+                    if let Some(kernel) = row_attn_kernel(&c, [&q, &k, &v], mask.as_ref(), &p)? {
+                        return flash_attn_row(&mut c, &t, kernel, [&q, &k, &v], mask.as_ref(), p);
+                    }
+                }
                 return flash_attn_dec(&mut c, &t, [&q, &k, &v], mask.as_ref(), p);
             }
             let d = dims(
@@ -614,6 +619,98 @@ fn mma_attn_kernel(
     };
     let plain = p.softcap == 0.0 && p.max_bias == 0.0 && k.ne[1] % 2 == 0;
     Ok((q_pairs && kv_rows(k)? && kv_rows(v)? && mask_pairs && plain).then_some(kernel))
+}
+
+/// The `flash_attn_row` entry for a decode attention, or `None` when it needs what only
+/// `flash_attn_dec` has: K and V other than f16, a head size other than 64, 128 or 256
+/// (or Dv != D), soft-capping, ALiBi, K/V row strides of 2^32 bytes or more, or rows the
+/// kernel's vector loads cannot read (q and K/V rows 16-byte aligned, mask values
+/// aligned to their size).
+fn row_attn_kernel(
+    c: &Ctx<'_>,
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    p: &AttnArgs,
+) -> BackendResult<Option<KernelId>> {
+    let kernel = match (q.ne[0], v.ne[0]) {
+        (64, 64) => KernelId::FlashAttnRow64,
+        (128, 128) => KernelId::FlashAttnRow128,
+        (256, 256) => KernelId::FlashAttnRow256,
+        _ => return Ok(None),
+    };
+    let q_rows = q.dtype == DType::F32
+        && q.nb[0] == 4
+        && c.addr(q)? % 16 == 0
+        && q.nb[1..].iter().all(|s| s % 16 == 0);
+    let kv_rows = |x: &Tensor| -> BackendResult<bool> {
+        Ok(x.dtype == DType::F16
+            && x.nb[0] == 2
+            && u32::try_from(x.nb[1]).is_ok()
+            && rows_vectorisable(x, c.addr(x)?))
+    };
+    let mask_values = match mask {
+        None => true,
+        Some(m) => {
+            let size = match m.dtype {
+                DType::F16 => 2,
+                DType::F32 => 4,
+                _ => return Ok(None),
+            };
+            m.nb[0] == size && m.nb[1] % size == 0 && c.addr(m)? % size as u64 == 0
+        }
+    };
+    let plain = p.softcap == 0.0 && p.max_bias == 0.0;
+    Ok((q_rows && kv_rows(k)? && kv_rows(v)? && mask_values && plain).then_some(kernel))
+}
+
+/// FLASH_ATTN_EXT of a decode batch: `flash_attn_row` (see `kernels/fattn_row.ptx`), one
+/// block per (KV tile, query row), the arithmetic of `flash_attn_dec` unrolled, so the
+/// same bits.
+fn flash_attn_row(
+    c: &mut Ctx<'_>,
+    t: &Tensor,
+    kernel: KernelId,
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    p: AttnArgs,
+) -> BackendResult<()> {
+    let (d, h, n_q, ne3) = (q.ne[0], q.ne[2], q.ne[1], q.ne[3]);
+    let (n_kv, h_kv) = (k.ne[1], k.ne[2]);
+    let gqa = h / h_kv;
+    let geo =
+        launch::flash_attn_row(d, h, n_q, n_kv, ne3).ok_or_else(|| outside_launch_limits(c))?;
+    let [qa, ka, va, ma, ta] = attn_addrs(c, t, [q, k, v], mask)?;
+    let (part, apart, ctr) = match geo.tiles {
+        1 => (0, 0, 0),
+        _ => {
+            let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
+            (part, part + geo.ms_bytes as u64, ctr)
+        }
+    };
+    let mut a = Args::new();
+    a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta);
+    a.u64(part).u64(apart).u64(ctr);
+    a.u32(n_kv as u32)
+        .u32(n_q as u32)
+        .u32(h as u32)
+        .u32(gqa as u32)
+        .u32(geo.tiles);
+    a.u32(match mask {
+        Some(m) if m.dtype == DType::F16 => 1,
+        Some(_) => 0,
+        None => 2,
+    });
+    a.u32(launch::div_magic(gqa as u32))
+        .u32(launch::div_magic(n_q as u32));
+    a.f32(p.scale);
+    strides(&mut a, &q.nb[1..]);
+    // row_attn_kernel checked that the position strides fit 32 bits.
+    a.u32(k.nb[1] as u32);
+    strides(&mut a, &k.nb[2..]);
+    a.u32(v.nb[1] as u32);
+    strides(&mut a, &v.nb[2..]);
+    a.usize(mask.map_or(0, |m| m.nb[1]));
+    c.launch(kernel, geo.dims, &mut a)
 }
 
 /// FLASH_ATTN_EXT of a prompt batch on f16 tensor cores: `flash_attn_mma` (see

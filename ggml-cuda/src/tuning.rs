@@ -23,6 +23,7 @@
 //! | `legacy-prompt-attn` | the first flash-attention kernel for prompt batches (8 queries or more) |
 //! | `no-attn-row-split` | `flash_attn_dec` keeps up to 8 query rows per block however few blocks that gives (a decode of SmolLM2: 3 instead of 9; same bits) |
 //! | `no-decode-lanes` | the decode class's quantised products in one chain per output on one thread, as the tiled class (not the decode class's bits: its 8 partials per output are another order) |
+//! | `no-row-attn` | decode batches on `flash_attn_dec` instead of `flash_attn_row` (one query row a block, f16 K/V of head size 64, 128 or 256; same bits) |
 //! | `no-mma-attn` | prompt batches on the tiled FMA kernel (`flash_attn_dec`, the bits of a decode) instead of `flash_attn_mma` on f16 tensor cores |
 //! | `q8-window` | `qmm` loads each Q8_0 block through three 16-byte loads of the 48 aligned bytes around it instead of nine or ten narrow ones (same bits; off by default until a GPU has measured it) |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
@@ -38,7 +39,7 @@ pub struct CudaTuning {
     /// shapes and addresses) comes again, and replay it with one launch after that.
     pub graphs: bool,
     /// Programmatic dependent launch (sm_90 and newer): the kernels that wait for the
-    /// grid before them with `griddepcontrol.wait` (`qmm`, `flash_attn_dec`) are launched
+    /// grid before them with `griddepcontrol.wait` (`qmm`, the attention kernels) are launched
     /// with programmatic stream serialisation, so that their launch and their work up to
     /// the wait (parameters, addresses, weight prefetches) overlap the kernel before
     /// them. Same bits: the wait comes before any global memory access.
@@ -82,6 +83,11 @@ pub struct CudaTuning {
     /// every chunk in one sequence on one thread per output, as the tiled class does
     /// (another order: the decode class's bits change with it).
     pub decode_lanes: bool,
+    /// Decode batches (fewer than 8 queries) with f16 K/V of head size 64, 128 or 256, no
+    /// soft-capping and no ALiBi on `flash_attn_row`: one block per KV tile and query
+    /// row, every chain unrolled, `flash_attn_dec`'s arithmetic (same bits) without its
+    /// row groups and branches. Off, they run on `flash_attn_dec`.
+    pub row_attn: bool,
     /// Prompt batches (8 queries or more) with f16 K/V of head size 64 or 128 on
     /// `flash_attn_mma` (f16 tensor cores; another kernel class: not the bits of a
     /// decode) instead of the tiled FMA kernel. `legacy_prompt_attn` wins over it.
@@ -112,6 +118,7 @@ impl Default for CudaTuning {
             legacy_prompt_attn: false,
             attn_row_split: true,
             decode_lanes: true,
+            row_attn: true,
             mma_attn: true,
             q8_window: false,
         }
@@ -137,6 +144,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("legacy-prompt-attn", |t| t.legacy_prompt_attn = true),
     ("no-attn-row-split", |t| t.attn_row_split = false),
     ("no-decode-lanes", |t| t.decode_lanes = false),
+    ("no-row-attn", |t| t.row_attn = false),
     ("no-mma-attn", |t| t.mma_attn = false),
     ("q8-window", |t| t.q8_window = true),
 ];
@@ -159,6 +167,7 @@ impl CudaTuning {
             legacy_prompt_attn: true,
             attn_row_split: false,
             decode_lanes: false,
+            row_attn: false,
             mma_attn: false,
             q8_window: false,
         }
@@ -291,6 +300,7 @@ mod tests {
             "legacy",
             "no-fuse",
             "no-decode-lanes,no-attn-row-split",
+            "no-row-attn,no-mma-attn",
         ] {
             let t: CudaTuning = s.parse().unwrap();
             let back: CudaTuning = t.to_string().parse().unwrap();

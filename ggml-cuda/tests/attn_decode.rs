@@ -40,11 +40,64 @@ fn mma_backend() -> CudaBackend {
     common::gpu()
 }
 
-/// The default tuning but prompts on `flash_attn_dec` (`no-mma-attn`).
+/// The default tuning but every batch on `flash_attn_dec`: prompts (`no-mma-attn`) and
+/// decodes (`no-row-attn`).
 fn dec_tuning() -> CudaTuning {
     CudaTuning {
         mma_attn: false,
+        row_attn: false,
         ..CudaTuning::default()
+    }
+}
+
+/// The `flash_attn_row` entry of head size `d`.
+fn row_kernel(d: usize) -> KernelId {
+    match d {
+        64 => KernelId::FlashAttnRow64,
+        128 => KernelId::FlashAttnRow128,
+        256 => KernelId::FlashAttnRow256,
+        _ => panic!("no flash_attn_row entry for head size {d}"),
+    }
+}
+
+/// The bits of `x` with every NaN as the canonical one.
+fn canonical_bits(x: &[f32]) -> Vec<u32> {
+    x.iter()
+        .map(|v| match v.is_nan() {
+            true => f32::NAN.to_bits(),
+            false => v.to_bits(),
+        })
+        .collect()
+}
+
+/// Runs decode problem `p` on `flash_attn_row` (the default for decode batches): one
+/// launch of it, none of `flash_attn_dec`, and the bits `flash_attn_dec` gave (`want`),
+/// NaN payloads aside, on either driver: the two kernels compute the same operations in
+/// the same order. Leaves `be` on [`dec_tuning`].
+fn assert_row_kernel_agrees(be: &CudaBackend, p: &Problem, want: &[f32]) {
+    be.set_tuning(CudaTuning {
+        row_attn: true,
+        ..dec_tuning()
+    });
+    let mut got = Vec::new();
+    let dec = launches(be, KernelId::FlashAttnDec, || {
+        assert_eq!(
+            launches(be, row_kernel(p.d), || got = p.run(be)),
+            1,
+            "one flash_attn_row launch"
+        );
+    });
+    be.set_tuning(dec_tuning());
+    assert_eq!(dec, 0, "no flash_attn_dec launch");
+    if let Some(i) = canonical_bits(&got)
+        .iter()
+        .zip(canonical_bits(want))
+        .position(|(a, b)| *a != b)
+    {
+        panic!(
+            "flash_attn_row vs flash_attn_dec: element {i}: {} vs {}",
+            got[i], want[i]
+        );
     }
 }
 
@@ -520,6 +573,166 @@ fn tiled_attention_matches_its_reference(
     assert!(e < 1e-9, "legacy kernel vs tiled kernel: NMSE {e:e}");
 }
 
+/// The decode kernel with one query row a block against the reference and against
+/// `flash_attn_dec`, whose arithmetic it unrolls: bit for bit (on a GPU, the same bits as
+/// `flash_attn_dec` and the reference within its NMSE). SmolLM2 (D 64, 9 heads over 3) and
+/// Gemma 3 (D 256, 4 over 1, sliding window) at 1..7 queries, D 128 over two i3 with an
+/// f32 mask, no mask, one tile (the block is its own combine) at n_kv 1, 65, 97 and 128,
+/// partial quarters and tiles, many tiles.
+#[rstest::rstest]
+#[case::smollm2_position_64(64, SMOL, 1, 65, 65, None, 1, Some(DType::F16))]
+#[case::smollm2_one_position(64, SMOL, 1, 1, 1, None, 1, Some(DType::F16))]
+#[case::smollm2_partial_quarter(64, SMOL, 1, 97, 90, None, 1, Some(DType::F16))]
+#[case::smollm2_one_full_tile(64, SMOL, 1, 128, 128, None, 1, Some(DType::F16))]
+#[case::smollm2_two_tiles(64, SMOL, 1, 256, 37, None, 1, Some(DType::F16))]
+#[case::smollm2_three_tokens(64, SMOL, 3, 256, 130, None, 1, Some(DType::F16))]
+#[case::smollm2_seven_tokens(64, SMOL, 7, 512, 300, None, 1, Some(DType::F16))]
+#[case::smollm2_many_tiles(64, SMOL, 1, 1100, 1050, None, 1, Some(DType::F16))]
+#[case::no_mask(64, SMOL, 2, 200, 200, None, 1, None)]
+#[case::one_head_per_kv_head(64, (6, 6), 2, 200, 150, None, 1, Some(DType::F16))]
+#[case::head_size_128_f32_mask_two_i3(128, (8, 2), 2, 300, 290, None, 2, Some(DType::F32))]
+#[case::head_size_128_one_tile(128, (4, 4), 3, 66, 66, None, 1, None)]
+#[case::gemma3_window(256, GEMMA, 1, 512, 400, Some(128), 1, Some(DType::F16))]
+#[case::gemma3_five_tokens(256, GEMMA, 5, 512, 200, Some(64), 1, Some(DType::F16))]
+#[case::gemma3_one_tile(256, GEMMA, 1, 100, 100, None, 1, Some(DType::F16))]
+fn row_attention_matches_its_reference_and_the_tiled_kernel(
+    #[case] d: usize,
+    #[case] heads: (usize, usize),
+    #[case] n_q: usize,
+    #[case] n_kv: usize,
+    #[case] used: usize,
+    #[case] window: Option<usize>,
+    #[case] ne3: usize,
+    #[case] mask: Option<DType>,
+) {
+    let be = backend();
+    let scale = 1.0 / (d as f32).sqrt();
+    let p = Problem::new(
+        7 * d as u64 + n_kv as u64,
+        (d, d),
+        heads,
+        n_q,
+        n_kv,
+        used,
+        window,
+        ne3,
+        DType::F16,
+        mask,
+        AttnParams::scaled(scale),
+    );
+    let tiled = p.run(&be);
+    be.set_tuning(CudaTuning::default());
+    be.record_launches(true);
+    let got = p.run(&be);
+    let launched: Vec<_> = be
+        .take_recorded_launches()
+        .into_iter()
+        .filter(|l| l.kernel == row_kernel(d))
+        .map(|l| l.dims.grid)
+        .collect();
+    be.record_launches(false);
+    let geo = launch::flash_attn_row(d, heads.0, n_q, n_kv, ne3).unwrap();
+    assert_eq!(launched, [geo.dims.grid]);
+    assert_matches(&got, &p.reference(), "flash_attn_row");
+    assert_row_kernel_agrees(&be, &p, &tiled);
+    // A second launch: the combine's counters are back at 0.
+    be.set_tuning(CudaTuning::default());
+    assert_eq!(bits(&p.run(&be)), bits(&got), "second launch");
+}
+
+/// What `flash_attn_row` lacks goes to `flash_attn_dec`, bit for bit its reference: f32
+/// K/V, soft-capping, ALiBi, a head size without an entry; and every decode batch with
+/// `no-row-attn`.
+#[rstest::rstest]
+#[case::f32_kv(64, DType::F32, 0.0, 0.0, true)]
+#[case::softcap(64, DType::F16, 30.0, 0.0, true)]
+#[case::alibi(64, DType::F16, 0.0, 8.0, true)]
+#[case::head_size_80(80, DType::F16, 0.0, 0.0, true)]
+#[case::switched_off(64, DType::F16, 0.0, 0.0, false)]
+fn decode_attention_the_row_kernel_lacks_runs_on_the_tiled_kernel(
+    #[case] d: usize,
+    #[case] kv: DType,
+    #[case] softcap: f32,
+    #[case] max_bias: f32,
+    #[case] row_attn: bool,
+) {
+    let be = backend();
+    be.set_tuning(CudaTuning {
+        row_attn,
+        ..CudaTuning::default()
+    });
+    let p = Problem::new(
+        41,
+        (d, d),
+        (6, 2),
+        2,
+        150,
+        140,
+        None,
+        1,
+        kv,
+        Some(DType::F16),
+        AttnParams {
+            scale: 0.1,
+            max_bias,
+            softcap,
+        },
+    );
+    let mut got = Vec::new();
+    let row = launches(&be, KernelId::FlashAttnRow64, || {
+        assert_eq!(
+            launches(&be, KernelId::FlashAttnDec, || got = p.run(&be)),
+            1
+        );
+    });
+    be.set_tuning(dec_tuning());
+    assert_eq!(row, 0);
+    assert_matches(&got, &p.reference(), "flash_attn_dec");
+}
+
+/// On `flash_attn_row` too, padding the KV range with masked cells leaves every bit as
+/// it was, and so does running 7 queries together or one by one.
+#[test]
+fn row_attention_ignores_padding_and_batching() {
+    let be = backend();
+    be.set_tuning(CudaTuning::default());
+    let (d, n_q) = (64, 7);
+    let base = Problem::new(
+        17,
+        (d, d),
+        SMOL,
+        n_q,
+        200,
+        150,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    let mut got = Vec::new();
+    assert_eq!(
+        launches(&be, KernelId::FlashAttnRow64, || got = base.run(&be)),
+        1
+    );
+    assert_matches(&got, &base.reference(), "n_kv 200");
+    for n_kv in [256, 300, 1024] {
+        assert_eq!(
+            bits(&base.padded(n_kv, 5).run(&be)),
+            bits(&got),
+            "n_kv {n_kv}"
+        );
+    }
+    let (h, dv) = (base.h, base.dv);
+    for iq in [0, 3, 6] {
+        assert_eq!(
+            bits(&base.queries(iq, 1).run(&be)),
+            bits(&got[iq * h * dv..(iq + 1) * h * dv]),
+            "query {iq} alone"
+        );
+    }
+}
+
 /// Padding the KV range with masked cells (the n_kv buckets of a model, or any amount)
 /// leaves every bit of the result as it was; so does running the launch again (the
 /// counters are back at 0) and running the queries one by one or five at a time instead of
@@ -638,6 +851,7 @@ fn fully_masked_rows_and_tiles() {
         "zeros for query 1"
     );
     assert!(got[..row].iter().any(|&x| x != 0.0));
+    assert_row_kernel_agrees(&be, &p, &got);
 }
 
 /// Bit for bit on cuda-sim but for NaN payloads; on a GPU, NaN in the same places.
@@ -695,6 +909,7 @@ fn a_single_empty_tile_gives_zeros() {
     let got = p.run(&be);
     assert_matches(&got, &p.reference(), "single empty tile");
     assert!(got.iter().all(|&x| x.to_bits() == 0), "+0 everywhere");
+    assert_row_kernel_agrees(&be, &p, &got);
 }
 
 /// Non-finite inputs in a single tile follow the reference as with many tiles: an
@@ -729,21 +944,30 @@ fn non_finite_inputs_in_a_single_tile_follow_the_reference() {
     assert!(nan_heads[3..6].iter().all(|&b| b), "{nan_heads:?}");
     assert!(nan_heads[0] && !nan_heads[1], "{nan_heads:?}");
     assert!(!nan_heads[6..].contains(&true), "{nan_heads:?}");
+    assert_row_kernel_agrees(&be, &p, &got);
 }
 
 /// A query row with a NaN element scores NaN at every position, so its tile maximum is
 /// NaN: a single tile's own combine then follows the combine's arithmetic (M = max(-inf,
-/// NaN) = -inf: zeros), as the reference does.
-#[test]
-fn a_nan_query_row_in_a_single_tile_follows_the_reference() {
+/// NaN) = -inf: zeros), as the reference does; also when every position of the tile is
+/// live, so that no skipped position's -inf takes part in the maximum, and over two
+/// tiles (the combine skips a tile whose maximum is NaN as it skips an empty one).
+#[rstest::rstest]
+#[case::partial_tile(128, 90)]
+#[case::full_tile(128, 128)]
+#[case::two_tiles(256, 200)]
+fn a_nan_query_row_in_a_single_tile_follows_the_reference(
+    #[case] n_kv: usize,
+    #[case] used: usize,
+) {
     let be = backend();
     let mut p = Problem::new(
         13,
         (64, 64),
         SMOL,
         1,
-        128,
-        90,
+        n_kv,
+        used,
         None,
         1,
         DType::F16,
@@ -757,6 +981,36 @@ fn a_nan_query_row_in_a_single_tile_follows_the_reference() {
     let head2 = &got[2 * 64..3 * 64];
     assert!(head2.iter().all(|x| x.to_bits() == 0), "{head2:?}");
     assert!(!nan_heads(&got, 0).contains(&true));
+    assert_row_kernel_agrees(&be, &p, &got);
+}
+
+/// A tile whose every score is NaN (a NaN in each of its keys) has the maximum of no
+/// score, -inf, in the combine, so it drops out there as an empty tile does and the
+/// other tile gives the output, as in the reference (NaN payloads aside).
+#[test]
+fn a_tile_of_nan_scores_drops_out_of_the_combine() {
+    let be = backend();
+    let mut p = Problem::new(
+        14,
+        (64, 64),
+        SMOL,
+        1,
+        256,
+        256,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    );
+    // KV head 0, positions 0..127 (tile 0): a NaN in every key.
+    for j in 0..128 {
+        p.k[64 * j + 7] = f32::NAN;
+    }
+    let got = p.run(&be);
+    assert_matches_but_nan_payloads(&got, &p.reference());
+    assert!(!nan_heads(&got, 0).contains(&true));
+    assert_row_kernel_agrees(&be, &p, &got);
 }
 
 /// Non-finite inputs take the same path as the reference: an infinite key element in
@@ -798,6 +1052,7 @@ fn non_finite_keys_and_values_follow_the_reference() {
         );
     }
     assert_matches_but_nan_payloads(&got, &want);
+    assert_row_kernel_agrees(&be, &p, &got);
 }
 
 /// Launches of `k` while `f` runs.
@@ -937,8 +1192,10 @@ fn attention_the_mma_kernel_lacks_runs_on_the_fma_kernel(
     #[case] mma_attn: bool,
 ) {
     let be = mma_backend();
+    // Decode batches (seven queries) on flash_attn_dec too, not flash_attn_row.
     be.set_tuning(CudaTuning {
         mma_attn,
+        row_attn: false,
         ..CudaTuning::default()
     });
     let p = Problem::new(

@@ -945,7 +945,7 @@ fn flash_attn_soft_cap_with_large_logits(#[case] softcap: f32) {
 #[test]
 fn every_kernel_launches_with_its_parameter_list() {
     let be = gpu();
-    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 64];
+    let mut s = vec![Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 80];
     let mut ctx = Context::new(&mut s);
     let k = 256;
     let x = ctx.new_tensor(DType::F32, [k, 8, 1, 1]).unwrap();
@@ -1006,6 +1006,24 @@ fn every_kernel_launches_with_its_parameter_list() {
         ctx.flash_attn_ext(q128, tk128, tv128, None, AttnParams::scaled(0.088))
             .unwrap(),
     );
+    // Decode batches: flash_attn_row for head sizes 128 and 256 (the one of 64 is `o`),
+    // flash_attn_dec for what flash_attn_row lacks (soft-capping).
+    let q2 = ctx.new_tensor(DType::F32, [128, 2, 2, 1]).unwrap();
+    outs.push(
+        ctx.flash_attn_ext(q2, tk128, tv128, None, AttnParams::scaled(0.088))
+            .unwrap(),
+    );
+    let q256 = ctx.new_tensor(DType::F32, [256, 1, 2, 1]).unwrap();
+    let tk256 = ctx.new_tensor(DType::F16, [256, 16, 1, 1]).unwrap();
+    outs.push(
+        ctx.flash_attn_ext(q256, tk256, tk256, None, AttnParams::scaled(0.0625))
+            .unwrap(),
+    );
+    let capped = AttnParams {
+        softcap: 30.0,
+        ..AttnParams::scaled(0.125)
+    };
+    outs.push(ctx.flash_attn_ext(q, tk, tv, None, capped).unwrap());
     // The MoE ops: quantised and float experts, div, clamp, sum_rows, argsort_top_k.
     let logits = ctx.new_tensor(DType::F32, [4, 8, 1, 1]).unwrap();
     let top = ctx.argsort_top_k(logits, 2).unwrap();
@@ -1040,7 +1058,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     let inputs = [(idx, vec![0u8; 8]), (pos, vec![0u8; 32])];
     run(&be, &mut ctx, &inputs, o);
     let first = be.kernel_stats().launches.iter().sum::<u64>();
-    assert_eq!(first, 39);
+    assert_eq!(first, 42);
     be.set_tuning(CudaTuning::default());
     run(&be, &mut ctx, &inputs, o);
     let st = be.kernel_stats();
@@ -1055,7 +1073,7 @@ fn every_kernel_launches_with_its_parameter_list() {
     // the prompt's norm run and one less for its SwiGLU run.
     assert_eq!(
         st.launches.iter().sum::<u64>(),
-        first + 35,
+        first + 38,
         "{st:?} for {outs:?}"
     );
 }

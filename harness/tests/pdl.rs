@@ -87,7 +87,7 @@ fn generation_is_bit_identical_with_programmatic_launches(
     }
 }
 
-/// A decoded token profiled on sm_90: every `qmm` and `flash_attn_dec` launch is
+/// A decoded token profiled on sm_90: every `qmm` and attention launch is
 /// programmatic and nothing else is; each one after another programmatic launch hides
 /// its launch and pre-wait path (some of its modelled time), and the pass's modelled
 /// time is the sum of what each launch adds. With `no-pdl` none is, and nothing hides.
@@ -122,7 +122,16 @@ fn a_decoded_token_launches_its_products_and_attention_programmatically() {
         .unwrap()
     };
     let on = profile(CudaTuning::default());
-    let waits = |k: KernelId| matches!(k, KernelId::Qmm | KernelId::FlashAttnDec);
+    let waits = |k: KernelId| {
+        matches!(
+            k,
+            KernelId::Qmm
+                | KernelId::FlashAttnDec
+                | KernelId::FlashAttnRow64
+                | KernelId::FlashAttnRow128
+                | KernelId::FlashAttnRow256
+        )
+    };
     assert!(on.iter().filter(|l| waits(l.kernel)).count() >= 4);
     let mut hidden = 0;
     for (i, l) in on.iter().enumerate() {

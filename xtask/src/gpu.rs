@@ -699,6 +699,7 @@ pub const TUNINGS: &[&str] = &[
     "no-fuse-add",
     "no-qgemm",
     "no-mma-attn",
+    "no-row-attn",
     "no-attn-row-split",
     "no-decode-lanes",
     "q8-window",
@@ -801,7 +802,7 @@ mod tests {
         assert!(wait < at("step \"calibration:"));
         assert!(wait < at("step \"each step's effect"));
         assert!(s.contains("ncu --section SpeedOfLight"));
-        assert!(s.contains("-k regex:'qmm|flash_attn_dec|rope_store'"));
+        assert!(s.contains("-k regex:'qmm|flash_attn_dec|flash_attn_row|rope_store'"));
         // A failing step is reported at the end instead of stopping the later ones.
         assert!(s.contains("set -uo pipefail"));
         assert!(s.contains("step \"regression matrix cuda-1gpu\""));

@@ -254,7 +254,7 @@ ncu_decode() {
   if ! command -v ncu >/dev/null; then echo "ncu: not installed here"; return 0; fi
   ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
     --section WarpStateStats --section SchedulerStats \
-    -k regex:'qmm|flash_attn_dec|rope_store' --launch-skip 300 --launch-count 16 \
+    -k regex:'qmm|flash_attn_dec|flash_attn_row|rope_store' --launch-skip 300 --launch-count 16 \
     $H bench --model $model --devices $dev -p 0 -n 16 -r 1 > "$res/ncu-decode.txt" 2>&1
   local rc=$?
   grep -E '^  [a-z_]+ \(|Duration|Registers Per|Warp Cycles Per Issued' "$res/ncu-decode.txt" | head -64

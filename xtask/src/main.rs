@@ -10,8 +10,8 @@
 //! - `ci`: everything CI checks (format, lints, tests, the no_std build, docs, packaging);
 //! - `fetch-model [--model NAME]`: download a known GGUF (SmolLM2 by default, or
 //!   gemma3-270m) into the cache and print its path;
-//! - `gen-ptx`: write the generated PTX (`ggml-cuda/kernels/qmm.ptx`, `fattn_mma.ptx`)
-//!   from its generators;
+//! - `gen-ptx`: write the generated PTX (`ggml-cuda/kernels/qmm.ptx`, `fattn_mma.ptx`,
+//!   `fattn_row.ptx`) from its generators;
 //! - `ptx-check`: assemble every PTX kernel with `ptxas` for sm_80 and sm_90;
 //! - `ppl [-- ARGS]`: the main job, a perplexity run of the default model on the
 //!   embedded corpus (`ggml-harness perplexity ARGS`).
@@ -21,6 +21,7 @@ mod all_gather;
 mod bench_vs_llama;
 mod calibrate;
 mod fattn_ptx;
+mod fattn_row_ptx;
 mod faults;
 mod fetch;
 mod fuzz;
@@ -88,9 +89,10 @@ commands:
                  tuning-default.json in DIR, the measured pp512 and tg128 beside the
                  modelled ones; writes DIR/fit.json
   gen-ptx        write ggml-cuda/kernels/qmm.ptx (the quantised products, one loop per
-                 weight dtype) from xtask/src/qmm_ptx.rs and fattn_mma.ptx (prompt
-                 attention on tensor cores) from xtask/src/fattn_ptx.rs; a test fails
-                 while either is stale
+                 weight dtype) from xtask/src/qmm_ptx.rs, fattn_mma.ptx (prompt
+                 attention on tensor cores) from xtask/src/fattn_ptx.rs and
+                 fattn_row.ptx (decode attention, a query row a block) from
+                 xtask/src/fattn_row_ptx.rs; a test fails while one is stale
   ptx-check [--write]
                  assemble every ggml-cuda PTX kernel with ptxas (from PyPI) for
                  sm_80 and sm_90; fail if ggml-cuda/kernels/ptxas-resources.txt
@@ -122,7 +124,10 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string())
             .and_then(|sh| gpu::gpu_test(&sh, &workspace_root(), &args[1..])),
         Some("gen-ptx") => {
-            qmm_ptx::gen_ptx(&workspace_root()).and_then(|()| fattn_ptx::gen_ptx(&workspace_root()))
+            let root = workspace_root();
+            qmm_ptx::gen_ptx(&root)
+                .and_then(|()| fattn_ptx::gen_ptx(&root))
+                .and_then(|()| fattn_row_ptx::gen_ptx(&root))
         }
         Some("ptx-check") => Shell::new().map_err(|e| e.to_string()).and_then(|sh| {
             let write = match args.get(1).map(String::as_str) {

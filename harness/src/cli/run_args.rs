@@ -65,8 +65,8 @@ pub struct RunArgs {
     /// Speed features of the CUDA devices, a comma-separated list applied to the default
     /// (everything on): no-graphs, no-pdl, no-fuse, no-fuse-norm, no-fuse-qkv,
     /// no-fuse-rope-store, no-fuse-qkv-rope, no-fuse-glu, no-fuse-add, no-qgemm,
-    /// no-mma-attn, no-attn-row-split, no-decode-lanes (decode-class products in one chain
-    /// per output), q8-window (Q8_0 weights through 16-byte window loads), legacy-products,
+    /// no-mma-attn, no-row-attn (decode attention on flash_attn_dec), no-attn-row-split,
+    /// no-decode-lanes (decode-class products in one chain per output), q8-window (Q8_0 weights through 16-byte window loads), legacy-products,
     /// legacy-decode-attn, legacy-prompt-attn, legacy (the backend as first measured),
     /// default. Results stay bit-identical except across the legacy kernel generations and
     /// no-decode-lanes.
