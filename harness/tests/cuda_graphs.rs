@@ -127,6 +127,59 @@ fn generation_is_bit_identical_with_graphs(
     }
 }
 
+/// The logits (as bits) of a 124-token prompt's last token and of 8 tokens generated
+/// after it, so that the cells attended grow from one KV tile (128) to two at position
+/// 128: the decode attention then writes partials and combines them, its workspace grows
+/// and the captured graphs are dropped and captured again. The race count beside them.
+fn generate_across_a_tile(graphs: bool) -> (Vec<Vec<u32>>, usize) {
+    let mut config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 2);
+    config.check_races = true;
+    config.cuda_tuning = CudaTuning {
+        graphs,
+        ..CudaTuning::default()
+    };
+    let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
+    let session = Session::open(&path, config).unwrap();
+    let mut kv = session.kv_cache(256).unwrap();
+    let mut exec = session.executor().unwrap();
+    let prompt: Vec<u32> = (0..124u32).map(|i| 32 + (i * 7) % 90).collect();
+    let mut batch = Batch::default();
+    for (i, &t) in prompt.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == prompt.len());
+    }
+    let mut logits = vec![exec.forward(&session.model, &mut kv, &batch).unwrap()];
+    for i in 0..8 {
+        let mut b = Batch::default();
+        b.push(
+            argmax(logits.last().unwrap()),
+            (prompt.len() + i) as i32,
+            0,
+            true,
+        );
+        logits.push(exec.forward(&session.model, &mut kv, &b).unwrap());
+    }
+    let races = session.race_log.as_ref().unwrap().race_count();
+    let bits = logits
+        .into_iter()
+        .map(|l| l.iter().map(|x| x.to_bits()).collect())
+        .collect();
+    (bits, races)
+}
+
+/// Generation across a KV tile boundary gives the same bits with graphs as without, and
+/// no race: the step from one tile to two replaces the graphs, it does not replay stale
+/// ones.
+#[test]
+fn generation_across_a_kv_tile_is_bit_identical_with_graphs() {
+    let (on, on_races) = generate_across_a_tile(true);
+    let (off, off_races) = generate_across_a_tile(false);
+    assert_eq!((on_races, off_races), (0, 0));
+    assert_eq!(on.len(), 9);
+    for (i, (a, b)) in on.iter().zip(&off).enumerate() {
+        assert!(a == b, "logits of step {i} differ with graphs on");
+    }
+}
+
 /// Greedy decoding of `GEN` tokens after the prompt, each pass's token taken by
 /// ARGMAX on the device or the host's argmax of the logits: the tokens, the host
 /// counters of the CUDA devices over the last `STEADY`, races, the vocabulary size.
