@@ -591,6 +591,21 @@ fn attn_addrs(
     Ok([c.addr(q)?, c.addr(k)?, c.addr(v)?, ma, c.addr(t)?])
 }
 
+/// Whether `t` is f32 with unit element stride and each of its rows starts `align`-byte
+/// aligned.
+fn f32_rows_aligned(c: &Ctx<'_>, t: &Tensor, align: usize) -> BackendResult<bool> {
+    Ok(t.dtype == DType::F32
+        && t.nb[0] == 4
+        && c.addr(t)? % align as u64 == 0
+        && t.nb[1..].iter().all(|s| s % align == 0))
+}
+
+/// Whether `t` is f16 with unit element stride and rows of whole 16-byte chunks, each
+/// 16-byte aligned ([`rows_vectorisable`]).
+fn f16_rows_vectorisable(c: &Ctx<'_>, t: &Tensor) -> BackendResult<bool> {
+    Ok(t.dtype == DType::F16 && t.nb[0] == 2 && rows_vectorisable(t, c.addr(t)?))
+}
+
 /// The `flash_attn_mma` entry for an attention, or `None` when it needs what only
 /// `flash_attn_dec` has: K and V other than f16, a head size other than 64 or 128 (or
 /// Dv != D), soft-capping, ALiBi, an f32 mask, an odd n_kv, or rows the kernel's vector
@@ -606,13 +621,8 @@ fn mma_attn_kernel(
         (128, 128) => KernelId::FlashAttnMma128,
         _ => return Ok(None),
     };
-    let q_pairs = q.dtype == DType::F32
-        && q.nb[0] == 4
-        && c.addr(q)? % 8 == 0
-        && q.nb[1..].iter().all(|s| s % 8 == 0);
-    let kv_rows = |x: &Tensor| -> BackendResult<bool> {
-        Ok(x.dtype == DType::F16 && x.nb[0] == 2 && rows_vectorisable(x, c.addr(x)?))
-    };
+    let q_pairs = f32_rows_aligned(c, q, 8)?;
+    let kv_rows = |x: &Tensor| f16_rows_vectorisable(c, x);
     let mask_pairs = match mask {
         None => true,
         Some(m) => m.dtype == DType::F16 && m.nb[0] == 2 && m.nb[1] % 4 == 0 && c.addr(m)? % 4 == 0,
@@ -638,16 +648,8 @@ fn row_attn_kernel(
         (256, 256) => KernelId::FlashAttnRow256,
         _ => return Ok(None),
     };
-    let q_rows = q.dtype == DType::F32
-        && q.nb[0] == 4
-        && c.addr(q)? % 16 == 0
-        && q.nb[1..].iter().all(|s| s % 16 == 0);
-    let kv_rows = |x: &Tensor| -> BackendResult<bool> {
-        Ok(x.dtype == DType::F16
-            && x.nb[0] == 2
-            && u32::try_from(x.nb[1]).is_ok()
-            && rows_vectorisable(x, c.addr(x)?))
-    };
+    let q_rows = f32_rows_aligned(c, q, 16)?;
+    let kv_rows = |x: &Tensor| Ok(u32::try_from(x.nb[1]).is_ok() && f16_rows_vectorisable(c, x)?);
     let mask_values = match mask {
         None => true,
         Some(m) => {

@@ -332,6 +332,25 @@ impl Problem {
     }
 }
 
+/// A SmolLM2-shaped problem (D 64, 9 heads over 3, f16 K/V and mask, scale 1/8, one
+/// i3): `n_q` queries over `n_kv` cells of which the first `used` (plus the query's
+/// index) are seen.
+fn smol(seed: u64, n_q: usize, n_kv: usize, used: usize) -> Problem {
+    Problem::new(
+        seed,
+        (64, 64),
+        SMOL,
+        n_q,
+        n_kv,
+        used,
+        None,
+        1,
+        DType::F16,
+        Some(DType::F16),
+        AttnParams::scaled(0.125),
+    )
+}
+
 fn assert_matches(got: &[f32], want: &[f32], what: &str) {
     if exact() {
         let bad = got
@@ -797,19 +816,7 @@ fn each_legacy_attention_switch_covers_its_batches(#[case] decode: bool, #[case]
         ..dec_tuning()
     });
     for (n_q, legacy) in [(3, decode), (7, decode), (8, prompt), (20, prompt)] {
-        let p = Problem::new(
-            5,
-            (64, 64),
-            SMOL,
-            n_q,
-            160,
-            100,
-            None,
-            1,
-            DType::F16,
-            Some(DType::F16),
-            AttnParams::scaled(0.125),
-        );
+        let p = smol(5, n_q, 160, 100);
         let before = be.kernel_stats();
         p.run(&be);
         let after = be.kernel_stats();
@@ -828,19 +835,7 @@ fn each_legacy_attention_switch_covers_its_batches(#[case] decode: bool, #[case]
 #[test]
 fn fully_masked_rows_and_tiles() {
     let be = backend();
-    let mut p = Problem::new(
-        5,
-        (64, 64),
-        SMOL,
-        2,
-        2048,
-        50,
-        None,
-        1,
-        DType::F16,
-        Some(DType::F16),
-        AttnParams::scaled(0.125),
-    );
+    let mut p = smol(5, 2, 2048, 50);
     // Query 1 sees nothing.
     p.m[p.n_kv..].fill(f32::NEG_INFINITY);
     let got = p.run(&be);
@@ -892,19 +887,7 @@ fn nan_heads(got: &[f32], iq: usize) -> Vec<bool> {
 #[test]
 fn a_single_empty_tile_gives_zeros() {
     let be = backend();
-    let mut p = Problem::new(
-        6,
-        (64, 64),
-        SMOL,
-        2,
-        128,
-        40,
-        None,
-        1,
-        DType::F16,
-        Some(DType::F16),
-        AttnParams::scaled(0.125),
-    );
+    let mut p = smol(6, 2, 128, 40);
     p.m.fill(f32::NEG_INFINITY);
     let got = p.run(&be);
     assert_matches(&got, &p.reference(), "single empty tile");
@@ -918,19 +901,7 @@ fn a_single_empty_tile_gives_zeros() {
 #[test]
 fn non_finite_inputs_in_a_single_tile_follow_the_reference() {
     let be = backend();
-    let mut p = Problem::new(
-        12,
-        (64, 64),
-        SMOL,
-        1,
-        128,
-        100,
-        None,
-        1,
-        DType::F16,
-        Some(DType::F16),
-        AttnParams::scaled(0.125),
-    );
+    let mut p = smol(12, 1, 128, 100);
     p.k[30 * 64 + 3] = f32::INFINITY;
     // One query: head h's row is q[64h..]; head 0 scores +inf there, head 1 -inf.
     p.q[3] = 0.5;
@@ -961,19 +932,7 @@ fn a_nan_query_row_in_a_single_tile_follows_the_reference(
     #[case] used: usize,
 ) {
     let be = backend();
-    let mut p = Problem::new(
-        13,
-        (64, 64),
-        SMOL,
-        1,
-        n_kv,
-        used,
-        None,
-        1,
-        DType::F16,
-        Some(DType::F16),
-        AttnParams::scaled(0.125),
-    );
+    let mut p = smol(13, 1, n_kv, used);
     // Head 2 of query 0: a NaN in its query row.
     p.q[2 * 64 + 5] = f32::NAN;
     let got = p.run(&be);
@@ -990,19 +949,7 @@ fn a_nan_query_row_in_a_single_tile_follows_the_reference(
 #[test]
 fn a_tile_of_nan_scores_drops_out_of_the_combine() {
     let be = backend();
-    let mut p = Problem::new(
-        14,
-        (64, 64),
-        SMOL,
-        1,
-        256,
-        256,
-        None,
-        1,
-        DType::F16,
-        Some(DType::F16),
-        AttnParams::scaled(0.125),
-    );
+    let mut p = smol(14, 1, 256, 256);
     // KV head 0, positions 0..127 (tile 0): a NaN in every key.
     for j in 0..128 {
         p.k[64 * j + 7] = f32::NAN;
@@ -1020,19 +967,7 @@ fn a_tile_of_nan_scores_drops_out_of_the_combine() {
 #[test]
 fn non_finite_keys_and_values_follow_the_reference() {
     let be = backend();
-    let mut p = Problem::new(
-        11,
-        (64, 64),
-        SMOL,
-        2,
-        1100,
-        1050,
-        None,
-        1,
-        DType::F16,
-        Some(DType::F16),
-        AttnParams::scaled(0.125),
-    );
+    let mut p = smol(11, 2, 1100, 1050);
     // Key of position 700 (tile 5) of KV head 0: +inf in one element.
     p.k[700 * 64 + 3] = f32::INFINITY;
     // Value of position 200 (tile 1) of KV head 1: NaN in one element.
@@ -1236,19 +1171,7 @@ fn attention_the_mma_kernel_lacks_runs_on_the_fma_kernel(
 #[case::three_chunks(320)]
 fn mma_attention_gives_zeros_for_fully_masked_rows(#[case] n_kv: usize) {
     let be = mma_backend();
-    let mut p = Problem::new(
-        8,
-        (64, 64),
-        SMOL,
-        10,
-        n_kv,
-        60,
-        None,
-        1,
-        DType::F16,
-        Some(DType::F16),
-        AttnParams::scaled(0.125),
-    );
+    let mut p = smol(8, 10, n_kv, 60);
     // Queries 3 and 4 see nothing (rows 9..15 of the first warp).
     p.m[3 * n_kv..5 * n_kv].fill(f32::NEG_INFINITY);
     let got = p.run(&be);

@@ -36,7 +36,8 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-fn generate(devices: &str, split: SplitMode, n_copies: usize, graphs: bool) -> Run {
+/// A session on the synthetic Q4_1 model with the race checker and graphs on or off.
+fn open(devices: &str, split: SplitMode, n_copies: usize, graphs: bool) -> Session {
     let mut config = RunConfig::simple(devices.parse().unwrap(), split, n_copies, 2);
     config.check_races = true;
     config.cuda_tuning = CudaTuning {
@@ -44,7 +45,11 @@ fn generate(devices: &str, split: SplitMode, n_copies: usize, graphs: bool) -> R
         ..CudaTuning::default()
     };
     let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
-    let session = Session::open(&path, config).unwrap();
+    Session::open(&path, config).unwrap()
+}
+
+fn generate(devices: &str, split: SplitMode, n_copies: usize, graphs: bool) -> Run {
+    let session = open(devices, split, n_copies, graphs);
     let mut kv = session.kv_cache(64).unwrap();
     let mut exec = session.executor().unwrap();
     let prompt: Vec<u32> = "Hi, GPU".bytes().map(u32::from).collect();
@@ -132,14 +137,7 @@ fn generation_is_bit_identical_with_graphs(
 /// 128: the decode attention then writes partials and combines them, its workspace grows
 /// and the captured graphs are dropped and captured again. The race count beside them.
 fn generate_across_a_tile(graphs: bool) -> (Vec<Vec<u32>>, usize) {
-    let mut config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 2);
-    config.check_races = true;
-    config.cuda_tuning = CudaTuning {
-        graphs,
-        ..CudaTuning::default()
-    };
-    let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
-    let session = Session::open(&path, config).unwrap();
+    let session = open("cuda-sim:0", SplitMode::None, 1, graphs);
     let mut kv = session.kv_cache(256).unwrap();
     let mut exec = session.executor().unwrap();
     let prompt: Vec<u32> = (0..124u32).map(|i| 32 + (i * 7) % 90).collect();
@@ -189,10 +187,7 @@ fn greedy_tokens(
     n_copies: usize,
     device_argmax: bool,
 ) -> (Vec<u32>, HostCounters, usize, usize) {
-    let mut config = RunConfig::simple(devices.parse().unwrap(), split, n_copies, 2);
-    config.check_races = true;
-    let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
-    let session = Session::open(&path, config).unwrap();
+    let session = open(devices, split, n_copies, true);
     let mut kv = session.kv_cache(64).unwrap();
     let mut exec = session.executor().unwrap();
     let model = &session.model;

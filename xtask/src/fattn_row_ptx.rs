@@ -727,22 +727,15 @@ fn output(k: &mut Ptx, d: u32, slots: u32, l: &Layout) {
     k.i(format!("mov.f32 %M, {NEG_INF};"));
     k.i("mov.u64 %rd1, %rd3;");
     k.i("mov.u32 %u, 0;");
-    k.label("MAX_TILES");
-    k.i("setp.ge.u32 %p1, %u, %ntiles;");
-    k.i("@%p1 bra MAX_DONE;");
+    tiles_round_head(k, "MAX_TILES", "MAX_DONE");
     for c in 0..4 {
-        k.i(format!("add.u32 %t1, %u, {c};"));
-        k.i("setp.lt.u32 %p2, %t1, %ntiles;");
-        k.i(format!("mov.f32 %mk{c}, {NEG_INF};"));
+        tile_of_round(k, c);
         k.i(format!("@%p2 ld.global.f32 %mk{c}, [%rd1+{}];", 8 * c));
     }
     for c in 0..4 {
         k.i(format!("max.f32 %M, %M, %mk{c};"));
     }
-    k.i("add.u32 %u, %u, 4;");
-    k.i("add.u64 %rd1, %rd1, 32;");
-    k.i("bra MAX_TILES;");
-    k.label("MAX_DONE");
+    tiles_round_tail(k, "MAX_TILES", "MAX_DONE");
     k.i(format!("setp.neu.f32 %p3, %M, {NEG_INF};"));
     k.i("mov.f32 %S1, 0f00000000;");
     for n in 0..slots {
@@ -754,13 +747,9 @@ fn output(k: &mut Ptx, d: u32, slots: u32, l: &Layout) {
     k.i("add.u64 %rd2, %rd2, %rd0;");
     k.i("mov.u64 %rd1, %rd3;");
     k.i("mov.u32 %u, 0;");
-    k.label("SUM_TILES");
-    k.i("setp.ge.u32 %p1, %u, %ntiles;");
-    k.i("@%p1 bra SUM_DONE;");
+    tiles_round_head(k, "SUM_TILES", "SUM_DONE");
     for c in 0..4 {
-        k.i(format!("add.u32 %t1, %u, {c};"));
-        k.i("setp.lt.u32 %p2, %t1, %ntiles;");
-        k.i(format!("mov.f32 %mk{c}, {NEG_INF};"));
+        tile_of_round(k, c);
         k.i(format!(
             "@%p2 ld.global.v2.f32 {{%mk{c}, %sk{c}}}, [%rd1+{}];",
             8 * c
@@ -791,11 +780,8 @@ fn output(k: &mut Ptx, d: u32, slots: u32, l: &Layout) {
             ));
         }
     }
-    k.i("add.u32 %u, %u, 4;");
-    k.i("add.u64 %rd1, %rd1, 32;");
     k.i(format!("add.u64 %rd2, %rd2, {};", 16 * d));
-    k.i("bra SUM_TILES;");
-    k.label("SUM_DONE");
+    tiles_round_tail(k, "SUM_TILES", "SUM_DONE");
     inverse(k, "%S1");
     for n in 0..slots {
         k.i(format!("mul.rn.f32 %A1_{n}, %A1_{n}, %inv;"));
@@ -808,6 +794,29 @@ fn output(k: &mut Ptx, d: u32, slots: u32, l: &Layout) {
     k.i("@%p0 st.global.u32 [%ctr], 0;");
     k.label("DONE");
     k.i("ret;");
+}
+
+/// The head of a loop over the row's tiles four a round (`%u` the first, `%rd1` its
+/// (m, s) pair): leaves for `done` past the last tile.
+fn tiles_round_head(k: &mut Ptx, lp: &str, done: &str) {
+    k.label(lp);
+    k.i("setp.ge.u32 %p1, %u, %ntiles;");
+    k.i(format!("@%p1 bra {done};"));
+}
+
+/// Tile `c` of a round: `%p2` whether it exists, its `%mk{c}` -inf until loaded.
+fn tile_of_round(k: &mut Ptx, c: u32) {
+    k.i(format!("add.u32 %t1, %u, {c};"));
+    k.i("setp.lt.u32 %p2, %t1, %ntiles;");
+    k.i(format!("mov.f32 %mk{c}, {NEG_INF};"));
+}
+
+/// The next round of the loop that [`tiles_round_head`] began, and its `done` label.
+fn tiles_round_tail(k: &mut Ptx, lp: &str, done: &str) {
+    k.i("add.u32 %u, %u, 4;");
+    k.i("add.u64 %rd1, %rd1, 32;");
+    k.i(format!("bra {lp};"));
+    k.label(done);
 }
 
 /// `%inv` = 1 / `sum` (div.rn), 0 when `sum` is 0.
