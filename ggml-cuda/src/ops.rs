@@ -36,6 +36,16 @@ fn float_code(d: DType) -> Option<u32> {
     tcode(d).filter(|&c| c != 3)
 }
 
+/// A mask's element type as the softmax and attention kernels take it: 0 f32, 1 f16, 2
+/// no mask.
+fn mask_code(mask: Option<&Tensor>) -> u32 {
+    match mask {
+        Some(m) if m.dtype == DType::F16 => 1,
+        Some(_) => 0,
+        None => 2,
+    }
+}
+
 /// Weight dtypes of `mul_mat_f` (the others go through Q8_1 and the quantised kernels).
 fn is_float_weight(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
@@ -377,11 +387,7 @@ pub(crate) fn run(
                 None => 0,
             });
             a.u64(c.addr(&t)?);
-            a.u32(match &mask {
-                Some(m) if m.dtype == DType::F16 => 1,
-                Some(_) => 0,
-                None => 2,
-            });
+            a.u32(mask_code(mask.as_ref()));
             a.u32(t.ne[0] as u32)
                 .u32(t.nrows() as u32)
                 .u32(t.ne[1] as u32)
@@ -527,11 +533,7 @@ pub(crate) fn run(
             a.u64(c.addr(&t)?);
             a.u32(float_code(k.dtype).unwrap_or(0))
                 .u32(float_code(v.dtype).unwrap_or(0));
-            a.u32(match &mask {
-                Some(m) if m.dtype == DType::F16 => 1,
-                Some(_) => 0,
-                None => 2,
-            });
+            a.u32(mask_code(mask.as_ref()));
             a.u32(q.ne[0] as u32)
                 .u32(v.ne[0] as u32)
                 .u32(k.ne[1] as u32)
@@ -604,6 +606,24 @@ fn f32_rows_aligned(c: &Ctx<'_>, t: &Tensor, align: usize) -> BackendResult<bool
 /// 16-byte aligned ([`rows_vectorisable`]).
 fn f16_rows_vectorisable(c: &Ctx<'_>, t: &Tensor) -> BackendResult<bool> {
     Ok(t.dtype == DType::F16 && t.nb[0] == 2 && rows_vectorisable(t, c.addr(t)?))
+}
+
+/// The scratch of an attention whose KV range is cut into `parts` (tiles or chunks)
+/// combined by the last block: the partials' (m, l) pairs (`pairs_bytes`), then their
+/// value sums, and the counters; all 0 (no workspace) with one part, its own combine.
+/// Returns the pairs', the sums' and the counters' addresses.
+fn attn_partials(
+    c: &mut Ctx<'_>,
+    parts: u32,
+    part_bytes: usize,
+    pairs_bytes: usize,
+    counters: usize,
+) -> BackendResult<(u64, u64, u64)> {
+    if parts == 1 {
+        return Ok((0, 0, 0));
+    }
+    let (part, ctr) = c.be.attn_workspace(c.st, part_bytes, counters)?;
+    Ok((part, part + pairs_bytes as u64, ctr))
 }
 
 /// The `flash_attn_mma` entry for an attention, or `None` when it needs what only
@@ -682,13 +702,8 @@ fn flash_attn_row(
     let geo =
         launch::flash_attn_row(d, h, n_q, n_kv, ne3).ok_or_else(|| outside_launch_limits(c))?;
     let [qa, ka, va, ma, ta] = attn_addrs(c, t, [q, k, v], mask)?;
-    let (part, apart, ctr) = match geo.tiles {
-        1 => (0, 0, 0),
-        _ => {
-            let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
-            (part, part + geo.ms_bytes as u64, ctr)
-        }
-    };
+    let (part, apart, ctr) =
+        attn_partials(c, geo.tiles, geo.part_bytes, geo.ms_bytes, geo.counters)?;
     let mut a = Args::new();
     a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta);
     a.u64(part).u64(apart).u64(ctr);
@@ -697,11 +712,7 @@ fn flash_attn_row(
         .u32(h as u32)
         .u32(gqa as u32)
         .u32(geo.tiles);
-    a.u32(match mask {
-        Some(m) if m.dtype == DType::F16 => 1,
-        Some(_) => 0,
-        None => 2,
-    });
+    a.u32(mask_code(mask));
     a.u32(launch::div_magic(gqa as u32))
         .u32(launch::div_magic(n_q as u32));
     a.f32(p.scale);
@@ -734,14 +745,8 @@ fn flash_attn_mma(
     let geo = launch::flash_attn_mma(d, gqa, h_kv, n_q, n_kv, ne3)
         .ok_or_else(|| outside_launch_limits(c))?;
     let [qa, ka, va, ma, ta] = attn_addrs(c, t, [q, k, v], mask)?;
-    // The partials' (m, l) pairs, then their o values; none with one chunk.
-    let (part, opart, ctr) = match geo.chunks {
-        1 => (0, 0, 0),
-        _ => {
-            let (part, ctr) = c.be.attn_workspace(c.st, geo.part_bytes, geo.counters)?;
-            (part, part + geo.ml_bytes as u64, ctr)
-        }
-    };
+    let (part, opart, ctr) =
+        attn_partials(c, geo.chunks, geo.part_bytes, geo.ml_bytes, geo.counters)?;
     let mut a = Args::new();
     a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta);
     a.u64(part).u64(opart).u64(ctr);
@@ -788,11 +793,7 @@ fn flash_attn_dec(
     a.u64(qa).u64(ka).u64(va).u64(ma).u64(ta).u64(part).u64(ctr);
     a.u32(float_code(k.dtype).unwrap_or(0))
         .u32(float_code(v.dtype).unwrap_or(0));
-    a.u32(match mask {
-        Some(m) if m.dtype == DType::F16 => 1,
-        Some(_) => 0,
-        None => 2,
-    });
+    a.u32(mask_code(mask));
     a.u32(d as u32)
         .u32(dv as u32)
         .u32(n_kv as u32)

@@ -560,15 +560,9 @@ fn tiled_attention_matches_its_reference(
             attn_row_split: split,
             ..dec_tuning()
         });
-        be.record_launches(true);
-        p.run(&be);
-        let launched: Vec<_> = be
-            .take_recorded_launches()
-            .into_iter()
-            .filter(|l| l.kernel == KernelId::FlashAttnDec)
-            .map(|l| l.dims.grid)
-            .collect();
-        be.record_launches(false);
+        let launched = grids_of(&be, KernelId::FlashAttnDec, || {
+            p.run(&be);
+        });
         let geo = launch::flash_attn_dec(d, d, heads.0, heads.1, n_q, n_kv, ne3, split).unwrap();
         assert_eq!(launched, [geo.dims.grid], "attn_row_split {split}");
     }
@@ -641,15 +635,8 @@ fn row_attention_matches_its_reference_and_the_tiled_kernel(
     );
     let tiled = p.run(&be);
     be.set_tuning(CudaTuning::default());
-    be.record_launches(true);
-    let got = p.run(&be);
-    let launched: Vec<_> = be
-        .take_recorded_launches()
-        .into_iter()
-        .filter(|l| l.kernel == row_kernel(d))
-        .map(|l| l.dims.grid)
-        .collect();
-    be.record_launches(false);
+    let mut got = Vec::new();
+    let launched = grids_of(&be, row_kernel(d), || got = p.run(&be));
     let geo = launch::flash_attn_row(d, heads.0, n_q, n_kv, ne3).unwrap();
     assert_eq!(launched, [geo.dims.grid]);
     assert_matches(&got, &p.reference(), "flash_attn_row");
@@ -995,6 +982,20 @@ fn launches(be: &CudaBackend, k: KernelId, f: impl FnOnce()) -> u64 {
     let before = be.kernel_stats().launches_of(k);
     f();
     be.kernel_stats().launches_of(k) - before
+}
+
+/// The grids of the launches of `k` while `f` runs, in order.
+fn grids_of(be: &CudaBackend, k: KernelId, f: impl FnOnce()) -> Vec<(u32, u32, u32)> {
+    be.record_launches(true);
+    f();
+    let grids = be
+        .take_recorded_launches()
+        .into_iter()
+        .filter(|l| l.kernel == k)
+        .map(|l| l.dims.grid)
+        .collect();
+    be.record_launches(false);
+    grids
 }
 
 /// The tensor-core kernel against its reference: SmolLM2's heads (D 64, 9 over 3) on a

@@ -11,6 +11,8 @@ use harness::batch::Batch;
 use harness::session::{RunConfig, Session, SplitMode};
 use rstest::rstest;
 
+mod common;
+
 /// Tokens generated; the counters are read over the last [`STEADY`] of them (with two
 /// pipeline slots a graph is captured at the third and fourth token).
 const GEN: usize = 6;
@@ -138,30 +140,9 @@ fn generation_is_bit_identical_with_graphs(
 /// and the captured graphs are dropped and captured again. The race count beside them.
 fn generate_across_a_tile(graphs: bool) -> (Vec<Vec<u32>>, usize) {
     let session = open("cuda-sim:0", SplitMode::None, 1, graphs);
-    let mut kv = session.kv_cache(256).unwrap();
-    let mut exec = session.executor().unwrap();
     let prompt: Vec<u32> = (0..124u32).map(|i| 32 + (i * 7) % 90).collect();
-    let mut batch = Batch::default();
-    for (i, &t) in prompt.iter().enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == prompt.len());
-    }
-    let mut logits = vec![exec.forward(&session.model, &mut kv, &batch).unwrap()];
-    for i in 0..8 {
-        let mut b = Batch::default();
-        b.push(
-            argmax(logits.last().unwrap()),
-            (prompt.len() + i) as i32,
-            0,
-            true,
-        );
-        logits.push(exec.forward(&session.model, &mut kv, &b).unwrap());
-    }
-    let races = session.race_log.as_ref().unwrap().race_count();
-    let bits = logits
-        .into_iter()
-        .map(|l| l.iter().map(|x| x.to_bits()).collect())
-        .collect();
-    (bits, races)
+    let bits = common::greedy_logit_bits(&session, 256, &prompt, 8);
+    (bits, session.race_log.as_ref().unwrap().race_count())
 }
 
 /// Generation across a KV tile boundary gives the same bits with graphs as without, and

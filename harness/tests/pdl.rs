@@ -10,9 +10,10 @@
 use ggml_core::DType;
 use ggml_cuda::cuda_sim::driver::{Driver, SimConfig};
 use ggml_cuda::{CudaTuning, KernelId};
-use harness::batch::Batch;
 use harness::session::{RunConfig, Session, SplitMode};
 use rstest::rstest;
+
+mod common;
 
 /// cuda-sim's global driver with sm_90 devices (the rest as `CUDA_SIM_*` say).
 fn sm90() {
@@ -37,29 +38,9 @@ fn generate(
         ..CudaTuning::default()
     };
     let session = Session::open(model, config).unwrap();
-    let mut kv = session.kv_cache(64).unwrap();
-    let mut exec = session.executor().unwrap();
     let prompt: Vec<u32> = "Hi, PDL".bytes().map(u32::from).collect();
-    let mut batch = Batch::default();
-    for (i, &t) in prompt.iter().enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == prompt.len());
-    }
-    let mut logits = vec![exec.forward(&session.model, &mut kv, &batch).unwrap()];
-    for i in 0..4 {
-        let last = logits.last().unwrap();
-        let tok = (0..last.len())
-            .max_by(|&a, &b| last[a].total_cmp(&last[b]).then(b.cmp(&a)))
-            .unwrap() as u32;
-        let mut b = Batch::default();
-        b.push(tok, (prompt.len() + i) as i32, 0, true);
-        logits.push(exec.forward(&session.model, &mut kv, &b).unwrap());
-    }
-    let races = session.race_log.as_ref().unwrap().race_count();
-    let bits = logits
-        .into_iter()
-        .map(|l| l.iter().map(|x| x.to_bits()).collect())
-        .collect();
-    (bits, races)
+    let bits = common::greedy_logit_bits(&session, 64, &prompt, 4);
+    (bits, session.race_log.as_ref().unwrap().race_count())
 }
 
 #[rstest]

@@ -298,7 +298,7 @@ fn entry(d: u32) -> String {
     let slots = d.div_ceil(THREADS);
     let mut k = Ptx(head(d));
     k.i(".reg .pred %p<4>;");
-    k.i(".reg .pred %pwl, %plp, %plive, %pq, %pm16, %pm32, %pd, %prow, %pz, %plast;");
+    k.i(".reg .pred %pwl, %plive, %pq, %pm16, %pm32, %pd, %prow, %pz, %plast;");
     k.i(".reg .pred %pl<4>;");
     k.i(".reg .b32 %t<6>;");
     k.i(".reg .b32 %thr, %lane, %warp, %tile, %h, %z, %iq, %i3, %hk, %nkv, %nq, %nh, %gqa;");
@@ -403,8 +403,7 @@ fn prologue(k: &mut Ptx, d: u32, l: &Layout) {
     k.i("sub.s32 %nv, %nj, %t0;");
     k.i("add.s32 %nvm1, %nv, -1;");
     k.i("setp.gt.s32 %pwl, %nv, 0;");
-    k.i("setp.lt.s32 %plp, %lane, %nv;");
-    k.i("// Live until the mask says otherwise (a warp without positions: none).");
+    k.i("// Live: below n_kv (the mask may still say otherwise; a warp without positions: none).");
     k.i("setp.lt.s32 %plive, %lane, %nv;");
     k.i("// The thread's position, clamped to the tile's last below n_kv (a valid row).");
     k.i("add.s32 %t0, %nj, -1;");
@@ -415,26 +414,18 @@ fn prologue(k: &mut Ptx, d: u32, l: &Layout) {
     k.i(format!("setp.lt.u32 %pq, %thr, {};", d / 4));
     k.i(format!("mov.u64 %sb, far{d}_smem;"));
     k.i("// q row of (iq, h, i3), the thread's 16 bytes.");
-    k.i("ld.param.u64 %qrow, [p_q];");
-    k.i("cvta.to.global.u64 %qrow, %qrow;");
-    for (dim, idx) in [("1", "iq"), ("2", "h"), ("3", "i3")] {
-        k.i(format!("ld.param.u64 %rd0, [p_nbq{dim}];"));
-        k.i(format!("cvt.u64.u32 %rd1, %{idx};"));
-        k.i("mad.lo.u64 %qrow, %rd1, %rd0, %qrow;");
-    }
+    row_base(
+        k,
+        "qrow",
+        "p_q",
+        &[("p_nbq1", "iq"), ("p_nbq2", "h"), ("p_nbq3", "i3")],
+    );
     k.i("mul.wide.u32 %rd0, %thr, 16;");
     k.i("add.u64 %qrow, %qrow, %rd0;");
     k.i("// K row of the thread's position; V row of the warp's first position plus the");
     k.i(format!("// lane's {} bytes.", 2 * dims_per_lane(d)));
-    for (m, base) in [("k", "krow"), ("v", "vq")] {
-        k.i(format!("ld.param.u64 %{base}, [p_{m}];"));
-        k.i(format!("cvta.to.global.u64 %{base}, %{base};"));
-        for (dim, idx) in [("2", "hk"), ("3", "i3")] {
-            k.i(format!("ld.param.u64 %rd0, [p_nb{m}{dim}];"));
-            k.i(format!("cvt.u64.u32 %rd1, %{idx};"));
-            k.i(format!("mad.lo.u64 %{base}, %rd1, %rd0, %{base};"));
-        }
-    }
+    row_base(k, "krow", "p_k", &[("p_nbk2", "hk"), ("p_nbk3", "i3")]);
+    row_base(k, "vq", "p_v", &[("p_nbv2", "hk"), ("p_nbv3", "i3")]);
     k.i("mad.wide.u32 %krow, %jc, %nbk1, %krow;");
     k.i("shl.b32 %t0, %warp, 5;");
     k.i("add.u32 %t0, %t0, %j0;");
@@ -445,17 +436,25 @@ fn prologue(k: &mut Ptx, d: u32, l: &Layout) {
     ));
     k.i("add.u64 %vq, %vq, %rd0;");
     k.i("// Mask value of the thread's position (row iq).");
-    k.i("ld.param.u64 %mrow, [p_mask];");
-    k.i("cvta.to.global.u64 %mrow, %mrow;");
-    k.i("ld.param.u64 %rd0, [p_nbm1];");
-    k.i("cvt.u64.u32 %rd1, %iq;");
-    k.i("mad.lo.u64 %mrow, %rd1, %rd0, %mrow;");
+    row_base(k, "mrow", "p_mask", &[("p_nbm1", "iq")]);
     k.i("selp.u32 %t0, 2, 4, %pm16;");
     k.i("mad.wide.u32 %mrow, %jc, %t0, %mrow;");
     k.i("// Shared addresses: the warp's p values.");
     k.i("mul.wide.u32 %rd0, %warp, 128;");
     k.i("add.u64 %spw, %sb, %rd0;");
     k.i(format!("add.u64 %spw, %spw, {};", l.p));
+}
+
+/// `%{reg}` = the global address in pointer parameter `ptr` plus, for each `(stride,
+/// index)`, index register `%{index}` times 64-bit stride parameter `stride`.
+fn row_base(k: &mut Ptx, reg: &str, ptr: &str, terms: &[(&str, &str)]) {
+    k.i(format!("ld.param.u64 %{reg}, [{ptr}];"));
+    k.i(format!("cvta.to.global.u64 %{reg}, %{reg};"));
+    for (stride, idx) in terms {
+        k.i(format!("ld.param.u64 %rd0, [{stride}];"));
+        k.i(format!("cvt.u64.u32 %rd1, %{idx};"));
+        k.i(format!("mad.lo.u64 %{reg}, %rd1, %rd0, %{reg};"));
+    }
 }
 
 /// The score chain of the thread's position, with the K chunks past the first
@@ -492,7 +491,7 @@ fn score_chain(k: &mut Ptx, d: u32, lk: u32, lv: u32, chunks: u32, e: u32, l: &L
     s.at(mask_step).extend([
         "@%pm16 cvt.f32.f16 %mv, %hm;".to_string(),
         format!("setp.neu.f32 %p1, %mv, {NEG_INF};"),
-        "and.pred %plive, %p1, %plp;".to_string(),
+        "and.pred %plive, %p1, %plive;".to_string(),
     ]);
     k.i("// The score: fma chain over d in order; loads for later steps in between.");
     for (dd, pre) in s.0.iter().enumerate() {
@@ -551,11 +550,10 @@ fn max_and_p(k: &mut Ptx, l: &Layout) {
     k.i("add.u64 %rd0, %spw, %rd0;");
     k.i("st.shared.f32 [%rd0], %pv;");
     k.i("bar.warp.sync 0xffffffff;");
-    k.i("// The one-tile combine's factor: M = max(-inf, m) = m; f = ex2((m - M) log2 e).");
+    k.i("// The one-tile combine's factor: M = max(-inf, m); f = ex2((m - M) log2 e), used");
+    k.i("// where M is not -inf (then m = M: neither is -inf).");
     k.i(format!("max.f32 %M, %m, {NEG_INF};"));
-    k.i(format!("setp.neu.f32 %p0, %m, {NEG_INF};"));
-    k.i(format!("setp.neu.f32 %p1, %M, {NEG_INF};"));
-    k.i("and.pred %prow, %p0, %p1;");
+    k.i(format!("setp.neu.f32 %prow, %M, {NEG_INF};"));
     k.i("sub.rn.f32 %ft, %m, %M;");
     k.i(format!("mul.rn.f32 %ft, %ft, {LOG2E};"));
     k.i("ex2.approx.f32 %ft, %ft;");

@@ -1,11 +1,12 @@
 //! Setup the harness integration tests share: regression cells and settings, a split
 //! checked against one device, two cells' perplexities compared, a real model's whole
-//! corpus against llama.cpp's running perplexities, and a builtin matrix against its
-//! goldens. Each test file uses part of it.
+//! corpus against llama.cpp's running perplexities, a builtin matrix against its goldens,
+//! and a greedy generation's logits. Each test file uses part of it.
 #![allow(dead_code)]
 
 use std::path::Path;
 
+use harness::batch::Batch;
 use harness::golden::GoldenSet;
 use harness::matrix::run::{run, RunOptions};
 use harness::matrix::Matrix;
@@ -174,4 +175,34 @@ pub fn assert_builtin_matrix_is_golden(name: &str) {
             );
         }
     }
+}
+
+/// The logits, as bits, of `prompt`'s last token and of `n_gen` tokens generated after it
+/// greedily (the first index of the largest logit), in a fresh KV cache of `n_ctx` cells.
+pub fn greedy_logit_bits(
+    session: &Session,
+    n_ctx: usize,
+    prompt: &[u32],
+    n_gen: usize,
+) -> Vec<Vec<u32>> {
+    let mut kv = session.kv_cache(n_ctx).unwrap();
+    let mut exec = session.executor().unwrap();
+    let mut batch = Batch::default();
+    for (i, &t) in prompt.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == prompt.len());
+    }
+    let mut logits = vec![exec.forward(&session.model, &mut kv, &batch).unwrap()];
+    for i in 0..n_gen {
+        let last = logits.last().unwrap();
+        let tok = (0..last.len())
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]).then(b.cmp(&a)))
+            .unwrap() as u32;
+        let mut b = Batch::default();
+        b.push(tok, (prompt.len() + i) as i32, 0, true);
+        logits.push(exec.forward(&session.model, &mut kv, &b).unwrap());
+    }
+    logits
+        .into_iter()
+        .map(|l| l.iter().map(|x| x.to_bits()).collect())
+        .collect()
 }
