@@ -9,7 +9,10 @@ use super::{Kernels, MmTile};
 use crate::isa::Isa;
 use crate::reference as r;
 
+mod gemv;
+
 pub(crate) static KERNELS: Kernels = Kernels {
+    gemv: gemv::gemv,
     panel,
     ..kernels_table!(
         Isa::Avx2,

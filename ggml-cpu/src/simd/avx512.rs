@@ -10,6 +10,7 @@ use crate::isa::Isa;
 use crate::reference as r;
 
 pub(crate) static KERNELS: Kernels = Kernels {
+    gemv: super::avx2::KERNELS.gemv,
     panel: super::avx2::KERNELS.panel,
     ..kernels_table!(
         Isa::Avx512,

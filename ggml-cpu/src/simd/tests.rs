@@ -253,6 +253,20 @@ fn check_tile_on(k: &Kernels, w: DType, kk: usize, a: &[Vec<u8>], y: &[Vec<f32>]
         (u.tile)(w, kk, &ur, &br, &mut out);
         outs.push(("unpacked tile", out));
     }
+    // The matrix × vector kernel, one column at a time.
+    if let Some(g) = (k.gemv)(w) {
+        let mut out = [f32::NAN; 16];
+        for (ci, v) in y.iter().enumerate() {
+            let mut packed = vec![0xAAu8; (g.pack.row_bytes)(kk)];
+            (g.pack.pack)(v, &mut packed);
+            let mut o = [f32::NAN; 4];
+            (g.rows)(kk, &ar, &packed, &mut o);
+            for ri in 0..nr {
+                out[ri * 4 + ci] = o[ri];
+            }
+        }
+        outs.push(("gemv", out));
+    }
     if let Some(po) = panel_products(k, w, kk, a, &std) {
         let mut out = [f32::NAN; 16];
         for (ri, row) in po.iter().enumerate() {
@@ -477,7 +491,7 @@ fn quant_gemv_matches_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usiz
     let vdt = w.vec_dot_type();
     for k in all_tables() {
         let Some(g) = (k.gemv)(w) else { continue };
-        for kk in [32, 96, 256, 288, 512, 576, 800, 1536] {
+        for kk in [32, 96, 160, 224, 256, 288, 416, 512, 576, 640, 800, 1536] {
             if kk % w.block_size() != 0 {
                 continue;
             }
@@ -504,6 +518,42 @@ fn quant_gemv_matches_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usiz
                         out[ri]
                     );
                 }
+            }
+        }
+    }
+}
+
+/// A last group with fewer than 8 blocks: the lanes of the missing blocks must add
+/// nothing, even where the row's last block has an infinite scale (the reference then
+/// gives ±inf; a missing lane computed from that scale would turn it into NaN).
+#[test]
+fn gemv_partial_groups_add_nothing_for_missing_blocks() {
+    let mut rng = Xorshift::new(71);
+    for w in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ] {
+        let vdt = w.vec_dot_type();
+        for k in all_tables() {
+            let Some(g) = (k.gemv)(w) else { continue };
+            for kk in [32, 64, 160, 224, 576, 800] {
+                let nb = kk / 32;
+                let mut row = xorshift_dot_blocks(w, nb, &mut rng);
+                let last = (nb - 1) * w.type_size();
+                row[last..last + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+                let y: Vec<f32> = (0..kk).map(|i| 1.0 + (i % 5) as f32).collect();
+                let mut std = vec![0u8; vdt.row_size(kk).unwrap()];
+                ggml_core::quant::quantize_row(vdt, &y, &mut std).unwrap();
+                let want = r::vec_dot_quant(w, &row, &std, kk);
+                assert!(want.is_infinite(), "{w} k={kk}: the reference gives {want}");
+                let mut packed = vec![0u8; (g.pack.row_bytes)(kk)];
+                (g.pack.pack)(&y, &mut packed);
+                let mut out = [f32::NAN; 4];
+                (g.rows)(kk, &[row.as_slice()], &packed, &mut out);
+                assert_eq!(out[0].to_bits(), want.to_bits(), "{:?} {w} k={kk}", k.isa);
             }
         }
     }

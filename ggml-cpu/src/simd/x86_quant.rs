@@ -9,6 +9,19 @@
 // the 8 lanes are combined by `reference::tree8`. The K-quant tiles are in
 // `x86_kquant.rs`.
 
+/// How a packed activation group (`simd::PACK_GROUP` bytes, 8 blocks) orders its 256
+/// bytes of quants (`x86_quant!`'s `pack_act_imp`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuantOrder {
+    /// Dword i of block t in lane t of vector i: the tiles'.
+    Transposed,
+    /// Block after block, 32 bytes each: the AVX-512 matrix × vector kernels'.
+    Natural,
+    /// Vector 2i holds elements 0..16 of blocks i and i + 4 (one 128-bit half each),
+    /// vector 2i + 1 their elements 16..32: the AVX2 matrix × vector kernels'.
+    Paired,
+}
+
 macro_rules! x86_quant {
     ($feat:literal, $dot_u:ident, $dot_s:ident, $q8_bias:expr) => {
         #[inline]
@@ -369,16 +382,19 @@ macro_rules! x86_quant {
             }
         }
 
-        /// Packs an activation row for the legacy-quant tiles ([`super::PACK_GROUP`] bytes
-        /// per 8 blocks): the Q8_0/Q8_1 quants transposed so that dword i of block t is
-        /// lane t of vector i, then per block the f32 values of the f16-rounded `d` and
-        /// `s = d·Σq` (as the reference reads them) and `Σq` as i32. Missing blocks of the
-        /// last group are zero.
-        /// With `transpose` false the quants stay in block order (32 bytes per block),
-        /// the layout of the single-row kernels (`gemv`).
+        /// Packs an activation row for the legacy-quant kernels ([`super::PACK_GROUP`]
+        /// bytes per 8 blocks): the Q8_0/Q8_1 quants in `order` (the tiles': transposed,
+        /// so that dword i of block t is lane t of vector i), then per block the f32
+        /// values of the f16-rounded `d` and `s = d·Σq` (as the reference reads them) and
+        /// `Σq` as i32. Missing blocks of the last group are zero.
         #[target_feature(enable = $feat)]
-        unsafe fn pack_act_imp(x: &[f32], out: &mut [u8], transpose: bool) {
+        unsafe fn pack_act_imp(
+            x: &[f32],
+            out: &mut [u8],
+            order: crate::simd::x86_quant::QuantOrder,
+        ) {
             use crate::reference::{f16_to_f32, f32_to_f16};
+            use crate::simd::x86_quant::QuantOrder;
             let nb = x.len() / 32;
             assert!(out.len() >= nb.div_ceil(8) * crate::simd::PACK_GROUP);
             for (g, og) in out
@@ -399,8 +415,16 @@ macro_rules! x86_quant {
                 }
                 // SAFETY: same features; the group has 352 bytes of room (asserted).
                 unsafe {
-                    if transpose {
-                        transpose8(&mut q);
+                    match order {
+                        QuantOrder::Transposed => transpose8(&mut q),
+                        QuantOrder::Natural => {}
+                        QuantOrder::Paired => {
+                            let b = q;
+                            for i in 0..4 {
+                                q[2 * i] = _mm256_permute2x128_si256::<0x20>(b[i], b[i + 4]);
+                                q[2 * i + 1] = _mm256_permute2x128_si256::<0x31>(b[i], b[i + 4]);
+                            }
+                        }
                     }
                     let p = og.as_mut_ptr();
                     for (i, v) in q.iter().enumerate() {
@@ -419,7 +443,7 @@ macro_rules! x86_quant {
         pub(crate) fn pack(w: DType) -> Option<crate::simd::Packer> {
             fn pack_act(x: &[f32], out: &mut [u8]) {
                 // SAFETY: this table is installed only when its features were detected.
-                unsafe { pack_act_imp(x, out, true) }
+                unsafe { pack_act_imp(x, out, crate::simd::x86_quant::QuantOrder::Transposed) }
             }
             matches!(
                 w,
@@ -436,7 +460,15 @@ macro_rules! x86_quant {
         #[allow(dead_code)] // only levels with a gemv kernel use it
         pub(crate) fn pack_natural(x: &[f32], out: &mut [u8]) {
             // SAFETY: this table is installed only when its features were detected.
-            unsafe { pack_act_imp(x, out, false) }
+            unsafe { pack_act_imp(x, out, crate::simd::x86_quant::QuantOrder::Natural) }
+        }
+
+        /// Packs an activation row like [`pack`]'s packer, with the quants in
+        /// [`QuantOrder::Paired`] order.
+        #[allow(dead_code)] // only the AVX2 matrix × vector kernels use it
+        pub(crate) fn pack_paired(x: &[f32], out: &mut [u8]) {
+            // SAFETY: this table is installed only when its features were detected.
+            unsafe { pack_act_imp(x, out, crate::simd::x86_quant::QuantOrder::Paired) }
         }
 
         /// Q8_K blocks, as ggml's `quantize_row_q8_K_ref`.
