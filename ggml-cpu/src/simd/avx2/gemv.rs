@@ -164,29 +164,31 @@ unsafe fn pair_dots<const F: u8>(
 /// t ≥ `cnt` hold the last block's).
 ///
 /// # Safety
-/// `cnt` (at most 8) blocks of format `F` at `x`.
+/// `cnt` (1 to 8) blocks of format `F` at `x`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scales<const F: u8>(x: *const u8, cnt: usize) -> (__m256, __m256) {
-    // Each block's first dword: `d` in its low word (and `m` in its high word). Lanes of
-    // missing blocks repeat the last block's (no branch per block); the caller drops
-    // them.
-    let w = |t: usize| -> i32 {
-        // SAFETY: block min(t, cnt - 1) < cnt at x (caller), at least 18 bytes.
-        unsafe { (x.add(t.min(cnt - 1) * block_bytes(F)) as *const i32).read_unaligned() }
+    // The f16 words are put together in general registers (integer ports, idle here)
+    // rather than inserted into a vector one by one (the shuffle ports are this kernel's
+    // bottleneck). Missing blocks repeat the last block's words: no branch per block.
+    let words = |at: usize| -> __m256 {
+        let h = |t: usize| -> i64 {
+            // SAFETY: block min(t, cnt - 1) < cnt at x (caller), `at` + 2 inside it.
+            let p = unsafe { x.add(t.min(cnt - 1) * block_bytes(F) + at) };
+            // SAFETY: as above.
+            i64::from(unsafe { (p as *const u16).read_unaligned() })
+        };
+        let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+        let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
+        _mm256_cvtph_ps(_mm_set_epi64x(hi, lo))
     };
-    let v = _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
-    // Per 128-bit half: the 4 low words, then the 4 high words; then the halves' `d`
-    // quadwords side by side.
-    let idx = _mm256_setr_epi8(
-        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7,
-        10, 11, 14, 15,
-    );
-    let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(v, idx));
-    (
-        _mm256_cvtph_ps(_mm256_castsi256_si128(s)),
-        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(s)),
-    )
+    let dx = words(0);
+    let mx = if has_min(F) {
+        words(2)
+    } else {
+        _mm256_setzero_ps()
+    };
+    (dx, mx)
 }
 
 /// The 8 block values of one weight row's group at `x` (its first `cnt` blocks; lane t:
