@@ -169,8 +169,9 @@ unsafe fn pair_dots<const F: u8>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scales<const F: u8>(x: *const u8, cnt: usize) -> (__m256, __m256) {
     // The f16 words are put together in general registers (integer ports, idle here)
-    // rather than inserted into a vector one by one (the shuffle ports are this kernel's
-    // bottleneck). Missing blocks repeat the last block's words: no branch per block.
+    // rather than inserted into a vector one by one (the shuffle ports already carry the
+    // pair inserts and the hadds). Missing blocks repeat the last block's words: no branch
+    // per block.
     let words = |at: usize| -> __m256 {
         let h = |t: usize| -> i64 {
             // SAFETY: block min(t, cnt - 1) < cnt at x (caller), `at` + 2 inside it.
