@@ -82,11 +82,14 @@ const fn bias_shift(f: u8) -> i32 {
 unsafe fn halves(lo: *const u8, hi: *const u8, with_hi: bool) -> __m256i {
     // SAFETY: caller's contract.
     unsafe {
-        let l = _mm256_castsi128_si256(_mm_loadu_si128(lo as *const __m128i));
+        let l = _mm_loadu_si128(lo as *const __m128i);
         if with_hi {
-            _mm256_inserti128_si256::<1>(l, _mm_loadu_si128(hi as *const __m128i))
+            _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(l),
+                _mm_loadu_si128(hi as *const __m128i),
+            )
         } else {
-            _mm256_zextsi128_si256(_mm256_castsi256_si128(l))
+            _mm256_zextsi128_si256(l)
         }
     }
 }
@@ -217,7 +220,7 @@ unsafe fn group<const F: u8, const FULL: bool>(x: *const u8, cnt: usize, yp: *co
             let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
             s = _mm256_sub_epi32(s, _mm256_sll_epi32(sy, _mm_cvtsi32_si128(bias_shift(F))));
         }
-        let (dx, mx) = scales::<F>(x, if FULL { 8 } else { cnt });
+        let (dx, mx) = scales::<F>(x, cnt);
         let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
         let v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
         if has_min(F) {
@@ -248,6 +251,11 @@ unsafe fn gemv_gen<const F: u8, const NR: usize>(
     for g in 0..ng {
         let cnt = (nb - 8 * g).min(8);
         let yp = y.as_ptr().wrapping_add(g * PACK_GROUP);
+        // Lanes of missing blocks (a last group of fewer than 8) keep their value exactly.
+        let live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+            _mm256_set1_epi32(cnt as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        ));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let x = a[r].as_ptr().wrapping_add(8 * g * xb);
             // SAFETY: group g of the row (8 whole blocks, or the last `cnt`) and of the
@@ -256,13 +264,8 @@ unsafe fn gemv_gen<const F: u8, const NR: usize>(
                 *acc_r = if cnt == 8 {
                     _mm256_add_ps(*acc_r, group::<F, true>(x, 8, yp))
                 } else {
-                    // Lanes of missing blocks keep their value exactly.
-                    let live = _mm256_cmpgt_epi32(
-                        _mm256_set1_epi32(cnt as i32),
-                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                    );
                     let sum = _mm256_add_ps(*acc_r, group::<F, false>(x, cnt, yp));
-                    _mm256_blendv_ps(*acc_r, sum, _mm256_castsi256_ps(live))
+                    _mm256_blendv_ps(*acc_r, sum, live)
                 };
             }
         }
