@@ -525,7 +525,9 @@ fn quant_gemv_matches_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usiz
 
 /// A last group with fewer than 8 blocks: the lanes of the missing blocks must add
 /// nothing, even where the row's last block has an infinite scale (the reference then
-/// gives ±inf; a missing lane computed from that scale would turn it into NaN).
+/// gives ±inf; a missing lane computed from that scale would turn it into NaN). The
+/// infinite row runs beside finite ones (kernels that put rows in lanes must keep them
+/// apart) and alone.
 #[test]
 fn gemv_partial_groups_add_nothing_for_missing_blocks() {
     let mut rng = Xorshift::new(71);
@@ -541,19 +543,33 @@ fn gemv_partial_groups_add_nothing_for_missing_blocks() {
             let Some(g) = (k.gemv)(w) else { continue };
             for kk in [32, 64, 160, 224, 576, 800] {
                 let nb = kk / 32;
-                let mut row = xorshift_dot_blocks(w, nb, &mut rng);
-                let last = (nb - 1) * w.type_size();
-                row[last..last + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
                 let y: Vec<f32> = (0..kk).map(|i| 1.0 + (i % 5) as f32).collect();
                 let mut std = vec![0u8; vdt.row_size(kk).unwrap()];
                 ggml_core::quant::quantize_row(vdt, &y, &mut std).unwrap();
-                let want = r::vec_dot_quant(w, &row, &std, kk);
-                assert!(want.is_infinite(), "{w} k={kk}: the reference gives {want}");
                 let mut packed = vec![0u8; (g.pack.row_bytes)(kk)];
                 (g.pack.pack)(&y, &mut packed);
-                let mut out = [f32::NAN; 4];
-                (g.rows)(kk, &[row.as_slice()], &packed, &mut out);
-                assert_eq!(out[0].to_bits(), want.to_bits(), "{:?} {w} k={kk}", k.isa);
+                for (nr, inf_row) in [(1, 0), (4, 0), (4, 1), (4, 3), (3, 2)] {
+                    let mut rows: Vec<Vec<u8>> = (0..nr)
+                        .map(|_| xorshift_dot_blocks(w, nb, &mut rng))
+                        .collect();
+                    let last = (nb - 1) * w.type_size();
+                    rows[inf_row][last..last + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+                    let ar: Vec<&[u8]> = rows.iter().map(|v| v.as_slice()).collect();
+                    let mut out = [f32::NAN; 4];
+                    (g.rows)(kk, &ar, &packed, &mut out);
+                    for (ri, row) in rows.iter().enumerate() {
+                        let want = r::vec_dot_quant(w, row, &std, kk);
+                        if ri == inf_row {
+                            assert!(want.is_infinite(), "{w} k={kk}: the reference gives {want}");
+                        }
+                        assert_eq!(
+                            out[ri].to_bits(),
+                            want.to_bits(),
+                            "{:?} {w} k={kk}, {nr} rows, row {ri} (row {inf_row} infinite)",
+                            k.isa
+                        );
+                    }
+                }
             }
         }
     }
