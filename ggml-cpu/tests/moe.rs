@@ -103,6 +103,11 @@ fn mmid(w: DType, kmult: usize, shape: Shape, seed: u64) -> impl Fn(&mut Context
 // chunk of 128 pairs; and experts on both sides of 8 pairs in one product.
 #[case::unpacked_chunks((9, 2, 1, 1, 300, Route::Distinct))]
 #[case::unpacked_and_tiled((9, 4, 3, 1, 9, Route::Repeats))]
+// Experts of at least 16 pairs on panel tiles (levels that have them): over more than one
+// chunk of 256 pairs; and beside experts of fewer pairs on the other tiles, with a row of
+// b per slot.
+#[case::panel_chunks((9, 2, 1, 1, 600, Route::Repeats))]
+#[case::panels_beside_tiles((13, 5, 2, 2, 40, Route::Repeats))]
 fn mul_mat_id(
     bes: &[CpuBackend],
     #[case] shape: Shape,

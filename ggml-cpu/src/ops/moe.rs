@@ -9,22 +9,29 @@
 //! pairs) and runs mul_mat's tiles on them, each column reading its converted row of
 //! `b` in place, each result going to `out[:, e, t]`. As in mul_mat, an expert with at
 //! least [`MIN_UNPACKED_COLS`] pairs has its weight rows unpacked once per chunk of up to
-//! [`NC_UNPACKED`] pairs where the level can. A single token uses the level's
-//! matrix × vector kernel where it has one. Every dot product is the same sequence of
+//! [`NC_UNPACKED`] pairs where the level can. An expert with at least
+//! [`MIN_PANEL_COLS`] pairs on a level with panel tiles runs them as mul_mat's many
+//! columns do: phase 0 also writes each pair's activation row as its column of the
+//! expert's panels (every thread sorts the pairs privately to know where, so no third
+//! phase is needed), and phase 1 runs the outer-product tiles on chunks of up to
+//! [`NC_PANEL`] pairs. A single token uses the level's matrix × vector kernel where it
+//! has one. Every dot product is the same sequence of
 //! operations whatever the kernel or its position in a tile (see [`crate::reference`]),
 //! so a pair's result depends neither on how the tokens are routed nor on the threads.
 
 use std::sync::atomic::Ordering;
 
-use ggml_core::{BackendErrorKind, Tensor};
+use ggml_core::{BackendErrorKind, DType, Tensor};
 
 use super::mul_mat::{
-    block, convert_b, gather_a, needs_gather, operand_scratch, prefetch, round64, thread_scratch,
-    unpack_rows, GEMV_CHUNKS, MC, MIN_UNPACKED_COLS, NC, NC_UNPACKED, PF_DIST,
+    activation_row, block, convert_b, gather_a, needs_gather, operand_scratch, prefetch, round64,
+    thread_scratch, thread_scratch_of, unpack_panel_rows, unpack_rows, GEMV_CHUNKS, MC,
+    MIN_PANEL_COLS, MIN_UNPACKED_COLS, NC, NC_PANEL, NC_UNPACKED, PF_DIST,
 };
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference as r;
+use crate::simd::panel::{kp_row_bytes, panel_bytes, scatter_column, PANEL_ROWS};
 
 /// `u32`s of the expert map: `n_as + 1` offsets, `n_as` cursors, then the pairs.
 fn map_words(n_as: usize, n_pairs: usize) -> usize {
@@ -32,15 +39,39 @@ fn map_words(n_as: usize, n_pairs: usize) -> usize {
 }
 
 /// Scratch `(shared, per thread)` bytes of MUL_MAT_ID: the expert map, `b`'s rows in
-/// the largest of the layouts a level may pick, and room for gathered float weights;
-/// per thread, mul_mat's (4 unpacked weight rows).
+/// the largest of the layouts a level may pick, room for gathered float weights and the
+/// experts' activation panels; per thread, mul_mat's (4 unpacked weight rows) and a
+/// private expert map with each pair's place in it.
 pub(crate) fn mul_mat_id_scratch(t: &Tensor, tensors: &[Tensor]) -> (usize, usize) {
     let (Some(a), Some(b)) = (t.src[0], t.src[1]) else {
         return (0, 0);
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
-    let map = round64(4 * map_words(a.ne[2], t.ne[1] * t.ne[2]));
-    (map + operand_scratch(a, b, tensors), thread_scratch(a))
+    let (n_as, n_pairs) = (a.ne[2], t.ne[1] * t.ne[2]);
+    let map = round64(4 * map_words(n_as, n_pairs));
+    let (panels, private) = if a.dtype.is_weight_quant() && n_pairs >= MIN_PANEL_COLS {
+        // Panels of the widest kind (bytes per panel grow with its columns): each expert
+        // wastes at most one.
+        let pb = panel_bytes(a.dtype, a.ne[0], MIN_PANEL_COLS);
+        let panels = (n_pairs.div_ceil(MIN_PANEL_COLS) + n_as) * pb;
+        (
+            round64(panels),
+            round64(4 * (map_words(n_as, n_pairs) + n_pairs)),
+        )
+    } else {
+        (0, 0)
+    };
+    (
+        map + operand_scratch(a, b, tensors) + panels,
+        round64(thread_scratch(a)) + private,
+    )
+}
+
+/// Expert id `(e, t)` of the resolved I32 `ids`.
+fn expert_id(ids: TView, e: usize, t: usize) -> i32 {
+    let p = ids.ptr.wrapping_add(e * ids.nb[0] + t * ids.nb[1]);
+    // SAFETY: element (e, t) of the resolved I32 ids tensor; nobody writes it now.
+    unsafe { (p as *const i32).read_unaligned() }
 }
 
 /// Counting sort of the pairs `p = t·n_used + e` by expert `ids[e, t]` into `map`.
@@ -48,11 +79,7 @@ fn group_by_expert(ids: TView, n_as: usize, map: &mut [u32]) -> KResult {
     let (n_used, n_tok) = (ids.ne[0], ids.ne[1]);
     let (off, rest) = map.split_at_mut(n_as + 1);
     let (cur, pairs) = rest.split_at_mut(n_as);
-    let id = |e: usize, t: usize| -> i32 {
-        let p = ids.ptr.wrapping_add(e * ids.nb[0] + t * ids.nb[1]);
-        // SAFETY: element (e, t) of the resolved I32 ids tensor; nobody writes it now.
-        unsafe { (p as *const i32).read_unaligned() }
-    };
+    let id = |e: usize, t: usize| expert_id(ids, e, t);
     off.fill(0);
     for t in 0..n_tok {
         for e in 0..n_used {
@@ -77,6 +104,90 @@ fn group_by_expert(ids: TView, n_as: usize, map: &mut [u32]) -> KResult {
     Ok(())
 }
 
+/// Panels of the pairs of each expert with at least [`MIN_PANEL_COLS`] of them (one
+/// panel per `cols` pairs), or 0 for an expert whose pairs run on the other kernels.
+fn panels_of(off: &[u32], x: usize, cols: usize) -> usize {
+    let n = (off[x + 1] - off[x]) as usize;
+    if n >= MIN_PANEL_COLS {
+        n.div_ceil(cols)
+    } else {
+        0
+    }
+}
+
+/// Phase 0's panel part: writes this thread's rows of `b` (quantised to the dot type of
+/// `w`) as the columns of the experts' panels at shared byte `poff`: pair `p` of expert
+/// `x` at place `c` in its list is column `c % cols` of the expert's panel `c / cols`,
+/// the experts' panels one after the other. Each thread sorts the pairs privately into
+/// the end of its scratch (the same sort as the shared map's) to find the places.
+#[allow(clippy::too_many_arguments)]
+fn convert_b_expert_panels(
+    c: &NodeCtx<'_>,
+    th: &ThreadCtx<'_>,
+    w: DType,
+    b: TView,
+    ids: TView,
+    n_as: usize,
+    cols: usize,
+    poff: usize,
+    private_at: usize,
+) -> KResult {
+    let k = b.ne[0];
+    let (n_used, n_tok, b1) = (ids.ne[0], ids.ne[1], b.ne[1]);
+    let n_pairs = n_used * n_tok;
+    let vdt = w.vec_dot_type();
+    let pbytes = panel_bytes(w, k, cols);
+    let (conv, private) = c.scratch_bytes().split_at_mut(private_at);
+    let (fpart, qrow) = conv.split_at_mut(4 * (k + 16));
+    // SAFETY: the thread scratch is 64-byte aligned; its first 4(k + 16) bytes as f32.
+    let sc = unsafe { std::slice::from_raw_parts_mut(fpart.as_mut_ptr() as *mut f32, k + 16) };
+    let qrow = &mut qrow[..vdt.row_size(k).unwrap_or(0)];
+    // SAFETY: `private_at` is a multiple of 64 (`mul_mat_id_scratch`), so the private area
+    // is u32-aligned; it holds the map and the places (sized there).
+    let words = unsafe {
+        std::slice::from_raw_parts_mut(
+            private.as_mut_ptr() as *mut u32,
+            map_words(n_as, n_pairs) + n_pairs,
+        )
+    };
+    let (map, place) = words.split_at_mut(map_words(n_as, n_pairs));
+    group_by_expert(ids, n_as, map)?;
+    let (off, rest) = map.split_at_mut(n_as + 1);
+    let (first_panel, pairs) = rest.split_at_mut(n_as);
+    for (i, &p) in pairs.iter().enumerate() {
+        place[p as usize] = i as u32;
+    }
+    let mut next = 0usize;
+    for (x, fp) in first_panel.iter_mut().enumerate() {
+        *fp = next as u32;
+        next += panels_of(off, x, cols);
+    }
+    let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
+    for r in r0..r1 {
+        let (j, t, i3) = b.row_index(r);
+        // The pairs of token t whose slot reads row j, on experts with panels.
+        let mut quantised = false;
+        for e in (j..n_used).step_by(b1) {
+            let x = expert_id(ids, e, t) as usize;
+            if panels_of(off, x, cols) == 0 {
+                continue;
+            }
+            if !quantised {
+                let xr = activation_row(b, (j, t, i3), sc);
+                (c.k.quantize)(vdt, xr, qrow);
+                quantised = true;
+            }
+            let col = (place[t * n_used + e] - off[x]) as usize;
+            let at = poff + (first_panel[x] as usize + col / cols) * pbytes;
+            // SAFETY: the panel lies in the panel area of the shared scratch (sized by
+            // `mul_mat_id_scratch` for every expert's panels); its column col % cols
+            // belongs to pair (e, t) alone, whose row only this thread converts.
+            unsafe { scatter_column(w, qrow, k, cols, col % cols, c.wdata.add(at)) };
+        }
+    }
+    Ok(())
+}
+
 /// Phase `phase` (0: convert and group, 1: products) of MUL_MAT_ID on this thread.
 pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult {
     let (dst, a, b, ids) = (c.dst, c.src[0], c.src[1], c.src[2]);
@@ -89,6 +200,11 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         (c.k.gemv)(a.dtype)
     } else {
         None
+    };
+    // Many pairs: experts with enough of them run the level's panel tiles, if it has any.
+    let panel = match gemv {
+        None if n_pairs >= MIN_PANEL_COLS && a.dtype.is_weight_quant() => (c.k.panel)(a.dtype),
+        _ => None,
     };
     let packer = match gemv {
         Some(g) => Some(g.pack),
@@ -103,6 +219,14 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
     let aoff = boff + round64(b.nrows() * vrs);
     let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
     let ars = a.dtype.row_size(k).unwrap_or(0);
+    // The experts' panels, after the gathered weights (quantised weights, the only ones
+    // with panels, are never gathered).
+    let poff = aoff
+        + if gather {
+            round64(a.ne[1] * a.ne[2] * ars)
+        } else {
+            0
+        };
     if phase == 0 {
         if th.ith == 0 {
             // SAFETY: the map area at the start of the shared scratch (u32-aligned: the
@@ -113,6 +237,10 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
             group_by_expert(ids, n_as, map)?;
         }
         convert_b(c, th, b, boff, vdt, vrs, packer);
+        if let Some(pn) = panel {
+            let private_at = round64(thread_scratch_of(a.dtype, k));
+            convert_b_expert_panels(c, th, a.dtype, b, ids, n_as, pn.cols, poff, private_at)?;
+        }
         if gather {
             gather_a(c, th, a, aoff, ars);
         }
@@ -161,12 +289,16 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         None
     };
     let pairs_of = |x: usize| (off[x + 1] - off[x]) as usize;
+    let panel_cols = panel.map_or(1, |pn| pn.cols);
+    let panel_expert = |x: usize| panel.is_some() && panels_of(off, x, panel_cols) > 0;
     let unpack_expert = |x: usize| unpacked.is_some() && pairs_of(x) >= MIN_UNPACKED_COLS;
-    // A chunk's pairs: up to NC for the tiles (NC_UNPACKED with unpacked weight rows),
-    // one for the matrix × vector kernel.
+    // A chunk's pairs: up to NC for the tiles (NC_UNPACKED with unpacked weight rows,
+    // NC_PANEL with panels), one for the matrix × vector kernel.
     let nc_of = |x: usize| {
         if gemv.is_some() {
             1
+        } else if panel_expert(x) {
+            NC_PANEL
         } else if unpack_expert(x) {
             NC_UNPACKED
         } else {
@@ -175,15 +307,17 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
     };
     let chunks_of = |x: usize| m_chunks * pairs_of(x).div_ceil(nc_of(x));
     let urb = crate::simd::unpacked_row_bytes(a.dtype, k);
-    let uscratch: &mut [u8] = match unpacked {
-        Some(_) => c.scratch_bytes(),
-        None => &mut [],
+    let uscratch: &mut [u8] = match (unpacked, panel) {
+        (None, None) => &mut [],
+        _ => c.scratch_bytes(),
     };
     let mut out = [0f32; 16];
-    // Chunks go by expert, then block of its pairs, then block of weight rows; `x` and
-    // `base` (its first chunk) follow the expert of the chunks this thread takes, whose
-    // numbers only grow.
-    let (mut x, mut base) = (0usize, 0usize);
+    // Every panel tile writes all the entries it is read back at.
+    let mut pout = [0f32; 128];
+    // Chunks go by expert, then block of its pairs, then block of weight rows; `x`,
+    // `base` (its first chunk) and `first_panel` (its first panel) follow the expert of
+    // the chunks this thread takes, whose numbers only grow.
+    let (mut x, mut base, mut first_panel) = (0usize, 0usize, 0usize);
     // One token: each thread streams its own run of chunks (see `crate::runs`), as dense
     // matrix × vector products do; the chunks of one expert's pair are its weight rows in
     // order, so a run's prefetch goes on from one chunk into the next.
@@ -204,11 +338,12 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         };
         // A chunk taken from the back of another thread's run can lie before the last.
         if ch < base {
-            (x, base) = (0, 0);
+            (x, base, first_panel) = (0, 0, 0);
         }
         let mut n_x = chunks_of(x);
         while ch >= base + n_x && x + 1 < n_as {
             base += n_x;
+            first_panel += panels_of(off, x, panel_cols);
             x += 1;
             n_x = chunks_of(x);
         }
@@ -272,6 +407,63 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
                 }
             }
         };
+        if let (Some(pn), true) = (panel, panel_expert(x)) {
+            // As mul_mat's panels: each group of 4 weight rows is unpacked once, then runs
+            // against every panel of the chunk, 2 panels at a time.
+            let cols = pn.cols;
+            let pbytes = panel_bytes(a.dtype, k, cols);
+            let panel_at = |q: usize| -> &[u8] {
+                let at = poff + (first_panel + q) * pbytes;
+                // SAFETY: panel q of expert x, written in phase 0 (the barrier after it
+                // published it); read-only now.
+                unsafe { std::slice::from_raw_parts(c.wdata.add(at), pbytes) }
+            };
+            let krb = kp_row_bytes(a.dtype, k);
+            // The chunk's places in the expert's list of pairs.
+            let (c0, c1) = (p0 - off[x] as usize, p1 - off[x] as usize);
+            let (q0, q1) = (c0 / cols, c1.div_ceil(cols));
+            let mut m = m0;
+            while m < m1 {
+                let nrows = (m1 - m).min(PANEL_ROWS);
+                prefetch_past(m + nrows);
+                let rows = unpack_panel_rows(
+                    pn,
+                    a.dtype,
+                    k,
+                    nrows,
+                    |rr| {
+                        // SAFETY: a dense weight row of `ars` bytes in the resolved weight
+                        // tensor; nobody writes it now.
+                        unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) }
+                    },
+                    uscratch,
+                    krb,
+                );
+                let mut q = q0;
+                while q < q1 {
+                    let np = (q1 - q).min(2);
+                    let ps = [panel_at(q), panel_at(q + np - 1)];
+                    (pn.tile)(a.dtype, k, &rows, &ps[..np], &mut pout);
+                    for pp in 0..np {
+                        let col0 = (q + pp) * cols;
+                        for cc in 0..cols.min(c1 - col0) {
+                            let (_, col) = column(pairs[off[x] as usize + col0 + cc] as usize);
+                            let v = &pout[(pp * cols + cc) * 4..][..4];
+                            for (rr, &val) in v.iter().enumerate().take(nrows) {
+                                let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + col);
+                                // SAFETY: output element (m + rr, e, t) of the column's
+                                // pair: inside the resolved destination, written only by
+                                // the thread owning this chunk.
+                                unsafe { (o as *mut f32).write_unaligned(val) };
+                            }
+                        }
+                    }
+                    q += np;
+                }
+                m += nrows;
+            }
+            continue;
+        }
         if let (Some(u), true) = (unpacked, unpack_expert(x)) {
             // Each group of 4 weight rows is unpacked once, then runs against every
             // pair of the chunk.

@@ -110,17 +110,19 @@ pub(crate) fn scratch(t: &Tensor, tensors: &[Tensor], _nth: usize) -> (usize, us
 /// (and, for quantised weights, its quantised row on the way into a panel), or 4 unpacked
 /// weight rows.
 pub(crate) fn thread_scratch(a: &Tensor) -> usize {
-    let k = a.ne[0];
-    let mut unpacked = if a.dtype.is_quantized() {
-        4 * crate::simd::unpacked_row_bytes(a.dtype, k)
+    thread_scratch_of(a.dtype, a.ne[0])
+}
+
+/// [`thread_scratch`] for weights of dtype `w` and rows of `k` values.
+pub(crate) fn thread_scratch_of(w: DType, k: usize) -> usize {
+    let mut unpacked = if w.is_quantized() {
+        4 * crate::simd::unpacked_row_bytes(w, k)
     } else {
         0
     };
-    if a.dtype.is_weight_quant() {
-        let convert = 4 * (k + 16) + a.dtype.vec_dot_type().row_size(k).unwrap_or(0);
-        unpacked = unpacked
-            .max(PANEL_ROWS * kp_row_bytes(a.dtype, k))
-            .max(convert);
+    if w.is_weight_quant() {
+        let convert = 4 * (k + 16) + w.vec_dot_type().row_size(k).unwrap_or(0);
+        unpacked = unpacked.max(PANEL_ROWS * kp_row_bytes(w, k)).max(convert);
     }
     (4 * (k + 16)).max(unpacked)
 }
@@ -448,7 +450,7 @@ pub(super) fn unpack_rows<'s>(
 /// Unpacks `nrows` (1 to 4) weight rows `src(r)` for the panel tiles into `scratch`, `krb`
 /// ([`kp_row_bytes`]) bytes each; a short group repeats its first row (whose results
 /// are not stored).
-fn unpack_panel_rows<'s, 'w>(
+pub(super) fn unpack_panel_rows<'s, 'w>(
     pn: Panel,
     w: DType,
     k: usize,
@@ -589,7 +591,11 @@ pub(crate) fn convert_b(
 
 /// Row `(i1, i2, i3)` of the activations `b` as f32: in place where it is dense f32, else
 /// converted into `sc` (at least `b.ne[0]` values).
-fn activation_row(b: TView, (i1, i2, i3): (usize, usize, usize), sc: &mut [f32]) -> &[f32] {
+pub(super) fn activation_row(
+    b: TView,
+    (i1, i2, i3): (usize, usize, usize),
+    sc: &mut [f32],
+) -> &[f32] {
     // SAFETY: a row of the resolved activations; the result never aliases them (it is a
     // fresh tensor) and phase 0 writes only scratch.
     match unsafe { b.row_f32(i1, i2, i3) } {
