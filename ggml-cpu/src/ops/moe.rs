@@ -24,14 +24,14 @@ use std::sync::atomic::Ordering;
 use ggml_core::{BackendErrorKind, DType, Tensor};
 
 use super::mul_mat::{
-    activation_row, block, convert_b, gather_a, needs_gather, operand_scratch, prefetch, round64,
-    thread_scratch, thread_scratch_of, unpack_panel_rows, unpack_rows, GEMV_CHUNKS, MC,
+    activation_row, block, convert_b, gather_a, needs_gather, operand_scratch, panel_chunk,
+    prefetch, round64, thread_scratch, thread_scratch_of, unpack_rows, PanelChunk, GEMV_CHUNKS, MC,
     MIN_PANEL_COLS, MIN_UNPACKED_COLS, NC, NC_PANEL, NC_UNPACKED, PF_DIST,
 };
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference as r;
-use crate::simd::panel::{kp_row_bytes, panel_bytes, scatter_column, PANEL_ROWS};
+use crate::simd::panel::{panel_bytes, scatter_column};
 
 /// `u32`s of the expert map: `n_as + 1` offsets, `n_as` cursors, then the pairs.
 fn map_words(n_as: usize, n_pairs: usize) -> usize {
@@ -142,14 +142,17 @@ fn convert_b_expert_panels(
     // SAFETY: the thread scratch is 64-byte aligned; its first 4(k + 16) bytes as f32.
     let sc = unsafe { std::slice::from_raw_parts_mut(fpart.as_mut_ptr() as *mut f32, k + 16) };
     let qrow = &mut qrow[..vdt.row_size(k).unwrap_or(0)];
+    let n_words = map_words(n_as, n_pairs) + n_pairs;
+    if private.len() < 4 * n_words {
+        return Err((
+            BackendErrorKind::Device,
+            "MUL_MAT_ID scratch too small for the private expert map (bug in ggml-cpu)",
+        ));
+    }
     // SAFETY: `private_at` is a multiple of 64 (`mul_mat_id_scratch`), so the private area
-    // is u32-aligned; it holds the map and the places (sized there).
-    let words = unsafe {
-        std::slice::from_raw_parts_mut(
-            private.as_mut_ptr() as *mut u32,
-            map_words(n_as, n_pairs) + n_pairs,
-        )
-    };
+    // is u32-aligned; it holds the map and the places (length checked above).
+    let words =
+        unsafe { std::slice::from_raw_parts_mut(private.as_mut_ptr() as *mut u32, n_words) };
     let (map, place) = words.split_at_mut(map_words(n_as, n_pairs));
     group_by_expert(ids, n_as, map)?;
     let (off, rest) = map.split_at_mut(n_as + 1);
@@ -312,8 +315,6 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         _ => c.scratch_bytes(),
     };
     let mut out = [0f32; 16];
-    // Every panel tile writes all the entries it is read back at.
-    let mut pout = [0f32; 128];
     // Chunks go by expert, then block of its pairs, then block of weight rows; `x`,
     // `base` (its first chunk) and `first_panel` (its first panel) follow the expert of
     // the chunks this thread takes, whose numbers only grow.
@@ -418,50 +419,36 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
                 // published it); read-only now.
                 unsafe { std::slice::from_raw_parts(c.wdata.add(at), pbytes) }
             };
-            let krb = kp_row_bytes(a.dtype, k);
-            // The chunk's places in the expert's list of pairs.
-            let (c0, c1) = (p0 - off[x] as usize, p1 - off[x] as usize);
-            let (q0, q1) = (c0 / cols, c1.div_ceil(cols));
-            let mut m = m0;
-            while m < m1 {
-                let nrows = (m1 - m).min(PANEL_ROWS);
-                prefetch_past(m + nrows);
-                let rows = unpack_panel_rows(
-                    pn,
-                    a.dtype,
-                    k,
-                    nrows,
-                    |rr| {
-                        // SAFETY: a dense weight row of `ars` bytes in the resolved weight
-                        // tensor; nobody writes it now.
-                        unsafe { std::slice::from_raw_parts(wrow(x, m + rr), ars) }
-                    },
-                    uscratch,
-                    krb,
-                );
-                let mut q = q0;
-                while q < q1 {
-                    let np = (q1 - q).min(2);
-                    let ps = [panel_at(q), panel_at(q + np - 1)];
-                    (pn.tile)(a.dtype, k, &rows, &ps[..np], &mut pout);
-                    for pp in 0..np {
-                        let col0 = (q + pp) * cols;
-                        for cc in 0..cols.min(c1 - col0) {
-                            let (_, col) = column(pairs[off[x] as usize + col0 + cc] as usize);
-                            let v = &pout[(pp * cols + cc) * 4..][..4];
-                            for (rr, &val) in v.iter().enumerate().take(nrows) {
-                                let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + col);
-                                // SAFETY: output element (m + rr, e, t) of the column's
-                                // pair: inside the resolved destination, written only by
-                                // the thread owning this chunk.
-                                unsafe { (o as *mut f32).write_unaligned(val) };
-                            }
-                        }
+            let weight_row = |r: usize| -> &[u8] {
+                // SAFETY: a dense weight row of `ars` bytes in the resolved weight tensor;
+                // nobody writes it now.
+                unsafe { std::slice::from_raw_parts(wrow(x, r), ars) }
+            };
+            // The chunk's columns: its places in the expert's list of pairs.
+            let chunk = PanelChunk {
+                rows: (m0, m1),
+                cols: (p0 - off[x] as usize, p1 - off[x] as usize),
+            };
+            let pair0 = off[x] as usize;
+            panel_chunk(
+                pn,
+                a.dtype,
+                k,
+                chunk,
+                weight_row,
+                panel_at,
+                uscratch,
+                &mut prefetch_past,
+                |m, nrows, c, v| {
+                    let (_, col) = column(pairs[pair0 + c] as usize);
+                    for (rr, &val) in v.iter().enumerate().take(nrows) {
+                        let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + col);
+                        // SAFETY: output element (m + rr, e, t) of the column's pair: inside the
+                        // resolved destination, written only by the thread owning this chunk.
+                        unsafe { (o as *mut f32).write_unaligned(val) };
                     }
-                    q += np;
-                }
-                m += nrows;
-            }
+                },
+            );
             continue;
         }
         if let (Some(u), true) = (unpacked, unpack_expert(x)) {

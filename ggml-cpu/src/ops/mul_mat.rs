@@ -303,57 +303,39 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 // barrier after it published them); read-only now.
                 unsafe { std::slice::from_raw_parts(c.wdata.add(at), pbytes) }
             };
-            let krb = kp_row_bytes(a.dtype, k);
-            // Every tile writes all the entries it is read back at.
-            let mut pout = [0f32; 128];
-            let mut m = m0;
-            while m < m1 {
-                let nrows = (m1 - m).min(PANEL_ROWS);
-                prefetch_past(m + nrows);
-                let rows = unpack_panel_rows(
-                    pn,
-                    a.dtype,
-                    k,
-                    nrows,
-                    |r| {
-                        // SAFETY: as `arows` below: a dense weight row of `ars` bytes that
-                        // nobody writes now.
-                        unsafe { std::slice::from_raw_parts(wrow(m + r), ars) }
-                    },
-                    uscratch,
-                    krb,
-                );
-                let (p0, p1) = (n0 / cols, n1.div_ceil(cols));
-                let mut p = p0;
-                while p < p1 {
-                    let np = (p1 - p).min(2);
-                    let ps = [panel_at(p), panel_at(p + np - 1)];
-                    (pn.tile)(a.dtype, k, &rows, &ps[..np], &mut pout);
-                    for pp in 0..np {
-                        let col0 = (p + pp) * cols;
-                        for cc in 0..cols.min(n1 - col0) {
-                            let v = &pout[(pp * cols + cc) * 4..][..4];
-                            let col = base.wrapping_add(m * dst.nb[0] + (col0 + cc) * dst.nb[1]);
-                            if nrows == 4 && dst.nb[0] == 4 {
-                                // SAFETY: output elements (m..m+4, col0+cc, i2, i3): adjacent,
-                                // inside the resolved destination, written only by this
-                                // chunk's thread.
-                                unsafe {
-                                    (col as *mut [f32; 4]).write_unaligned([v[0], v[1], v[2], v[3]])
-                                };
-                                continue;
-                            }
-                            for (r, &x) in v.iter().enumerate().take(nrows) {
-                                let o = col.wrapping_add(r * dst.nb[0]);
-                                // SAFETY: output element (m+r, col0+cc, i2, i3): as above.
-                                unsafe { (o as *mut f32).write_unaligned(x) };
-                            }
-                        }
+            let weight_row = |r: usize| -> &[u8] {
+                // SAFETY: as `arows` below: a dense weight row of `ars` bytes that nobody
+                // writes now.
+                unsafe { std::slice::from_raw_parts(wrow(r), ars) }
+            };
+            let chunk = PanelChunk {
+                rows: (m0, m1),
+                cols: (n0, n1),
+            };
+            panel_chunk(
+                pn,
+                a.dtype,
+                k,
+                chunk,
+                weight_row,
+                panel_at,
+                uscratch,
+                &mut prefetch_past,
+                |m, nrows, n, v| {
+                    let col = base.wrapping_add(m * dst.nb[0] + n * dst.nb[1]);
+                    if nrows == 4 && dst.nb[0] == 4 {
+                        // SAFETY: output elements (m..m+4, n, i2, i3): adjacent, inside the
+                        // resolved destination, written only by this chunk's thread.
+                        unsafe { (col as *mut [f32; 4]).write_unaligned([v[0], v[1], v[2], v[3]]) };
+                        return;
                     }
-                    p += np;
-                }
-                m += nrows;
-            }
+                    for (r, &x) in v.iter().enumerate().take(nrows) {
+                        let o = col.wrapping_add(r * dst.nb[0]);
+                        // SAFETY: output element (m+r, n, i2, i3): as above.
+                        unsafe { (o as *mut f32).write_unaligned(x) };
+                    }
+                },
+            );
             continue;
         }
         if let Some(u) = unpacked {
@@ -450,7 +432,7 @@ pub(super) fn unpack_rows<'s>(
 /// Unpacks `nrows` (1 to 4) weight rows `src(r)` for the panel tiles into `scratch`, `krb`
 /// ([`kp_row_bytes`]) bytes each; a short group repeats its first row (whose results
 /// are not stored).
-pub(super) fn unpack_panel_rows<'s, 'w>(
+fn unpack_panel_rows<'s, 'w>(
     pn: Panel,
     w: DType,
     k: usize,
@@ -467,6 +449,57 @@ pub(super) fn unpack_panel_rows<'s, 'w>(
         let r = if r < nrows { r } else { 0 };
         &scratch[r * krb..(r + 1) * krb]
     })
+}
+
+/// The weight rows `rows.0 .. rows.1` and panel columns `cols.0 .. cols.1` of a chunk
+/// for [`panel_chunk`] (the columns start at a panel's first).
+pub(super) struct PanelChunk {
+    pub rows: (usize, usize),
+    pub cols: (usize, usize),
+}
+
+/// Runs the panel tiles of `pn` over a chunk: each group of up to 4 weight rows
+/// (`weight_row(m)`, dtype `w`, `k` values) is unpacked once into `scratch`, then runs
+/// against every panel of the chunk (`panel_at(q)`: columns `q·cols ..`), 2 panels at a
+/// time. `prefetch_past(m_end)` runs before rows `.. m_end`; `store(m, nrows, n, v)` gets
+/// the results of rows `m .. m + nrows` and column `n` (`v[r]` for row `m + r`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn panel_chunk<'w, 'p>(
+    pn: Panel,
+    w: DType,
+    k: usize,
+    chunk: PanelChunk,
+    weight_row: impl Fn(usize) -> &'w [u8],
+    panel_at: impl Fn(usize) -> &'p [u8],
+    scratch: &mut [u8],
+    prefetch_past: &mut impl FnMut(usize),
+    mut store: impl FnMut(usize, usize, usize, &[f32]),
+) {
+    let (cols, krb) = (pn.cols, kp_row_bytes(w, k));
+    let ((m0, m1), (n0, n1)) = (chunk.rows, chunk.cols);
+    let (q0, q1) = (n0 / cols, n1.div_ceil(cols));
+    // Every tile writes all the entries it is read back at.
+    let mut pout = [0f32; 128];
+    let mut m = m0;
+    while m < m1 {
+        let nrows = (m1 - m).min(PANEL_ROWS);
+        prefetch_past(m + nrows);
+        let rows = unpack_panel_rows(pn, w, k, nrows, |r| weight_row(m + r), scratch, krb);
+        let mut q = q0;
+        while q < q1 {
+            let np = (q1 - q).min(2);
+            let ps = [panel_at(q), panel_at(q + np - 1)];
+            (pn.tile)(w, k, &rows, &ps[..np], &mut pout);
+            for pp in 0..np {
+                let col0 = (q + pp) * cols;
+                for cc in 0..cols.min(n1 - col0) {
+                    store(m, nrows, col0 + cc, &pout[(pp * cols + cc) * 4..][..4]);
+                }
+            }
+            q += np;
+        }
+        m += nrows;
+    }
 }
 
 /// Converts the rows of `b` (split between threads) to the dot type of weights `w` and
