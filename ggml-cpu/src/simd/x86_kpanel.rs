@@ -195,6 +195,61 @@ macro_rules! x86_panel_tiles {
             }
         }
 
+        /// The reference's 8 lane sums of every row and panel of a tile, `lanes[t][r][p]`
+        /// for blocks j ≡ t (mod 8). A lane is written by its first block (`0 + v`, the
+        /// reference's first add, so `-0` still turns into `+0`) instead of being zeroed
+        /// before the blocks: zeroing 8 · 4 · NP registers in memory every call was a
+        /// memset of 2 KiB (4 KiB with AVX-512), about a tenth of an AVX2 tile at K = 576.
+        struct Lanes<const NP: usize> {
+            sums: core::mem::MaybeUninit<[[[VF; NP]; PANEL_ROWS]; 8]>,
+        }
+
+        impl<const NP: usize> Lanes<NP> {
+            #[inline]
+            fn new() -> Self {
+                Self {
+                    sums: core::mem::MaybeUninit::uninit(),
+                }
+            }
+
+            /// Lane `j % 8` of row `r`, panel `p` plus the value `v` of block `j`.
+            ///
+            /// # Safety
+            /// Blocks come in order from 0, each (r, p) once per block; the level's
+            /// features.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn add(&mut self, j: usize, r: usize, p: usize, v: VF) {
+                let at = (self.sums.as_mut_ptr() as *mut VF)
+                    .wrapping_add((j % 8 * PANEL_ROWS + r) * NP + p);
+                // SAFETY: `at` lies in `sums` (j % 8 < 8, r < PANEL_ROWS, p < NP); blocks
+                // below 8 write their lane before any later block reads it (caller).
+                unsafe {
+                    let prev = if j < 8 { vf_zero() } else { at.read() };
+                    at.write(vf_add(prev, v));
+                }
+            }
+
+            /// The sums after `nb` blocks: lanes no block reached are zero.
+            ///
+            /// # Safety
+            /// [`Lanes::add`] ran for every (r, p) of blocks `0..nb`; the level's features.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn finish(&mut self, nb: usize) -> &[[[VF; NP]; PANEL_ROWS]; 8] {
+                let base = self.sums.as_mut_ptr() as *mut VF;
+                for l in nb.min(8)..8 {
+                    for i in 0..PANEL_ROWS * NP {
+                        // SAFETY: inside `sums`.
+                        unsafe { base.add(l * PANEL_ROWS * NP + i).write(vf_zero()) };
+                    }
+                }
+                // SAFETY: lanes below min(nb, 8) were written by `add` (caller), the rest
+                // just now.
+                unsafe { self.sums.assume_init_ref() }
+            }
+        }
+
         /// The 4 unpacked weight rows `w` of format `F` against the `NP` panels `y`, each
         /// of `nb` super-blocks, into `out[(p·COLS + c)·4 + r]`.
         #[inline]
@@ -214,7 +269,7 @@ macro_rules! x86_panel_tiles {
             }
             let (umax, group) = kq_umax_group(F);
             let steps = span(umax, group);
-            let mut lanes = [[[vf_zero(); NP]; PANEL_ROWS]; 8];
+            let mut lanes = Lanes::<NP>::new();
             for j in 0..nb {
                 // SAFETY: super-block j < nb of every row and panel (lengths asserted);
                 // same features.
@@ -260,7 +315,6 @@ macro_rules! x86_panel_tiles {
                         }
                     }
                     let dy: [VF; NP] = core::array::from_fn(|p| vf_load(yp[p].add(PANEL_D_AT)));
-                    let lane = &mut lanes[j % 8];
                     for r in 0..PANEL_ROWS {
                         let dx = vf_set1(wp[r].add(KP_D_AT));
                         let dm = vf_set1(wp[r].add(KP_DMIN_AT));
@@ -273,13 +327,13 @@ macro_rules! x86_panel_tiles {
                                 let si = vi_sub(s[r][p], m[r][p]);
                                 vf_mul(vf_mul(dx, dy[p]), vi_cvt(si))
                             };
-                            lane[r][p] = vf_add(lane[r][p], v);
+                            lanes.add(j, r, p, v);
                         }
                     }
                 }
             }
             // SAFETY: same features.
-            unsafe { kp_store(&lanes, out) };
+            unsafe { kp_store(lanes.finish(nb), out) };
         }
 
         /// The 4 unpacked weight rows `w` of a legacy format against the `NP` panels `y`,
@@ -307,7 +361,7 @@ macro_rules! x86_panel_tiles {
                 assert!(p.len() >= nb * LP_BLOCK_BYTES);
             }
             let steps = span(UMAX, 8);
-            let mut lanes = [[[vf_zero(); NP]; PANEL_ROWS]; 8];
+            let mut lanes = Lanes::<NP>::new();
             for j in 0..nb {
                 // SAFETY: block j < nb of every row and panel (lengths asserted); same
                 // features.
@@ -348,7 +402,6 @@ macro_rules! x86_panel_tiles {
                     }
                     let dy: [VF; NP] = core::array::from_fn(|p| vf_load(yp[p].add(LP_D_AT)));
                     let sy: [VF; NP] = core::array::from_fn(|p| vf_load(yp[p].add(LP_S_AT)));
-                    let lane = &mut lanes[j % 8];
                     for r in 0..PANEL_ROWS {
                         let dx = vf_set1(wp[r].add(LW_D_AT));
                         let mx = vf_set1(wp[r].add(LW_M_AT));
@@ -357,13 +410,13 @@ macro_rules! x86_panel_tiles {
                             if MIN {
                                 v = vf_add(v, vf_mul(mx, sy[p]));
                             }
-                            lane[r][p] = vf_add(lane[r][p], v);
+                            lanes.add(j, r, p, v);
                         }
                     }
                 }
             }
             // SAFETY: same features.
-            unsafe { kp_store(&lanes, out) };
+            unsafe { kp_store(lanes.finish(nb), out) };
         }
 
         /// The K-quant panel tile of format `F`: 1 or 2 panels.
