@@ -24,14 +24,16 @@ use std::sync::atomic::Ordering;
 use ggml_core::{BackendErrorKind, DType, Tensor};
 
 use super::mul_mat::{
-    activation_row, block, convert_b, gather_a, needs_gather, operand_scratch, panel_chunk,
-    prefetch, round64, thread_scratch, thread_scratch_of, unpack_rows, PanelChunk, GEMV_CHUNKS, MC,
-    MIN_PANEL_COLS, MIN_UNPACKED_COLS, NC, NC_PANEL, NC_UNPACKED, PF_DIST,
+    activation_row, block, convert_b, convert_row, gather_a, needs_gather, operand_scratch,
+    panel_chunk, prefetch, round64, store_rows, thread_scratch, thread_scratch_of, unpack_rows,
+    PanelChunk, GEMV_CHUNKS, MC, MIN_PANEL_COLS, MIN_UNPACKED_COLS, NC, NC_PANEL, NC_UNPACKED,
+    PF_DIST,
 };
 use crate::exec::{KResult, NodeCtx, TView};
 use crate::pool::ThreadCtx;
 use crate::reference as r;
 use crate::simd::panel::{panel_bytes, scatter_column};
+use crate::simd::Packer;
 
 /// `u32`s of the expert map: `n_as + 1` offsets, `n_as` cursors, then the pairs.
 fn map_words(n_as: usize, n_pairs: usize) -> usize {
@@ -49,7 +51,7 @@ pub(crate) fn mul_mat_id_scratch(t: &Tensor, tensors: &[Tensor]) -> (usize, usiz
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
     let (n_as, n_pairs) = (a.ne[2], t.ne[1] * t.ne[2]);
     let map = round64(4 * map_words(n_as, n_pairs));
-    let (panels, private) = if a.dtype.is_weight_quant() && n_pairs >= MIN_PANEL_COLS {
+    let (panels, private) = if may_use_panels(a.dtype, n_pairs) {
         // Panels of the widest kind (bytes per panel grow with its columns): each expert
         // wastes at most one.
         let pb = panel_bytes(a.dtype, a.ne[0], MIN_PANEL_COLS);
@@ -65,6 +67,12 @@ pub(crate) fn mul_mat_id_scratch(t: &Tensor, tensors: &[Tensor]) -> (usize, usiz
         map + operand_scratch(a, b, tensors) + panels,
         round64(thread_scratch(a)) + private,
     )
+}
+
+/// Whether a product of weights `w` over `n_pairs` pairs may run experts on panel tiles
+/// (where the level has them): the scratch has room for the panels then.
+fn may_use_panels(w: DType, n_pairs: usize) -> bool {
+    w.is_weight_quant() && n_pairs >= MIN_PANEL_COLS
 }
 
 /// Expert id `(e, t)` of the resolved I32 `ids`.
@@ -115,11 +123,14 @@ fn panels_of(off: &[u32], x: usize, cols: usize) -> usize {
     }
 }
 
-/// Phase 0's panel part: writes this thread's rows of `b` (quantised to the dot type of
-/// `w`) as the columns of the experts' panels at shared byte `poff`: pair `p` of expert
-/// `x` at place `c` in its list is column `c % cols` of the expert's panel `c / cols`,
-/// the experts' panels one after the other. Each thread sorts the pairs privately into
-/// the end of its scratch (the same sort as the shared map's) to find the places.
+/// Phase 0's conversion of `b` when experts may run on panels: each of this thread's
+/// rows of `b` (quantised to the dot type of `w`) goes as a column into the panels, at
+/// shared byte `poff`, of every expert with panels that a pair reading it goes to (pair
+/// `p` of expert `x` at place `c` in its list is column `c % cols` of the expert's panel
+/// `c / cols`, the experts' panels one after the other), and, where a pair reading it
+/// goes to an expert without panels, into row `r` of the tiles' layout (`packer`, `vrs`
+/// bytes a row from `boff`) as `convert_b` would. Each thread sorts the pairs privately
+/// into the end of its scratch (the same sort as the shared map's) to find the places.
 #[allow(clippy::too_many_arguments)]
 fn convert_b_expert_panels(
     c: &NodeCtx<'_>,
@@ -130,6 +141,7 @@ fn convert_b_expert_panels(
     n_as: usize,
     cols: usize,
     poff: usize,
+    (boff, vrs, packer): (usize, usize, Option<Packer>),
     private_at: usize,
 ) -> KResult {
     let k = b.ne[0];
@@ -168,15 +180,23 @@ fn convert_b_expert_panels(
     let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
     for r in r0..r1 {
         let (j, t, i3) = b.row_index(r);
-        // The pairs of token t whose slot reads row j, on experts with panels.
-        let mut quantised = false;
+        let xr = activation_row(b, (j, t, i3), sc);
+        // The pairs of token t whose slot reads row j.
+        let (mut quantised, mut packed) = (false, false);
         for e in (j..n_used).step_by(b1) {
             let x = expert_id(ids, e, t) as usize;
             if panels_of(off, x, cols) == 0 {
+                if !packed {
+                    // SAFETY: row r of the tiles' activation area of the shared scratch,
+                    // written by this thread only (rows are split between threads).
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(c.wdata.add(boff + r * vrs), vrs) };
+                    convert_row(c, xr, out, vdt, packer);
+                    packed = true;
+                }
                 continue;
             }
             if !quantised {
-                let xr = activation_row(b, (j, t, i3), sc);
                 (c.k.quantize)(vdt, xr, qrow);
                 quantised = true;
             }
@@ -206,7 +226,7 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
     };
     // Many pairs: experts with enough of them run the level's panel tiles, if it has any.
     let panel = match gemv {
-        None if n_pairs >= MIN_PANEL_COLS && a.dtype.is_weight_quant() => (c.k.panel)(a.dtype),
+        None if may_use_panels(a.dtype, n_pairs) => (c.k.panel)(a.dtype),
         _ => None,
     };
     let packer = match gemv {
@@ -239,10 +259,15 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
             };
             group_by_expert(ids, n_as, map)?;
         }
-        convert_b(c, th, b, boff, vdt, vrs, packer);
-        if let Some(pn) = panel {
-            let private_at = round64(thread_scratch_of(a.dtype, k));
-            convert_b_expert_panels(c, th, a.dtype, b, ids, n_as, pn.cols, poff, private_at)?;
+        match panel {
+            Some(pn) => {
+                let private_at = round64(thread_scratch_of(a.dtype, k));
+                let tiles = (boff, vrs, packer);
+                convert_b_expert_panels(
+                    c, th, a.dtype, b, ids, n_as, pn.cols, poff, tiles, private_at,
+                )?;
+            }
+            None => convert_b(c, th, b, boff, vdt, vrs, packer),
         }
         if gather {
             gather_a(c, th, a, aoff, ars);
@@ -275,15 +300,17 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         }
     };
     let dense = gather || a.nb[1] == ars;
-    // The converted row of `b` that pair `p` multiplies, and the byte offset of its
-    // output column `out[:, e, t]`.
+    // The byte offset of pair `p`'s output column `out[:, e, t]`.
+    let out_col = |p: usize| (p % n_used) * dst.nb[1] + (p / n_used) * dst.nb[2];
+    // The converted row of `b` that pair `p` multiplies (on the tiles), and its output
+    // column's offset.
     let column = |p: usize| -> (&[u8], usize) {
         let (e, t) = (p % n_used, p / n_used);
         let row = t * b1 + e % b1;
         // SAFETY: row `row` of the converted activations written in phase 0 (published
-        // by the barrier); read-only now.
+        // by the barrier; a pair on the tiles had its row converted); read-only now.
         let y = unsafe { std::slice::from_raw_parts(c.wdata.add(boff + row * vrs), vrs) };
-        (y, e * dst.nb[1] + t * dst.nb[2])
+        (y, out_col(p))
     };
     // Weight rows unpacked once per chunk for experts with enough pairs, as mul_mat.
     let unpacked = if gemv.is_none() {
@@ -429,7 +456,13 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
                 rows: (m0, m1),
                 cols: (p0 - off[x] as usize, p1 - off[x] as usize),
             };
-            let pair0 = off[x] as usize;
+            // The output columns' offsets, one division each per chunk.
+            let mut col_off = [0usize; NC_PANEL];
+            let first = off[x] as usize + chunk.cols.0;
+            for (i, o) in col_off.iter_mut().enumerate().take(p1 - p0) {
+                *o = out_col(pairs[first + i] as usize);
+            }
+            let c0 = chunk.cols.0;
             panel_chunk(
                 pn,
                 a.dtype,
@@ -440,13 +473,11 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
                 uscratch,
                 &mut prefetch_past,
                 |m, nrows, c, v| {
-                    let (_, col) = column(pairs[pair0 + c] as usize);
-                    for (rr, &val) in v.iter().enumerate().take(nrows) {
-                        let o = dst.ptr.wrapping_add((m + rr) * dst.nb[0] + col);
-                        // SAFETY: output element (m + rr, e, t) of the column's pair: inside the
-                        // resolved destination, written only by the thread owning this chunk.
-                        unsafe { (o as *mut f32).write_unaligned(val) };
-                    }
+                    let col = dst.ptr.wrapping_add(m * dst.nb[0] + col_off[c - c0]);
+                    // SAFETY: output elements (m .. m + nrows, e, t) of the column's pair:
+                    // inside the resolved destination, written only by the thread owning
+                    // this chunk.
+                    unsafe { store_rows(col, dst.nb[0], &v[..nrows]) };
                 },
             );
             continue;

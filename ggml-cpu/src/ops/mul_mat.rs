@@ -323,17 +323,9 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
                 &mut prefetch_past,
                 |m, nrows, n, v| {
                     let col = base.wrapping_add(m * dst.nb[0] + n * dst.nb[1]);
-                    if nrows == 4 && dst.nb[0] == 4 {
-                        // SAFETY: output elements (m..m+4, n, i2, i3): adjacent, inside the
-                        // resolved destination, written only by this chunk's thread.
-                        unsafe { (col as *mut [f32; 4]).write_unaligned([v[0], v[1], v[2], v[3]]) };
-                        return;
-                    }
-                    for (r, &x) in v.iter().enumerate().take(nrows) {
-                        let o = col.wrapping_add(r * dst.nb[0]);
-                        // SAFETY: output element (m+r, n, i2, i3): as above.
-                        unsafe { (o as *mut f32).write_unaligned(x) };
-                    }
+                    // SAFETY: output elements (m..m+nrows, n, i2, i3): inside the resolved
+                    // destination, written only by this chunk's thread.
+                    unsafe { store_rows(col, dst.nb[0], &v[..nrows]) };
                 },
             );
             continue;
@@ -502,6 +494,23 @@ pub(super) fn panel_chunk<'w, 'p>(
     }
 }
 
+/// Writes `v[r]` as f32 at `col + r·nb0`: one 16-byte store for 4 adjacent values.
+///
+/// # Safety
+/// Each `col + r·nb0` (r < `v.len()`) is a writable f32 that no one else accesses now.
+#[inline]
+pub(super) unsafe fn store_rows(col: *mut u8, nb0: usize, v: &[f32]) {
+    if v.len() == 4 && nb0 == 4 {
+        // SAFETY: caller's contract (the 4 values are adjacent).
+        unsafe { (col as *mut [f32; 4]).write_unaligned([v[0], v[1], v[2], v[3]]) };
+        return;
+    }
+    for (r, &x) in v.iter().enumerate() {
+        // SAFETY: caller's contract.
+        unsafe { (col.wrapping_add(r * nb0) as *mut f32).write_unaligned(x) };
+    }
+}
+
 /// Converts the rows of `b` (split between threads) to the dot type of weights `w` and
 /// writes each as its column of the activation panels of `cols` columns
 /// (`crate::simd::panel`): matrix `(i2, i3)`'s row `i1` is column `i1 % cols` of its
@@ -588,7 +597,6 @@ pub(crate) fn convert_b(
     vrs: usize,
     packer: Option<crate::simd::Packer>,
 ) {
-    let k = b.ne[0];
     let (r0, r1) = NodeCtx::split(b.nrows(), th.ith, th.nth);
     let sc = c.scratch_f32();
     for r in r0..r1 {
@@ -596,29 +604,41 @@ pub(crate) fn convert_b(
         // SAFETY: row r of the activation area of the shared scratch, written by this
         // thread only (rows are split between threads).
         let out = unsafe { std::slice::from_raw_parts_mut(c.wdata.add(off + r * vrs), vrs) };
-        if let Some(p) = packer {
-            (p.pack)(x, out);
-            continue;
+        convert_row(c, x, out, vdt, packer);
+    }
+}
+
+/// One activation row `x` in the dot type `vdt` (or `packer`'s layout, if given) into
+/// `out`.
+pub(super) fn convert_row(
+    c: &NodeCtx<'_>,
+    x: &[f32],
+    out: &mut [u8],
+    vdt: DType,
+    packer: Option<crate::simd::Packer>,
+) {
+    if let Some(p) = packer {
+        (p.pack)(x, out);
+        return;
+    }
+    match vdt {
+        DType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
         }
-        match vdt {
-            DType::F32 => {
-                for (o, v) in out.chunks_exact_mut(4).zip(x) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            DType::F16 => {
-                // SAFETY: scratch rows are 2-byte aligned (64-byte base, even row size).
-                let o16 =
-                    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, k) };
-                (c.k.f32_to_f16)(x, o16);
-            }
-            DType::BF16 => {
-                for (o, &v) in out.chunks_exact_mut(2).zip(x) {
-                    o.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
-                }
-            }
-            _ => (c.k.quantize)(vdt, x, out),
+        DType::F16 => {
+            // SAFETY: scratch rows are 2-byte aligned (64-byte base, even row size).
+            let o16 =
+                unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, x.len()) };
+            (c.k.f32_to_f16)(x, o16);
         }
+        DType::BF16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
+            }
+        }
+        _ => (c.k.quantize)(vdt, x, out),
     }
 }
 
