@@ -15,7 +15,7 @@ use crate::backend::{CudaBackend, State};
 use crate::driver::Api;
 use crate::err_words::REGION_WORDS;
 use crate::fusion::{self, Step};
-use crate::graphs::{Captured, Entry};
+use crate::graphs::{self, Captured, Entry};
 use crate::kernels::KernelId;
 use crate::launch::{Args, LaunchDims};
 use crate::uploads::Scatter;
@@ -49,8 +49,8 @@ impl CudaBackend {
             self.scratch(st, need)?;
         }
         // While launches are recorded, every one is made from the host so each is seen
-        // (and tagged for cuda-sim's profiler).
-        if !st.tuning.graphs || st.recorded.is_some() {
+        // (and tagged for cuda-sim's profiler); a prompt's split is never captured.
+        if !st.tuning.graphs || st.recorded.is_some() || graphs::prompt_sized(tensors, nodes) {
             self.flush_uploads(st, false)?;
             return self.run_steps(st, tensors, nodes, &steps);
         }

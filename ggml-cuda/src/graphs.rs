@@ -12,6 +12,13 @@
 //! second time its launches are captured into a graph, which is then launched; after
 //! that only the graph is launched. The cache holds [`MAX_GRAPHS`] keys and evicts the
 //! least recently used one.
+//!
+//! Splits with a product of the tiled (prompt) class are never keyed or captured
+//! ([`prompt_sized`]): their kernels each run far longer than a launch takes, so launched
+//! one by one the host stays ahead of the GPU, while a key costs host time before the
+//! first launch and a capture a few milliseconds. On the H200 (run 5 in
+//! `harness/reference/cuda-h200.md`) pp512 ran at 100.8-104.2k t/s without graphs and at
+//! 89.4-93.2k with them, 54.7k on the pass that captured.
 
 use std::collections::HashMap;
 
@@ -251,6 +258,22 @@ pub(crate) struct Entry {
     last_use: u64,
     /// `None` until the key is seen a second time.
     pub captured: Option<Captured>,
+}
+
+/// Whether `nodes` hold a matrix product of the tiled class (at least
+/// [`crate::launch::MMQ_MIN_N`] tokens): a prompt's split, which runs eagerly.
+pub(crate) fn prompt_sized(tensors: &[Tensor], nodes: &[TensorId]) -> bool {
+    nodes.iter().any(|&id| {
+        let Some(t) = tensors.get(id.index()) else {
+            return false;
+        };
+        let tokens = match t.op {
+            Op::MulMat => t.ne[1],
+            Op::MulMatId => t.ne[2],
+            _ => return false,
+        };
+        crate::launch::mul_mat_class(tokens) == MulMatClass::Mmq
+    })
 }
 
 /// A backend's keys and graphs.

@@ -13,7 +13,7 @@
 //! | item | effect |
 //! |---|---|
 //! | `default` | everything on, current kernels (what [`CudaTuning::default`] gives) |
-//! | `no-graphs` | launch every kernel from the host, never replay a captured graph |
+//! | `no-graphs` | launch every kernel from the host, never replay a captured graph (a prompt's splits never are, with or without it) |
 //! | `no-pdl` | no programmatic dependent launch: every kernel starts when the one before it has ended (it is only used on sm_90 and newer) |
 //! | `no-fuse` | every fusion off |
 //! | `no-fuse-norm`, `no-fuse-qkv`, `no-fuse-rope-store`, `no-fuse-qkv-rope`, `no-fuse-glu`, `no-fuse-add` | one fusion off |

@@ -12,7 +12,7 @@ use common::{f32_bytes, gpu, Lcg};
 use ggml_core::{
     Backend, BackendErrorKind, BufferInfo, Context, DType, DataRef, Op, Tensor, TensorId,
 };
-use ggml_cuda::{CudaBackend, CudaTuning, HostCounters};
+use ggml_cuda::{CudaBackend, CudaTuning, HostCounters, MMQ_MIN_N};
 use ggml_test_kit::bytes::i32_bytes;
 use ggml_test_kit::quantize_rows;
 
@@ -169,6 +169,29 @@ fn graphs_replay_bit_for_bit_what_launches_give() {
     assert_eq!(graphs.kernel_stats(), eager.kernel_stats());
     // Without graphs nothing is captured.
     assert_eq!(eager.host_counters().graph_captures, 0);
+}
+
+#[test]
+fn prompt_sized_splits_are_never_captured() {
+    // One token short of the tiled class is captured on its second sight; the tiled class
+    // (a prompt's products) is launched one by one every time, with the same bits.
+    for (tokens, captured) in [(MMQ_MIN_N - 1, true), (MMQ_MIN_N, false)] {
+        let eager = backend(CudaTuning {
+            graphs: false,
+            ..CudaTuning::default()
+        });
+        let graphs = backend(CudaTuning::default());
+        let (mut a, mut b) = (layer(tokens), layer(tokens));
+        setup(&eager, &mut a);
+        setup(&graphs, &mut b);
+        for i in 0..3 {
+            assert_eq!(step(&graphs, &b, i, tokens), step(&eager, &a, i, tokens));
+        }
+        let c = graphs.host_counters();
+        assert_eq!(c.graph_captures > 0, captured, "{tokens} tokens: {c:?}");
+        assert_eq!(c.graph_launches > 0, captured, "{tokens} tokens: {c:?}");
+        assert_eq!(graphs.kernel_stats(), eager.kernel_stats());
+    }
 }
 
 #[test]
