@@ -551,7 +551,7 @@ mod tests {
     /// the fit did not see is void.
     #[rstest::rstest]
     #[case::h100(GpuSpec::h100_sxm(), "reference/cuda-h100-a5a7363/fit-h100-3.json")]
-    #[case::h200(GpuSpec::h200(), "reference/cuda-h200-938b0ae/fit-h200.json")]
+    #[case::h200(GpuSpec::h200(), "reference/cuda-h200-0aadbf6/fit-h200.json")]
     fn each_calibration_matches_the_fit_it_cites(#[case] spec: GpuSpec, #[case] file: &str) {
         let cal = spec.calibration().expect("calibrated");
         // The calibration cites the fit's text report; its JSON lies beside it.

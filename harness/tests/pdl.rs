@@ -166,6 +166,8 @@ fn a_decoded_token_launches_its_products_and_attention_programmatically() {
     for l in &on2 {
         assert!(l.hidden_s <= l.prediction.launch_s + l.prediction.pre_wait_s() + 1e-15);
     }
+    // With PDL the dearer node adds no more than without: an overlap is capped by the
+    // grid before it, which the H200's fitted node cost (3.75 µs) already reaches.
     assert!(pass_seconds(&on2, "tg") > pass_seconds(&on, "tg"));
-    assert!(pass_seconds(&on2, "tg") - pass_seconds(&on, "tg") < added);
+    assert!(pass_seconds(&on2, "tg") - pass_seconds(&on, "tg") <= added + 1e-12);
 }
