@@ -212,13 +212,18 @@ pub fn reprice(launches: &mut [ProfiledLaunch], gpu: &GpuSpec, launch: LaunchKin
 }
 
 /// Sets [`ProfiledLaunch::hidden_s`] of every programmatic launch from the launch before
-/// it on the same device (in launch order), as the GPU would overlap them.
+/// it in the same pass on the same device (in launch order), as the GPU would overlap
+/// them. Indices count within a pass, so launches of different passes never pair.
 fn hide_programmatic_prologues(launches: &mut [ProfiledLaunch]) {
     let mut order: Vec<usize> = (0..launches.len()).collect();
-    order.sort_by_key(|&i| (launches[i].device, launches[i].index));
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&launches[a], &launches[b]);
+        (&a.pass, a.device, a.index).cmp(&(&b.pass, b.device, b.index))
+    });
     for w in order.windows(2) {
         let (prev, this) = (w[0], w[1]);
-        if launches[this].programmatic && launches[prev].device == launches[this].device {
+        let (p, t) = (&launches[prev], &launches[this]);
+        if t.programmatic && p.device == t.device && p.pass == t.pass {
             launches[this].hidden_s = launches[this]
                 .prediction
                 .programmatic_overlap_s(&launches[prev].prediction);

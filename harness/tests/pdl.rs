@@ -77,7 +77,7 @@ fn a_decoded_token_launches_its_products_and_attention_programmatically() {
     use ggml_cuda::cuda_sim::cost::{GpuSpec, LaunchKind};
     use harness::profile::{pass_seconds, profile_model, reprice, ProfileSettings};
     sm90();
-    let profile = |tuning: CudaTuning| {
+    let profile_passes = |tuning: CudaTuning, n_prompt: usize| {
         let mut config = RunConfig::simple("cuda-sim:0".parse().unwrap(), SplitMode::None, 1, 1);
         config.cuda_tuning = tuning;
         let path = harness::synthetic::cached_model(DType::Q4_1).unwrap();
@@ -87,7 +87,7 @@ fn a_decoded_token_launches_its_products_and_attention_programmatically() {
         let settings = ProfileSettings {
             gpu: ggml_cuda::cuda_sim::cost::GpuSpec::h200(),
             sample_blocks: Some(2),
-            n_prompt: 0,
+            n_prompt,
             n_gen: 1,
             gen_position: 4,
             launch: ggml_cuda::cuda_sim::cost::LaunchKind::GraphNode,
@@ -102,6 +102,7 @@ fn a_decoded_token_launches_its_products_and_attention_programmatically() {
         )
         .unwrap()
     };
+    let profile = |tuning: CudaTuning| profile_passes(tuning, 0);
     let on = profile(CudaTuning::default());
     let waits = |k: KernelId| {
         matches!(
@@ -155,6 +156,15 @@ fn a_decoded_token_launches_its_products_and_attention_programmatically() {
     };
     same(&on);
     same(&off);
+    // A prompt's pass beside the token's (as a fit profiles them): its launches count from
+    // 0 too, and none of them pairs with one of the token's when priced again.
+    let both = profile_passes(CudaTuning::default(), 12);
+    assert!(both.iter().any(|l| l.pass == "pp12"));
+    same(&both);
+    let token: Vec<_> = both.iter().filter(|l| l.pass == "tg").collect();
+    for (a, b) in token.iter().zip(&on) {
+        assert_eq!(a.hidden_s.to_bits(), b.hidden_s.to_bits(), "{}", a.node);
+    }
     let mut dearer = GpuSpec::h200();
     dearer.tunables.launch_graph_node_s += 1e-6;
     let mut off2 = off.clone();

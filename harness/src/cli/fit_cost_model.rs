@@ -134,6 +134,9 @@ pub fn run(a: FitArgs) -> Result<()> {
     } else {
         LaunchKind::GraphNode
     };
+    // The same kernels as `profile` prices (on Hopper: the sm_90 text, with programmatic
+    // dependent launch), so that a fit's constants mean the same to both.
+    super::profile::emulate_the_priced_architecture(&spec)?;
     let config = a.run.config()?;
     let tuning = config.cuda_tuning.to_string();
     let mut bench = Vec::new();
