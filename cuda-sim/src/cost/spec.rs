@@ -271,7 +271,7 @@ pub mod h200 {
     // 3.7 µs each (3.5 µs on run 4's and the H100's kits; harness/reference/
     // cuda-modelled.md, "How far to trust the constants"). Left free, the special-function
     // latency runs to 0 (no row is bound by it; fit-h200-free-special.txt, rms 0.173
-    // against 0.194), so it keeps run 4's effective value. Run 4's fit (938b0ae) had no
+    // against 0.195), so it keeps run 4's effective value. Run 4's fit (938b0ae) had no
     // fixed cost and took it into the latencies (ALU 24.4, special 384, L2 665 B/clk).
 
     /// 0.922: the `dram_read` probe, 1 GiB read once with 16-byte loads at 4426 GB/s
@@ -279,9 +279,9 @@ pub mod h200 {
     pub const DRAM_EFFICIENCY: f64 = 0.922;
     /// 875 bytes per cycle: the `l2_read` probe (an 8 MiB buffer read 8 times, 1732 GB/s).
     pub const L2_BYTES_PER_CLK: f64 = 875.0;
-    /// 5.07 cycles: fitted as above (an effective value of the model's one
+    /// 4.46 cycles: fitted as above (an effective value of the model's one
     /// dependent-latency term).
-    pub const ALU_LATENCY: f64 = 5.07;
+    pub const ALU_LATENCY: f64 = 4.46;
     /// 384 cycles: run 4's fit (938b0ae), not bounded by run 5's rows.
     pub const SPECIAL_LATENCY: f64 = 384.0;
     /// As [`super::h100_sxm::SHARED_LATENCY`] (same SM; not fitted).
@@ -317,18 +317,18 @@ const H100_FAMILIES: [(&str, f64); 11] = [
 /// families it was fitted on.
 const H200_FAMILIES: [(&str, f64); 15] = [
     ("pp512 FLASH_ATTN_EXT", 0.40),
-    ("pp512 GET_ROWS", 0.03),
-    ("pp512 MUL_MAT q4_1", 0.10),
-    ("pp512 RMS_NORM", 0.19),
-    ("pp512 RMS_NORM+MUL_MAT q8_0", 0.11),
-    ("pp512 ROPE*2+SET_ROWS*2", 0.11),
-    ("pp512 SWIGLU", 0.68),
+    ("pp512 GET_ROWS", 0.04),
+    ("pp512 MUL_MAT q4_1", 0.11),
+    ("pp512 RMS_NORM", 0.20),
+    ("pp512 RMS_NORM+MUL_MAT q8_0", 0.12),
+    ("pp512 ROPE*2+SET_ROWS*2", 0.10),
+    ("pp512 SWIGLU", 0.67),
     ("pp512 UPLOAD_SCATTER", 0.34),
-    ("tg FLASH_ATTN_EXT", 0.08),
+    ("tg FLASH_ATTN_EXT", 0.06),
     ("tg GET_ROWS", 0.01),
-    ("tg MUL_MAT+ADD q4_1", 0.09),
-    ("tg RMS_NORM+MUL_MAT q8_0", 0.17),
-    ("tg RMS_NORM+MUL_MAT*2+GLU q4_1", 0.02),
+    ("tg MUL_MAT+ADD q4_1", 0.10),
+    ("tg RMS_NORM+MUL_MAT q8_0", 0.18),
+    ("tg RMS_NORM+MUL_MAT*2+GLU q4_1", 0.01),
     ("tg RMS_NORM+MUL_MAT*3+ROPE*2+SET_ROWS*2 q4_1", 0.10),
     ("tg UPLOAD_SCATTER", 0.09),
 ];
