@@ -50,7 +50,9 @@ pub struct ProfileArgs {
 /// that the kernels run as they would there (the sm_90 text of the PTX, launched with
 /// programmatic stream serialisation where they wait for the grid before), unless
 /// `CUDA_SIM_ARCH` says otherwise.
-pub(crate) fn emulate_the_priced_architecture(gpu: &ggml_cuda::cuda_sim::cost::GpuSpec) -> Result<()> {
+pub(crate) fn emulate_the_priced_architecture(
+    gpu: &ggml_cuda::cuda_sim::cost::GpuSpec,
+) -> Result<()> {
     use ggml_cuda::cuda_sim::driver::{Driver, SimConfig};
     let mut cfg = SimConfig::from_env().map_err(HarnessError::Usage)?;
     if std::env::var_os("CUDA_SIM_ARCH").is_none() {
