@@ -126,6 +126,10 @@ pub struct Prediction {
     pub post_wait_s: Option<f64>,
     /// The launch cost, seconds.
     pub launch_s: f64,
+    /// The part of [`Prediction::launch_s`] a programmatic launch can spend while the
+    /// grid before still runs ([`crate::cost::Tunables::programmatic_launch_s`], at most
+    /// the launch cost).
+    pub programmatic_launch_s: f64,
     /// The wave quantisation factor `q` of the SM-local terms.
     pub wave_factor: f64,
     /// Occupancy on the GPU.
@@ -248,6 +252,7 @@ pub fn predict(
         path_s,
         post_wait_s,
         launch_s,
+        programmatic_launch_s: t.programmatic_launch_s.min(launch_s),
         wave_factor: q,
         occupancy: occ,
         floor_s,
@@ -275,9 +280,9 @@ impl Prediction {
     }
 
     /// How much of this launch, made with programmatic stream serialisation right after
-    /// `prev` on the same stream, runs while `prev` still runs, in seconds: its launch
-    /// and its path up to `griddepcontrol.wait`, at most as long as `prev` runs after
-    /// its own wait. The kernels here run `griddepcontrol.launch_dependents` right after
+    /// `prev` on the same stream, runs while `prev` still runs, in seconds: the
+    /// programmatic part of its launch cost and its path up to `griddepcontrol.wait`, at
+    /// most as long as `prev` runs after its own wait. The kernels here run `griddepcontrol.launch_dependents` right after
     /// their wait, so a dependent is launched when `prev`'s wait returns; a kernel
     /// without the wait (no trigger either) lets its dependent launch only when it ends,
     /// and hides nothing.
@@ -286,7 +291,7 @@ impl Prediction {
             return 0.0;
         }
         let prev_after_release = prev.time_s - prev.launch_s - prev.pre_wait_s();
-        (self.launch_s + self.pre_wait_s())
+        (self.programmatic_launch_s + self.pre_wait_s())
             .min(prev_after_release)
             .max(0.0)
     }
@@ -436,12 +441,24 @@ mod tests {
         let pre = 10.0 * t.global_latency / clock;
         assert!((b.pre_wait_s() - pre).abs() < 1e-15);
         let hidden = b.programmatic_overlap_s(&a);
-        assert!((hidden - (b.launch_s + pre)).abs() < 1e-15, "{hidden}");
+        assert!(b.programmatic_launch_s <= b.launch_s);
+        assert_eq!(b.programmatic_launch_s, t.programmatic_launch_s);
+        assert!(
+            (hidden - (b.programmatic_launch_s + pre)).abs() < 1e-15,
+            "{hidden}"
+        );
+        // The programmatic part is at most the launch cost itself.
+        let mut all = spec.clone();
+        all.tunables.programmatic_launch_s = 1.0;
+        let whole = predict(&all, &kernel(10, 100), None, LaunchKind::GraphNode).unwrap();
+        assert_eq!(whole.programmatic_launch_s, whole.launch_s);
+        let hidden_whole = whole.programmatic_overlap_s(&a);
+        assert!((hidden_whole - (whole.launch_s + pre)).abs() < 1e-15);
         // Behind a short grid only what it leaves after its own wait is hidden.
         let short = predict(&spec, &kernel(10, 1), None, LaunchKind::GraphNode).unwrap();
         let after = short.time_s - short.launch_s - short.pre_wait_s();
         assert!((b.programmatic_overlap_s(&short) - after).abs() < 1e-15);
-        assert!(after < b.launch_s + pre);
+        assert!(after < b.programmatic_launch_s + pre);
         // No wait on either side: nothing overlaps.
         let plain = predict(&spec, &streaming(256), None, LaunchKind::GraphNode).unwrap();
         assert_eq!(plain.pre_wait_s(), 0.0);

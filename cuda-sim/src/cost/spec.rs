@@ -48,11 +48,12 @@ macro_rules! tunables_of {
             global_latency: $gpu::GLOBAL_LATENCY,
             launch_stream_s: $gpu::LAUNCH_STREAM_S,
             launch_graph_node_s: $gpu::LAUNCH_GRAPH_NODE_S,
+            programmatic_launch_s: $gpu::PROGRAMMATIC_LAUNCH_S,
         }
     };
 }
 
-/// The eight tunable constants of a GPU. Each named GPU defines them in a module of its
+/// The nine tunable constants of a GPU. Each named GPU defines them in a module of its
 /// own ([`h100_sxm`], [`h200`]) as constants that cite their source.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tunables {
@@ -72,6 +73,10 @@ pub struct Tunables {
     pub launch_stream_s: f64,
     /// Cost of one kernel node of a CUDA graph launch, seconds.
     pub launch_graph_node_s: f64,
+    /// The part of a kernel's launch cost that a programmatic dependent launch can spend
+    /// while the grid before it still runs, seconds (the rest of the launch cost, and
+    /// all of it for other launches, comes after that grid).
+    pub programmatic_launch_s: f64,
 }
 
 /// A tunable constant, by name (what [`crate::cost::fit`] adjusts).
@@ -93,11 +98,13 @@ pub enum Tunable {
     LaunchStream,
     /// [`Tunables::launch_graph_node_s`].
     LaunchGraphNode,
+    /// [`Tunables::programmatic_launch_s`].
+    ProgrammaticLaunch,
 }
 
 impl Tunable {
-    /// All eight.
-    pub const ALL: [Tunable; 8] = [
+    /// All nine.
+    pub const ALL: [Tunable; 9] = [
         Tunable::DramEfficiency,
         Tunable::L2BytesPerClk,
         Tunable::AluLatency,
@@ -106,6 +113,7 @@ impl Tunable {
         Tunable::GlobalLatency,
         Tunable::LaunchStream,
         Tunable::LaunchGraphNode,
+        Tunable::ProgrammaticLaunch,
     ];
 }
 
@@ -121,6 +129,7 @@ impl Tunables {
             Tunable::GlobalLatency => self.global_latency,
             Tunable::LaunchStream => self.launch_stream_s,
             Tunable::LaunchGraphNode => self.launch_graph_node_s,
+            Tunable::ProgrammaticLaunch => self.programmatic_launch_s,
         }
     }
 
@@ -135,6 +144,7 @@ impl Tunables {
             Tunable::GlobalLatency => &mut self.global_latency,
             Tunable::LaunchStream => &mut self.launch_stream_s,
             Tunable::LaunchGraphNode => &mut self.launch_graph_node_s,
+            Tunable::ProgrammaticLaunch => &mut self.programmatic_launch_s,
         };
         *slot = v;
     }
@@ -256,6 +266,9 @@ pub mod h100_sxm {
     /// 0.79 µs: the `launch_graph_node` probe, a CUDA graph of 2000 empty kernels in
     /// 1.57 ms of GPU time.
     pub const LAUNCH_GRAPH_NODE_S: f64 = 0.79e-6;
+    /// As [`super::h200::PROGRAMMATIC_LAUNCH_S`] (measured on the H200, the same GH100
+    /// chip and driver; no H100 run has measured programmatic launches).
+    pub const PROGRAMMATIC_LAUNCH_S: f64 = super::h200::PROGRAMMATIC_LAUNCH_S;
 }
 
 /// The tunable constants of the H200, measured and fitted on one (see the note inside).
@@ -279,9 +292,9 @@ pub mod h200 {
     pub const DRAM_EFFICIENCY: f64 = 0.922;
     /// 875 bytes per cycle: the `l2_read` probe (an 8 MiB buffer read 8 times, 1732 GB/s).
     pub const L2_BYTES_PER_CLK: f64 = 875.0;
-    /// 4.46 cycles: fitted as above (an effective value of the model's one
+    /// 4.50 cycles: fitted as above (an effective value of the model's one
     /// dependent-latency term).
-    pub const ALU_LATENCY: f64 = 4.46;
+    pub const ALU_LATENCY: f64 = 4.50;
     /// 384 cycles: run 4's fit (938b0ae), not bounded by run 5's rows.
     pub const SPECIAL_LATENCY: f64 = 384.0;
     /// As [`super::h100_sxm::SHARED_LATENCY`] (same SM; not fitted).
@@ -294,6 +307,13 @@ pub mod h200 {
     /// 3.75 µs: fitted as above, the fixed cost of a kernel timed alone as a graph node
     /// (the `launch_graph_node` probe of empty kernels: 0.50 µs).
     pub const LAUNCH_GRAPH_NODE_S: f64 = 3.75e-6;
+    /// 0.61 µs: set so that the modelled token hides what run 5 measured programmatic
+    /// launches to save, 0.125 ms a SmolLM2 token (tg128 at 1021.6 t/s with `no-pdl`,
+    /// 1171.7 without; `tuning-*.json`): 149 programmatic launches hide their pre-wait
+    /// paths (0.034 ms) and 0.61 µs each of their launch cost. About the empty-kernel
+    /// probe's 0.50 µs a node: the launch itself starts early, while the rest of a
+    /// kernel's fixed cost (3.75 µs above) comes after the grid before it.
+    pub const PROGRAMMATIC_LAUNCH_S: f64 = 0.61e-6;
 }
 
 /// The error each kernel family kept after the H100 fit (fit-h100-3.txt: measured /

@@ -75,7 +75,7 @@ fn tunable_named(name: &str) -> Result<ggml_cuda::cuda_sim::cost::Tunable> {
         })
         .ok_or_else(|| {
             HarnessError::Usage(format!(
-                "--tunables {name}: expected dram-efficiency, l2-bytes-per-clk, alu-latency, special-latency, shared-latency, global-latency, launch-stream or launch-graph-node"
+                "--tunables {name}: expected dram-efficiency, l2-bytes-per-clk, alu-latency, special-latency, shared-latency, global-latency, launch-stream, launch-graph-node or programmatic-launch"
             ))
         })
 }
