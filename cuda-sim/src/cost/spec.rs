@@ -1,5 +1,5 @@
 //! Named GPUs: architecture facts (from datasheets and NVIDIA's guides) and at most
-//! eight tunable constants each, every one citing where its value comes from.
+//! nine tunable constants each, every one citing where its value comes from.
 
 use crate::profile::{InstrClass, Latencies, MemSpace};
 
