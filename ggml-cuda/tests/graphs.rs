@@ -128,9 +128,8 @@ fn backend(tuning: CudaTuning) -> CudaBackend {
     be
 }
 
-#[test]
-fn graphs_replay_bit_for_bit_what_launches_give() {
-    let tokens = 2;
+/// A backend without graphs and one with, each with the layer of `tokens` placed.
+fn eager_and_graphs(tokens: usize) -> ((CudaBackend, Layer), (CudaBackend, Layer)) {
     let eager = backend(CudaTuning {
         graphs: false,
         ..CudaTuning::default()
@@ -139,6 +138,13 @@ fn graphs_replay_bit_for_bit_what_launches_give() {
     let (mut a, mut b) = (layer(tokens), layer(tokens));
     setup(&eager, &mut a);
     setup(&graphs, &mut b);
+    ((eager, a), (graphs, b))
+}
+
+#[test]
+fn graphs_replay_bit_for_bit_what_launches_give() {
+    let tokens = 2;
+    let ((eager, a), (graphs, b)) = eager_and_graphs(tokens);
     let mut per_step: Vec<HostCounters> = Vec::new();
     for i in 0..5 {
         let before = graphs.host_counters();
@@ -176,14 +182,7 @@ fn prompt_sized_splits_are_never_captured() {
     // One token short of the tiled class is captured on its second sight; the tiled class
     // (a prompt's products) is launched one by one every time, with the same bits.
     for (tokens, captured) in [(MMQ_MIN_N - 1, true), (MMQ_MIN_N, false)] {
-        let eager = backend(CudaTuning {
-            graphs: false,
-            ..CudaTuning::default()
-        });
-        let graphs = backend(CudaTuning::default());
-        let (mut a, mut b) = (layer(tokens), layer(tokens));
-        setup(&eager, &mut a);
-        setup(&graphs, &mut b);
+        let ((eager, a), (graphs, b)) = eager_and_graphs(tokens);
         for i in 0..3 {
             assert_eq!(step(&graphs, &b, i, tokens), step(&eager, &a, i, tokens));
         }

@@ -282,10 +282,10 @@ impl Prediction {
     /// How much of this launch, made with programmatic stream serialisation right after
     /// `prev` on the same stream, runs while `prev` still runs, in seconds: the
     /// programmatic part of its launch cost and its path up to `griddepcontrol.wait`, at
-    /// most as long as `prev` runs after its own wait. The kernels here run `griddepcontrol.launch_dependents` right after
-    /// their wait, so a dependent is launched when `prev`'s wait returns; a kernel
-    /// without the wait (no trigger either) lets its dependent launch only when it ends,
-    /// and hides nothing.
+    /// most as long as `prev` runs after its own wait. The kernels here run
+    /// `griddepcontrol.launch_dependents` right after their wait, so a dependent is
+    /// launched when `prev`'s wait returns; a kernel without the wait (no trigger either)
+    /// lets its dependent launch only when it ends, and hides nothing.
     pub fn programmatic_overlap_s(&self, prev: &Prediction) -> f64 {
         if self.post_wait_s.is_none() || prev.post_wait_s.is_none() {
             return 0.0;
