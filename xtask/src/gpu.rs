@@ -785,6 +785,8 @@ mod tests {
         assert!(s.contains("compare_digests() {"));
         assert!(s.contains("-v tol=0.005"));
         assert!(s.contains("--op-times"));
+        assert!(s.contains("--json --cuda-tuning legacy -p \"$p\""));
+        assert!(s.contains("step \"greedy text: $dev"));
         assert!(s.contains("llama-bench\" -m $model -ngl 99 -p $bench_pp -n $bench_tg"));
         assert!(s.contains("$H calibrate --model $model --devices $dev"));
         assert!(s.contains(&format!("for t in {}; do", TUNINGS.join(" "))));

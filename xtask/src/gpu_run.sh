@@ -16,10 +16,11 @@
 #                          broken step is found before a GPU is lent
 #
 # Steps that measure nothing run while llama.cpp's build still takes the host's cores:
-# the tests, PPL and the regression matrix; then the script waits for that build (until
-# GPU_LLAMA_WAIT=S seconds after it started; 0, the default, waits not at all), and the
-# timed steps run on a quiet host: ours beside llama.cpp, calibration, speed per tuning,
-# Nsight Compute's statistics of the decode kernels (where ncu is installed).
+# the tests, PPL, the greedy text and the regression matrix; then the script waits for
+# that build (until GPU_LLAMA_WAIT=S seconds after it started; 0, the default, waits not
+# at all), and the timed steps run on a quiet host: ours beside llama.cpp, calibration,
+# speed per tuning, Nsight Compute's statistics of the decode kernels (where ncu is
+# installed).
 # GPU_DEADLINE=S skips the steps that would start S seconds or more after the script
 # started (and names them), so the results are written before a call's time limit.
 # A failing step does not stop the later ones (a lent GPU is scarce: one run should show
@@ -108,14 +109,14 @@ elif [ $mode = gpu ]; then
   nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv | tee "$res/gpu.txt"
   # sizes of the real run
   ppl_args=""
-  bench_pp=512; bench_tg=128; bench_r=5; tune_r=3; cal_args=""; cal_p=512
+  bench_pp=512; bench_tg=128; bench_r=5; tune_r=3; cal_args=""; cal_p=512; gen_n=128
 else
   model=../tiny.gguf
   $H synth-model --out $model >/dev/null || exit 1
   dev=cuda-sim:0
   echo "cuda-sim (dry run)" | tee "$res/gpu.txt"
   ppl_args="--ctx 64 --chunks 1"
-  bench_pp=16; bench_tg=2; bench_r=1; tune_r=1; cal_args="--tiny -r 1"; cal_p=8
+  bench_pp=16; bench_tg=2; bench_r=1; tune_r=1; cal_args="--tiny -r 1"; cal_p=8; gen_n=4
 fi
 { echo "kit of commit @COMMIT@; modelled tables (written before this run):"
   sha256sum modelled-*.json; } | tee "$res/kit.txt"
@@ -175,6 +176,35 @@ ppl_check() {
     exit (d <= tol) ? 0 : 1 }'
 }
 step "perplexity: cpu vs $dev within @PPL_TOLERANCE@" ppl_check
+
+# Issue 38's check: `generate` streams the same greedy tokens with the current kernels as
+# with the first ones (--cuda-tuning legacy). The CPU's tokens are printed beside them for
+# information: across devices a near tie may go either way.
+tokens() { sed -n 's/.*"tokens":\(\[[^]]*\]\).*/\1/p' "$1"; }
+greedy_text() {
+  local i=0 p now legacy cpu ok=0
+  for p in "The GNU General Public License is" "Once upon a time,"; do
+    i=$((i + 1))
+    $H generate --model $model --devices $dev -n $gen_n --json -p "$p" \
+      > "$res/generate$i.json" || return 1
+    $H generate --model $model --devices $dev -n $gen_n --json --cuda-tuning legacy -p "$p" \
+      > "$res/generate$i-legacy.json" || return 1
+    $H generate --model $model --devices cpu -n $gen_n --json -p "$p" \
+      > "$res/generate$i-cpu.json" || return 1
+    now=$(tokens "$res/generate$i.json")
+    legacy=$(tokens "$res/generate$i-legacy.json")
+    cpu=$(tokens "$res/generate$i-cpu.json")
+    if [ -n "$now" ] && [ "$now" = "$legacy" ]; then
+      echo "prompt $i: the same $gen_n greedy tokens as the legacy kernels"
+    else
+      echo "prompt $i: greedy tokens differ from the legacy kernels'"; ok=1
+    fi
+    if [ "$now" = "$cpu" ]; then echo "prompt $i: and as the CPU"
+    else echo "prompt $i: the CPU's differ (information)"; fi
+  done
+  return $ok
+}
+step "greedy text: $dev as with its first kernels (--cuda-tuning legacy)" greedy_text
 
 L=$here/work/llama
 matrix() {
