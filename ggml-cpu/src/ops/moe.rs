@@ -300,17 +300,19 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
         }
     };
     let dense = gather || a.nb[1] == ars;
-    // The byte offset of pair `p`'s output column `out[:, e, t]`.
-    let out_col = |p: usize| (p % n_used) * dst.nb[1] + (p / n_used) * dst.nb[2];
+    // Pair `p`'s slot and token `(e, t)`, and the byte offset of its output column
+    // `out[:, e, t]`.
+    let slot_token = |p: usize| (p % n_used, p / n_used);
+    let out_col = |(e, t): (usize, usize)| e * dst.nb[1] + t * dst.nb[2];
     // The converted row of `b` that pair `p` multiplies (on the tiles), and its output
     // column's offset.
     let column = |p: usize| -> (&[u8], usize) {
-        let (e, t) = (p % n_used, p / n_used);
+        let (e, t) = slot_token(p);
         let row = t * b1 + e % b1;
         // SAFETY: row `row` of the converted activations written in phase 0 (published
         // by the barrier; a pair on the tiles had its row converted); read-only now.
         let y = unsafe { std::slice::from_raw_parts(c.wdata.add(boff + row * vrs), vrs) };
-        (y, out_col(p))
+        (y, out_col((e, t)))
     };
     // Weight rows unpacked once per chunk for experts with enough pairs, as mul_mat.
     let unpacked = if gemv.is_none() {
@@ -460,7 +462,7 @@ pub(crate) fn mul_mat_id(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> K
             let mut col_off = [0usize; NC_PANEL];
             let first = off[x] as usize + chunk.cols.0;
             for (i, o) in col_off.iter_mut().enumerate().take(p1 - p0) {
-                *o = out_col(pairs[first + i] as usize);
+                *o = out_col(slot_token(pairs[first + i] as usize));
             }
             let c0 = chunk.cols.0;
             panel_chunk(
