@@ -424,6 +424,43 @@ pub fn end_to_end(
         .collect()
 }
 
+/// [`end_to_end`]'s rows of one pricing (its `after` side) as a Markdown table: each bench
+/// figure beside the same test modelled (measured over modelled as a ratio of times: above
+/// 1, the GPU was slower than the model).
+pub fn measured_against_modelled_table(rows: &[EndToEnd]) -> String {
+    let mut s = String::from(
+        "| bench test | measured t/s | modelled t/s | measured/modelled time |\n|---|---|---|---|\n",
+    );
+    for r in rows {
+        match r.after_tps {
+            Some(m) => s.push_str(&format!(
+                "| {} | {:.1} | {m:.1} | {:.3} |\n",
+                r.test,
+                r.measured_tps,
+                m / r.measured_tps
+            )),
+            None => s.push_str(&format!(
+                "| {} | {:.1} | not profiled | |\n",
+                r.test, r.measured_tps
+            )),
+        }
+    }
+    s
+}
+
+/// [`measured_against_modelled_table`]'s rows as JSON: `test`, `measured_tps`,
+/// `modelled_tps` (null: not profiled).
+pub fn measured_against_modelled_json(rows: &[EndToEnd]) -> Value {
+    json!(rows
+        .iter()
+        .map(|r| json!({
+            "test": r.test,
+            "measured_tps": r.measured_tps,
+            "modelled_tps": r.after_tps,
+        }))
+        .collect::<Vec<_>>())
+}
+
 /// [`end_to_end`]'s rows as a Markdown table (measured over modelled as a ratio of times:
 /// above 1, the GPU was slower than the model).
 pub fn end_to_end_table(rows: &[EndToEnd]) -> String {
@@ -544,6 +581,30 @@ mod tests {
             t.contains("| pp512 | 12206.0 | not profiled | not profiled |  |"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn measured_against_modelled_gives_the_ratio_of_times() {
+        let rows = [
+            EndToEnd {
+                test: "tg128".into(),
+                measured_tps: 1021.6,
+                before_tps: None,
+                after_tps: Some(1032.0),
+            },
+            EndToEnd {
+                test: "pp512".into(),
+                measured_tps: 90438.6,
+                before_tps: None,
+                after_tps: None,
+            },
+        ];
+        let t = measured_against_modelled_table(&rows);
+        assert!(t.contains("| tg128 | 1021.6 | 1032.0 | 1.010 |"), "{t}");
+        assert!(t.contains("| pp512 | 90438.6 | not profiled | |"), "{t}");
+        let j = measured_against_modelled_json(&rows);
+        assert_eq!(j[0]["modelled_tps"], 1032.0);
+        assert!(j[1]["modelled_tps"].is_null());
     }
 
     /// Each committed calibration is the fit it cites: every fitted family of that fit's

@@ -20,6 +20,11 @@ fn scratch() -> PathBuf {
     std::fs::write(dir.join("garbage.gguf"), b"GGUF\x03\x00\x00\x00garbage").unwrap();
     std::fs::write(dir.join("garbage.json"), b"{ not json").unwrap();
     std::fs::write(dir.join("bad.toml"), b"[settings]\nmodel = 3\n").unwrap();
+    std::fs::write(
+        dir.join("bench-no-pdl.json"),
+        br#"{"cuda_tuning": "no-pdl", "results": [{"test": "tg128", "tps_mean": 1000.0}]}"#,
+    )
+    .unwrap();
     dir
 }
 
@@ -86,6 +91,11 @@ fn run(args: &[&str], dir: &Path) -> (Option<i32>, String) {
 #[case::moe_no_model(&["make-moe", "--model", "{dir}/none.gguf", "--out", "{dir}/m.gguf"], "none.gguf")]
 #[case::trace_no_file(&["trace-summary", "{dir}/none.json"], "none.json")]
 #[case::trace_garbage(&["trace-summary", "{dir}/garbage.json"], "garbage.json")]
+#[case::profile_against_another_tuning(
+    &["profile", "--model", "{tiny}", "--devices", "cuda-sim:0", "--against", "{dir}/bench-no-pdl.json"],
+    "measured with --cuda-tuning no-pdl, this profile runs default"
+)]
+#[case::profile_against_garbage(&["profile", "--against", "{dir}/garbage.json"], "garbage.json")]
 #[case::unknown_subcommand(&["frobnicate"], "frobnicate")]
 fn bad_input_is_a_clear_error(#[case] args: &[&str], #[case] says: &str) {
     let dir = scratch();

@@ -280,14 +280,19 @@ step "each step's effect: bench per --cuda-tuning" tunings
 
 ncu_decode() {
   # The hardware's view of the decode kernels the cost model prices: issue rate, eligible
-  # warps, occupancy and launch shape of 16 launches past the warm-up tokens.
+  # warps, occupancy and launch shape of 16 launches past the warm-up tokens; and the
+  # busiest SM's active cycles (sm__cycles_active.max: how long the blocks ran, against
+  # the elapsed cycles of the launch), which the cost model's fit needs beside the
+  # kernels timed alone (cuda-h200.md, "The model against every tuning of run 5").
   if ! command -v ncu >/dev/null; then echo "ncu: not installed here"; return 0; fi
   ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
     --section WarpStateStats --section SchedulerStats \
+    --metrics sm__cycles_active.max,sm__cycles_elapsed.max \
     -k regex:'qmm|flash_attn_dec|flash_attn_row|rope_store' --launch-skip 300 --launch-count 16 \
     $H bench --model $model --devices $dev -p 0 -n 16 -r 1 > "$res/ncu-decode.txt" 2>&1
   local rc=$?
-  grep -E '^  [a-z_]+ \(|Duration|Registers Per|Warp Cycles Per Issued' "$res/ncu-decode.txt" | head -64
+  grep -E '^  [a-z_]+ \(|Duration|Registers Per|Warp Cycles Per Issued|sm__cycles_active.max' \
+    "$res/ncu-decode.txt" | head -80
   return $rc
 }
 [ $mode = gpu ] && step "ncu: the decode kernels' issue statistics" ncu_decode

@@ -42,6 +42,11 @@ pub struct ProfileArgs {
     /// and its N costliest PTX lines (0: off).
     #[arg(long, value_name = "N", default_value_t = 0)]
     stalls: usize,
+    /// A `ggml-harness bench --json` output measured on the priced GPU (same commit):
+    /// its tokens per second are printed beside the modelled ones. It must have run with
+    /// this run's `--cuda-tuning`.
+    #[arg(long, value_name = "BENCH_JSON")]
+    against: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -62,6 +67,32 @@ pub(crate) fn emulate_the_priced_architecture(
     Driver::configure_global(cfg).map_err(|e| HarnessError::Model(e.detail))
 }
 
+/// The figures of the bench output at `path`, refused unless it ran with `tuning` (an
+/// output from before bench recorded its tuning is taken as the default's).
+fn measured_with(
+    path: &std::path::Path,
+    tuning: &ggml_cuda::CudaTuning,
+) -> Result<Vec<harness::fit::BenchFigure>> {
+    let (recorded, figures) = harness::fit::read_bench(path)?;
+    let ran: ggml_cuda::CudaTuning = match recorded.as_deref() {
+        Some(t) => t.parse().map_err(|e| {
+            HarnessError::Usage(format!(
+                "--against {}: its cuda_tuning: {e}",
+                path.display()
+            ))
+        })?,
+        None => ggml_cuda::CudaTuning::default(),
+    };
+    if ran != *tuning {
+        return Err(HarnessError::Usage(format!(
+            "--against {}: measured with --cuda-tuning {ran}, this profile runs {tuning}: \
+             pass --cuda-tuning {ran}",
+            path.display()
+        )));
+    }
+    Ok(figures)
+}
+
 /// Runs `ggml-harness profile`.
 pub fn run(a: ProfileArgs) -> Result<()> {
     use harness::profile;
@@ -73,6 +104,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         ))
     })?;
     let config = a.run.config()?;
+    let against = match &a.against {
+        Some(p) => Some(measured_with(p, &config.cuda_tuning)?),
+        None => None,
+    };
     let settings = profile::ProfileSettings {
         gpu,
         sample_blocks: (a.sample_blocks > 0).then_some(a.sample_blocks),
@@ -110,7 +145,12 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             "tuning": config.cuda_tuning.to_string(),
             "seconds": t0.elapsed().as_secs_f64(),
         });
-        println!("{}", profile::json(&launches, &settings, run));
+        let mut v = profile::json(&launches, &settings, run);
+        if let Some(figures) = &against {
+            let rows = harness::fit::end_to_end(&launches, &launches, figures);
+            v["against"] = harness::fit::measured_against_modelled_json(&rows);
+        }
+        println!("{v}");
         return Ok(());
     }
     println!(
@@ -160,6 +200,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             1.0 / tg_s,
             100.0 * profile::tensor_core_fraction(&launches, "tg")
         );
+    }
+    if let Some(figures) = &against {
+        println!();
+        let rows = harness::fit::end_to_end(&launches, &launches, figures);
+        print!("{}", harness::fit::measured_against_modelled_table(&rows));
     }
     match settings.gpu.calibration() {
         Some(c) => {
