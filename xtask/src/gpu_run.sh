@@ -283,10 +283,11 @@ ncu_decode() {
   # warps, occupancy and launch shape of 16 launches past the warm-up tokens; and the
   # busiest SM's active cycles (sm__cycles_active.max: how long the blocks ran, against
   # the elapsed cycles of the launch), which the cost model's fit needs beside the
-  # kernels timed alone (cuda-h200.md, "The model against every tuning of run 5").
+  # kernels timed alone (cuda-h200.md, "The model against every tuning of run 5"); the
+  # source counters' rules say where the issue gaps go (instruction fetch, L1TEX, ...).
   if ! command -v ncu >/dev/null; then echo "ncu: not installed here"; return 0; fi
   ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
-    --section WarpStateStats --section SchedulerStats \
+    --section WarpStateStats --section SchedulerStats --section SourceCounters \
     --metrics sm__cycles_active.max,sm__cycles_elapsed.max \
     -k regex:'qmm|flash_attn_dec|flash_attn_row|rope_store' --launch-skip 300 --launch-count 16 \
     $H bench --model $model --devices $dev -p 0 -n 16 -r 1 > "$res/ncu-decode.txt" 2>&1
