@@ -198,6 +198,69 @@ pub(crate) struct NodeCtx<'a> {
     pub chunk: &'a AtomicUsize,
     /// The phase's chunk runs, one per thread: another way to share work than `chunk`.
     pub runs: Runs<'a>,
+    /// MUL_MAT: the shared scratch already holds this node's activations converted for
+    /// its weights (an earlier product of the same activations and weight dtype left them
+    /// there, see [`ConvertedActivations`]), so phase 0 has nothing to do.
+    pub converted: bool,
+}
+
+/// What the shared scratch holds after a MUL_MAT with quantised weights: its activations
+/// converted to the weights' dot type (rows or panels), which depend only on the
+/// activation view and the weight dtype. The next product of the same activations and
+/// weight dtype (Q, K and V of one norm; gate and up) finds them there and skips its
+/// conversion, unless a node in between wrote the activations or used the shared
+/// scratch. Every thread walks the same nodes, so all of them decide alike.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ConvertedActivations {
+    at: usize,
+    ne: [usize; MAX_DIMS],
+    nb: [usize; MAX_DIMS],
+    dtype: DType,
+    weights: DType,
+}
+
+impl ConvertedActivations {
+    /// The key of a MUL_MAT node whose phase 0 converts only its activations (quantised
+    /// weights: nothing gathered), `None` for every other node.
+    fn of(t: &Tensor, src: &[TView; 4]) -> Option<ConvertedActivations> {
+        (t.op == Op::MulMat && src[0].dtype.is_weight_quant()).then(|| ConvertedActivations {
+            at: src[1].ptr as usize,
+            ne: src[1].ne,
+            nb: src[1].nb,
+            dtype: src[1].dtype,
+            weights: src[0].dtype,
+        })
+    }
+
+    /// The shared scratch's state over `node`, which `held` was before it: whether the
+    /// node's activations are already converted there, and what it holds after the node.
+    fn step(
+        held: Option<ConvertedActivations>,
+        node: &Tensor,
+        src: &[TView; 4],
+        dst: TView,
+    ) -> (bool, Option<ConvertedActivations>) {
+        match ConvertedActivations::of(node, src) {
+            Some(key) => (held == Some(key), Some(key)),
+            None => (false, held.filter(|c| c.survives(node, dst))),
+        }
+    }
+
+    /// Whether `node`, which is no MUL_MAT with this key, leaves the converted
+    /// activations in place: it uses no shared scratch and does not write the
+    /// activations' bytes (a view of them, or an in-place op on them).
+    fn survives(&self, node: &Tensor, dst: TView) -> bool {
+        let act = TView {
+            dtype: self.dtype,
+            ne: self.ne,
+            nb: self.nb,
+            ptr: self.at as *mut u8,
+        }
+        .span();
+        let written = dst.span();
+        let uses_scratch = matches!(node.op, Op::MulMat | Op::MulMatId);
+        !uses_scratch && (written.1 <= act.0 || act.1 <= written.0)
+    }
 }
 
 impl NodeCtx<'_> {
@@ -575,6 +638,7 @@ fn run_nodes_timed(
     clock: &mut Option<(std::time::Instant, Vec<(usize, f64)>)>,
 ) {
     let mut phase = 0usize;
+    let mut in_scratch: Option<ConvertedActivations> = None;
     for (ni, &id) in s.nodes.iter().enumerate() {
         let t = &s.tensors[id.index()];
         if !runs(t) {
@@ -591,12 +655,15 @@ fn run_nodes_timed(
                 alias[i] = sp.0 < dspan.1 && dspan.0 < sp.1;
             }
         }
+        let converted;
+        (converted, in_scratch) = ConvertedActivations::step(in_scratch, t, &src, dst);
         let ctx = NodeCtx {
             k: s.kernels,
             node: t,
             dst,
             src,
             alias,
+            converted,
             wdata: s.scratch,
             // SAFETY: inside the scratch allocation (wsize + tsize * nth bytes).
             tdata: unsafe { s.scratch.add(s.wsize + th.ith * s.tsize) },
@@ -640,5 +707,103 @@ fn run_nodes_timed(
             times.push((ni, (now - *since).as_secs_f64() * 1e3));
             *since = now;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dense view of `ne` f32 (or `dtype`) values at the fake address `at`.
+    fn view(dtype: DType, ne: [usize; MAX_DIMS], at: usize) -> TView {
+        let t = Tensor::contiguous(dtype, ne).unwrap();
+        TView {
+            dtype,
+            ne,
+            nb: t.nb,
+            ptr: at as *mut u8,
+        }
+    }
+
+    fn node(op: Op) -> Tensor {
+        let mut t = Tensor::contiguous(DType::F32, [8, 4, 1, 1]).unwrap();
+        t.op = op;
+        t
+    }
+
+    const X: usize = 0x10000;
+
+    /// The sources of a product of weights `w` ([64, 8]) and activations at `at`.
+    fn product(w: DType, at: usize) -> [TView; 4] {
+        [
+            view(w, [64, 8, 1, 1], 0x90000),
+            view(DType::F32, [64, 4, 1, 1], at),
+            TView::EMPTY,
+            TView::EMPTY,
+        ]
+    }
+
+    /// Walks `nodes` (op, sources, destination) as the executor does; whether each skips
+    /// its conversion.
+    fn walk(nodes: &[(Op, [TView; 4], TView)]) -> Vec<bool> {
+        let mut held = None;
+        nodes
+            .iter()
+            .map(|(op, src, dst)| {
+                let skip;
+                (skip, held) = ConvertedActivations::step(held, &node(*op), src, *dst);
+                skip
+            })
+            .collect()
+    }
+
+    #[test]
+    fn products_of_one_activation_convert_it_once() {
+        let out = |i: usize| view(DType::F32, [8, 4, 1, 1], 0x40000 + i * 0x1000);
+        let between = (Op::Add, [TView::EMPTY; 4], out(9));
+        let q = (Op::MulMat, product(DType::Q4_1, X), out(0));
+        let k = (Op::MulMat, product(DType::Q4_1, X), out(1));
+        // Q, K and V of one norm, a node that writes elsewhere between them: converted
+        // once.
+        assert_eq!(walk(&[q, between, k, k]), [false, false, true, true]);
+        // Another weight dtype needs its own conversion (Q8_0's dot type differs).
+        let v8 = (Op::MulMat, product(DType::Q8_0, X), out(2));
+        assert_eq!(walk(&[q, v8, k]), [false, false, false]);
+        // Another product in between overwrites the scratch.
+        let other = (Op::MulMat, product(DType::Q4_1, 0x20000), out(3));
+        assert_eq!(walk(&[q, other, k]), [false, false, false]);
+        // MUL_MAT_ID uses the scratch too.
+        let moe = (Op::MulMatId, [TView::EMPTY; 4], out(4));
+        assert_eq!(walk(&[q, moe, k]), [false, false, false]);
+        // Float weights gather into the scratch and convert nothing: never reused.
+        let f16 = (Op::MulMat, product(DType::F16, X), out(5));
+        assert_eq!(walk(&[f16, f16]), [false, false]);
+    }
+
+    #[test]
+    fn a_write_into_the_activations_forces_a_new_conversion() {
+        let q = (Op::MulMat, product(DType::Q4_1, X), out_at(0x40000));
+        // Its last byte: the activations span 64 * 4 f32 from X.
+        let last = (
+            Op::Add,
+            [TView::EMPTY; 4],
+            view(DType::F32, [1, 1, 1, 1], X + 1020),
+        );
+        let before = (
+            Op::Add,
+            [TView::EMPTY; 4],
+            view(DType::F32, [4, 1, 1, 1], X - 16),
+        );
+        let after = (
+            Op::Add,
+            [TView::EMPTY; 4],
+            view(DType::F32, [4, 1, 1, 1], X + 1024),
+        );
+        assert_eq!(walk(&[q, last, q]), [false, false, false]);
+        assert_eq!(walk(&[q, before, after, q]), [false, false, false, true]);
+    }
+
+    fn out_at(at: usize) -> TView {
+        view(DType::F32, [8, 4, 1, 1], at)
     }
 }

@@ -615,3 +615,83 @@ fn cpy_to_quantised(
         Spec::new(ctx.cont(v).unwrap())
     });
 }
+
+/// Products of one activation convert it once (the executor keeps the converted
+/// activations in its scratch for the next product with the same weight dtype), and a
+/// node that writes into the activations in between makes the next product convert them
+/// again: `y1 = W1 x`, then `x <- x2` (a CPY into x), then `y2 = W2 x` and `y3 = W3 x`
+/// must be the products with x2, on every level and thread count, for one column (the
+/// matrix × vector layout) and for 20 (the panels).
+#[rstest]
+fn products_after_a_write_into_their_activations_see_the_new_values(
+    bes: &[CpuBackend],
+    #[values(1, 20)] n: usize,
+) {
+    use ggml_core::Backend;
+    use ggml_cpu::reference::{self, HostTensor};
+    let (k, m) = (256, 12);
+    let mut storage = vec![ggml_core::Tensor::contiguous(DType::F32, [1, 1, 1, 1]).unwrap(); 16];
+    let mut ctx = Context::new(&mut storage);
+    let w: Vec<_> = (0..3).map(|_| f(Q4_1, [k, m, 1, 1])(&mut ctx)).collect();
+    let x = f(DType::F32, [k, n, 1, 1])(&mut ctx);
+    let x2 = f(DType::F32, [k, n, 1, 1])(&mut ctx);
+    let y1 = ctx.mul_mat(w[0], x).unwrap();
+    let written = ctx.cpy(x2, x).unwrap();
+    let y2 = ctx.mul_mat(w[1], written).unwrap();
+    let y3 = ctx.mul_mat(w[2], written).unwrap();
+    let mut rng = ggml_test_kit::Xorshift::new(23);
+    let mut leaves: Vec<(ggml_core::TensorId, Vec<u8>)> = Vec::new();
+    for &t in &w {
+        let blocks = ctx.get(t).unwrap().nbytes() / Q4_1.type_size();
+        leaves.push((
+            t,
+            ggml_test_kit::xorshift_quant_blocks(Q4_1, blocks, &mut rng),
+        ));
+    }
+    for t in [x, x2] {
+        let v: Vec<u8> = (0..k * n)
+            .flat_map(|_| (rng.f() * 2.0).to_le_bytes())
+            .collect();
+        leaves.push((t, v));
+    }
+    let bytes = |t: ggml_core::TensorId| &leaves.iter().find(|(l, _)| *l == t).unwrap().1;
+    let want = |y: ggml_core::TensorId, wt: ggml_core::TensorId, act: ggml_core::TensorId| {
+        let node = *ctx.get(y).unwrap();
+        let srcs = [
+            HostTensor {
+                desc: ctx.get(wt).unwrap(),
+                bytes: bytes(wt),
+            },
+            HostTensor {
+                desc: ctx.get(x).unwrap(),
+                bytes: bytes(act),
+            },
+        ];
+        let mut out = vec![0u8; node.nbytes()];
+        reference::compute(&node, &srcs, &mut out).unwrap();
+        out
+    };
+    let wants = [want(y1, w[0], x), want(y2, w[1], x2), want(y3, w[2], x2)];
+    let olds = [want(y1, w[0], x), want(y2, w[1], x), want(y3, w[2], x)];
+    for be in bes {
+        let (tensors, buf) = common::place(&ctx, be);
+        for (t, b) in &leaves {
+            be.set_tensor_async(&tensors[t.index()], 0, b).unwrap();
+        }
+        be.graph_compute(&tensors, &[y1, written, y2, y3]).unwrap();
+        be.synchronize().unwrap();
+        for (i, (y, want)) in [y1, y2, y3].iter().zip(&wants).enumerate() {
+            let mut got = vec![0u8; want.len()];
+            be.get_tensor(&tensors[y.index()], 0, &mut got).unwrap();
+            assert!(
+                &got == want,
+                "isa {} threads {} n {n}: product {} differs from the reference (equals the product with the old x: {})",
+                be.isa(),
+                be.n_threads(),
+                y.index(),
+                got == *olds.get(i).expect("three products")
+            );
+        }
+        be.free_buffer(buf).unwrap();
+    }
+}

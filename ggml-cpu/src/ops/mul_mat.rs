@@ -2,7 +2,9 @@
 //!
 //! Phase 0 converts every activation row to the weights' dot type (`vec_dot_type`:
 //! Q8_0, Q8_1, Q8_K, F16, BF16 or F32) into shared scratch, and gathers weights whose
-//! rows are not dense into dense rows. Phase 1 hands out chunks of the output (weight
+//! rows are not dense into dense rows; it does nothing where the product before left
+//! the same activations converted for the same weight dtype there (Q, K and V of one
+//! norm, gate and up: `NodeCtx::converted`). Phase 1 hands out chunks of the output (weight
 //! rows × activation rows × batch) through an atomic counter; each chunk runs tiles of
 //! up to 4 × 4 dot products. With at least 16 activation columns and quantised weights,
 //! a level with panel tiles ([`crate::simd::panel`]: AVX-512 VNNI, AVX2) gets the
@@ -166,6 +168,9 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let ars = a.dtype.row_size(k).unwrap_or(0);
     if phase == 0 {
         match panel {
+            // The same activations were converted for the same weight dtype by the
+            // product before (NodeCtx::converted): the scratch holds these bytes.
+            _ if c.converted => {}
             Some(pn) => convert_b_panels(c, th, a.dtype, b, pn.cols),
             None => convert_b(c, th, b, 0, vdt, vrs, packer),
         }
