@@ -803,7 +803,9 @@ mod tests {
         assert!(wait < at("step \"speed: ggml-harness bench"));
         assert!(wait < at("step \"calibration:"));
         assert!(wait < at("step \"each step's effect"));
-        assert!(s.contains("ncu --section SpeedOfLight"));
+        assert!(s.contains("local base=(--section SpeedOfLight"));
+        assert!(s.contains("--metrics sm__cycles_active.max"));
+        assert!(s.contains("run_ncu \"${base[@]}\"; }"));
         assert!(s.contains("-k regex:'qmm|flash_attn_dec|flash_attn_row|rope_store'"));
         // A failing step is reported at the end instead of stopping the later ones.
         assert!(s.contains("set -uo pipefail"));

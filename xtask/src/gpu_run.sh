@@ -286,11 +286,18 @@ ncu_decode() {
   # kernels timed alone (cuda-h200.md, "The model against every tuning of run 5"); the
   # source counters' rules say where the issue gaps go (instruction fetch, L1TEX, ...).
   if ! command -v ncu >/dev/null; then echo "ncu: not installed here"; return 0; fi
-  ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
-    --section WarpStateStats --section SchedulerStats --section SourceCounters \
-    --metrics sm__cycles_active.max,sm__cycles_elapsed.max \
-    -k regex:'qmm|flash_attn_dec|flash_attn_row|rope_store' --launch-skip 300 --launch-count 16 \
-    $H bench --model $model --devices $dev -p 0 -n 16 -r 1 > "$res/ncu-decode.txt" 2>&1
+  local base=(--section SpeedOfLight --section LaunchStats --section Occupancy
+    --section WarpStateStats --section SchedulerStats)
+  local extra=(--section SourceCounters --metrics sm__cycles_active.max,sm__cycles_elapsed.max)
+  run_ncu() {
+    ncu "$@" -k regex:'qmm|flash_attn_dec|flash_attn_row|rope_store' --launch-skip 300 \
+      --launch-count 16 $H bench --model $model --devices $dev -p 0 -n 16 -r 1 \
+      > "$res/ncu-decode.txt" 2>&1
+  }
+  # The extra section and metrics were added without a GPU to try them on: should this
+  # ncu refuse them, the run before's sections still come back.
+  run_ncu "${base[@]}" "${extra[@]}" || { echo "ncu refused the extras; without them:"; \
+    cp "$res/ncu-decode.txt" "$res/ncu-decode-extras-refused.txt"; run_ncu "${base[@]}"; }
   local rc=$?
   grep -E '^  [a-z_]+ \(|Duration|Registers Per|Warp Cycles Per Issued|sm__cycles_active.max' \
     "$res/ncu-decode.txt" | head -80
