@@ -217,6 +217,8 @@ struct ConvertedActivations {
     nb: [usize; MAX_DIMS],
     dtype: DType,
     weights: DType,
+    /// The activations' bytes (`TView::span`), which no node may write in between.
+    span: (usize, usize),
 }
 
 impl ConvertedActivations {
@@ -229,6 +231,7 @@ impl ConvertedActivations {
             nb: src[1].nb,
             dtype: src[1].dtype,
             weights: src[0].dtype,
+            span: src[1].span(),
         })
     }
 
@@ -250,14 +253,7 @@ impl ConvertedActivations {
     /// activations in place: it uses no shared scratch and does not write the
     /// activations' bytes (a view of them, or an in-place op on them).
     fn survives(&self, node: &Tensor, dst: TView) -> bool {
-        let act = TView {
-            dtype: self.dtype,
-            ne: self.ne,
-            nb: self.nb,
-            ptr: self.at as *mut u8,
-        }
-        .span();
-        let written = dst.span();
+        let (act, written) = (self.span, dst.span());
         let uses_scratch = matches!(node.op, Op::MulMat | Op::MulMatId);
         !uses_scratch && (written.1 <= act.0 || act.1 <= written.0)
     }

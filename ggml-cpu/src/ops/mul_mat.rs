@@ -167,12 +167,13 @@ pub(crate) fn run(c: &NodeCtx<'_>, th: &ThreadCtx<'_>, phase: usize) -> KResult 
     let gather = needs_gather(a.dtype, a.ne, a.nb, a.ptr as u64);
     let ars = a.dtype.row_size(k).unwrap_or(0);
     if phase == 0 {
-        match panel {
-            // The same activations were converted for the same weight dtype by the
-            // product before (NodeCtx::converted): the scratch holds these bytes.
-            _ if c.converted => {}
-            Some(pn) => convert_b_panels(c, th, a.dtype, b, pn.cols),
-            None => convert_b(c, th, b, 0, vdt, vrs, packer),
+        // Unless the product before converted the same activations for the same weight
+        // dtype (NodeCtx::converted): the scratch holds these bytes already.
+        if !c.converted {
+            match panel {
+                Some(pn) => convert_b_panels(c, th, a.dtype, b, pn.cols),
+                None => convert_b(c, th, b, 0, vdt, vrs, packer),
+            }
         }
         if gather {
             gather_a(c, th, a, wb, ars);

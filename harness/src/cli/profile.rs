@@ -134,6 +134,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         &session.cuda_backends(),
         &settings,
     )?;
+    // The bench's figures beside the same tests priced from these launches.
+    let against = against.map(|figures| harness::fit::end_to_end(&launches, &launches, &figures));
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
@@ -146,9 +148,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             "seconds": t0.elapsed().as_secs_f64(),
         });
         let mut v = profile::json(&launches, &settings, run);
-        if let Some(figures) = &against {
-            let rows = harness::fit::end_to_end(&launches, &launches, figures);
-            v["against"] = harness::fit::measured_against_modelled_json(&rows);
+        if let Some(rows) = &against {
+            v["against"] = harness::fit::measured_against_modelled_json(rows);
         }
         println!("{v}");
         return Ok(());
@@ -201,10 +202,9 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             100.0 * profile::tensor_core_fraction(&launches, "tg")
         );
     }
-    if let Some(figures) = &against {
+    if let Some(rows) = &against {
         println!();
-        let rows = harness::fit::end_to_end(&launches, &launches, figures);
-        print!("{}", harness::fit::measured_against_modelled_table(&rows));
+        print!("{}", harness::fit::measured_against_modelled_table(rows));
     }
     match settings.gpu.calibration() {
         Some(c) => {
