@@ -41,6 +41,7 @@ impl Default for SamplerConfig {
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: crate::synthetic::Rng,
+    record_gaps: bool,
 }
 
 impl Sampler {
@@ -62,7 +63,17 @@ impl Sampler {
         Ok(Sampler {
             cfg,
             rng: crate::synthetic::Rng(cfg.seed),
+            record_gaps: false,
         })
+    }
+
+    /// Makes [`generate`] read back every pass's logits, even when greedy, and record
+    /// each generated token's [`top_gap`] in [`Generation::gaps`]: how near the choice
+    /// was to a tie, so that two kernel orders' greedy texts can be told apart from a
+    /// near tie decided either way.
+    pub fn record_gaps(mut self) -> Sampler {
+        self.record_gaps = true;
+        self
     }
 
     /// Whether the sampler is greedy (temperature 0): its token is [`argmax`] of the
@@ -125,6 +136,69 @@ enum Next {
     Logits(Vec<f32>),
 }
 
+/// The highest logit minus the second highest (NaNs left out; 0 for fewer than two
+/// finite-or-infinite logits, `inf` when only the best is infinite).
+pub fn top_gap(logits: &[f32]) -> f32 {
+    let (mut best, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    let mut n = 0;
+    for &l in logits.iter().filter(|l| !l.is_nan()) {
+        n += 1;
+        if l > best {
+            (best, second) = (l, best);
+        } else if l > second {
+            second = l;
+        }
+    }
+    match n {
+        0 | 1 => 0.0,
+        _ if best == second => 0.0,
+        _ => best - second,
+    }
+}
+
+/// How two greedy runs of one prompt compare, token by token ([`compare_greedy`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GreedyAgreement {
+    /// The same tokens as far as the shorter run goes (`n` of them).
+    Same {
+        /// Tokens compared.
+        n: usize,
+    },
+    /// The first different token comes where either run had its best logit less than
+    /// the near-tie bound above the runner-up: a choice another summation order may
+    /// make the other way. Past it the runs continue different texts, not compared.
+    NearTie {
+        /// Index of the first different generated token.
+        at: usize,
+        /// [`top_gap`] of each run there.
+        gaps: [f32; 2],
+    },
+    /// The first different token comes where both runs were clear of a tie.
+    Differs {
+        /// Index of the first different generated token.
+        at: usize,
+        /// [`top_gap`] of each run there.
+        gaps: [f32; 2],
+    },
+}
+
+/// Compares two greedy runs' tokens with the [`top_gap`]s each recorded
+/// ([`Generation::gaps`]): the same tokens, or a first difference at a near tie (either
+/// gap below `near_tie`), or a difference neither run was near to. A run without a gap
+/// for a token counts as clear of a tie there.
+pub fn compare_greedy(tokens: [&[u32]; 2], gaps: [&[f32]; 2], near_tie: f32) -> GreedyAgreement {
+    let n = tokens[0].len().min(tokens[1].len());
+    let Some(at) = (0..n).find(|&i| tokens[0][i] != tokens[1][i]) else {
+        return GreedyAgreement::Same { n };
+    };
+    let gaps = gaps.map(|g| g.get(at).copied().unwrap_or(f32::INFINITY));
+    if gaps.iter().any(|&g| g < near_tie) {
+        GreedyAgreement::NearTie { at, gaps }
+    } else {
+        GreedyAgreement::Differs { at, gaps }
+    }
+}
+
 /// The index of the highest logit, the first one on ties (llama.cpp's greedy sampler):
 /// the CPU backend's ARGMAX scan, [`ggml_cpu::reference::argmax_row`] (a NaN never wins;
 /// 0 for no logits).
@@ -170,6 +244,9 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     /// Whether generation stopped at an end-of-generation token.
     pub ended: bool,
+    /// Per generated token, [`top_gap`] of the logits it was chosen from; empty unless
+    /// the sampler was made with [`Sampler::record_gaps`].
+    pub gaps: Vec<f32>,
     /// Time to process the prompt.
     pub prompt_time: Duration,
     /// Time to generate the tokens after the first.
@@ -228,8 +305,8 @@ pub fn generate(
         batch.push(t, i as i32, 0, i + 1 == ids.len());
     }
     // Greedy decoding needs only each pass's best token: the executor computes it where
-    // the logits are (a GPU returns 4 bytes per token). Sampling needs the logits.
-    let greedy = sampler.is_greedy();
+    // the logits are (a GPU returns 4 bytes per token). Sampling and gaps need the logits.
+    let greedy = sampler.is_greedy() && !sampler.record_gaps;
     let pass = |exec: &mut dyn Executor, kv: &mut KvCache, b: &Batch| -> Result<Next> {
         Ok(match greedy {
             true => Next::Token(exec.forward_greedy(model, kv, b)?[0]),
@@ -240,17 +317,23 @@ pub fn generate(
     let prompt_time = t0.elapsed();
     let t1 = Instant::now();
     let mut out = Vec::with_capacity(n_gen);
+    let mut gaps = Vec::new();
     let mut ended = false;
     for i in 0..n_gen {
-        let next = match &next_of {
-            Next::Token(t) => *t,
-            Next::Logits(l) => sampler.sample(&l[..model.hp.n_vocab]),
+        let (next, gap) = match &next_of {
+            Next::Token(t) => (*t, None),
+            Next::Logits(l) => {
+                let row = &l[..model.hp.n_vocab];
+                let gap = sampler.record_gaps.then(|| top_gap(row));
+                (sampler.sample(row), gap)
+            }
         };
         if is_end_of_generation(tok, next) {
             ended = true;
             break;
         }
         out.push(next);
+        gaps.extend(gap);
         on_token(next, &tok.decode_bytes(&[next]))?;
         if i + 1 == n_gen {
             break;
@@ -263,6 +346,7 @@ pub fn generate(
         prompt: ids,
         tokens: out,
         ended,
+        gaps,
         prompt_time,
         gen_time: t1.elapsed(),
     })
@@ -281,6 +365,54 @@ mod tests {
         assert_eq!(argmax(&[]), 0);
         let mut s = Sampler::new(SamplerConfig::default()).unwrap();
         assert_eq!(s.sample(&[-1.0, -0.5, -3.0]), 1);
+    }
+
+    #[test]
+    fn the_top_gap_is_best_minus_runner_up() {
+        assert_eq!(top_gap(&[0.5, 2.0, 1.25, -3.0]), 0.75);
+        // A tie for the best is a gap of 0, whichever comes first.
+        assert_eq!(top_gap(&[2.0, 1.0, 2.0]), 0.0);
+        // NaNs are left out; fewer than two logits give 0.
+        assert_eq!(top_gap(&[f32::NAN, 1.0, f32::NAN, 0.25]), 0.75);
+        assert_eq!(top_gap(&[f32::NAN, 1.0]), 0.0);
+        assert_eq!(top_gap(&[]), 0.0);
+        assert_eq!(top_gap(&[f32::INFINITY, 1.0]), f32::INFINITY);
+    }
+
+    #[test]
+    fn greedy_runs_agree_differ_or_part_at_a_near_tie() {
+        let a = [5u32, 6, 7, 8];
+        let gaps = [1.0f32, 0.5, 0.01, 2.0];
+        assert_eq!(
+            compare_greedy([&a, &a[..3]], [&gaps, &[]], 0.05),
+            GreedyAgreement::Same { n: 3 }
+        );
+        let b = [5u32, 6, 9, 1];
+        let other = [1.0f32, 0.4, 0.3, 0.2];
+        // Token 2: the first run was 0.01 from a tie.
+        assert_eq!(
+            compare_greedy([&a, &b], [&gaps, &other], 0.05),
+            GreedyAgreement::NearTie {
+                at: 2,
+                gaps: [0.01, 0.3]
+            }
+        );
+        // Both clear of the bound: a difference no order explains.
+        assert_eq!(
+            compare_greedy([&a, &b], [&gaps, &other], 0.005),
+            GreedyAgreement::Differs {
+                at: 2,
+                gaps: [0.01, 0.3]
+            }
+        );
+        // No gaps recorded: never a near tie.
+        assert_eq!(
+            compare_greedy([&a, &b], [&[], &[]], 0.05),
+            GreedyAgreement::Differs {
+                at: 2,
+                gaps: [f32::INFINITY, f32::INFINITY]
+            }
+        );
     }
 
     #[test]

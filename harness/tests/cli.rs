@@ -96,6 +96,18 @@ fn run(args: &[&str], dir: &Path) -> (Option<i32>, String) {
     "measured with --cuda-tuning no-pdl, this profile runs default"
 )]
 #[case::profile_against_garbage(&["profile", "--against", "{dir}/garbage.json"], "garbage.json")]
+#[case::generate_against_garbage(
+    &["generate", "--model", "{tiny}", "-p", "a", "--against", "{dir}/garbage.json"],
+    "not JSON"
+)]
+#[case::generate_against_a_bench_file(
+    &["generate", "--model", "{tiny}", "-p", "a", "--against", "{dir}/bench-no-pdl.json"],
+    "no \"prompt_tokens\" list"
+)]
+#[case::generate_against_when_sampling(
+    &["generate", "--model", "{tiny}", "-p", "a", "--temp", "0.5", "--against", "{dir}/x.json"],
+    "leave --temp at 0"
+)]
 #[case::unknown_subcommand(&["frobnicate"], "frobnicate")]
 fn bad_input_is_a_clear_error(#[case] args: &[&str], #[case] says: &str) {
     let dir = scratch();
@@ -123,4 +135,94 @@ fn bad_input_is_a_clear_error(#[case] args: &[&str], #[case] says: &str) {
             "{args:?}: more after the error line '{line}': {after:?}"
         );
     }
+}
+
+/// `generate --against`: the same greedy run agrees with itself; a token changed where
+/// the run was clear of a tie fails; the same change where the other run records a
+/// near tie passes and says so; another prompt is refused.
+#[test]
+fn generate_against_tells_a_near_tie_from_a_difference() {
+    let dir = scratch();
+    let out = bin()
+        .args([
+            "generate",
+            "--model",
+            &synthetic(),
+            "-p",
+            "hello",
+            "-n",
+            "12",
+        ])
+        .args(["--json", "--gaps", "--devices", "cpu"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = record["tokens"].as_array().unwrap().len();
+    assert_eq!(record["gaps"].as_array().unwrap().len(), n);
+    assert!(n >= 2, "{record}");
+    let write = |name: &str, v: &serde_json::Value| {
+        std::fs::write(dir.join(name), v.to_string()).unwrap();
+    };
+    write("same.json", &record);
+    let against = |file: &str, prompt: &str| {
+        let args = [
+            "generate",
+            "--model",
+            "{tiny}",
+            "-p",
+            prompt,
+            "-n",
+            "12",
+            "--devices",
+            "cpu",
+            "--against",
+            file,
+        ];
+        run(&args, &dir)
+    };
+    let (code, err) = against("{dir}/same.json", "hello");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("the same {n} greedy tokens")),
+        "{err}"
+    );
+
+    // The last token changed; this run's gap there is its own (clear of 1e-9 unless the
+    // synthetic model ties exactly, which its gaps would show).
+    let last = n - 1;
+    let gap = record["gaps"][last].as_f64().unwrap();
+    assert!(
+        gap > 1e-6,
+        "the synthetic model ties at token {last}: {record}"
+    );
+    let tok = record["tokens"][last].as_u64().unwrap();
+    record["tokens"][last] = serde_json::json!((tok + 1) % 256);
+    record["gaps"][last] = serde_json::json!(gap);
+    write("differs.json", &record);
+    let (code, err) = against("{dir}/differs.json", "hello");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("greedy token {last} differs")),
+        "{err}"
+    );
+    assert!(err.contains("neither run was near a tie"), "{err}");
+
+    // The other run was 0.001 from a tie there: a near tie, not a failure.
+    record["gaps"][last] = serde_json::json!(0.001);
+    write("near.json", &record);
+    let (code, err) = against("{dir}/near.json", "hello");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("the same {last} greedy tokens, then a near tie")),
+        "{err}"
+    );
+
+    let (code, err) = against("{dir}/same.json", "goodbye");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("another prompt"), "{err}");
 }

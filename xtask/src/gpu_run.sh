@@ -178,33 +178,39 @@ ppl_check() {
 step "perplexity: cpu vs $dev within @PPL_TOLERANCE@" ppl_check
 
 # Issue 38's check: `generate` streams the same greedy tokens with the current kernels as
-# with the first ones (--cuda-tuning legacy). The CPU's tokens are printed beside them for
-# information: across devices a near tie may go either way.
+# with the first ones (--cuda-tuning legacy) up to the first near tie. Their summation
+# orders differ, so a choice whose best logit is within a hair of the runner-up may go
+# either way, and the texts part there (run 6b: every first difference between two orders,
+# the CPU's included, came where one run's gap was 0.024 or less, while other gaps of one
+# context moved by up to 0.34 between orders). Each run reads its logits back and records
+# the gaps (--gaps); `--against` fails on a first difference where neither run was within
+# 0.05 of a tie. The device's own argmax (the streamed path, 4 bytes a token) must give
+# the tokens of the logits read back. The CPU's comparison is printed for information.
 tokens() { sed -n 's/.*"tokens":\(\[[^]]*\]\).*/\1/p' "$1"; }
 greedy_text() {
-  local i=0 p now legacy cpu ok=0
+  local i=0 p ok=0
   for p in "The GNU General Public License is" "Once upon a time,"; do
     i=$((i + 1))
+    $H generate --model $model --devices $dev -n $gen_n --json --gaps --cuda-tuning legacy \
+      -p "$p" > "$res/generate$i-legacy.json" || return 1
+    echo "prompt $i:"
     $H generate --model $model --devices $dev -n $gen_n --json -p "$p" \
-      > "$res/generate$i.json" || return 1
-    $H generate --model $model --devices $dev -n $gen_n --json --cuda-tuning legacy -p "$p" \
-      > "$res/generate$i-legacy.json" || return 1
-    $H generate --model $model --devices cpu -n $gen_n --json -p "$p" \
-      > "$res/generate$i-cpu.json" || return 1
-    now=$(tokens "$res/generate$i.json")
-    legacy=$(tokens "$res/generate$i-legacy.json")
-    cpu=$(tokens "$res/generate$i-cpu.json")
-    if [ -n "$now" ] && [ "$now" = "$legacy" ]; then
-      echo "prompt $i: the same $gen_n greedy tokens as the legacy kernels"
+      --against "$res/generate$i-legacy.json" > "$res/generate$i.json" || ok=1
+    $H generate --model $model --devices $dev -n $gen_n --json -p "$p" \
+      > "$res/generate$i-argmax.json" || return 1
+    if [ -n "$(tokens "$res/generate$i.json")" ] \
+      && [ "$(tokens "$res/generate$i-argmax.json")" = "$(tokens "$res/generate$i.json")" ]; then
+      echo "  the device's argmax gives the tokens of the logits read back"
     else
-      echo "prompt $i: greedy tokens differ from the legacy kernels'"; ok=1
+      echo "  the device's argmax gives other tokens than the logits read back"; ok=1
     fi
-    if [ "$now" = "$cpu" ]; then echo "prompt $i: and as the CPU"
-    else echo "prompt $i: the CPU's differ (information)"; fi
+    $H generate --model $model --devices cpu -n $gen_n --json -p "$p" \
+      --against "$res/generate$i.json" > "$res/generate$i-cpu.json" \
+      || echo "  (the CPU's comparison is information, not a failure)"
   done
   return $ok
 }
-step "greedy text: $dev as with its first kernels (--cuda-tuning legacy)" greedy_text
+step "greedy text: $dev as with its first kernels up to a near tie (--cuda-tuning legacy)" greedy_text
 
 L=$here/work/llama
 matrix() {

@@ -1,7 +1,7 @@
 //! `ggml-harness generate`: a prompt continued, greedy or sampled.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use harness::error::{HarnessError, Result};
@@ -37,6 +37,21 @@ pub struct GenerateArgs {
     /// Print the generated token ids (one JSON object) instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Read back every pass's logits (also when greedy, where a GPU would return only the
+    /// best token) and report, per generated token, its logit minus the runner-up's:
+    /// `gaps` in the JSON, the smallest on stderr otherwise. A small gap is a near tie,
+    /// which kernels of another summation order may decide the other way.
+    #[arg(long)]
+    gaps: bool,
+    /// Compare the greedy tokens with another run's `--json --gaps` output of the same
+    /// prompt (e.g. on other kernels or another device) and fail unless they are the same
+    /// up to the first near tie: a first different token where either run's best logit
+    /// was less than `--near-tie` above the runner-up. Implies `--gaps`.
+    #[arg(long, value_name = "JSON")]
+    against: Option<PathBuf>,
+    /// The near-tie bound of `--against`, in logits.
+    #[arg(long, default_value_t = 0.05, requires = "against")]
+    near_tie: f32,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -51,6 +66,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
         seed: a.seed,
     })?;
+    if a.against.is_some() && !sampler.is_greedy() {
+        return Err(HarnessError::Usage(
+            "--against compares greedy runs: leave --temp at 0".into(),
+        ));
+    }
+    // Read before the run, so that a bad file fails before any work.
+    let against = a.against.as_deref().map(read_greedy_run).transpose()?;
+    if a.gaps || against.is_some() {
+        sampler = sampler.record_gaps();
+    }
     let n_prompt = session.tokenizer.encode(&a.prompt).len();
     let mut kv = session.kv_cache(n_prompt + a.n_predict)?;
     let mut exec = session.executor()?;
@@ -81,7 +106,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     )?;
     let races = report_races(&session)?;
     if a.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "prompt_tokens": g.prompt,
             "tokens": g.tokens,
             "text": String::from_utf8_lossy(&session.tokenizer.decode_bytes(&g.tokens)),
@@ -89,6 +114,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "prompt_tps": g.prompt_tokens_per_second(),
             "gen_tps": g.tokens_per_second(),
         });
+        if a.gaps {
+            v["gaps"] = serde_json::json!(g.gaps);
+        }
         writeln!(stdout, "{v}").map_err(io)?;
     } else {
         writeln!(stdout).map_err(io)?;
@@ -100,11 +128,109 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             if g.ended { " (end of generation)" } else { "" },
             g.tokens_per_second()
         );
+        if let Some((i, gap)) = g.gaps.iter().enumerate().min_by(|x, y| x.1.total_cmp(y.1)) {
+            eprintln!("smallest gap between the best and the second logit: {gap} (token {i})");
+        }
     }
     if races > 0 {
         return Err(HarnessError::Usage(format!(
             "the happens-before checker found {races} races"
         )));
     }
+    if let (Some(path), Some(other)) = (&a.against, &against) {
+        compare_with(path, other, &g, a.near_tie)?;
+    }
     Ok(())
+}
+
+/// The prompt, tokens and gaps of a `generate --json --gaps` output.
+struct GreedyRun {
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    gaps: Vec<f32>,
+}
+
+fn read_greedy_run(path: &Path) -> Result<GreedyRun> {
+    let bad = |why: String| HarnessError::Usage(format!("--against {}: {why}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let list = |key: &str| -> Result<Vec<f64>> {
+        v.get(key)
+            .and_then(|x| x.as_array())
+            .ok_or_else(|| {
+                bad(format!(
+                    "no \"{key}\" list (written by `generate --json --gaps`?)"
+                ))
+            })?
+            .iter()
+            .map(|x| {
+                x.as_f64()
+                    .ok_or_else(|| bad(format!("\"{key}\" holds a non-number")))
+            })
+            .collect()
+    };
+    let ids = |key: &str| -> Result<Vec<u32>> {
+        list(key)?
+            .into_iter()
+            .map(|x| {
+                (x >= 0.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX))
+                    .then_some(x as u32)
+                    .ok_or_else(|| bad(format!("\"{key}\" holds {x}, not a token id")))
+            })
+            .collect()
+    };
+    let run = GreedyRun {
+        prompt: ids("prompt_tokens")?,
+        tokens: ids("tokens")?,
+        gaps: list("gaps")?.into_iter().map(|x| x as f32).collect(),
+    };
+    if run.gaps.len() != run.tokens.len() {
+        return Err(bad(format!(
+            "{} gaps for {} tokens",
+            run.gaps.len(),
+            run.tokens.len()
+        )));
+    }
+    Ok(run)
+}
+
+/// Prints how this run's greedy tokens compare with `other`'s; an error unless they are
+/// the same up to the first near tie.
+fn compare_with(
+    path: &Path,
+    other: &GreedyRun,
+    g: &harness::generate::Generation,
+    near_tie: f32,
+) -> Result<()> {
+    use harness::generate::{compare_greedy, GreedyAgreement};
+    if other.prompt != g.prompt {
+        return Err(HarnessError::Usage(format!(
+            "--against {}: another prompt ({} tokens, this run {})",
+            path.display(),
+            other.prompt.len(),
+            g.prompt.len()
+        )));
+    }
+    let name = path.display();
+    match compare_greedy([&g.tokens, &other.tokens], [&g.gaps, &other.gaps], near_tie) {
+        GreedyAgreement::Same { n } => {
+            eprintln!("against {name}: the same {n} greedy tokens");
+            Ok(())
+        }
+        GreedyAgreement::NearTie { at, gaps } => {
+            eprintln!(
+                "against {name}: the same {at} greedy tokens, then a near tie decided \
+                 differently (token {at}: best minus runner-up {} here, {} there; bound \
+                 {near_tie})",
+                gaps[0], gaps[1]
+            );
+            Ok(())
+        }
+        GreedyAgreement::Differs { at, gaps } => Err(HarnessError::Usage(format!(
+            "against {name}: greedy token {at} differs ({} here, {} there) where neither \
+             run was near a tie (best minus runner-up {} here, {} there; bound {near_tie})",
+            g.tokens[at], other.tokens[at], gaps[0], gaps[1]
+        ))),
+    }
 }
