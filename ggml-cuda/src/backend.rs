@@ -30,6 +30,9 @@ mod staging;
 
 pub use kernel_stats::KernelStats;
 
+/// The slot of `class_launches` that counts `qmm` variant launches.
+pub(crate) const QMM_VARIANT_SLOT: usize = 2;
+
 /// Alignment of buffer bases and tensor offsets (bytes).
 pub const ALIGNMENT: usize = 256;
 /// Smallest pinned staging chunk (bytes).
@@ -112,8 +115,10 @@ pub struct CudaBackend {
     pub(crate) waiter: Waiter,
     pub(crate) state: Mutex<State>,
     pub(crate) launches: [AtomicU64; KernelId::COUNT],
-    /// Quantised products run in each class (both generations): matrix-vector, tiled.
-    pub(crate) class_launches: [AtomicU64; 2],
+    /// Quantised products run in each class (both generations): matrix-vector, tiled;
+    /// then, at [`QMM_VARIANT_SLOT`], the `qmm` launches that ran a variant compiled for
+    /// their dtype and form (counted, captured and replayed like the classes).
+    pub(crate) class_launches: [AtomicU64; 3],
     pub(crate) last_class: Mutex<Option<MulMatClass>>,
     pub(crate) counters: Counters,
 }
@@ -272,7 +277,7 @@ impl CudaBackend {
                 attn_ctr: (0, 0),
             }),
             launches: std::array::from_fn(|_| AtomicU64::new(0)),
-            class_launches: [AtomicU64::new(0), AtomicU64::new(0)],
+            class_launches: std::array::from_fn(|_| AtomicU64::new(0)),
             last_class: Mutex::new(None),
             counters,
         })
@@ -347,6 +352,7 @@ impl CudaBackend {
         KernelStats {
             mmvq: self.class_launches[0].load(Ordering::Relaxed),
             mmq: self.class_launches[1].load(Ordering::Relaxed),
+            qmm_variants: self.class_launches[QMM_VARIANT_SLOT].load(Ordering::Relaxed),
             launches,
         }
     }

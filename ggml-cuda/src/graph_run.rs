@@ -156,7 +156,7 @@ impl CudaBackend {
         })?;
         self.launches[KernelId::UploadScatter as usize].fetch_add(1, Ordering::Relaxed);
         st.record(
-            KernelId::UploadScatter,
+            (KernelId::UploadScatter, f),
             ("UPLOAD_SCATTER", None),
             Name::new("upload_scatter"),
             d,
@@ -216,7 +216,7 @@ impl CudaBackend {
             .iter()
             .map(|l| l.load(Ordering::Relaxed))
             .collect();
-        let classes_before: [u64; 2] =
+        let classes_before: [u64; 3] =
             std::array::from_fn(|i| self.class_launches[i].load(Ordering::Relaxed));
         if let Err(e) = api.stream_begin_capture(self.stream) {
             st.err.give_back(region);
@@ -294,7 +294,7 @@ impl CudaBackend {
                 (n > 0).then_some((KernelId::ALL[k], n))
             })
             .collect();
-        let mut classes = [0; 2];
+        let mut classes = [0; 3];
         for ((n, c), b) in classes
             .iter_mut()
             .zip(&self.class_launches)

@@ -188,6 +188,7 @@ impl KeyBuilder {
             t.attn_row_split,
             t.decode_lanes,
             t.row_attn,
+            t.specialize,
         ];
         self.words.push(
             bits.iter()
@@ -241,8 +242,9 @@ pub(crate) struct Captured {
     pub tally: GraphTally,
     /// Launches per kernel per replay, for the kernel statistics.
     pub kernels: Vec<(KernelId, u64)>,
-    /// Quantised products per replay in each class (matrix-vector, tiled).
-    pub classes: [u64; 2],
+    /// Quantised products per replay in each class (matrix-vector, tiled), and its
+    /// `qmm` variant launches.
+    pub classes: [u64; 3],
     /// The class of the split's last quantised product, if any.
     pub last_class: Option<MulMatClass>,
     /// The error-word region its kernels write, and the op and node of each word.

@@ -66,6 +66,7 @@ pub mod launch;
 mod op_timing;
 mod ops;
 mod qmm;
+mod qmm_variant;
 mod readback;
 pub mod reference;
 mod replay;

@@ -108,8 +108,19 @@ impl Ctx<'_> {
     }
 
     fn launch(&mut self, k: KernelId, d: LaunchDims, args: &mut Args) -> BackendResult<()> {
+        let f = self.be.dev.kernels.get(k);
+        self.launch_function(k, f, d, args)
+    }
+
+    /// Launches `f`, kernel `k`'s entry or a variant of it (same parameters).
+    fn launch_function(
+        &mut self,
+        k: KernelId,
+        f: crate::driver::Func,
+        d: LaunchDims,
+        args: &mut Args,
+    ) -> BackendResult<()> {
         let dev = &self.be.dev;
-        let f = dev.kernels.get(k);
         // Its module keeps the wait only on sm_90 and newer (kernels::entry_waits_for_grid).
         let d = LaunchDims {
             programmatic: self.st.tuning.pdl && dev.kernels.waits_for_grid(k),
@@ -146,7 +157,7 @@ impl Ctx<'_> {
             };
             let macs = crate::replay::node_macs(self.tensors, self.node, k);
             self.st
-                .record(k, (self.op(), weights), self.node.name, d, macs, args);
+                .record((k, f), (self.op(), weights), self.node.name, d, macs, args);
         }
         Ok(())
     }
@@ -163,7 +174,20 @@ impl Ctx<'_> {
                 "shape outside the kernel's launch limits",
             )
         })?;
-        self.launch(KernelId::Qmm, d, &mut a)
+        match call.variant_with(t.q8_window, t.decode_lanes, t.specialize) {
+            Some(v) => {
+                let f = self
+                    .be
+                    .dev
+                    .qmm_variant(v)
+                    .map_err(|e| self.be.cu(e).at(self.op(), self.node.name))?;
+                self.launch_function(KernelId::Qmm, f, d, &mut a)?;
+                self.be.class_launches[crate::backend::QMM_VARIANT_SLOT]
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            None => self.launch(KernelId::Qmm, d, &mut a),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 use ggml_core::DType;
 
 use crate::launch::{self, Args, LaunchDims};
+use crate::qmm_variant::QmmVariant;
 
 /// `(65535 + tc) / tc`: the kernel divides a thread index below 1024 by a tile's `tc`
 /// chunks as a multiply by this and a shift by 16 (exact for `tc <= 64`).
@@ -273,19 +274,7 @@ impl Call {
         for s in self.nbx {
             a.usize(s);
         }
-        let flags = u32::from(self.norm.is_some())
-            | match self.epi {
-                Epilogue::None => 0,
-                Epilogue::Add { .. } => 2,
-                Epilogue::Glu { geglu: false, .. } => 4,
-                Epilogue::Glu { geglu: true, .. } => 6,
-            }
-            | if self.ids.is_some() { 8 } else { 0 }
-            | if self.prequant { 16 } else { 0 }
-            | if self.rope.is_some() { 32 } else { 0 }
-            | rows.trailing_zeros() << 8
-            | u32::from(q8_window) << 12
-            | u32::from(self.lanes(decode_lanes) > 1) << 13;
+        let flags = self.flags(rows, q8_window, decode_lanes);
         let chunks = self.k / 32;
         let tc = launch::qmm_tile(self.nt(), chunks);
         let [offw, offs, offn, _] = launch::qmm_layout(rows, self.nt(), tc);
@@ -320,9 +309,8 @@ impl Call {
         for m in &mats {
             a.u64(m.w);
         }
-        for m in &mats {
-            // The dtype code and, above it, the bytes per block (for the prefetches).
-            a.u32(m.dtype.ggml_id() | (m.dtype.type_size() as u32) << 8);
+        for code in self.dtype_codes() {
+            a.u32(code);
         }
         for m in &mats {
             a.u32(m.m as u32);
@@ -361,6 +349,53 @@ impl Call {
 }
 
 impl Call {
+    /// `p_flags` of a launch with `rows` rows per block.
+    fn flags(&self, rows: usize, q8_window: bool, decode_lanes: bool) -> u32 {
+        u32::from(self.norm.is_some())
+            | match self.epi {
+                Epilogue::None => 0,
+                Epilogue::Add { .. } => 2,
+                Epilogue::Glu { geglu: false, .. } => 4,
+                Epilogue::Glu { geglu: true, .. } => 6,
+            }
+            | if self.ids.is_some() { 8 } else { 0 }
+            | if self.prequant { 16 } else { 0 }
+            | if self.rope.is_some() { 32 } else { 0 }
+            | rows.trailing_zeros() << 8
+            | u32::from(q8_window) << 12
+            | u32::from(self.lanes(decode_lanes) > 1) << 13
+    }
+
+    /// `p_dt0..2`: each matrix's dtype code and, above it, the bytes per block (for the
+    /// prefetches). A matrix that is not there passes matrix 0's (the kernel never reads
+    /// it: no block and no group selects a matrix of 0 rows), so that matrices of one
+    /// dtype pass one code and a launch has a [`QmmVariant`].
+    fn dtype_codes(&self) -> [u32; 3] {
+        let code = |d: DType| d.ggml_id() | (d.type_size() as u32) << 8;
+        let first = self.mats[0].map_or(DType::F32, |m| m.dtype);
+        self.mats.map(|m| code(m.map_or(first, |m| m.dtype)))
+    }
+
+    /// The [`QmmVariant`] a launch runs with `specialize` (the tuning of that name): the
+    /// decode class's launches (8 lanes per output) whose matrices share one dtype. Other
+    /// launches run the generic entry: a prompt's products are long enough that their
+    /// instruction fetch is paid once, and their forms would each compile another entry.
+    pub(crate) fn variant_with(
+        &self,
+        q8_window: bool,
+        decode_lanes: bool,
+        specialize: bool,
+    ) -> Option<QmmVariant> {
+        if !specialize || self.lanes(decode_lanes) == 1 {
+            return None;
+        }
+        let (rows, _) = self.rows(decode_lanes)?;
+        QmmVariant::of(
+            self.flags(rows, q8_window, decode_lanes),
+            self.dtype_codes(),
+        )
+    }
+
     /// The RoPE epilogue's arguments (all 0 without it).
     fn rope_args(&self, a: &mut Args) {
         let none = CacheStore {

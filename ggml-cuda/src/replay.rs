@@ -12,7 +12,7 @@
 use ggml_core::{Backend, BackendResult, Name, Op, OpKey, Tensor};
 
 use crate::backend::{CudaBackend, State};
-use crate::driver::Event;
+use crate::driver::{Event, Func};
 use crate::kernels::KernelId;
 use crate::launch::{Args, LaunchDims};
 
@@ -33,6 +33,8 @@ pub struct RecordedLaunch {
     /// what the share of tensor-core multiply-adds is measured against.
     pub macs: u64,
     args: Args,
+    /// The function launched: the kernel's entry, or a variant of it.
+    function: Func,
 }
 
 impl std::fmt::Debug for RecordedLaunch {
@@ -64,16 +66,18 @@ pub struct LaunchTime {
 }
 
 impl State {
-    /// Notes a launch while recording is on.
+    /// Notes a launch while recording is on: `launched` is the kernel and the function
+    /// that ran it (its entry, or a variant of it).
     pub(crate) fn record(
         &mut self,
-        kernel: KernelId,
+        launched: (KernelId, Func),
         op: OpKey,
         node: Name,
         dims: LaunchDims,
         macs: u64,
         args: &Args,
     ) {
+        let (kernel, function) = launched;
         if let Some(r) = self.recorded.as_mut() {
             r.push(RecordedLaunch {
                 kernel,
@@ -82,6 +86,7 @@ impl State {
                 dims,
                 macs,
                 args: args.clone(),
+                function,
             });
         }
     }
@@ -165,7 +170,7 @@ impl CudaBackend {
             }
             let mut out = Vec::with_capacity(launches.len());
             for l in launches {
-                let f = self.dev.kernels.get(l.kernel);
+                let f = l.function;
                 let time = |flush: Option<u64>| -> BackendResult<f64> {
                     let mut args = l.args.clone();
                     // Warm-up: the first launch of a kernel may load its code.

@@ -25,6 +25,7 @@
 //! | `no-decode-lanes` | the decode class's quantised products in one chain per output on one thread, as the tiled class (not the decode class's bits: its 8 partials per output are another order) |
 //! | `no-row-attn` | decode batches on `flash_attn_dec` instead of `flash_attn_row` (one query row a block, f16 K/V of head size 64, 128 or 256; same bits) |
 //! | `no-mma-attn` | prompt batches on the tiled FMA kernel (`flash_attn_dec`, the bits of a decode) instead of `flash_attn_mma` on f16 tensor cores |
+//! | `no-specialize` | decode-class `qmm` launches on the one generic entry instead of an entry compiled for their dtype and fused form (same bits; the generic entry branches at run time over every dtype and form) |
 //! | `q8-window` | `qmm` loads each Q8_0 block through three 16-byte loads of the 48 aligned bytes around it instead of nine or ten narrow ones (same bits; off by default until a GPU has measured it) |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
 
@@ -99,6 +100,14 @@ pub struct CudaTuning {
     /// Same bits. Off by default: the cost model prices each block's distinct sectors
     /// (an ideal L1), which this does not change, so only a GPU can say whether it helps.
     pub q8_window: bool,
+    /// Decode-class `qmm` launches (fewer than 8 tokens) whose matrices share one dtype
+    /// run an entry of their own: the generic entry with the dtype and the fused form
+    /// bound to constants (compiled on first use, `qmm_variant.rs`), so that ptxas
+    /// drops every other dtype's and form's code (SmolLM2's Q-K-V kernel: 5824 SASS
+    /// instructions to 2120, 84 registers to 56). Same bits. Run 6c's Nsight Compute
+    /// samples put 32-46 % of the decode products' stalls on instruction fetch and
+    /// constant-cache misses; off, they run on the generic entry.
+    pub specialize: bool,
 }
 
 impl Default for CudaTuning {
@@ -121,6 +130,7 @@ impl Default for CudaTuning {
             row_attn: true,
             mma_attn: true,
             q8_window: false,
+            specialize: true,
         }
     }
 }
@@ -147,6 +157,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("no-row-attn", |t| t.row_attn = false),
     ("no-mma-attn", |t| t.mma_attn = false),
     ("q8-window", |t| t.q8_window = true),
+    ("no-specialize", |t| t.specialize = false),
 ];
 
 impl CudaTuning {
@@ -170,6 +181,7 @@ impl CudaTuning {
             row_attn: false,
             mma_attn: false,
             q8_window: false,
+            specialize: false,
         }
     }
 
@@ -301,6 +313,7 @@ mod tests {
             "no-fuse",
             "no-decode-lanes,no-attn-row-split",
             "no-row-attn,no-mma-attn",
+            "no-specialize,q8-window",
         ] {
             let t: CudaTuning = s.parse().unwrap();
             let back: CudaTuning = t.to_string().parse().unwrap();

@@ -162,6 +162,52 @@ fn a_layer_fused_is_the_layer_unfused(
     assert_eq!(fused, 4);
 }
 
+/// Decode-class products on the `qmm` variants compiled for their dtype and fused form
+/// (`specialize`, on by default) against the generic entry (`no-specialize`): every
+/// node's bytes equal; with variants every `qmm` launch of a layer of one dtype runs
+/// one, without none does; matrices of several dtypes in one launch run the generic
+/// entry.
+#[rstest]
+#[case::q4_0(DType::Q4_0, false)]
+#[case::q4_1(DType::Q4_1, false)]
+#[case::q5_0(DType::Q5_0, false)]
+#[case::q5_1_geglu(DType::Q5_1, true)]
+#[case::q8_0(DType::Q8_0, false)]
+#[case::q2_k(DType::Q2K, false)]
+#[case::q3_k_geglu(DType::Q3K, true)]
+#[case::q4_k(DType::Q4K, false)]
+#[case::q5_k(DType::Q5K, false)]
+#[case::q6_k(DType::Q6K, false)]
+fn qmm_variants_give_the_generic_entrys_bits(#[case] dt: DType, #[case] geglu: bool) {
+    let be = gpu();
+    let generic: CudaTuning = "no-specialize".parse().unwrap();
+    let mixed = [DType::Q4K, DType::Q4K, DType::Q6K, dt, dt, dt, dt];
+    let mut runs = Vec::new();
+    for (tuning, dts) in [
+        (generic, [dt; 7]),
+        (CudaTuning::default(), [dt; 7]),
+        (CudaTuning::default(), mixed),
+    ] {
+        let mut st = storage();
+        let mut ctx = Context::new(&mut st);
+        let inputs = layer(&mut ctx, 1, dts, geglu, 13);
+        let before = be.kernel_stats();
+        let (outs, _) = run_nodes(&be, &mut ctx, &inputs, tuning, 0);
+        let after = be.kernel_stats();
+        let qmm = after.launches_of(KernelId::Qmm) - before.launches_of(KernelId::Qmm);
+        runs.push((outs, after.qmm_variants - before.qmm_variants, qmm));
+    }
+    assert!(
+        runs[0].0 == runs[1].0,
+        "variant and generic entry bytes differ"
+    );
+    // Norm + Q, K, V; O + add; norm + gate, up + GLU; down + add.
+    assert_eq!((runs[0].1, runs[0].2), (0, 4), "no-specialize");
+    assert_eq!((runs[1].1, runs[1].2), (4, 4), "specialize");
+    // Q, K, V of two dtypes: that launch on the generic entry.
+    assert_eq!((runs[2].1, runs[2].2), (3, 4), "mixed Q, K, V");
+}
+
 /// Runs `nodes` of `ctx` with the backend's tuning, every tensor of `places` at its byte
 /// offset in one 16 KiB buffer (placed by hand, overlaps included) and `inputs` uploaded:
 /// `out`'s bytes and the launches of `kernel` the run took.

@@ -702,6 +702,7 @@ pub const TUNINGS: &[&str] = &[
     "no-mma-attn",
     "no-row-attn",
     "no-decode-lanes",
+    "no-specialize",
     "q8-window",
     "legacy-products",
     "legacy-decode-attn",
@@ -785,7 +786,8 @@ mod tests {
         assert!(s.contains("compare_digests() {"));
         assert!(s.contains("-v tol=0.005"));
         assert!(s.contains("--op-times"));
-        assert!(s.contains("--json --cuda-tuning legacy -p \"$p\""));
+        assert!(s.contains("--json --gaps --cuda-tuning legacy"));
+        assert!(s.contains("--against \"$res/generate$i-legacy.json\""));
         assert!(s.contains("step \"greedy text: $dev"));
         assert!(s.contains("llama-bench\" -m $model -ngl 99 -p $bench_pp -n $bench_tg"));
         assert!(s.contains("$H calibrate --model $model --devices $dev"));

@@ -11,6 +11,9 @@ pub struct KernelStats {
     pub mmvq: u64,
     /// Quantised mul_mats run in the tiled class (`mmq`, or `qmm` with 8-column tiles).
     pub mmq: u64,
+    /// `qmm` launches (among `launches`' `Qmm`) that ran a variant compiled for their
+    /// dtype and fused form (the `specialize` tuning, [`CudaTuning`](crate::CudaTuning)).
+    pub qmm_variants: u64,
     /// Launches per kernel, indexed by `KernelId as usize`.
     pub launches: [u64; KernelId::COUNT],
 }
@@ -20,6 +23,7 @@ impl Default for KernelStats {
         KernelStats {
             mmvq: 0,
             mmq: 0,
+            qmm_variants: 0,
             launches: [0; KernelId::COUNT],
         }
     }

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::kernels::{KernelId, MODULES};
 use crate::launch::{Args, LaunchDims};
+use crate::qmm_variant::QmmVariant;
 
 pub use libcuda::REQUIRED_SYMBOLS;
 
@@ -285,12 +286,41 @@ pub(crate) struct Device {
     pub cc: (i32, i32),
     pub kernels: Kernels,
     modules: Vec<Module>,
+    /// The `qmm` variants loaded so far, each in a module of its own
+    /// ([`Device::qmm_variant`]).
+    variants: Mutex<Vec<(QmmVariant, Func, Module)>>,
     /// Device ordinals whose contexts this context has enabled peer access to (or for
     /// which that failed: `false`).
     peers: Mutex<Vec<(usize, bool)>>,
 }
 
 impl Device {
+    /// The function of `qmm` variant `v`: compiled and loaded on its first use on this
+    /// device, kept until the device is dropped.
+    pub(crate) fn qmm_variant(&self, v: QmmVariant) -> Result<Func, CuError> {
+        let mut loaded = self.variants.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, f, _)) = loaded.iter().find(|(k, _, _)| *k == v) {
+            return Ok(f);
+        }
+        let sm = (self.cc.0 * 10 + self.cc.1) as u32;
+        let module = MODULES
+            .iter()
+            .find(|m| m.file == "qmm.ptx")
+            .ok_or_else(|| CuError::new("qmm variant: no qmm module", 0))?;
+        let text = v.ptx(&cuda_sim::ptx::for_arch(module.source, sm))?;
+        self.bind()?;
+        let m = self.api.module_load(self.ctx, "qmm.ptx (variant)", &text)?;
+        let f = match self.api.module_function(m, &v.entry()) {
+            Ok(f) => f,
+            Err(e) => {
+                self.api.module_unload(m);
+                return Err(e);
+            }
+        };
+        loaded.push((v, f, m));
+        Ok(f)
+    }
+
     /// Makes this device's context current on the calling thread.
     pub(crate) fn bind(&self) -> Result<(), CuError> {
         self.api.bind(self.ctx)
@@ -318,6 +348,10 @@ impl Drop for Device {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             for &m in &self.modules {
+                self.api.module_unload(m);
+            }
+            let variants = self.variants.get_mut().unwrap_or_else(|e| e.into_inner());
+            for &(_, _, m) in variants.iter() {
                 self.api.module_unload(m);
             }
         }
@@ -372,6 +406,7 @@ fn open_device(api: &'static dyn Api, kind: DriverKind, ordinal: usize) -> Resul
             waits: Vec::new(),
         },
         modules: Vec::new(),
+        variants: Mutex::new(Vec::new()),
         peers: Mutex::new(Vec::new()),
     };
     if device.cc.0 < 8 {
