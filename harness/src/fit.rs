@@ -262,8 +262,11 @@ pub fn fit_rows(
         .collect()
 }
 
-/// The fit as a Markdown report: every row before and after, and the constants.
+/// The fit as a Markdown report: every row before and after, and the constants; then
+/// `committed` (the GPU's constants as checked in, before any probe set one) against the
+/// rows, family by family.
 pub fn report(
+    committed: &GpuSpec,
     before: &GpuSpec,
     rows: &[FitRow],
     fitted: &FitReport,
@@ -300,7 +303,11 @@ pub fn report(
         s.push_str(&format!("\nset from a probe: {n}"));
     }
     s.push('\n');
-    s.push_str(&guard_table(before, &pre));
+    // The committed constants as they are: a probe's value (the graph-node cost of an
+    // empty kernel, say) is not what they were fitted with.
+    let committed_rows =
+        cost::evaluate(committed, rows).map_err(|e| HarnessError::Model(e.to_string()))?;
+    s.push_str(&guard_table(committed, &committed_rows));
     Ok(s)
 }
 
@@ -522,6 +529,37 @@ pub fn report_json(before: &GpuSpec, fitted: &FitReport, notes: &[String], run: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The guard table prices the committed constants as they are, not with the probes'
+    /// values the fit starts from: an empty kernel timed at the committed graph-node cost
+    /// stands, however far the probe's empty-kernel cost is from it.
+    #[test]
+    fn the_guard_prices_the_committed_constants_not_the_probes() {
+        let committed = GpuSpec::h200();
+        let mut probed = committed.clone();
+        probed.tunables.launch_graph_node_s = committed.tunables.launch_graph_node_s / 6.0;
+        let launch = FitLaunch {
+            counters: Default::default(),
+            resources: None,
+            launch: LaunchKind::GraphNode,
+        };
+        let measured = cost::predict(&committed, &launch.counters, None, launch.launch)
+            .unwrap()
+            .time_s;
+        let rows = vec![FitRow {
+            name: "tg UPLOAD_SCATTER".into(),
+            launches: vec![launch],
+            measured_s: measured,
+            fit: true,
+        }];
+        let fitted = cost::fit(&probed, &rows, &[Tunable::AluLatency]).unwrap();
+        let report = report(&committed, &probed, &rows, &fitted, &[]).unwrap();
+        let line = report
+            .lines()
+            .find(|l| l.starts_with("| tg UPLOAD_SCATTER | 1.00 |"))
+            .unwrap_or_else(|| panic!("no guard row at 1.00:\n{report}"));
+        assert!(line.ends_with("| stand |"), "{line}");
+    }
 
     /// The H200 kit's bench of its default tuning (written before bench recorded the
     /// tuning), and what a file that is no bench output says.

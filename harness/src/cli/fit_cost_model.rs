@@ -125,6 +125,7 @@ pub fn run(a: FitArgs) -> Result<()> {
         (None, None) => None,
     }
     .unwrap_or(512);
+    let committed = spec.clone();
     let notes = match &a.dir {
         Some(d) => fit::apply_probes(&mut spec, &d.join("probes.json"))?,
         None => Vec::new(),
@@ -191,7 +192,10 @@ pub fn run(a: FitArgs) -> Result<()> {
     let rows = fit::fit_rows(&launches, &measured, &fit_passes, launch)?;
     let fitted =
         cost::fit(&spec, &rows, &tunables).map_err(|e| HarnessError::Model(e.to_string()))?;
-    print!("{}", fit::report(&spec, &rows, &fitted, &notes)?);
+    print!(
+        "{}",
+        fit::report(&committed, &spec, &rows, &fitted, &notes)?
+    );
     let end_to_end = if bench.is_empty() {
         Vec::new()
     } else {
