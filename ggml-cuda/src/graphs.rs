@@ -189,6 +189,7 @@ impl KeyBuilder {
             t.decode_lanes,
             t.row_attn,
             t.specialize,
+            t.specialize_form,
         ];
         self.words.push(
             bits.iter()

@@ -174,7 +174,11 @@ impl Ctx<'_> {
                 "shape outside the kernel's launch limits",
             )
         })?;
-        match call.variant_with(t.q8_window, t.decode_lanes, t.specialize) {
+        let granularity = t.specialize.then_some(match t.specialize_form {
+            true => crate::qmm_variant::Granularity::Form,
+            false => crate::qmm_variant::Granularity::Dtype,
+        });
+        match call.variant_with(t.q8_window, t.decode_lanes, granularity) {
             Some(v) => {
                 let f = self
                     .be

@@ -4,7 +4,7 @@
 use ggml_core::DType;
 
 use crate::launch::{self, Args, LaunchDims};
-use crate::qmm_variant::QmmVariant;
+use crate::qmm_variant::{Granularity, QmmVariant};
 
 /// `(65535 + tc) / tc`: the kernel divides a thread index below 1024 by a tile's `tc`
 /// chunks as a multiply by this and a shift by 16 (exact for `tc <= 64`).
@@ -376,23 +376,26 @@ impl Call {
         self.mats.map(|m| code(m.map_or(first, |m| m.dtype)))
     }
 
-    /// The [`QmmVariant`] a launch runs with `specialize` (the tuning of that name): the
-    /// decode class's launches (8 lanes per output) whose matrices share one dtype. Other
+    /// The [`QmmVariant`] a launch runs with variants of `specialize`'s granularity
+    /// (`None`: the tuning `no-specialize`): the decode class's launches (8 lanes per
+    /// output) whose matrices share one dtype. Other
     /// launches run the generic entry: a prompt's products are long enough that their
     /// instruction fetch is paid once, and their forms would each compile another entry.
     pub(crate) fn variant_with(
         &self,
         q8_window: bool,
         decode_lanes: bool,
-        specialize: bool,
+        specialize: Option<Granularity>,
     ) -> Option<QmmVariant> {
-        if !specialize || self.lanes(decode_lanes) == 1 {
+        let granularity = specialize?;
+        if self.lanes(decode_lanes) == 1 {
             return None;
         }
         let (rows, _) = self.rows(decode_lanes)?;
         QmmVariant::of(
             self.flags(rows, q8_window, decode_lanes),
             self.dtype_codes(),
+            granularity,
         )
     }
 

@@ -5,42 +5,65 @@
 //! launch runs 700-1150, spread over the whole entry, and 84 registers. Run 6c's Nsight
 //! Compute samples put 32-46 % of the decode products' stalls on instruction fetch and
 //! constant-cache misses. A [`QmmVariant`] is the same entry with those parameters bound
-//! to the values a launch passes: `p_flags`' form bits (everything but the rows per
-//! block, bits 8-11) are or-ed in as constants after the parameter load, and the three
-//! dtype codes are moved in as immediates. ptxas folds the tests of those bits and drops
-//! the other dtypes' and forms' code (SmolLM2's Q-K-V kernel: 2120 instructions, 56
-//! registers; ptxas 12.9, sm_90). Every instruction that runs is the generic entry's, on
-//! the values it would have had: the same bits by construction, and checked against the
-//! generic entry in the tests.
+//! to the values a launch passes: some of `p_flags`' bits are and-ed out and or-ed in as
+//! constants after the parameter load, and the three dtype codes are moved in as
+//! immediates. ptxas folds the tests of those bits and drops the code they rule out.
+//! Two granularities ([`Granularity`]): the dtype and the decode class alone (one entry
+//! for every fused form of a dtype: SmolLM2's four products share 2264 instructions),
+//! or also the fused form (one entry per form: 1312-2120). Every instruction that runs is
+//! the generic entry's, on the values it would have had: the same bits by construction,
+//! and checked against the generic entry in the tests.
 
 use crate::driver::CuError;
 
-/// The bits of `qmm`'s `p_flags` that stay run-time values in a variant: the log2 of
-/// the rows per block (they change with the shape, not the code that runs).
-const RUNTIME_FLAGS: u32 = 0xF00;
+/// Which of `qmm`'s `p_flags` bits a variant binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Granularity {
+    /// The decode class's bit (13) alone: one entry per dtype for every fused form.
+    Dtype,
+    /// Every bit but the log2 of the rows per block (bits 8-11, which change with the
+    /// shape, not the code that runs): one entry per dtype and fused form.
+    Form,
+}
 
-/// A dtype and fused form of `qmm`: the launch's `p_flags` without the rows per block,
+impl Granularity {
+    /// The bound bits of `p_flags`.
+    fn mask(self) -> u32 {
+        match self {
+            Granularity::Dtype => 1 << 13,
+            Granularity::Form => !0xF00,
+        }
+    }
+}
+
+/// A dtype (and fused form) of `qmm`: which bits of `p_flags` it binds and their values,
 /// and the dtype code every matrix passes (`p_dt0` = `p_dt1` = `p_dt2`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct QmmVariant {
+    mask: u32,
     flags: u32,
     dtype: u32,
 }
 
 impl QmmVariant {
-    /// The variant of a launch with these `p_flags` and `p_dt0..2`, or `None` where the
-    /// matrices' dtype codes differ (no variant binds more than one).
-    pub(crate) fn of(flags: u32, dtypes: [u32; 3]) -> Option<QmmVariant> {
+    /// The variant of a launch with these `p_flags` and `p_dt0..2` at `granularity`, or
+    /// `None` where the matrices' dtype codes differ (no variant binds more than one).
+    pub(crate) fn of(flags: u32, dtypes: [u32; 3], granularity: Granularity) -> Option<QmmVariant> {
+        let mask = granularity.mask();
         (dtypes[1] == dtypes[0] && dtypes[2] == dtypes[0]).then_some(QmmVariant {
-            flags: flags & !RUNTIME_FLAGS,
+            mask,
+            flags: flags & mask,
             dtype: dtypes[0],
         })
     }
 
-    /// The variant's `.entry` name: `qmm__f<flags>_d<dtype code>` (`qmm__` and a suffix,
-    /// so that a profile can tell it for `qmm`).
+    /// The variant's `.entry` name: `qmm__m<mask>_f<flags>_d<dtype code>` (`qmm__` and a
+    /// suffix, so that a profile can tell it for `qmm`).
     pub(crate) fn entry(&self) -> String {
-        format!("{}f{}_d{}", VARIANT_PREFIX, self.flags, self.dtype)
+        format!(
+            "{}m{:x}_f{:x}_d{}",
+            VARIANT_PREFIX, self.mask, self.flags, self.dtype
+        )
     }
 
     /// A PTX module of this variant's entry alone, from the generic `qmm` module text
@@ -72,9 +95,9 @@ impl QmmVariant {
             (
                 FLAGS_LOAD.to_string(),
                 format!(
-                    "{FLAGS_LOAD}\n    and.b32 %flags, %flags, {RUNTIME_FLAGS};\n    \
+                    "{FLAGS_LOAD}\n    and.b32 %flags, %flags, {};\n    \
                      or.b32 %flags, %flags, {};",
-                    self.flags
+                    !self.mask, self.flags
                 ),
             ),
             (
@@ -132,20 +155,33 @@ mod tests {
     const QMM: &str = include_str!("../kernels/qmm.ptx");
 
     #[test]
-    fn a_variant_needs_one_dtype_and_keeps_the_rows_bits() {
-        assert_eq!(QmmVariant::of(0x2121, [5123, 5123, 1024]), None);
-        let v = QmmVariant::of(0x2321, [5123; 3]).unwrap();
-        assert_eq!(v, QmmVariant::of(0x2021, [5123; 3]).unwrap());
-        assert_eq!(v.entry(), "qmm__f8225_d5123");
+    fn a_variant_needs_one_dtype_and_binds_its_granularitys_bits() {
+        use Granularity::{Dtype, Form};
+        assert_eq!(QmmVariant::of(0x2121, [5123, 5123, 1024], Form), None);
+        let v = QmmVariant::of(0x2321, [5123; 3], Form).unwrap();
+        assert_eq!(v, QmmVariant::of(0x2021, [5123; 3], Form).unwrap());
+        assert_ne!(v, QmmVariant::of(0x2023, [5123; 3], Form).unwrap());
+        assert_eq!(v.entry(), "qmm__mfffff0ff_f2021_d5123");
+        // One entry per dtype for every form of the decode class; the class bit counts.
+        let d = QmmVariant::of(0x2321, [5123; 3], Dtype).unwrap();
+        assert_eq!(d, QmmVariant::of(0x2025, [5123; 3], Dtype).unwrap());
+        assert_ne!(d, QmmVariant::of(0x0025, [5123; 3], Dtype).unwrap());
+        assert_ne!(d, QmmVariant::of(0x2025, [2306; 3], Dtype).unwrap());
+        assert_eq!(d.entry(), "qmm__m2000_f2000_d5123");
     }
 
     #[test]
     fn the_variant_binds_the_flags_and_dtypes_and_nothing_else() {
-        let v = QmmVariant::of(0x2021, [5123; 3]).unwrap();
+        let v = QmmVariant::of(0x2021, [5123; 3], Granularity::Form).unwrap();
         let text = v.ptx(QMM).unwrap();
         let entries = crate::kernels::entries(&text);
         assert_eq!(entries.len(), 1, "one entry");
-        assert_eq!(entries[0].name, "qmm__f8225_d5123");
+        assert_eq!(entries[0].name, "qmm__mfffff0ff_f2021_d5123");
+        let d = QmmVariant::of(0x2021, [5123; 3], Granularity::Dtype).unwrap();
+        assert!(d
+            .ptx(QMM)
+            .unwrap()
+            .contains("    and.b32 %flags, %flags, 4294959103;\n    or.b32 %flags, %flags, 8192;"));
         let generic = crate::kernels::entries(QMM);
         let qmm = generic.iter().find(|e| e.name == "qmm").unwrap();
         assert_eq!(
@@ -182,7 +218,7 @@ mod tests {
 
     #[test]
     fn a_changed_generic_entry_is_an_error_not_a_wrong_variant() {
-        let v = QmmVariant::of(0x2021, [5123; 3]).unwrap();
+        let v = QmmVariant::of(0x2021, [5123; 3], Granularity::Form).unwrap();
         let changed = QMM.replace("ld.param.u32 %dt1, [p_dt1];", "ld.param.u32 %dt1, [p_dt0];");
         let e = v.ptx(&changed).unwrap_err();
         assert!(e.to_string().contains("changed"), "{e}");

@@ -26,6 +26,7 @@
 //! | `no-row-attn` | decode batches on `flash_attn_dec` instead of `flash_attn_row` (one query row a block, f16 K/V of head size 64, 128 or 256; same bits) |
 //! | `no-mma-attn` | prompt batches on the tiled FMA kernel (`flash_attn_dec`, the bits of a decode) instead of `flash_attn_mma` on f16 tensor cores |
 //! | `no-specialize` | decode-class `qmm` launches on the one generic entry instead of an entry compiled for their dtype and fused form (same bits; the generic entry branches at run time over every dtype and form) |
+//! | `specialize-dtype` | those variants bind the dtype alone: one entry for every fused form of a dtype (same bits; not yet measured on a GPU, the kit benches it) |
 //! | `q8-window` | `qmm` loads each Q8_0 block through three 16-byte loads of the 48 aligned bytes around it instead of nine or ten narrow ones (same bits; off by default until a GPU has measured it) |
 //! | `legacy` | the backend as first measured: all of the above off or legacy |
 
@@ -108,6 +109,11 @@ pub struct CudaTuning {
     /// samples put 32-46 % of the decode products' stalls on instruction fetch and
     /// constant-cache misses; off, they run on the generic entry.
     pub specialize: bool,
+    /// The variants bind the fused form too (one entry per dtype and form, the fewest
+    /// instructions each); off, the dtype alone (one entry per dtype for all its forms:
+    /// SmolLM2's four decode products share one entry of 2264 instructions, which stays
+    /// in the instruction caches from one launch to the next).
+    pub specialize_form: bool,
 }
 
 impl Default for CudaTuning {
@@ -131,6 +137,7 @@ impl Default for CudaTuning {
             mma_attn: true,
             q8_window: false,
             specialize: true,
+            specialize_form: true,
         }
     }
 }
@@ -158,6 +165,7 @@ const SWITCHES: &[(&str, Switch)] = &[
     ("no-mma-attn", |t| t.mma_attn = false),
     ("q8-window", |t| t.q8_window = true),
     ("no-specialize", |t| t.specialize = false),
+    ("specialize-dtype", |t| t.specialize_form = false),
 ];
 
 impl CudaTuning {
@@ -182,6 +190,7 @@ impl CudaTuning {
             mma_attn: false,
             q8_window: false,
             specialize: false,
+            specialize_form: true,
         }
     }
 
@@ -314,6 +323,7 @@ mod tests {
             "no-decode-lanes,no-attn-row-split",
             "no-row-attn,no-mma-attn",
             "no-specialize,q8-window",
+            "specialize-dtype",
         ] {
             let t: CudaTuning = s.parse().unwrap();
             let back: CudaTuning = t.to_string().parse().unwrap();

@@ -180,13 +180,15 @@ fn a_layer_fused_is_the_layer_unfused(
 #[case::q6_k(DType::Q6K, false)]
 fn qmm_variants_give_the_generic_entrys_bits(#[case] dt: DType, #[case] geglu: bool) {
     let be = gpu();
-    let generic: CudaTuning = "no-specialize".parse().unwrap();
+    let tuning = |s: &str| s.parse::<CudaTuning>().unwrap();
     let mixed = [DType::Q4K, DType::Q4K, DType::Q6K, dt, dt, dt, dt];
     let mut runs = Vec::new();
     for (tuning, dts) in [
-        (generic, [dt; 7]),
-        (CudaTuning::default(), [dt; 7]),
-        (CudaTuning::default(), mixed),
+        (tuning("no-specialize"), [dt; 7]),
+        (tuning("default"), [dt; 7]),
+        (tuning("specialize-dtype"), [dt; 7]),
+        (tuning("default"), mixed),
+        (tuning("specialize-dtype"), mixed),
     ] {
         let mut st = storage();
         let mut ctx = Context::new(&mut st);
@@ -199,13 +201,27 @@ fn qmm_variants_give_the_generic_entrys_bits(#[case] dt: DType, #[case] geglu: b
     }
     assert!(
         runs[0].0 == runs[1].0,
-        "variant and generic entry bytes differ"
+        "form variants and generic entry bytes differ"
+    );
+    assert!(
+        runs[0].0 == runs[2].0,
+        "dtype variants and generic entry bytes differ"
+    );
+    assert!(
+        runs[3].0 == runs[4].0,
+        "mixed: form and dtype variants differ"
     );
     // Norm + Q, K, V; O + add; norm + gate, up + GLU; down + add.
     assert_eq!((runs[0].1, runs[0].2), (0, 4), "no-specialize");
     assert_eq!((runs[1].1, runs[1].2), (4, 4), "specialize");
+    assert_eq!((runs[2].1, runs[2].2), (4, 4), "specialize-dtype");
     // Q, K, V of two dtypes: that launch on the generic entry.
-    assert_eq!((runs[2].1, runs[2].2), (3, 4), "mixed Q, K, V");
+    assert_eq!((runs[3].1, runs[3].2), (3, 4), "mixed Q, K, V");
+    assert_eq!(
+        (runs[4].1, runs[4].2),
+        (3, 4),
+        "mixed Q, K, V, dtype variants"
+    );
 }
 
 /// Runs `nodes` of `ctx` with the backend's tuning, every tensor of `places` at its byte

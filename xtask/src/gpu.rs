@@ -703,6 +703,7 @@ pub const TUNINGS: &[&str] = &[
     "no-row-attn",
     "no-decode-lanes",
     "no-specialize",
+    "specialize-dtype",
     "q8-window",
     "legacy-products",
     "legacy-decode-attn",
