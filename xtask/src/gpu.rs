@@ -790,6 +790,8 @@ mod tests {
         assert!(s.contains("--json --gaps --cuda-tuning legacy"));
         assert!(s.contains("--against \"$res/generate$i-legacy.json\""));
         assert!(s.contains("step \"greedy text: $dev"));
+        assert!(s.contains("--page source --csv --print-source sass"));
+        assert!(s.contains("step \"ncu: per-instruction stalls of the decode kernels\" ncu_stalls"));
         assert!(s.contains("llama-bench\" -m $model -ngl 99 -p $bench_pp -n $bench_tg"));
         assert!(s.contains("$H calibrate --model $model --devices $dev"));
         assert!(s.contains(&format!("for t in {}; do", TUNINGS.join(" "))));

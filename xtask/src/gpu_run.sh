@@ -19,8 +19,8 @@
 # the tests, PPL, the greedy text and the regression matrix; then the script waits for
 # that build (until GPU_LLAMA_WAIT=S seconds after it started; 0, the default, waits not
 # at all), and the timed steps run on a quiet host: ours beside llama.cpp, calibration,
-# speed per tuning, Nsight Compute's statistics of the decode kernels (where ncu is
-# installed).
+# speed per tuning, Nsight Compute's statistics of the decode kernels and their stalls
+# per instruction (where ncu is installed).
 # GPU_DEADLINE=S skips the steps that would start S seconds or more after the script
 # started (and names them), so the results are written before a call's time limit.
 # A failing step does not stop the later ones (a lent GPU is scarce: one run should show
@@ -310,6 +310,48 @@ ncu_decode() {
   return $rc
 }
 [ $mode = gpu ] && step "ncu: the decode kernels' issue statistics" ncu_decode
+
+ncu_stalls() {
+  # Where one token's six decode kernels stall, instruction by instruction (run 6c's
+  # measurement, which led to the qmm variants): Nsight Compute's full set on launches
+  # 300-305, each alone, exported as SASS with its warp-stall samples, and summed per
+  # kernel and reason (python3 where the machine has it; the export comes back either way).
+  if ! command -v ncu >/dev/null; then echo "ncu: not installed here"; return 0; fi
+  ncu --set full --import-source no -k regex:'qmm|flash_attn_row' --launch-skip 300 \
+    --launch-count 6 -o "$res/ncu-decode-full" -f $H bench --model $model --devices $dev \
+    -p 0 -n 16 -r 1 > "$res/ncu-decode-full-log.txt" 2>&1 || return 1
+  ncu --import "$res/ncu-decode-full.ncu-rep" --page source --csv --print-source sass \
+    > "$res/ncu-source-sass.csv" 2>&1 || return 1
+  ncu --import "$res/ncu-decode-full.ncu-rep" --page raw --csv > "$res/ncu-decode-raw.csv" 2>&1
+  rm -f "$res/ncu-decode-full.ncu-rep"
+  if command -v python3 >/dev/null; then
+    python3 - "$res/ncu-source-sass.csv" <<'PY' | tee "$res/ncu-stalls.txt"
+import collections, csv, sys
+kernels, cur = [], None
+for r in csv.reader(open(sys.argv[1])):
+    if r and r[0] == "Kernel Name":
+        cur = {"name": r[1], "rows": []}; kernels.append(cur)
+    elif r and r[0] == "Address" and cur:
+        cur["hdr"] = {n: i for i, n in enumerate(r)}
+    elif r and cur and "hdr" in cur:
+        cur["rows"].append(r)
+for k in kernels:
+    h = k["hdr"]; reasons = [n for n in h if n.startswith("stall_") and "Not Issued" not in n]
+    tot, samples, ran = collections.Counter(), 0, 0
+    for r in k["rows"]:
+        try:
+            samples += int(r[h["# Samples"]]); ran += int(r[h["Instructions Executed"]] or 0) > 0
+        except (ValueError, IndexError):
+            continue
+        for n in reasons:
+            tot[n] += int(r[h[n]] or 0)
+    print(k["name"], "samples", samples, "instructions", len(k["rows"]), "run", ran)
+    print("   ", ", ".join("%s %.0f%%" % (n[6:], 100 * v / max(samples, 1)) for n, v in tot.most_common(9)))
+PY
+  fi
+  gzip -f "$res/ncu-source-sass.csv"
+}
+[ $mode = gpu ] && step "ncu: per-instruction stalls of the decode kernels" ncu_stalls
 
 if [ -x "$L/build/bin/llama-perplexity" ]; then
   step "llama-perplexity on CUDA (the same corpus, ctx 512)" bash -c \
