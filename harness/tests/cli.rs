@@ -191,6 +191,29 @@ fn generate_against_tells_a_near_tie_from_a_difference() {
         err.contains(&format!("the same {n} greedy tokens")),
         "{err}"
     );
+    // A run compared --against (which records the gaps) can be compared against in turn.
+    let out = bin()
+        .args([
+            "generate",
+            "--model",
+            &synthetic(),
+            "-p",
+            "hello",
+            "-n",
+            "12",
+        ])
+        .args(["--json", "--devices", "cpu", "--against"])
+        .arg(dir.join("same.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(dir.join("chained.json"), &out.stdout).unwrap();
+    let (code, err) = against("{dir}/chained.json", "hello");
+    assert_eq!(code, Some(0), "{err}");
 
     // The last token changed; this run's gap there is its own (clear of 1e-9 unless the
     // synthetic model ties exactly, which its gaps would show).

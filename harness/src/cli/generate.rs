@@ -114,7 +114,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "prompt_tps": g.prompt_tokens_per_second(),
             "gen_tps": g.tokens_per_second(),
         });
-        if a.gaps {
+        // Recorded with --gaps, or for --against (which implies it).
+        if !g.gaps.is_empty() || a.gaps {
             v["gaps"] = serde_json::json!(g.gaps);
         }
         writeln!(stdout, "{v}").map_err(io)?;
