@@ -137,12 +137,8 @@ fn bad_input_is_a_clear_error(#[case] args: &[&str], #[case] says: &str) {
     }
 }
 
-/// `generate --against`: the same greedy run agrees with itself; a token changed where
-/// the run was clear of a tie fails; the same change where the other run records a
-/// near tie passes and says so; another prompt is refused.
-#[test]
-fn generate_against_tells_a_near_tie_from_a_difference() {
-    let dir = scratch();
+/// `generate -p hello -n 12 --json` on the CPU with `extra` flags: its JSON output.
+fn generate_json(extra: &[&str]) -> serde_json::Value {
     let out = bin()
         .args([
             "generate",
@@ -153,15 +149,22 @@ fn generate_against_tells_a_near_tie_from_a_difference() {
             "-n",
             "12",
         ])
-        .args(["--json", "--gaps", "--devices", "cpu"])
+        .args(["--json", "--devices", "cpu"])
+        .args(extra)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{extra:?}: {err}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `generate --against`: the same greedy run agrees with itself; a token changed where
+/// the run was clear of a tie fails; the same change where the other run records a
+/// near tie passes and says so; another prompt is refused.
+#[test]
+fn generate_against_tells_a_near_tie_from_a_difference() {
+    let dir = scratch();
+    let mut record = generate_json(&["--gaps"]);
     let n = record["tokens"].as_array().unwrap().len();
     assert_eq!(record["gaps"].as_array().unwrap().len(), n);
     assert!(n >= 2, "{record}");
@@ -192,26 +195,8 @@ fn generate_against_tells_a_near_tie_from_a_difference() {
         "{err}"
     );
     // A run compared --against (which records the gaps) can be compared against in turn.
-    let out = bin()
-        .args([
-            "generate",
-            "--model",
-            &synthetic(),
-            "-p",
-            "hello",
-            "-n",
-            "12",
-        ])
-        .args(["--json", "--devices", "cpu", "--against"])
-        .arg(dir.join("same.json"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(dir.join("chained.json"), &out.stdout).unwrap();
+    let same = dir.join("same.json").display().to_string();
+    write("chained.json", &generate_json(&["--against", &same]));
     let (code, err) = against("{dir}/chained.json", "hello");
     assert_eq!(code, Some(0), "{err}");
 
