@@ -91,29 +91,21 @@ impl QmmVariant {
                 text.push('\n');
             }
         }
-        let bound = [
-            (
-                FLAGS_LOAD.to_string(),
-                format!(
-                    "{FLAGS_LOAD}\n    and.b32 %flags, %flags, {};\n    \
-                     or.b32 %flags, %flags, {};",
-                    !self.mask, self.flags
-                ),
+        let flags = (
+            FLAGS_LOAD.to_string(),
+            format!(
+                "{FLAGS_LOAD}\n    and.b32 %flags, %flags, {};\n    \
+                 or.b32 %flags, %flags, {};",
+                !self.mask, self.flags
             ),
+        );
+        let dtypes = DT_REGS.map(|(reg, param)| {
             (
-                DT_LOADS[0].to_string(),
-                format!("    mov.u32 %dta, {};", self.dtype),
-            ),
-            (
-                DT_LOADS[1].to_string(),
-                format!("    mov.u32 %dt1, {};", self.dtype),
-            ),
-            (
-                DT_LOADS[2].to_string(),
-                format!("    mov.u32 %t4, {};", self.dtype),
-            ),
-        ];
-        for (from, to) in &bound {
+                format!("    ld.param.u32 {reg}, [{param}];"),
+                format!("    mov.u32 {reg}, {};", self.dtype),
+            )
+        });
+        for (from, to) in std::iter::once(&flags).chain(&dtypes) {
             let line = format!("\n{from}\n");
             if entry.matches(&line).count() != 1 {
                 return Err(missing(
@@ -133,7 +125,7 @@ impl QmmVariant {
 }
 
 /// The prefix of every variant's entry name.
-pub(crate) const VARIANT_PREFIX: &str = "qmm__";
+const VARIANT_PREFIX: &str = "qmm__";
 
 /// The generic entry's first line.
 const ENTRY_HEAD: &str = ".visible .entry qmm(";
@@ -141,12 +133,9 @@ const ENTRY_HEAD: &str = ".visible .entry qmm(";
 /// The generic entry's load of `p_flags` (its decoding follows it).
 const FLAGS_LOAD: &str = "    ld.param.u32 %flags, [p_flags];";
 
-/// The generic entry's loads of the three dtype codes.
-const DT_LOADS: [&str; 3] = [
-    "    ld.param.u32 %dta, [p_dt0];",
-    "    ld.param.u32 %dt1, [p_dt1];",
-    "    ld.param.u32 %t4, [p_dt2];",
-];
+/// The registers the generic entry loads the three dtype codes into, and their
+/// parameters.
+const DT_REGS: [(&str, &str); 3] = [("%dta", "p_dt0"), ("%dt1", "p_dt1"), ("%t4", "p_dt2")];
 
 #[cfg(test)]
 mod tests {

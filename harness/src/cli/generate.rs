@@ -145,7 +145,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 }
 
 /// The prompt, tokens and gaps of a `generate --json --gaps` output.
+#[derive(serde::Deserialize)]
 struct GreedyRun {
+    #[serde(rename = "prompt_tokens")]
     prompt: Vec<u32>,
     tokens: Vec<u32>,
     gaps: Vec<f32>,
@@ -156,36 +158,15 @@ fn read_greedy_run(path: &Path) -> Result<GreedyRun> {
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let list = |key: &str| -> Result<Vec<f64>> {
-        v.get(key)
-            .and_then(|x| x.as_array())
-            .ok_or_else(|| {
-                bad(format!(
-                    "no \"{key}\" list (written by `generate --json --gaps`?)"
-                ))
-            })?
-            .iter()
-            .map(|x| {
-                x.as_f64()
-                    .ok_or_else(|| bad(format!("\"{key}\" holds a non-number")))
-            })
-            .collect()
-    };
-    let ids = |key: &str| -> Result<Vec<u32>> {
-        list(key)?
-            .into_iter()
-            .map(|x| {
-                (x >= 0.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX))
-                    .then_some(x as u32)
-                    .ok_or_else(|| bad(format!("\"{key}\" holds {x}, not a token id")))
-            })
-            .collect()
-    };
-    let run = GreedyRun {
-        prompt: ids("prompt_tokens")?,
-        tokens: ids("tokens")?,
-        gaps: list("gaps")?.into_iter().map(|x| x as f32).collect(),
-    };
+    if let Some(key) = ["prompt_tokens", "tokens", "gaps"]
+        .into_iter()
+        .find(|k| !v[k].is_array())
+    {
+        return Err(bad(format!(
+            "no \"{key}\" list (written by `generate --json --gaps`?)"
+        )));
+    }
+    let run: GreedyRun = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
     if run.gaps.len() != run.tokens.len() {
         return Err(bad(format!(
             "{} gaps for {} tokens",
