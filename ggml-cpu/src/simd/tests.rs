@@ -491,7 +491,9 @@ fn quant_gemv_matches_reference(#[values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)] wi: usiz
     let vdt = w.vec_dot_type();
     for k in all_tables() {
         let Some(g) = (k.gemv)(w) else { continue };
-        for kk in [32, 96, 160, 224, 256, 288, 416, 512, 576, 640, 800, 1536] {
+        for kk in [
+            32, 96, 160, 192, 224, 256, 288, 416, 512, 576, 640, 800, 960, 1536,
+        ] {
             if kk % w.block_size() != 0 {
                 continue;
             }
@@ -541,7 +543,7 @@ fn gemv_partial_groups_add_nothing_for_missing_blocks() {
         let vdt = w.vec_dot_type();
         for k in all_tables() {
             let Some(g) = (k.gemv)(w) else { continue };
-            for kk in [32, 64, 160, 224, 576, 800] {
+            for kk in [32, 64, 96, 128, 160, 192, 224, 576, 640, 800] {
                 let nb = kk / 32;
                 let y: Vec<f32> = (0..kk).map(|i| 1.0 + (i % 5) as f32).collect();
                 let mut std = vec![0u8; vdt.row_size(kk).unwrap()];

@@ -186,32 +186,54 @@ unsafe fn scales<const F: u8>(x: *const u8, cnt: usize) -> (__m256, __m256) {
         let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
         _mm256_cvtph_ps(_mm_set_epi64x(hi, lo))
     };
-    let dx = words(0);
-    let mx = if has_min(F) {
-        words(2)
-    } else {
-        _mm256_setzero_ps()
+    if !has_min(F) {
+        return (words(0), _mm256_setzero_ps());
+    }
+    // `d` and `m` are adjacent: one 32-bit load per block gives both, and a byte shuffle
+    // per 4 blocks parts them (half the loads, shifts and ors of two `words`).
+    let dm = |t: usize| -> i64 {
+        // SAFETY: block min(t, cnt - 1) < cnt at x (caller), its first 4 bytes.
+        let p = unsafe { x.add(t.min(cnt - 1) * block_bytes(F)) };
+        // SAFETY: as above.
+        i64::from(unsafe { (p as *const u32).read_unaligned() })
     };
-    (dx, mx)
+    let part = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    // [d0 d1 d2 d3 m0 m1 m2 m3] and the same of blocks 4..8.
+    let q0 = _mm_shuffle_epi8(
+        _mm_set_epi64x(dm(2) | dm(3) << 32, dm(0) | dm(1) << 32),
+        part,
+    );
+    let q1 = _mm_shuffle_epi8(
+        _mm_set_epi64x(dm(6) | dm(7) << 32, dm(4) | dm(5) << 32),
+        part,
+    );
+    (
+        _mm256_cvtph_ps(_mm_unpacklo_epi64(q0, q1)),
+        _mm256_cvtph_ps(_mm_unpackhi_epi64(q0, q1)),
+    )
 }
 
-/// The 8 block values of one weight row's group at `x` (its first `cnt` blocks; lane t:
+/// The 8 block values of one weight row's group at `x` (its first `N` blocks; lane t:
 /// block t, garbage for missing blocks) against the packed activation group at `yp`.
 ///
+/// `N` is a constant so that a short last group is compiled for its own length: with a
+/// run-time count, 2 blocks (the last group at K = 576) cost more than a whole group
+/// (a branch per pair and a clamped address per scale word).
+///
 /// # Safety
-/// `cnt` (1 to 8) blocks of format `F` at `x`; a packed group ([`PACK_GROUP`] bytes) at
+/// `N` (1 to 8) blocks of format `F` at `x`; a packed group ([`PACK_GROUP`] bytes) at
 /// `yp`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group<const F: u8, const FULL: bool>(x: *const u8, cnt: usize, yp: *const u8) -> __m256 {
+unsafe fn group<const F: u8, const N: usize>(x: *const u8, yp: *const u8) -> __m256 {
     let xb = block_bytes(F);
-    // SAFETY: caller's contract: blocks below cnt exist, the others are never read.
+    // SAFETY: caller's contract: blocks below N exist, the others are never read.
     unsafe {
         let mut p = [_mm256_setzero_si256(); 4];
         for (i, pi) in p.iter_mut().enumerate() {
-            if FULL || i < cnt {
+            if i < N {
                 let (a, b) = (x.add(i * xb), x.wrapping_add((i + 4) * xb));
-                *pi = pair_dots::<F>(a, b, FULL || i + 4 < cnt, yp.add(64 * i));
+                *pi = pair_dots::<F>(a, b, i + 4 < N, yp.add(64 * i));
             }
         }
         let mut s = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
@@ -220,7 +242,7 @@ unsafe fn group<const F: u8, const FULL: bool>(x: *const u8, cnt: usize, yp: *co
             let sy = _mm256_loadu_si256(yp.add(320) as *const __m256i);
             s = _mm256_sub_epi32(s, _mm256_sll_epi32(sy, _mm_cvtsi32_si128(bias_shift(F))));
         }
-        let (dx, mx) = scales::<F>(x, cnt);
+        let (dx, mx) = scales::<F>(x, N);
         let dy = _mm256_loadu_ps(yp.add(256) as *const f32);
         let v = _mm256_mul_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s));
         if has_min(F) {
@@ -248,26 +270,41 @@ unsafe fn gemv_gen<const F: u8, const NR: usize>(
     assert!(a.len() >= NR && a[..NR].iter().all(|r| r.len() >= nb * xb));
     assert!(y.len() >= ng * PACK_GROUP);
     let mut acc = [_mm256_setzero_ps(); NR];
-    for g in 0..ng {
-        let cnt = (nb - 8 * g).min(8);
+    let full = nb / 8;
+    for g in 0..full {
         let yp = y.as_ptr().wrapping_add(g * PACK_GROUP);
-        // Lanes of missing blocks (a last group of fewer than 8) keep their value exactly.
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let x = a[r].as_ptr().wrapping_add(8 * g * xb);
+            // SAFETY: group g of the row and of the packed row (lengths asserted above);
+            // same features.
+            *acc_r = _mm256_add_ps(*acc_r, unsafe { group::<F, 8>(x, yp) });
+        }
+    }
+    // A last group of fewer than 8 blocks, outside the loop so that the loop stays small.
+    let cnt = nb - 8 * full;
+    if cnt > 0 {
+        let yp = y.as_ptr().wrapping_add(full * PACK_GROUP);
+        // Lanes of missing blocks keep their value exactly.
         let live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
             _mm256_set1_epi32(cnt as i32),
             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
         ));
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let x = a[r].as_ptr().wrapping_add(8 * g * xb);
-            // SAFETY: group g of the row (8 whole blocks, or the last `cnt`) and of the
-            // packed row (lengths asserted above); same features.
-            unsafe {
-                *acc_r = if cnt == 8 {
-                    _mm256_add_ps(*acc_r, group::<F, true>(x, 8, yp))
-                } else {
-                    let sum = _mm256_add_ps(*acc_r, group::<F, false>(x, cnt, yp));
-                    _mm256_blendv_ps(*acc_r, sum, live)
-                };
-            }
+            let x = a[r].as_ptr().wrapping_add(8 * full * xb);
+            // SAFETY: the last `cnt` blocks of the row and the last group of the packed
+            // row (lengths asserted above); same features.
+            let v = unsafe {
+                match cnt {
+                    1 => group::<F, 1>(x, yp),
+                    2 => group::<F, 2>(x, yp),
+                    3 => group::<F, 3>(x, yp),
+                    4 => group::<F, 4>(x, yp),
+                    5 => group::<F, 5>(x, yp),
+                    6 => group::<F, 6>(x, yp),
+                    _ => group::<F, 7>(x, yp),
+                }
+            };
+            *acc_r = _mm256_blendv_ps(*acc_r, _mm256_add_ps(*acc_r, v), live);
         }
     }
     for (o, acc_r) in out.iter_mut().zip(acc) {
