@@ -1,6 +1,8 @@
 //! Microbenchmarks that each measure one limit of a GPU, for fitting the cost model's
 //! constants (`kernels/calibrate.ptx`): launch cost on a stream, a 196 KB read back to
-//! the host, DRAM and L2 read bandwidth, dependent-load latency, the f32 FMA, dp4a and
+//! the host, DRAM and L2 read bandwidth, dependent-load latency, the hand-off of a result
+//! from one block to another inside a kernel (not a constant of the model: the figure a
+//! persistent decode kernel would be weighed by), the f32 FMA, dp4a and
 //! special-function issue rates, shared-memory bank conflicts, the f16 and int8
 //! tensor-core rates, and the tensor cores' f16 accumulation (`mma_f16_numerics`: raw
 //! results of designed products, from which `cuda_sim::tensor::fit_f16_model` pins the
@@ -13,7 +15,7 @@
 
 use std::time::Instant;
 
-use ggml_core::BackendResult;
+use ggml_core::{BackendErrorKind, BackendResult};
 
 use cuda_sim::tensor::{fit_f16_model, fragment_coord, numerics_cases, Matrix, NumericsCase};
 
@@ -89,6 +91,7 @@ struct Sizes {
     smem_iters: u32,
     mma_iters: u32,
     readback_bytes: usize,
+    handoff_blocks: u32,
 }
 
 impl Sizes {
@@ -107,6 +110,8 @@ impl Sizes {
                 smem_iters: 4096,
                 mma_iters: 64,
                 readback_bytes: 196_608,
+                // 32-thread blocks: a single wave on any GPU of 32 SMs or more.
+                handoff_blocks: 1024,
             },
             ProbeSize::Tiny => Sizes {
                 reps: 2,
@@ -121,10 +126,14 @@ impl Sizes {
                 smem_iters: 8,
                 mma_iters: 2,
                 readback_bytes: 196_608,
+                handoff_blocks: 4,
             },
         }
     }
 }
+
+/// Polls of the hand-off probe before a block gives up (seconds on a GPU): it never hangs.
+const HANDOFF_POLLS: u32 = 1 << 22;
 
 /// Threads per block of the rate probes (their PTX assumes it).
 const BLOCK: u32 = 256;
@@ -557,6 +566,53 @@ impl CudaBackend {
             );
         }
 
+        // Hand-offs between blocks inside one kernel: a chain in which each block waits
+        // for the one before it (through L2, acquire and release at gpu scope), beside
+        // the same blocks without waiting. (chain - base) / (blocks - 1) is the latency of
+        // one hand-off: what a dependency costs kept inside a kernel (a persistent decode
+        // kernel) rather than at a kernel boundary (`launch_graph_node` and the kernels'
+        // own fixed cost).
+        let handoff = kit.func("cal_handoff").map_err(fail)?;
+        let hb = s.handoff_blocks;
+        let flags = kit.alloc(hb as usize * 4).map_err(fail)?;
+        let gave_up = kit.alloc(4).map_err(fail)?;
+        api.memset_d8_async(gave_up, 0, 4, self.stream)
+            .map_err(fail)?;
+        for (name, wait, what) in [
+            (
+                "handoff_chain",
+                1u32,
+                "each waiting for the block before it",
+            ),
+            ("handoff_base", 0, "none waiting"),
+        ] {
+            probes.push(
+                repeat(
+                    name,
+                    "blocks",
+                    hb as f64,
+                    format!("<<<{hb}, 32>>>, {what}; one flag each, set with release"),
+                    s.reps,
+                    || {
+                        api.memset_d8_async(flags, 0, hb as usize * 4, self.stream)?;
+                        kit.gpu_seconds(|| {
+                            let mut args = Args::new();
+                            args.u64(flags).u32(wait).u32(HANDOFF_POLLS).u64(gave_up);
+                            kit.launch(handoff, hb, 32, &mut args)
+                        })
+                    },
+                )
+                .map_err(fail)?,
+            );
+        }
+        let word = kit.download(gave_up, 4).map_err(fail)?;
+        if word != [0; 4] {
+            return Err(self.err(
+                BackendErrorKind::Device,
+                "calibrate: blocks of the hand-off probe gave up waiting (not all resident at once?)",
+            ));
+        }
+
         // Issue rates at full occupancy: 8 independent chains per thread.
         let threads = s.blocks as f64 * BLOCK as f64;
         for (name, kernel, unit) in [
@@ -803,7 +859,8 @@ mod tests {
                 "cal_smem",
                 "cal_mma_f16",
                 "cal_mma_s8",
-                "cal_mma_numerics"
+                "cal_mma_numerics",
+                "cal_handoff"
             ]
         );
         for e in &entries {

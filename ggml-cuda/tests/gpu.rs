@@ -1150,6 +1150,8 @@ fn calibration_probes_run() {
             "l2_read",
             "dram_latency",
             "l2_latency",
+            "handoff_chain",
+            "handoff_base",
             "fma_rate",
             "dp4a_rate",
             "sfu_rate",

@@ -214,6 +214,19 @@ pub fn apply_probes(spec: &mut GpuSpec, path: &Path) -> Result<Vec<String>> {
             s / n * 1e6
         ));
     }
+    // Not a constant of the model: what a dependency would cost kept inside one kernel,
+    // for weighing a persistent decode kernel against a kernel boundary.
+    if let (Some((blocks, chain)), Some((_, base))) =
+        (probe("handoff_chain"), probe("handoff_base"))
+    {
+        if blocks > 1.0 {
+            notes.push(format!(
+                "block hand-off {:.2} us from handoff_chain - handoff_base over {} hand-offs (not fitted)",
+                (chain - base) / (blocks - 1.0) * 1e6,
+                blocks - 1.0
+            ));
+        }
+    }
     Ok(notes)
 }
 
@@ -559,6 +572,34 @@ mod tests {
             .find(|l| l.starts_with("| tg UPLOAD_SCATTER | 1.00 |"))
             .unwrap_or_else(|| panic!("no guard row at 1.00:\n{report}"));
         assert!(line.ends_with("| stand |"), "{line}");
+    }
+
+    /// The hand-off probes give a note (not a constant): the chain's extra time over the
+    /// unchained blocks, per hand-off; the graph-node constant still comes from its probe.
+    #[test]
+    fn the_block_hand_off_is_the_chain_over_the_base_per_hand_off() {
+        let dir = std::env::temp_dir().join(format!("fit-handoff-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("probes.json");
+        std::fs::write(
+            &path,
+            r#"{"probes": [
+                {"name": "launch_graph_node", "work": 100, "seconds": 3.0e-4},
+                {"name": "handoff_chain", "work": 1025, "seconds": 1.034e-3},
+                {"name": "handoff_base", "work": 1025, "seconds": 2.0e-6}
+            ]}"#,
+        )
+        .unwrap();
+        let mut spec = GpuSpec::h200();
+        let notes = apply_probes(&mut spec, &path).unwrap();
+        assert!((spec.tunables.launch_graph_node_s - 3.0e-6).abs() < 1e-12);
+        let line = notes
+            .iter()
+            .find(|n| n.starts_with("block hand-off"))
+            .unwrap_or_else(|| panic!("no hand-off note in {notes:?}"));
+        assert!(line.starts_with("block hand-off 1.01 us"), "{line}");
+        assert!(line.contains("over 1024 hand-offs"), "{line}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The H200 kit's bench of its default tuning (written before bench recorded the
