@@ -110,7 +110,8 @@ impl Sizes {
                 smem_iters: 4096,
                 mma_iters: 64,
                 readback_bytes: 196_608,
-                // 32-thread blocks: a single wave on any GPU of 32 SMs or more.
+                // 32-thread blocks, all resident at once where an SM holds 32 blocks
+                // (sm_80, sm_90) and there are 32 SMs or more (every H100 or H200).
                 handoff_blocks: 1024,
             },
             ProbeSize::Tiny => Sizes {
