@@ -173,30 +173,21 @@ unsafe fn pair_dots<const F: u8>(
 unsafe fn scales<const F: u8>(x: *const u8, cnt: usize) -> (__m256, __m256) {
     // The f16 words are put together in general registers (integer ports, idle here)
     // rather than inserted into a vector one by one (the shuffle ports already carry the
-    // pair inserts and the hadds). Missing blocks repeat the last block's words: no branch
-    // per block.
-    let words = |at: usize| -> __m256 {
-        let h = |t: usize| -> i64 {
-            // SAFETY: block min(t, cnt - 1) < cnt at x (caller), `at` + 2 inside it.
-            let p = unsafe { x.add(t.min(cnt - 1) * block_bytes(F) + at) };
-            // SAFETY: as above.
-            i64::from(unsafe { (p as *const u16).read_unaligned() })
-        };
-        let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
-        let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
-        _mm256_cvtph_ps(_mm_set_epi64x(hi, lo))
-    };
+    // pair inserts and the hadds). Missing blocks repeat the last block: no branch per
+    // block.
+    // SAFETY: block min(t, cnt - 1) < cnt at x (caller).
+    let block = |t: usize| unsafe { x.add(t.min(cnt - 1) * block_bytes(F)) };
     if !has_min(F) {
-        return (words(0), _mm256_setzero_ps());
+        // SAFETY: a block's first 2 bytes (its `d`).
+        let d = |t: usize| i64::from(unsafe { (block(t) as *const u16).read_unaligned() });
+        let lo = d(0) | d(1) << 16 | d(2) << 32 | d(3) << 48;
+        let hi = d(4) | d(5) << 16 | d(6) << 32 | d(7) << 48;
+        return (_mm256_cvtph_ps(_mm_set_epi64x(hi, lo)), _mm256_setzero_ps());
     }
     // `d` and `m` are adjacent: one 32-bit load per block gives both, and a byte shuffle
-    // per 4 blocks parts them (half the loads, shifts and ors of two `words`).
-    let dm = |t: usize| -> i64 {
-        // SAFETY: block min(t, cnt - 1) < cnt at x (caller), its first 4 bytes.
-        let p = unsafe { x.add(t.min(cnt - 1) * block_bytes(F)) };
-        // SAFETY: as above.
-        i64::from(unsafe { (p as *const u32).read_unaligned() })
-    };
+    // per 4 blocks parts them (half the loads, shifts and ors of two 16-bit gathers).
+    // SAFETY: a block's first 4 bytes (its `d` and `m`).
+    let dm = |t: usize| i64::from(unsafe { (block(t) as *const u32).read_unaligned() });
     let part = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
     // [d0 d1 d2 d3 m0 m1 m2 m3] and the same of blocks 4..8.
     let q0 = _mm_shuffle_epi8(
